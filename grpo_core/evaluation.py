@@ -1,0 +1,73 @@
+"""Accuracy of a policy on GSM8K-form questions: greedy pass@1, and maj@K / pass@K with sampling."""
+from __future__ import annotations
+
+from collections import Counter
+
+import torch
+
+from grpo_core.data import Example, prompt_text
+from grpo_core.policy import generate
+from grpo_core.verify import _clean, extract_answer, is_correct, to_number
+
+
+def _vote_key(answer: str | None) -> str | None:
+    """Answers that are equal numbers vote together (``1/2`` and ``0.5``)."""
+    if answer is None:
+        return None
+    value = to_number(answer)
+    return f"num:{value}" if value is not None else f"str:{_clean(answer)}"
+
+
+def evaluate(
+    model,
+    tokenizer,
+    examples: list[Example],
+    *,
+    max_new_tokens: int,
+    batch_size: int = 64,
+    samples: int = 1,
+    temperature: float = 0.7,
+    seed: int = 0,
+) -> tuple[dict[str, float], list[dict]]:
+    """Returns metrics (``n``, ``accuracy`` = greedy pass@1, and for samples > 1 ``maj@K``,
+    ``pass@K``) and one row per question with the greedy completion."""
+    rows: list[dict] = []
+    greedy_correct = 0
+    maj_correct = pass_correct = 0
+    for start in range(0, len(examples), batch_size):
+        batch = examples[start : start + batch_size]
+        prompts = [prompt_text(e.question) for e in batch]
+        greedy = generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens)
+        sampled_texts: list[list[str]] = [[] for _ in batch]
+        if samples > 1:
+            rep = [p for p in prompts for _ in range(samples)]
+            out = generate(model, tokenizer, rep, max_new_tokens=max_new_tokens,
+                           temperatures=[temperature] * len(rep), seed=seed + start)
+            for i in range(len(batch)):
+                sampled_texts[i] = out.texts[i * samples : (i + 1) * samples]
+        for i, e in enumerate(batch):
+            ok = is_correct(greedy.texts[i], e.gold)
+            greedy_correct += ok
+            row = {"question": e.question, "gold": e.gold, "completion": greedy.texts[i],
+                   "predicted": extract_answer(greedy.texts[i]) or "", "correct": bool(ok)}
+            if samples > 1:
+                answers = [extract_answer(t) for t in sampled_texts[i]]
+                votes = Counter(k for k in map(_vote_key, answers) if k is not None)
+                correct_flags = [is_correct(t, e.gold) for t in sampled_texts[i]]
+                if votes:
+                    top = votes.most_common(1)[0][0]
+                    winner = next(a for a in answers if _vote_key(a) == top)
+                    maj_correct += is_correct(f"#### {winner}", e.gold)
+                pass_correct += any(correct_flags)
+            rows.append(row)
+    n = len(examples)
+    metrics: dict[str, float] = {"n": n, "accuracy": greedy_correct / max(n, 1)}
+    if samples > 1:
+        metrics[f"maj@{samples}"] = maj_correct / max(n, 1)
+        metrics[f"pass@{samples}"] = pass_correct / max(n, 1)
+    return metrics, rows
+
+
+@torch.no_grad()
+def greedy_accuracy(model, tokenizer, examples: list[Example], max_new_tokens: int, batch_size: int = 128) -> float:
+    return evaluate(model, tokenizer, examples, max_new_tokens=max_new_tokens, batch_size=batch_size)[0]["accuracy"]

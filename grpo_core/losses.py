@@ -1,0 +1,83 @@
+"""The GRPO objective (DeepSeekMath eq. 3) and its KL estimator, as pure tensor functions.
+
+All tensors are [B, T]: B = N*G completions (groups consecutive), T completion tokens; ``mask`` is 1
+on real completion tokens.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+Aggregation = Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"]
+
+
+def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """Unbiased, non-negative estimator of KL(pi || pi_ref) per token (Schulman's k3).
+
+    exp(ref - logp) - (ref - logp) - 1, elementwise, same shape as the inputs.
+    """
+    log_ratio = ref_logp - logp
+    return torch.exp(log_ratio) - log_ratio - 1
+
+
+def aggregate(per_token: torch.Tensor, mask: torch.Tensor, agg: Aggregation) -> torch.Tensor:
+    """Reduce a [B, T] per-token loss to a scalar.
+
+    seq-mean-token-mean (paper):  mean_i  1/|o_i| sum_t    (a completion with no tokens adds 0)
+    token-mean (DAPO):            sum_{i,t} / sum_i |o_i|
+    seq-mean-token-sum-norm (Dr. GRPO): mean_i sum_t / T   (T = padded length, a constant)
+    """
+    mask = mask.to(per_token.dtype)
+    # where, not multiply: padding may hold -inf log-probs, and nan * 0 is nan.
+    masked = torch.where(mask > 0, per_token, 0.0)
+    if agg == "seq-mean-token-mean":
+        return (masked.sum(dim=1) / mask.sum(dim=1).clamp(min=1)).mean()
+    if agg == "token-mean":
+        return masked.sum() / mask.sum().clamp(min=1)
+    if agg == "seq-mean-token-sum-norm":
+        return (masked.sum(dim=1) / per_token.shape[1]).mean()
+    raise ValueError(f"unknown aggregation {agg!r}")
+
+
+def grpo_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    ref_logp: torch.Tensor | None,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_eps: float = 0.2,
+    clip_eps_high: float | None = None,
+    beta: float = 0.04,
+    agg: Aggregation = "seq-mean-token-mean",
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Clipped surrogate with the k3 KL penalty inside the loss (not in the reward).
+
+    logp, old_logp, ref_logp, advantages, mask: [B, T]. ``clip_eps_high`` (DAPO clip-higher) sets the
+    upper clip bound 1 + clip_eps_high; ``beta = 0`` ignores ``ref_logp`` (may be None).
+    Returns the scalar loss to minimise and detached metrics (token means over the mask).
+    """
+    high = clip_eps if clip_eps_high is None else clip_eps_high
+    ratio = torch.exp(logp - old_logp)
+    unclipped = ratio * advantages
+    clipped = torch.clamp(ratio, 1 - clip_eps, 1 + high) * advantages
+    per_token = -torch.minimum(unclipped, clipped)
+    pg_loss = aggregate(per_token, mask, agg)
+    metrics: dict[str, float] = {}
+    if beta > 0:
+        if ref_logp is None:
+            raise ValueError("beta > 0 needs ref_logp")
+        kl = kl_k3(logp, ref_logp)
+        per_token = per_token + beta * kl
+        metrics["kl"] = _masked_mean(kl, mask)
+    loss = aggregate(per_token, mask, agg)
+    metrics["pg_loss"] = float(pg_loss.detach())
+    metrics["clip_ratio"] = _masked_mean((clipped < unclipped).to(logp.dtype), mask)
+    metrics["ratio_mean"] = _masked_mean(ratio, mask)
+    return loss, metrics
+
+
+def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
+    m = mask.to(x.dtype)
+    return float(torch.where(m > 0, x.detach(), 0.0).sum() / m.sum().clamp(min=1))

@@ -1,0 +1,100 @@
+"""Models and tokenizers: a tiny Llama with a character tokenizer, or any local HF causal-LM folder.
+
+Everything is saved in standard Hugging Face format so any transformers tool loads it.
+"""
+from __future__ import annotations
+
+import string
+from pathlib import Path
+
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+)
+
+from grpo_core.config import ModelConfig
+
+SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>"]
+
+
+class ModelError(ValueError):
+    """A model folder that is missing, incomplete or of an unusable architecture."""
+
+
+def char_tokenizer() -> PreTrainedTokenizerFast:
+    """One token per printable ASCII character (plus newline) and four specials.
+
+    Built with the ``tokenizers`` library (WordLevel over single characters) so that it saves as an
+    ordinary ``tokenizer.json``; other characters map to ``<unk>``.
+    """
+    chars = sorted(set(string.printable) - set("\t\r\x0b\x0c"))
+    vocab = {tok: i for i, tok in enumerate(SPECIALS + chars)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>",
+        unk_token="<unk>", padding_side="left", model_max_length=4096,
+    )
+
+
+def tiny_llama(cfg: ModelConfig, tokenizer: PreTrainedTokenizerFast, seed: int) -> LlamaForCausalLM:
+    """A Llama-architecture causal LM built from a config (no download), seeded."""
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_heads,
+        max_position_embeddings=cfg.max_length,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return LlamaForCausalLM(config)
+
+
+def load_model(path: str | Path) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
+    """Load a local HF causal-LM folder and its tokenizer, failing with the folder named."""
+    path = Path(path)
+    if not path.is_dir():
+        raise ModelError(f"{path}: model folder not found")
+    if not (path / "config.json").exists():
+        raise ModelError(f"{path}: not a Hugging Face model folder (no config.json)")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    except (OSError, ValueError, KeyError) as e:
+        raise ModelError(f"{path}: cannot load as a causal LM: {e}") from None
+    if tokenizer.pad_token is None:  # many chat models ship without one
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    return model, tokenizer
+
+
+def init_model(cfg: ModelConfig, seed: int) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
+    if cfg.init == "pretrained":
+        return load_model(cfg.path)  # type: ignore[arg-type]
+    tokenizer = char_tokenizer()
+    return tiny_llama(cfg, tokenizer, seed), tokenizer
+
+
+def save_model(model: PreTrainedModel, tokenizer, path: str | Path) -> Path:
+    path = Path(path)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def count_parameters(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,115 @@
+"""Sampling from a causal LM and scoring its completions: the two things every stage does with it.
+
+Rows are left-padded prompts followed by right-padded completions: [B, P + T]. Positions follow the
+attention mask so that a left-padded row sees the same positions in training as in generation.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class Rollout:
+    input_ids: torch.Tensor  # [B, P + T] prompt (left-padded) + completion (right-padded)
+    attention_mask: torch.Tensor  # [B, P + T]
+    completion_mask: torch.Tensor  # [B, T] 1 on completion tokens up to and including EOS
+    prompt_len: int  # P
+    texts: list[str]  # decoded completions without special tokens
+    truncated: torch.Tensor  # [B] bool: no EOS within max_new_tokens
+
+    @property
+    def completion_ids(self) -> torch.Tensor:
+        return self.input_ids[:, self.prompt_len :]
+
+    def rows(self, start: int, stop: int) -> "Rollout":
+        """Rows [start, stop) (a minibatch of whole groups)."""
+        return Rollout(self.input_ids[start:stop], self.attention_mask[start:stop],
+                       self.completion_mask[start:stop], self.prompt_len, self.texts[start:stop],
+                       self.truncated[start:stop])
+
+
+def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
+    """[B, L] positions counting only attended tokens (0 for the left padding)."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def completion_mask_from(ids: torch.Tensor, eos_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, T] mask of tokens up to and including the first EOS, and [B] truncated flags.
+
+    Whatever follows the first EOS (padding, or more EOS when pad == eos) is masked out."""
+    is_eos = (ids == eos_id).long()
+    seen_eos_before = (is_eos.cumsum(-1) - is_eos) > 0
+    return (~seen_eos_before).float(), is_eos.sum(-1) == 0
+
+
+@torch.no_grad()
+def generate(
+    model,
+    tokenizer,
+    prompts: list[str],
+    *,
+    max_new_tokens: int,
+    temperatures: list[float] | None = None,
+    seed: int = 0,
+) -> Rollout:
+    """Sample one completion per prompt (greedy when ``temperatures`` is None).
+
+    Rows with different temperatures are generated in one ``generate`` call per distinct
+    temperature. Sampling is seeded from ``seed`` alone, so a resumed run redraws the same rollouts.
+    """
+    enc = tokenizer(
+        [tokenizer.bos_token + p if tokenizer.bos_token else p for p in prompts],
+        return_tensors="pt", padding=True, add_special_tokens=False,
+    )
+    prompt_len = enc.input_ids.shape[1]
+    groups = {None: list(range(len(prompts)))} if temperatures is None else {}
+    for i, t in enumerate(temperatures or []):
+        groups.setdefault(t, []).append(i)
+    pieces: dict[int, torch.Tensor] = {}
+    was_training = model.training
+    model.eval()
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        for temp, rows in groups.items():
+            sample = {"do_sample": False} if temp is None else {"do_sample": True, "temperature": temp, "top_k": 0, "top_p": 1.0}
+            out = model.generate(
+                input_ids=enc.input_ids[rows], attention_mask=enc.attention_mask[rows],
+                max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
+                eos_token_id=tokenizer.eos_token_id, **sample,
+            )
+            for j, row in enumerate(rows):
+                pieces[row] = out[j, prompt_len:]
+    model.train(was_training)
+    width = max(1, max(p.shape[0] for p in pieces.values()))
+    completion = torch.full((len(prompts), width), tokenizer.pad_token_id, dtype=torch.long)
+    for row, ids in pieces.items():
+        completion[row, : ids.shape[0]] = ids
+    cmask, truncated = completion_mask_from(completion, tokenizer.eos_token_id)
+    texts = tokenizer.batch_decode(completion * cmask.long() + tokenizer.pad_token_id * (1 - cmask.long()),
+                                   skip_special_tokens=True)
+    return Rollout(
+        input_ids=torch.cat([enc.input_ids, completion], dim=1),
+        attention_mask=torch.cat([enc.attention_mask, cmask.long()], dim=1),
+        completion_mask=cmask,
+        prompt_len=prompt_len,
+        texts=texts,
+        truncated=truncated,
+    )
+
+
+def token_logprobs(model, rollout: Rollout, with_entropy: bool = False):
+    """Log-probabilities of the completion tokens, [B, T] (and their entropies, [B, T])."""
+    logits = model(
+        input_ids=rollout.input_ids,
+        attention_mask=rollout.attention_mask,
+        position_ids=position_ids(rollout.attention_mask),
+    ).logits[:, rollout.prompt_len - 1 : -1].float()
+    logp_all = F.log_softmax(logits, dim=-1)
+    logp = logp_all.gather(-1, rollout.completion_ids.unsqueeze(-1)).squeeze(-1)
+    if not with_entropy:
+        return logp
+    entropy = -(logp_all.exp() * logp_all).sum(-1).detach()
+    return logp, entropy

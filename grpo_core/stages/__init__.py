@@ -1,0 +1,1 @@
+"""Stage entrypoints: each runs by hand, by ``python -m grpo_core.stages.<stage>``, or from a task."""

@@ -1,0 +1,174 @@
+"""GRPO with outcome supervision (DeepSeekMath §4.1; the nanochat ``chat_rl.py`` loop shape).
+
+Each step: setup -> rollout (B questions x G samples from pi_old) -> score (rule reward) ->
+advantages (group z-score) -> update (mu passes of the clipped objective with k3 KL to the frozen
+reference) -> log -> validate / checkpoint. Resumes from the last complete checkpoint.
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+from grpo_core.advantages import outcome_advantages
+from grpo_core.checkpoint import latest_checkpoint, load_state, rng_state, save_checkpoint, set_rng_state
+from grpo_core.config import GRPOConfig, PipelineConfig, load_config
+from grpo_core.data import Example, prompt_text
+from grpo_core.evaluation import greedy_accuracy
+from grpo_core.losses import grpo_loss
+from grpo_core.modeling import load_model, save_model
+from grpo_core.policy import generate, token_logprobs
+from grpo_core.rewards import rule_reward
+from grpo_core.stages.common import Stopwatch, read_split, set_threads, write_manifest
+from grpo_core.tracking import MetricLogger, NullLogger
+
+
+def step_seed(seed: int, step: int) -> int:
+    """Sampling seed of a step: rollouts depend only on (seed, step), so a resume redraws them."""
+    return (seed * 1_000_003 + step * 7919) % (2**31)
+
+
+def step_questions(pool: list[Example], n: int, seed: int, step: int) -> list[Example]:
+    return random.Random(step_seed(seed, step)).sample(pool, min(n, len(pool)))
+
+
+def row_temperatures(gc: GRPOConfig, n_questions: int) -> list[float]:
+    """Sample i of every group uses temperatures[i % len] (or the single temperature)."""
+    temps = gc.temperatures or (gc.temperature,)
+    return [temps[i % len(temps)] for _ in range(n_questions) for i in range(gc.group_size)]
+
+
+def grpo_step(policy, ref, tokenizer, opt, questions: list[Example], gc: GRPOConfig, seed: int) -> dict[str, float]:
+    """One exploration stage and its mu updates; returns the step's metrics."""
+    g = gc.group_size
+    t0 = time.perf_counter()
+    prompts = [prompt_text(q.question) for q in questions for _ in range(g)]
+    rollout = generate(policy, tokenizer, prompts, max_new_tokens=gc.max_new_tokens,
+                       temperatures=row_temperatures(gc, len(questions)), seed=seed)
+    t1 = time.perf_counter()
+    rewards = rule_reward(rollout.texts, [q.gold for q in questions for _ in range(g)])
+    group_rewards = rewards.view(len(questions), g)
+    advantages = outcome_advantages(group_rewards).view(-1, 1).expand_as(rollout.completion_mask)
+    t2 = time.perf_counter()
+    with torch.no_grad():
+        # mu = 1 makes old == current; computing it keeps the ratio exact when mu > 1.
+        old_logp = token_logprobs(policy, rollout)
+        ref_logp = token_logprobs(ref, rollout) if gc.beta > 0 else None
+    t3 = time.perf_counter()
+    batch = rollout.completion_mask.shape[0]
+    mb = gc.minibatch_size or batch
+    sums: dict[str, float] = {}
+    n_updates = 0
+    for _ in range(gc.inner_updates):
+        for s in range(0, batch, mb):
+            part = rollout.rows(s, s + mb)
+            logp, entropy = token_logprobs(policy, part, with_entropy=True)
+            loss, m = grpo_loss(logp, old_logp[s : s + mb], None if ref_logp is None else ref_logp[s : s + mb],
+                                advantages[s : s + mb], part.completion_mask, clip_eps=gc.clip_eps,
+                                clip_eps_high=gc.clip_eps_high, beta=gc.beta, agg=gc.loss_agg)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), gc.max_grad_norm)
+            opt.step()
+            mask = part.completion_mask
+            m.update(loss=loss.item(), grad_norm=float(grad_norm),
+                     entropy=float((entropy * mask).sum() / mask.sum().clamp(min=1)))
+            for k, v in m.items():
+                sums[k] = sums.get(k, 0.0) + v
+            n_updates += 1
+    t4 = time.perf_counter()
+    n_tokens = float(rollout.completion_mask.sum())
+    metrics = {f"train/{k}": v / n_updates for k, v in sums.items()}
+    metrics.update({
+        "train/reward_mean": float(rewards.mean()),
+        "train/reward_std": float(rewards.std(unbiased=False)),
+        "train/frac_reward_zero_std": float((group_rewards.std(dim=1, unbiased=False) == 0).float().mean()),
+        "train/completion_len": n_tokens / batch,
+        "train/frac_truncated": float(rollout.truncated.float().mean()),
+        "train/lr": opt.param_groups[0]["lr"],
+        "perf/tokens_per_s": n_tokens / (t1 - t0),
+        "time/rollout_s": t1 - t0, "time/reward_s": t2 - t1, "time/logprob_s": t3 - t2, "time/update_s": t4 - t3,
+    })
+    return metrics
+
+
+def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir: Path,
+             logger: MetricLogger | None = None) -> dict:
+    """Train from ``init_dir`` (the SFT policy, also the frozen reference), resuming if possible."""
+    logger = logger or NullLogger()
+    gc = cfg.grpo
+    set_threads(cfg.threads)
+    ckpt_root = out_dir / "checkpoints"
+    resume = latest_checkpoint(ckpt_root)
+    policy, tokenizer = load_model(resume or init_dir)
+    ref = None
+    if gc.beta > 0:
+        ref, _ = load_model(init_dir)
+        ref.eval().requires_grad_(False)
+    pool = read_split(data_dir, "rl")
+    val = read_split(data_dir, "val")
+    opt = torch.optim.AdamW(policy.parameters(), lr=gc.lr, betas=(0.9, 0.95), weight_decay=gc.weight_decay)
+    st = {"step": 0, "best_acc": -1.0, "best_step": 0, "elapsed": 0.0, "stopped": ""}
+    if resume is not None:
+        saved = load_state(resume)
+        opt.load_state_dict(saved["optimizer"])
+        st.update(saved["counters"])
+        set_rng_state(saved["rng"])
+    best_dir = out_dir / "best"
+    clock = Stopwatch(st["elapsed"])
+
+    def validate() -> None:
+        acc = greedy_accuracy(policy, tokenizer, val, cfg.eval.max_new_tokens)
+        logger.log_metrics({"val/accuracy": acc}, step=st["step"])
+        if acc > st["best_acc"]:
+            st.update(best_acc=acc, best_step=st["step"])
+            shutil.rmtree(best_dir, ignore_errors=True)
+            save_model(policy, tokenizer, best_dir)
+
+    if st["step"] == 0:
+        validate()
+    policy.train()
+    while st["step"] < gc.steps:
+        questions = step_questions(pool, gc.questions_per_step, cfg.seed, st["step"])
+        metrics = grpo_step(policy, ref, tokenizer, opt, questions, gc, step_seed(cfg.seed, st["step"]))
+        st["step"] += 1
+        st["elapsed"] = clock.elapsed
+        logger.log_metrics(metrics, step=st["step"])
+        out_of_time = gc.max_seconds is not None and st["elapsed"] >= gc.max_seconds
+        if out_of_time:
+            st["stopped"] = f"time budget of {gc.max_seconds}s reached"
+        if st["step"] % gc.eval_every == 0 or st["step"] == gc.steps or out_of_time:
+            validate()
+        if st["step"] % gc.checkpoint_every == 0 or st["step"] == gc.steps or out_of_time:
+            st["elapsed"] = clock.elapsed
+            save_checkpoint(ckpt_root, st["step"], policy, tokenizer,
+                            {"optimizer": opt.state_dict(), "counters": dict(st), "rng": rng_state(),
+                             "config": cfg.model_dump(mode="json")}, keep=gc.keep_checkpoints)
+        if out_of_time:
+            break
+    final_dir = out_dir / "model"
+    shutil.rmtree(final_dir, ignore_errors=True)
+    shutil.copytree(best_dir, final_dir)
+    summary = {"best_val_accuracy": st["best_acc"], "best_step": st["best_step"], "steps": st["step"],
+               "wall_s": round(st["elapsed"], 1), "stopped": st["stopped"] or "steps reached"}
+    logger.log_metrics({"val/best_accuracy": st["best_acc"], "time/wall_s": st["elapsed"]}, step=st["step"])
+    return write_manifest(out_dir, {"stage": "grpo", "model": str(final_dir), "init": str(init_dir), **summary})
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description="GRPO stage")
+    p.add_argument("--config", required=True)
+    p.add_argument("--data", required=True, help="folder with rl.jsonl and val.jsonl")
+    p.add_argument("--init", required=True, help="HF folder of the starting policy (and reference)")
+    p.add_argument("--out", required=True)
+    p.add_argument("--set", action="append", default=[], dest="overrides")
+    a = p.parse_args(argv)
+    print(run_grpo(load_config(a.config, a.overrides), Path(a.data), a.init, Path(a.out)))
+
+
+if __name__ == "__main__":
+    main()

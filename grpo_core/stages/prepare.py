@@ -1,0 +1,43 @@
+"""Data stage: write the splits (SFT worked solutions, RL answer-only questions, validation, test)
+as GSM8K-form JSONL, checking that no question is shared between splits."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from grpo_core.config import PipelineConfig, load_config
+from grpo_core.data import SPLITS, DataError, load_splits, write_jsonl
+from grpo_core.stages.common import digest_dir, write_manifest
+
+
+def run_prepare(cfg: PipelineConfig, out_dir: Path) -> dict:
+    splits = load_splits(cfg.data, cfg.seed)
+    seen: dict[str, str] = {}
+    for split in SPLITS:
+        for e in splits[split]:
+            if e.question in seen and seen[e.question] != split:
+                if cfg.data.source == "arithmetic":  # generated splits are disjoint by construction
+                    raise DataError(f"question shared by {seen[e.question]} and {split}: {e.question!r}")
+            seen.setdefault(e.question, split)
+    # Real datasets may repeat a question across files; drop such repeats from training splits.
+    test_val = {e.question for s in ("val", "test") for e in splits[s]}
+    for split in ("sft", "rl"):
+        splits[split] = [e for e in splits[split] if e.question not in test_val]
+        if not splits[split]:
+            raise DataError(f"split {split!r} is empty after removing questions shared with val/test")
+    for split in SPLITS:
+        write_jsonl(splits[split], out_dir / f"{split}.jsonl")
+    counts = {f"n_{s}": len(splits[s]) for s in SPLITS}
+    return write_manifest(out_dir, {"stage": "data", "dir": str(out_dir), "digest": digest_dir(out_dir), **counts})
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description="Data stage")
+    p.add_argument("--config", required=True)
+    p.add_argument("--out", required=True)
+    a = p.parse_args(argv)
+    print(run_prepare(load_config(a.config), Path(a.out)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,147 @@
+"""SFT: packed causal-LM training on worked solutions, until validation accuracy stops improving.
+
+setup -> (batch -> update -> log -> [validate -> keep best / decay lr / stop] -> checkpoint)* -> save.
+The model kept is the one with the best validation accuracy (greedy pass@1), saved to ``model/``.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import shutil
+from pathlib import Path
+
+import torch
+
+from grpo_core.checkpoint import latest_checkpoint, load_state, rng_state, save_checkpoint, set_rng_state
+from grpo_core.config import PipelineConfig, SFTConfig, load_config
+from grpo_core.evaluation import greedy_accuracy
+from grpo_core.modeling import init_model, load_model, save_model
+from grpo_core.packing import encode_examples, pack
+from grpo_core.stages.common import Stopwatch, read_split, set_threads, write_manifest
+from grpo_core.tracking import MetricLogger, NullLogger
+
+
+def lr_at(cfg: SFTConfig, step: int, plateau_lr: float) -> float:
+    """Constant (paper), cosine to ``min_lr`` over ``max_steps``, or the reduce-on-plateau value."""
+    if cfg.schedule == "cosine":
+        frac = min(step / cfg.max_steps, 1.0)
+        return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * frac))
+    if cfg.schedule == "plateau":
+        return plateau_lr
+    return cfg.lr
+
+
+@torch.no_grad()
+def validation_loss(model, val_ids: torch.Tensor, val_labels: torch.Tensor, batch: int = 32) -> float:
+    total, count = 0.0, 0
+    for i in range(0, len(val_ids), batch):
+        labels = val_labels[i : i + batch]
+        n = int((labels[:, 1:] != -100).sum())
+        if n:
+            total += float(model(input_ids=val_ids[i : i + batch], labels=labels).loss) * n
+            count += n
+    return total / max(count, 1)
+
+
+def run_sft(cfg: PipelineConfig, data_dir: Path, out_dir: Path, logger: MetricLogger | None = None,
+            init_from: str | None = None) -> dict:
+    """Train, or resume from the last complete checkpoint under ``out_dir/checkpoints``."""
+    logger = logger or NullLogger()
+    sc = cfg.sft
+    set_threads(cfg.threads)
+    ckpt_root = out_dir / "checkpoints"
+    resume = latest_checkpoint(ckpt_root)
+    if resume is not None:
+        model, tokenizer = load_model(resume)
+    elif init_from is not None:
+        model, tokenizer = load_model(init_from)
+    else:
+        model, tokenizer = init_model(cfg.model, cfg.seed)
+    max_new = cfg.eval.max_new_tokens
+    train = encode_examples(read_split(data_dir, "sft"), tokenizer, sc.loss_on_prompt)
+    val_examples = read_split(data_dir, "val")
+    val_ids, val_labels = pack(encode_examples(val_examples, tokenizer, sc.loss_on_prompt),
+                               sc.context_length, tokenizer.pad_token_id, rng=None)
+    opt = torch.optim.AdamW(model.parameters(), lr=sc.lr, betas=(0.9, 0.95), weight_decay=sc.weight_decay)
+    st = {"step": 0, "epoch": 0, "row": 0, "best_acc": -1.0, "best_step": 0, "bad_evals": 0,
+          "plateau_lr": sc.lr, "elapsed": 0.0, "tokens": 0, "stopped": ""}
+    if resume is not None:
+        saved = load_state(resume)
+        opt.load_state_dict(saved["optimizer"])
+        st.update(saved["counters"])
+        set_rng_state(saved["rng"])
+    clock = Stopwatch(st["elapsed"])
+    best_dir = out_dir / "best"
+    rows_ids, rows_labels = pack(train, sc.context_length, tokenizer.pad_token_id, random.Random(cfg.seed * 1000 + st["epoch"]))
+    model.train()
+    while st["step"] < sc.max_steps:
+        if st["row"] >= len(rows_ids):  # new epoch: a fresh random concatenation
+            st["epoch"] += 1
+            st["row"] = 0
+            rows_ids, rows_labels = pack(train, sc.context_length, tokenizer.pad_token_id,
+                                         random.Random(cfg.seed * 1000 + st["epoch"]))
+        ids = rows_ids[st["row"] : st["row"] + sc.batch_size]
+        labels = rows_labels[st["row"] : st["row"] + sc.batch_size]
+        st["row"] += sc.batch_size
+        lr = lr_at(sc, st["step"], st["plateau_lr"])
+        for group in opt.param_groups:
+            group["lr"] = lr
+        loss = model(input_ids=ids, labels=labels).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        st["step"] += 1
+        st["tokens"] += int((labels != -100).sum())
+        st["elapsed"] = clock.elapsed
+        logger.log_metrics({"train/loss": loss.item(), "train/lr": lr, "train/grad_norm": float(grad_norm),
+                            "train/epoch": st["epoch"], "perf/tokens_per_s": st["tokens"] / max(st["elapsed"], 1e-9)},
+                           step=st["step"])
+        out_of_time = sc.max_seconds is not None and st["elapsed"] >= sc.max_seconds
+        if st["step"] % sc.eval_every == 0 or st["step"] == sc.max_steps or out_of_time:
+            model.eval()
+            acc = greedy_accuracy(model, tokenizer, val_examples, max_new)
+            vloss = validation_loss(model, val_ids, val_labels)
+            model.train()
+            logger.log_metrics({"val/accuracy": acc, "val/loss": vloss}, step=st["step"])
+            if acc > st["best_acc"]:
+                st.update(best_acc=acc, best_step=st["step"], bad_evals=0)
+                shutil.rmtree(best_dir, ignore_errors=True)
+                save_model(model, tokenizer, best_dir)
+            else:
+                st["bad_evals"] += 1
+                st["plateau_lr"] = max(st["plateau_lr"] * sc.decay_factor, sc.min_lr)
+            if sc.patience and st["bad_evals"] >= sc.patience:
+                st["stopped"] = f"validation accuracy did not improve for {sc.patience} evaluations"
+        if out_of_time and not st["stopped"]:
+            st["stopped"] = f"time budget of {sc.max_seconds}s reached"
+        if st["step"] % sc.checkpoint_every == 0 or st["stopped"]:
+            st["elapsed"] = clock.elapsed
+            save_checkpoint(ckpt_root, st["step"], model, tokenizer,
+                            {"optimizer": opt.state_dict(), "counters": dict(st), "rng": rng_state(),
+                             "config": cfg.model_dump(mode="json")}, keep=sc.keep_checkpoints)
+        if st["stopped"]:
+            break
+    final_dir = out_dir / "model"
+    shutil.rmtree(final_dir, ignore_errors=True)
+    shutil.copytree(best_dir, final_dir)
+    summary = {"best_val_accuracy": st["best_acc"], "best_step": st["best_step"], "steps": st["step"],
+               "epochs": st["epoch"], "wall_s": round(st["elapsed"], 1),
+               "stopped": st["stopped"] or "max_steps reached", "n_train_examples": len(train)}
+    logger.log_metrics({"val/best_accuracy": st["best_acc"], "time/wall_s": st["elapsed"]}, step=st["step"])
+    return write_manifest(out_dir, {"stage": "sft", "model": str(final_dir), **summary})
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description="SFT stage")
+    p.add_argument("--config", required=True)
+    p.add_argument("--data", required=True, help="folder with sft.jsonl and val.jsonl")
+    p.add_argument("--out", required=True)
+    p.add_argument("--set", action="append", default=[], dest="overrides")
+    a = p.parse_args(argv)
+    print(run_sft(load_config(a.config, a.overrides), Path(a.data), Path(a.out)))
+
+
+if __name__ == "__main__":
+    main()

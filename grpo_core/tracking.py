@@ -1,0 +1,69 @@
+"""Metric logging behind a small protocol, so training code never imports mlflow.
+
+``MlflowLogger`` writes to one run by id through ``MlflowClient`` (MLflow's active run is per thread;
+explicit ids work from any thread or subprocess). ``NullLogger`` is for tests and non-zero ranks.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Protocol
+
+
+class MetricLogger(Protocol):
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None: ...
+    def log_params(self, params: dict[str, Any]) -> None: ...
+    def set_tags(self, tags: dict[str, str]) -> None: ...
+    def log_table(self, rows: list[dict[str, Any]], artifact_file: str) -> None: ...
+    def log_artifacts(self, local_dir: str | Path, artifact_path: str) -> None: ...
+
+
+class NullLogger:
+    """Records nothing (but keeps the last metrics, which tests can inspect)."""
+
+    def __init__(self) -> None:
+        self.history: list[tuple[int | None, dict[str, float]]] = []
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        self.history.append((step, dict(metrics)))
+
+    def log_params(self, params: dict[str, Any]) -> None: ...
+    def set_tags(self, tags: dict[str, str]) -> None: ...
+    def log_table(self, rows: list[dict[str, Any]], artifact_file: str) -> None: ...
+    def log_artifacts(self, local_dir: str | Path, artifact_path: str) -> None: ...
+
+
+class MlflowLogger:
+    def __init__(self, tracking_uri: str, run_id: str) -> None:
+        from mlflow.tracking import MlflowClient
+
+        self.client = MlflowClient(tracking_uri)
+        self.run_id = run_id
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        from mlflow.entities import Metric
+        import time
+
+        now = int(time.time() * 1000)
+        batch = [Metric(k, float(v), now, step or 0) for k, v in metrics.items() if math.isfinite(float(v))]
+        if batch:
+            self.client.log_batch(self.run_id, metrics=batch, synchronous=True)
+
+    def log_params(self, params: dict[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        items = [Param(k, str(v)[:6000]) for k, v in params.items()]
+        for i in range(0, len(items), 100):  # log_batch accepts at most 100 params per call
+            self.client.log_batch(self.run_id, params=items[i : i + 100], synchronous=True)
+
+    def set_tags(self, tags: dict[str, str]) -> None:
+        for k, v in tags.items():
+            self.client.set_tag(self.run_id, k, v)
+
+    def log_table(self, rows: list[dict[str, Any]], artifact_file: str) -> None:
+        if rows:
+            columns = {k: [r.get(k) for r in rows] for k in rows[0]}
+            self.client.log_table(self.run_id, data=columns, artifact_file=artifact_file)
+
+    def log_artifacts(self, local_dir: str | Path, artifact_path: str) -> None:
+        self.client.log_artifacts(self.run_id, str(local_dir), artifact_path)

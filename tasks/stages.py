@@ -1,0 +1,107 @@
+"""One Prefect task per stage, cached by content.
+
+Prefect's default cache key includes the flow-run id and only the task's own source, so it never
+hits across runs. Ours is keyed on the stage's config sections, the digests of its upstream outputs
+and the library's code version, with persisted results: re-running a recipe skips finished stages.
+A stage whose output folder has gone missing is recomputed rather than served from the cache.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+
+from grpo_core.config import PipelineConfig, flatten
+from grpo_core.data import load_jsonl
+from grpo_core.evaluation import evaluate
+from grpo_core.modeling import load_model
+from grpo_core.stages.common import code_version, digest_dir, set_threads, write_manifest
+from grpo_core.stages.grpo import run_grpo
+from grpo_core.stages.prepare import run_prepare
+from grpo_core.stages.sft import run_sft
+from tasks.tracking import child_run
+
+# Which config sections decide each stage's output (besides its upstream digests).
+STAGE_SECTIONS = {
+    "data": ("seed", "data"),
+    "sft": ("seed", "model", "sft", "eval.max_new_tokens"),
+    "grpo": ("seed", "grpo", "eval.max_new_tokens"),
+    "eval": ("eval",),
+}
+
+
+def _select(cfg: PipelineConfig, keys: tuple[str, ...]) -> dict[str, Any]:
+    dumped = cfg.model_dump(mode="json")
+    out = {}
+    for key in keys:
+        node: Any = dumped
+        for part in key.split("."):
+            node = node[part]
+        out[key] = node
+    return out
+
+
+def stage_key(stage: str, cfg: PipelineConfig, upstream: dict[str, Any], out_dir: Path) -> str:
+    payload = {"stage": stage, "config": _select(cfg, STAGE_SECTIONS[stage]), "upstream": upstream,
+               "code": code_version(), "out": str(out_dir.resolve())}
+    key = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+    return key if (out_dir / "manifest.json").exists() else f"{key}-absent"
+
+
+def _cache_key(stage: str):
+    def key_fn(context, parameters: dict[str, Any]) -> str:
+        return stage_key(stage, parameters["cfg"], parameters.get("upstream", {}), Path(parameters["out_dir"]))
+    return key_fn
+
+
+def _stage_params(cfg: PipelineConfig, stage: str) -> dict[str, str]:
+    return {k: v for k, v in flatten(cfg).items() if any(k == s or k.startswith(s + ".") for s in STAGE_SECTIONS[stage])}
+
+
+@task(name="data", cache_key_fn=_cache_key("data"), persist_result=True)
+def data_task(cfg: PipelineConfig, out_dir: str, uri: str, parent_id: str) -> dict:
+    with child_run(uri, parent_id, "data", _stage_params(cfg, "data")) as log:
+        manifest = run_prepare(cfg, Path(out_dir))
+        log.log_metrics({k: v for k, v in manifest.items() if k.startswith("n_")})
+        return manifest
+
+
+@task(name="sft", cache_key_fn=_cache_key("sft"), persist_result=True)
+def sft_task(cfg: PipelineConfig, out_dir: str, upstream: dict, uri: str, parent_id: str) -> dict:
+    with child_run(uri, parent_id, "sft", _stage_params(cfg, "sft")) as log:
+        manifest = run_sft(cfg, Path(upstream["data_dir"]), Path(out_dir), log)
+        manifest["digest"] = digest_dir(Path(manifest["model"]))
+        manifest["mlflow_run_id"] = log.run_id
+        return write_manifest(Path(out_dir), manifest)
+
+
+@task(name="grpo", cache_key_fn=_cache_key("grpo"), persist_result=True)
+def grpo_task(cfg: PipelineConfig, out_dir: str, upstream: dict, uri: str, parent_id: str) -> dict:
+    with child_run(uri, parent_id, "grpo", _stage_params(cfg, "grpo")) as log:
+        manifest = run_grpo(cfg, Path(upstream["data_dir"]), upstream["init_model"], Path(out_dir), log)
+        manifest["digest"] = digest_dir(Path(manifest["model"]))
+        manifest["mlflow_run_id"] = log.run_id
+        return write_manifest(Path(out_dir), manifest)
+
+
+@task(name="eval", cache_key_fn=_cache_key("eval"), persist_result=True)
+def eval_task(cfg: PipelineConfig, out_dir: str, upstream: dict, uri: str, parent_id: str) -> dict:
+    """Greedy pass@1 (and maj@K / pass@K) of every model in ``upstream['models']`` on the test split."""
+    ec = cfg.eval
+    set_threads(cfg.threads)
+    test = load_jsonl(str(Path(upstream["data_dir"]) / "test.jsonl"), limit=ec.n_questions)
+    results: dict[str, dict] = {}
+    with child_run(uri, parent_id, "eval", _stage_params(cfg, "eval")) as log:
+        for name, model_dir in upstream["models"].items():
+            model, tokenizer = load_model(model_dir)
+            metrics, rows = evaluate(model, tokenizer, test, max_new_tokens=ec.max_new_tokens,
+                                     batch_size=ec.batch_size, samples=ec.samples,
+                                     temperature=ec.temperature, seed=cfg.seed)
+            results[name] = {**metrics, "model": model_dir}
+            log.log_metrics({f"eval/{name}/{k}": v for k, v in metrics.items()})
+            log.log_table(rows[: ec.log_examples], f"eval/{name}_samples.json")
+        manifest = {"stage": "eval", "results": results, "mlflow_run_id": log.run_id}
+        return write_manifest(Path(out_dir), manifest)

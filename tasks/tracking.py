@@ -1,0 +1,70 @@
+"""MLflow runs for the pipeline: one parent per pipeline run, one child per stage, ids passed explicitly."""
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from grpo_core.config import PipelineConfig
+from grpo_core.env import default_tracking_uri
+from grpo_core.tracking import MlflowLogger
+
+
+class TrackingError(RuntimeError):
+    pass
+
+
+def tracking_uri(cfg: PipelineConfig) -> str:
+    return cfg.tracking.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri()
+
+
+def experiment_id(uri: str, name: str) -> str:
+    """Get or create the experiment; fails at start (not mid-run) when the server is unreachable."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    try:
+        exp = client.get_experiment_by_name(name)
+        if exp is not None:
+            return exp.experiment_id
+        artifacts = None
+        if uri.startswith("sqlite:///"):  # keep artifacts beside the database, not in the cwd
+            artifacts = (Path(uri.removeprefix("sqlite:///")).parent / "mlartifacts").as_uri()
+        return client.create_experiment(name, artifact_location=artifacts)
+    except MlflowException as e:
+        raise TrackingError(f"MLflow tracking at {uri} is not usable: {e}") from None
+
+
+def start_run(uri: str, exp_id: str, name: str, parent_id: str | None = None, tags: dict | None = None) -> str:
+    from mlflow.tracking import MlflowClient
+
+    all_tags = {"mlflow.runName": name, **(tags or {})}
+    if parent_id:
+        all_tags["mlflow.parentRunId"] = parent_id
+    return MlflowClient(uri).create_run(exp_id, tags=all_tags, run_name=name).info.run_id
+
+
+def end_run(uri: str, run_id: str, status: str = "FINISHED") -> None:
+    from mlflow.tracking import MlflowClient
+
+    MlflowClient(uri).set_terminated(run_id, status)
+
+
+@contextmanager
+def child_run(uri: str, parent_id: str, name: str, params: dict | None = None) -> Iterator[MlflowLogger]:
+    """A nested run for one stage, marked FAILED if the stage raises."""
+    from mlflow.tracking import MlflowClient
+
+    exp_id = MlflowClient(uri).get_run(parent_id).info.experiment_id
+    run_id = start_run(uri, exp_id, name, parent_id)
+    logger = MlflowLogger(uri, run_id)
+    if params:
+        logger.log_params(params)
+    try:
+        yield logger
+    except BaseException:
+        end_run(uri, run_id, "FAILED")
+        raise
+    end_run(uri, run_id, "FINISHED")

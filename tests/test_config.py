@@ -1,0 +1,128 @@
+"""The recipe: YAML -> frozen pydantic models, failing before any work with the field path and reason."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from grpo_core.config import ConfigError, PipelineConfig, load_config
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _write(tmp_path: Path, text: str, name: str = "recipe.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_defaults_are_the_papers():
+    cfg = load_config()
+    assert (cfg.grpo.group_size, cfg.grpo.lr, cfg.grpo.beta, cfg.grpo.clip_eps) == (64, 1e-6, 0.04, 0.2)
+    assert cfg.grpo.loss_agg == "seq-mean-token-mean"
+
+
+def test_yaml_round_trip(tmp_path):
+    path = _write(
+        tmp_path,
+        "run_name: rt\nseed: 7\ngrpo:\n  group_size: 8\n  temperatures: [0.7, 1.0]\n"
+        "data:\n  arithmetic:\n    max_operand: 20\n",
+    )
+    cfg = load_config(path)
+    assert cfg.run_name == "rt" and cfg.seed == 7 and cfg.grpo.group_size == 8
+    assert cfg.grpo.temperatures == (0.7, 1.0) and cfg.data.arithmetic.max_operand == 20
+    # dump -> YAML -> load gives the same config
+    again = load_config(_write(tmp_path, yaml.safe_dump(cfg.model_dump(mode="json")), "again.yaml"))
+    assert again == cfg
+
+
+def test_overrides_are_parsed_as_yaml(tmp_path):
+    path = _write(tmp_path, "grpo:\n  lr: 1.0e-6\n")
+    cfg = load_config(path, ["grpo.lr=1e-4", "grpo.temperatures=[0.7, 1.0]", "seed=3", "model.init=tiny"])
+    assert cfg.grpo.lr == pytest.approx(1e-4) and isinstance(cfg.grpo.lr, float)
+    assert cfg.grpo.temperatures == (0.7, 1.0)
+    assert cfg.seed == 3
+    # An override creates a section absent from the file.
+    assert load_config(path, ["sft.max_steps=5"]).sft.max_steps == 5
+
+
+def test_override_without_equals_fails():
+    with pytest.raises(ConfigError, match="grpo.lr"):
+        load_config(None, ["grpo.lr"])
+
+
+def test_unknown_key_fails_naming_field_path(tmp_path):
+    with pytest.raises(ConfigError, match=r"grpo\.bogus"):
+        load_config(None, ["grpo.bogus=1"])
+    path = _write(tmp_path, "data:\n  arithmetic:\n    max_operandz: 5\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert "data.arithmetic.max_operandz" in str(e.value) and str(path) in str(e.value)
+
+
+def test_group_size_one_fails():
+    with pytest.raises(ConfigError, match=r"grpo\.group_size"):
+        load_config(None, ["grpo.group_size=1"])
+
+
+def test_minibatch_not_dividing_batch_fails_with_reason():
+    # 16 questions x 4 = 64 completions; 24 does not divide 64.
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["grpo.questions_per_step=16", "grpo.group_size=4", "grpo.minibatch_size=24"])
+    msg = str(e.value)
+    assert "grpo" in msg and "minibatch_size=24" in msg and "not divisible" in msg
+    # 32 divides 64 and holds whole groups of 4: fine.
+    assert load_config(None, ["grpo.questions_per_step=16", "grpo.group_size=4", "grpo.minibatch_size=32"])
+
+
+def test_models_are_frozen():
+    cfg = load_config()
+    with pytest.raises(ValidationError):
+        cfg.grpo.lr = 1.0  # type: ignore[misc]
+    with pytest.raises(ValidationError):
+        cfg.seed = 1  # type: ignore[misc]
+    assert cfg.grpo.lr == 1e-6
+
+
+def test_invalid_yaml_names_the_file(tmp_path):
+    path = _write(tmp_path, "grpo:\n  lr: [1, 2\n")
+    with pytest.raises(ConfigError, match="invalid YAML") as e:
+        load_config(path)
+    assert str(path) in str(e.value)
+
+
+def test_missing_file_and_non_mapping_name_the_file(tmp_path):
+    missing = tmp_path / "nope.yaml"
+    with pytest.raises(ConfigError, match=str(missing)):
+        load_config(missing)
+    path = _write(tmp_path, "- a\n- b\n")
+    with pytest.raises(ConfigError, match=str(path)):
+        load_config(path)
+
+
+def test_yaml_is_data_not_code(tmp_path):
+    # safe_load: a python tag is an error, never an object construction.
+    path = _write(tmp_path, "run_name: !!python/object/apply:os.system ['true']\n")
+    with pytest.raises(ConfigError):
+        load_config(path)
+
+
+def test_jsonl_source_needs_files():
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["data.source=jsonl"])
+    assert "data" in str(e.value) and "sft_file" in str(e.value) and "test_file" in str(e.value)
+    cfg = load_config(
+        None, ["data.source=jsonl", "data.sft_file=a.jsonl", "data.rl_file=b.jsonl", "data.test_file=c.jsonl"]
+    )
+    assert cfg.data.sft_file == "a.jsonl"
+
+
+RECIPES = sorted((REPO / "configs").glob("*.yaml")) + sorted((REPO / "configs").glob("*.yml"))
+
+
+@pytest.mark.skipif(not RECIPES, reason="no recipes in configs/ yet")
+@pytest.mark.parametrize("path", RECIPES, ids=[p.name for p in RECIPES])
+def test_repo_recipes_validate(path):
+    assert isinstance(load_config(path), PipelineConfig)

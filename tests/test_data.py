@@ -1,0 +1,156 @@
+"""Questions with gold answers: the seeded arithmetic task and GSM8K-form JSONL I/O.
+
+Small split sizes keep the generator fast; load_jsonl errors must name the file and line so a bad
+data file is fixed in one look.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from grpo_core.config import ArithmeticTask
+from grpo_core.data import DataError, Example, generate_arithmetic, load_jsonl, write_jsonl
+
+TASK = ArithmeticTask(min_operand=1, max_operand=9, operand_counts=(2, 3, 4), n_sft=150, n_rl=300, n_val=40, n_test=40)
+STEP = re.compile(r"(-?\d+) ([+-]) (\d+) = (-?\d+)")
+QUESTION = re.compile(r"What is (\d+(?: [+-] \d+)+)\?")
+
+
+@pytest.fixture(scope="module")
+def splits():
+    return generate_arithmetic(TASK, seed=0)
+
+
+def test_split_sizes_and_determinism(splits):
+    assert {k: len(v) for k, v in splits.items()} == {"sft": 150, "rl": 300, "val": 40, "test": 40}
+    assert generate_arithmetic(TASK, seed=0) == splits
+    assert generate_arithmetic(TASK, seed=1) != splits
+
+
+def test_splits_are_disjoint(splits):
+    seen: set[str] = set()
+    for name, examples in splits.items():
+        questions = {e.question for e in examples}
+        assert len(questions) == len(examples), f"duplicate question inside {name}"
+        assert not (questions & seen), f"{name} shares questions with another split"
+        seen |= questions
+
+
+def test_rl_split_has_no_solutions(splits):
+    assert all(e.solution is None for e in splits["rl"])
+    assert all(e.solution for k in ("sft", "val", "test") for e in splits[k])
+
+
+def _check_solution(e: Example, task: ArithmeticTask) -> None:
+    tokens = QUESTION.fullmatch(e.question).group(1).split()
+    operands, ops = [int(x) for x in tokens[::2]], tokens[1::2]
+    assert len(operands) in task.operand_counts
+    assert all(task.min_operand <= x <= task.max_operand for x in operands)
+    lines = e.solution.split("\n")
+    assert len(lines) == len(ops) + 1  # one line per step, then the final answer
+    value = operands[0]
+    for line, op, x in zip(lines, ops, operands[1:]):
+        a, got_op, b, c = STEP.fullmatch(line).groups()
+        new = value + x if op == "+" else value - x  # left to right
+        assert (int(a), got_op, int(b), int(c)) == (value, op, x, new)
+        value = new
+    assert lines[-1] == f"#### {value}" and e.gold == str(value)
+
+
+def test_solutions_are_left_to_right_steps(splits):
+    for name in ("sft", "val", "test"):
+        for e in splits[name]:
+            _check_solution(e, TASK)
+    # Negative intermediates are written plainly (e.g. "3 - 8 = -5", then "-5 + 2 = -3").
+    assert any(re.search(r"= -\d+\n-\d+ [+-]", e.solution) for e in splits["sft"])
+
+
+def test_rl_questions_are_in_range_and_golds_right(splits):
+    for e in splits["rl"]:
+        tokens = QUESTION.fullmatch(e.question).group(1).split()
+        value = int(tokens[0])
+        for op, x in zip(tokens[1::2], tokens[2::2]):
+            assert TASK.min_operand <= int(x) <= TASK.max_operand
+            value = value + int(x) if op == "+" else value - int(x)
+        assert e.gold == str(value) and (len(tokens) + 1) // 2 in TASK.operand_counts
+
+
+def test_operand_range_and_count_respected():
+    task = ArithmeticTask(min_operand=10, max_operand=12, operand_counts=(3,), n_sft=20, n_rl=20, n_val=5, n_test=5)
+    for examples in generate_arithmetic(task, seed=3).values():
+        for e in examples:
+            operands = [int(x) for x in QUESTION.fullmatch(e.question).group(1).split()[::2]]
+            assert len(operands) == 3 and all(10 <= x <= 12 for x in operands)
+
+
+def test_too_few_distinct_questions_fails_clearly():
+    # 1 +/- 1 allows only two distinct questions.
+    task = ArithmeticTask(min_operand=1, max_operand=1, operand_counts=(2,), n_sft=5, n_rl=5, n_val=1, n_test=1)
+    with pytest.raises(DataError, match="distinct"):
+        generate_arithmetic(task, seed=0)
+
+
+# ---------------------------------------------------------------------------- JSONL
+
+
+def _write_bytes(tmp_path: Path, data: bytes) -> Path:
+    path = tmp_path / "data.jsonl"
+    path.write_bytes(data)
+    return path
+
+
+GOOD = json.dumps({"question": "Q?", "answer": "work\n#### 3"}).encode() + b"\n"
+
+
+@pytest.mark.parametrize(
+    "line2, reason",
+    [
+        (b'{"question": "Q", "answer": \n', "malformed JSON"),
+        (b'{"question": "caf\xe9", "answer": "#### 1"}\n', "UTF-8"),
+        (b'{"question": "Q"}\n', "answer"),
+        (b'{"question": "Q", "answer": "it is 4"}\n', "####"),
+        (b'["question", "answer"]\n', "object"),
+    ],
+    ids=["json", "utf8", "missing-answer", "no-marker", "not-object"],
+)
+def test_load_jsonl_errors_name_file_and_line(tmp_path, line2, reason):
+    path = _write_bytes(tmp_path, GOOD + line2)
+    with pytest.raises(DataError) as e:
+        load_jsonl(str(path))
+    msg = str(e.value)
+    assert f"{path}:2" in msg and reason in msg
+
+
+@pytest.mark.parametrize("content", [b"", b"\n  \n"])
+def test_load_jsonl_empty_file(tmp_path, content):
+    path = _write_bytes(tmp_path, content)
+    with pytest.raises(DataError, match="no examples") as e:
+        load_jsonl(str(path))
+    assert str(path) in str(e.value)
+
+
+def test_load_jsonl_missing_file(tmp_path):
+    with pytest.raises(DataError, match="not found"):
+        load_jsonl(str(tmp_path / "absent.jsonl"))
+
+
+def test_load_jsonl_parses_gold_and_solution(tmp_path):
+    lines = [
+        {"question": " A? ", "answer": "2 * 500 = 1000\n#### 1,000"},  # GSM8K writes 1,000
+        {"question": "B?", "answer": "#### 7"},  # answer only: no worked solution
+    ]
+    path = _write_bytes(tmp_path, "".join(json.dumps(x) + "\n" for x in lines).encode())
+    a, b = load_jsonl(str(path))
+    assert a == Example("A?", "1000", "2 * 500 = 1000\n#### 1,000")
+    assert b == Example("B?", "7", None)
+    assert len(load_jsonl(str(path), limit=1)) == 1
+
+
+def test_write_then_load_round_trip(tmp_path, splits):
+    for name in ("sft", "rl"):
+        path = tmp_path / "out" / f"{name}.jsonl"
+        write_jsonl(splits[name], path)
+        assert load_jsonl(str(path)) == splits[name]
