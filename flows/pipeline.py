@@ -14,14 +14,8 @@ from prefect import flow, get_run_logger
 from grpo_core.config import PipelineConfig, flatten
 from grpo_core.stages.common import write_manifest
 from grpo_core.tracking import MlflowLogger
-from tasks.stages import data_task, eval_task, grpo_task, sft_task
+from tasks.stages import data_task, eval_task, grpo_task, run_stage, sft_task
 from tasks.tracking import end_run, experiment_id, start_run, tracking_uri
-
-
-def _run(task, **kwargs) -> tuple[dict, bool]:
-    """Run a task; return its manifest and whether it came from the cache."""
-    state = task(return_state=True, **kwargs)
-    return state.result(), state.name == "Cached"
 
 
 @flow(name="pipeline", log_prints=True)
@@ -38,16 +32,16 @@ def pipeline(config: PipelineConfig) -> dict:
     common = {"cfg": config, "uri": uri, "parent_id": parent}
     cached: list[str] = []
     try:
-        data, hit = _run(data_task, out_dir=str(run_dir / "data"), **common)
+        data, hit = run_stage(data_task, out_dir=str(run_dir / "data"), **common)
         cached += ["data"] * hit
-        sft, hit = _run(sft_task, out_dir=str(run_dir / "sft"),
+        sft, hit = run_stage(sft_task, out_dir=str(run_dir / "sft"),
                         upstream={"data_dir": data["dir"], "data": data["digest"]}, **common)
         cached += ["sft"] * hit
-        grpo, hit = _run(grpo_task, out_dir=str(run_dir / "grpo"),
+        grpo, hit = run_stage(grpo_task, out_dir=str(run_dir / "grpo"),
                          upstream={"data_dir": data["dir"], "data": data["digest"],
                                    "init_model": sft["model"], "init": sft["digest"]}, **common)
         cached += ["grpo"] * hit
-        ev, hit = _run(eval_task, out_dir=str(run_dir / "eval"),
+        ev, hit = run_stage(eval_task, out_dir=str(run_dir / "eval"),
                        upstream={"data_dir": data["dir"], "data": data["digest"],
                                  "models": {"sft": sft["model"], "policy": grpo["model"]},
                                  "digests": [sft["digest"], grpo["digest"]]}, **common)

@@ -10,6 +10,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 
+def metric_name(key: str) -> str:
+    """MLflow allows only [A-Za-z0-9_ ./:-] in names: ``maj@8`` is logged as ``maj_at_8``."""
+    return key.replace("@", "_at_")
+
+
 class MetricLogger(Protocol):
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None: ...
     def log_params(self, params: dict[str, Any]) -> None: ...
@@ -45,7 +50,8 @@ class MlflowLogger:
         import time
 
         now = int(time.time() * 1000)
-        batch = [Metric(k, float(v), now, step or 0) for k, v in metrics.items() if math.isfinite(float(v))]
+        batch = [Metric(metric_name(k), float(v), now, step or 0)
+                 for k, v in metrics.items() if math.isfinite(float(v))]
         if batch:
             self.client.log_batch(self.run_id, metrics=batch, synchronous=True)
 

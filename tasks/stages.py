@@ -47,8 +47,18 @@ def _select(cfg: PipelineConfig, keys: tuple[str, ...]) -> dict[str, Any]:
 def stage_key(stage: str, cfg: PipelineConfig, upstream: dict[str, Any], out_dir: Path) -> str:
     payload = {"stage": stage, "config": _select(cfg, STAGE_SECTIONS[stage]), "upstream": upstream,
                "code": code_version(), "out": str(out_dir.resolve())}
-    key = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
-    return key if (out_dir / "manifest.json").exists() else f"{key}-absent"
+    return f"{stage}-{hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()}"
+
+
+def run_stage(stage_task, out_dir: str, **kwargs) -> tuple[dict, bool]:
+    """Run a stage task; returns its manifest and whether it came from the cache.
+
+    A cached result is only trusted while the stage's outputs are still on disk: if its manifest is
+    gone, the task runs again (resuming from its checkpoints) and refreshes the cache entry.
+    """
+    missing = not (Path(out_dir) / "manifest.json").exists()
+    state = stage_task.with_options(refresh_cache=missing)(out_dir=out_dir, return_state=True, **kwargs)
+    return state.result(), state.name == "Cached"
 
 
 def _cache_key(stage: str):

@@ -60,3 +60,39 @@ class Stopwatch:
     @property
     def elapsed(self) -> float:
         return time.perf_counter() - self.start
+
+
+# Fields that only set how long or how often a stage runs: changing them keeps a resume valid
+# (extending a run is the point of resuming); any other change means the checkpoints are stale.
+BUDGET_FIELDS = {"steps", "max_steps", "max_seconds", "eval_every", "checkpoint_every", "keep_checkpoints"}
+
+
+def run_identity(cfg, section: str, **extra) -> dict:
+    """What makes a stage's checkpoints valid: the recipe minus budget fields, plus e.g. the digest
+    of the model it started from."""
+    cfg_json = cfg.model_dump(mode="json")
+    stage = {k: v for k, v in cfg_json[section].items() if k not in BUDGET_FIELDS}
+    return {"seed": cfg_json["seed"], "model": cfg_json["model"], "data": cfg_json["data"],
+            section: stage, **extra}
+
+
+def find_resume(ckpt_root: Path, identity: dict):
+    """(checkpoint, state) to resume from, or (None, None) for a fresh start.
+
+    Checkpoints written under another identity are set aside, never silently resumed: they are
+    moved to ``<root>.stale-<n>`` so nothing is lost.
+    """
+    from grpo_core.checkpoint import latest_checkpoint, load_state
+
+    latest = latest_checkpoint(ckpt_root)
+    if latest is None:
+        return None, None
+    state = load_state(latest)
+    if state.get("identity") != identity:
+        n = 0
+        while (stale := ckpt_root.with_name(f"{ckpt_root.name}.stale-{n}")).exists():
+            n += 1
+        ckpt_root.rename(stale)
+        print(f"warning: checkpoints in {ckpt_root} were written by another recipe or start; moved to {stale}")
+        return None, None
+    return latest, state

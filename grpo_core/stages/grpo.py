@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from grpo_core.advantages import outcome_advantages
-from grpo_core.checkpoint import latest_checkpoint, load_state, rng_state, save_checkpoint, set_rng_state
+from grpo_core.checkpoint import rng_state, save_checkpoint, set_rng_state
 from grpo_core.config import GRPOConfig, PipelineConfig, load_config
 from grpo_core.data import Example, prompt_text
 from grpo_core.evaluation import greedy_accuracy
@@ -23,7 +23,8 @@ from grpo_core.losses import grpo_loss
 from grpo_core.modeling import load_model, save_model
 from grpo_core.policy import generate, token_logprobs
 from grpo_core.rewards import rule_reward
-from grpo_core.stages.common import Stopwatch, read_split, set_threads, write_manifest
+from grpo_core.stages.common import (Stopwatch, digest_dir, find_resume, read_split, run_identity,
+                                     set_threads, write_manifest)
 from grpo_core.tracking import MetricLogger, NullLogger
 
 
@@ -103,7 +104,8 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
     gc = cfg.grpo
     set_threads(cfg.threads)
     ckpt_root = out_dir / "checkpoints"
-    resume = latest_checkpoint(ckpt_root)
+    identity = run_identity(cfg, "grpo", init=digest_dir(Path(init_dir)))
+    resume, saved = find_resume(ckpt_root, identity)
     policy, tokenizer = load_model(resume or init_dir)
     ref = None
     if gc.beta > 0:
@@ -114,7 +116,6 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
     opt = torch.optim.AdamW(policy.parameters(), lr=gc.lr, betas=(0.9, 0.95), weight_decay=gc.weight_decay)
     st = {"step": 0, "best_acc": -1.0, "best_step": 0, "elapsed": 0.0, "stopped": ""}
     if resume is not None:
-        saved = load_state(resume)
         opt.load_state_dict(saved["optimizer"])
         st.update(saved["counters"])
         set_rng_state(saved["rng"])
@@ -147,7 +148,7 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
             st["elapsed"] = clock.elapsed
             save_checkpoint(ckpt_root, st["step"], policy, tokenizer,
                             {"optimizer": opt.state_dict(), "counters": dict(st), "rng": rng_state(),
-                             "config": cfg.model_dump(mode="json")}, keep=gc.keep_checkpoints)
+                             "identity": identity, "config": cfg.model_dump(mode="json")}, keep=gc.keep_checkpoints)
         if out_of_time:
             break
     final_dir = out_dir / "model"

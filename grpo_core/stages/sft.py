@@ -13,12 +13,13 @@ from pathlib import Path
 
 import torch
 
-from grpo_core.checkpoint import latest_checkpoint, load_state, rng_state, save_checkpoint, set_rng_state
+from grpo_core.checkpoint import rng_state, save_checkpoint, set_rng_state
 from grpo_core.config import PipelineConfig, SFTConfig, load_config
 from grpo_core.evaluation import greedy_accuracy
 from grpo_core.modeling import init_model, load_model, save_model
 from grpo_core.packing import encode_examples, pack
-from grpo_core.stages.common import Stopwatch, read_split, set_threads, write_manifest
+from grpo_core.stages.common import (Stopwatch, digest_dir, find_resume, read_split, run_identity,
+                                     set_threads, write_manifest)
 from grpo_core.tracking import MetricLogger, NullLogger
 
 
@@ -51,7 +52,8 @@ def run_sft(cfg: PipelineConfig, data_dir: Path, out_dir: Path, logger: MetricLo
     sc = cfg.sft
     set_threads(cfg.threads)
     ckpt_root = out_dir / "checkpoints"
-    resume = latest_checkpoint(ckpt_root)
+    identity = run_identity(cfg, "sft", init=digest_dir(Path(init_from)) if init_from else "config")
+    resume, saved = find_resume(ckpt_root, identity)
     if resume is not None:
         model, tokenizer = load_model(resume)
     elif init_from is not None:
@@ -67,7 +69,6 @@ def run_sft(cfg: PipelineConfig, data_dir: Path, out_dir: Path, logger: MetricLo
     st = {"step": 0, "epoch": 0, "row": 0, "best_acc": -1.0, "best_step": 0, "bad_evals": 0,
           "plateau_lr": sc.lr, "elapsed": 0.0, "tokens": 0, "stopped": ""}
     if resume is not None:
-        saved = load_state(resume)
         opt.load_state_dict(saved["optimizer"])
         st.update(saved["counters"])
         set_rng_state(saved["rng"])
@@ -120,7 +121,7 @@ def run_sft(cfg: PipelineConfig, data_dir: Path, out_dir: Path, logger: MetricLo
             st["elapsed"] = clock.elapsed
             save_checkpoint(ckpt_root, st["step"], model, tokenizer,
                             {"optimizer": opt.state_dict(), "counters": dict(st), "rng": rng_state(),
-                             "config": cfg.model_dump(mode="json")}, keep=sc.keep_checkpoints)
+                             "identity": identity, "config": cfg.model_dump(mode="json")}, keep=sc.keep_checkpoints)
         if st["stopped"]:
             break
     final_dir = out_dir / "model"
