@@ -130,27 +130,27 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
             shutil.rmtree(best_dir, ignore_errors=True)
             save_model(policy, tokenizer, best_dir)
 
-    if st["step"] == 0:
-        validate()
+    if st["step"] == 0 and st["best_acc"] < 0:
+        validate()  # the starting policy is a candidate too: GRPO never returns a worse model
+    if gc.max_seconds is None or st["elapsed"] < gc.max_seconds:
+        st["stopped"] = ""  # (re)started with steps or time left
     policy.train()
-    while st["step"] < gc.steps:
+    while st["step"] < gc.steps and not st["stopped"]:
         questions = step_questions(pool, gc.questions_per_step, cfg.seed, st["step"])
         metrics = grpo_step(policy, ref, tokenizer, opt, questions, gc, step_seed(cfg.seed, st["step"]))
         st["step"] += 1
         st["elapsed"] = clock.elapsed
         logger.log_metrics(metrics, step=st["step"])
-        out_of_time = gc.max_seconds is not None and st["elapsed"] >= gc.max_seconds
-        if out_of_time:
+        if gc.max_seconds is not None and st["elapsed"] >= gc.max_seconds:
             st["stopped"] = f"time budget of {gc.max_seconds}s reached"
-        if st["step"] % gc.eval_every == 0 or st["step"] == gc.steps or out_of_time:
+        last = st["step"] == gc.steps or st["stopped"]
+        if st["step"] % gc.eval_every == 0 or last:
             validate()
-        if st["step"] % gc.checkpoint_every == 0 or st["step"] == gc.steps or out_of_time:
+        if st["step"] % gc.checkpoint_every == 0 or last:
             st["elapsed"] = clock.elapsed
             save_checkpoint(ckpt_root, st["step"], policy, tokenizer,
                             {"optimizer": opt.state_dict(), "counters": dict(st), "rng": rng_state(),
                              "identity": identity, "config": cfg.model_dump(mode="json")}, keep=gc.keep_checkpoints)
-        if out_of_time:
-            break
     final_dir = out_dir / "model"
     shutil.rmtree(final_dir, ignore_errors=True)
     shutil.copytree(best_dir, final_dir)

@@ -23,6 +23,13 @@ from grpo_core.stages.common import (Stopwatch, digest_dir, find_resume, read_sp
 from grpo_core.tracking import MetricLogger, NullLogger
 
 
+STOP_REASONS = {
+    "": "max_steps reached",
+    "patience": "validation accuracy did not improve for {sc.patience} evaluations",
+    "time": "time budget of {sc.max_seconds}s reached",
+}
+
+
 def lr_at(cfg: SFTConfig, step: int, plateau_lr: float) -> float:
     """Constant (paper), cosine to ``min_lr`` over ``max_steps``, or the reduce-on-plateau value."""
     if cfg.schedule == "cosine":
@@ -75,8 +82,10 @@ def run_sft(cfg: PipelineConfig, data_dir: Path, out_dir: Path, logger: MetricLo
     clock = Stopwatch(st["elapsed"])
     best_dir = out_dir / "best"
     rows_ids, rows_labels = pack(train, sc.context_length, tokenizer.pad_token_id, random.Random(cfg.seed * 1000 + st["epoch"]))
+    if st["stopped"] == "time" and (sc.max_seconds is None or st["elapsed"] < sc.max_seconds):
+        st["stopped"] = ""  # resumed with a larger time budget
     model.train()
-    while st["step"] < sc.max_steps:
+    while st["step"] < sc.max_steps and not st["stopped"]:
         if st["row"] >= len(rows_ids):  # new epoch: a fresh random concatenation
             st["epoch"] += 1
             st["row"] = 0
@@ -99,8 +108,11 @@ def run_sft(cfg: PipelineConfig, data_dir: Path, out_dir: Path, logger: MetricLo
         logger.log_metrics({"train/loss": loss.item(), "train/lr": lr, "train/grad_norm": float(grad_norm),
                             "train/epoch": st["epoch"], "perf/tokens_per_s": st["tokens"] / max(st["elapsed"], 1e-9)},
                            step=st["step"])
-        out_of_time = sc.max_seconds is not None and st["elapsed"] >= sc.max_seconds
-        if st["step"] % sc.eval_every == 0 or st["step"] == sc.max_steps or out_of_time:
+        if sc.max_seconds is not None and st["elapsed"] >= sc.max_seconds:
+            st["stopped"] = "time"
+        on_grid = st["step"] % sc.eval_every == 0
+        last = st["step"] == sc.max_steps or st["stopped"]
+        if on_grid or (last and st["best_acc"] < 0):
             model.eval()
             acc = greedy_accuracy(model, tokenizer, val_examples, max_new)
             vloss = validation_loss(model, val_ids, val_labels)
@@ -110,26 +122,22 @@ def run_sft(cfg: PipelineConfig, data_dir: Path, out_dir: Path, logger: MetricLo
                 st.update(best_acc=acc, best_step=st["step"], bad_evals=0)
                 shutil.rmtree(best_dir, ignore_errors=True)
                 save_model(model, tokenizer, best_dir)
-            else:
+            elif on_grid:  # only the regular evaluations drive the schedule, so a resume is exact
                 st["bad_evals"] += 1
                 st["plateau_lr"] = max(st["plateau_lr"] * sc.decay_factor, sc.min_lr)
-            if sc.patience and st["bad_evals"] >= sc.patience:
-                st["stopped"] = f"validation accuracy did not improve for {sc.patience} evaluations"
-        if out_of_time and not st["stopped"]:
-            st["stopped"] = f"time budget of {sc.max_seconds}s reached"
-        if st["step"] % sc.checkpoint_every == 0 or st["stopped"]:
+                if sc.patience and st["bad_evals"] >= sc.patience:
+                    st["stopped"] = "patience"
+        if st["step"] % sc.checkpoint_every == 0 or st["step"] == sc.max_steps or st["stopped"]:
             st["elapsed"] = clock.elapsed
             save_checkpoint(ckpt_root, st["step"], model, tokenizer,
                             {"optimizer": opt.state_dict(), "counters": dict(st), "rng": rng_state(),
                              "identity": identity, "config": cfg.model_dump(mode="json")}, keep=sc.keep_checkpoints)
-        if st["stopped"]:
-            break
     final_dir = out_dir / "model"
     shutil.rmtree(final_dir, ignore_errors=True)
     shutil.copytree(best_dir, final_dir)
     summary = {"best_val_accuracy": st["best_acc"], "best_step": st["best_step"], "steps": st["step"],
                "epochs": st["epoch"], "wall_s": round(st["elapsed"], 1),
-               "stopped": st["stopped"] or "max_steps reached", "n_train_examples": len(train)}
+               "stopped": STOP_REASONS[st["stopped"]].format(sc=sc), "n_train_examples": len(train)}
     logger.log_metrics({"val/best_accuracy": st["best_acc"], "time/wall_s": st["elapsed"]}, step=st["step"])
     return write_manifest(out_dir, {"stage": "sft", "model": str(final_dir), **summary})
 

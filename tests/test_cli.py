@@ -1,0 +1,117 @@
+"""``grpo-pipeline``: invalid input fails with exit code 2 and a message naming the culprit; ``eval``
+prints one JSON object (GUIDE §3)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from grpo_core.cli import main
+
+QUESTIONS = [
+    {"question": "What is 1 + 2?", "answer": "1 + 2 = 3\n#### 3"},
+    {"question": "What is 7 - 5?", "answer": "#### 2"},
+    {"question": "What is 4 + 4 - 1?", "answer": "4 + 4 = 8\n8 - 1 = 7\n#### 7"},
+]
+
+
+def _exit_code(argv: list[str]) -> int:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    return exc.value.code
+
+
+def _jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+# ---------------------------------------------------------------------------- run: invalid recipes
+
+
+@pytest.mark.parametrize("text, field", [
+    ("sft:\n  bogus_key: 1\n", "sft.bogus_key"),
+    ("grpo:\n  group_size: 1\n", "grpo.group_size"),
+    ("model:\n  hidden_size: 30\n  num_heads: 4\n", "model"),
+], ids=["unknown-key", "group-of-one", "heads-not-dividing"])
+def test_run_rejects_invalid_config(tmp_path, capsys, text, field):
+    recipe = tmp_path / "bad.yaml"
+    recipe.write_text(text)
+    assert _exit_code(["run", str(recipe)]) == 2
+    err = capsys.readouterr().err
+    assert field in err and str(recipe) in err
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("override, field", [
+    ("grpo.group_size=1", "grpo.group_size"),
+    ("nosuch.key=3", "nosuch"),
+    ("grpo.clip_eps=-1", "grpo.clip_eps"),
+])
+def test_run_rejects_invalid_override(tmp_path, capsys, override, field):
+    recipe = tmp_path / "ok.yaml"
+    recipe.write_text(f"output_dir: {tmp_path / 'runs'}\n")
+    assert _exit_code(["run", str(recipe), "--set", override]) == 2
+    err = capsys.readouterr().err
+    assert field in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_run_missing_config_file(tmp_path, capsys):
+    missing = tmp_path / "nope.yaml"
+    assert _exit_code(["run", str(missing)]) == 2
+    assert str(missing) in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------- eval
+
+
+def test_eval_prints_one_json_object(tmp_path, capsys, tiny_model_dir):
+    data = _jsonl(tmp_path / "test.jsonl", QUESTIONS)
+    main(["eval", "--model", str(tiny_model_dir), "--data", str(data), "--samples", "2", "--max-new-tokens", "8"])
+    out = capsys.readouterr().out.strip()
+    metrics = json.loads(out)  # exactly one JSON document on stdout
+    assert isinstance(metrics, dict)
+    assert metrics["n"] == 3
+    for key in ("accuracy", "maj@2", "pass@2"):
+        assert 0.0 <= metrics[key] <= 1.0, key
+    assert metrics["maj@2"] <= metrics["pass@2"]
+
+
+def test_eval_greedy_only_without_samples(tmp_path, capsys, tiny_model_dir):
+    data = _jsonl(tmp_path / "test.jsonl", QUESTIONS)
+    main(["eval", "--model", str(tiny_model_dir), "--data", str(data), "--max-new-tokens", "4", "--n", "2"])
+    metrics = json.loads(capsys.readouterr().out)
+    assert metrics["n"] == 2 and "accuracy" in metrics
+    assert not any(k.startswith(("maj@", "pass@")) for k in metrics)
+
+
+def test_eval_missing_model_folder(tmp_path, capsys):
+    data = _jsonl(tmp_path / "test.jsonl", QUESTIONS)
+    missing = tmp_path / "no_such_model"
+    assert _exit_code(["eval", "--model", str(missing), "--data", str(data)]) == 2
+    captured = capsys.readouterr()
+    assert str(missing) in captured.err and captured.out == ""
+
+
+def test_eval_folder_without_model(tmp_path, capsys):
+    data = _jsonl(tmp_path / "test.jsonl", QUESTIONS)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert _exit_code(["eval", "--model", str(empty), "--data", str(data)]) == 2
+    assert str(empty) in capsys.readouterr().err
+
+
+def test_eval_malformed_jsonl_names_file_and_line(tmp_path, capsys, tiny_model_dir):
+    data = tmp_path / "bad.jsonl"
+    data.write_text(json.dumps(QUESTIONS[0]) + "\n" + '{"question": "What is 1 + 1?", "answer": \n')
+    assert _exit_code(["eval", "--model", str(tiny_model_dir), "--data", str(data)]) == 2
+    err = capsys.readouterr().err
+    assert f"{data}:2" in err
+
+
+def test_eval_missing_data_file(tmp_path, capsys, tiny_model_dir):
+    missing = tmp_path / "absent.jsonl"
+    assert _exit_code(["eval", "--model", str(tiny_model_dir), "--data", str(missing)]) == 2
+    assert str(missing) in capsys.readouterr().err

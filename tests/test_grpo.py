@@ -1,0 +1,267 @@
+"""GRPO stage: the metrics the field expects, resume equivalence, and zero-spread groups.
+
+A freshly initialised tiny model never answers correctly, so most tests replace the rule reward with
+a deterministic function of the completion text: groups then have a spread and the policy moves.
+"""
+from __future__ import annotations
+
+import copy
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+import grpo_core.stages.grpo as grpo_mod
+from grpo_core.checkpoint import latest_checkpoint, load_state
+from grpo_core.losses import aggregate, kl_k3
+from grpo_core.modeling import load_model
+from grpo_core.policy import token_logprobs
+from grpo_core.stages.common import read_split
+from grpo_core.stages.grpo import grpo_step, run_grpo, step_questions
+from grpo_core.tracking import NullLogger
+
+FIELD_METRICS = ["train/reward_mean", "train/reward_std", "train/frac_reward_zero_std", "train/kl",
+                 "train/clip_ratio", "train/entropy", "train/completion_len", "train/grad_norm",
+                 "train/lr", "perf/tokens_per_s"]
+# Metrics that depend on the weights and rollouts only (not on wall time).
+DETERMINISTIC = [m for m in FIELD_METRICS if m != "perf/tokens_per_s"] + ["train/loss", "train/pg_loss",
+                                                                          "train/ratio_mean", "train/frac_truncated"]
+
+
+def parity_reward(completions: list[str], golds: list[str]) -> torch.Tensor:
+    """1.0 when the completion's character codes sum to an odd number: deterministic, with spread."""
+    return torch.tensor([float(sum(map(ord, c)) % 2) for c in completions])
+
+
+@pytest.fixture
+def parity(monkeypatch):
+    monkeypatch.setattr(grpo_mod, "rule_reward", parity_reward)
+
+
+def _state(path: Path) -> dict[str, torch.Tensor]:
+    model, _ = load_model(path)
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def _assert_same_weights(a: Path, b: Path) -> None:
+    sa, sb = _state(a), _state(b)
+    diff = {k: float((sa[k] - sb[k]).abs().max()) for k in sa if not torch.equal(sa[k], sb[k])}
+    assert not diff, f"weights differ (max abs diff per tensor): {diff}"
+
+
+def _train_metrics(logger: NullLogger) -> dict[int, dict[str, float]]:
+    return {s: m for s, m in logger.history if "train/loss" in m}
+
+
+def test_run_grpo_logs_field_metrics(tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir, parity):
+    cfg = tiny_cfg(tmp_path, grpo__steps=2, grpo__eval_every=1, grpo__inner_updates=2, grpo__minibatch_size=3,
+                   grpo__beta=0.04)
+    log = NullLogger()
+    manifest = run_grpo(cfg, tiny_data_dir, tiny_model_dir, tmp_path / "grpo", log)
+    assert manifest["stage"] == "grpo" and manifest["steps"] == 2
+    assert manifest["init"] == str(tiny_model_dir)
+    assert (tmp_path / "grpo" / "model" / "config.json").exists()
+    load_model(manifest["model"])
+    train = _train_metrics(log)
+    assert sorted(train) == [1, 2]
+    for step, m in train.items():
+        missing = [k for k in FIELD_METRICS if k not in m]
+        assert not missing, f"step {step} lacks {missing}"
+        assert all(math.isfinite(m[k]) for k in FIELD_METRICS)
+        assert 0.0 <= m["train/reward_mean"] <= 1.0 and 0.0 <= m["train/frac_reward_zero_std"] <= 1.0
+        assert m["train/reward_std"] >= 0 and m["train/kl"] >= 0 and 0 <= m["train/clip_ratio"] <= 1
+        assert 0 < m["train/completion_len"] <= cfg.grpo.max_new_tokens
+        assert m["train/lr"] == cfg.grpo.lr and m["perf/tokens_per_s"] > 0
+        assert m["train/entropy"] > 0 and m["train/grad_norm"] > 0
+    # Validation before training (step 0) and at every eval_every.
+    assert [s for s, m in log.history if "val/accuracy" in m] == [0, 1, 2]
+    # Step 1 starts at the reference (KL 0 before the first update); the policy then moves away.
+    assert train[2]["train/kl"] > 0
+
+
+def test_rollout_questions_depend_on_seed_and_step_only(tiny_data_dir):
+    pool = read_split(tiny_data_dir, "rl")
+    assert step_questions(pool, 4, 0, 3) == step_questions(pool, 4, 0, 3)
+    assert step_questions(pool, 4, 0, 3) != step_questions(pool, 4, 0, 4)
+    assert len(step_questions(pool, 1000, 0, 0)) == len(pool)
+
+
+def _resume_check(tmp_path, log_a, log_b1, log_b2, n, stop):
+    a, b1, b2 = _train_metrics(log_a), _train_metrics(log_b1), _train_metrics(log_b2)
+    assert sorted(a) == list(range(1, n + 1))
+    assert sorted(b2) == list(range(stop + 1, n + 1)), "the second leg should resume, not restart"
+    for step in range(1, n + 1):
+        got = (b1 if step <= stop else b2)[step]
+        for k in DETERMINISTIC:
+            assert got[k] == a[step][k], f"step {step}: {k} {got[k]} != {a[step][k]}"
+    last = f"step-{n:08d}"
+    _assert_same_weights(tmp_path / "A" / "checkpoints" / last, tmp_path / "B" / "checkpoints" / last)
+    _assert_same_weights(tmp_path / "A" / "model", tmp_path / "B" / "model")
+    sa = load_state(tmp_path / "A" / "checkpoints" / last)
+    sb = load_state(tmp_path / "B" / "checkpoints" / last)
+    for k in ("step", "best_acc", "best_step"):
+        assert sa["counters"][k] == sb["counters"][k], k
+    assert not (tmp_path / "B" / "checkpoints.stale-0").exists()
+
+
+GRPO_RESUME = dict(grpo__checkpoint_every=1, grpo__eval_every=2, grpo__inner_updates=2, grpo__minibatch_size=3,
+                   grpo__beta=0.04, grpo__temperatures=[0.7, 1.0])
+
+
+def test_grpo_resume_equals_straight_run(tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir, parity):
+    """4 steps straight == 2 steps (steps=2), then the same out dir with steps=4."""
+    cfg_full = tiny_cfg(tmp_path, grpo__steps=4, **GRPO_RESUME)
+    log_a, log_b1, log_b2 = NullLogger(), NullLogger(), NullLogger()
+    run_grpo(cfg_full, tiny_data_dir, tiny_model_dir, tmp_path / "A", log_a)
+    assert not all(m["train/frac_reward_zero_std"] == 1 for m in _train_metrics(log_a).values())
+    _assert_moved(tiny_model_dir, tmp_path / "A" / "checkpoints" / "step-00000004")
+    run_grpo(tiny_cfg(tmp_path, grpo__steps=2, **GRPO_RESUME), tiny_data_dir, tiny_model_dir, tmp_path / "B", log_b1)
+    run_grpo(cfg_full, tiny_data_dir, tiny_model_dir, tmp_path / "B", log_b2)
+    _resume_check(tmp_path, log_a, log_b1, log_b2, n=4, stop=2)
+
+
+class Crash(Exception):
+    pass
+
+
+class CrashingLogger(NullLogger):
+    def __init__(self, at: int) -> None:
+        super().__init__()
+        self.at = at
+
+    def log_metrics(self, metrics, step=None):
+        if step == self.at and "train/loss" in metrics:
+            raise Crash(step)  # after the step's update, before its checkpoint
+        super().log_metrics(metrics, step)
+
+
+def test_grpo_resume_after_crash_equals_straight_run(tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir, parity):
+    cfg = tiny_cfg(tmp_path, grpo__steps=4, **GRPO_RESUME)
+    log_a, log_b2 = NullLogger(), NullLogger()
+    run_grpo(cfg, tiny_data_dir, tiny_model_dir, tmp_path / "A", log_a)
+    crashing = CrashingLogger(at=3)
+    with pytest.raises(Crash):
+        run_grpo(cfg, tiny_data_dir, tiny_model_dir, tmp_path / "B", crashing)
+    assert latest_checkpoint(tmp_path / "B" / "checkpoints").name == "step-00000002"
+    run_grpo(cfg, tiny_data_dir, tiny_model_dir, tmp_path / "B", log_b2)
+    _resume_check(tmp_path, log_a, crashing, log_b2, n=4, stop=2)
+
+
+def test_grpo_checkpoints_from_another_start_are_set_aside(tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir, parity):
+    out = tmp_path / "grpo"
+    run_grpo(tiny_cfg(tmp_path, grpo__steps=1), tiny_data_dir, tiny_model_dir, out)
+    # Another starting model (same recipe) invalidates the checkpoints: its digest is in the identity.
+    other = tmp_path / "other_init"
+    model, tok = load_model(tiny_model_dir)
+    with torch.no_grad():
+        next(model.parameters()).add_(0.01)
+    model.save_pretrained(other)
+    tok.save_pretrained(other)
+    log = NullLogger()
+    run_grpo(tiny_cfg(tmp_path, grpo__steps=2), tiny_data_dir, other, out, log)
+    assert (tmp_path / "grpo" / "checkpoints.stale-0").is_dir()
+    assert sorted(_train_metrics(log)) == [1, 2]
+
+
+def _assert_moved(before: Path, after: Path) -> None:
+    sa, sb = _state(before), _state(after)
+    assert any(not torch.equal(sa[k], sb[k]) for k in sa), "training did not change the weights"
+
+
+# ---------------------------------------------------------------------------- zero-spread groups
+
+
+class RecordingAdamW(torch.optim.AdamW):
+    """AdamW that keeps a copy of the gradients it was asked to apply."""
+
+    def step(self, closure=None):
+        self.grads = [None if p.grad is None else p.grad.detach().clone()
+                      for g in self.param_groups for p in g["params"]]
+        return super().step(closure)
+
+
+def _grpo_setup(tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir, **overrides):
+    cfg = tiny_cfg(tmp_path, grpo__max_grad_norm=1e9, grpo__lr=1e-2, **overrides)
+    policy, tok = load_model(tiny_model_dir)
+    ref, _ = load_model(tiny_model_dir)
+    ref.eval().requires_grad_(False)
+    opt = RecordingAdamW(policy.parameters(), lr=cfg.grpo.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    questions = step_questions(read_split(tiny_data_dir, "rl"), cfg.grpo.questions_per_step, 0, 0)
+    return cfg, policy, ref, tok, opt, questions
+
+
+@pytest.mark.parametrize("value", [0.0, 1.0])
+def test_zero_spread_groups_leave_params_unchanged_without_kl(tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir,
+                                                              monkeypatch, value):
+    """Every group has identical rewards: zero advantages, so with beta = 0 the gradient is exactly
+    zero and AdamW (weight decay 0) leaves every parameter as it was."""
+    monkeypatch.setattr(grpo_mod, "rule_reward", lambda c, g: torch.full((len(c),), value))
+    cfg, policy, _, tok, opt, questions = _grpo_setup(tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir,
+                                                      grpo__beta=0.0, grpo__inner_updates=2)
+    policy.train()
+    before = {k: v.clone() for k, v in policy.state_dict().items()}
+    m = grpo_step(policy, None, tok, opt, questions, cfg.grpo, seed=1)
+    assert m["train/frac_reward_zero_std"] == 1.0 and m["train/reward_std"] == 0.0
+    assert m["train/reward_mean"] == value
+    assert m["train/loss"] == 0.0 and m["train/pg_loss"] == 0.0 and m["train/grad_norm"] == 0.0
+    assert all(g is None or not g.any() for g in opt.grads)
+    after = policy.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_zero_spread_groups_only_kl_gradient(tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir, monkeypatch):
+    """With beta > 0 and a reference that differs from the policy, the applied gradient is exactly
+    that of beta * KL (the policy-gradient term contributes nothing)."""
+    monkeypatch.setattr(grpo_mod, "rule_reward", lambda c, g: torch.zeros(len(c)))
+    seen = {}
+    real_generate = grpo_mod.generate
+
+    def recording_generate(*args, **kwargs):
+        seen["rollout"] = real_generate(*args, **kwargs)
+        return seen["rollout"]
+
+    monkeypatch.setattr(grpo_mod, "generate", recording_generate)
+    beta = 0.5
+    cfg, policy, ref, tok, opt, questions = _grpo_setup(tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir,
+                                                        grpo__beta=beta, grpo__loss_agg="token-mean")
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.05)
+    policy.train()
+    start = copy.deepcopy(policy)
+    m = grpo_step(policy, ref, tok, opt, questions, cfg.grpo, seed=1)
+    assert m["train/frac_reward_zero_std"] == 1.0 and m["train/pg_loss"] == 0.0
+    assert m["train/kl"] > 0
+    # token-mean: the loss is beta times the token-mean KL the step reports.
+    assert m["train/loss"] == pytest.approx(beta * m["train/kl"], rel=1e-5)
+
+    rollout = seen["rollout"]
+    logp = token_logprobs(start, rollout)
+    with torch.no_grad():
+        ref_logp = token_logprobs(ref, rollout)
+    expected_loss = beta * aggregate(kl_k3(logp, ref_logp), rollout.completion_mask, "token-mean")
+    start.zero_grad()
+    expected_loss.backward()
+    assert float(expected_loss.detach()) == pytest.approx(m["train/loss"], rel=1e-5)
+    expected = [p.grad for p in start.parameters()]
+    assert len(expected) == len(opt.grads)
+    for got, want in zip(opt.grads, expected):
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-4)
+    assert any(g.abs().max() > 0 for g in opt.grads)
+
+
+@pytest.mark.parametrize("budget", [dict(grpo__steps=2), dict(grpo__steps=50, grpo__max_seconds=1e-3)],
+                         ids=["steps", "max_seconds"])
+def test_rerunning_a_finished_grpo_does_not_train_again(tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir,
+                                                        parity, budget):
+    """Started again with the same recipe, a run that ended (all its steps, or its time budget) must
+    return its result without training further."""
+    cfg = tiny_cfg(tmp_path, grpo__checkpoint_every=10, **budget)
+    first = run_grpo(cfg, tiny_data_dir, tiny_model_dir, tmp_path / "grpo")
+    log = NullLogger()
+    again = run_grpo(cfg, tiny_data_dir, tiny_model_dir, tmp_path / "grpo", log)
+    trained = sorted(_train_metrics(log))
+    assert trained == [], f"the re-run trained steps {trained}"
+    assert again["steps"] == first["steps"]

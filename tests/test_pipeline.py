@@ -1,0 +1,143 @@
+"""The pipeline flow end to end on a tiny recipe: the public manifest (GUIDE §3), MLflow's parent and
+child runs, and content caching (a re-run skips finished stages; a deleted output is recomputed).
+
+Prefect and the flow are imported inside the test, after the session fixture has pointed
+PREFECT_HOME at a temporary folder.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from grpo_core.config import flatten
+
+
+def _manifest(cfg) -> dict:
+    return json.loads((Path(cfg.output_dir) / cfg.run_name / "manifest.json").read_text())
+
+
+@pytest.fixture
+def mlflow_client(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+
+
+def test_pipeline_end_to_end_and_cached_rerun(prefect_harness, tmp_path, tiny_cfg, mlflow_client):
+    from flows.pipeline import pipeline
+
+    cfg = tiny_cfg(tmp_path, run_name="e2e", sft__max_steps=3, grpo__steps=2, grpo__checkpoint_every=1)
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    returned = pipeline(cfg)
+    run_dir = tmp_path / "runs" / "e2e"
+    manifest = _manifest(cfg)
+    assert manifest == json.loads(json.dumps(returned))
+
+    # ---- the public contract
+    for key in ("policy", "sft_model", "eval", "mlflow_run_id", "tracking_uri"):
+        assert key in manifest, key
+    assert manifest["tracking_uri"] == uri
+    assert Path(manifest["policy"]) == run_dir / "grpo" / "model"
+    assert Path(manifest["sft_model"]) == run_dir / "sft" / "model"
+    for folder in (manifest["policy"], manifest["sft_model"]):
+        assert (Path(folder) / "config.json").exists() and (Path(folder) / "tokenizer.json").exists()
+    assert set(manifest["eval"]) == {"sft", "policy"}
+    for name, result in manifest["eval"].items():
+        assert result["n"] == 10 and 0.0 <= result["accuracy"] <= 1.0, name
+    assert manifest["cached_stages"] == []
+    assert (run_dir / "config.yaml").exists()
+
+    # ---- MLflow: one parent run with a child per stage
+    parent = mlflow_client.get_run(manifest["mlflow_run_id"])
+    assert parent.info.status == "FINISHED"
+    exp_id = parent.info.experiment_id
+    assert mlflow_client.get_experiment(exp_id).name == cfg.tracking.experiment
+    assert parent.data.params == flatten(cfg)
+    assert parent.data.metrics["eval/policy/accuracy"] == manifest["eval"]["policy"]["accuracy"]
+    assert parent.data.metrics["eval/sft/accuracy"] == manifest["eval"]["sft"]["accuracy"]
+    children = mlflow_client.search_runs(
+        [exp_id], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    by_name = {r.info.run_name: r for r in children}
+    assert sorted(by_name) == ["data", "eval", "grpo", "sft"]
+    assert len(children) == 4
+    for run in children:
+        assert run.info.status == "FINISHED"
+        assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id
+    grpo_run = by_name["grpo"]
+    assert parent.data.tags["stage_run.grpo"] == grpo_run.info.run_id
+    history = mlflow_client.get_metric_history(grpo_run.info.run_id, "train/reward_mean")
+    assert sorted(m.step for m in history) == [1, 2]
+    sft_history = mlflow_client.get_metric_history(by_name["sft"].info.run_id, "train/loss")
+    assert sorted(m.step for m in sft_history) == [1, 2, 3]
+    assert grpo_run.data.params["grpo.group_size"] == str(cfg.grpo.group_size)
+    assert "eval/policy/accuracy" in by_name["eval"].data.metrics
+
+    # ---- a second run of the same recipe: every stage from the cache
+    mtime = (run_dir / "grpo" / "model" / "model.safetensors").stat().st_mtime_ns
+    second = pipeline(cfg)
+    manifest2 = _manifest(cfg)
+    assert sorted(manifest2["cached_stages"]) == ["data", "eval", "grpo", "sft"]
+    assert manifest2["eval"] == manifest["eval"]
+    assert manifest2["mlflow_run_id"] != manifest["mlflow_run_id"]
+    assert (run_dir / "grpo" / "model" / "model.safetensors").stat().st_mtime_ns == mtime
+    parent2 = mlflow_client.get_run(second["mlflow_run_id"])
+    assert parent2.data.tags["cached_stages"] == ",".join(manifest2["cached_stages"])
+    assert mlflow_client.search_runs(
+        [exp_id], filter_string=f"tags.mlflow.parentRunId = '{parent2.info.run_id}'") == []
+
+    # ---- a deleted stage output is recomputed; the others still come from the cache
+    shutil.rmtree(run_dir / "eval")
+    third = pipeline(cfg)
+    manifest3 = _manifest(cfg)
+    assert "eval" not in manifest3["cached_stages"]
+    assert sorted(manifest3["cached_stages"]) == ["data", "grpo", "sft"]
+    assert (run_dir / "eval" / "manifest.json").exists()
+    assert manifest3["eval"] == manifest["eval"]  # greedy evaluation of the same models
+    children3 = mlflow_client.search_runs(
+        [exp_id], filter_string=f"tags.mlflow.parentRunId = '{third['mlflow_run_id']}'")
+    assert [r.info.run_name for r in children3] == ["eval"]
+
+
+def test_failed_stage_marks_runs_failed(prefect_harness, tmp_path, tiny_cfg, mlflow_client):
+    """A stage that raises fails the flow and marks both its child run and the parent FAILED."""
+    from flows.pipeline import pipeline
+
+    from grpo_core.data import DataError
+
+    # Operands 1..1 in pairs allow only two distinct questions: the data stage cannot draw 10.
+    cfg = tiny_cfg(tmp_path, run_name="broken", data__arithmetic__max_operand=1,
+                   data__arithmetic__operand_counts=[2])
+    with pytest.raises(DataError, match="cannot draw"):
+        pipeline(cfg)
+    assert not (tmp_path / "runs" / "broken" / "manifest.json").exists()
+    exp = mlflow_client.get_experiment_by_name(cfg.tracking.experiment)
+    runs = {r.info.run_name: r for r in mlflow_client.search_runs([exp.experiment_id])}
+    assert set(runs) == {"broken", "data"}
+    assert runs["broken"].info.status == "FAILED"
+    assert runs["data"].info.status == "FAILED"
+    assert runs["data"].data.tags["mlflow.parentRunId"] == runs["broken"].info.run_id
+
+
+def test_cli_run_prints_summary(prefect_harness, tmp_path, tiny_cfg, capsys):
+    """``grpo-pipeline run CONFIG.yaml --set ...``: the YAML recipe plus overrides, a JSON summary."""
+    import yaml
+
+    from grpo_core.cli import main
+
+    cfg = tiny_cfg(tmp_path, run_name="viacli", sft__max_steps=2, grpo__steps=1)
+    recipe = tmp_path / "tiny.yaml"
+    recipe.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    main(["run", str(recipe), "--set", "grpo.steps=2", "--set", "run_name=viacli2"])
+    summary = json.loads(capsys.readouterr().out)
+    run_dir = Path(cfg.output_dir) / "viacli2"
+    assert summary["run_dir"] == str(run_dir)
+    assert set(summary["eval"]) == {"sft", "policy"} and "accuracy" in summary["eval"]["policy"]
+    assert summary["cached_stages"] == []
+    assert summary["tracking_uri"] == f"sqlite:///{tmp_path}/mlflow.db"
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["mlflow_run_id"] == summary["mlflow_run_id"]
+    assert manifest["stages"]["grpo"]["steps"] == 2  # the --set override was applied
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["grpo"]["steps"] == 2
