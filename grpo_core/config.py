@@ -107,6 +107,7 @@ class GRPOConfig(Section):
     questions_per_step: int = Field(16, ge=1, description="questions per step (paper: 1024 / 64 = 16)")
     group_size: int = Field(64, ge=2, description="G: completions per question")
     lr: float = Field(1e-6, gt=0, description="policy learning rate (paper: 1e-6)")
+    warmup_steps: int = Field(0, ge=0, description="linear lr warmup from 0 (paper: none stated)")
     beta: float = Field(0.04, ge=0, description="KL coefficient; 0 drops the reference model")
     clip_eps: float = Field(0.2, gt=0, description="ratio clip epsilon")
     clip_eps_high: float | None = Field(None, gt=0, description="upper clip (DAPO clip-higher); None = clip_eps")

@@ -55,20 +55,23 @@ def grpo_step(policy, ref, tokenizer, opt, questions: list[Example], gc: GRPOCon
     group_rewards = rewards.view(len(questions), g)
     advantages = outcome_advantages(group_rewards).view(-1, 1).expand_as(rollout.completion_mask)
     t2 = time.perf_counter()
-    with torch.no_grad():
-        # mu = 1 makes old == current; computing it keeps the ratio exact when mu > 1.
-        old_logp = token_logprobs(policy, rollout)
-        ref_logp = token_logprobs(ref, rollout) if gc.beta > 0 else None
-    t3 = time.perf_counter()
     batch = rollout.completion_mask.shape[0]
     mb = gc.minibatch_size or batch
+    # With a single update on the whole batch pi_old is the current policy: its log-probs are the
+    # update's own (detached), which saves a forward pass. Otherwise they are fixed up front.
+    single_update = gc.inner_updates == 1 and mb == batch
+    with torch.no_grad():
+        old_logp = None if single_update else token_logprobs(policy, rollout)
+        ref_logp = token_logprobs(ref, rollout) if gc.beta > 0 else None
+    t3 = time.perf_counter()
     sums: dict[str, float] = {}
     n_updates = 0
     for _ in range(gc.inner_updates):
         for s in range(0, batch, mb):
             part = rollout.rows(s, s + mb)
             logp, entropy = token_logprobs(policy, part, with_entropy=True)
-            loss, m = grpo_loss(logp, old_logp[s : s + mb], None if ref_logp is None else ref_logp[s : s + mb],
+            old = logp.detach() if old_logp is None else old_logp[s : s + mb]
+            loss, m = grpo_loss(logp, old, None if ref_logp is None else ref_logp[s : s + mb],
                                 advantages[s : s + mb], part.completion_mask, clip_eps=gc.clip_eps,
                                 clip_eps_high=gc.clip_eps_high, beta=gc.beta, agg=gc.loss_agg)
             opt.zero_grad(set_to_none=True)
@@ -136,6 +139,8 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
         st["stopped"] = ""  # (re)started with steps or time left
     policy.train()
     while st["step"] < gc.steps and not st["stopped"]:
+        for group in opt.param_groups:
+            group["lr"] = gc.lr * min(1.0, (st["step"] + 1) / (gc.warmup_steps + 1))
         questions = step_questions(pool, gc.questions_per_step, cfg.seed, st["step"])
         metrics = grpo_step(policy, ref, tokenizer, opt, questions, gc, step_seed(cfg.seed, st["step"]))
         st["step"] += 1
