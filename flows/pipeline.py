@@ -6,7 +6,6 @@ is the public summary (GUIDE §3): policy, sft_model, eval, mlflow_run_id, track
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import yaml
 from prefect import flow, get_run_logger
@@ -15,7 +14,7 @@ from grpo_core.config import PipelineConfig, flatten
 from grpo_core.stages.common import write_manifest
 from grpo_core.tracking import MlflowLogger
 from tasks.stages import data_task, eval_task, grpo_task, run_stage, sft_task
-from tasks.tracking import end_run, experiment_id, start_run, tracking_uri
+from tasks.tracking import end_run, experiment_id, redact, start_run, tracking_uri
 
 
 @flow(name="pipeline", log_prints=True)
@@ -23,50 +22,50 @@ def pipeline(config: PipelineConfig) -> dict:
     log = get_run_logger()
     run_dir = config.run_dir.resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
     uri = tracking_uri(config)
     parent = start_run(uri, experiment_id(uri, config.tracking.experiment), config.run_name,
                        tags={"pipeline": "deepseekmath-grpo"})
-    tracker = MlflowLogger(uri, parent)
-    tracker.log_params(flatten(config))
     common = {"cfg": config, "uri": uri, "parent_id": parent}
-    cached: list[str] = []
     try:
-        data, hit = run_stage(data_task, out_dir=str(run_dir / "data"), **common)
-        cached += ["data"] * hit
-        sft, hit = run_stage(sft_task, out_dir=str(run_dir / "sft"),
-                        upstream={"data_dir": data["dir"], "data": data["digest"]}, **common)
-        cached += ["sft"] * hit
-        grpo, hit = run_stage(grpo_task, out_dir=str(run_dir / "grpo"),
-                         upstream={"data_dir": data["dir"], "data": data["digest"],
-                                   "init_model": sft["model"], "init": sft["digest"]}, **common)
-        cached += ["grpo"] * hit
-        ev, hit = run_stage(eval_task, out_dir=str(run_dir / "eval"),
-                       upstream={"data_dir": data["dir"], "data": data["digest"],
-                                 "models": {"sft": sft["model"], "policy": grpo["model"]},
-                                 "digests": [sft["digest"], grpo["digest"]]}, **common)
-        cached += ["eval"] * hit
+        tracker = MlflowLogger(uri, parent)
+        params = flatten(config)
+        params["tracking.tracking_uri"] = redact(params["tracking.tracking_uri"])
+        tracker.log_params(params)
+        data, data_hit = run_stage(data_task, out_dir=str(run_dir / "data"), **common)
+        sft, sft_hit = run_stage(sft_task, out_dir=str(run_dir / "sft"),
+                                 upstream={"data_dir": data["dir"], "data": data["digest"]}, **common)
+        grpo, grpo_hit = run_stage(grpo_task, out_dir=str(run_dir / "grpo"),
+                                   upstream={"data_dir": data["dir"], "data": data["digest"],
+                                             "init_model": sft["model"], "init": sft["digest"]}, **common)
+        ev, eval_hit = run_stage(eval_task, out_dir=str(run_dir / "eval"),
+                                 upstream={"data_dir": data["dir"], "data": data["digest"],
+                                           "models": {"sft": sft["model"], "policy": grpo["model"]},
+                                           "digests": [sft["digest"], grpo["digest"]]}, **common)
+        cached = [name for name, hit in (("data", data_hit), ("sft", sft_hit), ("grpo", grpo_hit),
+                                         ("eval", eval_hit)) if hit]
+        eval_results = ev["results"]
+        tracker.log_metrics({f"eval/{name}/accuracy": r["accuracy"] for name, r in eval_results.items()})
+        tracker.set_tags({"cached_stages": ",".join(cached) or "none",
+                          **{f"stage_run.{s}": m["mlflow_run_id"] for s, m in (("sft", sft), ("grpo", grpo), ("eval", ev))}})
+        tracker.log_artifacts(grpo["model"], "policy")
+        manifest = {
+            "run_name": config.run_name,
+            "policy": grpo["model"],
+            "sft_model": sft["model"],
+            "data_dir": data["dir"],
+            "eval": eval_results,
+            "stages": {"data": data, "sft": sft, "grpo": grpo},
+            "cached_stages": cached,
+            "mlflow_run_id": parent,
+            "tracking_uri": redact(uri),
+            "experiment": config.tracking.experiment,
+        }
+        # The resolved recipe goes beside the manifest it produced (``baseline`` reads both).
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+        write_manifest(run_dir, manifest)
     except BaseException:
         end_run(uri, parent, "FAILED")
         raise
-    eval_results = ev["results"]
-    tracker.log_metrics({f"eval/{name}/accuracy": r["accuracy"] for name, r in eval_results.items()})
-    tracker.set_tags({"cached_stages": ",".join(cached) or "none",
-                      **{f"stage_run.{s}": m["mlflow_run_id"] for s, m in (("sft", sft), ("grpo", grpo), ("eval", ev))}})
-    tracker.log_artifacts(grpo["model"], "policy")
-    manifest = {
-        "run_name": config.run_name,
-        "policy": grpo["model"],
-        "sft_model": sft["model"],
-        "data_dir": data["dir"],
-        "eval": eval_results,
-        "stages": {"data": data, "sft": sft, "grpo": grpo},
-        "cached_stages": cached,
-        "mlflow_run_id": parent,
-        "tracking_uri": uri,
-        "experiment": config.tracking.experiment,
-    }
-    write_manifest(run_dir, manifest)
     end_run(uri, parent, "FINISHED")
     log.info("pipeline %s finished: %s", config.run_name,
              json.dumps({k: round(v["accuracy"], 4) for k, v in eval_results.items()}))

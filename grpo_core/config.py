@@ -93,6 +93,7 @@ class SFTConfig(Section):
     max_steps: int = Field(500, ge=1, description="optimizer steps (paper: 500)")
     max_seconds: float | None = Field(None, gt=0, description="stop after this wall time")
     loss_on_prompt: bool = Field(True, description="also train on question tokens")
+    log_every: int = Field(10, ge=1, description="steps between logged training metrics")
     eval_every: int = Field(50, ge=1, description="steps between validation accuracy checks")
     # Stop after `patience` evaluations in a row without a better validation accuracy; 0 = never.
     patience: int = Field(0, ge=0, description="early stop after this many evaluations without improvement; 0 = never")

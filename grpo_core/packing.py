@@ -23,8 +23,9 @@ def encode_examples(examples: list[Example], tokenizer, loss_on_prompt: bool) ->
             continue
         prompt = tokenizer(prompt_text(e.question), add_special_tokens=False).input_ids
         answer = tokenizer(e.solution, add_special_tokens=False).input_ids
-        ids = [tokenizer.bos_token_id] + prompt + answer + [tokenizer.eos_token_id]
-        labels = list(ids) if loss_on_prompt else [IGNORE] * (1 + len(prompt)) + answer + [tokenizer.eos_token_id]
+        bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []  # many have none
+        ids = bos + prompt + answer + [tokenizer.eos_token_id]
+        labels = list(ids) if loss_on_prompt else [IGNORE] * (len(bos) + len(prompt)) + answer + [tokenizer.eos_token_id]
         out.append((ids, labels))
     return out
 

@@ -50,14 +50,23 @@ def stage_key(stage: str, cfg: PipelineConfig, upstream: dict[str, Any], out_dir
     return f"{stage}-{hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()}"
 
 
-def run_stage(stage_task, out_dir: str, **kwargs) -> tuple[dict, bool]:
+def run_stage(stage_task, cfg: PipelineConfig, out_dir: str, upstream: dict | None = None,
+              **kwargs) -> tuple[dict, bool]:
     """Run a stage task; returns its manifest and whether it came from the cache.
 
-    A cached result is only trusted while the stage's outputs are still on disk: if its manifest is
-    gone, the task runs again (resuming from its checkpoints) and refreshes the cache entry.
+    A cached result is trusted only while the outputs on disk are the ones it describes: the
+    manifest must exist and carry the same cache key (another recipe under the same run name may
+    have overwritten the folder). Otherwise the task runs again, resuming from its checkpoints,
+    and refreshes the cache entry.
     """
-    missing = not (Path(out_dir) / "manifest.json").exists()
-    state = stage_task.with_options(refresh_cache=missing)(out_dir=out_dir, return_state=True, **kwargs)
+    upstream = upstream or {}
+    key = stage_key(stage_task.name, cfg, upstream, Path(out_dir))
+    manifest_path = Path(out_dir) / "manifest.json"
+    on_disk = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    refresh = on_disk.get("cache_key") != key
+    extra = {"upstream": upstream} if upstream else {}
+    state = stage_task.with_options(refresh_cache=refresh)(
+        cfg=cfg, out_dir=out_dir, return_state=True, **extra, **kwargs)
     return state.result(), state.name == "Cached"
 
 
@@ -65,6 +74,15 @@ def _cache_key(stage: str):
     def key_fn(context, parameters: dict[str, Any]) -> str:
         return stage_key(stage, parameters["cfg"], parameters.get("upstream", {}), Path(parameters["out_dir"]))
     return key_fn
+
+
+def _finish(stage: str, cfg: PipelineConfig, out_dir: str, upstream: dict, manifest: dict, run_id: str) -> dict:
+    """Record what identifies the outputs (digest, cache key, MLflow run) in the stage manifest."""
+    if "model" in manifest:
+        manifest["digest"] = digest_dir(Path(manifest["model"]))
+    manifest["mlflow_run_id"] = run_id
+    manifest["cache_key"] = stage_key(stage, cfg, upstream, Path(out_dir))
+    return write_manifest(Path(out_dir), manifest)
 
 
 def _stage_params(cfg: PipelineConfig, stage: str) -> dict[str, str]:
@@ -76,25 +94,21 @@ def data_task(cfg: PipelineConfig, out_dir: str, uri: str, parent_id: str) -> di
     with child_run(uri, parent_id, "data", _stage_params(cfg, "data")) as log:
         manifest = run_prepare(cfg, Path(out_dir))
         log.log_metrics({k: v for k, v in manifest.items() if k.startswith("n_")})
-        return manifest
+        return _finish("data", cfg, out_dir, {}, manifest, log.run_id)
 
 
 @task(name="sft", cache_key_fn=_cache_key("sft"), persist_result=True)
 def sft_task(cfg: PipelineConfig, out_dir: str, upstream: dict, uri: str, parent_id: str) -> dict:
     with child_run(uri, parent_id, "sft", _stage_params(cfg, "sft")) as log:
         manifest = run_sft(cfg, Path(upstream["data_dir"]), Path(out_dir), log)
-        manifest["digest"] = digest_dir(Path(manifest["model"]))
-        manifest["mlflow_run_id"] = log.run_id
-        return write_manifest(Path(out_dir), manifest)
+        return _finish("sft", cfg, out_dir, upstream, manifest, log.run_id)
 
 
 @task(name="grpo", cache_key_fn=_cache_key("grpo"), persist_result=True)
 def grpo_task(cfg: PipelineConfig, out_dir: str, upstream: dict, uri: str, parent_id: str) -> dict:
     with child_run(uri, parent_id, "grpo", _stage_params(cfg, "grpo")) as log:
         manifest = run_grpo(cfg, Path(upstream["data_dir"]), upstream["init_model"], Path(out_dir), log)
-        manifest["digest"] = digest_dir(Path(manifest["model"]))
-        manifest["mlflow_run_id"] = log.run_id
-        return write_manifest(Path(out_dir), manifest)
+        return _finish("grpo", cfg, out_dir, upstream, manifest, log.run_id)
 
 
 @task(name="eval", cache_key_fn=_cache_key("eval"), persist_result=True)
@@ -113,5 +127,4 @@ def eval_task(cfg: PipelineConfig, out_dir: str, upstream: dict, uri: str, paren
             results[name] = {**metrics, "model": model_dir}
             log.log_metrics({f"eval/{name}/{k}": v for k, v in metrics.items()})
             log.log_table(rows[: ec.log_examples], f"eval/{name}_samples.json")
-        manifest = {"stage": "eval", "results": results, "mlflow_run_id": log.run_id}
-        return write_manifest(Path(out_dir), manifest)
+        return _finish("eval", cfg, out_dir, upstream, {"stage": "eval", "results": results}, log.run_id)

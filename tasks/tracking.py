@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -13,6 +14,11 @@ from grpo_core.tracking import MlflowLogger
 
 class TrackingError(RuntimeError):
     pass
+
+
+def redact(uri: str) -> str:
+    """The URI without credentials (``https://user:pw@host`` -> ``https://***@host``), for logs."""
+    return re.sub(r"//[^/@]*@", "//***@", uri)
 
 
 def tracking_uri(cfg: PipelineConfig) -> str:
@@ -31,7 +37,7 @@ def experiment_id(uri: str, name: str) -> str:
             return exp.experiment_id
         artifacts = None
         if uri.startswith("sqlite:///"):  # keep artifacts beside the database, not in the cwd
-            artifacts = (Path(uri.removeprefix("sqlite:///")).parent / "mlartifacts").as_uri()
+            artifacts = (Path(uri.removeprefix("sqlite:///")).resolve().parent / "mlartifacts").as_uri()
         return client.create_experiment(name, artifact_location=artifacts)
     except MlflowException as e:
         raise TrackingError(f"MLflow tracking at {uri} is not usable: {e}") from None
@@ -52,6 +58,20 @@ def end_run(uri: str, run_id: str, status: str = "FINISHED") -> None:
     MlflowClient(uri).set_terminated(run_id, status)
 
 
+class ConsoleEchoLogger(MlflowLogger):
+    """Also prints validation metrics, so a terminal running the flow shows progress."""
+
+    def __init__(self, uri: str, run_id: str, stage: str) -> None:
+        super().__init__(uri, run_id)
+        self.stage = stage
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        super().log_metrics(metrics, step)
+        shown = {k: round(v, 4) for k, v in metrics.items() if k.startswith("val/")}
+        if shown:
+            print(f"[{self.stage}] step {step}: {shown}", flush=True)
+
+
 @contextmanager
 def child_run(uri: str, parent_id: str, name: str, params: dict | None = None) -> Iterator[MlflowLogger]:
     """A nested run for one stage, marked FAILED if the stage raises."""
@@ -59,10 +79,10 @@ def child_run(uri: str, parent_id: str, name: str, params: dict | None = None) -
 
     exp_id = MlflowClient(uri).get_run(parent_id).info.experiment_id
     run_id = start_run(uri, exp_id, name, parent_id)
-    logger = MlflowLogger(uri, run_id)
-    if params:
-        logger.log_params(params)
+    logger = ConsoleEchoLogger(uri, run_id, name)
     try:
+        if params:
+            logger.log_params(params)
         yield logger
     except BaseException:
         end_run(uri, run_id, "FAILED")

@@ -69,6 +69,7 @@ TINY = {
     "model.num_layers": 1,
     "model.num_heads": 2,
     "model.max_length": 256,
+    "sft.log_every": 1,  # tests inspect every step
     "sft.lr": 1e-3,
     "sft.batch_size": 4,
     "sft.context_length": 128,

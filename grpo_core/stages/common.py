@@ -12,7 +12,8 @@ import torch
 
 from grpo_core.data import Example, load_jsonl
 
-CODE_ROOT = Path(__file__).resolve().parents[1]
+# The library and the task wrappers: a change to either can change what a stage produces.
+CODE_ROOTS = [Path(__file__).resolve().parents[1], Path(__file__).resolve().parents[2] / "tasks"]
 
 
 def read_split(data_dir: Path, split: str) -> list[Example]:
@@ -28,10 +29,10 @@ def write_manifest(out_dir: Path, manifest: dict[str, Any]) -> dict[str, Any]:
     return manifest
 
 
-def digest_dir(path: Path) -> str:
+def digest_dir(path: Path, pattern: str = "*") -> str:
     """sha256 over the names and contents of the files of a folder (a model, a dataset)."""
     h = hashlib.sha256()
-    for p in sorted(Path(path).rglob("*")):
+    for p in sorted(Path(path).rglob(pattern)):
         if p.is_file():
             h.update(str(p.relative_to(path)).encode())
             h.update(hashlib.sha256(p.read_bytes()).digest())
@@ -41,8 +42,9 @@ def digest_dir(path: Path) -> str:
 def code_version() -> str:
     """Hash of the library's source: a cached stage reruns when the code that made it changed."""
     h = hashlib.sha256()
-    for p in sorted(CODE_ROOT.rglob("*.py")):
-        h.update(p.read_bytes())
+    for root in CODE_ROOTS:
+        for p in sorted(root.rglob("*.py")):
+            h.update(p.read_bytes())
     return h.hexdigest()[:16]
 
 
@@ -64,14 +66,16 @@ class Stopwatch:
 
 # Fields that only set how long or how often a stage runs: changing them keeps a resume valid
 # (extending a run is the point of resuming); any other change means the checkpoints are stale.
-BUDGET_FIELDS = {"steps", "max_steps", "max_seconds", "eval_every", "checkpoint_every", "keep_checkpoints"}
+BUDGET_FIELDS = {"steps", "max_steps", "max_seconds", "log_every", "eval_every", "checkpoint_every",
+                 "keep_checkpoints"}
 
 
 def run_identity(cfg, section: str, **extra) -> dict:
     """What makes a stage's checkpoints valid: the recipe minus budget fields, plus e.g. the digest
     of the model it started from."""
     cfg_json = cfg.model_dump(mode="json")
-    stage = {k: v for k, v in cfg_json[section].items() if k not in BUDGET_FIELDS}
+    budget = BUDGET_FIELDS - ({"max_steps"} if cfg_json[section].get("schedule") == "cosine" else set())
+    stage = {k: v for k, v in cfg_json[section].items() if k not in budget}  # cosine's shape needs max_steps
     return {"seed": cfg_json["seed"], "model": cfg_json["model"], "data": cfg_json["data"],
             section: stage, **extra}
 

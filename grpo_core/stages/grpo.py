@@ -16,6 +16,7 @@ import torch
 
 from grpo_core.advantages import outcome_advantages
 from grpo_core.checkpoint import rng_state, save_checkpoint, set_rng_state
+from grpo_core.env import setup_environment
 from grpo_core.config import GRPOConfig, PipelineConfig, load_config
 from grpo_core.data import Example, prompt_text
 from grpo_core.evaluation import greedy_accuracy
@@ -166,6 +167,7 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
 
 
 def main(argv: list[str] | None = None) -> None:
+    setup_environment()
     p = argparse.ArgumentParser(description="GRPO stage")
     p.add_argument("--config", required=True)
     p.add_argument("--data", required=True, help="folder with rl.jsonl and val.jsonl")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from grpo_core.env import setup_environment
 from grpo_core.config import PipelineConfig, load_config
 from grpo_core.data import SPLITS, DataError, load_splits, write_jsonl
 from grpo_core.stages.common import digest_dir, write_manifest
@@ -28,10 +29,12 @@ def run_prepare(cfg: PipelineConfig, out_dir: Path) -> dict:
     for split in SPLITS:
         write_jsonl(splits[split], out_dir / f"{split}.jsonl")
     counts = {f"n_{s}": len(splits[s]) for s in SPLITS}
-    return write_manifest(out_dir, {"stage": "data", "dir": str(out_dir), "digest": digest_dir(out_dir), **counts})
+    digest = digest_dir(out_dir, pattern="*.jsonl")  # the splits only, not an older manifest
+    return write_manifest(out_dir, {"stage": "data", "dir": str(out_dir), "digest": digest, **counts})
 
 
 def main(argv: list[str] | None = None) -> None:
+    setup_environment()
     p = argparse.ArgumentParser(description="Data stage")
     p.add_argument("--config", required=True)
     p.add_argument("--out", required=True)
