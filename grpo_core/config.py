@@ -85,7 +85,10 @@ class SFTConfig(Section):
     lr: float = Field(5e-5, gt=0, description="peak learning rate (paper: 5e-5)")
     schedule: Literal["constant", "cosine", "plateau"] = Field("constant", description="lr schedule (paper: constant)")
     # plateau: multiply lr by `decay_factor` whenever validation accuracy fails to improve.
-    decay_factor: float = Field(0.5, gt=0, lt=1, description="plateau: lr factor per evaluation without improvement")
+    decay_factor: float = Field(0.5, gt=0, lt=1, description="plateau: lr factor applied on a decay")
+    # Halving at every evaluation without improvement can strand a model before a late jump in
+    # accuracy (measured on the demo task): decay only after this many in a row.
+    decay_patience: int = Field(1, ge=1, description="plateau: evaluations without improvement before a decay")
     min_lr: float = Field(0.0, ge=0, description="floor of the cosine / plateau schedules")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
     batch_size: int = Field(256, ge=1, description="packed sequences per optimizer step")

@@ -250,8 +250,9 @@ def test_sft_extending_a_plateau_run_equals_straight_run(tmp_path, tiny_cfg, tin
     """Stopping at max_steps=3 and extending to 8 must give what 8 steps straight give, for the
     reduce-on-plateau schedule too (max_steps is a budget field: extending keeps the checkpoints).
 
-    Leg 1 validates at its last step (3, not a multiple of eval_every) and counts that evaluation
-    in the plateau controller (bad_evals, plateau_lr): the extended run then trains at another lr.
+    Only the regular evaluations (multiples of eval_every) drive the plateau controller
+    (bad_evals, plateau_lr); an extra evaluation at leg 1's last step (3) would change the lr the
+    extended run trains at.
     """
     common = dict(sft__checkpoint_every=1, sft__eval_every=2, sft__schedule=schedule, sft__min_lr=1e-4)
     cfg_full = tiny_cfg(tmp_path, sft__max_steps=8, **common)
@@ -309,3 +310,21 @@ def test_rerunning_a_finished_sft_does_not_train_again(tmp_path, tiny_cfg, tiny_
     assert _train_losses(log) == {}, f"the re-run trained steps {sorted(_train_losses(log))}"
     assert again["steps"] == first["steps"] == max_steps
     assert digest_dir(tmp_path / "sft" / "model") == digest
+
+
+def test_plateau_decays_only_after_decay_patience_evaluations(tmp_path, tiny_cfg, tiny_data_dir):
+    """decay_patience=2: the lr halves after every second evaluation without improvement.
+
+    A tiny model after a few steps answers nothing correctly, so validation accuracy is 0.0 at every
+    evaluation: eval 1 improves on -1 (the initial best), evals 2.. do not. The lr used at step s is
+    the one in force after eval s-1: steps 1-3 at 1e-3, bad evals 2 and 3 -> one decay -> steps 4-5
+    at 5e-4, bad eval 5 (the 4th bad one) -> step 6 at 2.5e-4.
+    """
+    cfg = tiny_cfg(tmp_path, sft__max_steps=6, sft__eval_every=1, sft__schedule="plateau",
+                   sft__decay_patience=2, sft__lr=1e-3)
+    log = NullLogger()
+    run_sft(cfg, tiny_data_dir, tmp_path / "sft", log)
+    accs = [m["val/accuracy"] for _, m in log.history if "val/accuracy" in m]
+    assert accs == [0.0] * 6
+    lrs = {step: m["train/lr"] for step, m in log.history if "train/lr" in m}
+    assert [lrs[s] for s in range(1, 7)] == pytest.approx([1e-3, 1e-3, 1e-3, 5e-4, 5e-4, 2.5e-4])

@@ -126,7 +126,8 @@ def run_sft(cfg: PipelineConfig, data_dir: Path, out_dir: Path, logger: MetricLo
                 save_model(model, tokenizer, best_dir)
             elif on_grid:  # only the regular evaluations drive the schedule, so a resume is exact
                 st["bad_evals"] += 1
-                st["plateau_lr"] = max(st["plateau_lr"] * sc.decay_factor, sc.min_lr)
+                if st["bad_evals"] % sc.decay_patience == 0:
+                    st["plateau_lr"] = max(st["plateau_lr"] * sc.decay_factor, sc.min_lr)
                 if sc.patience and st["bad_evals"] >= sc.patience:
                     st["stopped"] = "patience"
         if st["step"] % sc.checkpoint_every == 0 or st["step"] == sc.max_steps or st["stopped"]:
