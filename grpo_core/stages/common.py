@@ -100,3 +100,31 @@ def find_resume(ckpt_root: Path, identity: dict):
         print(f"warning: checkpoints in {ckpt_root} were written by another recipe or start; moved to {stale}")
         return None, None
     return latest, state
+
+
+def save_trainer_checkpoint(ckpt_root: Path, st: dict, model, tokenizer, opt, identity: dict, cfg,
+                            keep: int) -> None:
+    """A complete resume point: weights, optimizer, counters (data position, best, schedule), RNG."""
+    from grpo_core.checkpoint import rng_state, save_checkpoint
+
+    save_checkpoint(ckpt_root, st["step"], model, tokenizer,
+                    {"optimizer": opt.state_dict(), "counters": dict(st), "rng": rng_state(),
+                     "identity": identity, "config": cfg.model_dump(mode="json")}, keep=keep)
+
+
+def restore_trainer_state(saved: dict, opt, st: dict) -> None:
+    from grpo_core.checkpoint import set_rng_state
+
+    opt.load_state_dict(saved["optimizer"])
+    st.update(saved["counters"])
+    set_rng_state(saved["rng"])
+
+
+def publish_best(out_dir: Path) -> Path:
+    """Copy the best-validation model (``best/``) to the stage's published ``model/``."""
+    import shutil
+
+    final_dir = out_dir / "model"
+    shutil.rmtree(final_dir, ignore_errors=True)
+    shutil.copytree(out_dir / "best", final_dir)
+    return final_dir

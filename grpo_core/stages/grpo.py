@@ -15,7 +15,6 @@ from pathlib import Path
 import torch
 
 from grpo_core.advantages import outcome_advantages
-from grpo_core.checkpoint import rng_state, save_checkpoint, set_rng_state
 from grpo_core.env import setup_environment
 from grpo_core.config import GRPOConfig, PipelineConfig, load_config
 from grpo_core.data import Example, prompt_text
@@ -24,7 +23,8 @@ from grpo_core.losses import grpo_loss
 from grpo_core.modeling import load_model, save_model
 from grpo_core.policy import generate, token_logprobs
 from grpo_core.rewards import rule_reward
-from grpo_core.stages.common import (Stopwatch, digest_dir, find_resume, read_split, run_identity,
+from grpo_core.stages.common import (Stopwatch, digest_dir, find_resume, publish_best, read_split,
+                                     restore_trainer_state, run_identity, save_trainer_checkpoint,
                                      set_threads, write_manifest)
 from grpo_core.tracking import MetricLogger, NullLogger
 
@@ -120,9 +120,7 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
     opt = torch.optim.AdamW(policy.parameters(), lr=gc.lr, betas=(0.9, 0.95), weight_decay=gc.weight_decay)
     st = {"step": 0, "best_acc": -1.0, "best_step": 0, "elapsed": 0.0, "stopped": ""}
     if resume is not None:
-        opt.load_state_dict(saved["optimizer"])
-        st.update(saved["counters"])
-        set_rng_state(saved["rng"])
+        restore_trainer_state(saved, opt, st)
     best_dir = out_dir / "best"
     clock = Stopwatch(st["elapsed"])
 
@@ -154,12 +152,8 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
             validate()
         if st["step"] % gc.checkpoint_every == 0 or last:
             st["elapsed"] = clock.elapsed
-            save_checkpoint(ckpt_root, st["step"], policy, tokenizer,
-                            {"optimizer": opt.state_dict(), "counters": dict(st), "rng": rng_state(),
-                             "identity": identity, "config": cfg.model_dump(mode="json")}, keep=gc.keep_checkpoints)
-    final_dir = out_dir / "model"
-    shutil.rmtree(final_dir, ignore_errors=True)
-    shutil.copytree(best_dir, final_dir)
+            save_trainer_checkpoint(ckpt_root, st, policy, tokenizer, opt, identity, cfg, gc.keep_checkpoints)
+    final_dir = publish_best(out_dir)
     summary = {"best_val_accuracy": st["best_acc"], "best_step": st["best_step"], "steps": st["step"],
                "wall_s": round(st["elapsed"], 1), "stopped": st["stopped"] or "steps reached"}
     logger.log_metrics({"val/best_accuracy": st["best_acc"], "time/wall_s": st["elapsed"]}, step=st["step"])

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import torch
 
-from grpo_core.checkpoint import rng_state, save_checkpoint, set_rng_state
 from grpo_core.env import setup_environment
 from grpo_core.config import PipelineConfig, SFTConfig, load_config
 from grpo_core.evaluation import greedy_accuracy
 from grpo_core.modeling import init_model, load_model, save_model
 from grpo_core.packing import encode_examples, pack
-from grpo_core.stages.common import (Stopwatch, digest_dir, find_resume, read_split, run_identity,
+from grpo_core.stages.common import (Stopwatch, digest_dir, find_resume, publish_best, read_split,
+                                     restore_trainer_state, run_identity, save_trainer_checkpoint,
                                      set_threads, write_manifest)
 from grpo_core.tracking import MetricLogger, NullLogger
 
@@ -77,9 +77,7 @@ def run_sft(cfg: PipelineConfig, data_dir: Path, out_dir: Path, logger: MetricLo
     st = {"step": 0, "epoch": 0, "row": 0, "best_acc": -1.0, "best_step": 0, "bad_evals": 0,
           "plateau_lr": sc.lr, "elapsed": 0.0, "tokens": 0, "stopped": ""}
     if resume is not None:
-        opt.load_state_dict(saved["optimizer"])
-        st.update(saved["counters"])
-        set_rng_state(saved["rng"])
+        restore_trainer_state(saved, opt, st)
     clock = Stopwatch(st["elapsed"])
     best_dir = out_dir / "best"
     rows_ids, rows_labels = pack(train, sc.context_length, tokenizer.pad_token_id, random.Random(cfg.seed * 1000 + st["epoch"]))
@@ -132,12 +130,8 @@ def run_sft(cfg: PipelineConfig, data_dir: Path, out_dir: Path, logger: MetricLo
                     st["stopped"] = "patience"
         if st["step"] % sc.checkpoint_every == 0 or st["step"] == sc.max_steps or st["stopped"]:
             st["elapsed"] = clock.elapsed
-            save_checkpoint(ckpt_root, st["step"], model, tokenizer,
-                            {"optimizer": opt.state_dict(), "counters": dict(st), "rng": rng_state(),
-                             "identity": identity, "config": cfg.model_dump(mode="json")}, keep=sc.keep_checkpoints)
-    final_dir = out_dir / "model"
-    shutil.rmtree(final_dir, ignore_errors=True)
-    shutil.copytree(best_dir, final_dir)
+            save_trainer_checkpoint(ckpt_root, st, model, tokenizer, opt, identity, cfg, sc.keep_checkpoints)
+    final_dir = publish_best(out_dir)
     summary = {"best_val_accuracy": st["best_acc"], "best_step": st["best_step"], "steps": st["step"],
                "epochs": st["epoch"], "wall_s": round(st["elapsed"], 1),
                "stopped": STOP_REASONS[st["stopped"]].format(sc=sc), "n_train_examples": len(train)}
