@@ -8,7 +8,7 @@ PIP_FLAGS := --quiet --disable-pip-version-check --no-warn-script-location
 # Drops pip's notes about local package folders that some machines' pip.conf names but lack.
 QUIET := 2>&1 | { grep -v "^WARNING: Location" || true; }
 
-.PHONY: venv demo test test-slow baseline ui clean
+.PHONY: venv demo test baseline ui clean
 
 $(BIN)/.installed: requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,9 +27,6 @@ demo: venv
 
 test: venv
 	$(BIN)/python -m pytest -q
-
-test-slow: venv
-	$(BIN)/python -m pytest -q -m slow
 
 baseline: venv
 	$(BIN)/grpo-pipeline baseline runs/demo
