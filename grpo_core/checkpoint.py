@@ -1,6 +1,7 @@
 """Crash-safe checkpoints: written to a temporary folder, fsynced, renamed, then marked complete.
 
-A folder without the ``COMPLETE`` marker (a crash mid-write) is never loaded and is cleaned up.
+A folder without the ``COMPLETE`` marker (a crash mid-write) is never loaded; a leftover temporary
+folder is replaced when the same step is written again.
 """
 from __future__ import annotations
 
