@@ -120,6 +120,20 @@ def restore_trainer_state(saved: dict, opt, st: dict) -> None:
     set_rng_state(saved["rng"])
 
 
+def keep_if_best(st: dict, acc: float, model, tokenizer, out_dir: Path) -> bool:
+    """Save ``model`` to ``out_dir/best`` when ``acc`` beats the best so far; True if it did."""
+    import shutil
+
+    from grpo_core.modeling import save_model
+
+    if acc <= st["best_acc"]:
+        return False
+    st.update(best_acc=acc, best_step=st["step"])
+    shutil.rmtree(out_dir / "best", ignore_errors=True)
+    save_model(model, tokenizer, out_dir / "best")
+    return True
+
+
 def publish_best(out_dir: Path) -> Path:
     """Copy the best-validation model (``best/``) to the stage's published ``model/``."""
     import shutil

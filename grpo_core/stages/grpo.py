@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import shutil
 import time
 from pathlib import Path
 
@@ -20,12 +19,12 @@ from grpo_core.config import GRPOConfig, PipelineConfig, load_config
 from grpo_core.data import Example, prompt_text
 from grpo_core.evaluation import greedy_accuracy
 from grpo_core.losses import grpo_loss
-from grpo_core.modeling import load_model, save_model
+from grpo_core.modeling import load_model
 from grpo_core.policy import generate, token_logprobs
 from grpo_core.rewards import rule_reward
-from grpo_core.stages.common import (Stopwatch, digest_dir, find_resume, publish_best, read_split,
-                                     restore_trainer_state, run_identity, save_trainer_checkpoint,
-                                     set_threads, write_manifest)
+from grpo_core.stages.common import (Stopwatch, digest_dir, find_resume, keep_if_best, publish_best,
+                                     read_split, restore_trainer_state, run_identity,
+                                     save_trainer_checkpoint, set_threads, write_manifest)
 from grpo_core.tracking import MetricLogger, NullLogger
 
 
@@ -121,16 +120,12 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
     st = {"step": 0, "best_acc": -1.0, "best_step": 0, "elapsed": 0.0, "stopped": ""}
     if resume is not None:
         restore_trainer_state(saved, opt, st)
-    best_dir = out_dir / "best"
     clock = Stopwatch(st["elapsed"])
 
     def validate() -> None:
         acc = greedy_accuracy(policy, tokenizer, val, cfg.eval.max_new_tokens)
         logger.log_metrics({"val/accuracy": acc}, step=st["step"])
-        if acc > st["best_acc"]:
-            st.update(best_acc=acc, best_step=st["step"])
-            shutil.rmtree(best_dir, ignore_errors=True)
-            save_model(policy, tokenizer, best_dir)
+        keep_if_best(st, acc, policy, tokenizer, out_dir)
 
     if st["step"] == 0 and st["best_acc"] < 0:
         validate()  # the starting policy is a candidate too: GRPO never returns a worse model

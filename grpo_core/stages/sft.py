@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import math
 import random
-import shutil
 from pathlib import Path
 
 import torch
@@ -16,11 +15,11 @@ import torch
 from grpo_core.env import setup_environment
 from grpo_core.config import PipelineConfig, SFTConfig, load_config
 from grpo_core.evaluation import greedy_accuracy
-from grpo_core.modeling import init_model, load_model, save_model
+from grpo_core.modeling import init_model, load_model
 from grpo_core.packing import encode_examples, pack
-from grpo_core.stages.common import (Stopwatch, digest_dir, find_resume, publish_best, read_split,
-                                     restore_trainer_state, run_identity, save_trainer_checkpoint,
-                                     set_threads, write_manifest)
+from grpo_core.stages.common import (Stopwatch, digest_dir, find_resume, keep_if_best, publish_best,
+                                     read_split, restore_trainer_state, run_identity,
+                                     save_trainer_checkpoint, set_threads, write_manifest)
 from grpo_core.tracking import MetricLogger, NullLogger
 
 
@@ -79,7 +78,6 @@ def run_sft(cfg: PipelineConfig, data_dir: Path, out_dir: Path, logger: MetricLo
     if resume is not None:
         restore_trainer_state(saved, opt, st)
     clock = Stopwatch(st["elapsed"])
-    best_dir = out_dir / "best"
     rows_ids, rows_labels = pack(train, sc.context_length, tokenizer.pad_token_id, random.Random(cfg.seed * 1000 + st["epoch"]))
     if st["stopped"] == "time" and (sc.max_seconds is None or st["elapsed"] < sc.max_seconds):
         st["stopped"] = ""  # resumed with a larger time budget
@@ -118,10 +116,8 @@ def run_sft(cfg: PipelineConfig, data_dir: Path, out_dir: Path, logger: MetricLo
             vloss = validation_loss(model, val_ids, val_labels)
             model.train()
             logger.log_metrics({"val/accuracy": acc, "val/loss": vloss}, step=st["step"])
-            if acc > st["best_acc"]:
-                st.update(best_acc=acc, best_step=st["step"], bad_evals=0)
-                shutil.rmtree(best_dir, ignore_errors=True)
-                save_model(model, tokenizer, best_dir)
+            if keep_if_best(st, acc, model, tokenizer, out_dir):
+                st["bad_evals"] = 0
             elif on_grid:  # only the regular evaluations drive the schedule, so a resume is exact
                 st["bad_evals"] += 1
                 if st["bad_evals"] % sc.decay_patience == 0:
