@@ -129,6 +129,19 @@ class GRPOConfig(Section):
     eval_every: int = Field(50, ge=1, description="steps between validation accuracy checks")
     checkpoint_every: int = Field(50, ge=1, description="steps between checkpoints")
     keep_checkpoints: int = Field(2, ge=1, description="complete checkpoints kept")
+    # Reward of a solution = sum of weight x source. rule: answer checker (0/1); orm: sigmoid of the
+    # ORM; prm: with outcome supervision the lowest step probability, with process supervision the
+    # per-step probabilities (outcome sources then count as a reward on the last step).
+    reward_weights: dict[Literal["rule", "orm", "prm"], float] = Field(
+        {"rule": 1.0}, description="weighted reward sources: rule, orm, prm")
+    supervision: Literal["outcome", "process"] = Field("outcome", description="outcome (one reward per solution) or process (PRM step rewards)")
+
+    @field_validator("reward_weights")
+    @classmethod
+    def _weights(cls, v: dict[str, float]) -> dict[str, float]:
+        if any(w < 0 for w in v.values()) or not any(w > 0 for w in v.values()):
+            raise ValueError("weights must be >= 0 with at least one > 0")
+        return v
 
     @field_validator("temperatures")
     @classmethod
@@ -148,7 +161,41 @@ class GRPOConfig(Section):
                 )
             if self.minibatch_size % self.group_size:
                 raise ValueError("minibatch_size must hold whole groups (a multiple of group_size)")
+        if self.supervision == "process" and self.reward_weights.get("prm", 0) <= 0:
+            raise ValueError("supervision=process needs a PRM: give reward_weights.prm a weight > 0")
         return self
+
+
+class RewardDataConfig(Section):
+    """Reward-model data sampled from the SFT policy on RL questions (Math-Shepherd step labels)."""
+
+    questions: int = Field(512, ge=2, description="RL questions sampled for reward-model data")
+    samples_per_question: int = Field(8, ge=2, description="k: solutions sampled per question")
+    temperature: float = Field(1.0, gt=0, description="sampling temperature of those solutions")
+    max_new_tokens: int = Field(1024, ge=1, description="solution length cap")
+    step_separator: str = Field("\n", min_length=1, description="a step is the text between separators")
+    # mc: Math-Shepherd rollouts (any task); exact: the arithmetic step checker (demo task only).
+    labeler: Literal["mc", "exact"] = Field("mc", description="step labels: Monte-Carlo rollouts or the exact arithmetic checker")
+    mc_rollouts: int = Field(8, ge=1, description="n: completions rolled out from each step prefix (Math-Shepherd: 8)")
+    max_pairs_per_question: int = Field(4, ge=1, description="chosen/rejected pairs kept per question")
+    heldout_fraction: float = Field(0.1, gt=0, lt=1, description="questions held out to measure the reward models")
+    batch_size: int = Field(256, ge=1, description="sequences per generate call")
+
+
+class RewardModelConfig(Section):
+    """Training of one reward model, initialised from the SFT checkpoint."""
+
+    train: bool = Field(False, description="train this reward model in the pipeline")
+    lr: float = Field(1e-5, gt=0, description="learning rate")
+    epochs: int = Field(1, ge=1, description="passes over the training data")
+    batch_size: int = Field(32, ge=1, description="pairs (ORM) or solutions (PRM) per step")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
+    max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping")
+    max_seconds: float | None = Field(None, gt=0, description="stop after this wall time")
+
+
+class PRMConfig(RewardModelConfig):
+    label: Literal["hard", "soft"] = Field("hard", description="train on hard (any rollout right) or soft (fraction) labels")
 
 
 class EvalConfig(Section):
@@ -174,9 +221,19 @@ class PipelineConfig(Section):
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()
     sft: SFTConfig = SFTConfig()
+    reward_data: RewardDataConfig = RewardDataConfig()
+    orm: RewardModelConfig = RewardModelConfig()
+    prm: PRMConfig = PRMConfig()
     grpo: GRPOConfig = GRPOConfig()
     eval: EvalConfig = EvalConfig()
     tracking: TrackingConfig = TrackingConfig()
+
+    @model_validator(mode="after")
+    def _reward_models_trained(self) -> "PipelineConfig":
+        for kind in ("orm", "prm"):
+            if self.grpo.reward_weights.get(kind, 0) > 0 and not getattr(self, kind).train:
+                raise ValueError(f"grpo.reward_weights uses {kind} but {kind}.train is false")
+        return self
 
     @property
     def run_dir(self) -> Path:

@@ -71,15 +71,24 @@ def load_model(path: str | Path) -> tuple[PreTrainedModel, PreTrainedTokenizerFa
         raise ModelError(f"{path}: model folder not found")
     if not (path / "config.json").exists():
         raise ModelError(f"{path}: not a Hugging Face model folder (no config.json)")
+    tokenizer = load_tokenizer(path)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     except (OSError, ValueError, KeyError) as e:
         raise ModelError(f"{path}: cannot load as a causal LM: {e}") from None
+    return model, tokenizer
+
+
+def load_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
+    """The folder's tokenizer, left-padded (prompts end where completions start), with a pad token."""
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError, KeyError) as e:
+        raise ModelError(f"{path}: cannot load its tokenizer: {e}") from None
     if tokenizer.pad_token is None:  # many chat models ship without one
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
-    return model, tokenizer
+    return tokenizer
 
 
 def init_model(cfg: ModelConfig, seed: int) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:

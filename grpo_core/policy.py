@@ -100,6 +100,37 @@ def generate(
     )
 
 
+def encode(tokenizer, prompts: list[str], completions: list[str], *, add_eos: bool = True,
+           max_completion_tokens: int | None = None) -> Rollout:
+    """The Rollout layout for given texts (reward-model training and scoring of stored solutions).
+
+    Each completion is tokenized on its own and ends with EOS (as a finished sample does), so a
+    reward model sees the same rows here as on GRPO's rollouts.
+    """
+    enc = tokenizer([tokenizer.bos_token + p if tokenizer.bos_token else p for p in prompts],
+                    return_tensors="pt", padding=True, add_special_tokens=False)
+    rows = []
+    for text in completions:
+        ids = tokenizer(text, add_special_tokens=False).input_ids
+        if max_completion_tokens is not None:
+            ids = ids[:max_completion_tokens]
+        rows.append(ids + ([tokenizer.eos_token_id] if add_eos else []))
+    width = max(1, max(len(r) for r in rows))
+    completion = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
+    cmask = torch.zeros(len(rows), width)
+    for i, ids in enumerate(rows):
+        completion[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        cmask[i, : len(ids)] = 1.0
+    return Rollout(
+        input_ids=torch.cat([enc.input_ids, completion], dim=1),
+        attention_mask=torch.cat([enc.attention_mask, cmask.long()], dim=1),
+        completion_mask=cmask,
+        prompt_len=enc.input_ids.shape[1],
+        texts=list(completions),
+        truncated=torch.tensor([not add_eos] * len(rows)),
+    )
+
+
 def token_logprobs(model, rollout: Rollout, with_entropy: bool = False):
     """Log-probabilities of the completion tokens, [B, T] (and their entropies, [B, T])."""
     logits = model(

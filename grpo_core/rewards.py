@@ -1,14 +1,117 @@
-"""Reward functions: completion texts and gold answers in, one float per completion out.
+"""Rewards of GRPO's rollouts: the rule reward, the ORM, the PRM, or a weighted sum of them.
 
-Completions are untrusted model output; the rule reward only parses and compares (grpo_core.verify).
+Completions are untrusted model output: the rule reward only parses and compares
+(grpo_core.verify), and the reward models only read tokens. Non-finite scores are never passed on
+silently: they are counted, and the affected sample (outcome) or step (process) gets no advantage.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
+
 import torch
 
+from grpo_core.policy import Rollout
+from grpo_core.steps import char_ends_of_tokens, split_steps, step_end_tokens
 from grpo_core.verify import is_correct
 
 
 def rule_reward(completions: list[str], golds: list[str]) -> torch.Tensor:
     """[B] 1.0 where the completion's final answer equals the gold answer, else 0.0."""
     return torch.tensor([float(is_correct(c, g)) for c, g in zip(completions, golds)])
+
+
+def fill_nonfinite_with_group_mean(rewards: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """[N, G] rewards with each NaN/inf replaced by the mean of its group's finite rewards (0 if
+    none), so that sample gets zero advantage; returns the rewards and how many were replaced."""
+    finite = torch.isfinite(rewards)
+    safe = torch.where(finite, rewards, 0.0)
+    mean = safe.sum(dim=1, keepdim=True) / finite.sum(dim=1, keepdim=True).clamp(min=1)
+    return torch.where(finite, rewards, mean.expand_as(rewards)), int((~finite).sum())
+
+
+def rollout_step_ends(tokenizer, rollout: Rollout, separator: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, K] token index where each step of each completion ends, and [B, K] bool mask of real
+    steps (a row with no step is all False)."""
+    per_row = []
+    for i, text in enumerate(rollout.texts):
+        n = int(rollout.completion_mask[i].sum()) - (0 if bool(rollout.truncated[i]) else 1)
+        char_ends = char_ends_of_tokens(tokenizer, rollout.completion_ids[i, : max(n, 0)].tolist())
+        per_row.append(step_end_tokens(char_ends, split_steps(text, separator)))
+    k = max(1, max(len(r) for r in per_row))
+    ends = torch.zeros(len(per_row), k, dtype=torch.long)
+    mask = torch.zeros(len(per_row), k, dtype=torch.bool)
+    for i, idx in enumerate(per_row):
+        ends[i, : len(idx)] = torch.tensor(idx, dtype=torch.long)
+        mask[i, : len(idx)] = True
+    return ends, mask
+
+
+@dataclass
+class Scored:
+    """What the advantages are computed from. Shapes: B completions, K steps."""
+
+    outcome: torch.Tensor  # [B] weighted reward of each whole solution (outcome supervision)
+    correct: torch.Tensor  # [B] rule reward, logged whatever drives training
+    step_rewards: torch.Tensor | None = None  # [B, K] process supervision (NaN where no step)
+    step_ends: torch.Tensor | None = None  # [B, K]
+    step_mask: torch.Tensor | None = None  # [B, K]
+    stats: dict[str, float] | None = None
+
+
+class RewardScorer:
+    """Scores rollouts with ``weights`` over ``rule`` / ``orm`` / ``prm``.
+
+    outcome: reward = sum_w w * source, with prm = the lowest step probability (Math-Shepherd's
+    aggregation). process: step k's reward = w_prm * P(step k right), and the outcome sources'
+    weighted reward is added to each solution's last step.
+    """
+
+    def __init__(self, weights: dict[str, float], supervision: str, tokenizer, separator: str = "\n",
+                 orm=None, prm=None) -> None:
+        self.weights = {k: w for k, w in weights.items() if w > 0}
+        self.supervision, self.tokenizer, self.separator = supervision, tokenizer, separator
+        self.orm, self.prm = orm, prm
+        for kind in ("orm", "prm"):
+            if kind in self.weights and getattr(self, kind) is None:
+                raise ValueError(f"reward weight on {kind} but no {kind} model given")
+
+    @classmethod
+    def from_paths(cls, weights: dict[str, float], supervision: str, tokenizer, separator: str,
+                   paths: dict[str, str | Path]) -> "RewardScorer":
+        from grpo_core.reward_models import load_reward_model
+
+        models = {k: load_reward_model(paths[k], k).eval().requires_grad_(False)
+                  for k in ("orm", "prm") if weights.get(k, 0) > 0}
+        return cls(weights, supervision, tokenizer, separator, **models)
+
+    @torch.no_grad()
+    def __call__(self, rollout: Rollout, golds: list[str]) -> Scored:
+        from grpo_core.reward_models import orm_logits, prm_step_logits
+
+        correct = rule_reward(rollout.texts, golds)
+        stats: dict[str, float] = {}
+        outcome = self.weights.get("rule", 0.0) * correct
+        if "orm" in self.weights:
+            orm = torch.sigmoid(orm_logits(self.orm, rollout))
+            stats["reward/orm_mean"] = float(orm[torch.isfinite(orm)].mean()) if torch.isfinite(orm).any() else float("nan")
+            outcome = outcome + self.weights["orm"] * orm
+        if "prm" not in self.weights:
+            return Scored(outcome, correct, stats=stats)
+        ends, mask = rollout_step_ends(self.tokenizer, rollout, self.separator)
+        steps = torch.sigmoid(prm_step_logits(self.prm, rollout, ends))
+        steps = torch.where(mask, steps, torch.nan)
+        no_steps = ~mask.any(dim=1)
+        stats.update({"reward/no_step_completions": float(no_steps.sum()),
+                      "reward/steps_per_completion": float(mask.sum(dim=1).float().mean())})
+        if self.supervision == "outcome":
+            lowest = torch.where(mask, steps, torch.inf).min(dim=1).values
+            # A completion with no step has no PRM verdict: NaN here, counted and neutralised later.
+            lowest = torch.where(no_steps, torch.nan, lowest)
+            return Scored(outcome + self.weights["prm"] * lowest, correct, stats=stats)
+        step_rewards = self.weights["prm"] * steps
+        last = (mask.sum(dim=1) - 1).clamp(min=0)
+        step_rewards[torch.arange(len(last)), last] += outcome
+        finite = torch.isfinite(step_rewards)
+        stats["reward/nonfinite_steps"] = float((mask & ~finite).sum())
+        return Scored(outcome, correct, step_rewards, ends, mask & finite, stats)

@@ -21,6 +21,7 @@ class MetricLogger(Protocol):
     def set_tags(self, tags: dict[str, str]) -> None: ...
     def log_table(self, rows: list[dict[str, Any]], artifact_file: str) -> None: ...
     def log_artifacts(self, local_dir: str | Path, artifact_path: str) -> None: ...
+    def log_input(self, name: str, digest: str, source: str, rows: dict[str, int]) -> None: ...
 
 
 class NullLogger:
@@ -36,6 +37,7 @@ class NullLogger:
     def set_tags(self, tags: dict[str, str]) -> None: ...
     def log_table(self, rows: list[dict[str, Any]], artifact_file: str) -> None: ...
     def log_artifacts(self, local_dir: str | Path, artifact_path: str) -> None: ...
+    def log_input(self, name: str, digest: str, source: str, rows: dict[str, int]) -> None: ...
 
 
 class MlflowLogger:
@@ -73,3 +75,13 @@ class MlflowLogger:
 
     def log_artifacts(self, local_dir: str | Path, artifact_path: str) -> None:
         self.client.log_artifacts(self.run_id, str(local_dir), artifact_path)
+
+    def log_input(self, name: str, digest: str, source: str, rows: dict[str, int]) -> None:
+        """Record a dataset the stage read or wrote as an MLflow run input (name, digest, rows)."""
+        import json
+
+        from mlflow.entities import Dataset, DatasetInput
+
+        dataset = Dataset(name=name, digest=digest[:36], source_type="local", source=json.dumps({"uri": source}),
+                          profile=json.dumps({"rows": rows}))
+        self.client.log_inputs(self.run_id, datasets=[DatasetInput(dataset)])

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import grpo_core.rewards as rewards_mod
 import grpo_core.stages.grpo as grpo_mod
 from grpo_core.checkpoint import latest_checkpoint, load_state
 from grpo_core.losses import aggregate, kl_k3
@@ -36,7 +37,7 @@ def parity_reward(completions: list[str], golds: list[str]) -> torch.Tensor:
 
 @pytest.fixture
 def parity(monkeypatch):
-    monkeypatch.setattr(grpo_mod, "rule_reward", parity_reward)
+    monkeypatch.setattr(rewards_mod, "rule_reward", parity_reward)
 
 
 def _state(path: Path) -> dict[str, torch.Tensor]:
@@ -196,7 +197,7 @@ def test_zero_spread_groups_leave_params_unchanged_without_kl(tmp_path, tiny_cfg
                                                               monkeypatch, value):
     """Every group has identical rewards: zero advantages, so with beta = 0 the gradient is exactly
     zero and AdamW (weight decay 0) leaves every parameter as it was."""
-    monkeypatch.setattr(grpo_mod, "rule_reward", lambda c, g: torch.full((len(c),), value))
+    monkeypatch.setattr(rewards_mod, "rule_reward", lambda c, g: torch.full((len(c),), value))
     cfg, policy, _, tok, opt, questions = _grpo_setup(tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir,
                                                       grpo__beta=0.0, grpo__inner_updates=2)
     policy.train()
@@ -213,7 +214,7 @@ def test_zero_spread_groups_leave_params_unchanged_without_kl(tmp_path, tiny_cfg
 def test_zero_spread_groups_only_kl_gradient(tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir, monkeypatch):
     """With beta > 0 and a reference that differs from the policy, the applied gradient is exactly
     that of beta * KL (the policy-gradient term contributes nothing)."""
-    monkeypatch.setattr(grpo_mod, "rule_reward", lambda c, g: torch.zeros(len(c)))
+    monkeypatch.setattr(rewards_mod, "rule_reward", lambda c, g: torch.zeros(len(c)))
     seen = {}
     real_generate = grpo_mod.generate
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from grpo_core.advantages import outcome_advantages
+from grpo_core.advantages import outcome_advantages, process_advantages
 from grpo_core.env import setup_environment
 from grpo_core.config import GRPOConfig, PipelineConfig, load_config
 from grpo_core.data import Example, prompt_text
@@ -21,7 +21,7 @@ from grpo_core.evaluation import greedy_accuracy
 from grpo_core.losses import grpo_loss
 from grpo_core.modeling import load_model
 from grpo_core.policy import generate, token_logprobs
-from grpo_core.rewards import rule_reward
+from grpo_core.rewards import RewardScorer, Scored, fill_nonfinite_with_group_mean
 from grpo_core.stages.common import (Stopwatch, digest_dir, find_resume, keep_if_best, publish_best,
                                      read_split, restore_trainer_state, run_identity,
                                      save_trainer_checkpoint, set_threads, write_manifest)
@@ -43,17 +43,33 @@ def row_temperatures(gc: GRPOConfig, n_questions: int) -> list[float]:
     return [temps[i % len(temps)] for _ in range(n_questions) for i in range(gc.group_size)]
 
 
-def grpo_step(policy, ref, tokenizer, opt, questions: list[Example], gc: GRPOConfig, seed: int) -> dict[str, float]:
-    """One exploration stage and its mu updates; returns the step's metrics."""
+def rollout_advantages(scored: Scored, n_questions: int, g: int, seq_len: int) -> tuple[torch.Tensor, dict[str, float]]:
+    """[B, T] advantages from the scores: group z-scores of the outcome reward, or the PRM's
+    normalised step rewards summed over the steps at or after each token (process supervision)."""
+    if scored.step_rewards is None:
+        rewards, replaced = fill_nonfinite_with_group_mean(scored.outcome.view(n_questions, g))
+        adv = outcome_advantages(rewards).view(-1, 1).expand(-1, seq_len)
+        return adv, {"reward/nonfinite": float(replaced)}
+    k = scored.step_rewards.shape[1]
+    adv = process_advantages(scored.step_rewards.view(n_questions, g, k), scored.step_ends.view(n_questions, g, k),
+                             scored.step_mask.view(n_questions, g, k), seq_len)
+    return adv.view(n_questions * g, seq_len), {}
+
+
+def grpo_step(policy, ref, tokenizer, opt, questions: list[Example], gc: GRPOConfig, seed: int,
+              scorer: RewardScorer | None = None) -> dict[str, float]:
+    """One exploration stage and its mu updates; returns the step's metrics (rule reward by default)."""
     g = gc.group_size
+    scorer = scorer or RewardScorer({"rule": 1.0}, "outcome", tokenizer)
     t0 = time.perf_counter()
     prompts = [prompt_text(q.question) for q in questions for _ in range(g)]
     rollout = generate(policy, tokenizer, prompts, max_new_tokens=gc.max_new_tokens,
                        temperatures=row_temperatures(gc, len(questions)), seed=seed)
     t1 = time.perf_counter()
-    rewards = rule_reward(rollout.texts, [q.gold for q in questions for _ in range(g)])
+    scored = scorer(rollout, [q.gold for q in questions for _ in range(g)])
+    rewards = scored.outcome
     group_rewards = rewards.view(len(questions), g)
-    advantages = outcome_advantages(group_rewards).view(-1, 1).expand_as(rollout.completion_mask)
+    advantages, reward_stats = rollout_advantages(scored, len(questions), g, rollout.completion_mask.shape[1])
     t2 = time.perf_counter()
     batch = rollout.completion_mask.shape[0]
     mb = gc.minibatch_size or batch
@@ -87,9 +103,11 @@ def grpo_step(policy, ref, tokenizer, opt, questions: list[Example], gc: GRPOCon
     t4 = time.perf_counter()
     n_tokens = float(rollout.completion_mask.sum())
     metrics = {f"train/{k}": v / n_updates for k, v in sums.items()}
+    metrics.update({**(scored.stats or {}), **reward_stats})
     metrics.update({
-        "train/reward_mean": float(rewards.mean()),
-        "train/reward_std": float(rewards.std(unbiased=False)),
+        "train/accuracy": float(scored.correct.mean()),
+        "train/reward_mean": float(rewards.nanmean()),
+        "train/reward_std": float(rewards[torch.isfinite(rewards)].std(unbiased=False)) if torch.isfinite(rewards).sum() > 1 else 0.0,
         "train/frac_reward_zero_std": float((group_rewards.std(dim=1, unbiased=False) == 0).float().mean()),
         "train/completion_len": n_tokens / batch,
         "train/frac_truncated": float(rollout.truncated.float().mean()),
@@ -101,15 +119,26 @@ def grpo_step(policy, ref, tokenizer, opt, questions: list[Example], gc: GRPOCon
 
 
 def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir: Path,
-             logger: MetricLogger | None = None) -> dict:
-    """Train from ``init_dir`` (the SFT policy, also the frozen reference), resuming if possible."""
+             logger: MetricLogger | None = None, reward_models: dict[str, str] | None = None) -> dict:
+    """Train from ``init_dir`` (the SFT policy, also the frozen reference), resuming if possible.
+
+    ``reward_models`` maps ``orm`` / ``prm`` to model folders, needed when ``grpo.reward_weights``
+    uses them."""
     logger = logger or NullLogger()
     gc = cfg.grpo
+    reward_models = reward_models or {}
+    missing = [k for k in ("orm", "prm") if gc.reward_weights.get(k, 0) > 0 and k not in reward_models]
+    if missing:
+        raise ValueError(f"grpo.reward_weights uses {', '.join(missing)} but no such model was given")
     set_threads(cfg.threads)
     ckpt_root = out_dir / "checkpoints"
-    identity = run_identity(cfg, "grpo", init=digest_dir(Path(init_dir)))
+    identity = run_identity(cfg, "grpo", init=digest_dir(Path(init_dir)),
+                            reward_models={k: digest_dir(Path(p)) for k, p in sorted(reward_models.items())
+                                           if gc.reward_weights.get(k, 0) > 0})
     resume, saved = find_resume(ckpt_root, identity)
     policy, tokenizer = load_model(resume or init_dir)
+    scorer = RewardScorer.from_paths(gc.reward_weights, gc.supervision, tokenizer,
+                                     cfg.reward_data.step_separator, reward_models)
     ref = None
     if gc.beta > 0:
         ref, _ = load_model(init_dir)
@@ -136,7 +165,7 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
         for group in opt.param_groups:
             group["lr"] = gc.lr * min(1.0, (st["step"] + 1) / (gc.warmup_steps + 1))
         questions = step_questions(pool, gc.questions_per_step, cfg.seed, st["step"])
-        metrics = grpo_step(policy, ref, tokenizer, opt, questions, gc, step_seed(cfg.seed, st["step"]))
+        metrics = grpo_step(policy, ref, tokenizer, opt, questions, gc, step_seed(cfg.seed, st["step"]), scorer)
         st["step"] += 1
         st["elapsed"] = clock.elapsed
         logger.log_metrics(metrics, step=st["step"])
@@ -162,9 +191,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--data", required=True, help="folder with rl.jsonl and val.jsonl")
     p.add_argument("--init", required=True, help="HF folder of the starting policy (and reference)")
     p.add_argument("--out", required=True)
+    p.add_argument("--orm", help="ORM folder (when grpo.reward_weights uses orm)")
+    p.add_argument("--prm", help="PRM folder (when grpo.reward_weights uses prm)")
     p.add_argument("--set", action="append", default=[], dest="overrides")
     a = p.parse_args(argv)
-    print(run_grpo(load_config(a.config, a.overrides), Path(a.data), a.init, Path(a.out)))
+    models = {k: v for k, v in (("orm", a.orm), ("prm", a.prm)) if v}
+    print(run_grpo(load_config(a.config, a.overrides), Path(a.data), a.init, Path(a.out), reward_models=models))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,100 @@
+"""Outcome and process reward models: losses, scores on rollouts, and their metrics (pure functions).
+
+The ORM is an ``AutoModelForSequenceClassification`` with one output, the PRM an
+``AutoModelForTokenClassification`` with one output, both initialised from the SFT checkpoint.
+Both are read through their own score head at chosen tokens of a ``Rollout`` (the ORM at the
+solution's last token, the PRM at each step's last token) rather than through the library's
+pooling: sequence classification finds "the last non-pad token", which is wrong when pad == eos
+or rows are left-padded, as GRPO's rollouts are.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from grpo_core.policy import Rollout, position_ids
+
+
+def bradley_terry_loss(r_chosen: torch.Tensor, r_rejected: torch.Tensor) -> torch.Tensor:
+    """mean -log sigmoid(r_chosen - r_rejected); both [B] scores (logits)."""
+    return -F.logsigmoid(r_chosen - r_rejected).mean()
+
+
+def step_bce_loss(step_logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Binary cross-entropy over real steps: step_logits, labels (hard 0/1 or soft in [0, 1]) and
+    mask are [B, K]; the mean is over steps with mask 1 (0 when there are none)."""
+    per_step = F.binary_cross_entropy_with_logits(step_logits, labels.to(step_logits.dtype), reduction="none")
+    m = mask.to(per_step.dtype)
+    return torch.where(m > 0, per_step, 0.0).sum() / m.sum().clamp(min=1)
+
+
+def roc_auc(scores: list[float], labels: list[bool]) -> float:
+    """Area under the ROC curve = P(score of a random positive > a random negative), ties 1/2.
+
+    Mann-Whitney form, O(n log n). NaN when one class is absent.
+    """
+    pos = sum(1 for y in labels if y)
+    neg = len(labels) - pos
+    if pos == 0 or neg == 0:
+        return float("nan")
+    order = sorted(range(len(scores)), key=lambda i: scores[i])
+    rank_sum, i = 0.0, 0
+    while i < len(order):  # average ranks over ties
+        j = i
+        while j + 1 < len(order) and scores[order[j + 1]] == scores[order[i]]:
+            j += 1
+        avg_rank = (i + j) / 2 + 1
+        rank_sum += avg_rank * sum(1 for k in order[i : j + 1] if labels[k])
+        i = j + 1
+    return (rank_sum - pos * (pos + 1) / 2) / (pos * neg)
+
+
+def first_wrong_step(flags: list[bool]) -> int | None:
+    """Index of the first False in per-step correctness flags, or None if all are True."""
+    return next((k for k, ok in enumerate(flags) if not ok), None)
+
+
+# ------------------------------------------------------------------------------- models
+
+def load_reward_model(path: str | Path, kind: str):
+    """An ORM (``kind="orm"``) or PRM (``"prm"``) with one output, from a causal-LM or RM folder."""
+    from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification
+
+    from grpo_core.modeling import ModelError
+
+    cls = AutoModelForSequenceClassification if kind == "orm" else AutoModelForTokenClassification
+    try:
+        model = cls.from_pretrained(str(path), num_labels=1)
+    except (OSError, ValueError) as e:
+        raise ModelError(f"{path}: cannot load a {kind.upper()} from this folder: {e}") from None
+    if model.config.pad_token_id is None:
+        model.config.pad_token_id = model.config.eos_token_id
+    return model
+
+
+def token_scores(model, rollout: Rollout) -> torch.Tensor:
+    """[B, T] score-head logit at every completion token of ``rollout``."""
+    hidden = model.base_model(
+        input_ids=rollout.input_ids, attention_mask=rollout.attention_mask,
+        position_ids=position_ids(rollout.attention_mask),
+    ).last_hidden_state[:, rollout.prompt_len :]
+    return model.score(hidden).squeeze(-1).float()
+
+
+def last_token_index(completion_mask: torch.Tensor) -> torch.Tensor:
+    """[B] index of the last real completion token (0 for an empty row)."""
+    return (completion_mask.sum(dim=1).long() - 1).clamp(min=0)
+
+
+def orm_logits(orm, rollout: Rollout) -> torch.Tensor:
+    """[B] ORM logit of each whole solution, read at its last token (EOS when it finished)."""
+    scores = token_scores(orm, rollout)
+    return scores.gather(1, last_token_index(rollout.completion_mask)[:, None]).squeeze(1)
+
+
+def prm_step_logits(prm, rollout: Rollout, step_ends: torch.Tensor) -> torch.Tensor:
+    """[B, K] PRM logit at each step's last token; step_ends [B, K] long (padding: any index)."""
+    scores = token_scores(prm, rollout)
+    return scores.gather(1, step_ends.clamp(0, scores.shape[1] - 1))

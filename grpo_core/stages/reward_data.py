@@ -1,0 +1,103 @@
+"""Reward-model data stage: sample solutions from the SFT policy, label outcomes and steps.
+
+Writes three Hugging Face ``DatasetDict`` folders (``train`` / ``test`` split by question) that
+other tools read: ``outcome`` (TRL ``prompt``/``chosen``/``rejected``), ``steps`` (TRL stepwise
+``prompt``/``completions``/``labels`` plus ``soft_labels`` and ``exact_labels``) and
+``solutions`` (``prompt``/``completion``/``correct``, for the ORM's AUC).
+"""
+from __future__ import annotations
+
+import argparse
+import random
+from pathlib import Path
+
+from grpo_core.config import PipelineConfig, RewardDataConfig, load_config
+from grpo_core.env import setup_environment
+from grpo_core.modeling import load_model
+from grpo_core.policy import generate
+from grpo_core.reward_data import Completer, label_agreement, outcome_pairs, sample_solutions, step_rows
+from grpo_core.data import prompt_text
+from grpo_core.stages.common import Stopwatch, digest_dir, read_split, set_threads, write_manifest
+from grpo_core.tracking import MetricLogger, NullLogger
+
+DATASETS = ("outcome", "steps", "solutions")
+
+
+def policy_completer(policy, tokenizer, rc: RewardDataConfig, seed: int) -> Completer:
+    """Sampling from the policy in batches; every call draws from a fresh, reproducible seed."""
+    calls = [0]
+
+    def complete(prompts: list[str]) -> list[str]:
+        out: list[str] = []
+        for start in range(0, len(prompts), rc.batch_size):
+            chunk = prompts[start : start + rc.batch_size]
+            calls[0] += 1
+            out += generate(policy, tokenizer, chunk, max_new_tokens=rc.max_new_tokens,
+                            temperatures=[rc.temperature] * len(chunk), seed=seed * 7919 + calls[0]).texts
+        return out
+
+    return complete
+
+
+def run_reward_data(cfg: PipelineConfig, data_dir: Path, policy_dir: str | Path, out_dir: Path,
+                    logger: MetricLogger | None = None) -> dict:
+    from datasets import Dataset, DatasetDict
+
+    logger = logger or NullLogger()
+    rc = cfg.reward_data
+    set_threads(cfg.threads)
+    clock = Stopwatch()
+    policy, tokenizer = load_model(policy_dir)
+    pool = sorted(set(read_split(data_dir, "rl")), key=lambda e: e.question)  # the pool may repeat
+    questions = random.Random(cfg.seed).sample(pool, min(rc.questions, len(pool)))
+    n_test = max(1, round(len(questions) * rc.heldout_fraction))
+    split_of = {"test": questions[:n_test], "train": questions[n_test:]}
+    complete = policy_completer(policy, tokenizer, rc, cfg.seed)
+    tables: dict[str, dict[str, list[dict]]] = {name: {} for name in DATASETS}
+    metrics: dict[str, float] = {}
+    for split, examples in split_of.items():
+        samples = sample_solutions(complete, examples, rc.samples_per_question)
+        steps = step_rows(samples, complete if rc.labeler == "mc" else None, rc.mc_rollouts, rc.step_separator)
+        tables["outcome"][split] = outcome_pairs(samples, rc.max_pairs_per_question, cfg.seed)
+        tables["steps"][split] = steps
+        tables["solutions"][split] = [{"prompt": prompt_text(s.example.question), "completion": c, "correct": ok}
+                                      for s in samples for c, ok in zip(s.completions, s.correct)]
+        flags = [ok for s in samples for ok in s.correct]
+        metrics[f"{split}/sample_accuracy"] = sum(flags) / len(flags)
+        metrics[f"{split}/frac_questions_mixed"] = sum(0 < sum(s.correct) < len(s.correct) for s in samples) / len(samples)
+        metrics.update({f"{split}/{k}": v for k, v in label_agreement(steps).items()})
+        for name in DATASETS:
+            metrics[f"{split}/n_{name}"] = len(tables[name][split])
+    manifest: dict = {"stage": "reward_data", "dir": str(out_dir), "questions": len(questions),
+                      "labeler": rc.labeler}
+    for name in DATASETS:
+        if not tables[name]["train"] or not tables[name]["test"]:
+            raise ValueError(f"reward_data: no {name} rows in a split (every sample right or every "
+                             f"sample wrong?); raise reward_data.questions or samples_per_question")
+        path = out_dir / name
+        DatasetDict({s: Dataset.from_list(rows) for s, rows in tables[name].items()}).save_to_disk(str(path))
+        manifest[f"{name}_dir"] = str(path)
+        manifest[f"{name}_digest"] = digest_dir(path, "*.arrow")
+    metrics["time/wall_s"] = clock.elapsed
+    logger.log_metrics(metrics)
+    for name in DATASETS:
+        logger.log_input(name=f"reward_data/{name}", digest=manifest[f"{name}_digest"],
+                         source=manifest[f"{name}_dir"],
+                         rows={s: len(tables[name][s]) for s in ("train", "test")})
+    return write_manifest(out_dir, {**manifest, "metrics": metrics, "wall_s": round(clock.elapsed, 1)})
+
+
+def main(argv: list[str] | None = None) -> None:
+    setup_environment()
+    p = argparse.ArgumentParser(description="reward-model data stage")
+    p.add_argument("--config", required=True)
+    p.add_argument("--data", required=True, help="folder with rl.jsonl")
+    p.add_argument("--policy", required=True, help="HF folder of the policy that samples (the SFT model)")
+    p.add_argument("--out", required=True)
+    p.add_argument("--set", action="append", default=[], dest="overrides")
+    a = p.parse_args(argv)
+    print(run_reward_data(load_config(a.config, a.overrides), Path(a.data), a.policy, Path(a.out)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,170 @@
+"""Reward-model training stage: the ORM (Bradley-Terry on chosen/rejected pairs) or the PRM (BCE on
+step labels), initialised from the SFT checkpoint, keeping the epoch with the best held-out metric
+(ORM: pairwise accuracy; PRM: step AUC). Checkpoints at every epoch end; a rerun resumes there.
+"""
+from __future__ import annotations
+
+import argparse
+import random
+from pathlib import Path
+
+import torch
+
+from grpo_core.config import PipelineConfig, load_config
+from grpo_core.env import setup_environment
+from grpo_core.modeling import load_tokenizer
+from grpo_core.policy import encode
+from grpo_core.reward_models import (bradley_terry_loss, first_wrong_step, load_reward_model, orm_logits,
+                                     prm_step_logits, roc_auc, step_bce_loss)
+from grpo_core.stages.common import (Stopwatch, digest_dir, find_resume, keep_if_best, publish_best,
+                                     restore_trainer_state, run_identity, save_trainer_checkpoint,
+                                     set_threads, write_manifest)
+from grpo_core.steps import char_ends_of_tokens, split_steps, step_end_tokens
+from grpo_core.tracking import MetricLogger, NullLogger
+
+
+def step_batch(tokenizer, rows: list[dict], separator: str, label: str):
+    """Rollout of the solutions in ``rows`` and [B, K] step ends, labels and mask."""
+    texts = [separator.join(r["completions"]) for r in rows]
+    rollout = encode(tokenizer, [r["prompt"] for r in rows], texts)
+    k = max(len(r["completions"]) for r in rows)
+    ends = torch.zeros(len(rows), k, dtype=torch.long)
+    labels = torch.zeros(len(rows), k)
+    mask = torch.zeros(len(rows), k, dtype=torch.bool)
+    for i, (r, text) in enumerate(zip(rows, texts)):
+        n = int(rollout.completion_mask[i].sum()) - 1  # without the EOS
+        char_ends = char_ends_of_tokens(tokenizer, rollout.completion_ids[i, :n].tolist())
+        idx = step_end_tokens(char_ends, split_steps(text, separator))
+        values = r["soft_labels"] if label == "soft" else [float(x) for x in r["labels"]]
+        m = min(len(idx), len(values))
+        ends[i, :m] = torch.tensor(idx[:m])
+        labels[i, :m] = torch.tensor(values[:m], dtype=torch.float)
+        mask[i, :m] = True
+    return rollout, ends, labels, mask
+
+
+def orm_loss(model, tokenizer, rows: list[dict]) -> torch.Tensor:
+    prompts = [r["prompt"] for r in rows]
+    rollout = encode(tokenizer, prompts + prompts, [r["chosen"] for r in rows] + [r["rejected"] for r in rows])
+    scores = orm_logits(model, rollout)
+    return bradley_terry_loss(scores[: len(rows)], scores[len(rows) :])
+
+
+@torch.no_grad()
+def evaluate_orm(model, tokenizer, pairs: list[dict], solutions: list[dict], batch: int) -> dict[str, float]:
+    """Held-out pairwise accuracy, and AUC of the score against correctness over all solutions."""
+    model.eval()
+    wins, scores = 0, []
+    for s in range(0, len(pairs), batch):
+        rows = pairs[s : s + batch]
+        prompts = [r["prompt"] for r in rows]
+        out = orm_logits(model, encode(tokenizer, prompts + prompts, [r["chosen"] for r in rows] + [r["rejected"] for r in rows]))
+        wins += int((out[: len(rows)] > out[len(rows) :]).sum())
+    for s in range(0, len(solutions), batch):
+        rows = solutions[s : s + batch]
+        scores += orm_logits(model, encode(tokenizer, [r["prompt"] for r in rows], [r["completion"] for r in rows])).tolist()
+    model.train()
+    return {"pairwise_accuracy": wins / max(1, len(pairs)),
+            "auc": roc_auc(scores, [bool(r["correct"]) for r in solutions])}
+
+
+@torch.no_grad()
+def evaluate_prm(model, tokenizer, rows: list[dict], separator: str, batch: int) -> dict[str, float]:
+    """Held-out step accuracy and AUC against the hard labels (and the exact ones where present),
+    and the rate at which the first step scored < 0.5 is the first step labelled wrong."""
+    model.eval()
+    probs: list[list[float]] = []
+    for s in range(0, len(rows), batch):
+        part = rows[s : s + batch]
+        rollout, ends, _, mask = step_batch(tokenizer, part, separator, "hard")
+        p = torch.sigmoid(prm_step_logits(model, rollout, ends))
+        probs += [p[i, : int(mask[i].sum())].tolist() for i in range(len(part))]
+    model.train()
+    flat = [(x, y) for r, p in zip(rows, probs) for x, y in zip(p, r["labels"])]
+    exact = [(x, y) for r, p in zip(rows, probs) if r["exact_labels"] for x, y in zip(p, r["exact_labels"])]
+    with_error = [(r, p) for r, p in zip(rows, probs) if first_wrong_step(r["labels"]) is not None]
+    found = sum(first_wrong_step([x >= 0.5 for x in p]) == first_wrong_step(r["labels"]) for r, p in with_error)
+    out = {"step_accuracy": sum((x >= 0.5) == y for x, y in flat) / max(1, len(flat)),
+           "step_auc": roc_auc([x for x, _ in flat], [y for _, y in flat]),
+           "first_wrong_step_detected": found / max(1, len(with_error))}
+    if exact:
+        out["step_auc_exact"] = roc_auc([x for x, _ in exact], [y for _, y in exact])
+    return out
+
+
+def run_reward_model(cfg: PipelineConfig, kind: str, reward_data: dict, init_dir: str | Path, out_dir: Path,
+                     logger: MetricLogger | None = None) -> dict:
+    """Train the ``kind`` ("orm" or "prm") reward model on the reward-data stage's datasets."""
+    from datasets import load_from_disk
+
+    logger = logger or NullLogger()
+    rc = getattr(cfg, kind)
+    sep = cfg.reward_data.step_separator
+    set_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    data = load_from_disk(reward_data["outcome_dir" if kind == "orm" else "steps_dir"])
+    train, test = data["train"].to_list(), data["test"].to_list()
+    solutions = load_from_disk(reward_data["solutions_dir"])["test"].to_list() if kind == "orm" else []
+    ckpt_root = out_dir / "checkpoints"
+    identity = run_identity(cfg, kind, init=digest_dir(Path(init_dir)),
+                            data=reward_data["outcome_digest" if kind == "orm" else "steps_digest"])
+    resume, saved = find_resume(ckpt_root, identity)
+    model = load_reward_model(resume or init_dir, kind)
+    tokenizer = load_tokenizer(resume or init_dir)
+    opt = torch.optim.AdamW(model.parameters(), lr=rc.lr, betas=(0.9, 0.95), weight_decay=rc.weight_decay)
+    st = {"step": 0, "epoch": 0, "best_acc": -1.0, "best_step": 0, "elapsed": 0.0}
+    if resume is not None:
+        restore_trainer_state(saved, opt, st)
+    clock = Stopwatch(st["elapsed"])
+    model.train()
+    while st["epoch"] < rc.epochs and (rc.max_seconds is None or clock.elapsed < rc.max_seconds):
+        order = list(range(len(train)))
+        random.Random(cfg.seed + st["epoch"]).shuffle(order)
+        for s in range(0, len(order), rc.batch_size):
+            rows = [train[i] for i in order[s : s + rc.batch_size]]
+            if kind == "orm":
+                loss = orm_loss(model, tokenizer, rows)
+            else:
+                rollout, ends, labels, mask = step_batch(tokenizer, rows, sep, cfg.prm.label)
+                loss = step_bce_loss(prm_step_logits(model, rollout, ends), labels, mask)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), rc.max_grad_norm)
+            opt.step()
+            st["step"] += 1
+            logger.log_metrics({"train/loss": loss.item(), "train/grad_norm": float(grad_norm)}, step=st["step"])
+        st["epoch"] += 1
+        metrics = (evaluate_orm(model, tokenizer, test, solutions, rc.batch_size) if kind == "orm"
+                   else evaluate_prm(model, tokenizer, test, sep, rc.batch_size))
+        logger.log_metrics({f"heldout/{k}": v for k, v in metrics.items()}, step=st["step"])
+        key = metrics["pairwise_accuracy" if kind == "orm" else "step_auc"]
+        key = key if key == key else -1.0  # an undefined AUC (one class only) never wins
+        if keep_if_best(st, key, model, tokenizer, out_dir):
+            st["best_metrics"] = metrics
+        st["elapsed"] = clock.elapsed
+        save_trainer_checkpoint(ckpt_root, st, model, tokenizer, opt, identity, cfg, keep=2)
+    final_dir = publish_best(out_dir)
+    return write_manifest(out_dir, {"stage": kind, "model": str(final_dir), "init": str(init_dir),
+                                    "heldout": st.get("best_metrics", {}), "best_epoch_step": st["best_step"],
+                                    "steps": st["step"], "epochs": st["epoch"], "n_train": len(train),
+                                    "n_test": len(test), "wall_s": round(clock.elapsed, 1)})
+
+
+def main(argv: list[str] | None = None) -> None:
+    import json
+
+    setup_environment()
+    p = argparse.ArgumentParser(description="reward-model training stage")
+    p.add_argument("kind", choices=["orm", "prm"])
+    p.add_argument("--config", required=True)
+    p.add_argument("--reward-data", required=True, help="the reward_data stage folder (its manifest.json)")
+    p.add_argument("--init", required=True, help="HF folder of the SFT model")
+    p.add_argument("--out", required=True)
+    p.add_argument("--set", action="append", default=[], dest="overrides")
+    a = p.parse_args(argv)
+    manifest = json.loads((Path(a.reward_data) / "manifest.json").read_text())
+    print(run_reward_model(load_config(a.config, a.overrides), a.kind, manifest, a.init, Path(a.out)))
+
+
+if __name__ == "__main__":
+    main()

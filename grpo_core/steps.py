@@ -1,0 +1,100 @@
+"""Solutions as steps: splitting, the token where each step ends, and the arithmetic step checker.
+
+A step is one line by default (``separator="\\n"``); the process reward model reads its score at
+the token that holds a step's last character. Completions are untrusted text: nothing here
+evaluates them, the checker only parses integers with a regex and compares.
+"""
+from __future__ import annotations
+
+import re
+from bisect import bisect_left
+
+from grpo_core.verify import answers_match, extract_answer
+
+
+def split_steps(text: str, separator: str = "\n") -> list[tuple[int, int]]:
+    """Character spans ``[start, end)`` of the non-blank steps of ``text``.
+
+    >>> split_steps("1 + 2 = 3\\n\\n#### 3")
+    [(0, 9), (11, 18)]
+    """
+    if not separator:
+        raise ValueError("step separator must be non-empty")
+    spans, start = [], 0
+    while start <= len(text):
+        stop = text.find(separator, start)
+        stop = len(text) if stop < 0 else stop
+        piece = text[start:stop]
+        if piece.strip():
+            left = start + len(piece) - len(piece.lstrip())
+            right = start + len(piece.rstrip())
+            spans.append((left, right))
+        start = stop + len(separator)
+    return spans
+
+
+def step_texts(text: str, separator: str = "\n") -> list[str]:
+    return [text[a:b] for a, b in split_steps(text, separator)]
+
+
+def char_ends_of_tokens(tokenizer, token_ids: list[int]) -> list[int]:
+    """[T] number of characters decoded from tokens ``0..t`` (for any tokenizer, BPE included)."""
+    # Decoding prefixes is exact for byte-level BPE where per-token strings are not; T <= a few
+    # thousand tokens keeps this cheap next to a forward pass.
+    return [len(tokenizer.decode(token_ids[: t + 1], skip_special_tokens=True)) for t in range(len(token_ids))]
+
+
+def step_end_tokens(char_ends: list[int], spans: list[tuple[int, int]]) -> list[int]:
+    """Token index holding the last character of each step.
+
+    char_ends: [T] non-decreasing (``char_ends_of_tokens``); spans: [K] from ``split_steps``.
+    Returns [K] indices in ``0..T-1`` (a step cut off by truncation maps to the last token).
+    """
+    if not char_ends:
+        return []
+    last = len(char_ends) - 1
+    return [min(bisect_left(char_ends, end), last) for _, end in spans]
+
+
+# ------------------------------------------------------------------------- the arithmetic task
+
+_EQUATION = re.compile(r"^\s*(-?\d{1,12})\s*([+-])\s*(-?\d{1,12})\s*=\s*(-?\d{1,12})\s*$")
+_QUESTION = re.compile(r"What is (-?\d+(?:\s*[+-]\s*\d+)+)\?")
+
+
+def reference_steps(question: str) -> list[tuple[int, str, int, int]] | None:
+    """The left-to-right chain ``(a, op, b, a op b)`` of an arithmetic question, or None."""
+    m = _QUESTION.search(question)
+    if not m:
+        return None
+    tokens = re.findall(r"-?\d+|[+-]", m.group(1))
+    value, out = int(tokens[0]), []
+    for op, x in zip(tokens[1::2], tokens[2::2]):
+        new = value + int(x) if op == "+" else value - int(x)
+        out.append((value, op, int(x), new))
+        value = new
+    return out
+
+
+def exact_step_labels(question: str, steps: list[str], gold: str) -> list[bool] | None:
+    """Exact labels for the arithmetic task: step k is right while every line so far is the next
+    line of the reference chain and a final ``#### v`` line has v = gold. None for another task.
+
+    A Math-Shepherd hard label asks instead whether *some* continuation reaches the gold answer;
+    the two differ when a later error cancels an earlier one.
+    """
+    chain = reference_steps(question)
+    if chain is None:
+        return None
+    labels, ok, k = [], True, 0
+    for line in steps:
+        m = _EQUATION.match(line)
+        if m:
+            a, op, b, c = int(m.group(1)), m.group(2), int(m.group(3)), int(m.group(4))
+            ok = ok and k < len(chain) and (a, op, b, c) == chain[k]
+            k += 1
+        else:
+            answer = extract_answer(line)
+            ok = ok and answer is not None and k == len(chain) and answers_match(answer, gold)
+        labels.append(ok)
+    return labels
