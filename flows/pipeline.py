@@ -1,4 +1,5 @@
-"""The ``pipeline`` flow: data -> SFT -> GRPO -> evaluation of the SFT model and the final policy.
+"""The ``pipeline`` flow: data -> SFT -> [reward data -> ORM / PRM] -> GRPO -> evaluation of the SFT
+model and the final policy.
 
 One MLflow parent run per pipeline run (child runs per stage); ``runs/<run_name>/manifest.json``
 is the public summary (GUIDE §3): policy, sft_model, eval, mlflow_run_id, tracking_uri.
@@ -13,8 +14,26 @@ from prefect import flow, get_run_logger
 from grpo_core.config import PipelineConfig, flatten
 from grpo_core.stages.common import write_manifest
 from grpo_core.tracking import MlflowLogger
-from tasks.stages import data_task, eval_task, grpo_task, run_stage, sft_task
+from tasks.stages import (data_task, eval_task, grpo_task, orm_task, prm_task, reward_data_task, run_stage,
+                         sft_task)
 from tasks.tracking import end_run, experiment_id, redact, start_run, tracking_uri
+
+
+def reward_model_stages(config: PipelineConfig, run_dir, data: dict, sft: dict, common: dict) -> dict:
+    """reward_data, then the ORM and / or PRM the recipe trains: {stage: (manifest, cached)}."""
+    wanted = [k for k in ("orm", "prm") if getattr(config, k).train]
+    if not wanted:
+        return {}
+    out = {"reward_data": run_stage(reward_data_task, out_dir=str(run_dir / "reward_data"),
+                                    upstream={"data_dir": data["dir"], "data": data["digest"],
+                                              "policy": sft["model"], "init": sft["digest"]}, **common)}
+    rd = out["reward_data"][0]
+    datasets = {k: v for k, v in rd.items() if k.endswith(("_dir", "_digest")) and k != "dir"}
+    for kind in wanted:
+        out[kind] = run_stage(orm_task if kind == "orm" else prm_task, out_dir=str(run_dir / kind),
+                              upstream={"reward_data": datasets, "init_model": sft["model"],
+                                        "init": sft["digest"]}, **common)
+    return out
 
 
 @flow(name="pipeline", log_prints=True)
@@ -34,19 +53,26 @@ def pipeline(config: PipelineConfig) -> dict:
         data, data_hit = run_stage(data_task, out_dir=str(run_dir / "data"), **common)
         sft, sft_hit = run_stage(sft_task, out_dir=str(run_dir / "sft"),
                                  upstream={"data_dir": data["dir"], "data": data["digest"]}, **common)
+        reward_stages = reward_model_stages(config, run_dir, data, sft, common)
+        reward_models = {k: m["model"] for k, (m, _) in reward_stages.items() if k in ("orm", "prm")}
         grpo, grpo_hit = run_stage(grpo_task, out_dir=str(run_dir / "grpo"),
                                    upstream={"data_dir": data["dir"], "data": data["digest"],
-                                             "init_model": sft["model"], "init": sft["digest"]}, **common)
+                                             "init_model": sft["model"], "init": sft["digest"],
+                                             "reward_models": reward_models,
+                                             "reward_digests": {k: reward_stages[k][0]["digest"] for k in reward_models}},
+                                   **common)
         ev, eval_hit = run_stage(eval_task, out_dir=str(run_dir / "eval"),
                                  upstream={"data_dir": data["dir"], "data": data["digest"],
                                            "models": {"sft": sft["model"], "policy": grpo["model"]},
                                            "digests": [sft["digest"], grpo["digest"]]}, **common)
-        cached = [name for name, hit in (("data", data_hit), ("sft", sft_hit), ("grpo", grpo_hit),
-                                         ("eval", eval_hit)) if hit]
+        hits = [("data", data_hit), ("sft", sft_hit), *((k, hit) for k, (_, hit) in reward_stages.items()),
+                ("grpo", grpo_hit), ("eval", eval_hit)]
+        cached = [name for name, hit in hits if hit]
+        stages = {"data": data, "sft": sft, **{k: m for k, (m, _) in reward_stages.items()}, "grpo": grpo}
         eval_results = ev["results"]
         tracker.log_metrics({f"eval/{name}/accuracy": r["accuracy"] for name, r in eval_results.items()})
         tracker.set_tags({"cached_stages": ",".join(cached) or "none",
-                          **{f"stage_run.{s}": m["mlflow_run_id"] for s, m in (("sft", sft), ("grpo", grpo), ("eval", ev))}})
+                          **{f"stage_run.{s}": m["mlflow_run_id"] for s, m in {**stages, "eval": ev}.items()}})
         tracker.log_artifacts(grpo["model"], "policy")
         manifest = {
             "run_name": config.run_name,
@@ -54,7 +80,8 @@ def pipeline(config: PipelineConfig) -> dict:
             "sft_model": sft["model"],
             "data_dir": data["dir"],
             "eval": eval_results,
-            "stages": {"data": data, "sft": sft, "grpo": grpo},
+            "reward_models": reward_models,
+            "stages": stages,
             "cached_stages": cached,
             "mlflow_run_id": parent,
             "tracking_uri": redact(uri),

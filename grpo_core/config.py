@@ -262,22 +262,47 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     return raw
 
 
+def _read_yaml(path: Path, seen: tuple[Path, ...]) -> dict[str, Any]:
+    """A recipe file as a dict; ``extends: other.yaml`` (relative to this file) is read first and
+    this file's sections are merged into it key by key."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read config: {e.strerror}") from None
+    try:
+        raw = yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: invalid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: top level must be a mapping of sections")
+    base = raw.pop("extends", None)
+    if base is None:
+        return raw
+    parent = (path.parent / str(base)).resolve()
+    if parent in seen or parent == path.resolve():
+        raise ConfigError(f"{path}: extends {base!r} forms a cycle")
+    return _merge(_read_yaml(parent, seen + (path.resolve(),)), raw, PipelineConfig)
+
+
+def _merge(base: dict[str, Any], top: dict[str, Any], model: type[BaseModel]) -> dict[str, Any]:
+    """Sections merge key by key; any other value (a number, a list, ``reward_weights``) is replaced."""
+    out = dict(base)
+    for key, value in top.items():
+        field = model.model_fields.get(key)
+        sub = field.annotation if field is not None else None
+        is_section = isinstance(sub, type) and issubclass(sub, Section)
+        both_dicts = isinstance(value, dict) and isinstance(out.get(key), dict)
+        out[key] = _merge(out[key], value, sub) if is_section and both_dicts else value
+    return out
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> PipelineConfig:
     """Read a YAML recipe (safe_load: a config is data, never code), apply overrides, validate."""
     raw: dict[str, Any] = {}
     source = "<defaults>"
     if path is not None:
         source = str(path)
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except OSError as e:
-            raise ConfigError(f"{path}: cannot read config: {e.strerror}") from None
-        try:
-            raw = yaml.safe_load(text) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{path}: invalid YAML: {e}") from None
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{path}: top level must be a mapping of sections")
+        raw = _read_yaml(Path(path), seen=())
     raw = apply_overrides(raw, overrides or [])
     try:
         return PipelineConfig.model_validate(raw)

@@ -21,6 +21,8 @@ from grpo_core.modeling import load_model
 from grpo_core.stages.common import code_version, digest_dir, set_threads, write_manifest
 from grpo_core.stages.grpo import run_grpo
 from grpo_core.stages.prepare import run_prepare
+from grpo_core.stages.reward_data import run_reward_data
+from grpo_core.stages.reward_model import run_reward_model
 from grpo_core.stages.sft import run_sft
 from tasks.tracking import child_run
 
@@ -28,7 +30,10 @@ from tasks.tracking import child_run
 STAGE_SECTIONS = {
     "data": ("seed", "data"),
     "sft": ("seed", "model", "sft", "eval.max_new_tokens"),
-    "grpo": ("seed", "grpo", "eval.max_new_tokens"),
+    "reward_data": ("seed", "reward_data"),
+    "orm": ("seed", "orm", "reward_data.step_separator"),
+    "prm": ("seed", "prm", "reward_data.step_separator"),
+    "grpo": ("seed", "grpo", "eval.max_new_tokens", "reward_data.step_separator"),
     "eval": ("eval",),
 }
 
@@ -104,10 +109,31 @@ def sft_task(cfg: PipelineConfig, out_dir: str, upstream: dict, uri: str, parent
         return _finish("sft", cfg, out_dir, upstream, manifest, log.run_id)
 
 
+@task(name="reward_data", cache_key_fn=_cache_key("reward_data"), persist_result=True)
+def reward_data_task(cfg: PipelineConfig, out_dir: str, upstream: dict, uri: str, parent_id: str) -> dict:
+    with child_run(uri, parent_id, "reward_data", _stage_params(cfg, "reward_data")) as log:
+        manifest = run_reward_data(cfg, Path(upstream["data_dir"]), upstream["policy"], Path(out_dir), log)
+        return _finish("reward_data", cfg, out_dir, upstream, manifest, log.run_id)
+
+
+def _reward_model_task(kind: str):
+    @task(name=kind, cache_key_fn=_cache_key(kind), persist_result=True)
+    def train(cfg: PipelineConfig, out_dir: str, upstream: dict, uri: str, parent_id: str) -> dict:
+        with child_run(uri, parent_id, kind, _stage_params(cfg, kind)) as log:
+            manifest = run_reward_model(cfg, kind, upstream["reward_data"], upstream["init_model"], Path(out_dir), log)
+            return _finish(kind, cfg, out_dir, upstream, manifest, log.run_id)
+    return train
+
+
+orm_task = _reward_model_task("orm")
+prm_task = _reward_model_task("prm")
+
+
 @task(name="grpo", cache_key_fn=_cache_key("grpo"), persist_result=True)
 def grpo_task(cfg: PipelineConfig, out_dir: str, upstream: dict, uri: str, parent_id: str) -> dict:
     with child_run(uri, parent_id, "grpo", _stage_params(cfg, "grpo")) as log:
-        manifest = run_grpo(cfg, Path(upstream["data_dir"]), upstream["init_model"], Path(out_dir), log)
+        manifest = run_grpo(cfg, Path(upstream["data_dir"]), upstream["init_model"], Path(out_dir), log,
+                            reward_models=upstream.get("reward_models"))
         return _finish("grpo", cfg, out_dir, upstream, manifest, log.run_id)
 
 

@@ -141,3 +141,44 @@ def test_cli_run_prints_summary(prefect_harness, tmp_path, tiny_cfg, capsys):
     assert manifest["mlflow_run_id"] == summary["mlflow_run_id"]
     assert manifest["stages"]["grpo"]["steps"] == 2  # the --set override was applied
     assert yaml.safe_load((run_dir / "config.yaml").read_text())["grpo"]["steps"] == 2
+
+
+def test_pipeline_with_reward_models_and_process_supervision(prefect_harness, tmp_path, tiny_cfg,
+                                                             mlflow_client, monkeypatch):
+    """reward_data -> orm, prm -> GRPO with PRM process supervision: child runs, datasets logged as
+    MLflow inputs, TRL-form datasets on disk, and a cached rerun that skips every stage."""
+    import grpo_core.reward_data as reward_data_mod
+    from datasets import load_from_disk
+    from flows.pipeline import pipeline
+
+    # An untrained tiny policy is never right; a parity "checker" gives the mixed groups that pairs
+    # and step labels need, so the wiring is exercised end to end.
+    monkeypatch.setattr(reward_data_mod, "is_correct", lambda text, gold: sum(map(ord, text)) % 2 == 1)
+    cfg = tiny_cfg(tmp_path, "grpo.reward_weights={prm: 1.0, rule: 0.5}", run_name="rm", sft__max_steps=2,
+                   grpo__steps=2, grpo__supervision="process", orm__train=True, prm__train=True,
+                   reward_data__questions=8, reward_data__samples_per_question=3, reward_data__max_new_tokens=12,
+                   reward_data__mc_rollouts=2, reward_data__heldout_fraction=0.25, orm__batch_size=4,
+                   prm__batch_size=4, orm__lr=1e-3, prm__lr=1e-3)
+    manifest = pipeline(cfg)
+    run_dir = tmp_path / "runs" / "rm"
+    assert set(manifest["reward_models"]) == {"orm", "prm"}
+    for kind in ("orm", "prm"):
+        stage = manifest["stages"][kind]
+        assert Path(stage["model"]) == run_dir / kind / "model" and stage["epochs"] == 1
+    outcome = load_from_disk(str(run_dir / "reward_data" / "outcome"))
+    steps = load_from_disk(str(run_dir / "reward_data" / "steps"))
+    assert set(outcome) == {"train", "test"} and outcome["train"].column_names == ["prompt", "chosen", "rejected"]
+    assert {"prompt", "completions", "labels"} <= set(steps["train"].column_names)
+
+    parent = mlflow_client.get_run(manifest["mlflow_run_id"])
+    children = {r.info.run_name: r for r in mlflow_client.search_runs(
+        [parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")}
+    assert sorted(children) == ["data", "eval", "grpo", "orm", "prm", "reward_data", "sft"]
+    prm_inputs = [d.dataset.name for d in children["prm"].inputs.dataset_inputs]
+    assert prm_inputs == ["reward_data/steps"]
+    assert "heldout/step_auc" in children["prm"].data.metrics or "heldout/step_accuracy" in children["prm"].data.metrics
+    grpo_metrics = children["grpo"].data.metrics
+    assert "train/accuracy" in grpo_metrics and "reward/steps_per_completion" in grpo_metrics
+
+    again = pipeline(cfg)
+    assert sorted(again["cached_stages"]) == ["data", "eval", "grpo", "orm", "prm", "reward_data", "sft"]

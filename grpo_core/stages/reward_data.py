@@ -21,6 +21,9 @@ from grpo_core.stages.common import Stopwatch, digest_dir, read_split, set_threa
 from grpo_core.tracking import MetricLogger, NullLogger
 
 DATASETS = ("outcome", "steps", "solutions")
+COLUMNS = {"outcome": ("prompt", "chosen", "rejected"),
+           "steps": ("prompt", "completions", "labels", "soft_labels", "exact_labels"),
+           "solutions": ("prompt", "completion", "correct")}
 
 
 def policy_completer(policy, tokenizer, rc: RewardDataConfig, seed: int) -> Completer:
@@ -71,11 +74,9 @@ def run_reward_data(cfg: PipelineConfig, data_dir: Path, policy_dir: str | Path,
     manifest: dict = {"stage": "reward_data", "dir": str(out_dir), "questions": len(questions),
                       "labeler": rc.labeler}
     for name in DATASETS:
-        if not tables[name]["train"] or not tables[name]["test"]:
-            raise ValueError(f"reward_data: no {name} rows in a split (every sample right or every "
-                             f"sample wrong?); raise reward_data.questions or samples_per_question")
         path = out_dir / name
-        DatasetDict({s: Dataset.from_list(rows) for s, rows in tables[name].items()}).save_to_disk(str(path))
+        DatasetDict({s: Dataset.from_list(rows) if rows else Dataset.from_dict({c: [] for c in COLUMNS[name]})
+                     for s, rows in tables[name].items()}).save_to_disk(str(path))
         manifest[f"{name}_dir"] = str(path)
         manifest[f"{name}_digest"] = digest_dir(path, "*.arrow")
     metrics["time/wall_s"] = clock.elapsed

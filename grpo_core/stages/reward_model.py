@@ -105,6 +105,14 @@ def run_reward_model(cfg: PipelineConfig, kind: str, reward_data: dict, init_dir
     data = load_from_disk(reward_data["outcome_dir" if kind == "orm" else "steps_dir"])
     train, test = data["train"].to_list(), data["test"].to_list()
     solutions = load_from_disk(reward_data["solutions_dir"])["test"].to_list() if kind == "orm" else []
+    name = "outcome" if kind == "orm" else "steps"
+    if not train:
+        raise ValueError(
+            f"{kind}: no training rows in {reward_data[f'{name}_dir']}: " + (
+                "no question had both a right and a wrong sample" if kind == "orm" else "no sample had a step")
+            + "; raise reward_data.questions or reward_data.samples_per_question, or train the policy further")
+    logger.log_input(name=f"reward_data/{name}", digest=reward_data[f"{name}_digest"],
+                     source=reward_data[f"{name}_dir"], rows={"train": len(train), "test": len(test)})
     ckpt_root = out_dir / "checkpoints"
     identity = run_identity(cfg, kind, init=digest_dir(Path(init_dir)),
                             data=reward_data["outcome_digest" if kind == "orm" else "steps_digest"])
