@@ -8,7 +8,7 @@ PIP_FLAGS := --quiet --disable-pip-version-check --no-warn-script-location
 # Drops pip's notes about local package folders that some machines' pip.conf names but lack.
 QUIET := 2>&1 | { grep -v "^WARNING: Location" || true; }
 
-.PHONY: venv demo test baseline ui clean
+.PHONY: venv demo test baseline compare ui clean
 
 $(BIN)/.installed: requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,6 +30,9 @@ test: venv
 
 baseline: venv
 	$(BIN)/grpo-pipeline baseline runs/demo
+
+compare: venv
+	$(BIN)/grpo-pipeline compare runs/demo
 
 ui: venv
 	$(BIN)/grpo-pipeline ui

@@ -1,4 +1,5 @@
-"""``grpo-pipeline``: run a recipe, evaluate a model, run the SFT-only baseline, open the UIs."""
+"""``grpo-pipeline``: run a recipe, evaluate a model, run the SFT-only baseline, compare GRPO reward
+variants, open the UIs."""
 from __future__ import annotations
 
 import argparse
@@ -55,6 +56,19 @@ def cmd_baseline(a: argparse.Namespace) -> None:
     print(json.dumps(run_baseline(Path(a.run_dir), seconds=a.seconds), indent=2))
 
 
+def cmd_compare(a: argparse.Namespace) -> None:
+    from flows.compare import VARIANTS, compare, format_table
+
+    run_dir = Path(a.run_dir)
+    if not (run_dir / "manifest.json").exists():
+        _fail(f"{run_dir / 'manifest.json'}: run the pipeline first (grpo-pipeline run ...)")
+    variants = a.variants.split(",") if a.variants else None
+    unknown = sorted(set(variants or []) - set(VARIANTS))
+    if unknown:
+        _fail(f"--variants: unknown {', '.join(unknown)}; choose from {', '.join(VARIANTS)}")
+    print(format_table(compare(str(run_dir), variants)))
+
+
 def cmd_ui(a: argparse.Namespace) -> None:
     from grpo_core.ui import serve_uis
 
@@ -82,6 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("run_dir", help="a finished run, e.g. runs/demo")
     b.add_argument("--seconds", type=float, default=None, help="default: the GRPO stage's wall time")
     b.set_defaults(func=cmd_baseline)
+    c = sub.add_parser("compare", help="GRPO with the rule reward, the ORM and the PRM from one run's SFT model")
+    c.add_argument("run_dir", help="a finished run that trained the reward models, e.g. runs/demo")
+    c.add_argument("--variants", help="comma-separated subset of rule-outcome,orm-outcome,prm-process")
+    c.set_defaults(func=cmd_compare)
     u = sub.add_parser("ui", help="start the MLflow and Prefect UIs (127.0.0.1 by default)")
     u.add_argument("--host", default="127.0.0.1")
     u.add_argument("--mlflow-port", type=int, default=5000)

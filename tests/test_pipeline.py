@@ -182,3 +182,28 @@ def test_pipeline_with_reward_models_and_process_supervision(prefect_harness, tm
 
     again = pipeline(cfg)
     assert sorted(again["cached_stages"]) == ["data", "eval", "grpo", "orm", "prm", "reward_data", "sft"]
+
+
+def test_compare_flow_reuses_the_runs_grpo_and_tabulates(prefect_harness, tmp_path, tiny_cfg, mlflow_client,
+                                                          monkeypatch):
+    """compare: the variant equal to the run's GRPO is reused, the others train, one eval covers all."""
+    import grpo_core.reward_data as reward_data_mod
+    from flows.compare import compare
+    from flows.pipeline import pipeline
+
+    monkeypatch.setattr(reward_data_mod, "is_correct", lambda text, gold: sum(map(ord, text)) % 2 == 1)
+    cfg = tiny_cfg(tmp_path, "grpo.reward_weights={orm: 1.0}", run_name="cmp", sft__max_steps=2, grpo__steps=1,
+                   orm__train=True, reward_data__questions=8, reward_data__samples_per_question=3,
+                   reward_data__max_new_tokens=12, reward_data__mc_rollouts=2, reward_data__heldout_fraction=0.25)
+    manifest = pipeline(cfg)
+    rows = compare(str(tmp_path / "runs" / "cmp"))  # prm-process is skipped: no PRM was trained
+    by_variant = {r["variant"]: r for r in rows}
+    assert list(by_variant) == ["sft", "rule-outcome", "orm-outcome"]
+    assert by_variant["orm-outcome"]["grpo_wall_s"] == manifest["stages"]["grpo"]["wall_s"]  # reused
+    assert (tmp_path / "runs" / "cmp" / "compare" / "rule-outcome" / "model").is_dir()
+    for row in rows:
+        assert 0.0 <= row["test_accuracy"] <= 1.0
+    compare_run = mlflow_client.search_runs(
+        [mlflow_client.get_run(manifest["mlflow_run_id"]).info.experiment_id],
+        filter_string="tags.mlflow.runName = 'compare-cmp'")[0]
+    assert compare_run.data.metrics["compare/sft/test_accuracy"] == by_variant["sft"]["test_accuracy"]
