@@ -5,6 +5,7 @@ DeepSeekMath paper's (arXiv 2402.03300) unless a comment says why the tiny task 
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Literal
 
@@ -328,3 +329,26 @@ def _flatten_into(out: dict[str, str], key: str, value: Any) -> None:
             _flatten_into(out, f"{key}.{k}", v)
     else:
         out[key] = str(value)
+
+
+def config_reference() -> str:
+    """The README's table of every recipe key, its default and meaning, from the models themselves."""
+    rows = ["| key | default | meaning |", "|---|---|---|"]
+
+    def walk(model: type[BaseModel], prefix: str) -> None:
+        for name, field in model.model_fields.items():
+            sub = field.annotation
+            if isinstance(sub, type) and issubclass(sub, Section):
+                walk(sub, f"{prefix}{name}.")
+                continue
+            default = field.default
+            shown = (json.dumps(default)[1:-1] if isinstance(default, str)  # "\n" shows as \n
+                     else str(list(default)) if isinstance(default, tuple) else str(default))
+            rows.append(f"| `{prefix}{name}` | `{shown}` | {(field.description or '').replace('|', '&#124;')} |")
+
+    walk(PipelineConfig, "")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(config_reference())

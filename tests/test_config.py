@@ -126,3 +126,36 @@ RECIPES = sorted((REPO / "configs").glob("*.yaml")) + sorted((REPO / "configs").
 @pytest.mark.parametrize("path", RECIPES, ids=[p.name for p in RECIPES])
 def test_repo_recipes_validate(path):
     assert isinstance(load_config(path), PipelineConfig)
+
+
+def test_readme_config_table_matches_the_models():
+    """The README's recipe table is generated (`python -m grpo_core.config`); it must not drift."""
+    from grpo_core.config import config_reference
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert config_reference() in readme, "README config table is stale: paste `python -m grpo_core.config`"
+
+
+def test_extends_merges_sections_and_replaces_reward_weights(tmp_path):
+    """`extends:` reads the base first; sections merge key by key, dict-valued fields are replaced."""
+    _write(tmp_path, "seed: 3\ngrpo: {lr: 1.0e-4, reward_weights: {rule: 1.0, orm: 1.0}}\norm: {train: true}\n", "base.yaml")
+    top = _write(tmp_path, "extends: base.yaml\ngrpo: {reward_weights: {rule: 1.0}}\n", "top.yaml")
+    cfg = load_config(top)
+    assert cfg.seed == 3 and cfg.grpo.lr == 1e-4 and cfg.orm.train
+    assert cfg.grpo.reward_weights == {"rule": 1.0}
+
+
+def test_extends_cycle_is_an_error(tmp_path):
+    a = _write(tmp_path, "extends: b.yaml\n", "a.yaml")
+    _write(tmp_path, "extends: a.yaml\n", "b.yaml")
+    with pytest.raises(ConfigError, match="cycle"):
+        load_config(a)
+
+
+def test_process_supervision_needs_a_trained_prm():
+    with pytest.raises(ConfigError, match="supervision=process needs a PRM"):
+        load_config(None, ["grpo.supervision=process"])
+    with pytest.raises(ConfigError, match="prm.train is false"):
+        load_config(None, ["grpo.supervision=process", "grpo.reward_weights={prm: 1.0}"])
+    with pytest.raises(ConfigError, match="reward_weights"):
+        load_config(None, ["grpo.reward_weights={rule: 0}"])

@@ -66,8 +66,11 @@ def test_split_steps_skips_blank_steps_and_trims_whitespace():
 
 
 def test_split_steps_custom_separators():
-    # "\n\n": single newlines stay inside a step.  "1 + 2 = 3\n\n#### 3": (0, 9), then 11..18.
-    assert split_steps("1 + 2 = 3\n\n#### 3", "\n\n") == [(0, 9), (11, 18)]
+    # "\n\n": single newlines stay inside a step.  "1 + 2 = 3\n\n#### 3": "1 + 2 = 3" is chars
+    # 0..8 -> (0, 9); "\n\n" is 9..10; "#### 3" is chars 11..16 -> (11, 17).
+    # (split_steps's own docstring example says (11, 18): that example is off by one.)
+    assert split_steps("1 + 2 = 3\n\n#### 3", "\n\n") == [(0, 9), (11, 17)]
+    assert split_steps("1 + 2 = 3\n\n#### 3") == [(0, 9), (11, 17)]  # same spans with "\n"
     assert step_texts("a\nb\n\nc", "\n\n") == ["a\nb", "c"]
     # Math-Shepherd's "ки" tag: "a ки b ки  ки c"
     #   a0 ' '1 к2 и3 ' '4 b5 ' '6 к7 и8 ' '9 ' '10 к11 и12 ' '13 c14  -> the middle piece is blank
