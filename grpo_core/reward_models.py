@@ -25,8 +25,10 @@ def bradley_terry_loss(r_chosen: torch.Tensor, r_rejected: torch.Tensor) -> torc
 def step_bce_loss(step_logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Binary cross-entropy over real steps: step_logits, labels (hard 0/1 or soft in [0, 1]) and
     mask are [B, K]; the mean is over steps with mask 1 (0 when there are none)."""
-    per_step = F.binary_cross_entropy_with_logits(step_logits, labels.to(step_logits.dtype), reduction="none")
-    m = mask.to(per_step.dtype)
+    m = mask.to(step_logits.dtype)
+    # Padding may hold anything (NaN included): zero it before the loss, or its gradient is NaN.
+    labels = torch.where(m > 0, labels.to(step_logits.dtype), 0.0)
+    per_step = F.binary_cross_entropy_with_logits(step_logits, labels, reduction="none")
     return torch.where(m > 0, per_step, 0.0).sum() / m.sum().clamp(min=1)
 
 

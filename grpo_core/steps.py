@@ -16,7 +16,7 @@ def split_steps(text: str, separator: str = "\n") -> list[tuple[int, int]]:
     """Character spans ``[start, end)`` of the non-blank steps of ``text``.
 
     >>> split_steps("1 + 2 = 3\\n\\n#### 3")
-    [(0, 9), (11, 18)]
+    [(0, 9), (11, 17)]
     """
     if not separator:
         raise ValueError("step separator must be non-empty")
@@ -59,15 +59,18 @@ def step_end_tokens(char_ends: list[int], spans: list[tuple[int, int]]) -> list[
 # ------------------------------------------------------------------------- the arithmetic task
 
 _EQUATION = re.compile(r"^\s*(-?\d{1,12})\s*([+-])\s*(-?\d{1,12})\s*=\s*(-?\d{1,12})\s*$")
-_QUESTION = re.compile(r"What is (-?\d+(?:\s*[+-]\s*\d+)+)\?")
+_QUESTION = re.compile(r"What is (-?\s*\d{1,12}(?:\s*[+-]\s*\d{1,12})+)\?")
 
 
 def reference_steps(question: str) -> list[tuple[int, str, int, int]] | None:
-    """The left-to-right chain ``(a, op, b, a op b)`` of an arithmetic question, or None."""
+    """The left-to-right chain ``(a, op, b, a op b)`` of an arithmetic question, or None (another
+    task, or operands over 12 digits)."""
     m = _QUESTION.search(question)
     if not m:
         return None
-    tokens = re.findall(r"-?\d+|[+-]", m.group(1))
+    tokens = re.findall(r"\d+|[+-]", m.group(1))  # unsigned: in "7-5" the "-" is the operator
+    if tokens[0] == "-":
+        tokens = [str(-int(tokens[1]))] + tokens[2:]
     value, out = int(tokens[0]), []
     for op, x in zip(tokens[1::2], tokens[2::2]):
         new = value + int(x) if op == "+" else value - int(x)
@@ -79,6 +82,8 @@ def reference_steps(question: str) -> list[tuple[int, str, int, int]] | None:
 def exact_step_labels(question: str, steps: list[str], gold: str) -> list[bool] | None:
     """Exact labels for the arithmetic task: step k is right while every line so far is the next
     line of the reference chain and a final ``#### v`` line has v = gold. None for another task.
+    The last step of a solution that never states an answer is wrong (as its Monte-Carlo label is:
+    the whole solution is checked, not continued).
 
     A Math-Shepherd hard label asks instead whether *some* continuation reaches the gold answer;
     the two differ when a later error cancels an earlier one.
@@ -97,4 +102,6 @@ def exact_step_labels(question: str, steps: list[str], gold: str) -> list[bool] 
             answer = extract_answer(line)
             ok = ok and answer is not None and k == len(chain) and answers_match(answer, gold)
         labels.append(ok)
+    if labels and extract_answer(steps[-1]) is None:
+        labels[-1] = False
     return labels
