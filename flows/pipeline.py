@@ -55,11 +55,13 @@ def pipeline(config: PipelineConfig) -> dict:
                                  upstream={"data_dir": data["dir"], "data": data["digest"]}, **common)
         reward_stages = reward_model_stages(config, run_dir, data, sft, common)
         reward_models = {k: m["model"] for k, (m, _) in reward_stages.items() if k in ("orm", "prm")}
+        # GRPO depends on the reward models it uses, not on every one the recipe trains.
+        used = {k: p for k, p in reward_models.items() if config.grpo.reward_weights.get(k, 0) > 0}
         grpo, grpo_hit = run_stage(grpo_task, out_dir=str(run_dir / "grpo"),
                                    upstream={"data_dir": data["dir"], "data": data["digest"],
                                              "init_model": sft["model"], "init": sft["digest"],
-                                             "reward_models": reward_models,
-                                             "reward_digests": {k: reward_stages[k][0]["digest"] for k in reward_models}},
+                                             "reward_models": used,
+                                             "reward_digests": {k: reward_stages[k][0]["digest"] for k in used}},
                                    **common)
         ev, eval_hit = run_stage(eval_task, out_dir=str(run_dir / "eval"),
                                  upstream={"data_dir": data["dir"], "data": data["digest"],

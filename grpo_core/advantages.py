@@ -15,21 +15,26 @@ def _check_finite(name: str, x: torch.Tensor) -> None:
         raise ValueError(f"{name} contains NaN or inf; filter or replace them before normalising")
 
 
-def outcome_advantages(rewards: torch.Tensor) -> torch.Tensor:
+def outcome_advantages(rewards: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
     """Outcome supervision: every token of completion i gets (r_i - mean(r)) / std(r).
 
     rewards: [N, G] one scalar reward per completion. Returns [N, G].
     std is the population std (1/G) as in the paper's z-score; a group with no spread (all equal,
     or G = 1) gets zero advantage, so it contributes no policy gradient.
+    valid: optional [N, G] bool; invalid completions (e.g. a NaN reward) get zero advantage and
+    the group's mean and std are taken over the valid ones only.
     """
     if rewards.dim() != 2:
         raise ValueError(f"rewards must be [N, G], got shape {tuple(rewards.shape)}")
-    _check_finite("rewards", rewards)
-    r = rewards.double()
-    mean = r.mean(dim=1, keepdim=True)
-    std = r.std(dim=1, keepdim=True, unbiased=False)
+    valid = torch.ones_like(rewards, dtype=torch.bool) if valid is None else valid.bool()
+    _check_finite("rewards (valid)", rewards[valid])
+    r = torch.where(valid, rewards.double(), 0.0)
+    count = valid.sum(dim=1, keepdim=True).clamp(min=1)
+    mean = r.sum(dim=1, keepdim=True) / count
+    centred = torch.where(valid, r - mean, 0.0)
+    std = (centred.pow(2).sum(dim=1, keepdim=True) / count).sqrt()
     spread = std > 1e-12 * (1 + mean.abs())
-    adv = torch.where(spread, (r - mean) / torch.where(spread, std, torch.ones_like(std)), 0.0)
+    adv = torch.where(spread & valid, centred / torch.where(spread, std, torch.ones_like(std)), 0.0)
     return adv.to(rewards.dtype if rewards.is_floating_point() else torch.float32)
 
 

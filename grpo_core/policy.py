@@ -31,6 +31,18 @@ class Rollout:
                        self.truncated[start:stop])
 
 
+def text_ids(tokenizer, text: str) -> list[int]:
+    """Token ids of untrusted text: a string that spells a special token (``<eos>``) stays text."""
+    return tokenizer(text, add_special_tokens=False, split_special_tokens=True).input_ids
+
+
+def encode_prompts(tokenizer, prompts: list[str]):
+    """BOS (when the tokenizer has one) + prompt, left-padded: ``input_ids`` / ``attention_mask`` [B, P]."""
+    bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
+    rows = [bos + text_ids(tokenizer, p) for p in prompts]
+    return tokenizer.pad({"input_ids": rows}, return_tensors="pt", padding=True, padding_side="left")
+
+
 def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     """[B, L] positions counting only attended tokens (0 for the left padding)."""
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
@@ -60,10 +72,7 @@ def generate(
     Rows with different temperatures are generated in one ``generate`` call per distinct
     temperature. Sampling is seeded from ``seed`` alone, so a resumed run redraws the same rollouts.
     """
-    enc = tokenizer(
-        [tokenizer.bos_token + p if tokenizer.bos_token else p for p in prompts],
-        return_tensors="pt", padding=True, add_special_tokens=False,
-    )
+    enc = encode_prompts(tokenizer, prompts)
     prompt_len = enc.input_ids.shape[1]
     groups = {None: list(range(len(prompts)))} if temperatures is None else {}
     for i, t in enumerate(temperatures or []):
@@ -107,11 +116,10 @@ def encode(tokenizer, prompts: list[str], completions: list[str], *, add_eos: bo
     Each completion is tokenized on its own and ends with EOS (as a finished sample does), so a
     reward model sees the same rows here as on GRPO's rollouts.
     """
-    enc = tokenizer([tokenizer.bos_token + p if tokenizer.bos_token else p for p in prompts],
-                    return_tensors="pt", padding=True, add_special_tokens=False)
+    enc = encode_prompts(tokenizer, prompts)
     rows = []
     for text in completions:
-        ids = tokenizer(text, add_special_tokens=False).input_ids
+        ids = text_ids(tokenizer, text)
         if max_completion_tokens is not None:
             ids = ids[:max_completion_tokens]
         rows.append(ids + ([tokenizer.eos_token_id] if add_eos else []))

@@ -91,15 +91,17 @@ def step_rows(samples: list[Sampled], complete: Completer | None, n: int, separa
 
     ``labels`` are the Monte-Carlo hard labels (or the exact ones when ``complete`` is None),
     ``soft_labels`` the Monte-Carlo fractions, ``exact_labels`` the arithmetic checker's verdicts
-    (empty when the question is not arithmetic).
+    (empty when the question is not arithmetic), ``completion`` the sample as generated: the PRM
+    trains on it, so it sees the very text (whitespace included) it will score in GRPO.
     """
-    items, metas = [], []
+    items, metas, raws = [], [], []
     for s in samples:
         for text in sorted(set(s.completions)):
             steps = step_texts(text, separator)
             if steps:
                 items.append((prompt_text(s.example.question), steps, s.example.gold))
                 metas.append(s.example)
+                raws.append(text)
     exact = [exact_step_labels(e.question, steps, e.gold) or [] for (_, steps, _), e in zip(items, metas)]
     if complete is None:
         if any(not x for x in exact):
@@ -107,8 +109,9 @@ def step_rows(samples: list[Sampled], complete: Completer | None, n: int, separa
         mc = [([bool(y) for y in x], [float(y) for y in x]) for x in exact]
     else:
         mc = mc_step_labels_batch(complete, items, n, separator)
-    return [{"prompt": p, "completions": steps, "labels": hard, "soft_labels": soft, "exact_labels": ex}
-            for (p, steps, _), (hard, soft), ex in zip(items, mc, exact)]
+    return [{"prompt": p, "completions": steps, "labels": hard, "soft_labels": soft, "exact_labels": ex,
+             "completion": raw}
+            for (p, steps, _), (hard, soft), ex, raw in zip(items, mc, exact, raws)]
 
 
 def label_agreement(rows: list[dict]) -> dict[str, float]:

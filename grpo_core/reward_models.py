@@ -71,6 +71,9 @@ def load_reward_model(path: str | Path, kind: str):
         model = cls.from_pretrained(str(path), num_labels=1)
     except (OSError, ValueError) as e:
         raise ModelError(f"{path}: cannot load a {kind.upper()} from this folder: {e}") from None
+    if not isinstance(getattr(model, "score", None), torch.nn.Linear):
+        raise ModelError(f"{path}: {type(model).__name__} has no `score` head (Llama, Qwen, Mistral and "
+                         f"SmolLM2 have one); reward models are read through it")
     if model.config.pad_token_id is None:
         model.config.pad_token_id = model.config.eos_token_id
     return model

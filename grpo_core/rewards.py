@@ -2,7 +2,8 @@
 
 Completions are untrusted model output: the rule reward only parses and compares
 (grpo_core.verify), and the reward models only read tokens. Non-finite scores are never passed on
-silently: they are counted, and the affected sample (outcome) or step (process) gets no advantage.
+silently: they are counted, and the affected completion gets no advantage (its group's statistics
+are taken over the others).
 """
 from __future__ import annotations
 
@@ -19,15 +20,6 @@ from grpo_core.verify import is_correct
 def rule_reward(completions: list[str], golds: list[str]) -> torch.Tensor:
     """[B] 1.0 where the completion's final answer equals the gold answer, else 0.0."""
     return torch.tensor([float(is_correct(c, g)) for c, g in zip(completions, golds)])
-
-
-def fill_nonfinite_with_group_mean(rewards: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """[N, G] rewards with each NaN/inf replaced by the mean of its group's finite rewards (0 if
-    none), so that sample gets zero advantage; returns the rewards and how many were replaced."""
-    finite = torch.isfinite(rewards)
-    safe = torch.where(finite, rewards, 0.0)
-    mean = safe.sum(dim=1, keepdim=True) / finite.sum(dim=1, keepdim=True).clamp(min=1)
-    return torch.where(finite, rewards, mean.expand_as(rewards)), int((~finite).sum())
 
 
 def rollout_step_ends(tokenizer, rollout: Rollout, separator: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -51,11 +43,11 @@ def rollout_step_ends(tokenizer, rollout: Rollout, separator: str) -> tuple[torc
 class Scored:
     """What the advantages are computed from. Shapes: B completions, K steps."""
 
-    outcome: torch.Tensor  # [B] weighted reward of each whole solution (outcome supervision)
+    outcome: torch.Tensor  # [B] weighted reward of each whole solution (NaN: no verdict)
     correct: torch.Tensor  # [B] rule reward, logged whatever drives training
     step_rewards: torch.Tensor | None = None  # [B, K] process supervision (NaN where no step)
-    step_ends: torch.Tensor | None = None  # [B, K]
-    step_mask: torch.Tensor | None = None  # [B, K]
+    step_ends: torch.Tensor | None = None  # [B, K] token where each step's advantage region ends
+    step_mask: torch.Tensor | None = None  # [B, K] steps that count (none for dropped completions)
     stats: dict[str, float] | None = None
 
 
@@ -87,7 +79,7 @@ class RewardScorer:
 
     @torch.no_grad()
     def __call__(self, rollout: Rollout, golds: list[str]) -> Scored:
-        from grpo_core.reward_models import orm_logits, prm_step_logits
+        from grpo_core.reward_models import last_token_index, orm_logits, prm_step_logits
 
         correct = rule_reward(rollout.texts, golds)
         stats: dict[str, float] = {}
@@ -109,9 +101,16 @@ class RewardScorer:
             # A completion with no step has no PRM verdict: NaN here, counted and neutralised later.
             lowest = torch.where(no_steps, torch.nan, lowest)
             return Scored(outcome + self.weights["prm"] * lowest, correct, stats=stats)
-        step_rewards = self.weights["prm"] * steps
+        rows = torch.arange(len(mask))
         last = (mask.sum(dim=1) - 1).clamp(min=0)
-        step_rewards[torch.arange(len(last)), last] += outcome
-        finite = torch.isfinite(step_rewards)
-        stats["reward/nonfinite_steps"] = float((mask & ~finite).sum())
-        return Scored(outcome, correct, step_rewards, ends, mask & finite, stats)
+        step_rewards = self.weights["prm"] * steps
+        step_rewards[rows, last] += outcome
+        # A completion with a non-finite step reward is dropped whole (zero advantage everywhere).
+        bad_rows = (mask & ~torch.isfinite(step_rewards)).any(dim=1)
+        stats["reward/nonfinite_completions"] = float(bad_rows.sum())
+        step_mask = mask & ~bad_rows[:, None]
+        # For the advantage the last step extends to the last token (EOS), so the decision to stop
+        # is rewarded with the solution; the PRM still read its score at the step's own end.
+        adv_ends = ends.clone()
+        adv_ends[rows, last] = torch.maximum(ends[rows, last], last_token_index(rollout.completion_mask))
+        return Scored(outcome, correct, step_rewards, adv_ends, step_mask, stats)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_left
+from collections.abc import Sequence
 
 from grpo_core.verify import answers_match, extract_answer
 
@@ -37,20 +38,36 @@ def step_texts(text: str, separator: str = "\n") -> list[str]:
     return [text[a:b] for a, b in split_steps(text, separator)]
 
 
-def char_ends_of_tokens(tokenizer, token_ids: list[int]) -> list[int]:
-    """[T] number of characters decoded from tokens ``0..t`` (for any tokenizer, BPE included)."""
-    # Decoding prefixes is exact for byte-level BPE where per-token strings are not; T <= a few
-    # thousand tokens keeps this cheap next to a forward pass.
-    return [len(tokenizer.decode(token_ids[: t + 1], skip_special_tokens=True)) for t in range(len(token_ids))]
+class char_ends_of_tokens(Sequence[int]):
+    """[T] number of characters decoded from tokens ``0..t``, computed on demand.
+
+    Decoding prefixes is exact for any tokenizer (byte-level BPE included) where per-token strings
+    are not; computing an entry only when ``step_end_tokens``' binary search asks for it costs
+    O(K log T) decodes per completion instead of T.
+    """
+
+    def __init__(self, tokenizer, token_ids: list[int]) -> None:
+        self.tokenizer, self.ids, self.cache = tokenizer, list(token_ids), {}
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, t):  # type: ignore[override]
+        if isinstance(t, slice):
+            return [self[i] for i in range(*t.indices(len(self)))]
+        t = range(len(self))[t]
+        if t not in self.cache:
+            self.cache[t] = len(self.tokenizer.decode(self.ids[: t + 1], skip_special_tokens=True))
+        return self.cache[t]
 
 
-def step_end_tokens(char_ends: list[int], spans: list[tuple[int, int]]) -> list[int]:
+def step_end_tokens(char_ends: Sequence[int], spans: list[tuple[int, int]]) -> list[int]:
     """Token index holding the last character of each step.
 
     char_ends: [T] non-decreasing (``char_ends_of_tokens``); spans: [K] from ``split_steps``.
     Returns [K] indices in ``0..T-1`` (a step cut off by truncation maps to the last token).
     """
-    if not char_ends:
+    if len(char_ends) == 0:
         return []
     last = len(char_ends) - 1
     return [min(bisect_left(char_ends, end), last) for _, end in spans]

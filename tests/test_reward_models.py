@@ -23,7 +23,7 @@ from grpo_core.data import prompt_text
 from grpo_core.modeling import char_tokenizer
 from grpo_core.policy import encode
 from grpo_core.reward_models import bradley_terry_loss, first_wrong_step, roc_auc, step_bce_loss
-from grpo_core.rewards import RewardScorer, fill_nonfinite_with_group_mean, rollout_step_ends, rule_reward
+from grpo_core.rewards import RewardScorer, rollout_step_ends, rule_reward
 from grpo_core.stages.grpo import rollout_advantages
 from grpo_core.stages.reward_model import step_batch
 from grpo_core.verify import is_correct
@@ -177,25 +177,20 @@ def test_first_wrong_step(flags, expected):
 # ---------------------------------------------------------------------------- rewards: helpers
 
 
-def test_fill_nonfinite_with_group_mean_hand_values():
+def test_invalid_rewards_get_zero_advantage_and_leave_the_group_statistics():
+    """A NaN/inf reward gets zero advantage; mean and std come from the valid rewards only."""
     nan, inf = float("nan"), float("inf")
-    rewards = torch.tensor([[1.0, nan, 0.0, inf],  # finite {1, 0}: mean 0.5 replaces nan and inf
-                            [nan, nan, nan, nan],  # no finite reward: 0
-                            [0.2, 0.4, -inf, 0.6]])  # mean (0.2 + 0.4 + 0.6) / 3 = 0.4
-    filled, count = fill_nonfinite_with_group_mean(rewards)
-    torch.testing.assert_close(filled, torch.tensor([[1.0, 0.5, 0.0, 0.5], [0.0] * 4, [0.2, 0.4, 0.4, 0.6]]))
-    assert count == 2 + 4 + 1
-    # Nothing to replace: unchanged, count 0.
-    clean = torch.tensor([[0.0, 1.0]])
-    assert fill_nonfinite_with_group_mean(clean)[1] == 0
-    assert torch.equal(fill_nonfinite_with_group_mean(clean)[0], clean)
-
-
-def test_filled_sample_gets_zero_advantage():
-    # [1, nan, 0] -> [1, 0.5, 0]: the filled sample sits at the mean, so its z-score is 0.
-    filled, _ = fill_nonfinite_with_group_mean(torch.tensor([[1.0, float("nan"), 0.0]]))
-    adv = outcome_advantages(filled)
-    assert adv[0, 1].item() == 0.0 and adv[0, 0].item() > 0 > adv[0, 2].item()
+    rewards = torch.tensor([[1.0, nan, 0.0, inf],  # valid {1, 0}: mean 0.5, std 0.5 -> +1, -1
+                            [nan, nan, nan, nan],  # nothing valid: all zero
+                            [0.2, 0.4, -inf, 0.6]])  # valid mean 0.4, std sqrt(0.08/3)
+    adv = outcome_advantages(rewards, torch.isfinite(rewards))
+    std = math.sqrt(0.08 / 3)
+    torch.testing.assert_close(adv, torch.tensor([[1.0, 0.0, -1.0, 0.0], [0.0] * 4,
+                                                  [-0.2 / std, 0.0, 0.0, 0.2 / std]]))
+    # All valid: the same as without a mask.
+    clean = torch.tensor([[0.0, 1.0, 1.0]])
+    torch.testing.assert_close(outcome_advantages(clean, torch.ones_like(clean, dtype=torch.bool)),
+                               outcome_advantages(clean))
 
 
 def test_rollout_step_ends_finished_rows(tok):
@@ -276,14 +271,20 @@ def test_process_supervision_step_rewards(tok, reward_models):
     rollout = group_rollout(tok)
     p = direct_step_probs(prm, rollout)
     scored = RewardScorer({"rule": 1.0, "prm": 0.5}, "process", tok, prm=prm)(rollout, [GOLD] * 3)
-    assert scored.step_ends.tolist() == ENDS and scored.step_mask.tolist() == MASK
+    # The last step's advantage region runs to the last token (EOS): stopping is rewarded too.
+    last_tokens = rollout.completion_mask.sum(1).long() - 1
+    expected_ends = [row[:] for row in ENDS]
+    for i, n in enumerate(MASK):
+        if any(n):
+            expected_ends[i][sum(n) - 1] = int(last_tokens[i])
+    assert scored.step_ends.tolist() == expected_ends and scored.step_mask.tolist() == MASK
     # Step k: 0.5 * P(step k right); the rule reward (1, 0, 0) is added to each solution's last step.
     r = scored.step_rewards
     torch.testing.assert_close(r[0], 0.5 * p[0] + torch.tensor([0.0, 0.0, 1.0]))
     torch.testing.assert_close(r[1, :2], 0.5 * p[1, :2])
     assert r[1, 2].isnan() and r[2].isnan().all()  # padding and the step-less completion
     assert torch.equal(scored.outcome, torch.tensor([1.0, 0.0, 0.0]))
-    assert scored.stats["reward/nonfinite_steps"] == 0.0  # padding NaN is not a non-finite score
+    assert scored.stats["reward/nonfinite_completions"] == 0.0  # padding NaN is not a non-finite score
     # Advantages: the empty completion (no step) gets zero on every token, the others do not.
     t = rollout.completion_mask.shape[1]
     adv = process_advantages(r.view(1, 3, 3), scored.step_ends.view(1, 3, 3), scored.step_mask.view(1, 3, 3), t)[0]
@@ -315,11 +316,9 @@ def test_nan_orm_score_gets_zero_advantage_and_is_counted(tok, reward_models, mo
     adv, stats = rollout_advantages(scored, 1, 3, t)
     assert stats == {"reward/nonfinite": 1.0}
     assert adv.shape == (3, t) and torch.isfinite(adv).all()
-    assert adv[1].abs().max().item() < 1e-6  # the NaN sample sits at the group mean
-    # The others are z-scored against [a, (a + b) / 2, b].
-    a, b = float(1 + s[0]), float(s[2])
-    expected = outcome_advantages(torch.tensor([[a, (a + b) / 2, b]]))[0]
-    torch.testing.assert_close(adv[:, 0], expected)
+    assert adv[1].abs().max().item() == 0.0  # the NaN sample: no advantage
+    # The others are z-scored between themselves: +1 and -1 for two distinct rewards.
+    torch.testing.assert_close(adv[[0, 2], 0], torch.tensor([1.0, -1.0]))
 
 
 def test_orm_reads_the_last_real_token(tok, reward_models):

@@ -9,6 +9,8 @@ the label counts.
 """
 from __future__ import annotations
 
+import math
+
 import random
 
 import pytest
@@ -103,7 +105,7 @@ def test_split_steps_equals_stripped_nonblank_pieces(text, sep):
 def test_char_ends_of_char_tokenizer_count_one_per_token(tok):
     ids = ids_of(tok, SOLUTION)
     assert len(ids) == len(SOLUTION) == 28
-    assert char_ends_of_tokens(tok, ids) == list(range(1, 29))  # tokens 0..t decode to t + 1 chars
+    assert list(char_ends_of_tokens(tok, ids)) == list(range(1, 29))  # tokens 0..t decode to t + 1 chars
 
 
 def test_step_end_tokens_hand_solution(tok):
@@ -379,7 +381,7 @@ def test_mc_labels_custom_separator():
 # ---------------------------------------------------------------------------- step rows
 
 
-STEP_COLUMNS = {"prompt", "completions", "labels", "soft_labels", "exact_labels"}
+STEP_COLUMNS = {"prompt", "completions", "labels", "soft_labels", "exact_labels", "completion"}
 
 
 def test_step_rows_exact_labeler():
@@ -426,3 +428,17 @@ def test_label_agreement_hand_computed():
     assert label_agreement(rows) == {"mc_exact_agreement": 0.5, "mc_true_exact_false": 0.25,
                                      "mc_false_exact_true": 0.25, "steps_compared": 4.0}
     assert label_agreement([rows[2]]) == {} and label_agreement([]) == {}
+
+
+def test_step_ends_decode_only_a_logarithmic_number_of_prefixes(tok):
+    """The binary search asks for O(K log T) prefix lengths, not all T (quadratic at 1k tokens)."""
+    text = "\n".join(f"{i} + 1 = {i + 1}" for i in range(40)) + "\n#### 40"
+    ends = char_ends_of_tokens(tok, ids_of(tok, text))
+    idx = step_end_tokens(ends, split_steps(text))
+    assert [text[ends[i] - 1] for i in idx[:3]] == ["1", "2", "3"]
+    probes = 41 * math.ceil(math.log2(len(ends)) + 1)  # 41 steps x (log2(T) + 1) bisection probes
+    assert len(ends.cache) <= probes
+    text = "1 + 1 = 2\n" + "x" * 3000 + "\n#### 2"  # one long step: a handful of decodes, not 3,000
+    ends = char_ends_of_tokens(tok, ids_of(tok, text))
+    step_end_tokens(ends, split_steps(text))
+    assert len(ends.cache) <= 3 * (math.log2(len(ends)) + 1)

@@ -66,7 +66,7 @@ class Stopwatch:
 
 # Fields that only set how long or how often a stage runs: changing them keeps a resume valid
 # (extending a run is the point of resuming); any other change means the checkpoints are stale.
-BUDGET_FIELDS = {"steps", "max_steps", "max_seconds", "log_every", "eval_every", "checkpoint_every",
+BUDGET_FIELDS = {"steps", "max_steps", "epochs", "max_seconds", "log_every", "eval_every", "checkpoint_every",
                  "keep_checkpoints"}
 
 

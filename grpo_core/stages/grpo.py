@@ -21,7 +21,7 @@ from grpo_core.evaluation import greedy_accuracy
 from grpo_core.losses import grpo_loss
 from grpo_core.modeling import load_model
 from grpo_core.policy import generate, token_logprobs
-from grpo_core.rewards import RewardScorer, Scored, fill_nonfinite_with_group_mean
+from grpo_core.rewards import RewardScorer, Scored
 from grpo_core.stages.common import (Stopwatch, digest_dir, find_resume, keep_if_best, publish_best,
                                      read_split, restore_trainer_state, run_identity,
                                      save_trainer_checkpoint, set_threads, write_manifest)
@@ -47,9 +47,10 @@ def rollout_advantages(scored: Scored, n_questions: int, g: int, seq_len: int) -
     """[B, T] advantages from the scores: group z-scores of the outcome reward, or the PRM's
     normalised step rewards summed over the steps at or after each token (process supervision)."""
     if scored.step_rewards is None:
-        rewards, replaced = fill_nonfinite_with_group_mean(scored.outcome.view(n_questions, g))
-        adv = outcome_advantages(rewards).view(-1, 1).expand(-1, seq_len)
-        return adv, {"reward/nonfinite": float(replaced)}
+        rewards = scored.outcome.view(n_questions, g)
+        valid = torch.isfinite(rewards)
+        adv = outcome_advantages(rewards, valid).view(-1, 1).expand(-1, seq_len)
+        return adv, {"reward/nonfinite": float((~valid).sum())}
     k = scored.step_rewards.shape[1]
     adv = process_advantages(scored.step_rewards.view(n_questions, g, k), scored.step_ends.view(n_questions, g, k),
                              scored.step_mask.view(n_questions, g, k), seq_len)
@@ -68,6 +69,8 @@ def grpo_step(policy, ref, tokenizer, opt, questions: list[Example], gc: GRPOCon
     t1 = time.perf_counter()
     scored = scorer(rollout, [q.gold for q in questions for _ in range(g)])
     rewards = scored.outcome
+    if scored.step_rewards is not None:  # process: a completion's reward is its mean step reward
+        rewards = torch.where(scored.step_mask, scored.step_rewards, 0.0).sum(1) / scored.step_mask.sum(1)
     group_rewards = rewards.view(len(questions), g)
     advantages, reward_stats = rollout_advantages(scored, len(questions), g, rollout.completion_mask.shape[1])
     t2 = time.perf_counter()
@@ -108,7 +111,7 @@ def grpo_step(policy, ref, tokenizer, opt, questions: list[Example], gc: GRPOCon
         "train/accuracy": float(scored.correct.mean()),
         "train/reward_mean": float(rewards.nanmean()),
         "train/reward_std": float(rewards[torch.isfinite(rewards)].std(unbiased=False)) if torch.isfinite(rewards).sum() > 1 else 0.0,
-        "train/frac_reward_zero_std": float((group_rewards.std(dim=1, unbiased=False) == 0).float().mean()),
+        "train/frac_reward_zero_std": float((advantages.view(len(questions), g, -1) == 0).all(-1).all(-1).float().mean()),
         "train/completion_len": n_tokens / batch,
         "train/frac_truncated": float(rollout.truncated.float().mean()),
         "train/lr": opt.param_groups[0]["lr"],
@@ -132,13 +135,14 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
         raise ValueError(f"grpo.reward_weights uses {', '.join(missing)} but no such model was given")
     set_threads(cfg.threads)
     ckpt_root = out_dir / "checkpoints"
+    used = {k: p for k, p in sorted(reward_models.items()) if gc.reward_weights.get(k, 0) > 0}
     identity = run_identity(cfg, "grpo", init=digest_dir(Path(init_dir)),
-                            reward_models={k: digest_dir(Path(p)) for k, p in sorted(reward_models.items())
-                                           if gc.reward_weights.get(k, 0) > 0})
+                            reward_models={k: digest_dir(Path(p)) for k, p in used.items()},
+                            separator=cfg.reward_data.step_separator if "prm" in used else None)
     resume, saved = find_resume(ckpt_root, identity)
     policy, tokenizer = load_model(resume or init_dir)
     scorer = RewardScorer.from_paths(gc.reward_weights, gc.supervision, tokenizer,
-                                     cfg.reward_data.step_separator, reward_models)
+                                     cfg.reward_data.step_separator, used)
     ref = None
     if gc.beta > 0:
         ref, _ = load_model(init_dir)

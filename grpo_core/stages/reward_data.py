@@ -22,7 +22,7 @@ from grpo_core.tracking import MetricLogger, NullLogger
 
 DATASETS = ("outcome", "steps", "solutions")
 COLUMNS = {"outcome": ("prompt", "chosen", "rejected"),
-           "steps": ("prompt", "completions", "labels", "soft_labels", "exact_labels"),
+           "steps": ("prompt", "completions", "labels", "soft_labels", "exact_labels", "completion"),
            "solutions": ("prompt", "completion", "correct")}
 
 
@@ -54,6 +54,9 @@ def run_reward_data(cfg: PipelineConfig, data_dir: Path, policy_dir: str | Path,
     pool = sorted(set(read_split(data_dir, "rl")), key=lambda e: e.question)  # the pool may repeat
     questions = random.Random(cfg.seed).sample(pool, min(rc.questions, len(pool)))
     n_test = max(1, round(len(questions) * rc.heldout_fraction))
+    if len(questions) - n_test < 1:
+        raise ValueError(f"{data_dir / 'rl.jsonl'}: {len(questions)} distinct question(s) cannot be split into "
+                         f"training and held-out reward data; raise reward_data.questions (and the RL pool)")
     split_of = {"test": questions[:n_test], "train": questions[n_test:]}
     complete = policy_completer(policy, tokenizer, rc, cfg.seed)
     tables: dict[str, dict[str, list[dict]]] = {name: {} for name in DATASETS}
@@ -68,7 +71,8 @@ def run_reward_data(cfg: PipelineConfig, data_dir: Path, policy_dir: str | Path,
         flags = [ok for s in samples for ok in s.correct]
         metrics[f"{split}/sample_accuracy"] = sum(flags) / len(flags)
         metrics[f"{split}/frac_questions_mixed"] = sum(0 < sum(s.correct) < len(s.correct) for s in samples) / len(samples)
-        metrics.update({f"{split}/{k}": v for k, v in label_agreement(steps).items()})
+        if rc.labeler == "mc":  # (exact labels agree with themselves)
+            metrics.update({f"{split}/{k}": v for k, v in label_agreement(steps).items()})
         for name in DATASETS:
             metrics[f"{split}/n_{name}"] = len(tables[name][split])
     manifest: dict = {"stage": "reward_data", "dir": str(out_dir), "questions": len(questions),

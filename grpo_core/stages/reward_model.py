@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import shutil
 from pathlib import Path
 
 import torch
@@ -25,7 +26,8 @@ from grpo_core.tracking import MetricLogger, NullLogger
 
 def step_batch(tokenizer, rows: list[dict], separator: str, label: str):
     """Rollout of the solutions in ``rows`` and [B, K] step ends, labels and mask."""
-    texts = [separator.join(r["completions"]) for r in rows]
+    # The sample as generated when the dataset has it (ours does), else the steps joined (TRL form).
+    texts = [r.get("completion") or separator.join(r["completions"]) for r in rows]
     rollout = encode(tokenizer, [r["prompt"] for r in rows], texts)
     k = max(len(r["completions"]) for r in rows)
     ends = torch.zeros(len(rows), k, dtype=torch.long)
@@ -36,9 +38,12 @@ def step_batch(tokenizer, rows: list[dict], separator: str, label: str):
         char_ends = char_ends_of_tokens(tokenizer, rollout.completion_ids[i, :n].tolist())
         idx = step_end_tokens(char_ends, split_steps(text, separator))
         values = r["soft_labels"] if label == "soft" else [float(x) for x in r["labels"]]
-        m = min(len(idx), len(values))
-        ends[i, :m] = torch.tensor(idx[:m])
-        labels[i, :m] = torch.tensor(values[:m], dtype=torch.float)
+        if len(idx) != len(values):
+            raise ValueError(f"step data row {i} of the batch: {len(values)} labels for {len(idx)} steps of "
+                             f"{text!r} split on {separator!r}; was the data labelled with another separator?")
+        m = len(idx)
+        ends[i, :m] = torch.tensor(idx, dtype=torch.long)
+        labels[i, :m] = torch.tensor(values, dtype=torch.float)
         mask[i, :m] = True
     return rollout, ends, labels, mask
 
@@ -106,23 +111,26 @@ def run_reward_model(cfg: PipelineConfig, kind: str, reward_data: dict, init_dir
     train, test = data["train"].to_list(), data["test"].to_list()
     solutions = load_from_disk(reward_data["solutions_dir"])["test"].to_list() if kind == "orm" else []
     name = "outcome" if kind == "orm" else "steps"
-    if not train:
+    if not train or not test:
         raise ValueError(
-            f"{kind}: no training rows in {reward_data[f'{name}_dir']}: " + (
+            f"{kind}: no {'training' if not train else 'held-out'} rows in {reward_data[f'{name}_dir']}: " + (
                 "no question had both a right and a wrong sample" if kind == "orm" else "no sample had a step")
             + "; raise reward_data.questions or reward_data.samples_per_question, or train the policy further")
     logger.log_input(name=f"reward_data/{name}", digest=reward_data[f"{name}_digest"],
                      source=reward_data[f"{name}_dir"], rows={"train": len(train), "test": len(test)})
     ckpt_root = out_dir / "checkpoints"
-    identity = run_identity(cfg, kind, init=digest_dir(Path(init_dir)),
-                            data=reward_data["outcome_digest" if kind == "orm" else "steps_digest"])
+    identity = run_identity(cfg, kind, init=digest_dir(Path(init_dir)), separator=sep,
+                            reward_data=reward_data["outcome_digest" if kind == "orm" else "steps_digest"])
     resume, saved = find_resume(ckpt_root, identity)
     model = load_reward_model(resume or init_dir, kind)
     tokenizer = load_tokenizer(resume or init_dir)
     opt = torch.optim.AdamW(model.parameters(), lr=rc.lr, betas=(0.9, 0.95), weight_decay=rc.weight_decay)
-    st = {"step": 0, "epoch": 0, "best_acc": -1.0, "best_step": 0, "elapsed": 0.0}
+    # Any first evaluation wins, even an undefined AUC (mapped to -1 below).
+    st = {"step": 0, "epoch": 0, "best_acc": float("-inf"), "best_step": 0, "elapsed": 0.0}
     if resume is not None:
         restore_trainer_state(saved, opt, st)
+    else:
+        shutil.rmtree(out_dir / "best", ignore_errors=True)  # never publish another run's model
     clock = Stopwatch(st["elapsed"])
     model.train()
     while st["epoch"] < rc.epochs and (rc.max_seconds is None or clock.elapsed < rc.max_seconds):
