@@ -368,3 +368,22 @@ def test_step_bce_padding_with_nan_labels_has_finite_gradients():
     loss.backward()
     assert loss.item() == pytest.approx(math.log(2))  # BCE(0, 1) = log(1 + e^0)
     assert torch.isfinite(logits.grad).all() and logits.grad[0, 1] == 0
+
+
+def test_process_nonfinite_step_drops_the_whole_completion(tok, reward_models, monkeypatch):
+    """A NaN PRM score on one step: that completion gets zero advantage on every token, counted."""
+    _, prm = reward_models
+    real = rm.prm_step_logits
+
+    def prm_with_nan(model, rollout, ends):
+        out = real(model, rollout, ends).clone()
+        out[0, 1] = float("nan")
+        return out
+
+    monkeypatch.setattr(rm, "prm_step_logits", prm_with_nan)
+    rollout = group_rollout(tok)
+    scored = RewardScorer({"prm": 1.0}, "process", tok, prm=prm)(rollout, [GOLD] * 3)
+    assert scored.stats["reward/nonfinite_completions"] == 1.0
+    assert not scored.step_mask[0].any()
+    adv, _ = rollout_advantages(scored, 1, 3, rollout.completion_mask.shape[1])
+    assert torch.equal(adv[0], torch.zeros_like(adv[0])) and adv[1].abs().sum() > 0

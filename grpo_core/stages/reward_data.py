@@ -80,7 +80,8 @@ def run_reward_data(cfg: PipelineConfig, data_dir: Path, policy_dir: str | Path,
     for name in DATASETS:
         path = out_dir / name
         DatasetDict({s: Dataset.from_list(rows) if rows else Dataset.from_dict({c: [] for c in COLUMNS[name]})
-                     for s, rows in tables[name].items()}).save_to_disk(str(path))
+                     for s, rows in tables[name].items()}).save_to_disk(
+            str(path), num_shards={s: 1 for s in tables[name]})  # datasets cannot reload an empty split saved in 0 shards
         manifest[f"{name}_dir"] = str(path)
         manifest[f"{name}_digest"] = digest_dir(path, "*.arrow")
     metrics["time/wall_s"] = clock.elapsed

@@ -1,0 +1,97 @@
+"""The reward-model stages on hand-made datasets: what they publish, and how they resume.
+
+Datasets are written in the reward-data stage's format (``DatasetDict`` folders with ``train`` and
+``test``), so these tests need no sampling from a policy.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+from datasets import Dataset, DatasetDict
+
+from grpo_core.data import prompt_text
+from grpo_core.stages.common import digest_dir
+from grpo_core.stages.reward_model import run_reward_model
+
+Q = prompt_text("What is 7 + 5 - 9?")
+RIGHT = "7 + 5 = 12\n12 - 9 = 3\n#### 3"
+WRONG = "7 + 5 = 13\n13 - 9 = 4\n#### 4"
+
+
+def _save(root: Path, name: str, train: list[dict], test: list[dict]) -> tuple[str, str]:
+    path = root / name
+    DatasetDict({"train": Dataset.from_list(train), "test": Dataset.from_list(test)}).save_to_disk(str(path))
+    return str(path), digest_dir(path, "*.arrow")
+
+
+def _step_row(text: str, labels: list[bool]) -> dict:
+    return {"prompt": Q, "completions": text.split("\n"), "labels": labels,
+            "soft_labels": [float(x) for x in labels], "exact_labels": labels, "completion": text}
+
+
+@pytest.fixture
+def reward_data(tmp_path) -> dict:
+    pair = {"prompt": Q, "chosen": RIGHT, "rejected": WRONG}
+    sol = [{"prompt": Q, "completion": RIGHT, "correct": True}, {"prompt": Q, "completion": WRONG, "correct": False}]
+    out: dict = {}
+    for name, train, test in (
+        ("outcome", [pair] * 4, [pair]),
+        ("solutions", sol * 2, sol),
+        # Held-out steps all labelled right: one class, so the step AUC is undefined.
+        ("steps", [_step_row(RIGHT, [True] * 3), _step_row(WRONG, [False] * 3)] * 2, [_step_row(RIGHT, [True] * 3)]),
+    ):
+        out[f"{name}_dir"], out[f"{name}_digest"] = _save(tmp_path / "rd", name, train, test)
+    return out
+
+
+def test_prm_with_an_undefined_heldout_auc_still_publishes_its_own_model(tmp_path, tiny_cfg, tiny_model_dir,
+                                                                         reward_data):
+    cfg = tiny_cfg(tmp_path, prm__batch_size=2, prm__lr=1e-3)
+    out = tmp_path / "prm"
+    (out / "best").mkdir(parents=True)
+    (out / "best" / "stale-marker").write_text("a model from another run")
+    manifest = run_reward_model(cfg, "prm", reward_data, tiny_model_dir, out)
+    assert math.isnan(manifest["heldout"]["step_auc"])
+    assert (Path(manifest["model"]) / "config.json").exists()
+    assert not (Path(manifest["model"]) / "stale-marker").exists()
+
+
+def test_orm_more_epochs_resume_from_the_last_epoch(tmp_path, tiny_cfg, tiny_model_dir, reward_data):
+    """Raising `orm.epochs` is a budget change: the second run continues at step 2, not from scratch."""
+    out = tmp_path / "orm"
+    first = run_reward_model(tiny_cfg(tmp_path, orm__batch_size=2, orm__epochs=1), "orm", reward_data, tiny_model_dir, out)
+    assert (first["steps"], first["epochs"]) == (2, 1)
+    second = run_reward_model(tiny_cfg(tmp_path, orm__batch_size=2, orm__epochs=2), "orm", reward_data, tiny_model_dir, out)
+    assert (second["steps"], second["epochs"]) == (4, 2)
+    assert not list(tmp_path.glob("orm/checkpoints.stale-*"))
+    assert 0.0 <= second["heldout"]["pairwise_accuracy"] <= 1.0 and 0.0 <= second["heldout"]["auc"] <= 1.0
+
+
+def test_empty_heldout_split_is_a_clear_error(tmp_path, tiny_cfg, tiny_model_dir, reward_data):
+    pair = {"prompt": Q, "chosen": RIGHT, "rejected": WRONG}
+    path = tmp_path / "rd" / "outcome_empty"
+    DatasetDict({"train": Dataset.from_list([pair]),
+                 "test": Dataset.from_dict({"prompt": [], "chosen": [], "rejected": []})}).save_to_disk(
+        str(path), num_shards={"train": 1, "test": 1})
+    data = {**reward_data, "outcome_dir": str(path), "outcome_digest": digest_dir(path, "*.arrow")}
+    with pytest.raises(ValueError, match="no held-out rows .*outcome_empty"):
+        run_reward_model(tiny_cfg(tmp_path), "orm", data, tiny_model_dir, tmp_path / "orm")
+
+
+def test_reward_data_stage_writes_reloadable_splits_even_when_empty(tmp_path, tiny_cfg, tiny_model_dir,
+                                                                   tiny_data_dir):
+    """An untrained policy is never right: no pairs at all, yet every dataset reloads (0 rows)."""
+    from datasets import load_from_disk
+
+    from grpo_core.stages.reward_data import COLUMNS, run_reward_data
+
+    cfg = tiny_cfg(tmp_path, reward_data__questions=6, reward_data__samples_per_question=2,
+                   reward_data__max_new_tokens=8, reward_data__mc_rollouts=1, reward_data__heldout_fraction=0.34)
+    manifest = run_reward_data(cfg, tiny_data_dir, tiny_model_dir, tmp_path / "rd")
+    for name, columns in COLUMNS.items():
+        data = load_from_disk(manifest[f"{name}_dir"])
+        assert set(data) == {"train", "test"}
+        assert len(data["train"]) + len(data["test"]) == manifest["metrics"][f"train/n_{name}"] + manifest["metrics"][f"test/n_{name}"]
+    assert manifest["metrics"]["train/n_outcome"] == 0 and manifest["metrics"]["train/n_solutions"] == 4 * 2
