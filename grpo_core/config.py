@@ -171,6 +171,8 @@ class RewardDataConfig(Section):
     """Reward-model data sampled from the SFT policy on RL questions (Math-Shepherd step labels)."""
 
     questions: int = Field(512, ge=2, description="RL questions sampled for reward-model data")
+    # Step labels cost mc_rollouts generations per step; outcome pairs cost nothing beyond sampling.
+    step_questions: int | None = Field(None, ge=1, description="how many of those questions get Monte-Carlo step labels; None = all")
     samples_per_question: int = Field(8, ge=2, description="k: solutions sampled per question")
     temperature: float = Field(1.0, gt=0, description="sampling temperature of those solutions")
     max_new_tokens: int = Field(1024, ge=1, description="solution length cap")

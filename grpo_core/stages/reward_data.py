@@ -63,7 +63,9 @@ def run_reward_data(cfg: PipelineConfig, data_dir: Path, policy_dir: str | Path,
     metrics: dict[str, float] = {}
     for split, examples in split_of.items():
         samples = sample_solutions(complete, examples, rc.samples_per_question)
-        steps = step_rows(samples, complete if rc.labeler == "mc" else None, rc.mc_rollouts, rc.step_separator)
+        share = 1.0 if rc.step_questions is None else min(1.0, rc.step_questions / len(questions))
+        labelled = samples[: max(1, round(len(samples) * share))]
+        steps = step_rows(labelled, complete if rc.labeler == "mc" else None, rc.mc_rollouts, rc.step_separator)
         tables["outcome"][split] = outcome_pairs(samples, rc.max_pairs_per_question, cfg.seed)
         tables["steps"][split] = steps
         tables["solutions"][split] = [{"prompt": prompt_text(s.example.question), "completion": c, "correct": ok}
