@@ -17,7 +17,7 @@ from prefect.artifacts import create_table_artifact
 from grpo_core.config import PipelineConfig
 from grpo_core.stages.common import write_manifest
 from grpo_core.tracking import MlflowLogger
-from tasks.stages import eval_task, grpo_task, run_stage
+from tasks.stages import eval_task, grpo_task, grpo_upstream, run_stage
 from tasks.tracking import end_run, experiment_id, start_run, tracking_uri
 
 VARIANTS = {
@@ -32,9 +32,8 @@ def variant_config(cfg: PipelineConfig, grpo_update: dict) -> PipelineConfig:
     return cfg.model_copy(update={"grpo": grpo})
 
 
-def reward_model_metric(manifest: dict, variant: dict) -> str:
+def reward_model_metric(manifest: dict, uses: tuple[str, ...]) -> str:
     """The held-out quality of the reward model a variant trains on, as a short string."""
-    uses = [k for k, w in variant["reward_weights"].items() if w > 0]
     if "orm" in uses:
         return f"ORM pairwise acc {manifest['stages']['orm']['heldout'].get('pairwise_accuracy', float('nan')):.3f}"
     if "prm" in uses:
@@ -59,24 +58,21 @@ def compare(run_dir: str, variants: list[str] | None = None) -> list[dict]:
         models, digests = {"sft": sft["model"]}, {"sft": sft["digest"]}
         names = variants or list(VARIANTS)
         for name in names:
-            variant = VARIANTS[name]
-            missing = [k for k in ("orm", "prm") if variant["reward_weights"].get(k) and k not in manifest.get("reward_models", {})]
+            vcfg = variant_config(cfg, VARIANTS[name])
+            uses = vcfg.grpo.reward_models_used
+            missing = [k for k in uses if k not in manifest.get("reward_models", {})]
             if missing:
                 log.warning("skipping %s: the run trained no %s", name, ", ".join(missing))
                 continue
-            vcfg = variant_config(cfg, variant)
             if vcfg.grpo == cfg.grpo:
                 grpo = manifest["stages"]["grpo"]
             else:
-                rms = {k: manifest["reward_models"][k] for k in variant["reward_weights"] if k in ("orm", "prm")}
                 grpo, _ = run_stage(grpo_task, cfg=vcfg, out_dir=str(root / "compare" / name),
-                                    upstream={"data_dir": data["dir"], "data": data["digest"],
-                                              "init_model": sft["model"], "init": sft["digest"],
-                                              "reward_models": rms,
-                                              "reward_digests": {k: manifest["stages"][k]["digest"] for k in rms}},
+                                    upstream=grpo_upstream(data, sft, {k: manifest["reward_models"][k] for k in uses},
+                                                           {k: manifest["stages"][k]["digest"] for k in uses}),
                                     **common)
             models[name], digests[name] = grpo["model"], grpo["digest"]
-            rows.append({"variant": name, "reward_model": reward_model_metric(manifest, variant),
+            rows.append({"variant": name, "reward_model": reward_model_metric(manifest, uses),
                          "grpo_steps": grpo["steps"], "grpo_wall_s": grpo["wall_s"],
                          "best_val_accuracy": round(grpo["best_val_accuracy"], 4)})
         ev, _ = run_stage(eval_task, cfg=cfg, out_dir=str(root / "compare" / "eval"),

@@ -14,8 +14,8 @@ from prefect import flow, get_run_logger
 from grpo_core.config import PipelineConfig, flatten
 from grpo_core.stages.common import write_manifest
 from grpo_core.tracking import MlflowLogger
-from tasks.stages import (data_task, eval_task, grpo_task, orm_task, prm_task, reward_data_task, run_stage,
-                         sft_task)
+from tasks.stages import (data_task, eval_task, grpo_task, grpo_upstream, orm_task, prm_task, reward_data_task,
+                         run_stage, sft_task)
 from tasks.tracking import end_run, experiment_id, redact, start_run, tracking_uri
 
 
@@ -55,13 +55,10 @@ def pipeline(config: PipelineConfig) -> dict:
                                  upstream={"data_dir": data["dir"], "data": data["digest"]}, **common)
         reward_stages = reward_model_stages(config, run_dir, data, sft, common)
         reward_models = {k: m["model"] for k, (m, _) in reward_stages.items() if k in ("orm", "prm")}
-        # GRPO depends on the reward models it uses, not on every one the recipe trains.
-        used = {k: p for k, p in reward_models.items() if config.grpo.reward_weights.get(k, 0) > 0}
+        used = config.grpo.reward_models_used
         grpo, grpo_hit = run_stage(grpo_task, out_dir=str(run_dir / "grpo"),
-                                   upstream={"data_dir": data["dir"], "data": data["digest"],
-                                             "init_model": sft["model"], "init": sft["digest"],
-                                             "reward_models": used,
-                                             "reward_digests": {k: reward_stages[k][0]["digest"] for k in used}},
+                                   upstream=grpo_upstream(data, sft, {k: reward_models[k] for k in used},
+                                                          {k: reward_stages[k][0]["digest"] for k in used}),
                                    **common)
         ev, eval_hit = run_stage(eval_task, out_dir=str(run_dir / "eval"),
                                  upstream={"data_dir": data["dir"], "data": data["digest"],

@@ -162,9 +162,14 @@ class GRPOConfig(Section):
                 )
             if self.minibatch_size % self.group_size:
                 raise ValueError("minibatch_size must hold whole groups (a multiple of group_size)")
-        if self.supervision == "process" and self.reward_weights.get("prm", 0) <= 0:
+        if self.supervision == "process" and "prm" not in self.reward_models_used:
             raise ValueError("supervision=process needs a PRM: give reward_weights.prm a weight > 0")
         return self
+
+    @property
+    def reward_models_used(self) -> tuple[str, ...]:
+        """The learned reward models (``orm``, ``prm``) with a weight > 0."""
+        return tuple(k for k in ("orm", "prm") if self.reward_weights.get(k, 0) > 0)
 
 
 class RewardDataConfig(Section):
@@ -233,8 +238,8 @@ class PipelineConfig(Section):
 
     @model_validator(mode="after")
     def _reward_models_trained(self) -> "PipelineConfig":
-        for kind in ("orm", "prm"):
-            if self.grpo.reward_weights.get(kind, 0) > 0 and not getattr(self, kind).train:
+        for kind in self.grpo.reward_models_used:
+            if not getattr(self, kind).train:
                 raise ValueError(f"grpo.reward_weights uses {kind} but {kind}.train is false")
         return self
 

@@ -48,6 +48,14 @@ def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+def right_pad(rows: list, pad_id: int) -> torch.Tensor:
+    """[B, W] long: token-id rows (lists or 1-D tensors) padded on the right to the longest (W >= 1)."""
+    out = torch.full((len(rows), max(1, max(len(r) for r in rows))), pad_id, dtype=torch.long)
+    for i, ids in enumerate(rows):
+        out[i, : len(ids)] = torch.as_tensor(ids, dtype=torch.long)
+    return out
+
+
 def completion_mask_from(ids: torch.Tensor, eos_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """[B, T] mask of tokens up to and including the first EOS, and [B] truncated flags.
 
@@ -92,10 +100,7 @@ def generate(
             for j, row in enumerate(rows):
                 pieces[row] = out[j, prompt_len:]
     model.train(was_training)
-    width = max(1, max(p.shape[0] for p in pieces.values()))
-    completion = torch.full((len(prompts), width), tokenizer.pad_token_id, dtype=torch.long)
-    for row, ids in pieces.items():
-        completion[row, : ids.shape[0]] = ids
+    completion = right_pad([pieces[row] for row in range(len(prompts))], tokenizer.pad_token_id)
     cmask, truncated = completion_mask_from(completion, tokenizer.eos_token_id)
     texts = tokenizer.batch_decode(completion * cmask.long() + tokenizer.pad_token_id * (1 - cmask.long()),
                                    skip_special_tokens=True)
@@ -123,12 +128,9 @@ def encode(tokenizer, prompts: list[str], completions: list[str], *, add_eos: bo
         if max_completion_tokens is not None:
             ids = ids[:max_completion_tokens]
         rows.append(ids + ([tokenizer.eos_token_id] if add_eos else []))
-    width = max(1, max(len(r) for r in rows))
-    completion = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
-    cmask = torch.zeros(len(rows), width)
-    for i, ids in enumerate(rows):
-        completion[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-        cmask[i, : len(ids)] = 1.0
+    completion = right_pad(rows, tokenizer.pad_token_id)
+    lengths = torch.tensor([len(r) for r in rows])
+    cmask = (torch.arange(completion.shape[1])[None, :] < lengths[:, None]).float()
     return Rollout(
         input_ids=torch.cat([enc.input_ids, completion], dim=1),
         attention_mask=torch.cat([enc.attention_mask, cmask.long()], dim=1),

@@ -71,10 +71,10 @@ class RewardScorer:
     @classmethod
     def from_paths(cls, weights: dict[str, float], supervision: str, tokenizer, separator: str,
                    paths: dict[str, str | Path]) -> "RewardScorer":
+        """``paths``: the folders of the reward models the weights use (``orm``, ``prm``)."""
         from grpo_core.reward_models import load_reward_model
 
-        models = {k: load_reward_model(paths[k], k).eval().requires_grad_(False)
-                  for k in ("orm", "prm") if weights.get(k, 0) > 0}
+        models = {k: load_reward_model(p, k).eval().requires_grad_(False) for k, p in paths.items()}
         return cls(weights, supervision, tokenizer, separator, **models)
 
     @torch.no_grad()

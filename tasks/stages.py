@@ -75,6 +75,13 @@ def run_stage(stage_task, cfg: PipelineConfig, out_dir: str, upstream: dict | No
     return state.result(), state.name == "Cached"
 
 
+def grpo_upstream(data: dict, sft: dict, reward_models: dict[str, str], reward_digests: dict[str, str]) -> dict:
+    """What a GRPO stage starts from: the data, the SFT model, and the reward models it uses (only
+    those: retraining an unused one must not invalidate it)."""
+    return {"data_dir": data["dir"], "data": data["digest"], "init_model": sft["model"], "init": sft["digest"],
+            "reward_models": reward_models, "reward_digests": reward_digests}
+
+
 def _cache_key(stage: str):
     def key_fn(context, parameters: dict[str, Any]) -> str:
         return stage_key(stage, parameters["cfg"], parameters.get("upstream", {}), Path(parameters["out_dir"]))

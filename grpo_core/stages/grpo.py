@@ -71,7 +71,6 @@ def grpo_step(policy, ref, tokenizer, opt, questions: list[Example], gc: GRPOCon
     rewards = scored.outcome
     if scored.step_rewards is not None:  # process: a completion's reward is its mean step reward
         rewards = torch.where(scored.step_mask, scored.step_rewards, 0.0).sum(1) / scored.step_mask.sum(1)
-    group_rewards = rewards.view(len(questions), g)
     advantages, reward_stats = rollout_advantages(scored, len(questions), g, rollout.completion_mask.shape[1])
     t2 = time.perf_counter()
     batch = rollout.completion_mask.shape[0]
@@ -130,12 +129,12 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
     logger = logger or NullLogger()
     gc = cfg.grpo
     reward_models = reward_models or {}
-    missing = [k for k in ("orm", "prm") if gc.reward_weights.get(k, 0) > 0 and k not in reward_models]
+    missing = [k for k in gc.reward_models_used if k not in reward_models]
     if missing:
         raise ValueError(f"grpo.reward_weights uses {', '.join(missing)} but no such model was given")
     set_threads(cfg.threads)
     ckpt_root = out_dir / "checkpoints"
-    used = {k: p for k, p in sorted(reward_models.items()) if gc.reward_weights.get(k, 0) > 0}
+    used = {k: reward_models[k] for k in gc.reward_models_used}
     identity = run_identity(cfg, "grpo", init=digest_dir(Path(init_dir)),
                             reward_models={k: digest_dir(Path(p)) for k, p in used.items()},
                             separator=cfg.reward_data.step_separator if "prm" in used else None)

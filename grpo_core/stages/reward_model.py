@@ -20,7 +20,7 @@ from grpo_core.reward_models import (bradley_terry_loss, first_wrong_step, load_
 from grpo_core.stages.common import (Stopwatch, digest_dir, find_resume, keep_if_best, publish_best,
                                      restore_trainer_state, run_identity, save_trainer_checkpoint,
                                      set_threads, write_manifest)
-from grpo_core.steps import char_ends_of_tokens, split_steps, step_end_tokens
+from grpo_core.rewards import rollout_step_ends
 from grpo_core.tracking import MetricLogger, NullLogger
 
 
@@ -29,30 +29,24 @@ def step_batch(tokenizer, rows: list[dict], separator: str, label: str):
     # The sample as generated when the dataset has it (ours does), else the steps joined (TRL form).
     texts = [r.get("completion") or separator.join(r["completions"]) for r in rows]
     rollout = encode(tokenizer, [r["prompt"] for r in rows], texts)
-    k = max(len(r["completions"]) for r in rows)
-    ends = torch.zeros(len(rows), k, dtype=torch.long)
-    labels = torch.zeros(len(rows), k)
-    mask = torch.zeros(len(rows), k, dtype=torch.bool)
+    ends, mask = rollout_step_ends(tokenizer, rollout, separator)  # as GRPO finds them on its rollouts
+    labels = torch.zeros(mask.shape)
     for i, (r, text) in enumerate(zip(rows, texts)):
-        n = int(rollout.completion_mask[i].sum()) - 1  # without the EOS
-        char_ends = char_ends_of_tokens(tokenizer, rollout.completion_ids[i, :n].tolist())
-        idx = step_end_tokens(char_ends, split_steps(text, separator))
         values = r["soft_labels"] if label == "soft" else [float(x) for x in r["labels"]]
-        if len(idx) != len(values):
-            raise ValueError(f"step data row {i} of the batch: {len(values)} labels for {len(idx)} steps of "
+        m = int(mask[i].sum())
+        if m != len(values):
+            raise ValueError(f"step data row {i} of the batch: {len(values)} labels for {m} steps of "
                              f"{text!r} split on {separator!r}; was the data labelled with another separator?")
-        m = len(idx)
-        ends[i, :m] = torch.tensor(idx, dtype=torch.long)
         labels[i, :m] = torch.tensor(values, dtype=torch.float)
-        mask[i, :m] = True
     return rollout, ends, labels, mask
 
 
-def orm_loss(model, tokenizer, rows: list[dict]) -> torch.Tensor:
+def pair_logits(model, tokenizer, rows: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B] ORM logits of the chosen and of the rejected solutions of ``rows``, in one forward pass."""
     prompts = [r["prompt"] for r in rows]
-    rollout = encode(tokenizer, prompts + prompts, [r["chosen"] for r in rows] + [r["rejected"] for r in rows])
-    scores = orm_logits(model, rollout)
-    return bradley_terry_loss(scores[: len(rows)], scores[len(rows) :])
+    scores = orm_logits(model, encode(tokenizer, prompts + prompts,
+                                      [r["chosen"] for r in rows] + [r["rejected"] for r in rows]))
+    return scores[: len(rows)], scores[len(rows) :]
 
 
 @torch.no_grad()
@@ -61,10 +55,8 @@ def evaluate_orm(model, tokenizer, pairs: list[dict], solutions: list[dict], bat
     model.eval()
     wins, scores = 0, []
     for s in range(0, len(pairs), batch):
-        rows = pairs[s : s + batch]
-        prompts = [r["prompt"] for r in rows]
-        out = orm_logits(model, encode(tokenizer, prompts + prompts, [r["chosen"] for r in rows] + [r["rejected"] for r in rows]))
-        wins += int((out[: len(rows)] > out[len(rows) :]).sum())
+        chosen, rejected = pair_logits(model, tokenizer, pairs[s : s + batch])
+        wins += int((chosen > rejected).sum())
     for s in range(0, len(solutions), batch):
         rows = solutions[s : s + batch]
         scores += orm_logits(model, encode(tokenizer, [r["prompt"] for r in rows], [r["completion"] for r in rows])).tolist()
@@ -107,10 +99,10 @@ def run_reward_model(cfg: PipelineConfig, kind: str, reward_data: dict, init_dir
     sep = cfg.reward_data.step_separator
     set_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
-    data = load_from_disk(reward_data["outcome_dir" if kind == "orm" else "steps_dir"])
+    name = "outcome" if kind == "orm" else "steps"
+    data = load_from_disk(reward_data[f"{name}_dir"])
     train, test = data["train"].to_list(), data["test"].to_list()
     solutions = load_from_disk(reward_data["solutions_dir"])["test"].to_list() if kind == "orm" else []
-    name = "outcome" if kind == "orm" else "steps"
     if not train or not test:
         raise ValueError(
             f"{kind}: no {'training' if not train else 'held-out'} rows in {reward_data[f'{name}_dir']}: " + (
@@ -120,7 +112,7 @@ def run_reward_model(cfg: PipelineConfig, kind: str, reward_data: dict, init_dir
                      source=reward_data[f"{name}_dir"], rows={"train": len(train), "test": len(test)})
     ckpt_root = out_dir / "checkpoints"
     identity = run_identity(cfg, kind, init=digest_dir(Path(init_dir)), separator=sep,
-                            reward_data=reward_data["outcome_digest" if kind == "orm" else "steps_digest"])
+                            reward_data=reward_data[f"{name}_digest"])
     resume, saved = find_resume(ckpt_root, identity)
     model = load_reward_model(resume or init_dir, kind)
     tokenizer = load_tokenizer(resume or init_dir)
@@ -139,7 +131,7 @@ def run_reward_model(cfg: PipelineConfig, kind: str, reward_data: dict, init_dir
         for s in range(0, len(order), rc.batch_size):
             rows = [train[i] for i in order[s : s + rc.batch_size]]
             if kind == "orm":
-                loss = orm_loss(model, tokenizer, rows)
+                loss = bradley_terry_loss(*pair_logits(model, tokenizer, rows))
             else:
                 rollout, ends, labels, mask = step_batch(tokenizer, rows, sep, cfg.prm.label)
                 loss = step_bce_loss(prm_step_logits(model, rollout, ends), labels, mask)
