@@ -1,4 +1,5 @@
-"""The ``compare`` flow: GRPO reward variants from one finished run's SFT checkpoint, side by side.
+"""The ``compare`` flow: GRPO reward variants from one finished run's SFT checkpoint, side by side
+(the first RL round: its reward models were trained on the SFT model's samples).
 
 Variants: the rule reward (answer checker), ORM outcome supervision and PRM process supervision,
 each with the recipe's GRPO settings and budget, evaluated on the same test questions. A variant
@@ -32,12 +33,12 @@ def variant_config(cfg: PipelineConfig, grpo_update: dict) -> PipelineConfig:
     return cfg.model_copy(update={"grpo": grpo})
 
 
-def reward_model_metric(manifest: dict, uses: tuple[str, ...]) -> str:
+def reward_model_metric(first_round: dict, uses: tuple[str, ...]) -> str:
     """The held-out quality of the reward model a variant trains on, as a short string."""
     if "orm" in uses:
-        return f"ORM pairwise acc {manifest['stages']['orm']['heldout'].get('pairwise_accuracy', float('nan')):.3f}"
+        return f"ORM pairwise acc {first_round['orm']['heldout'].get('pairwise_accuracy', float('nan')):.3f}"
     if "prm" in uses:
-        return f"PRM step AUC {manifest['stages']['prm']['heldout'].get('step_auc', float('nan')):.3f}"
+        return f"PRM step AUC {first_round['prm']['heldout'].get('step_auc', float('nan')):.3f}"
     return "exact checker"
 
 
@@ -55,24 +56,25 @@ def compare(run_dir: str, variants: list[str] | None = None) -> list[dict]:
     try:
         data = manifest["stages"]["data"]
         sft = manifest["stages"]["sft"]
+        first = manifest["rounds"][0]["stages"]  # round 1: GRPO and reward models from the SFT model
         models, digests = {"sft": sft["model"]}, {"sft": sft["digest"]}
         names = variants or list(VARIANTS)
         for name in names:
             vcfg = variant_config(cfg, VARIANTS[name])
             uses = vcfg.grpo.reward_models_used
-            missing = [k for k in uses if k not in manifest.get("reward_models", {})]
+            missing = [k for k in uses if k not in first]
             if missing:
                 log.warning("skipping %s: the run trained no %s", name, ", ".join(missing))
                 continue
             if vcfg.grpo == cfg.grpo:
-                grpo = manifest["stages"]["grpo"]
+                grpo = first["grpo"]
             else:
                 grpo, _ = run_stage(grpo_task, cfg=vcfg, out_dir=str(root / "compare" / name),
-                                    upstream=grpo_upstream(data, sft, {k: manifest["reward_models"][k] for k in uses},
-                                                           {k: manifest["stages"][k]["digest"] for k in uses}),
+                                    upstream=grpo_upstream(data, sft, {k: first[k]["model"] for k in uses},
+                                                           {k: first[k]["digest"] for k in uses}),
                                     **common)
             models[name], digests[name] = grpo["model"], grpo["digest"]
-            rows.append({"variant": name, "reward_model": reward_model_metric(manifest, uses),
+            rows.append({"variant": name, "reward_model": reward_model_metric(first, uses),
                          "grpo_steps": grpo["steps"], "grpo_wall_s": grpo["wall_s"],
                          "best_val_accuracy": round(grpo["best_val_accuracy"], 4)})
         ev, _ = run_stage(eval_task, cfg=cfg, out_dir=str(root / "compare" / "eval"),

@@ -1,8 +1,9 @@
-"""The ``pipeline`` flow: data -> SFT -> [reward data -> ORM / PRM] -> GRPO -> evaluation of the SFT
-model and the final policy.
+"""The ``pipeline`` flow: data -> SFT -> RL rounds (each: [reward data -> replay -> ORM / PRM] -> GRPO
+-> evaluation; see ``flows.rounds``) -> evaluation of the SFT model and the final policy.
 
-One MLflow parent run per pipeline run (child runs per stage); ``runs/<run_name>/manifest.json``
-is the public summary (GUIDE §3): policy, sft_model, eval, mlflow_run_id, tracking_uri.
+One MLflow parent run per pipeline run, a child run per stage and per round (``round-<k>``, with its
+stages nested); ``runs/<run_name>/manifest.json`` is the public summary (GUIDE §3): policy,
+sft_model, eval, mlflow_run_id, tracking_uri, and ``rounds``.
 """
 from __future__ import annotations
 
@@ -11,29 +12,12 @@ import json
 import yaml
 from prefect import flow, get_run_logger
 
-from grpo_core.config import PipelineConfig, flatten
+from grpo_core.config import ConfigError, PipelineConfig, flatten, load_config
 from grpo_core.stages.common import write_manifest
 from grpo_core.tracking import MlflowLogger
-from tasks.stages import (data_task, eval_task, grpo_task, grpo_upstream, orm_task, prm_task, reward_data_task,
-                         run_stage, sft_task)
+from flows.rounds import next_start, rl_round, round_metrics
+from tasks.stages import data_task, eval_task, run_stage, sft_task
 from tasks.tracking import end_run, experiment_id, redact, start_run, tracking_uri
-
-
-def reward_model_stages(config: PipelineConfig, run_dir, data: dict, sft: dict, common: dict) -> dict:
-    """reward_data, then the ORM and / or PRM the recipe trains: {stage: (manifest, cached)}."""
-    wanted = [k for k in ("orm", "prm") if getattr(config, k).train]
-    if not wanted:
-        return {}
-    out = {"reward_data": run_stage(reward_data_task, out_dir=str(run_dir / "reward_data"),
-                                    upstream={"data_dir": data["dir"], "data": data["digest"],
-                                              "policy": sft["model"], "init": sft["digest"]}, **common)}
-    rd = out["reward_data"][0]
-    datasets = {k: v for k, v in rd.items() if k.endswith(("_dir", "_digest")) and k != "dir"}
-    for kind in wanted:
-        out[kind] = run_stage(orm_task if kind == "orm" else prm_task, out_dir=str(run_dir / kind),
-                              upstream={"reward_data": datasets, "init_model": sft["model"],
-                                        "init": sft["digest"]}, **common)
-    return out
 
 
 @flow(name="pipeline", log_prints=True)
@@ -53,33 +37,36 @@ def pipeline(config: PipelineConfig) -> dict:
         data, data_hit = run_stage(data_task, out_dir=str(run_dir / "data"), **common)
         sft, sft_hit = run_stage(sft_task, out_dir=str(run_dir / "sft"),
                                  upstream={"data_dir": data["dir"], "data": data["digest"]}, **common)
-        reward_stages = reward_model_stages(config, run_dir, data, sft, common)
-        reward_models = {k: m["model"] for k, (m, _) in reward_stages.items() if k in ("orm", "prm")}
-        used = config.grpo.reward_models_used
-        grpo, grpo_hit = run_stage(grpo_task, out_dir=str(run_dir / "grpo"),
-                                   upstream=grpo_upstream(data, sft, {k: reward_models[k] for k in used},
-                                                          {k: reward_stages[k][0]["digest"] for k in used}),
-                                   **common)
+        start = {"policy": {"model": sft["model"], "digest": sft["digest"]}, "reward_models": {}, "buffer": None}
+        rounds = []
+        for k in range(1, config.rounds.count + 1):
+            rounds.append(rl_round(config, k, data, sft, start, uri, parent))
+            start = next_start(rounds[-1])
+            tracker.log_metrics(round_metrics(rounds[-1]), step=k)  # per-round curves on the parent
+        policy = rounds[-1]
         ev, eval_hit = run_stage(eval_task, out_dir=str(run_dir / "eval"),
                                  upstream={"data_dir": data["dir"], "data": data["digest"],
-                                           "models": {"sft": sft["model"], "policy": grpo["model"]},
-                                           "digests": [sft["digest"], grpo["digest"]]}, **common)
-        hits = [("data", data_hit), ("sft", sft_hit), *((k, hit) for k, (_, hit) in reward_stages.items()),
-                ("grpo", grpo_hit), ("eval", eval_hit)]
-        cached = [name for name, hit in hits if hit]
-        stages = {"data": data, "sft": sft, **{k: m for k, (m, _) in reward_stages.items()}, "grpo": grpo}
+                                           "models": {"sft": sft["model"], "policy": policy["policy"]},
+                                           "digests": [sft["digest"], policy["policy_digest"]]}, **common)
+        hits = [("data", data_hit), ("sft", sft_hit), ("eval", eval_hit)]
+        cached = [name for name, hit in hits if hit] + [f"round-{r['round']}/{s}" for r in rounds
+                                                        for s in r["cached_stages"]]
+        stages = {"data": data, "sft": sft, "eval": ev}
         eval_results = ev["results"]
         tracker.log_metrics({f"eval/{name}/accuracy": r["accuracy"] for name, r in eval_results.items()})
         tracker.set_tags({"cached_stages": ",".join(cached) or "none",
-                          **{f"stage_run.{s}": m["mlflow_run_id"] for s, m in {**stages, "eval": ev}.items()}})
-        tracker.log_artifacts(grpo["model"], "policy")
+                          "champion_version": rounds[-1]["champion"]["version"],
+                          **{f"stage_run.{s}": m["mlflow_run_id"] for s, m in stages.items()},
+                          **{f"round_run.{r['round']}": r["mlflow_run_id"] for r in rounds}})
         manifest = {
             "run_name": config.run_name,
-            "policy": grpo["model"],
+            "policy": policy["policy"],
             "sft_model": sft["model"],
             "data_dir": data["dir"],
             "eval": eval_results,
-            "reward_models": reward_models,
+            "reward_models": {kind: rm["model"] for kind, rm in policy["reward_models"].items()},
+            "rounds": rounds,
+            "champion": rounds[-1]["champion"],
             "stages": stages,
             "cached_stages": cached,
             "mlflow_run_id": parent,
@@ -96,3 +83,15 @@ def pipeline(config: PipelineConfig) -> dict:
     log.info("pipeline %s finished: %s", config.run_name,
              json.dumps({k: round(v["accuracy"], 4) for k, v in eval_results.items()}))
     return manifest
+
+
+@flow(name="recipe", log_prints=True)
+def run_recipe(recipe: str = "configs/demo.yaml", overrides: list[str] | None = None) -> dict:
+    """The pipeline on a YAML recipe file plus ``section.key=value`` overrides (the deployments' entry
+    point): the recipe is validated by ``PipelineConfig`` before any work, and an invalid one fails
+    the flow run with every offending field named."""
+    try:
+        config = load_config(recipe, overrides or [])
+    except ConfigError as e:
+        raise ValueError(str(e)) from None
+    return pipeline(config)

@@ -1,4 +1,5 @@
-"""The honest no-RL baseline: SFT continued on the same worked solutions for GRPO's wall time.
+"""The honest no-RL baseline: SFT continued on the same worked solutions for GRPO's wall time (summed
+over the RL rounds).
 
 What a user without RL would do with the compute GRPO used. It restarts the recipe's SFT schedule
 from the SFT model (same lr, same decay on plateau), runs without early stopping until the time is
@@ -25,7 +26,7 @@ def run_baseline(run_dir: Path, seconds: float | None = None) -> dict:
         raise FileNotFoundError(f"{manifest_path}: run the pipeline first (grpo-pipeline run ...)")
     manifest = json.loads(manifest_path.read_text())
     cfg = PipelineConfig.model_validate(yaml.safe_load((run_dir / "config.yaml").read_text()))
-    grpo_seconds = float(manifest["stages"]["grpo"]["wall_s"])
+    grpo_seconds = sum(float(r["grpo"]["wall_s"]) for r in manifest["rounds"])  # every RL round's GRPO
     budget = seconds or grpo_seconds
     sft_cfg = cfg.sft.model_copy(update={"max_seconds": budget, "max_steps": 10**9, "patience": 0})
     cfg = cfg.model_copy(update={"sft": sft_cfg})

@@ -206,6 +206,16 @@ class PRMConfig(RewardModelConfig):
     label: Literal["hard", "soft"] = Field("hard", description="train on hard (any rollout right) or soft (fraction) labels")
 
 
+class RoundsConfig(Section):
+    """Iterative RL (paper §4.2): every round samples from the current policy, labels the samples,
+    continues training the reward models on them plus a replay of earlier rounds' data, then runs
+    GRPO from the current policy with the reference reset to it. Round 1 is the plain pipeline:
+    reward models trained on the SFT model's samples, GRPO from the SFT model."""
+
+    count: int = Field(1, ge=1, description="RL rounds (each: reward data, reward models, GRPO; steps per round are grpo.steps / grpo.max_seconds)")
+    replay_fraction: float = Field(0.1, ge=0, lt=1, description="share of each retraining set drawn from earlier rounds' data (paper: 10%)")
+
+
 class EvalConfig(Section):
     n_questions: int | None = Field(None, ge=1, description="cap on test questions; None = all")
     samples: int = Field(1, ge=1, description="K for maj@K / pass@K (1 = greedy only)")
@@ -219,6 +229,8 @@ class TrackingConfig(Section):
     # None: $MLFLOW_TRACKING_URI if set, else sqlite:///<project>/mlflow.db
     tracking_uri: str | None = Field(None, description="None: $MLFLOW_TRACKING_URI, else sqlite mlflow.db in the project")
     experiment: str = Field("grpo-pipeline", description="MLflow experiment")
+    # Every round's policy becomes a version; alias `champion` marks the best by validation accuracy.
+    registered_model: str | None = Field(None, description="MLflow registered model of the policies; None = <run_name>-policy")
 
 
 class PipelineConfig(Section):
@@ -233,6 +245,7 @@ class PipelineConfig(Section):
     orm: RewardModelConfig = RewardModelConfig()
     prm: PRMConfig = PRMConfig()
     grpo: GRPOConfig = GRPOConfig()
+    rounds: RoundsConfig = RoundsConfig()
     eval: EvalConfig = EvalConfig()
     tracking: TrackingConfig = TrackingConfig()
 

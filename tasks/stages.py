@@ -31,8 +31,9 @@ STAGE_SECTIONS = {
     "data": ("seed", "data"),
     "sft": ("seed", "model", "sft", "eval.max_new_tokens"),
     "reward_data": ("seed", "reward_data"),
-    "orm": ("seed", "orm", "reward_data.step_separator"),
-    "prm": ("seed", "prm", "reward_data.step_separator"),
+    "replay": (),
+    "orm": ("seed", "orm", "reward_data.step_separator", "rounds.replay_fraction"),
+    "prm": ("seed", "prm", "reward_data.step_separator", "rounds.replay_fraction"),
     "grpo": ("seed", "grpo", "eval.max_new_tokens", "reward_data.step_separator"),
     "eval": ("eval",),
 }
@@ -75,11 +76,13 @@ def run_stage(stage_task, cfg: PipelineConfig, out_dir: str, upstream: dict | No
     return state.result(), state.name == "Cached"
 
 
-def grpo_upstream(data: dict, sft: dict, reward_models: dict[str, str], reward_digests: dict[str, str]) -> dict:
-    """What a GRPO stage starts from: the data, the SFT model, and the reward models it uses (only
-    those: retraining an unused one must not invalidate it)."""
-    return {"data_dir": data["dir"], "data": data["digest"], "init_model": sft["model"], "init": sft["digest"],
-            "reward_models": reward_models, "reward_digests": reward_digests}
+def grpo_upstream(data: dict, init: dict, reward_models: dict[str, str], reward_digests: dict[str, str],
+                  round_: int = 1) -> dict:
+    """What a GRPO stage starts from: the data, the policy (``init``'s model and digest: the SFT model
+    in round 1), the reward models it uses (only those: retraining an unused one must not
+    invalidate it) and its RL round."""
+    return {"data_dir": data["dir"], "data": data["digest"], "init_model": init["model"], "init": init["digest"],
+            "reward_models": reward_models, "reward_digests": reward_digests, "round": round_}
 
 
 def _cache_key(stage: str):
@@ -119,7 +122,8 @@ def sft_task(cfg: PipelineConfig, out_dir: str, upstream: dict, uri: str, parent
 @task(name="reward_data", cache_key_fn=_cache_key("reward_data"), persist_result=True)
 def reward_data_task(cfg: PipelineConfig, out_dir: str, upstream: dict, uri: str, parent_id: str) -> dict:
     with child_run(uri, parent_id, "reward_data", _stage_params(cfg, "reward_data")) as log:
-        manifest = run_reward_data(cfg, Path(upstream["data_dir"]), upstream["policy"], Path(out_dir), log)
+        manifest = run_reward_data(cfg, Path(upstream["data_dir"]), upstream["policy"], Path(out_dir), log,
+                                   round_=upstream.get("round", 1))
         return _finish("reward_data", cfg, out_dir, upstream, manifest, log.run_id)
 
 
@@ -127,7 +131,8 @@ def _reward_model_task(kind: str):
     @task(name=kind, cache_key_fn=_cache_key(kind), persist_result=True)
     def train(cfg: PipelineConfig, out_dir: str, upstream: dict, uri: str, parent_id: str) -> dict:
         with child_run(uri, parent_id, kind, _stage_params(cfg, kind)) as log:
-            manifest = run_reward_model(cfg, kind, upstream["reward_data"], upstream["init_model"], Path(out_dir), log)
+            manifest = run_reward_model(cfg, kind, upstream["reward_data"], upstream["init_model"], Path(out_dir), log,
+                                        replay=upstream.get("replay"))
             return _finish(kind, cfg, out_dir, upstream, manifest, log.run_id)
     return train
 
@@ -136,11 +141,33 @@ orm_task = _reward_model_task("orm")
 prm_task = _reward_model_task("prm")
 
 
+@task(name="replay", cache_key_fn=_cache_key("replay"), persist_result=True)
+def replay_task(cfg: PipelineConfig, out_dir: str, upstream: dict, uri: str, parent_id: str) -> dict:
+    """Replay buffer version k: version k-1 plus round k's fresh training rows (outcome pairs, steps)."""
+    from datasets import load_from_disk
+
+    from grpo_core.replay import KINDS, write_version
+    from grpo_core.stages.reward_data import COLUMNS
+
+    with child_run(uri, parent_id, "replay") as log:
+        fresh = {kind: load_from_disk(upstream["reward_data"][f"{kind}_dir"])["train"].to_list() for kind in KINDS}
+        previous = upstream["previous"]["dir"] if upstream["previous"] else None
+        contents = write_version(previous, fresh, upstream["round"], Path(out_dir), COLUMNS)
+        digest = digest_dir(Path(out_dir), "*.arrow")
+        for kind, c in contents.items():
+            log.log_input(name=f"replay/{Path(out_dir).name}/{kind}", digest=digest, source=str(Path(out_dir) / kind),
+                          rows={"total": c["rows"], **{f"from_round_{r}": n for r, n in c["by_round"].items()}})
+            log.log_metrics({f"buffer/{kind}_rows": c["rows"]})
+        manifest = {"stage": "replay", "dir": out_dir, "round": upstream["round"], "contents": contents,
+                    "digest": digest}
+        return _finish("replay", cfg, out_dir, upstream, manifest, log.run_id)
+
+
 @task(name="grpo", cache_key_fn=_cache_key("grpo"), persist_result=True)
 def grpo_task(cfg: PipelineConfig, out_dir: str, upstream: dict, uri: str, parent_id: str) -> dict:
     with child_run(uri, parent_id, "grpo", _stage_params(cfg, "grpo")) as log:
         manifest = run_grpo(cfg, Path(upstream["data_dir"]), upstream["init_model"], Path(out_dir), log,
-                            reward_models=upstream.get("reward_models"))
+                            reward_models=upstream.get("reward_models"), round_=upstream.get("round", 1))
         return _finish("grpo", cfg, out_dir, upstream, manifest, log.run_id)
 
 

@@ -40,7 +40,7 @@ def test_pipeline_end_to_end_and_cached_rerun(prefect_harness, tmp_path, tiny_cf
     for key in ("policy", "sft_model", "eval", "mlflow_run_id", "tracking_uri"):
         assert key in manifest, key
     assert manifest["tracking_uri"] == uri
-    assert Path(manifest["policy"]) == run_dir / "grpo" / "model"
+    assert Path(manifest["policy"]) == run_dir / "round-1" / "grpo" / "model"
     assert Path(manifest["sft_model"]) == run_dir / "sft" / "model"
     for folder in (manifest["policy"], manifest["sft_model"]):
         assert (Path(folder) / "config.json").exists() and (Path(folder) / "tokenizer.json").exists()
@@ -50,7 +50,10 @@ def test_pipeline_end_to_end_and_cached_rerun(prefect_harness, tmp_path, tiny_cf
     assert manifest["cached_stages"] == []
     assert (run_dir / "config.yaml").exists()
 
-    # ---- MLflow: one parent run with a child per stage
+    [round1] = manifest["rounds"]
+    assert round1["test_accuracy"] == manifest["eval"]["policy"]["accuracy"]  # one round: the final policy
+
+    # ---- MLflow: one parent run with a child per stage and per round; the round's stages nested in it
     parent = mlflow_client.get_run(manifest["mlflow_run_id"])
     assert parent.info.status == "FINISHED"
     exp_id = parent.info.experiment_id
@@ -61,13 +64,17 @@ def test_pipeline_end_to_end_and_cached_rerun(prefect_harness, tmp_path, tiny_cf
     children = mlflow_client.search_runs(
         [exp_id], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
     by_name = {r.info.run_name: r for r in children}
-    assert sorted(by_name) == ["data", "eval", "grpo", "sft"]
-    assert len(children) == 4
-    for run in children:
+    assert sorted(by_name) == ["data", "eval", "round-1", "sft"]
+    round_run = by_name["round-1"]
+    assert parent.data.tags["round_run.1"] == round_run.info.run_id == round1["mlflow_run_id"]
+    in_round = {r.info.run_name: r for r in mlflow_client.search_runs(
+        [exp_id], filter_string=f"tags.mlflow.parentRunId = '{round_run.info.run_id}'")}
+    assert sorted(in_round) == ["eval", "grpo"]
+    for run in [*children, *in_round.values()]:
         assert run.info.status == "FINISHED"
-        assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id
-    grpo_run = by_name["grpo"]
-    assert parent.data.tags["stage_run.grpo"] == grpo_run.info.run_id
+    grpo_run = in_round["grpo"]
+    assert round_run.data.tags["stage_run.grpo"] == grpo_run.info.run_id
+    assert round_run.data.metrics["round/test_accuracy"] == round1["test_accuracy"]
     history = mlflow_client.get_metric_history(grpo_run.info.run_id, "train/reward_mean")
     assert sorted(m.step for m in history) == [1, 2]
     sft_history = mlflow_client.get_metric_history(by_name["sft"].info.run_id, "train/loss")
@@ -75,30 +82,34 @@ def test_pipeline_end_to_end_and_cached_rerun(prefect_harness, tmp_path, tiny_cf
     assert grpo_run.data.params["grpo.group_size"] == str(cfg.grpo.group_size)
     assert "eval/policy/accuracy" in by_name["eval"].data.metrics
 
-    # ---- a second run of the same recipe: every stage from the cache
-    mtime = (run_dir / "grpo" / "model" / "model.safetensors").stat().st_mtime_ns
+    # ---- a second run of the same recipe: every stage from the cache (the round run only reports)
+    mtime = (run_dir / "round-1" / "grpo" / "model" / "model.safetensors").stat().st_mtime_ns
     second = pipeline(cfg)
     manifest2 = _manifest(cfg)
-    assert sorted(manifest2["cached_stages"]) == ["data", "eval", "grpo", "sft"]
+    assert sorted(manifest2["cached_stages"]) == ["data", "eval", "round-1/eval", "round-1/grpo", "sft"]
     assert manifest2["eval"] == manifest["eval"]
     assert manifest2["mlflow_run_id"] != manifest["mlflow_run_id"]
-    assert (run_dir / "grpo" / "model" / "model.safetensors").stat().st_mtime_ns == mtime
+    assert (run_dir / "round-1" / "grpo" / "model" / "model.safetensors").stat().st_mtime_ns == mtime
     parent2 = mlflow_client.get_run(second["mlflow_run_id"])
     assert parent2.data.tags["cached_stages"] == ",".join(manifest2["cached_stages"])
+    children2 = mlflow_client.search_runs(
+        [exp_id], filter_string=f"tags.mlflow.parentRunId = '{parent2.info.run_id}'")
+    assert [r.info.run_name for r in children2] == ["round-1"]
     assert mlflow_client.search_runs(
-        [exp_id], filter_string=f"tags.mlflow.parentRunId = '{parent2.info.run_id}'") == []
+        [exp_id], filter_string=f"tags.mlflow.parentRunId = '{children2[0].info.run_id}'") == []
+    assert manifest2["rounds"][0]["model_version"] == round1["model_version"]  # registered once
 
     # ---- a deleted stage output is recomputed; the others still come from the cache
     shutil.rmtree(run_dir / "eval")
     third = pipeline(cfg)
     manifest3 = _manifest(cfg)
     assert "eval" not in manifest3["cached_stages"]
-    assert sorted(manifest3["cached_stages"]) == ["data", "grpo", "sft"]
+    assert sorted(manifest3["cached_stages"]) == ["data", "round-1/eval", "round-1/grpo", "sft"]
     assert (run_dir / "eval" / "manifest.json").exists()
     assert manifest3["eval"] == manifest["eval"]  # greedy evaluation of the same models
     children3 = mlflow_client.search_runs(
         [exp_id], filter_string=f"tags.mlflow.parentRunId = '{third['mlflow_run_id']}'")
-    assert [r.info.run_name for r in children3] == ["eval"]
+    assert sorted(r.info.run_name for r in children3) == ["eval", "round-1"]
 
 
 def test_failed_stage_marks_runs_failed(prefect_harness, tmp_path, tiny_cfg, mlflow_client):
@@ -139,7 +150,7 @@ def test_cli_run_prints_summary(prefect_harness, tmp_path, tiny_cfg, capsys):
     assert summary["tracking_uri"] == f"sqlite:///{tmp_path}/mlflow.db"
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["mlflow_run_id"] == summary["mlflow_run_id"]
-    assert manifest["stages"]["grpo"]["steps"] == 2  # the --set override was applied
+    assert manifest["rounds"][0]["grpo"]["steps"] == 2  # the --set override was applied
     assert yaml.safe_load((run_dir / "config.yaml").read_text())["grpo"]["steps"] == 2
 
 
@@ -163,17 +174,18 @@ def test_pipeline_with_reward_models_and_process_supervision(prefect_harness, tm
     run_dir = tmp_path / "runs" / "rm"
     assert set(manifest["reward_models"]) == {"orm", "prm"}
     for kind in ("orm", "prm"):
-        stage = manifest["stages"][kind]
-        assert Path(stage["model"]) == run_dir / kind / "model" and stage["epochs"] == 1
-    outcome = load_from_disk(str(run_dir / "reward_data" / "outcome"))
-    steps = load_from_disk(str(run_dir / "reward_data" / "steps"))
+        stage = manifest["rounds"][0]["stages"][kind]
+        assert Path(stage["model"]) == run_dir / "round-1" / kind / "model" and stage["epochs"] == 1
+        assert stage["replay"]["replay"] == 0 and stage["replay"]["share"] == 0.0  # round 1 has no history
+    outcome = load_from_disk(str(run_dir / "round-1" / "reward_data" / "outcome"))
+    steps = load_from_disk(str(run_dir / "round-1" / "reward_data" / "steps"))
     assert set(outcome) == {"train", "test"} and outcome["train"].column_names == ["prompt", "chosen", "rejected"]
     assert {"prompt", "completions", "labels"} <= set(steps["train"].column_names)
 
-    parent = mlflow_client.get_run(manifest["mlflow_run_id"])
+    round_run = mlflow_client.get_run(manifest["rounds"][0]["mlflow_run_id"])
     children = {r.info.run_name: r for r in mlflow_client.search_runs(
-        [parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")}
-    assert sorted(children) == ["data", "eval", "grpo", "orm", "prm", "reward_data", "sft"]
+        [round_run.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{round_run.info.run_id}'")}
+    assert sorted(children) == ["eval", "grpo", "orm", "prm", "replay", "reward_data"]
     prm_inputs = [d.dataset.name for d in children["prm"].inputs.dataset_inputs]
     assert prm_inputs == ["reward_data/steps"]
     assert "heldout/step_auc" in children["prm"].data.metrics or "heldout/step_accuracy" in children["prm"].data.metrics
@@ -181,7 +193,8 @@ def test_pipeline_with_reward_models_and_process_supervision(prefect_harness, tm
     assert "train/accuracy" in grpo_metrics and "reward/steps_per_completion" in grpo_metrics
 
     again = pipeline(cfg)
-    assert sorted(again["cached_stages"]) == ["data", "eval", "grpo", "orm", "prm", "reward_data", "sft"]
+    assert sorted(again["cached_stages"]) == ["data", "eval", *(f"round-1/{s}" for s in (
+        "eval", "grpo", "orm", "prm", "replay", "reward_data")), "sft"]
 
 
 def test_compare_flow_reuses_the_runs_grpo_and_tabulates(prefect_harness, tmp_path, tiny_cfg, mlflow_client,
@@ -199,7 +212,7 @@ def test_compare_flow_reuses_the_runs_grpo_and_tabulates(prefect_harness, tmp_pa
     rows = compare(str(tmp_path / "runs" / "cmp"))  # prm-process is skipped: no PRM was trained
     by_variant = {r["variant"]: r for r in rows}
     assert list(by_variant) == ["sft", "rule-outcome", "orm-outcome"]
-    assert by_variant["orm-outcome"]["grpo_wall_s"] == manifest["stages"]["grpo"]["wall_s"]  # reused
+    assert by_variant["orm-outcome"]["grpo_wall_s"] == manifest["rounds"][0]["grpo"]["wall_s"]  # reused
     assert (tmp_path / "runs" / "cmp" / "compare" / "rule-outcome" / "model").is_dir()
     for row in rows:
         assert 0.0 <= row["test_accuracy"] <= 1.0

@@ -48,6 +48,12 @@ def code_version() -> str:
     return h.hexdigest()[:16]
 
 
+def round_seed(seed: int, round_: int) -> int:
+    """The seed of RL round ``round_``: round 1 uses the recipe's seed, later rounds draw other
+    questions and samples."""
+    return seed + 7919 * (round_ - 1)
+
+
 def set_threads(threads: int | None) -> None:
     if threads:
         torch.set_num_threads(threads)

@@ -23,7 +23,7 @@ from grpo_core.modeling import load_model
 from grpo_core.policy import generate, token_logprobs
 from grpo_core.rewards import RewardScorer, Scored
 from grpo_core.stages.common import (Stopwatch, digest_dir, find_resume, keep_if_best, publish_best,
-                                     read_split, restore_trainer_state, run_identity,
+                                     read_split, restore_trainer_state, round_seed, run_identity,
                                      save_trainer_checkpoint, set_threads, write_manifest)
 from grpo_core.tracking import MetricLogger, NullLogger
 
@@ -120,12 +120,19 @@ def grpo_step(policy, ref, tokenizer, opt, questions: list[Example], gc: GRPOCon
     return metrics
 
 
+# Training metrics averaged over the last steps for the stage's summary (a round's report).
+SUMMARY_METRICS = ("train/reward_mean", "train/kl", "train/accuracy")
+SUMMARY_WINDOW = 10
+
+
 def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir: Path,
-             logger: MetricLogger | None = None, reward_models: dict[str, str] | None = None) -> dict:
-    """Train from ``init_dir`` (the SFT policy, also the frozen reference), resuming if possible.
+             logger: MetricLogger | None = None, reward_models: dict[str, str] | None = None,
+             round_: int = 1) -> dict:
+    """Train from ``init_dir`` (the SFT policy in round 1, the previous round's policy later; also
+    the frozen reference), resuming if possible.
 
     ``reward_models`` maps ``orm`` / ``prm`` to model folders, needed when ``grpo.reward_weights``
-    uses them."""
+    uses them. ``round_`` seeds the questions and rollouts, so each RL round sees other ones."""
     logger = logger or NullLogger()
     gc = cfg.grpo
     reward_models = reward_models or {}
@@ -135,7 +142,8 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
     set_threads(cfg.threads)
     ckpt_root = out_dir / "checkpoints"
     used = {k: reward_models[k] for k in gc.reward_models_used}
-    identity = run_identity(cfg, "grpo", init=digest_dir(Path(init_dir)),
+    seed = round_seed(cfg.seed, round_)
+    identity = run_identity(cfg, "grpo", init=digest_dir(Path(init_dir)), round=round_,
                             reward_models={k: digest_dir(Path(p)) for k, p in used.items()},
                             separator=cfg.reward_data.step_separator if "prm" in used else None)
     resume, saved = find_resume(ckpt_root, identity)
@@ -149,9 +157,11 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
     pool = read_split(data_dir, "rl")
     val = read_split(data_dir, "val")
     opt = torch.optim.AdamW(policy.parameters(), lr=gc.lr, betas=(0.9, 0.95), weight_decay=gc.weight_decay)
-    st = {"step": 0, "best_acc": -1.0, "best_step": 0, "elapsed": 0.0, "stopped": ""}
+    st = {"step": 0, "best_acc": -1.0, "best_step": 0, "elapsed": 0.0, "stopped": "", "recent": []}
     if resume is not None:
         restore_trainer_state(saved, opt, st)
+        print(f"grpo: resumed from {resume} (step {st['step']})", flush=True)
+    resumed_from = st["step"]
     clock = Stopwatch(st["elapsed"])
 
     def validate() -> None:
@@ -167,9 +177,10 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
     while st["step"] < gc.steps and not st["stopped"]:
         for group in opt.param_groups:
             group["lr"] = gc.lr * min(1.0, (st["step"] + 1) / (gc.warmup_steps + 1))
-        questions = step_questions(pool, gc.questions_per_step, cfg.seed, st["step"])
-        metrics = grpo_step(policy, ref, tokenizer, opt, questions, gc, step_seed(cfg.seed, st["step"]), scorer)
+        questions = step_questions(pool, gc.questions_per_step, seed, st["step"])
+        metrics = grpo_step(policy, ref, tokenizer, opt, questions, gc, step_seed(seed, st["step"]), scorer)
         st["step"] += 1
+        st["recent"] = (st.get("recent", []) + [{k: metrics[k] for k in SUMMARY_METRICS if k in metrics}])[-SUMMARY_WINDOW:]
         st["elapsed"] = clock.elapsed
         logger.log_metrics(metrics, step=st["step"])
         if gc.max_seconds is not None and st["elapsed"] >= gc.max_seconds:
@@ -181,8 +192,13 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
             st["elapsed"] = clock.elapsed
             save_trainer_checkpoint(ckpt_root, st, policy, tokenizer, opt, identity, cfg, gc.keep_checkpoints)
     final_dir = publish_best(out_dir)
+    recent = st.get("recent", [])
+    last = {k.removeprefix("train/"): sum(m[k] for m in recent) / len(recent)
+            for k in SUMMARY_METRICS if recent and all(k in m for m in recent)}
     summary = {"best_val_accuracy": st["best_acc"], "best_step": st["best_step"], "steps": st["step"],
-               "wall_s": round(st["elapsed"], 1), "stopped": st["stopped"] or "steps reached"}
+               "wall_s": round(st["elapsed"], 1), "stopped": st["stopped"] or "steps reached",
+               "resumed_from_step": resumed_from, "round": round_,
+               f"last_{SUMMARY_WINDOW}_steps": last}
     logger.log_metrics({"val/best_accuracy": st["best_acc"], "time/wall_s": st["elapsed"]}, step=st["step"])
     return write_manifest(out_dir, {"stage": "grpo", "model": str(final_dir), "init": str(init_dir), **summary})
 
@@ -196,10 +212,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--orm", help="ORM folder (when grpo.reward_weights uses orm)")
     p.add_argument("--prm", help="PRM folder (when grpo.reward_weights uses prm)")
+    p.add_argument("--round", type=int, default=1, help="RL round (seeds the questions and rollouts)")
     p.add_argument("--set", action="append", default=[], dest="overrides")
     a = p.parse_args(argv)
     models = {k: v for k, v in (("orm", a.orm), ("prm", a.prm)) if v}
-    print(run_grpo(load_config(a.config, a.overrides), Path(a.data), a.init, Path(a.out), reward_models=models))
+    print(run_grpo(load_config(a.config, a.overrides), Path(a.data), a.init, Path(a.out), reward_models=models,
+                   round_=a.round))
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from grpo_core.modeling import load_model
 from grpo_core.policy import generate
 from grpo_core.reward_data import Completer, label_agreement, outcome_pairs, sample_solutions, step_rows
 from grpo_core.data import prompt_text
-from grpo_core.stages.common import Stopwatch, digest_dir, read_split, set_threads, write_manifest
+from grpo_core.stages.common import Stopwatch, digest_dir, read_split, round_seed, set_threads, write_manifest
 from grpo_core.tracking import MetricLogger, NullLogger
 
 DATASETS = ("outcome", "steps", "solutions")
@@ -43,7 +43,9 @@ def policy_completer(policy, tokenizer, rc: RewardDataConfig, seed: int) -> Comp
 
 
 def run_reward_data(cfg: PipelineConfig, data_dir: Path, policy_dir: str | Path, out_dir: Path,
-                    logger: MetricLogger | None = None) -> dict:
+                    logger: MetricLogger | None = None, round_: int = 1) -> dict:
+    """Samples of the policy of RL round ``round_`` (the SFT model in round 1) on RL questions drawn
+    for that round, labelled and split by question."""
     from datasets import Dataset, DatasetDict
 
     logger = logger or NullLogger()
@@ -52,13 +54,14 @@ def run_reward_data(cfg: PipelineConfig, data_dir: Path, policy_dir: str | Path,
     clock = Stopwatch()
     policy, tokenizer = load_model(policy_dir)
     pool = sorted(set(read_split(data_dir, "rl")), key=lambda e: e.question)  # the pool may repeat
-    questions = random.Random(cfg.seed).sample(pool, min(rc.questions, len(pool)))
+    seed = round_seed(cfg.seed, round_)
+    questions = random.Random(seed).sample(pool, min(rc.questions, len(pool)))
     n_test = max(1, round(len(questions) * rc.heldout_fraction))
     if len(questions) - n_test < 1:
         raise ValueError(f"{data_dir / 'rl.jsonl'}: {len(questions)} distinct question(s) cannot be split into "
                          f"training and held-out reward data; raise reward_data.questions (and the RL pool)")
     split_of = {"test": questions[:n_test], "train": questions[n_test:]}
-    complete = policy_completer(policy, tokenizer, rc, cfg.seed)
+    complete = policy_completer(policy, tokenizer, rc, seed)
     tables: dict[str, dict[str, list[dict]]] = {name: {} for name in DATASETS}
     metrics: dict[str, float] = {}
     for split, examples in split_of.items():
@@ -66,7 +69,7 @@ def run_reward_data(cfg: PipelineConfig, data_dir: Path, policy_dir: str | Path,
         share = 1.0 if rc.step_questions is None else min(1.0, rc.step_questions / len(questions))
         labelled = samples[: max(1, round(len(samples) * share))]
         steps = step_rows(labelled, complete if rc.labeler == "mc" else None, rc.mc_rollouts, rc.step_separator)
-        tables["outcome"][split] = outcome_pairs(samples, rc.max_pairs_per_question, cfg.seed)
+        tables["outcome"][split] = outcome_pairs(samples, rc.max_pairs_per_question, seed)
         tables["steps"][split] = steps
         tables["solutions"][split] = [{"prompt": prompt_text(s.example.question), "completion": c, "correct": ok}
                                       for s in samples for c, ok in zip(s.completions, s.correct)]
@@ -77,7 +80,7 @@ def run_reward_data(cfg: PipelineConfig, data_dir: Path, policy_dir: str | Path,
             metrics.update({f"{split}/{k}": v for k, v in label_agreement(steps).items()})
         for name in DATASETS:
             metrics[f"{split}/n_{name}"] = len(tables[name][split])
-    manifest: dict = {"stage": "reward_data", "dir": str(out_dir), "questions": len(questions),
+    manifest: dict = {"stage": "reward_data", "round": round_, "dir": str(out_dir), "questions": len(questions),
                       "labeler": rc.labeler}
     for name in DATASETS:
         path = out_dir / name
@@ -102,9 +105,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--data", required=True, help="folder with rl.jsonl")
     p.add_argument("--policy", required=True, help="HF folder of the policy that samples (the SFT model)")
     p.add_argument("--out", required=True)
+    p.add_argument("--round", type=int, default=1, help="RL round (seeds the questions and samples)")
     p.add_argument("--set", action="append", default=[], dest="overrides")
     a = p.parse_args(argv)
-    print(run_reward_data(load_config(a.config, a.overrides), Path(a.data), a.policy, Path(a.out)))
+    print(run_reward_data(load_config(a.config, a.overrides), Path(a.data), a.policy, Path(a.out), round_=a.round))
 
 
 if __name__ == "__main__":

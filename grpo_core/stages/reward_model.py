@@ -1,6 +1,11 @@
 """Reward-model training stage: the ORM (Bradley-Terry on chosen/rejected pairs) or the PRM (BCE on
-step labels), initialised from the SFT checkpoint, keeping the epoch with the best held-out metric
-(ORM: pairwise accuracy; PRM: step AUC). Checkpoints at every epoch end; a rerun resumes there.
+step labels), keeping the epoch with the best held-out metric (ORM: pairwise accuracy; PRM: step
+AUC). Checkpoints at every epoch end; a rerun resumes there.
+
+Round 1 starts from the SFT checkpoint. A later RL round continues the previous round's reward model
+on the fresh samples of the current policy plus a replay of earlier rounds' rows
+(``rounds.replay_fraction`` of the set); the held-out rows are the fresh ones only, and the model's
+held-out metrics before training (``heldout_before``) measure how stale it had become.
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ from grpo_core.reward_models import (bradley_terry_loss, first_wrong_step, load_
 from grpo_core.stages.common import (Stopwatch, digest_dir, find_resume, keep_if_best, publish_best,
                                      restore_trainer_state, run_identity, save_trainer_checkpoint,
                                      set_threads, write_manifest)
+from grpo_core.replay import load_version, retraining_set
 from grpo_core.rewards import rollout_step_ends
 from grpo_core.tracking import MetricLogger, NullLogger
 
@@ -89,9 +95,18 @@ def evaluate_prm(model, tokenizer, rows: list[dict], separator: str, batch: int)
     return out
 
 
+def evaluate(model, tokenizer, kind: str, test: list[dict], solutions: list[dict], separator: str,
+             batch: int) -> dict[str, float]:
+    return (evaluate_orm(model, tokenizer, test, solutions, batch) if kind == "orm"
+            else evaluate_prm(model, tokenizer, test, separator, batch))
+
+
 def run_reward_model(cfg: PipelineConfig, kind: str, reward_data: dict, init_dir: str | Path, out_dir: Path,
-                     logger: MetricLogger | None = None) -> dict:
-    """Train the ``kind`` ("orm" or "prm") reward model on the reward-data stage's datasets."""
+                     logger: MetricLogger | None = None, replay: dict | None = None) -> dict:
+    """Train the ``kind`` ("orm" or "prm") reward model on the reward-data stage's datasets.
+
+    ``replay`` (later RL rounds): ``{"round": k, "dir": buffer version k-1, "digest": its digest}``;
+    ``rounds.replay_fraction`` of the training set is then drawn from that version."""
     from datasets import load_from_disk
 
     logger = logger or NullLogger()
@@ -99,20 +114,30 @@ def run_reward_model(cfg: PipelineConfig, kind: str, reward_data: dict, init_dir
     sep = cfg.reward_data.step_separator
     set_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
+    replay = replay or {"round": 1, "dir": None, "digest": None}
     name = "outcome" if kind == "orm" else "steps"
     data = load_from_disk(reward_data[f"{name}_dir"])
-    train, test = data["train"].to_list(), data["test"].to_list()
+    fresh, test = data["train"].to_list(), data["test"].to_list()
     solutions = load_from_disk(reward_data["solutions_dir"])["test"].to_list() if kind == "orm" else []
-    if not train or not test:
+    if not fresh or not test:
         raise ValueError(
-            f"{kind}: no {'training' if not train else 'held-out'} rows in {reward_data[f'{name}_dir']}: " + (
+            f"{kind}: no {'training' if not fresh else 'held-out'} rows in {reward_data[f'{name}_dir']}: " + (
                 "no question had both a right and a wrong sample" if kind == "orm" else "no sample had a step")
             + "; raise reward_data.questions or reward_data.samples_per_question, or train the policy further")
+    train, mix = retraining_set(fresh, load_version(replay["dir"], name), cfg.rounds.replay_fraction, cfg.seed,
+                                replay["round"])
     logger.log_input(name=f"reward_data/{name}", digest=reward_data[f"{name}_digest"],
-                     source=reward_data[f"{name}_dir"], rows={"train": len(train), "test": len(test)})
+                     source=reward_data[f"{name}_dir"], rows={"train": len(fresh), "test": len(test)})
+    if replay["dir"] is not None:
+        logger.log_input(name=f"replay/{Path(replay['dir']).name}/{name}", digest=replay["digest"],
+                         source=str(Path(replay["dir"]) / name),
+                         rows={"replayed": mix["replay"], **{f"from_round_{r}": n for r, n in mix["by_round"].items()}})
+    logger.log_metrics({"replay/share": mix["share"], "replay/rows": mix["replay"], "replay/fresh_rows": mix["fresh"],
+                        **{f"replay/from_round_{r}": n for r, n in mix["by_round"].items()}})
     ckpt_root = out_dir / "checkpoints"
     identity = run_identity(cfg, kind, init=digest_dir(Path(init_dir)), separator=sep,
-                            reward_data=reward_data[f"{name}_digest"])
+                            reward_data=reward_data[f"{name}_digest"], replay=replay["digest"],
+                            replay_fraction=cfg.rounds.replay_fraction, round=replay["round"])
     resume, saved = find_resume(ckpt_root, identity)
     model = load_reward_model(resume or init_dir, kind)
     tokenizer = load_tokenizer(resume or init_dir)
@@ -123,6 +148,9 @@ def run_reward_model(cfg: PipelineConfig, kind: str, reward_data: dict, init_dir
         restore_trainer_state(saved, opt, st)
     else:
         shutil.rmtree(out_dir / "best", ignore_errors=True)  # never publish another run's model
+        # Staleness: the starting model (last round's, or the SFT model's fresh head) on the fresh samples.
+        st["before_metrics"] = evaluate(model, tokenizer, kind, test, solutions, sep, rc.batch_size)
+        logger.log_metrics({f"heldout_before/{k}": v for k, v in st["before_metrics"].items()}, step=0)
     clock = Stopwatch(st["elapsed"])
     model.train()
     while st["epoch"] < rc.epochs and (rc.max_seconds is None or clock.elapsed < rc.max_seconds):
@@ -142,8 +170,7 @@ def run_reward_model(cfg: PipelineConfig, kind: str, reward_data: dict, init_dir
             st["step"] += 1
             logger.log_metrics({"train/loss": loss.item(), "train/grad_norm": float(grad_norm)}, step=st["step"])
         st["epoch"] += 1
-        metrics = (evaluate_orm(model, tokenizer, test, solutions, rc.batch_size) if kind == "orm"
-                   else evaluate_prm(model, tokenizer, test, sep, rc.batch_size))
+        metrics = evaluate(model, tokenizer, kind, test, solutions, sep, rc.batch_size)
         logger.log_metrics({f"heldout/{k}": v for k, v in metrics.items()}, step=st["step"])
         key = metrics["pairwise_accuracy" if kind == "orm" else "step_auc"]
         key = key if key == key else -1.0  # an undefined AUC (one class only) never wins
@@ -153,9 +180,10 @@ def run_reward_model(cfg: PipelineConfig, kind: str, reward_data: dict, init_dir
         save_trainer_checkpoint(ckpt_root, st, model, tokenizer, opt, identity, cfg, keep=2)
     final_dir = publish_best(out_dir)
     return write_manifest(out_dir, {"stage": kind, "model": str(final_dir), "init": str(init_dir),
+                                    "round": replay["round"], "heldout_before": st.get("before_metrics", {}),
                                     "heldout": st.get("best_metrics", {}), "best_epoch_step": st["best_step"],
                                     "steps": st["step"], "epochs": st["epoch"], "n_train": len(train),
-                                    "n_test": len(test), "wall_s": round(clock.elapsed, 1)})
+                                    "n_test": len(test), "replay": mix, "wall_s": round(clock.elapsed, 1)})
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -168,10 +196,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--reward-data", required=True, help="the reward_data stage folder (its manifest.json)")
     p.add_argument("--init", required=True, help="HF folder of the SFT model")
     p.add_argument("--out", required=True)
+    p.add_argument("--round", type=int, default=1, help="RL round (> 1: continue --init with a replay)")
+    p.add_argument("--replay", help="replay buffer version of the earlier rounds (runs/<run>/replay/v<k-1>)")
     p.add_argument("--set", action="append", default=[], dest="overrides")
     a = p.parse_args(argv)
     manifest = json.loads((Path(a.reward_data) / "manifest.json").read_text())
-    print(run_reward_model(load_config(a.config, a.overrides), a.kind, manifest, a.init, Path(a.out)))
+    replay = {"round": a.round, "dir": a.replay,
+              "digest": json.loads((Path(a.replay) / "manifest.json").read_text())["digest"] if a.replay else None}
+    print(run_reward_model(load_config(a.config, a.overrides), a.kind, manifest, a.init, Path(a.out), replay=replay))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,191 @@
+"""Iterative RL (DeepSeekMath §4.2, Algorithm 1): the ``rl-round`` subflow and the ``rl-rounds`` flow.
+
+Round k starts from policy k-1 (the SFT model for k = 1) and the reward models of round k-1:
+  reward_data  sample the current policy on this round's RL questions; label outcomes and steps
+  replay       buffer version k = version k-1 + these training rows (written before any training)
+  orm / prm    continue last round's model on the fresh rows + a replay of version k-1
+               (``rounds.replay_fraction`` of the set); held-out = fresh rows only, measured
+               before and after: how stale the reward model had become, and what retraining fixed
+  grpo         from policy k-1, reference reset to it, with the retrained reward models
+  eval         the new policy's test accuracy
+then the policy is registered in MLflow (alias ``champion`` on the best by validation accuracy) and
+the round publishes a Prefect artifact. A recipe that trains no reward model runs grpo and eval only.
+
+Every stage is a cached task under ``runs/<run>/round-<k>/``: re-running a flow skips finished
+rounds, and a killed round resumes each stage from its last complete checkpoint.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_markdown_artifact
+from pydantic import Field
+
+from grpo_core.config import PipelineConfig, load_config
+from tasks.registry import promote_champion, register_policy, registered_name
+from tasks.stages import (eval_task, grpo_task, grpo_upstream, orm_task, prm_task, replay_task, reward_data_task,
+                          run_stage)
+from tasks.tracking import end_run, experiment_id, start_run
+from grpo_core.tracking import MlflowLogger
+
+# The held-out metric that says how good a reward model is (the one its training keeps the best of).
+RM_KEY = {"orm": "pairwise_accuracy", "prm": "step_auc"}
+
+
+def _model(manifest: dict) -> dict:
+    return {"model": manifest["model"], "digest": manifest["digest"]}
+
+
+def reward_stages(cfg: PipelineConfig, k: int, round_dir: Path, run_dir: Path, data: dict, sft: dict,
+                  start: dict, common: dict) -> dict[str, tuple[dict, bool]]:
+    """reward_data -> replay -> orm / prm for round ``k``: {stage: (manifest, cached)}."""
+    wanted = [kind for kind in ("orm", "prm") if getattr(cfg, kind).train]
+    if not wanted:
+        return {}
+    policy = start["policy"]
+    out = {"reward_data": run_stage(reward_data_task, out_dir=str(round_dir / "reward_data"),
+                                    upstream={"data_dir": data["dir"], "data": data["digest"],
+                                              "policy": policy["model"], "init": policy["digest"], "round": k},
+                                    **common)}
+    rd = out["reward_data"][0]
+    datasets = {key: v for key, v in rd.items() if key.endswith(("_dir", "_digest")) and key != "dir"}
+    previous = start.get("buffer")
+    out["replay"] = run_stage(replay_task, out_dir=str(run_dir / "replay" / f"v{k}"),
+                              upstream={"previous": previous, "reward_data": datasets, "round": k}, **common)
+    replay = {"round": k, "dir": previous["dir"] if previous else None,
+              "digest": previous["digest"] if previous else None}
+    for kind in wanted:
+        init = start["reward_models"].get(kind) or _model(sft)  # round 1: from the SFT checkpoint
+        out[kind] = run_stage(orm_task if kind == "orm" else prm_task, out_dir=str(round_dir / kind),
+                              upstream={"reward_data": datasets, "init_model": init["model"], "init": init["digest"],
+                                        "replay": replay}, **common)
+    return out
+
+
+def round_summary(k: int, stages: dict[str, dict], cached: list[str], test: dict) -> dict:
+    """What a round produced and measured (the manifest's ``rounds`` entries)."""
+    grpo = stages["grpo"]
+    rms = {kind: {**_model(stages[kind]), "before": stages[kind].get("heldout_before", {}),
+                  "after": stages[kind].get("heldout", {}), "replay": stages[kind].get("replay", {})}
+           for kind in ("orm", "prm") if kind in stages}
+    return {
+        "round": k,
+        "policy": grpo["model"], "policy_digest": grpo["digest"],
+        "test_accuracy": test["accuracy"], "val_accuracy": grpo["best_val_accuracy"],
+        "grpo": {"steps": grpo["steps"], "wall_s": grpo["wall_s"], "best_step": grpo["best_step"],
+                 "resumed_from_step": grpo.get("resumed_from_step", 0), **grpo.get("last_10_steps", {})},
+        "reward_models": rms,
+        "buffer": {"dir": stages["replay"]["dir"], "digest": stages["replay"]["digest"]} if "replay" in stages else None,
+        "stages": stages, "cached_stages": cached,
+    }
+
+
+def round_metrics(summary: dict) -> dict[str, float]:
+    """Flat metrics of a round for MLflow (``round/...``; ``rm/<kind>/before|after/...``)."""
+    out = {"round/test_accuracy": summary["test_accuracy"], "round/val_accuracy": summary["val_accuracy"]}
+    out.update({f"round/grpo_{k}": v for k, v in summary["grpo"].items() if isinstance(v, (int, float))})
+    for kind, rm in summary["reward_models"].items():
+        for when in ("before", "after"):
+            out.update({f"rm/{kind}/{when}/{m}": v for m, v in rm[when].items()})
+        out[f"rm/{kind}/replay_share"] = rm["replay"].get("share", 0.0)
+    return out
+
+
+def mlflow_link(uri: str, exp_id: str, run_id: str) -> str:
+    """A link to the run in the MLflow UI: the tracking server, or what ``grpo-pipeline ui`` serves."""
+    base = uri.rstrip("/") if uri.startswith(("http://", "https://")) else "http://127.0.0.1:5000"
+    return f"{base}/#/experiments/{exp_id}/runs/{run_id}"
+
+
+def round_report(summary: dict, champion: dict, link: str) -> str:
+    """The round's Prefect artifact: a Markdown table."""
+    g = summary["grpo"]
+    rows = [("test accuracy", f"{summary['test_accuracy']:.4f}"),
+            ("best validation accuracy", f"{summary['val_accuracy']:.4f} (step {g['best_step']})"),
+            ("GRPO steps / wall time", f"{g['steps']} / {g['wall_s']} s"),
+            ("reward, last 10 steps", f"{g.get('reward_mean', float('nan')):.4f}"),
+            ("KL, last 10 steps", f"{g.get('kl', float('nan')):.5f}")]
+    for kind, rm in summary["reward_models"].items():
+        key = RM_KEY[kind]
+        rows.append((f"{kind.upper()} {key} on fresh samples: before -> after retraining",
+                     f"{rm['before'].get(key, float('nan')):.4f} -> {rm['after'].get(key, float('nan')):.4f} "
+                     f"(replay share {rm['replay'].get('share', 0.0):.3f})"))
+    rows.append(("champion", f"version {champion['version']} (round {champion['round']})"))
+    rows.append(("MLflow run", f"[round-{summary['round']}]({link})"))
+    return "\n".join([f"### RL round {summary['round']}", "", "| | |", "|---|---|",
+                      *(f"| {a} | {b} |" for a, b in rows)])
+
+
+@flow(name="rl-round", flow_run_name="round-{k}", log_prints=True)
+def rl_round(cfg: PipelineConfig, k: int, data: dict, sft: dict, start: dict, uri: str, parent_id: str) -> dict:
+    """One RL round (see the module docstring); ``start`` holds policy k-1, reward models k-1 and
+    buffer version k-1 (``{"model", "digest"}`` dicts; ``buffer``: ``{"dir", "digest"}`` or None)."""
+    log = get_run_logger()
+    run_dir = cfg.run_dir.resolve()
+    round_dir = run_dir / f"round-{k}"
+    exp_id = experiment_id(uri, cfg.tracking.experiment)
+    run_id = start_run(uri, exp_id, f"round-{k}", parent_id=parent_id, tags={"round": str(k)})
+    common = {"cfg": cfg, "uri": uri, "parent_id": run_id}
+    try:
+        results = reward_stages(cfg, k, round_dir, run_dir, data, sft, start, common)
+        rms = {kind: results[kind][0] for kind in ("orm", "prm") if kind in results}
+        used = cfg.grpo.reward_models_used
+        results["grpo"] = run_stage(grpo_task, out_dir=str(round_dir / "grpo"),
+                                    upstream=grpo_upstream(data, start["policy"], {m: rms[m]["model"] for m in used},
+                                                           {m: rms[m]["digest"] for m in used}, round_=k), **common)
+        grpo = results["grpo"][0]
+        results["eval"] = run_stage(eval_task, out_dir=str(round_dir / "eval"),
+                                    upstream={"data_dir": data["dir"], "data": data["digest"],
+                                              "models": {"policy": grpo["model"]}, "digests": [grpo["digest"]]},
+                                    **common)
+        stages = {name: m for name, (m, _) in results.items()}
+        cached = [name for name, (_, hit) in results.items() if hit]
+        summary = round_summary(k, stages, cached, stages["eval"]["results"]["policy"])
+        name = registered_name(cfg)
+        summary["model_version"] = register_policy(uri, name, run_id, grpo["model"], k, summary["val_accuracy"],
+                                                   grpo["digest"])
+        champion = promote_champion(uri, name)
+        tracker = MlflowLogger(uri, run_id)
+        tracker.log_metrics(round_metrics(summary))
+        tracker.set_tags({"cached_stages": ",".join(cached) or "none", "model_version": summary["model_version"],
+                          **{f"stage_run.{s}": m["mlflow_run_id"] for s, m in stages.items()}})
+        link = mlflow_link(uri, exp_id, run_id)
+        create_markdown_artifact(key=f"{cfg.run_name}-round-{k}".lower().replace("_", "-").replace(".", "-"),
+                                 markdown=round_report(summary, champion, link),
+                                 description=f"RL round {k} of {cfg.run_name}")
+    except BaseException:
+        end_run(uri, run_id, "FAILED")
+        raise
+    end_run(uri, run_id, "FINISHED")
+    summary.update(mlflow_run_id=run_id, champion=champion)
+    log.info("round %d: test %.4f, validation %.4f, cached %s", k, summary["test_accuracy"],
+             summary["val_accuracy"], cached or "none")
+    return summary
+
+
+def next_start(summary: dict) -> dict:
+    """Where round k+1 starts: round k's policy, reward models and replay buffer version."""
+    return {"policy": {"model": summary["policy"], "digest": summary["policy_digest"]},
+            "reward_models": {kind: {"model": rm["model"], "digest": rm["digest"]}
+                              for kind, rm in summary["reward_models"].items()},
+            "buffer": summary["buffer"]}
+
+
+@flow(name="rl-rounds", log_prints=True)
+def rl_rounds(run_dir: str = "runs/demo", rounds: Annotated[int, Field(ge=1, le=100)] = 1) -> dict:
+    """Continue a finished pipeline run for ``rounds`` more RL rounds with its own recipe.
+
+    Reads ``<run_dir>/manifest.json`` and ``config.yaml``; the pipeline then serves every stage done
+    before from the cache and runs only the new rounds (or finishes an interrupted one)."""
+    from flows.pipeline import pipeline
+
+    root = Path(run_dir)
+    manifest_path = root / "manifest.json"
+    if not manifest_path.exists():
+        raise FileNotFoundError(f"{manifest_path}: not a finished run; run the pipeline first (grpo-pipeline run ...)")
+    done = len(json.loads(manifest_path.read_text()).get("rounds", []))
+    cfg = load_config(root / "config.yaml", [f"rounds.count={done + rounds}"])
+    return pipeline(cfg)
