@@ -8,7 +8,7 @@ PIP_FLAGS := --quiet --disable-pip-version-check --no-warn-script-location
 # Drops pip's notes about local package folders that some machines' pip.conf names but lack.
 QUIET := 2>&1 | { grep -v "^WARNING: Location" || true; }
 
-.PHONY: venv demo test baseline compare ui clean
+.PHONY: venv demo test baseline compare rounds ui clean
 
 $(BIN)/.installed: requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,10 @@ baseline: venv
 
 compare: venv
 	$(BIN)/grpo-pipeline compare runs/demo
+
+ROUNDS ?= 1
+rounds: venv
+	$(BIN)/grpo-pipeline rounds runs/demo --rounds $(ROUNDS)
 
 ui: venv
 	$(BIN)/grpo-pipeline ui

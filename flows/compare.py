@@ -42,7 +42,7 @@ def reward_model_metric(first_round: dict, uses: tuple[str, ...]) -> str:
     return "exact checker"
 
 
-@flow(name="compare", log_prints=True)
+@flow(name="compare")
 def compare(run_dir: str, variants: list[str] | None = None) -> list[dict]:
     log = get_run_logger()
     root = Path(run_dir).resolve()

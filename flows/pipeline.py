@@ -20,7 +20,7 @@ from tasks.stages import data_task, eval_task, run_stage, sft_task
 from tasks.tracking import end_run, experiment_id, redact, start_run, tracking_uri
 
 
-@flow(name="pipeline", log_prints=True)
+@flow(name="pipeline")
 def pipeline(config: PipelineConfig) -> dict:
     log = get_run_logger()
     run_dir = config.run_dir.resolve()
@@ -85,7 +85,7 @@ def pipeline(config: PipelineConfig) -> dict:
     return manifest
 
 
-@flow(name="recipe", log_prints=True)
+@flow(name="recipe")
 def run_recipe(recipe: str = "configs/demo.yaml", overrides: list[str] | None = None) -> dict:
     """The pipeline on a YAML recipe file plus ``section.key=value`` overrides (the deployments' entry
     point): the recipe is validated by ``PipelineConfig`` before any work, and an invalid one fails

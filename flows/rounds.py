@@ -119,7 +119,7 @@ def round_report(summary: dict, champion: dict, link: str) -> str:
                       *(f"| {a} | {b} |" for a, b in rows)])
 
 
-@flow(name="rl-round", flow_run_name="round-{k}", log_prints=True)
+@flow(name="rl-round", flow_run_name="round-{k}")
 def rl_round(cfg: PipelineConfig, k: int, data: dict, sft: dict, start: dict, uri: str, parent_id: str) -> dict:
     """One RL round (see the module docstring); ``start`` holds policy k-1, reward models k-1 and
     buffer version k-1 (``{"model", "digest"}`` dicts; ``buffer``: ``{"dir", "digest"}`` or None)."""
@@ -174,7 +174,7 @@ def next_start(summary: dict) -> dict:
             "buffer": summary["buffer"]}
 
 
-@flow(name="rl-rounds", log_prints=True)
+@flow(name="rl-rounds")
 def rl_rounds(run_dir: str = "runs/demo", rounds: Annotated[int, Field(ge=1, le=100)] = 1) -> dict:
     """Continue a finished pipeline run for ``rounds`` more RL rounds with its own recipe.
 

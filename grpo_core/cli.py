@@ -1,5 +1,5 @@
 """``grpo-pipeline``: run a recipe, evaluate a model, run the SFT-only baseline, compare GRPO reward
-variants, open the UIs."""
+variants, continue a run for more RL rounds, open the UIs."""
 from __future__ import annotations
 
 import argparse
@@ -69,6 +69,20 @@ def cmd_compare(a: argparse.Namespace) -> None:
     print(format_table(compare(str(run_dir), variants)))
 
 
+def cmd_rounds(a: argparse.Namespace) -> None:
+    from flows.rounds import rl_rounds
+
+    run_dir = Path(a.run_dir)
+    if not (run_dir / "manifest.json").exists():
+        _fail(f"{run_dir / 'manifest.json'}: run the pipeline first (grpo-pipeline run ...)")
+    if a.rounds < 1:
+        _fail(f"--rounds {a.rounds}: must be at least 1")
+    manifest = rl_rounds(str(run_dir), a.rounds)
+    print(json.dumps({"rounds": [{k: r[k] for k in ("round", "test_accuracy", "val_accuracy", "model_version",
+                                                      "cached_stages")} for r in manifest["rounds"]],
+                      "champion": manifest["champion"], "mlflow_run_id": manifest["mlflow_run_id"]}, indent=2))
+
+
 def cmd_ui(a: argparse.Namespace) -> None:
     from grpo_core.ui import serve_uis
 
@@ -100,6 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("run_dir", help="a finished run that trained the reward models, e.g. runs/demo")
     c.add_argument("--variants", help="comma-separated subset of rule-outcome,orm-outcome,prm-process")
     c.set_defaults(func=cmd_compare)
+    rr = sub.add_parser("rounds", help="continue a finished run for more RL rounds (the rl-rounds flow)")
+    rr.add_argument("run_dir", help="a finished run, e.g. runs/demo")
+    rr.add_argument("--rounds", type=int, default=1, help="how many more rounds")
+    rr.set_defaults(func=cmd_rounds)
     u = sub.add_parser("ui", help="start the MLflow and Prefect UIs (127.0.0.1 by default)")
     u.add_argument("--host", default="127.0.0.1")
     u.add_argument("--mlflow-port", type=int, default=5000)

@@ -34,13 +34,13 @@ def register_policy(uri: str, name: str, run_id: str, model_dir: str | Path, rou
             raise
     for version in client.search_model_versions(f"name='{name}'"):
         if version.tags.get("digest") == digest and version.tags.get("round") == str(round_):
-            return version.version
+            return str(version.version)
     MlflowLogger(uri, run_id).log_artifacts(model_dir, "policy")
     version = client.create_model_version(
         name, source=f"runs:/{run_id}/policy", run_id=run_id,
         tags={"round": str(round_), "val_accuracy": f"{val_accuracy:.6f}", "digest": digest},
         description=f"policy after RL round {round_} (validation accuracy {val_accuracy:.4f})")
-    return version.version
+    return str(version.version)
 
 
 def promote_champion(uri: str, name: str) -> dict:
@@ -52,5 +52,5 @@ def promote_champion(uri: str, name: str) -> dict:
     versions = client.search_model_versions(f"name='{name}'")
     best = max(versions, key=lambda v: (float(v.tags["val_accuracy"]), -int(v.version)))
     client.set_registered_model_alias(name, CHAMPION, best.version)
-    return {"name": name, "version": best.version, "round": int(best.tags["round"]),
+    return {"name": name, "version": str(best.version), "round": int(best.tags["round"]),
             "val_accuracy": float(best.tags["val_accuracy"])}

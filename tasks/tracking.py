@@ -59,17 +59,27 @@ def end_run(uri: str, run_id: str, status: str = "FINISHED") -> None:
 
 
 class ConsoleEchoLogger(MlflowLogger):
-    """Also prints validation metrics, so a terminal running the flow shows progress."""
+    """Also reports validation metrics to the Prefect run log, so a terminal running the flow (and
+    the Prefect UI) shows progress.
+
+    Through Prefect's logger, not ``log_prints``: that patch also catches what libraries print into
+    a captured stdout (dill's bytecode listing while datasets fingerprints a table)."""
 
     def __init__(self, uri: str, run_id: str, stage: str) -> None:
         super().__init__(uri, run_id)
         self.stage = stage
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        from prefect.exceptions import MissingContextError
+        from prefect.logging import get_run_logger
+
         super().log_metrics(metrics, step)
         shown = {k: round(v, 4) for k, v in metrics.items() if k.startswith("val/")}
         if shown:
-            print(f"[{self.stage}] step {step}: {shown}", flush=True)
+            try:
+                get_run_logger().info("[%s] step %s: %s", self.stage, step, shown)
+            except MissingContextError:
+                print(f"[{self.stage}] step {step}: {shown}", flush=True)
 
 
 @contextmanager

@@ -1,0 +1,142 @@
+"""Iterative RL rounds end to end on a tiny recipe: what each round starts from, the replay buffer's
+versions and the replay in each retraining set, MLflow round runs and the model registry, Prefect
+artifacts, and ``rl_rounds`` continuing a finished run without redoing its rounds."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+REWARD_MODELS = dict(orm__train=True, prm__train=True, reward_data__questions=8,
+                     reward_data__samples_per_question=3, reward_data__max_new_tokens=12, reward_data__mc_rollouts=2,
+                     reward_data__heldout_fraction=0.25, orm__batch_size=4, prm__batch_size=4, orm__lr=1e-3,
+                     prm__lr=1e-3, sft__max_steps=2, grpo__steps=1)
+
+
+@pytest.fixture
+def mixed_checker(monkeypatch):
+    # An untrained tiny policy is never right; a parity "checker" gives the mixed groups that pairs
+    # and step labels need.
+    import grpo_core.reward_data as reward_data_mod
+
+    monkeypatch.setattr(reward_data_mod, "is_correct", lambda text, gold: sum(map(ord, text)) % 2 == 1)
+
+
+def test_three_rounds_chain_policies_reward_models_and_replay(prefect_harness, tmp_path, tiny_cfg, mixed_checker):
+    from datasets import load_from_disk
+    from mlflow.tracking import MlflowClient
+
+    from flows.pipeline import pipeline
+    from grpo_core.replay import ORIGIN
+
+    cfg = tiny_cfg(tmp_path, "grpo.reward_weights={orm: 1.0, rule: 1.0}", run_name="iter", rounds__count=3,
+                   rounds__replay_fraction=0.5, **REWARD_MODELS)
+    manifest = pipeline(cfg)
+    run_dir = tmp_path / "runs" / "iter"
+    rounds = manifest["rounds"]
+    assert [r["round"] for r in rounds] == [1, 2, 3]
+    assert manifest["policy"] == rounds[-1]["policy"] == str(run_dir / "round-3" / "grpo" / "model")
+    assert manifest["reward_models"] == {k: str(run_dir / "round-3" / k / "model") for k in ("orm", "prm")}
+
+    for k, r in enumerate(rounds, start=1):
+        stages = r["stages"]
+        # ref <- policy: round k's GRPO starts (and takes its reference) from round k-1's policy.
+        assert stages["grpo"]["init"] == (manifest["sft_model"] if k == 1 else rounds[k - 2]["policy"])
+        assert stages["reward_data"]["round"] == k
+        for kind in ("orm", "prm"):
+            rm = stages[kind]
+            # Continued from last round's reward model (round 1: from the SFT checkpoint).
+            assert rm["init"] == (manifest["sft_model"] if k == 1 else rounds[k - 2]["stages"][kind]["model"])
+            mix = rm["replay"]
+            assert set(r["reward_models"][kind]["before"]) == set(r["reward_models"][kind]["after"])
+            if k == 1:
+                assert mix["replay"] == 0 and mix["share"] == 0.0
+            else:
+                # Half the set replayed (fraction 0.5), all of it from earlier rounds.
+                assert mix["replay"] == min(mix["fresh"], mix["replay_wanted"])
+                assert set(map(int, mix["by_round"])) <= set(range(1, k))
+        assert 0.0 <= r["test_accuracy"] <= 1.0 and r["model_version"] == str(k)
+    # Round 2's reward data was sampled from round 1's policy, on other questions than round 1's.
+    assert rounds[1]["stages"]["reward_data"]["round"] == 2
+    q1 = set(load_from_disk(str(run_dir / "round-1" / "reward_data" / "solutions"))["train"]["prompt"])
+    q2 = set(load_from_disk(str(run_dir / "round-2" / "reward_data" / "solutions"))["train"]["prompt"])
+    assert q1 != q2
+
+    # ---- the buffer: version k holds the training rows of rounds 1..k, tagged with their round
+    for k in (1, 2, 3):
+        version = run_dir / "replay" / f"v{k}"
+        outcome = load_from_disk(str(version / "outcome"))
+        fresh = [len(load_from_disk(str(run_dir / f"round-{j}" / "reward_data" / "outcome"))["train"])
+                 for j in range(1, k + 1)]
+        assert len(outcome) == sum(fresh)
+        assert sorted(set(outcome[ORIGIN])) == [j for j in range(1, k + 1) if fresh[j - 1]]
+        assert json.loads((version / "manifest.json").read_text())["round"] == k
+
+    # ---- MLflow: round runs under the parent with their stages nested; registry and champion
+    client = MlflowClient(cfg.tracking.tracking_uri)
+    parent = client.get_run(manifest["mlflow_run_id"])
+    exp = [parent.info.experiment_id]
+    round_runs = {r.info.run_name: r for r in client.search_runs(
+        exp, filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}' and tags.round != ''")}
+    assert sorted(round_runs) == ["round-1", "round-2", "round-3"]
+    nested = {r.info.run_name for r in client.search_runs(
+        exp, filter_string=f"tags.mlflow.parentRunId = '{round_runs['round-2'].info.run_id}'")}
+    assert nested == {"reward_data", "replay", "orm", "prm", "grpo", "eval"}
+    metrics = round_runs["round-2"].data.metrics
+    for key in ("round/test_accuracy", "rm/orm/before/pairwise_accuracy", "rm/orm/after/pairwise_accuracy",
+                "rm/prm/before/step_accuracy", "rm/orm/replay_share"):
+        assert key in metrics, key
+    orm_run = client.get_run(round_runs["round-2"].data.tags["stage_run.orm"])
+    inputs = {d.dataset.name for d in orm_run.inputs.dataset_inputs}
+    assert inputs == {"reward_data/outcome", "replay/v1/outcome"}
+    history = client.get_metric_history(parent.info.run_id, "round/test_accuracy")
+    assert sorted(m.step for m in history) == [1, 2, 3]
+
+    name = "iter-policy"
+    versions = client.search_model_versions(f"name='{name}'")
+    assert sorted(int(v.version) for v in versions) == [1, 2, 3]
+    champion = client.get_model_version_by_alias(name, "champion")
+    best = max(r["val_accuracy"] for r in rounds)
+    assert float(champion.tags["val_accuracy"]) == pytest.approx(best, abs=1e-6)
+    assert manifest["champion"]["version"] == str(champion.version)
+    assert champion.run_id == rounds[int(champion.tags["round"]) - 1]["mlflow_run_id"]
+
+    # ---- a Prefect artifact per round
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    with get_client(sync_client=True) as prefect:
+        artifacts = prefect.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(like_="iter-round-")))
+    assert {a.key for a in artifacts} == {"iter-round-1", "iter-round-2", "iter-round-3"}
+    report = next(a for a in artifacts if a.key == "iter-round-2").data
+    assert "ORM pairwise_accuracy on fresh samples: before -> after" in report and "champion" in report
+
+
+def test_rl_rounds_continues_a_finished_run(prefect_harness, tmp_path, tiny_cfg, mixed_checker):
+    from mlflow.tracking import MlflowClient
+
+    from flows.pipeline import pipeline
+    from flows.rounds import rl_rounds
+
+    cfg = tiny_cfg(tmp_path, "grpo.reward_weights={prm: 1.0}", run_name="more", grpo__supervision="process",
+                   **REWARD_MODELS)
+    first = pipeline(cfg)
+    run_dir = tmp_path / "runs" / "more"
+    mtime = (run_dir / "round-1" / "grpo" / "model" / "model.safetensors").stat().st_mtime_ns
+    more = rl_rounds(str(run_dir), rounds=1)
+    assert [r["round"] for r in more["rounds"]] == [1, 2]
+    assert sorted(more["rounds"][0]["cached_stages"]) == ["eval", "grpo", "orm", "prm", "replay", "reward_data"]
+    assert more["rounds"][1]["cached_stages"] == []
+    assert (run_dir / "round-1" / "grpo" / "model" / "model.safetensors").stat().st_mtime_ns == mtime
+    assert more["rounds"][0]["model_version"] == first["rounds"][0]["model_version"] == "1"
+    assert more["rounds"][1]["model_version"] == "2"
+    assert json.loads((run_dir / "manifest.json").read_text())["policy"].endswith("round-2/grpo/model")
+    assert MlflowClient(cfg.tracking.tracking_uri).get_run(more["mlflow_run_id"]).info.status == "FINISHED"
+
+
+def test_rl_rounds_needs_a_finished_run(prefect_harness, tmp_path):
+    from flows.rounds import rl_rounds
+
+    with pytest.raises(FileNotFoundError, match="not a finished run"):
+        rl_rounds(str(tmp_path / "nothing"), rounds=1)
