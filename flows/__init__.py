@@ -1,1 +1,8 @@
-"""Prefect flows that chain the stage tasks."""
+"""Prefect flows that chain the stage tasks.
+
+A worker (``prefect deploy``) imports the flows directly, not through the CLI: the project's
+environment defaults are applied here too (values already set win).
+"""
+from grpo_core.env import setup_environment
+
+setup_environment()
