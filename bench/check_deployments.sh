@@ -16,16 +16,18 @@ export PREFECT_SERVER_ANALYTICS_ENABLED=false MLFLOW_TRACKING_URI="sqlite:///$WO
 export PREFECT_LOGGING_LEVEL=WARNING
 pids=()
 cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  # Each background process leads its own session (setsid): its children (flow runs) go with it.
+  for p in "${pids[@]}"; do kill -- "-$p" 2>/dev/null || kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
   [ "${KEEP:-0}" = 1 ] || rm -rf "$WORK"
 }
 trap cleanup EXIT
 fail() { echo "check_deployments: $1 (logs in $WORK; KEEP=1 keeps them)" >&2; KEEP=1; tail -30 "$WORK"/*.log >&2 || true; exit 1; }
 
-"$BIN/prefect" server start --host 127.0.0.1 --port "$PORT" > "$WORK/server.log" 2>&1 &
+setsid "$BIN/prefect" server start --host 127.0.0.1 --port "$PORT" > "$WORK/server.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 120); do
+  kill -0 "${pids[0]}" 2>/dev/null || fail "the Prefect server exited (port $PORT in use?)"
   "$BIN/python" -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$PORT/api/health', timeout=2)" \
     2>/dev/null && break
   sleep 1
@@ -35,7 +37,7 @@ done
 
 "$BIN/prefect" work-pool create local --type process > "$WORK/pool.log" 2>&1 || fail "work-pool create"
 "$BIN/prefect" --no-prompt deploy --all > "$WORK/deploy.log" 2>&1 || fail "prefect deploy --all"
-"$BIN/prefect" worker start --pool local > "$WORK/worker.log" 2>&1 &
+setsid "$BIN/prefect" worker start --pool local > "$WORK/worker.log" 2>&1 &
 pids+=($!)
 
 # A tiny recipe: rule reward (an untrained tiny model gives a reward model no pairs to learn from).
@@ -55,11 +57,12 @@ YAML
 "$BIN/prefect" deployment run rl-rounds/demo-rounds -p run_dir="\"$WORK/runs/check\"" -p rounds=2 \
   --watch --watch-timeout 600 > "$WORK/run-rounds.log" 2>&1 || fail "deployment run rl-rounds/demo-rounds"
 # A parameter the flow's signature rejects is refused when the run is created.
-if "$BIN/prefect" deployment run rl-rounds/demo-rounds -p rounds=0 > "$WORK/run-invalid.log" 2>&1; then
+if "$BIN/prefect" deployment run rl-rounds/demo-rounds -p run_dir="\"$WORK/runs/check\"" -p rounds=0 \
+    > "$WORK/run-invalid.log" 2>&1; then
   fail "rounds=0 was accepted"
 fi
 
-"$BIN/python" - "$WORK/runs/check/manifest.json" <<'PY'
+"$BIN/python" - "$WORK/runs/check/manifest.json" <<'PY' || fail "the run's manifest is not what the runs should give"
 import json, sys
 m = json.load(open(sys.argv[1]))
 rounds = [r["round"] for r in m["rounds"]]

@@ -37,22 +37,23 @@ def pipeline(config: PipelineConfig) -> dict:
         data, data_hit = run_stage(data_task, out_dir=str(run_dir / "data"), **common)
         sft, sft_hit = run_stage(sft_task, out_dir=str(run_dir / "sft"),
                                  upstream={"data_dir": data["dir"], "data": data["digest"]}, **common)
-        start = {"policy": {"model": sft["model"], "digest": sft["digest"]}, "reward_models": {}, "buffer": None}
+        start = {"policy": {"model": sft["model"], "digest": sft["digest"]}, "reward_models": {}, "buffer": None,
+                 "versions": []}
         rounds = []
         for k in range(1, config.rounds.count + 1):
             rounds.append(rl_round(config, k, data, sft, start, uri, parent))
-            start = next_start(rounds[-1])
+            start = next_start(rounds[-1], start["versions"])
             tracker.log_metrics(round_metrics(rounds[-1]), step=k)  # per-round curves on the parent
         policy = rounds[-1]
+        # The SFT model's test accuracy; each round's eval already measured its policy on the same questions.
         ev, eval_hit = run_stage(eval_task, out_dir=str(run_dir / "eval"),
                                  upstream={"data_dir": data["dir"], "data": data["digest"],
-                                           "models": {"sft": sft["model"], "policy": policy["policy"]},
-                                           "digests": [sft["digest"], policy["policy_digest"]]}, **common)
+                                           "models": {"sft": sft["model"]}, "digests": [sft["digest"]]}, **common)
         hits = [("data", data_hit), ("sft", sft_hit), ("eval", eval_hit)]
         cached = [name for name, hit in hits if hit] + [f"round-{r['round']}/{s}" for r in rounds
                                                         for s in r["cached_stages"]]
         stages = {"data": data, "sft": sft, "eval": ev}
-        eval_results = ev["results"]
+        eval_results = {**ev["results"], "policy": policy["stages"]["eval"]["results"]["policy"]}
         tracker.log_metrics({f"eval/{name}/accuracy": r["accuracy"] for name, r in eval_results.items()})
         tracker.set_tags({"cached_stages": ",".join(cached) or "none",
                           "champion_version": rounds[-1]["champion"]["version"],

@@ -55,8 +55,8 @@ def reward_stages(cfg: PipelineConfig, k: int, round_dir: Path, run_dir: Path, d
     previous = start.get("buffer")
     out["replay"] = run_stage(replay_task, out_dir=str(run_dir / "replay" / f"v{k}"),
                               upstream={"previous": previous, "reward_data": datasets, "round": k}, **common)
-    replay = {"round": k, "dir": previous["dir"] if previous else None,
-              "digest": previous["digest"] if previous else None}
+    replay = ({"round": k, "dir": previous["dir"], "digest": previous["digest"], "fraction": cfg.rounds.replay_fraction}
+              if previous else {"round": k, "dir": None, "digest": None})
     for kind in wanted:
         init = start["reward_models"].get(kind) or _model(sft)  # round 1: from the SFT checkpoint
         out[kind] = run_stage(orm_task if kind == "orm" else prm_task, out_dir=str(round_dir / kind),
@@ -147,7 +147,7 @@ def rl_round(cfg: PipelineConfig, k: int, data: dict, sft: dict, start: dict, ur
         name = registered_name(cfg)
         summary["model_version"] = register_policy(uri, name, run_id, grpo["model"], k, summary["val_accuracy"],
                                                    grpo["digest"])
-        champion = promote_champion(uri, name)
+        champion = promote_champion(uri, name, [*start.get("versions", []), summary["model_version"]])
         tracker = MlflowLogger(uri, run_id)
         tracker.log_metrics(round_metrics(summary))
         tracker.set_tags({"cached_stages": ",".join(cached) or "none", "model_version": summary["model_version"],
@@ -166,12 +166,12 @@ def rl_round(cfg: PipelineConfig, k: int, data: dict, sft: dict, start: dict, ur
     return summary
 
 
-def next_start(summary: dict) -> dict:
+def next_start(summary: dict, start_versions: list[str]) -> dict:
     """Where round k+1 starts: round k's policy, reward models and replay buffer version."""
     return {"policy": {"model": summary["policy"], "digest": summary["policy_digest"]},
             "reward_models": {kind: {"model": rm["model"], "digest": rm["digest"]}
                               for kind, rm in summary["reward_models"].items()},
-            "buffer": summary["buffer"]}
+            "buffer": summary["buffer"], "versions": [*start_versions, summary["model_version"]]}
 
 
 @flow(name="rl-rounds")
@@ -188,4 +188,7 @@ def rl_rounds(run_dir: str = "runs/demo", rounds: Annotated[int, Field(ge=1, le=
         raise FileNotFoundError(f"{manifest_path}: not a finished run; run the pipeline first (grpo-pipeline run ...)")
     done = len(json.loads(manifest_path.read_text()).get("rounds", []))
     cfg = load_config(root / "config.yaml", [f"rounds.count={done + rounds}"])
+    if cfg.run_dir.resolve() != root.resolve():
+        raise ValueError(f"{root / 'config.yaml'} writes to {cfg.run_dir.resolve()}, not {root.resolve()}: run "
+                         f"rl_rounds from the folder the run was started in (output_dir is relative to it)")
     return pipeline(cfg)

@@ -230,7 +230,7 @@ class TrackingConfig(Section):
     tracking_uri: str | None = Field(None, description="None: $MLFLOW_TRACKING_URI, else sqlite mlflow.db in the project")
     experiment: str = Field("grpo-pipeline", description="MLflow experiment")
     # Every round's policy becomes a version; alias `champion` marks the best by validation accuracy.
-    registered_model: str | None = Field(None, description="MLflow registered model of the policies; None = <run_name>-policy")
+    registered_model: str | None = Field(None, pattern=r"^[A-Za-z0-9_.-]+$", description="MLflow registered model of the policies; None = <run_name>-policy")
 
 
 class PipelineConfig(Section):

@@ -43,14 +43,16 @@ def register_policy(uri: str, name: str, run_id: str, model_dir: str | Path, rou
     return str(version.version)
 
 
-def promote_champion(uri: str, name: str) -> dict:
-    """Move alias ``champion`` to the version with the best validation accuracy (the earliest on a tie:
-    a round whose best checkpoint was its start registers the same weights again)."""
+def promote_champion(uri: str, name: str, versions: list[str]) -> dict:
+    """Move alias ``champion`` to the best of ``versions`` (this run's rounds) by validation accuracy,
+    the earliest on a tie (a round whose best checkpoint was its start registers the same weights
+    again). Versions of other recipes registered under the same name never compete: their
+    validation sets and starting points may differ."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(uri)
-    versions = client.search_model_versions(f"name='{name}'")
-    best = max(versions, key=lambda v: (float(v.tags["val_accuracy"]), -int(v.version)))
+    candidates = [client.get_model_version(name, v) for v in versions]
+    best = max(candidates, key=lambda v: (float(v.tags.get("val_accuracy", "-1")), -int(v.version)))
     client.set_registered_model_alias(name, CHAMPION, best.version)
     return {"name": name, "version": str(best.version), "round": int(best.tags["round"]),
             "val_accuracy": float(best.tags["val_accuracy"])}

@@ -32,8 +32,9 @@ STAGE_SECTIONS = {
     "sft": ("seed", "model", "sft", "eval.max_new_tokens"),
     "reward_data": ("seed", "reward_data"),
     "replay": (),
-    "orm": ("seed", "orm", "reward_data.step_separator", "rounds.replay_fraction"),
-    "prm": ("seed", "prm", "reward_data.step_separator", "rounds.replay_fraction"),
+    # rounds.replay_fraction enters through the upstream ``replay`` of rounds that have a history.
+    "orm": ("seed", "orm", "reward_data.step_separator"),
+    "prm": ("seed", "prm", "reward_data.step_separator"),
     "grpo": ("seed", "grpo", "eval.max_new_tokens", "reward_data.step_separator"),
     "eval": ("eval",),
 }

@@ -80,7 +80,8 @@ def test_pipeline_end_to_end_and_cached_rerun(prefect_harness, tmp_path, tiny_cf
     sft_history = mlflow_client.get_metric_history(by_name["sft"].info.run_id, "train/loss")
     assert sorted(m.step for m in sft_history) == [1, 2, 3]
     assert grpo_run.data.params["grpo.group_size"] == str(cfg.grpo.group_size)
-    assert "eval/policy/accuracy" in by_name["eval"].data.metrics
+    assert "eval/sft/accuracy" in by_name["eval"].data.metrics
+    assert "eval/policy/accuracy" in in_round["eval"].data.metrics  # the round evaluated its policy
 
     # ---- a second run of the same recipe: every stage from the cache (the round run only reports)
     mtime = (run_dir / "round-1" / "grpo" / "model" / "model.safetensors").stat().st_mtime_ns

@@ -53,8 +53,15 @@ def test_three_rounds_chain_policies_reward_models_and_replay(prefect_harness, t
             if k == 1:
                 assert mix["replay"] == 0 and mix["share"] == 0.0
             else:
-                # Half the set replayed (fraction 0.5), all of it from earlier rounds.
-                assert mix["replay"] == min(mix["fresh"], mix["replay_wanted"])
+                # Fraction 0.5: as many replayed rows as fresh ones, or all of version k-1 if it
+                # holds fewer; each from an earlier round.
+                name = "outcome" if kind == "orm" else "steps"
+                history = load_from_disk(str(run_dir / "replay" / f"v{k - 1}" / name))
+                assert mix["replay_wanted"] == mix["fresh"]
+                assert mix["replay"] == min(mix["replay_wanted"], len(history)) > 0
+                if len(history) >= mix["replay_wanted"]:
+                    assert mix["share"] == 0.5
+                assert sum(mix["by_round"].values()) == mix["replay"]
                 assert set(map(int, mix["by_round"])) <= set(range(1, k))
         assert 0.0 <= r["test_accuracy"] <= 1.0 and r["model_version"] == str(k)
     # Round 2's reward data was sampled from round 1's policy, on other questions than round 1's.
@@ -62,6 +69,15 @@ def test_three_rounds_chain_policies_reward_models_and_replay(prefect_harness, t
     q1 = set(load_from_disk(str(run_dir / "round-1" / "reward_data" / "solutions"))["train"]["prompt"])
     q2 = set(load_from_disk(str(run_dir / "round-2" / "reward_data" / "solutions"))["train"]["prompt"])
     assert q1 != q2
+
+    # Held-out questions are the same share of the pool in every round: never trained on, in any round.
+    trained, heldout = set(), set()
+    for k in (1, 2, 3):
+        for name in ("outcome", "steps", "solutions"):
+            data = load_from_disk(str(run_dir / f"round-{k}" / "reward_data" / name))
+            trained |= set(data["train"]["prompt"])
+            heldout |= set(data["test"]["prompt"])
+    assert heldout and trained and not heldout & trained
 
     # ---- the buffer: version k holds the training rows of rounds 1..k, tagged with their round
     for k in (1, 2, 3):

@@ -8,6 +8,7 @@ other tools read: ``outcome`` (TRL ``prompt``/``chosen``/``rejected``), ``steps`
 from __future__ import annotations
 
 import argparse
+import hashlib
 import random
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from grpo_core.env import setup_environment
 from grpo_core.modeling import load_model
 from grpo_core.policy import generate
 from grpo_core.reward_data import Completer, label_agreement, outcome_pairs, sample_solutions, step_rows
-from grpo_core.data import prompt_text
+from grpo_core.data import Example, prompt_text
 from grpo_core.stages.common import Stopwatch, digest_dir, read_split, round_seed, set_threads, write_manifest
 from grpo_core.tracking import MetricLogger, NullLogger
 
@@ -42,6 +43,16 @@ def policy_completer(policy, tokenizer, rc: RewardDataConfig, seed: int) -> Comp
     return complete
 
 
+def heldout_split(pool: set[Example], fraction: float) -> tuple[list[Example], list[Example]]:
+    """(held-out, training) questions of the RL pool for the reward models, the same in every round:
+    a fixed ``fraction`` of the distinct questions, chosen by a hash of their text. A later round's
+    held-out samples are then never questions that an earlier round's reward model trained on (or
+    that the replay brings back), so before/after accuracies measure generalisation."""
+    ranked = sorted(pool, key=lambda e: hashlib.sha256(e.question.encode()).hexdigest())
+    n = max(1, round(len(ranked) * fraction))
+    return ranked[:n], ranked[n:]
+
+
 def run_reward_data(cfg: PipelineConfig, data_dir: Path, policy_dir: str | Path, out_dir: Path,
                     logger: MetricLogger | None = None, round_: int = 1) -> dict:
     """Samples of the policy of RL round ``round_`` (the SFT model in round 1) on RL questions drawn
@@ -53,14 +64,17 @@ def run_reward_data(cfg: PipelineConfig, data_dir: Path, policy_dir: str | Path,
     set_threads(cfg.threads)
     clock = Stopwatch()
     policy, tokenizer = load_model(policy_dir)
-    pool = sorted(set(read_split(data_dir, "rl")), key=lambda e: e.question)  # the pool may repeat
-    seed = round_seed(cfg.seed, round_)
-    questions = random.Random(seed).sample(pool, min(rc.questions, len(pool)))
-    n_test = max(1, round(len(questions) * rc.heldout_fraction))
-    if len(questions) - n_test < 1:
-        raise ValueError(f"{data_dir / 'rl.jsonl'}: {len(questions)} distinct question(s) cannot be split into "
+    heldout_pool, train_pool = heldout_split(set(read_split(data_dir, "rl")), rc.heldout_fraction)
+    if not train_pool:
+        raise ValueError(f"{data_dir / 'rl.jsonl'}: {len(heldout_pool)} distinct question(s) cannot be split into "
                          f"training and held-out reward data; raise reward_data.questions (and the RL pool)")
-    split_of = {"test": questions[:n_test], "train": questions[n_test:]}
+    seed = round_seed(cfg.seed, round_)
+    rng = random.Random(seed)
+    n_questions = min(rc.questions, len(heldout_pool) + len(train_pool))
+    n_test = min(len(heldout_pool), max(1, round(n_questions * rc.heldout_fraction)))
+    split_of = {"test": rng.sample(heldout_pool, n_test),
+                "train": rng.sample(train_pool, min(len(train_pool), n_questions - n_test))}
+    questions = split_of["test"] + split_of["train"]
     complete = policy_completer(policy, tokenizer, rc, seed)
     tables: dict[str, dict[str, list[dict]]] = {name: {} for name in DATASETS}
     metrics: dict[str, float] = {}

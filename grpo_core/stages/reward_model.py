@@ -136,8 +136,9 @@ def run_reward_model(cfg: PipelineConfig, kind: str, reward_data: dict, init_dir
                         **{f"replay/from_round_{r}": n for r, n in mix["by_round"].items()}})
     ckpt_root = out_dir / "checkpoints"
     identity = run_identity(cfg, kind, init=digest_dir(Path(init_dir)), separator=sep,
-                            reward_data=reward_data[f"{name}_digest"], replay=replay["digest"],
-                            replay_fraction=cfg.rounds.replay_fraction, round=replay["round"])
+                            reward_data=reward_data[f"{name}_digest"], round=replay["round"],
+                            **({"replay": replay["digest"], "replay_fraction": cfg.rounds.replay_fraction}
+                               if replay["dir"] is not None else {}))  # round 1 has no history to replay
     resume, saved = find_resume(ckpt_root, identity)
     model = load_reward_model(resume or init_dir, kind)
     tokenizer = load_tokenizer(resume or init_dir)
