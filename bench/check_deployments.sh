@@ -17,7 +17,10 @@ export PREFECT_LOGGING_LEVEL=WARNING
 pids=()
 cleanup() {
   # Each background process leads its own session (setsid): its children (flow runs) go with it.
-  for p in "${pids[@]}"; do kill -- "-$p" 2>/dev/null || kill "$p" 2>/dev/null || true; done
+  # The worker shuts down gracefully and retries a server that is gone: a few seconds, then KILL.
+  for p in "${pids[@]}"; do kill -- "-$p" 2>/dev/null || true; done
+  sleep 3
+  for p in "${pids[@]}"; do kill -KILL -- "-$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
   [ "${KEEP:-0}" = 1 ] || rm -rf "$WORK"
 }
