@@ -1,0 +1,62 @@
+"""The math-page classifier: fastText supervised (``fasttext-community``; GUIDE §4), trained on seed
+math pages against other pages with the paper's settings (dim 256, lr 0.1, word n-grams 3, min
+count 3, 3 epochs) on normalised text. ``thread=1`` with a fixed seed makes training deterministic.
+"""
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Iterable
+
+from grpo_core.corpus.text import normalize
+
+POSITIVE = "__label__math"
+NEGATIVE = "__label__other"
+
+
+def write_training_file(path: Path, positives: Iterable[str], negatives: Iterable[str], seed: int) -> dict[str, int]:
+    """fastText's input: one ``__label__<class> <normalised text>`` line per page, shuffled (SGD over
+    all positives then all negatives would end on one class)."""
+    lines = [f"{POSITIVE} {normalize(t)}" for t in positives] + [f"{NEGATIVE} {normalize(t)}" for t in negatives]
+    n_pos = sum(1 for line in lines if line.startswith(POSITIVE))
+    if n_pos == 0 or n_pos == len(lines):
+        raise ValueError(f"classifier training needs math and other pages; got {n_pos} math and "
+                         f"{len(lines) - n_pos} other")
+    random.Random(seed).shuffle(lines)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return {"positives": n_pos, "negatives": len(lines) - n_pos}
+
+
+def train(train_file: Path, *, dim: int, lr: float, word_ngrams: int, min_count: int, epochs: int, seed: int,
+          threads: int = 1):
+    import fasttext
+
+    return fasttext.train_supervised(input=str(train_file), dim=dim, lr=lr, wordNgrams=word_ngrams,
+                                     minCount=min_count, epoch=epochs, thread=threads, seed=seed, verbose=0)
+
+
+def load(path: Path):
+    import fasttext
+
+    return fasttext.load_model(str(path))
+
+
+def math_scores(model, texts: list[str]) -> list[float]:
+    """P(math) of every text."""
+    if not texts:
+        return []
+    labels, probs = model.predict([normalize(t) for t in texts], k=-1)
+    return [float(dict(zip(ls, ps)).get(POSITIVE, 0.0)) for ls, ps in zip(labels, probs)]
+
+
+def precision_recall_f1(scores: list[float], is_math: list[bool], threshold: float) -> dict[str, float]:
+    """Of the pages scored >= ``threshold``: precision, recall, F1 and accuracy against the labels."""
+    tp = sum(s >= threshold and y for s, y in zip(scores, is_math))
+    fp = sum(s >= threshold and not y for s, y in zip(scores, is_math))
+    fn = sum(s < threshold and y for s, y in zip(scores, is_math))
+    precision = tp / (tp + fp) if tp + fp else 0.0
+    recall = tp / (tp + fn) if tp + fn else 0.0
+    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+    accuracy = sum((s >= threshold) == y for s, y in zip(scores, is_math)) / max(1, len(scores))
+    return {"precision": precision, "recall": recall, "f1": f1, "accuracy": accuracy}
