@@ -96,3 +96,36 @@ def test_annotations_yaml_and_csv(tmp_path):
         read_approvals(tmp_path / "b.yaml")
     with pytest.raises(ValueError, match="annotations file not found"):
         read_approvals(tmp_path / "none.yaml")
+
+
+def test_corpus_flow_maps_shards_and_logs_iterations(prefect_harness, tmp_path, tiny_cfg):
+    """The flow: shard scoring as mapped tasks (process pool), an MLflow run per iteration, and the
+    annotations file recorded as the approver."""
+    from mlflow.tracking import MlflowClient
+
+    from flows.corpus import corpus
+
+    math, other = _gsm8k("train", 120), _docstrings(120)
+    seed = _write(tmp_path / "seed.jsonl",
+                  [{"url": f"https://s.example/m/{i}", "text": t, "label": "math"} for i, t in enumerate(math[:60])]
+                  + [{"url": f"https://s.example/o/{i}", "text": t, "label": "x"} for i, t in enumerate(other[:60])])
+    (tmp_path / "pool").mkdir()
+    for j in range(3):
+        _write(tmp_path / "pool" / f"{j}.jsonl",
+               [{"url": f"https://p{j}.example/a/{i}", "text": t} for i, t in enumerate(math[60 + 20 * j: 80 + 20 * j])]
+               + [{"url": f"https://p{j}.example/b/{i}", "text": t} for i, t in enumerate(other[60 + 20 * j: 80 + 20 * j])])
+    (tmp_path / "ann.csv").write_text("prefix,approved\np0.example/a,yes\n")
+    cfg = tiny_cfg(tmp_path, f"corpus.pool=[{tmp_path / 'pool'}]", f"corpus.seed=[{seed}]",
+                   f"corpus.annotations={tmp_path / 'ann.csv'}", run_name="corp", corpus__dim=16, corpus__epochs=10,
+                   corpus__min_count=1, corpus__word_ngrams=1, corpus__iterations=2)
+    manifest = corpus(cfg)
+    assert [it["iteration"] for it in manifest["iterations"]] == [1, 2]
+    assert manifest["iterations"][0]["approved_by"] == f"annotations file {tmp_path / 'ann.csv'}"
+    assert len(list((tmp_path / "runs" / "corp" / "corpus" / "iteration-1" / "scores").glob("*.tsv"))) == 3
+    client = MlflowClient(cfg.tracking.tracking_uri)
+    parent = client.get_run(manifest["mlflow_run_id"])
+    runs = client.search_runs([parent.info.experiment_id],
+                              filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    assert sorted(r.info.run_name for r in runs) == ["iteration-1", "iteration-2"]
+    assert all("classifier/f1" in r.data.metrics and r.info.status == "FINISHED" for r in runs)
+    assert parent.data.metrics["corpus/pages"] == manifest["pages"]

@@ -97,6 +97,7 @@ def from_annotations_file(cc: CorpusConfig) -> Approve:
         if cc.annotations is None:
             return []
         return [p for p in read_approvals(cc.annotations) if p in candidates]
+    approve.source = f"annotations file {cc.annotations}" if cc.annotations else "nobody (no annotations file)"
     return approve
 
 
@@ -158,12 +159,13 @@ def run_corpus(cfg: PipelineConfig, out_dir: Path, logger: MetricLogger | None =
         again = recalled_again(previous, collected) if k > 1 else 0.0
         summary = {"iteration": k, "seed_positives": counts["positives"], "seed_negatives": counts["negatives"],
                    "pool_pages": len(urls), "collected": len(collected), "candidate_domains": domains,
-                   "approved_prefixes": approved, "joined_seed": len(joined), "recalled_again": again,
+                   "approved_prefixes": approved, "approved_by": getattr(approve, "source", "a callback"),
+                   "joined_seed": len(joined), "recalled_again": again,
                    "classifier": quality}
         (it_dir / "domains.json").write_text(json.dumps({"domains": stats, "prefixes": prefixes}, indent=1))
         write_manifest(it_dir, summary)
         log.log_params({"threshold": cc.threshold, "top_n": cc.top_n, "domain_share": cc.domain_share,
-                        "approved_prefixes": ",".join(approved) or "none"})
+                        "approved_prefixes": ",".join(approved) or "none", "approved_by": summary["approved_by"]})
         log.log_metrics({**{f"classifier/{m}": v for m, v in quality.items()}, "pool/pages": len(urls),
                          "pool/collected": len(collected), "domains/candidates": len(domains),
                          "seed/joined": len(joined), "recall/recalled_again": again})

@@ -1,0 +1,93 @@
+"""The ``corpus`` flow: the recall loop of ``grpo_core.stages.corpus`` with the pool scored shard by
+shard as mapped Prefect tasks on every core (``ProcessPoolTaskRunner``), URL prefixes approved by a
+person in the Prefect UI (``corpus.interactive``) or read from ``corpus.annotations``, and an MLflow
+run ``corpus-<run_name>`` with a child run per iteration.
+
+For a pool that outgrows one machine, the same flow runs its shard tasks on a Dask or Ray cluster by
+passing another task runner (``prefect-dask``'s ``DaskTaskRunner(address=...)`` or
+``prefect-ray``'s ``RayTaskRunner``) to ``corpus.with_options(task_runner=...)``.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+from prefect import flow, get_run_logger, task
+from prefect.flow_runs import pause_flow_run
+from prefect.input import RunInput
+from prefect.task_runners import ProcessPoolTaskRunner
+
+from grpo_core.config import PipelineConfig
+from grpo_core.stages.corpus import from_annotations_file, run_corpus, score_shard
+from grpo_core.tracking import MlflowLogger
+from tasks.tracking import end_run, experiment_id, start_run, tracking_uri
+
+
+def _shard_key(context, parameters: dict) -> str:
+    """Scores depend on the classifier's bytes and the shard's content (path, size, mtime)."""
+    model, shard = Path(parameters["model_path"]), Path(parameters["shard"])
+    h = hashlib.sha256(model.read_bytes())
+    st = shard.stat()
+    h.update(f"{shard.resolve()}|{st.st_size}|{st.st_mtime_ns}|{parameters['out_file']}".encode())
+    return f"score-{h.hexdigest()}"
+
+
+@task(name="score-shard", cache_key_fn=_shard_key, persist_result=True)
+def score_shard_task(model_path: str, shard: str, out_file: str) -> str:
+    return str(score_shard(Path(model_path), Path(shard), Path(out_file)))
+
+
+def score_mapped(model_path: Path, pool: list[Path], out_dir: Path) -> list[Path]:
+    futures = score_shard_task.map(model_path=str(model_path), shard=[str(p) for p in pool],
+                                   out_file=[str(out_dir / f"{i:05d}.tsv") for i in range(len(pool))])
+    return [Path(f.result()) for f in futures]
+
+
+class PrefixApproval(RunInput):
+    """What the person approving URL prefixes answers in the Prefect UI."""
+
+    approved: list[str] = []
+
+
+def approve_in_ui(iteration: int, candidates: dict[str, dict[str, int]]) -> list[str]:
+    """Pause the flow until a person approves math URL prefixes among the candidates (Prefect UI:
+    the flow run's "Resume" form)."""
+    lines = [f"Iteration {iteration}: approve the URL prefixes that hold math pages.", "",
+             "| prefix | pages | collected | would join the seed |", "|---|---|---|---|"]
+    lines += [f"| {p} | {s['pages']} | {s['collected']} | {s['uncollected']} |" for p, s in candidates.items()]
+    answer = pause_flow_run(wait_for_input=PrefixApproval.with_initial_data(description="\n".join(lines), approved=[]),
+                            timeout=7 * 24 * 3600)
+    return [p for p in answer.approved if p in candidates]
+
+
+approve_in_ui.source = "a person in the Prefect UI"
+
+
+@flow(name="corpus", task_runner=ProcessPoolTaskRunner(max_workers=os.cpu_count() or 1))
+def corpus(config: PipelineConfig) -> dict:
+    log = get_run_logger()
+    out_dir = (config.run_dir / "corpus").resolve()
+    uri = tracking_uri(config)
+    exp = experiment_id(uri, config.tracking.experiment)
+    parent = start_run(uri, exp, f"corpus-{config.run_name}", tags={"pipeline": "deepseekmath-corpus"})
+    children: list[str] = []
+
+    def iteration_logger(k: int) -> MlflowLogger:
+        children.append(start_run(uri, exp, f"iteration-{k}", parent_id=parent))
+        return MlflowLogger(uri, children[-1])
+
+    approve = approve_in_ui if config.corpus.interactive else from_annotations_file(config.corpus)
+    try:
+        manifest = run_corpus(config, out_dir, MlflowLogger(uri, parent), score_shards=score_mapped,
+                              approve=approve, iteration_logger=iteration_logger)
+    except BaseException:
+        for run_id in [*children, parent]:
+            end_run(uri, run_id, "FAILED")
+        raise
+    for run_id in [*children, parent]:
+        end_run(uri, run_id, "FINISHED")
+    manifest["mlflow_run_id"] = parent
+    log.info("corpus: %d pages after %d iterations; removed by decontamination: %s", manifest["pages"],
+             len(manifest["iterations"]), manifest["removed"] or "none")
+    return manifest
