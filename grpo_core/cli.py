@@ -83,6 +83,28 @@ def cmd_rounds(a: argparse.Namespace) -> None:
                       "champion": manifest["champion"], "mlflow_run_id": manifest["mlflow_run_id"]}, indent=2))
 
 
+def cmd_corpus(a: argparse.Namespace) -> None:
+    from grpo_core.config import ConfigError, load_config
+    from grpo_core.corpus.docs import CorpusError
+
+    try:
+        cfg = load_config(a.config, a.overrides)
+    except ConfigError as e:
+        _fail(str(e))
+    from flows.corpus import corpus
+
+    try:
+        manifest = corpus(cfg)
+    except CorpusError as e:
+        _fail(str(e))
+    print(json.dumps({"corpus_dir": manifest["corpus_dir"], "pages": manifest["pages"], "removed": manifest["removed"],
+                      "stopped": manifest["stopped"], "mlflow_run_id": manifest["mlflow_run_id"],
+                      "iterations": [{k: it[k] for k in ("iteration", "collected", "candidate_domains",
+                                                         "approved_prefixes", "joined_seed", "recalled_again",
+                                                         "classifier")} for it in manifest["iterations"]]},
+                     indent=2))
+
+
 def cmd_ui(a: argparse.Namespace) -> None:
     from grpo_core.ui import serve_uis
 
@@ -118,6 +140,10 @@ def build_parser() -> argparse.ArgumentParser:
     rr.add_argument("run_dir", help="a finished run, e.g. runs/demo")
     rr.add_argument("--rounds", type=int, default=1, help="how many more rounds")
     rr.set_defaults(func=cmd_rounds)
+    cp = sub.add_parser("corpus", help="the math corpus: fastText recall loop and decontamination (corpus flow)")
+    cp.add_argument("config")
+    cp.add_argument("--set", action="append", default=[], dest="overrides", metavar="SECTION.KEY=VALUE")
+    cp.set_defaults(func=cmd_corpus)
     u = sub.add_parser("ui", help="start the MLflow and Prefect UIs (127.0.0.1 by default)")
     u.add_argument("--host", default="127.0.0.1")
     u.add_argument("--mlflow-port", type=int, default=5000)
