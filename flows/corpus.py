@@ -65,12 +65,16 @@ approve_in_ui.source = "a person in the Prefect UI"
 
 
 @flow(name="corpus", task_runner=ProcessPoolTaskRunner(max_workers=os.cpu_count() or 1))
-def corpus(config: PipelineConfig) -> dict:
+def corpus(config: PipelineConfig, own_benchmarks: dict[str, str] | None = None,
+           parent_run_id: str | None = None) -> dict:
+    """The recall loop and decontamination. ``own_benchmarks``: the project's evaluation splits,
+    removed like the configured benchmarks; ``parent_run_id``: nest the MLflow run (the pipeline)."""
     log = get_run_logger()
     out_dir = (config.run_dir / "corpus").resolve()
     uri = tracking_uri(config)
     exp = experiment_id(uri, config.tracking.experiment)
-    parent = start_run(uri, exp, f"corpus-{config.run_name}", tags={"pipeline": "deepseekmath-corpus"})
+    parent = start_run(uri, exp, "corpus" if parent_run_id else f"corpus-{config.run_name}", parent_id=parent_run_id,
+                       tags={"pipeline": "deepseekmath-corpus"})
     children: list[str] = []
 
     def iteration_logger(k: int) -> MlflowLogger:
@@ -80,7 +84,8 @@ def corpus(config: PipelineConfig) -> dict:
     approve = approve_in_ui if config.corpus.interactive else None  # None: the annotations file
     try:
         manifest = run_corpus(config, out_dir, MlflowLogger(uri, parent), score_shards=score_mapped,
-                              approve=approve, iteration_logger=iteration_logger)
+                              approve=approve, iteration_logger=iteration_logger,
+                              own_benchmarks={k: Path(v) for k, v in (own_benchmarks or {}).items()})
     except BaseException:
         for run_id in [*children, parent]:
             end_run(uri, run_id, "FAILED")

@@ -8,6 +8,7 @@ sft_model, eval, mlflow_run_id, tracking_uri, and ``rounds``.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import yaml
 from prefect import flow, get_run_logger
@@ -18,6 +19,30 @@ from grpo_core.tracking import MlflowLogger
 from flows.rounds import next_start, rl_round, round_metrics
 from tasks.stages import data_task, eval_task, run_stage, sft_task
 from tasks.tracking import end_run, experiment_id, redact, start_run, tracking_uri
+
+
+def pretraining_stages(config: PipelineConfig, run_dir, data: dict, common: dict) -> dict[str, tuple[dict, bool]]:
+    """corpus (a subflow: its shards are mapped tasks) -> continued pretraining, whose model SFT starts
+    from. The corpus subflow is skipped when its manifest carries the same content key."""
+    from flows.corpus import corpus
+    from grpo_core.stages.common import digest_dir
+    from tasks.stages import pretrain_task, stage_key
+
+    out = run_dir / "corpus"
+    upstream = {"data": data["digest"]}
+    key = stage_key("corpus", config, upstream, out)
+    manifest_path = out / "manifest.json"
+    done = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    hit = done.get("cache_key") == key
+    if not hit:
+        done = corpus(config, own_benchmarks={"own-test": str(Path(data["dir"]) / "test.jsonl"),
+                                              "own-val": str(Path(data["dir"]) / "val.jsonl")},
+                      parent_run_id=common["parent_id"])
+        done.update(cache_key=key, digest=digest_dir(Path(done["corpus_dir"])))
+        write_manifest(out, done)
+    pre = run_stage(pretrain_task, out_dir=str(run_dir / "pretrain"),
+                    upstream={"corpus_dir": done["corpus_dir"], "corpus": done["digest"]}, **common)
+    return {"corpus": (done, hit), "pretrain": pre}
 
 
 @flow(name="pipeline")
@@ -35,8 +60,11 @@ def pipeline(config: PipelineConfig) -> dict:
         params["tracking.tracking_uri"] = redact(params["tracking.tracking_uri"])
         tracker.log_params(params)
         data, data_hit = run_stage(data_task, out_dir=str(run_dir / "data"), **common)
+        pre_stages = pretraining_stages(config, run_dir, data, common) if config.pretrain.train else {}
+        init = ({"init_model": pre_stages["pretrain"][0]["model"], "init": pre_stages["pretrain"][0]["digest"]}
+                if pre_stages else {})
         sft, sft_hit = run_stage(sft_task, out_dir=str(run_dir / "sft"),
-                                 upstream={"data_dir": data["dir"], "data": data["digest"]}, **common)
+                                 upstream={"data_dir": data["dir"], "data": data["digest"], **init}, **common)
         start = {"policy": {"model": sft["model"], "digest": sft["digest"]}, "reward_models": {}, "buffer": None,
                  "versions": []}
         rounds = []
@@ -49,10 +77,11 @@ def pipeline(config: PipelineConfig) -> dict:
         ev, eval_hit = run_stage(eval_task, out_dir=str(run_dir / "eval"),
                                  upstream={"data_dir": data["dir"], "data": data["digest"],
                                            "models": {"sft": sft["model"]}, "digests": [sft["digest"]]}, **common)
-        hits = [("data", data_hit), ("sft", sft_hit), ("eval", eval_hit)]
+        hits = [("data", data_hit), *((k, hit) for k, (_, hit) in pre_stages.items()), ("sft", sft_hit),
+                ("eval", eval_hit)]
         cached = [name for name, hit in hits if hit] + [f"round-{r['round']}/{s}" for r in rounds
                                                         for s in r["cached_stages"]]
-        stages = {"data": data, "sft": sft, "eval": ev}
+        stages = {"data": data, **{k: m for k, (m, _) in pre_stages.items()}, "sft": sft, "eval": ev}
         eval_results = {**ev["results"], "policy": policy["stages"]["eval"]["results"]["policy"]}
         tracker.log_metrics({f"eval/{name}/accuracy": r["accuracy"] for name, r in eval_results.items()})
         tracker.set_tags({"cached_stages": ",".join(cached) or "none",

@@ -75,6 +75,9 @@ class CorpusConfig(Section):
     word_ngrams: int = Field(3, ge=1, description="fastText word n-grams (paper: 3)")
     min_count: int = Field(3, ge=1, description="fastText minimum word count (paper: 3)")
     epochs: int = Field(3, ge=1, description="fastText epochs (paper: 3)")
+    # fastText hashes word n-grams into `bucket` rows of `dim` floats: 2M x 256 is a 2 GB model (per
+    # scoring process, and on disk per iteration); smaller tables suit small pools.
+    bucket: int = Field(2_000_000, ge=1, description="fastText n-gram hash buckets (fastText's default)")
     threshold: float = Field(0.5, ge=0, le=1, description="keep pool pages with P(math) >= threshold")
     top_n: int | None = Field(None, ge=1, description="and at most the N best-scored pages")
     domain_share: float = Field(0.1, gt=0, lt=1, description="a domain with more than this share of its pages collected is a candidate (paper: 10%)")

@@ -29,6 +29,8 @@ from tasks.tracking import child_run
 # Which config sections decide each stage's output (besides its upstream digests).
 STAGE_SECTIONS = {
     "data": ("seed", "data"),
+    "corpus": ("seed", "corpus"),
+    "pretrain": ("seed", "model", "pretrain"),
     "sft": ("seed", "model", "sft", "eval.max_new_tokens"),
     "reward_data": ("seed", "reward_data"),
     "replay": (),
@@ -116,8 +118,17 @@ def data_task(cfg: PipelineConfig, out_dir: str, uri: str, parent_id: str) -> di
 @task(name="sft", cache_key_fn=_cache_key("sft"), persist_result=True)
 def sft_task(cfg: PipelineConfig, out_dir: str, upstream: dict, uri: str, parent_id: str) -> dict:
     with child_run(uri, parent_id, "sft", _stage_params(cfg, "sft")) as log:
-        manifest = run_sft(cfg, Path(upstream["data_dir"]), Path(out_dir), log)
+        manifest = run_sft(cfg, Path(upstream["data_dir"]), Path(out_dir), log, init_from=upstream.get("init_model"))
         return _finish("sft", cfg, out_dir, upstream, manifest, log.run_id)
+
+
+@task(name="pretrain", cache_key_fn=_cache_key("pretrain"), persist_result=True)
+def pretrain_task(cfg: PipelineConfig, out_dir: str, upstream: dict, uri: str, parent_id: str) -> dict:
+    from grpo_core.stages.pretrain import run_pretrain
+
+    with child_run(uri, parent_id, "pretrain", _stage_params(cfg, "pretrain")) as log:
+        manifest = run_pretrain(cfg, Path(upstream["corpus_dir"]), Path(out_dir), log)
+        return _finish("pretrain", cfg, out_dir, upstream, manifest, log.run_id)
 
 
 @task(name="reward_data", cache_key_fn=_cache_key("reward_data"), persist_result=True)

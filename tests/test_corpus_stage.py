@@ -129,3 +129,27 @@ def test_corpus_flow_maps_shards_and_logs_iterations(prefect_harness, tmp_path, 
     assert sorted(r.info.run_name for r in runs) == ["iteration-1", "iteration-2"]
     assert all("classifier/f1" in r.data.metrics and r.info.status == "FINISHED" for r in runs)
     assert parent.data.metrics["corpus/pages"] == manifest["pages"]
+
+
+def test_pipeline_runs_corpus_pretrain_then_sft(prefect_harness, tmp_path, tiny_cfg):
+    """pretrain.train: data -> corpus (demo pool, decontaminated against our own test split) ->
+    continued pretraining -> SFT from its model -> rounds; a re-run takes all of it from the cache."""
+    from flows.pipeline import pipeline
+
+    cfg = tiny_cfg(tmp_path, run_name="withcorpus", sft__max_steps=2, pretrain__train=True, pretrain__max_steps=3,
+                   pretrain__warmup_steps=1, pretrain__batch_size=2, pretrain__context_length=128,
+                   corpus__source="demo", corpus__dim=16, corpus__epochs=5, corpus__iterations=2,
+                   corpus__word_ngrams=1)
+    manifest = pipeline(cfg)
+    stages = manifest["stages"]
+    run_dir = tmp_path / "runs" / "withcorpus"
+    assert stages["corpus"]["pages"] > 0 and stages["pretrain"]["steps"] == 3
+    assert stages["pretrain"]["model"] == str(run_dir / "pretrain" / "model")
+    assert stages["sft"]["init"] == stages["pretrain"]["model"]
+    first = stages["corpus"]["iterations"][0]
+    assert first["approved_by"].startswith("annotations file")
+    assert first["candidate_domains"] and first["approved_prefixes"]
+    # The drill site of arithmetic chains holds some of our own test questions: removed, for audit.
+    assert stages["corpus"]["removed"]["own-test"] > 0
+    again = pipeline(cfg)
+    assert {"corpus", "pretrain", "sft"} <= set(again["cached_stages"])

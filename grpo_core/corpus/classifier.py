@@ -29,11 +29,12 @@ def write_training_file(path: Path, positives: Iterable[str], negatives: Iterabl
 
 
 def train(train_file: Path, *, dim: int, lr: float, word_ngrams: int, min_count: int, epochs: int, seed: int,
-          threads: int = 1):
+          threads: int = 1, bucket: int = 2_000_000):
     import fasttext
 
     return fasttext.train_supervised(input=str(train_file), dim=dim, lr=lr, wordNgrams=word_ngrams,
-                                     minCount=min_count, epoch=epochs, thread=threads, seed=seed, verbose=0)
+                                     minCount=min_count, epoch=epochs, thread=threads, seed=seed, bucket=bucket,
+                                     verbose=0)
 
 
 def load(path: Path):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import hashlib
 import json
 from pathlib import Path
@@ -40,9 +41,15 @@ def held_out(url: str, fraction: float) -> bool:
     return int(hashlib.sha256(url.encode()).hexdigest()[:8], 16) / 16**8 < fraction
 
 
+@functools.lru_cache(maxsize=1)
+def _cached_model(path: str, mtime_ns: int):
+    """One load per process and classifier: a worker scoring many shards reads the model once."""
+    return classifier.load(Path(path))
+
+
 def score_shard(model_path: Path, shard: Path, out_file: Path) -> Path:
     """``url<TAB>P(math)`` for every page of one shard (one shard's texts in memory at a time)."""
-    model = classifier.load(model_path)
+    model = _cached_model(str(model_path), Path(model_path).stat().st_mtime_ns)
     out_file.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_file.with_name(out_file.name + ".tmp")
     with open(tmp, "w", encoding="utf-8") as f:
@@ -167,7 +174,7 @@ def run_corpus(cfg: PipelineConfig, out_dir: Path, logger: MetricLogger | None =
         log = iteration_logger(k) if iteration_logger else NullLogger()
         counts = classifier.write_training_file(it_dir / "train.txt", pos + list(added.values()), neg, cfg.seed)
         model = classifier.train(it_dir / "train.txt", dim=cc.dim, lr=cc.lr, word_ngrams=cc.word_ngrams,
-                                 min_count=cc.min_count, epochs=cc.epochs, seed=cfg.seed)
+                                 min_count=cc.min_count, epochs=cc.epochs, seed=cfg.seed, bucket=cc.bucket)
         model.save_model(str(it_dir / "classifier.bin"))
         quality = classifier.precision_recall_f1(classifier.math_scores(model, [d.text for d in val]),
                                                  [d.label == cc.positive_label for d in val], cc.threshold)

@@ -132,7 +132,7 @@ def run_sft(cfg: PipelineConfig, data_dir: Path, out_dir: Path, logger: MetricLo
                "epochs": st["epoch"], "wall_s": round(st["elapsed"], 1),
                "stopped": STOP_REASONS[st["stopped"]].format(sc=sc), "n_train_examples": len(train)}
     logger.log_metrics({"val/best_accuracy": st["best_acc"], "time/wall_s": st["elapsed"]}, step=st["step"])
-    return write_manifest(out_dir, {"stage": "sft", "model": str(final_dir), **summary})
+    return write_manifest(out_dir, {"stage": "sft", "model": str(final_dir), "init": init_from or "config", **summary})
 
 
 def main(argv: list[str] | None = None) -> None:
