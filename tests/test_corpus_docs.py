@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from grpo_core.corpus.docs import CorpusError, Doc, read_docs, shards, write_jsonl_gz
+from grpo_core.corpus.docs import CorpusError, Doc, read_docs, shards, write_jsonl
 
 ROWS = [{"url": "https://a.example/x/1", "text": "one", "label": "math"},
         {"url": "https://b.example/y/2", "text": "two", "label": "nonmath"}]
@@ -18,7 +18,7 @@ def test_jsonl_gz_and_parquet_shards_stream_in_order(tmp_path):
 
     (tmp_path / "pool").mkdir()
     (tmp_path / "pool" / "a.jsonl").write_text(json.dumps(ROWS[0]) + "\n\n")
-    write_jsonl_gz(tmp_path / "pool" / "b.jsonl.gz", [ROWS[1]])
+    write_jsonl(tmp_path / "pool" / "b.jsonl.gz", [ROWS[1]])
     pq.write_table(pa.Table.from_pylist(ROWS), tmp_path / "pool" / "c.parquet")
     (tmp_path / "pool" / "notes.txt").write_text("ignored")
     assert [p.name for p in shards(str(tmp_path / "pool"))] == ["a.jsonl", "b.jsonl.gz", "c.parquet"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import glob
 import gzip
+import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,16 +93,20 @@ def read_docs(spec: str | list[str], label_field: str | None = None) -> Iterator
         yield from read_shard(path, label_field)
 
 
-def write_jsonl_gz(path: Path, rows) -> int:
-    """Write dicts as JSONL.gz through a temporary file renamed into place; returns the count."""
+def write_jsonl(path: Path, rows) -> int:
+    """Write dicts as JSONL (gzipped when the name ends in .gz) through a temporary file renamed
+    into place; returns the count."""
     import os
 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     n = 0
-    with gzip.open(tmp, "wt", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
-            n += 1
+    with open(tmp, "wb") as raw:
+        # mtime=0: the same pages give the same bytes, so digests (cache keys, resume identities) hold.
+        binary = gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) if path.name.endswith(".gz") else raw
+        with io.TextIOWrapper(binary, encoding="utf-8") as f:
+            for row in rows:
+                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+                n += 1
     os.replace(tmp, path)
     return n

