@@ -57,7 +57,7 @@ def approve_in_ui(iteration: int, candidates: dict[str, dict[str, int]]) -> list
              "| prefix | pages | collected | would join the seed |", "|---|---|---|---|"]
     lines += [f"| {p} | {s['pages']} | {s['collected']} | {s['uncollected']} |" for p, s in candidates.items()]
     answer = pause_flow_run(wait_for_input=PrefixApproval.with_initial_data(description="\n".join(lines), approved=[]),
-                            timeout=7 * 24 * 3600)
+                            timeout=7 * 24 * 3600, poll_interval=2)
     return [p for p in answer.approved if p in candidates]
 
 

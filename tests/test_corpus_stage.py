@@ -153,3 +153,47 @@ def test_pipeline_runs_corpus_pretrain_then_sft(prefect_harness, tmp_path, tiny_
     assert stages["corpus"]["removed"]["own-test"] > 0
     again = pipeline(cfg)
     assert {"corpus", "pretrain", "sft"} <= set(again["cached_stages"])
+
+
+def test_interactive_approval_pauses_the_flow_for_a_person(prefect_harness, tmp_path, tiny_cfg):
+    """corpus.interactive: the flow pauses with the candidate prefixes; a person (here a thread using
+    Prefect's API, as the UI's Resume form does) answers, and only candidate prefixes are kept."""
+    import threading
+    import time
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType
+    from prefect.client.schemas.objects import StateType
+    from prefect.flow_runs import resume_flow_run
+
+    from flows.corpus import corpus
+
+    math, other = _gsm8k("train", 100), _docstrings(100)
+    seed = _write(tmp_path / "seed.jsonl",
+                  [{"url": f"https://s.example/m/{i}", "text": t, "label": "math"} for i, t in enumerate(math[:50])]
+                  + [{"url": f"https://s.example/o/{i}", "text": t, "label": "x"} for i, t in enumerate(other[:50])])
+    pool = _write(tmp_path / "pool.jsonl",
+                  [{"url": f"https://site.example/math/{i}", "text": t} for i, t in enumerate(math[50:])]
+                  + [{"url": f"https://site.example/news/{i}", "text": t} for i, t in enumerate(other[50:])])
+    cfg = tiny_cfg(tmp_path, f"corpus.pool=[{pool}]", f"corpus.seed=[{seed}]", run_name="ask", corpus__dim=16,
+                   corpus__epochs=10, corpus__min_count=1, corpus__word_ngrams=1, corpus__iterations=1,
+                   corpus__interactive=True)
+    answered = []
+
+    def person() -> None:
+        deadline = time.monotonic() + 300
+        paused = FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.PAUSED])))
+        while time.monotonic() < deadline:
+            with get_client(sync_client=True) as client:
+                runs = client.read_flow_runs(flow_run_filter=paused)
+            if runs:
+                resume_flow_run(runs[0].id, run_input={"approved": ["site.example/math", "elsewhere.example/x"]})
+                answered.append(runs[0].id)
+                return
+            time.sleep(0.5)
+
+    threading.Thread(target=person, daemon=True).start()
+    manifest = corpus(cfg)
+    it = manifest["iterations"][0]
+    assert answered and it["approved_by"] == "a person in the Prefect UI"
+    assert it["approved_prefixes"] == ["site.example/math"]

@@ -80,8 +80,10 @@ def run_identity(cfg, section: str, **extra) -> dict:
     """What makes a stage's checkpoints valid: the recipe minus budget fields, plus e.g. the digest
     of the model it started from."""
     cfg_json = cfg.model_dump(mode="json")
-    budget = BUDGET_FIELDS - ({"max_steps"} if cfg_json[section].get("schedule") == "cosine" else set())
-    stage = {k: v for k, v in cfg_json[section].items() if k not in budget}  # cosine's shape needs max_steps
+    # The lr schedule's shape follows max_steps for SFT's cosine and pretraining's multi-step decay.
+    shaped = section == "pretrain" or cfg_json[section].get("schedule") == "cosine"
+    budget = BUDGET_FIELDS - ({"max_steps"} if shaped else set())
+    stage = {k: v for k, v in cfg_json[section].items() if k not in budget}
     return {"seed": cfg_json["seed"], "model": cfg_json["model"], "data": cfg_json["data"],
             section: stage, **extra}
 
