@@ -22,7 +22,7 @@ STDLIB_MODULES = ("collections", "email.message", "json", "pathlib", "argparse",
                   "urllib.request", "asyncio", "configparser", "csv", "sqlite3", "xml.dom.minidom", "smtplib",
                   "email.parser", "http.server", "socketserver", "ftplib", "imaplib", "mailbox", "tkinter",
                   "pydoc", "pdb", "venv", "zipimport", "ssl", "selectors", "multiprocessing.pool")
-ANNOTATIONS = ["forum.demo/math", "drill.demo/chains"]
+ANNOTATIONS = ["forum.demo/math", "drill.demo/chains", "contest.demo/problems"]
 
 
 def python_docstrings(min_chars: int = 200) -> list[str]:
