@@ -9,6 +9,7 @@ passing another task runner (``prefect-dask``'s ``DaskTaskRunner(address=...)`` 
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 from pathlib import Path
@@ -24,10 +25,22 @@ from grpo_core.tracking import MlflowLogger
 from tasks.tracking import end_run, experiment_id, start_run, tracking_uri
 
 
+@functools.lru_cache(maxsize=4)
+def _file_digest(path: str, size: int, mtime_ns: int) -> str:
+    """sha256 of a file, once per version of it: the paper-size classifier is 2 GB, and hashing it
+    for every shard task cost more than scoring the shard."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 24), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 def _shard_key(context, parameters: dict) -> str:
     """Scores depend on the classifier's bytes and the shard's content (path, size, mtime)."""
     model, shard = Path(parameters["model_path"]), Path(parameters["shard"])
-    h = hashlib.sha256(model.read_bytes())
+    m = model.stat()
+    h = hashlib.sha256(_file_digest(str(model.resolve()), m.st_size, m.st_mtime_ns).encode())
     st = shard.stat()
     h.update(f"{shard.resolve()}|{st.st_size}|{st.st_mtime_ns}|{parameters['out_file']}".encode())
     return f"score-{h.hexdigest()}"
