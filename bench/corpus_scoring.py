@@ -33,9 +33,9 @@ def main() -> None:
     from prefect import flow
     from prefect.task_runners import ProcessPoolTaskRunner
 
-    from flows.corpus import score_mapped
+    from tasks.corpus import score_mapped
     from grpo_core.corpus import classifier
-    from grpo_core.stages.corpus import score_shard
+    from grpo_core.corpus.score import score_shard
 
     work = Path(tempfile.mkdtemp(prefix="score-bench-"))
     base = [json.loads(line) for line in gzip.open(CORPUS, "rt", encoding="utf-8")]

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import functools
 import hashlib
 import json
 from pathlib import Path
@@ -24,7 +23,8 @@ import yaml
 from grpo_core.config import CorpusConfig, PipelineConfig, load_config
 from grpo_core.corpus import classifier
 from grpo_core.corpus.decontam import BenchmarkIndex
-from grpo_core.corpus.docs import CorpusError, Doc, read_docs, read_shard, shards, write_jsonl
+from grpo_core.corpus.docs import CorpusError, Doc, read_docs, shards, write_jsonl
+from grpo_core.corpus.score import score_shard
 from grpo_core.corpus.recall import (candidate_domains, domain_stats, prefix_stats, recalled_again, select,
                                      under)
 from grpo_core.data import resolve_path
@@ -39,30 +39,6 @@ Approve = Callable[[int, dict[str, dict[str, int]]], list[str]]
 def held_out(url: str, fraction: float) -> bool:
     """A seed page is held out to measure the classifier by a hash of its URL (stable across runs)."""
     return int(hashlib.sha256(url.encode()).hexdigest()[:8], 16) / 16**8 < fraction
-
-
-@functools.lru_cache(maxsize=1)
-def _cached_model(path: str, mtime_ns: int):
-    """One load per process and classifier: a worker scoring many shards reads the model once."""
-    return classifier.load(Path(path))
-
-
-def score_shard(model_path: Path, shard: Path, out_file: Path) -> Path:
-    """``url<TAB>P(math)`` for every page of one shard (one shard's texts in memory at a time)."""
-    model = _cached_model(str(model_path), Path(model_path).stat().st_mtime_ns)
-    out_file.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_file.with_name(out_file.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        batch: list[Doc] = []
-        for doc in [*read_shard(shard), None]:
-            if doc is not None:
-                batch.append(doc)
-            if batch and (doc is None or len(batch) == 4096):
-                for d, s in zip(batch, classifier.math_scores(model, [d.text for d in batch])):
-                    f.write(f"{d.url}\t{s:.6f}\n")
-                batch = []
-    tmp.replace(out_file)
-    return out_file
 
 
 def score_sequentially(model_path: Path, pool: list[Path], out_dir: Path) -> list[Path]:
