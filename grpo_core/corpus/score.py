@@ -3,7 +3,9 @@ torch, no MLflow), so that a process pool starts its workers quickly."""
 from __future__ import annotations
 
 import functools
+import itertools
 from pathlib import Path
+from typing import Iterable, Iterator
 
 from grpo_core.corpus import classifier
 from grpo_core.corpus.docs import Doc, read_shard
@@ -15,19 +17,21 @@ def _cached_model(path: str, mtime_ns: int):
     return classifier.load(Path(path))
 
 
+def scored(model, docs: Iterable[Doc], batch: int = 4096) -> Iterator[tuple[Doc, float]]:
+    """(page, P(math)) for a stream of pages, predicted ``batch`` at a time: at most one batch of
+    texts is in memory."""
+    pages = iter(docs)
+    while chunk := list(itertools.islice(pages, batch)):
+        yield from zip(chunk, classifier.math_scores(model, [d.text for d in chunk]))
+
+
 def score_shard(model_path: Path, shard: Path, out_file: Path) -> Path:
-    """``url<TAB>P(math)`` for every page of one shard (one shard's texts in memory at a time)."""
+    """``url<TAB>P(math)`` for every page of one shard, written through a temporary file."""
     model = _cached_model(str(model_path), Path(model_path).stat().st_mtime_ns)
     out_file.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_file.with_name(out_file.name + ".tmp")
     with open(tmp, "w", encoding="utf-8") as f:
-        batch: list[Doc] = []
-        for doc in [*read_shard(shard), None]:
-            if doc is not None:
-                batch.append(doc)
-            if batch and (doc is None or len(batch) == 4096):
-                for d, s in zip(batch, classifier.math_scores(model, [d.text for d in batch])):
-                    f.write(f"{d.url}\t{s:.6f}\n")
-                batch = []
+        for d, s in scored(model, read_shard(shard)):
+            f.write(f"{d.url}\t{s:.6f}\n")
     tmp.replace(out_file)
     return out_file

@@ -15,8 +15,9 @@ import argparse
 import csv
 import hashlib
 import json
+from collections import Counter
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable, Iterator
 
 import yaml
 
@@ -24,7 +25,7 @@ from grpo_core.config import CorpusConfig, PipelineConfig, load_config
 from grpo_core.corpus import classifier
 from grpo_core.corpus.decontam import BenchmarkIndex
 from grpo_core.corpus.docs import CorpusError, Doc, read_docs, shards, write_jsonl
-from grpo_core.corpus.score import score_shard
+from grpo_core.corpus.score import score_shard, scored
 from grpo_core.corpus.recall import (candidate_domains, domain_stats, prefix_stats, recalled_again, select,
                                      under)
 from grpo_core.data import resolve_path
@@ -152,19 +153,24 @@ def score_to_file(model: Path, data: str | list[str], out: Path) -> dict:
     path = model / "classifier.bin" if model.is_dir() else model
     if not path.exists():
         raise CorpusError(f"{path}: no classifier here (grpo-pipeline corpus train --out DIR writes one)")
-    clf = classifier.load(path)
-
-    def rows():
-        batch: list[Doc] = []
-        for doc in [*read_docs(data), None]:
-            if doc is not None:
-                batch.append(doc)
-            if batch and (doc is None or len(batch) == 4096):
-                for d, s in zip(batch, classifier.math_scores(clf, [d.text for d in batch])):
-                    yield {"url": d.url, "text": d.text, "score": round(s, 6)}
-                batch = []
-    n = write_jsonl(out, rows())
+    rows = ({"url": d.url, "text": d.text, "score": round(s, 6)} for d, s in scored(classifier.load(path), read_docs(data)))
+    n = write_jsonl(out, rows)
     return {"scored": n, "out": str(out)}
+
+
+def without_benchmarks(docs: Iterable[Doc], index: BenchmarkIndex, removed: list[dict]) -> Iterator[dict]:
+    """The pages that match no benchmark, streamed; the others go to ``removed`` with the benchmark
+    that matched (for the audit file)."""
+    for doc in docs:
+        hit = index.match(doc.text)
+        if hit:
+            removed.append({"url": doc.url, "text": doc.text, "benchmark": hit})
+        else:
+            yield {"url": doc.url, "text": doc.text}
+
+
+def removed_per_benchmark(removed: list[dict]) -> dict[str, int]:
+    return dict(sorted(Counter(r["benchmark"] for r in removed).items()))
 
 
 def decontaminate_file(data: str | list[str], benchmarks: list[str], out: Path, ngram: int = 10) -> dict:
@@ -172,19 +178,10 @@ def decontaminate_file(data: str | list[str], benchmarks: list[str], out: Path, 
     that matched, to ``<out>.removed.jsonl.gz``. Returns counts per benchmark."""
     index = benchmark_index(CorpusConfig(benchmarks=tuple(benchmarks), ngram=ngram))
     removed: list[dict] = []
-
-    def kept():
-        for doc in read_docs(data):
-            hit = index.match(doc.text)
-            if hit:
-                removed.append({"url": doc.url, "text": doc.text, "benchmark": hit})
-            else:
-                yield {"url": doc.url, "text": doc.text}
-    n = write_jsonl(out, kept())
+    n = write_jsonl(out, without_benchmarks(read_docs(data), index, removed))
     base = out.name.removesuffix(".gz").removesuffix(".jsonl")
     write_jsonl(out.with_name(base + ".removed.jsonl.gz"), removed)
-    by = {b: sum(r["benchmark"] == b for r in removed) for b in sorted({r["benchmark"] for r in removed})}
-    return {"kept": n, "removed": by, "out": str(out)}
+    return {"kept": n, "removed": removed_per_benchmark(removed), "out": str(out)}
 
 
 def run_corpus(cfg: PipelineConfig, out_dir: Path, logger: MetricLogger | None = None,
@@ -219,7 +216,7 @@ def run_corpus(cfg: PipelineConfig, out_dir: Path, logger: MetricLogger | None =
         domains = candidate_domains(stats, cc.domain_share)
         prefixes = prefix_stats(urls, collected, domains, cc.path_depth)
         approved = approve(k, prefixes)
-        joined = {d.url: d.text for d in read_docs([str(p) for p in pool])
+        joined = {d.url: d.text for d in (read_docs([str(p) for p in pool]) if approved else ())
                   if d.url not in collected and d.url not in added and under(d.url, approved)}
         added.update(joined)
         again = recalled_again(previous, collected) if k > 1 else 0.0
@@ -240,15 +237,12 @@ def run_corpus(cfg: PipelineConfig, out_dir: Path, logger: MetricLogger | None =
         previous = collected
         if k > 1 and again >= cc.stop_recalled:
             break
-    index = benchmark_index(cc, own_benchmarks)
-    kept, removed = [], []
-    for doc in read_docs([str(p) for p in pool]):
-        if doc.url in previous:
-            hit = index.match(doc.text)
-            (removed if hit else kept).append({"url": doc.url, "text": doc.text, **({"benchmark": hit} if hit else {})})
-    n_kept = write_jsonl(out_dir / "corpus" / "part-00000.jsonl.gz", kept)
+    removed: list[dict] = []
+    collected_pages = (d for d in read_docs([str(p) for p in pool]) if d.url in previous)
+    n_kept = write_jsonl(out_dir / "corpus" / "part-00000.jsonl.gz",
+                         without_benchmarks(collected_pages, benchmark_index(cc, own_benchmarks), removed))
     write_jsonl(out_dir / "decontaminated.jsonl.gz", removed)
-    per_benchmark = {b: sum(r["benchmark"] == b for r in removed) for b in sorted({r["benchmark"] for r in removed})}
+    per_benchmark = removed_per_benchmark(removed)
     logger.log_metrics({"corpus/pages": n_kept, "decontam/removed": len(removed),
                         **{f"decontam/{b}": n for b, n in per_benchmark.items()}})
     return write_manifest(out_dir, {"stage": "corpus", "corpus_dir": str(out_dir / "corpus"), "pages": n_kept,
