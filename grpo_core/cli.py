@@ -15,13 +15,18 @@ def _fail(message: str) -> "None":
     raise SystemExit(2)
 
 
-def cmd_run(a: argparse.Namespace) -> None:
+def _recipe(a: argparse.Namespace):
+    """The recipe of ``a.config`` with ``--set`` overrides; an invalid one fails here, before any work."""
     from grpo_core.config import ConfigError, load_config
 
     try:
-        cfg = load_config(a.config, a.overrides)  # an invalid recipe fails here, before any work
+        return load_config(a.config, a.overrides)
     except ConfigError as e:
         _fail(str(e))
+
+
+def cmd_run(a: argparse.Namespace) -> None:
+    cfg = _recipe(a)
     from flows.pipeline import pipeline
 
     manifest = pipeline(cfg)
@@ -84,13 +89,9 @@ def cmd_rounds(a: argparse.Namespace) -> None:
 
 
 def cmd_corpus_run(a: argparse.Namespace) -> None:
-    from grpo_core.config import ConfigError, load_config
     from grpo_core.corpus.docs import CorpusError
 
-    try:
-        cfg = load_config(a.config, a.overrides)
-    except ConfigError as e:
-        _fail(str(e))
+    cfg = _recipe(a)
     from flows.corpus import corpus
 
     try:

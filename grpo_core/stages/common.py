@@ -54,6 +54,19 @@ def round_seed(seed: int, round_: int) -> int:
     return seed + 7919 * (round_ - 1)
 
 
+def lm_update(model, opt, ids: torch.Tensor, labels: torch.Tensor, lr: float, max_grad_norm: float):
+    """One causal-LM optimizer step at ``lr`` on [B, T] ``ids`` / ``labels`` (-100 = no loss);
+    returns (loss, grad norm before clipping). SFT and continued pretraining share it."""
+    for group in opt.param_groups:
+        group["lr"] = lr
+    loss = model(input_ids=ids, labels=labels).loss
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    opt.step()
+    return loss, grad_norm
+
+
 def set_threads(threads: int | None) -> None:
     if threads:
         torch.set_num_threads(threads)

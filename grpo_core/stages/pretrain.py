@@ -19,7 +19,7 @@ from grpo_core.config import PipelineConfig, PretrainConfig, load_config
 from grpo_core.env import setup_environment
 from grpo_core.modeling import init_model, load_model, save_model
 from grpo_core.packing import pack
-from grpo_core.stages.common import (Stopwatch, digest_dir, find_resume, restore_trainer_state, run_identity,
+from grpo_core.stages.common import (Stopwatch, digest_dir, find_resume, lm_update, restore_trainer_state, run_identity,
                                      save_trainer_checkpoint, set_threads, write_manifest)
 from grpo_core.tracking import MetricLogger, NullLogger
 
@@ -88,14 +88,8 @@ def run_pretrain(cfg: PipelineConfig, corpus_dir: Path, out_dir: Path, logger: M
         ids = rows[st["row"] : st["row"] + pc.batch_size]
         st["row"] += pc.batch_size
         lr = multistep_lr(pc, st["step"])
-        for group in opt.param_groups:
-            group["lr"] = lr
         labels = ids.masked_fill(ids == tokenizer.pad_token_id, -100)
-        loss = model(input_ids=ids, labels=labels).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), pc.max_grad_norm)
-        opt.step()
+        loss, grad_norm = lm_update(model, opt, ids, labels, lr, pc.max_grad_norm)
         st["step"] += 1
         st["tokens"] += int((labels != -100).sum())
         st["elapsed"] = clock.elapsed

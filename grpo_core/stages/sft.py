@@ -17,7 +17,7 @@ from grpo_core.config import PipelineConfig, SFTConfig, load_config
 from grpo_core.evaluation import greedy_accuracy
 from grpo_core.modeling import init_model, load_model
 from grpo_core.packing import encode_examples, pack
-from grpo_core.stages.common import (Stopwatch, digest_dir, find_resume, keep_if_best, publish_best,
+from grpo_core.stages.common import (Stopwatch, digest_dir, find_resume, keep_if_best, lm_update, publish_best,
                                      read_split, restore_trainer_state, run_identity,
                                      save_trainer_checkpoint, set_threads, write_manifest)
 from grpo_core.tracking import MetricLogger, NullLogger
@@ -92,13 +92,7 @@ def run_sft(cfg: PipelineConfig, data_dir: Path, out_dir: Path, logger: MetricLo
         labels = rows_labels[st["row"] : st["row"] + sc.batch_size]
         st["row"] += sc.batch_size
         lr = lr_at(sc, st["step"], st["plateau_lr"])
-        for group in opt.param_groups:
-            group["lr"] = lr
-        loss = model(input_ids=ids, labels=labels).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        loss, grad_norm = lm_update(model, opt, ids, labels, lr, max_grad_norm=1.0)
         st["step"] += 1
         st["tokens"] += int((labels != -100).sum())
         st["elapsed"] = clock.elapsed
