@@ -247,7 +247,7 @@ def run_corpus(cfg: PipelineConfig, out_dir: Path, logger: MetricLogger | None =
                         **{f"decontam/{b}": n for b, n in per_benchmark.items()}})
     return write_manifest(out_dir, {"stage": "corpus", "corpus_dir": str(out_dir / "corpus"), "pages": n_kept,
                                     "removed": per_benchmark, "iterations": history,
-                                    "stopped": ("recalled_again >= stop_recalled" if len(history) < cc.iterations
+                                    "stopped": ("recalled_again >= stop_recalled" if k > 1 and again >= cc.stop_recalled
                                                 else "iterations reached"),
                                     "wall_s": round(clock.elapsed, 1)})
 
