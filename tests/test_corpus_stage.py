@@ -55,7 +55,7 @@ def test_recall_loop_domain_discovery_annotation_and_decontamination(tmp_path, t
     pool = ([{"url": f"https://mathsite.example/algebra/{i}", "text": t} for i, t in enumerate(math[150:300])]
             + [{"url": f"https://mixed.example/math/{i}", "text": t} for i, t in enumerate(math[300:400])]
             + [{"url": f"https://mixed.example/blog/{i}", "text": t} for i, t in enumerate(other[120:240])]
-            + [{"url": "https://copy.example/gsm8k/1", "text": "Seen online: " + contaminated}])
+            + [{"url": "https://copy.example/gsm8k/1", "text": f"Seen online: {math[0]}\n{contaminated}"}])
     (tmp_path / "pool").mkdir()
     _write(tmp_path / "pool" / "a.jsonl", pool[:200])
     _write(tmp_path / "pool" / "b.jsonl", pool[200:])

@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 from grpo_core.corpus.decontam import BenchmarkIndex
-from grpo_core.corpus.text import ngrams, normalize, words
+from grpo_core.corpus.text import ngrams, normalize, tokens, words
 
 
-def test_normalize_splits_math_notation_into_tokens():
-    assert normalize("Solve x^2+1=5, then $\\frac{a}{b}$!") == "solve x ^ 2 + 1 = 5 , then $ \\frac { a } { b } $ !"
+def test_normalize_splits_math_notation_into_tokens_and_drops_sentence_punctuation():
+    assert normalize("Solve x^2+1=5, then $\\frac{a}{b}$!") == "solve x ^ 2 + 1 = 5 then $ \\frac { a } { b } $ !"
+    assert normalize('"Why?" f\'(x): 1,000.5; end.') == "why f ' ( x ) : 1 000.5 end"
+    assert tokens("a, b.") == ["a", ",", "b", "."]  # decontamination's exact match keeps them
     assert normalize("3.14  and\nＸ") == "3.14 and x"  # NFKC folds the full-width letter
     assert normalize("") == ""
 

@@ -4,11 +4,27 @@ from __future__ import annotations
 
 import functools
 import itertools
+import os
 from pathlib import Path
 from typing import Iterable, Iterator
 
 from grpo_core.corpus import classifier
 from grpo_core.corpus.docs import Doc, read_shard
+
+
+HUGE_PAGES = "glibc.malloc.hugetlb=1"
+
+
+def prefer_huge_pages() -> None:
+    """Ask glibc to back the large allocations of processes started from now on with transparent
+    huge pages. Prediction looks up a row of the classifier's 2 GB embedding matrix for every word
+    and n-gram; with 4 KB pages nearly each lookup misses the TLB, and on the shared corpus huge
+    pages made ``predict`` about 25% faster (``bench/corpus_scoring.py``). glibc reads the setting
+    at process start, so it reaches the scoring workers a process pool spawns, not this process;
+    other C libraries ignore it."""
+    current = os.environ.get("GLIBC_TUNABLES", "")
+    if "glibc.malloc.hugetlb" not in current:
+        os.environ["GLIBC_TUNABLES"] = f"{current}:{HUGE_PAGES}" if current else HUGE_PAGES
 
 
 @functools.lru_cache(maxsize=1)
