@@ -8,7 +8,7 @@ The flow's workers allocate the classifier on transparent huge pages (``prefer_h
 that the reader can tell that gain from the parallelism, bare ``predict`` is also timed in a process
 started with the same setting (``bare_huge_pages_*``); the target ratio is against plain bare.
 
-    .venv/bin/python bench/corpus_scoring.py [--repeat 4]
+    .venv/bin/python bench/corpus_scoring.py [--repeat 8]
 
 ``--repeat`` copies the pages (new URLs) to make a bigger pool. Starting the flow's worker processes
 (Prefect and our modules imported in each) and loading the 2 GB classifier in each is a fixed cost
@@ -57,7 +57,7 @@ def main() -> None:
     import argparse
 
     p = argparse.ArgumentParser()
-    p.add_argument("--repeat", type=int, default=4)
+    p.add_argument("--repeat", type=int, default=8)
     repeat = p.parse_args().repeat
     setup_environment()
     from prefect import flow
