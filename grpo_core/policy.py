@@ -65,6 +65,33 @@ def completion_mask_from(ids: torch.Tensor, eos_id: int) -> tuple[torch.Tensor, 
     return (~seen_eos_before).float(), is_eos.sum(-1) == 0
 
 
+def row_seed(seed: int, row: int) -> int:
+    """The noise seed of one sample: rows < 1,000,003 of different seeds never share one."""
+    return (seed * 1_000_003 + row) % 2**63
+
+
+class GumbelSampler:
+    """Sampling as greedy decoding of perturbed logits: argmax(logits / T + G), G ~ Gumbel(0, 1), is
+    an exact draw from softmax(logits / T) (the Gumbel-max trick). Each row draws its noise from its
+    own generator, seeded by ``row_seed(seed, row id)``, so a sample depends on its seed and row id
+    only, never on which rows share its batch: the same rollouts on 1 or N processes, after a
+    resume, and at any batch size. A ``transformers`` logits processor; our own because
+    ``generate``'s sampler draws one stream for the whole batch."""
+
+    def __init__(self, temperatures: list[float], row_seeds: list[int]) -> None:
+        self.temperatures = torch.tensor(temperatures, dtype=torch.float32)[:, None]  # [B, 1]
+        self.row_seeds = row_seeds
+        self.generators: list[torch.Generator] | None = None
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        """[B, V] scores of the next token -> [B, V] perturbed scores whose argmax is the sample."""
+        if self.generators is None:  # on the scores' device, so that no noise crosses the bus
+            self.generators = [torch.Generator(scores.device).manual_seed(s) for s in self.row_seeds]
+        u = torch.stack([torch.rand(scores.shape[-1], generator=g, device=scores.device) for g in self.generators])
+        gumbel = -torch.log(-torch.log(u.clamp(min=1e-20)))
+        return scores.float() / self.temperatures.to(scores.device) + gumbel
+
+
 @torch.no_grad()
 def generate(
     model,
@@ -74,33 +101,31 @@ def generate(
     max_new_tokens: int,
     temperatures: list[float] | None = None,
     seed: int = 0,
+    row_ids: list[int] | None = None,
 ) -> Rollout:
     """Sample one completion per prompt (greedy when ``temperatures`` is None).
 
-    Rows with different temperatures are generated in one ``generate`` call per distinct
-    temperature. Sampling is seeded from ``seed`` alone, so a resumed run redraws the same rollouts.
+    Row i's sample depends only on (``seed``, ``row_ids[i]``) (default: i), so a resumed run redraws
+    the same rollouts and a process holding rows 8..15 of a batch draws what one process drawing all
+    rows would draw for them (``GumbelSampler``).
     """
+    from transformers import LogitsProcessorList
+
     enc = encode_prompts(tokenizer, prompts)
     prompt_len = enc.input_ids.shape[1]
-    groups = {None: list(range(len(prompts)))} if temperatures is None else {}
-    for i, t in enumerate(temperatures or []):
-        groups.setdefault(t, []).append(i)
-    pieces: dict[int, torch.Tensor] = {}
+    processors = LogitsProcessorList()
+    if temperatures is not None:
+        ids = list(range(len(prompts))) if row_ids is None else row_ids
+        processors.append(GumbelSampler(temperatures, [row_seed(seed, i) for i in ids]))
     was_training = model.training
     model.eval()
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        for temp, rows in groups.items():
-            sample = {"do_sample": False} if temp is None else {"do_sample": True, "temperature": temp, "top_k": 0, "top_p": 1.0}
-            out = model.generate(
-                input_ids=enc.input_ids[rows], attention_mask=enc.attention_mask[rows],
-                max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
-                eos_token_id=tokenizer.eos_token_id, **sample,
-            )
-            for j, row in enumerate(rows):
-                pieces[row] = out[j, prompt_len:]
+    out = model.generate(
+        input_ids=enc.input_ids, attention_mask=enc.attention_mask, max_new_tokens=max_new_tokens,
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, do_sample=False,
+        logits_processor=processors,
+    )
     model.train(was_training)
-    completion = right_pad([pieces[row] for row in range(len(prompts))], tokenizer.pad_token_id)
+    completion = right_pad(list(out[:, prompt_len:]), tokenizer.pad_token_id)
     cmask, truncated = completion_mask_from(completion, tokenizer.eos_token_id)
     texts = tokenizer.batch_decode(completion * cmask.long() + tokenizer.pad_token_id * (1 - cmask.long()),
                                    skip_special_tokens=True)
