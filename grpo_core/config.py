@@ -274,6 +274,29 @@ class EvalConfig(Section):
     log_examples: int = Field(20, ge=0, description="sample completions logged as an MLflow table")
 
 
+class LaunchConfig(Section):
+    """How the training stages (pretrain, SFT, GRPO) run: inside the Prefect task's process
+    (``nproc`` 1 on one machine), or as ``nproc`` data-parallel processes per machine started by
+    torchrun or ``accelerate launch``. Not part of any cache key: the global batch means the same
+    thing for any number of processes."""
+
+    nproc: int = Field(1, ge=1, description="processes per machine (one per GPU); > 1 launches torchrun / accelerate")
+    launcher: Literal["torchrun", "accelerate"] = Field("torchrun", description="torchrun, or accelerate launch with accelerate_config")
+    accelerate_config: str | None = Field(None, description="accelerate config file (configs/accelerate/) for launcher accelerate")
+    nnodes: int = Field(1, ge=1, description="machines; > 1 needs rdzv_endpoint, and the same flow started on each")
+    rdzv_endpoint: str | None = Field(None, pattern=r"^[A-Za-z0-9_.-]+:[0-9]+$", description="host:port of the torchrun rendezvous (nnodes > 1)")
+
+    @property
+    def distributed(self) -> bool:
+        return self.nproc > 1 or self.nnodes > 1
+
+    @model_validator(mode="after")
+    def _endpoint_for_several_machines(self) -> "LaunchConfig":
+        if self.nnodes > 1 and not self.rdzv_endpoint:
+            raise ValueError("launch.nnodes > 1 needs launch.rdzv_endpoint (host:port reachable from every machine)")
+        return self
+
+
 class TrackingConfig(Section):
     # None: $MLFLOW_TRACKING_URI if set, else sqlite:///<project>/mlflow.db
     tracking_uri: str | None = Field(None, description="None: $MLFLOW_TRACKING_URI, else sqlite mlflow.db in the project")
@@ -297,6 +320,7 @@ class PipelineConfig(Section):
     rounds: RoundsConfig = RoundsConfig()
     eval: EvalConfig = EvalConfig()
     tracking: TrackingConfig = TrackingConfig()
+    launch: LaunchConfig = LaunchConfig()
     corpus: CorpusConfig = CorpusConfig()
     pretrain: PretrainConfig = PretrainConfig()
 

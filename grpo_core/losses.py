@@ -5,6 +5,7 @@ on real completion tokens.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -21,23 +22,38 @@ def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return torch.exp(log_ratio) - log_ratio - 1
 
 
-def aggregate(per_token: torch.Tensor, mask: torch.Tensor, agg: Aggregation) -> torch.Tensor:
+def aggregate(per_token: torch.Tensor, mask: torch.Tensor, agg: Aggregation,
+              batch: BatchSize | None = None) -> torch.Tensor:
     """Reduce a [B, T] per-token loss to a scalar.
 
     seq-mean-token-mean (paper):  mean_i  1/|o_i| sum_t    (a completion with no tokens adds 0)
     token-mean (DAPO):            sum_{i,t} / sum_i |o_i|
     seq-mean-token-sum-norm (Dr. GRPO): mean_i sum_t / T   (T = padded length, a constant)
+
+    ``batch``: the sizes of the global batch when these rows are one process's share of it (rows,
+    loss tokens, padded length); the result is then this share's part of the global aggregate, and
+    the parts of all processes sum to it. Default: the rows given are the whole batch.
     """
     mask = mask.to(per_token.dtype)
+    batch = batch or BatchSize(per_token.shape[0], float(mask.sum()), per_token.shape[1])
     # where, not multiply: padding may hold -inf log-probs, and nan * 0 is nan.
     masked = torch.where(mask > 0, per_token, 0.0)
     if agg == "seq-mean-token-mean":
-        return (masked.sum(dim=1) / mask.sum(dim=1).clamp(min=1)).mean()
+        return (masked.sum(dim=1) / mask.sum(dim=1).clamp(min=1)).sum() / batch.rows
     if agg == "token-mean":
-        return masked.sum() / mask.sum().clamp(min=1)
+        return masked.sum() / max(batch.tokens, 1.0)
     if agg == "seq-mean-token-sum-norm":
-        return (masked.sum(dim=1) / per_token.shape[1]).mean()
+        return (masked.sum(dim=1) / batch.width).sum() / batch.rows
     raise ValueError(f"unknown aggregation {agg!r}")
+
+
+@dataclass(frozen=True)
+class BatchSize:
+    """The global batch an aggregate normalises by: completions, completion tokens, padded length."""
+
+    rows: int
+    tokens: float
+    width: int
 
 
 def grpo_loss(
@@ -51,11 +67,13 @@ def grpo_loss(
     clip_eps_high: float | None = None,
     beta: float = 0.04,
     agg: Aggregation = "seq-mean-token-mean",
+    batch: BatchSize | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped surrogate with the k3 KL penalty inside the loss (not in the reward).
 
     logp, old_logp, ref_logp, advantages, mask: [B, T]. ``clip_eps_high`` (DAPO clip-higher) sets the
-    upper clip bound 1 + clip_eps_high; ``beta = 0`` ignores ``ref_logp`` (may be None).
+    upper clip bound 1 + clip_eps_high; ``beta = 0`` ignores ``ref_logp`` (may be None). ``batch``:
+    the global batch's sizes when these rows are one process's share (see ``aggregate``).
     Returns the scalar loss to minimise and detached metrics (token means over the mask).
     """
     high = clip_eps if clip_eps_high is None else clip_eps_high
@@ -63,7 +81,7 @@ def grpo_loss(
     unclipped = ratio * advantages
     clipped = torch.clamp(ratio, 1 - clip_eps, 1 + high) * advantages
     per_token = -torch.minimum(unclipped, clipped)
-    pg_loss = aggregate(per_token, mask, agg)
+    pg_loss = aggregate(per_token, mask, agg, batch)
     metrics: dict[str, float] = {}
     if beta > 0:
         if ref_logp is None:
@@ -71,7 +89,7 @@ def grpo_loss(
         kl = kl_k3(logp, ref_logp)
         per_token = per_token + beta * kl
         metrics["kl"] = _masked_mean(kl, mask)
-    loss = aggregate(per_token, mask, agg)
+    loss = aggregate(per_token, mask, agg, batch)
     metrics["pg_loss"] = float(pg_loss.detach())
     metrics["clip_ratio"] = _masked_mean((clipped < unclipped).to(logp.dtype), mask)
     metrics["ratio_mean"] = _masked_mean(ratio, mask)

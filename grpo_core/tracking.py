@@ -85,3 +85,14 @@ class MlflowLogger:
         dataset = Dataset(name=name, digest=digest[:36], source_type="local", source=json.dumps({"uri": source}),
                           profile=json.dumps({"rows": rows}))
         self.client.log_inputs(self.run_id, datasets=[DatasetInput(dataset)])
+
+
+def logger_from_env() -> MetricLogger:
+    """The MLflow run a launcher handed to this process (``MLFLOW_RUN_ID`` and
+    ``MLFLOW_TRACKING_URI``, set by ``tasks.launch``), or no tracking. The stages log on rank 0 only."""
+    import os
+
+    run_id = os.environ.get("MLFLOW_RUN_ID")
+    if not run_id:
+        return NullLogger()
+    return MlflowLogger(os.environ.get("MLFLOW_TRACKING_URI", ""), run_id)

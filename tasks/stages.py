@@ -24,6 +24,7 @@ from grpo_core.stages.prepare import run_prepare
 from grpo_core.stages.reward_data import run_reward_data
 from grpo_core.stages.reward_model import run_reward_model
 from grpo_core.stages.sft import run_sft
+from tasks.launch import run_launched
 from tasks.tracking import child_run
 
 # Which config sections decide each stage's output (besides its upstream digests).
@@ -118,7 +119,12 @@ def data_task(cfg: PipelineConfig, out_dir: str, uri: str, parent_id: str) -> di
 @task(name="sft", cache_key_fn=_cache_key("sft"), persist_result=True)
 def sft_task(cfg: PipelineConfig, out_dir: str, upstream: dict, uri: str, parent_id: str) -> dict:
     with child_run(uri, parent_id, "sft", _stage_params(cfg, "sft")) as log:
-        manifest = run_sft(cfg, Path(upstream["data_dir"]), Path(out_dir), log, init_from=upstream.get("init_model"))
+        if cfg.launch.distributed:
+            init = upstream.get("init_model")
+            manifest = run_launched("sft", cfg, out_dir, ["--data", upstream["data_dir"], "--out", out_dir,
+                                                          *(["--init", init] if init else [])], uri, log.run_id)
+        else:
+            manifest = run_sft(cfg, Path(upstream["data_dir"]), Path(out_dir), log, init_from=upstream.get("init_model"))
         return _finish("sft", cfg, out_dir, upstream, manifest, log.run_id)
 
 
@@ -127,7 +133,11 @@ def pretrain_task(cfg: PipelineConfig, out_dir: str, upstream: dict, uri: str, p
     from grpo_core.stages.pretrain import run_pretrain
 
     with child_run(uri, parent_id, "pretrain", _stage_params(cfg, "pretrain")) as log:
-        manifest = run_pretrain(cfg, Path(upstream["corpus_dir"]), Path(out_dir), log)
+        if cfg.launch.distributed:
+            manifest = run_launched("pretrain", cfg, out_dir, ["--corpus", upstream["corpus_dir"], "--out", out_dir],
+                                    uri, log.run_id)
+        else:
+            manifest = run_pretrain(cfg, Path(upstream["corpus_dir"]), Path(out_dir), log)
         return _finish("pretrain", cfg, out_dir, upstream, manifest, log.run_id)
 
 
@@ -178,8 +188,14 @@ def replay_task(cfg: PipelineConfig, out_dir: str, upstream: dict, uri: str, par
 @task(name="grpo", cache_key_fn=_cache_key("grpo"), persist_result=True)
 def grpo_task(cfg: PipelineConfig, out_dir: str, upstream: dict, uri: str, parent_id: str) -> dict:
     with child_run(uri, parent_id, "grpo", _stage_params(cfg, "grpo")) as log:
-        manifest = run_grpo(cfg, Path(upstream["data_dir"]), upstream["init_model"], Path(out_dir), log,
-                            reward_models=upstream.get("reward_models"), round_=upstream.get("round", 1))
+        if cfg.launch.distributed:
+            models = [arg for kind, path in (upstream.get("reward_models") or {}).items() for arg in (f"--{kind}", path)]
+            manifest = run_launched("grpo", cfg, out_dir, ["--data", upstream["data_dir"], "--init", upstream["init_model"],
+                                                           "--out", out_dir, "--round", str(upstream.get("round", 1)),
+                                                           *models], uri, log.run_id)
+        else:
+            manifest = run_grpo(cfg, Path(upstream["data_dir"]), upstream["init_model"], Path(out_dir), log,
+                                reward_models=upstream.get("reward_models"), round_=upstream.get("round", 1))
         return _finish("grpo", cfg, out_dir, upstream, manifest, log.run_id)
 
 

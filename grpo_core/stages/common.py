@@ -11,6 +11,9 @@ from typing import Any
 import torch
 
 from grpo_core.data import Example, load_jsonl
+from grpo_core.distributed import Dist
+
+SINGLE = Dist()  # one process
 
 # The library and the task wrappers: a change to either can change what a stage produces.
 CODE_ROOTS = [Path(__file__).resolve().parents[1], Path(__file__).resolve().parents[2] / "tasks"]
@@ -54,17 +57,27 @@ def round_seed(seed: int, round_: int) -> int:
     return seed + 7919 * (round_ - 1)
 
 
-def lm_update(model, opt, ids: torch.Tensor, labels: torch.Tensor, lr: float, max_grad_norm: float):
-    """One causal-LM optimizer step at ``lr`` on [B, T] ``ids`` / ``labels`` (-100 = no loss);
-    returns (loss, grad norm before clipping). SFT and continued pretraining share it."""
+def lm_update(model, opt, ids: torch.Tensor, labels: torch.Tensor, lr: float, max_grad_norm: float,
+              d: Dist = SINGLE):
+    """One causal-LM optimizer step at ``lr`` on this rank's [B, T] ``ids`` / ``labels`` (-100 = no
+    loss); returns (loss, grad norm before clipping). SFT and continued pretraining share it.
+
+    The loss is the mean over the loss tokens of the whole global batch, whatever the number of
+    processes: each rank backpropagates its token sum over the global count, times the world size
+    because DDP averages the ranks' gradients."""
+    import torch.nn.functional as F
+
     for group in opt.param_groups:
         group["lr"] = lr
-    loss = model(input_ids=ids, labels=labels).loss
+    targets = labels[:, 1:]
+    logits = model(input_ids=ids).logits[:, :-1].float()
+    loss_sum = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100, reduction="sum")
+    n_tokens = max(float(d.sum(float((targets != -100).sum()))), 1.0)
     opt.zero_grad(set_to_none=True)
-    loss.backward()
+    (loss_sum * (d.world / n_tokens)).backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
     opt.step()
-    return loss, grad_norm
+    return d.sum(loss_sum.detach()) / n_tokens, grad_norm
 
 
 def set_threads(threads: int | None) -> None:
@@ -141,8 +154,9 @@ def restore_trainer_state(saved: dict, opt, st: dict) -> None:
     set_rng_state(saved["rng"])
 
 
-def keep_if_best(st: dict, acc: float, model, tokenizer, out_dir: Path) -> bool:
-    """Save ``model`` to ``out_dir/best`` when ``acc`` beats the best so far; True if it did."""
+def keep_if_best(st: dict, acc: float, model, tokenizer, out_dir: Path, save: bool = True) -> bool:
+    """Save ``model`` to ``out_dir/best`` when ``acc`` beats the best so far; True if it did.
+    ``save=False`` (ranks other than 0) updates the counters only."""
     import shutil
 
     from grpo_core.modeling import save_model
@@ -150,8 +164,9 @@ def keep_if_best(st: dict, acc: float, model, tokenizer, out_dir: Path) -> bool:
     if acc <= st["best_acc"]:
         return False
     st.update(best_acc=acc, best_step=st["step"])
-    shutil.rmtree(out_dir / "best", ignore_errors=True)
-    save_model(model, tokenizer, out_dir / "best")
+    if save:
+        shutil.rmtree(out_dir / "best", ignore_errors=True)
+        save_model(model, tokenizer, out_dir / "best")
     return True
 
 

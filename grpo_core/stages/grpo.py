@@ -13,19 +13,21 @@ from pathlib import Path
 
 import torch
 
+from grpo_core import distributed
 from grpo_core.advantages import outcome_advantages, process_advantages
+from grpo_core.distributed import Dist
 from grpo_core.env import setup_environment
 from grpo_core.config import GRPOConfig, PipelineConfig, load_config
 from grpo_core.data import Example, prompt_text
 from grpo_core.evaluation import greedy_accuracy
-from grpo_core.losses import grpo_loss
+from grpo_core.losses import BatchSize, grpo_loss
 from grpo_core.modeling import load_model
 from grpo_core.policy import generate, token_logprobs
 from grpo_core.rewards import RewardScorer, Scored
-from grpo_core.stages.common import (Stopwatch, digest_dir, find_resume, keep_if_best, publish_best,
+from grpo_core.stages.common import (SINGLE, Stopwatch, digest_dir, find_resume, keep_if_best, publish_best,
                                      read_split, restore_trainer_state, round_seed, run_identity,
                                      save_trainer_checkpoint, set_threads, write_manifest)
-from grpo_core.tracking import MetricLogger, NullLogger
+from grpo_core.tracking import MetricLogger, NullLogger, logger_from_env
 
 
 def step_seed(seed: int, step: int) -> int:
@@ -58,14 +60,25 @@ def rollout_advantages(scored: Scored, n_questions: int, g: int, seq_len: int) -
 
 
 def grpo_step(policy, ref, tokenizer, opt, questions: list[Example], gc: GRPOConfig, seed: int,
-              scorer: RewardScorer | None = None) -> dict[str, float]:
-    """One exploration stage and its mu updates; returns the step's metrics (rule reward by default)."""
+              scorer: RewardScorer | None = None, d: Dist = SINGLE, trained=None) -> dict[str, float]:
+    """One exploration stage and its mu updates on the step's ``questions`` (the global batch);
+    returns the step's metrics (rule reward by default).
+
+    Under torchrun each process samples, scores and trains on a contiguous share of the questions,
+    whole groups, so advantages need no communication; the loss is normalised by the global batch
+    (``BatchSize``) and DDP (``trained``: the wrapped policy) averages the gradients. Samples are
+    seeded by global row, so N processes draw the rollouts one process would."""
     g = gc.group_size
+    trained = trained or policy
     scorer = scorer or RewardScorer({"rule": 1.0}, "outcome", tokenizer)
+    n_global = len(questions)
+    mine = d.shard(n_global, "grpo.questions_per_step")
+    questions = questions[mine]
     t0 = time.perf_counter()
     prompts = [prompt_text(q.question) for q in questions for _ in range(g)]
     rollout = generate(policy, tokenizer, prompts, max_new_tokens=gc.max_new_tokens,
-                       temperatures=row_temperatures(gc, len(questions)), seed=seed)
+                       temperatures=row_temperatures(gc, len(questions)), seed=seed,
+                       row_ids=list(range(mine.start * g, mine.stop * g)))
     t1 = time.perf_counter()
     scored = scorer(rollout, [q.gold for q in questions for _ in range(g)])
     rewards = scored.outcome
@@ -74,7 +87,9 @@ def grpo_step(policy, ref, tokenizer, opt, questions: list[Example], gc: GRPOCon
     advantages, reward_stats = rollout_advantages(scored, len(questions), g, rollout.completion_mask.shape[1])
     t2 = time.perf_counter()
     batch = rollout.completion_mask.shape[0]
-    mb = gc.minibatch_size or batch
+    # A minibatch is minibatch_size rows of the global batch: each process's share of it.
+    mb = (gc.minibatch_size or n_global * g) // d.world
+    width = d.max(rollout.completion_mask.shape[1])
     # With a single update on the whole batch pi_old is the current policy: its log-probs are the
     # update's own (detached), which saves a forward pass. Otherwise they are fixed up front.
     single_update = gc.inner_updates == 1 and mb == batch
@@ -87,35 +102,46 @@ def grpo_step(policy, ref, tokenizer, opt, questions: list[Example], gc: GRPOCon
     for _ in range(gc.inner_updates):
         for s in range(0, batch, mb):
             part = rollout.rows(s, s + mb)
-            logp, entropy = token_logprobs(policy, part, with_entropy=True)
+            logp, entropy = token_logprobs(trained, part, with_entropy=True)
             old = logp.detach() if old_logp is None else old_logp[s : s + mb]
+            global_mb = BatchSize(mb * d.world, float(d.sum(part.completion_mask.sum())), width)
             loss, m = grpo_loss(logp, old, None if ref_logp is None else ref_logp[s : s + mb],
                                 advantages[s : s + mb], part.completion_mask, clip_eps=gc.clip_eps,
-                                clip_eps_high=gc.clip_eps_high, beta=gc.beta, agg=gc.loss_agg)
+                                clip_eps_high=gc.clip_eps_high, beta=gc.beta, agg=gc.loss_agg, batch=global_mb)
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            (loss * d.world).backward()  # this process's share of the global loss; DDP averages
             grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), gc.max_grad_norm)
             opt.step()
             mask = part.completion_mask
-            m.update(loss=loss.item(), grad_norm=float(grad_norm),
-                     entropy=float((entropy * mask).sum() / mask.sum().clamp(min=1)))
+            m.update(entropy=float((entropy * mask).sum() / mask.sum().clamp(min=1)))
+            # Token means (kl, clip_ratio, ratio_mean, entropy) weighted by this process's share of
+            # the minibatch's tokens: summed over the processes they are the global token means,
+            # as the loss terms (already shares) sum to the global loss.
+            share = float(mask.sum()) / max(global_mb.tokens, 1.0)
+            m = {k: v if k == "pg_loss" else v * share for k, v in m.items()} | {"loss": loss.item()}
             for k, v in m.items():
                 sums[k] = sums.get(k, 0.0) + v
+            sums["grad_norm"] = sums.get("grad_norm", 0.0) + float(grad_norm)  # the same on every process
             n_updates += 1
     t4 = time.perf_counter()
-    n_tokens = float(rollout.completion_mask.sum())
-    metrics = {f"train/{k}": v / n_updates for k, v in sums.items()}
-    metrics.update({**(scored.stats or {}), **reward_stats})
+    metrics = {f"train/{k}": (v if k == "grad_norm" else float(d.sum(v))) / n_updates for k, v in sums.items()}
+    metrics |= d.mean((scored.stats or {}) | {"time/rollout_s": t1 - t0, "time/reward_s": t2 - t1,
+                                               "time/logprob_s": t3 - t2, "time/update_s": t4 - t3})
+    # Per-completion statistics over the global batch.
+    rewards, correct = d.gather(rewards.double()), d.gather(scored.correct.double())
+    lengths, truncated = d.gather(rollout.completion_mask.sum(1).double()), d.gather(rollout.truncated.double())
+    zero_std = d.gather((advantages.view(len(questions), g, -1) == 0).all(-1).all(-1).double())
+    finite = torch.isfinite(rewards)
+    metrics.update({k: float(d.sum(v)) for k, v in reward_stats.items()})
     metrics.update({
-        "train/accuracy": float(scored.correct.mean()),
+        "train/accuracy": float(correct.mean()),
         "train/reward_mean": float(rewards.nanmean()),
-        "train/reward_std": float(rewards[torch.isfinite(rewards)].std(unbiased=False)) if torch.isfinite(rewards).sum() > 1 else 0.0,
-        "train/frac_reward_zero_std": float((advantages.view(len(questions), g, -1) == 0).all(-1).all(-1).float().mean()),
-        "train/completion_len": n_tokens / batch,
-        "train/frac_truncated": float(rollout.truncated.float().mean()),
+        "train/reward_std": float(rewards[finite].std(unbiased=False)) if finite.sum() > 1 else 0.0,
+        "train/frac_reward_zero_std": float(zero_std.mean()),
+        "train/completion_len": float(lengths.mean()),
+        "train/frac_truncated": float(truncated.mean()),
         "train/lr": opt.param_groups[0]["lr"],
-        "perf/tokens_per_s": n_tokens / (t1 - t0),
-        "time/rollout_s": t1 - t0, "time/reward_s": t2 - t1, "time/logprob_s": t3 - t2, "time/update_s": t4 - t3,
+        "perf/tokens_per_s": float(lengths.sum()) / (t1 - t0),
     })
     return metrics
 
@@ -132,8 +158,10 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
     the frozen reference), resuming if possible.
 
     ``reward_models`` maps ``orm`` / ``prm`` to model folders, needed when ``grpo.reward_weights``
-    uses them. ``round_`` seeds the questions and rollouts, so each RL round sees other ones."""
-    logger = logger or NullLogger()
+    uses them. ``round_`` seeds the questions and rollouts, so each RL round sees other ones.
+    Under torchrun rank 0 validates, logs, checkpoints and returns the manifest (others: None)."""
+    d = distributed.init()
+    logger = (logger or NullLogger()) if d.main else NullLogger()
     gc = cfg.grpo
     reward_models = reward_models or {}
     missing = [k for k in gc.reward_models_used if k not in reward_models]
@@ -146,7 +174,7 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
     identity = run_identity(cfg, "grpo", init=digest_dir(Path(init_dir)), round=round_,
                             reward_models={k: digest_dir(Path(p)) for k, p in used.items()},
                             separator=cfg.reward_data.step_separator if "prm" in used else None)
-    resume, saved = find_resume(ckpt_root, identity)
+    resume, saved = d.main_first(lambda: find_resume(ckpt_root, identity))
     policy, tokenizer = load_model(resume or init_dir)
     scorer = RewardScorer.from_paths(gc.reward_weights, gc.supervision, tokenizer,
                                      cfg.reward_data.step_separator, used)
@@ -165,32 +193,38 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
     clock = Stopwatch(st["elapsed"])
 
     def validate() -> None:
-        acc = greedy_accuracy(policy, tokenizer, val, cfg.eval.max_new_tokens)
+        acc = greedy_accuracy(policy, tokenizer, val, cfg.eval.max_new_tokens) if d.main else None
+        acc = d.broadcast(acc)
         logger.log_metrics({"val/accuracy": acc}, step=st["step"])
-        keep_if_best(st, acc, policy, tokenizer, out_dir)
+        keep_if_best(st, acc, policy, tokenizer, out_dir, save=d.main)
 
     if st["step"] == 0 and st["best_acc"] < 0:
         validate()  # the starting policy is a candidate too: GRPO never returns a worse model
     if gc.max_seconds is None or st["elapsed"] < gc.max_seconds:
         st["stopped"] = ""  # (re)started with steps or time left
     policy.train()
+    trained = d.wrap(policy)
     while st["step"] < gc.steps and not st["stopped"]:
         for group in opt.param_groups:
             group["lr"] = gc.lr * min(1.0, (st["step"] + 1) / (gc.warmup_steps + 1))
         questions = step_questions(pool, gc.questions_per_step, seed, st["step"])
-        metrics = grpo_step(policy, ref, tokenizer, opt, questions, gc, step_seed(seed, st["step"]), scorer)
+        metrics = grpo_step(policy, ref, tokenizer, opt, questions, gc, step_seed(seed, st["step"]), scorer, d, trained)
         st["step"] += 1
         st["recent"] = (st.get("recent", []) + [{k: metrics[k] for k in SUMMARY_METRICS if k in metrics}])[-SUMMARY_WINDOW:]
         st["elapsed"] = clock.elapsed
         logger.log_metrics(metrics, step=st["step"])
         if gc.max_seconds is not None and st["elapsed"] >= gc.max_seconds:
             st["stopped"] = f"time budget of {gc.max_seconds}s reached"
+        st["stopped"] = d.broadcast(st["stopped"])  # rank 0's clock decides for all
         last = st["step"] == gc.steps or st["stopped"]
         if st["step"] % gc.eval_every == 0 or last:
             validate()
         if st["step"] % gc.checkpoint_every == 0 or last:
             st["elapsed"] = clock.elapsed
-            save_trainer_checkpoint(ckpt_root, st, policy, tokenizer, opt, identity, cfg, gc.keep_checkpoints)
+            if d.main:
+                save_trainer_checkpoint(ckpt_root, st, policy, tokenizer, opt, identity, cfg, gc.keep_checkpoints)
+    if not d.main:
+        return None
     final_dir = publish_best(out_dir)
     recent = st.get("recent", [])
     last = {k.removeprefix("train/"): sum(m[k] for m in recent) / len(recent)
@@ -216,8 +250,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--set", action="append", default=[], dest="overrides")
     a = p.parse_args(argv)
     models = {k: v for k, v in (("orm", a.orm), ("prm", a.prm)) if v}
-    print(run_grpo(load_config(a.config, a.overrides), Path(a.data), a.init, Path(a.out), reward_models=models,
-                   round_=a.round))
+    manifest = run_grpo(load_config(a.config, a.overrides), Path(a.data), a.init, Path(a.out), logger_from_env(),
+                        reward_models=models, round_=a.round)
+    distributed.finish()
+    if manifest is not None:  # rank 0
+        print(manifest)
 
 
 if __name__ == "__main__":

@@ -15,13 +15,14 @@ from pathlib import Path
 
 import torch
 
+from grpo_core import distributed
 from grpo_core.config import PipelineConfig, PretrainConfig, load_config
 from grpo_core.env import setup_environment
 from grpo_core.modeling import init_model, load_model, save_model
 from grpo_core.packing import pack
 from grpo_core.stages.common import (Stopwatch, digest_dir, find_resume, lm_update, restore_trainer_state, run_identity,
                                      save_trainer_checkpoint, set_threads, write_manifest)
-from grpo_core.tracking import MetricLogger, NullLogger
+from grpo_core.tracking import MetricLogger, NullLogger, logger_from_env
 
 
 def multistep_lr(pc: PretrainConfig, step: int) -> float:
@@ -57,12 +58,15 @@ def encode_pages(texts: list[str], tokenizer) -> list[tuple[list[int], list[int]
 
 def run_pretrain(cfg: PipelineConfig, corpus_dir: Path, out_dir: Path, logger: MetricLogger | None = None) -> dict:
     logger = logger or NullLogger()
+    d = distributed.init()
+    if not d.main:
+        logger = NullLogger()
     pc = cfg.pretrain
     set_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     ckpt_root = out_dir / "checkpoints"
     identity = run_identity(cfg, "pretrain", corpus=digest_dir(Path(corpus_dir)))
-    resume, saved = find_resume(ckpt_root, identity)
+    resume, saved = d.main_first(lambda: find_resume(ckpt_root, identity))
     if resume is not None:
         model, tokenizer = load_model(resume)
     elif cfg.model.init == "pretrained":
@@ -79,19 +83,21 @@ def run_pretrain(cfg: PipelineConfig, corpus_dir: Path, out_dir: Path, logger: M
         st["stopped"] = ""
     rows = pack(pages, pc.context_length, tokenizer.pad_token_id, random.Random(cfg.seed * 1000 + st["epoch"]))[0]
     model.train()
+    trained = d.wrap(model)
+    mine = d.shard(pc.batch_size, "pretrain.batch_size")
     loss = torch.tensor(float("nan"))
     while st["step"] < pc.max_steps and not st["stopped"]:
         if st["row"] >= len(rows):  # a new epoch: a fresh random concatenation
             st["epoch"] += 1
             st["row"] = 0
             rows = pack(pages, pc.context_length, tokenizer.pad_token_id, random.Random(cfg.seed * 1000 + st["epoch"]))[0]
-        ids = rows[st["row"] : st["row"] + pc.batch_size]
+        ids = rows[st["row"] : st["row"] + pc.batch_size][mine]
         st["row"] += pc.batch_size
         lr = multistep_lr(pc, st["step"])
         labels = ids.masked_fill(ids == tokenizer.pad_token_id, -100)
-        loss, grad_norm = lm_update(model, opt, ids, labels, lr, pc.max_grad_norm)
+        loss, grad_norm = lm_update(trained, opt, ids, labels, lr, pc.max_grad_norm, d)
         st["step"] += 1
-        st["tokens"] += int((labels != -100).sum())
+        st["tokens"] += int(d.sum(int((labels != -100).sum())))
         st["elapsed"] = clock.elapsed
         if st["step"] % pc.log_every == 0:
             logger.log_metrics({"train/loss": loss.item(), "train/lr": lr, "train/grad_norm": float(grad_norm),
@@ -99,8 +105,12 @@ def run_pretrain(cfg: PipelineConfig, corpus_dir: Path, out_dir: Path, logger: M
                                step=st["step"])
         if pc.max_seconds is not None and st["elapsed"] >= pc.max_seconds:
             st["stopped"] = f"time budget of {pc.max_seconds}s reached"
+        st["stopped"] = d.broadcast(st["stopped"])  # rank 0's clock decides for all
         if st["step"] % pc.checkpoint_every == 0 or st["step"] == pc.max_steps or st["stopped"]:
-            save_trainer_checkpoint(ckpt_root, st, model, tokenizer, opt, identity, cfg, pc.keep_checkpoints)
+            if d.main:
+                save_trainer_checkpoint(ckpt_root, st, model, tokenizer, opt, identity, cfg, pc.keep_checkpoints)
+    if not d.main:
+        return None
     final_dir = save_model(model, tokenizer, out_dir / "model")
     return write_manifest(out_dir, {"stage": "pretrain", "model": str(final_dir), "corpus": str(corpus_dir),
                                     "pages": len(pages), "steps": st["step"], "epochs": st["epoch"],
@@ -116,7 +126,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--set", action="append", default=[], dest="overrides")
     a = p.parse_args(argv)
-    print(run_pretrain(load_config(a.config, a.overrides), Path(a.corpus), Path(a.out)))
+    manifest = run_pretrain(load_config(a.config, a.overrides), Path(a.corpus), Path(a.out), logger_from_env())
+    distributed.finish()
+    if manifest is not None:  # rank 0
+        print(manifest)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from grpo_core import distributed
 from grpo_core.env import setup_environment
 from grpo_core.config import PipelineConfig, SFTConfig, load_config
 from grpo_core.evaluation import greedy_accuracy
@@ -20,7 +21,7 @@ from grpo_core.packing import encode_examples, pack
 from grpo_core.stages.common import (Stopwatch, digest_dir, find_resume, keep_if_best, lm_update, publish_best,
                                      read_split, restore_trainer_state, run_identity,
                                      save_trainer_checkpoint, set_threads, write_manifest)
-from grpo_core.tracking import MetricLogger, NullLogger
+from grpo_core.tracking import MetricLogger, NullLogger, logger_from_env
 
 
 STOP_REASONS = {
@@ -54,13 +55,17 @@ def validation_loss(model, val_ids: torch.Tensor, val_labels: torch.Tensor, batc
 
 def run_sft(cfg: PipelineConfig, data_dir: Path, out_dir: Path, logger: MetricLogger | None = None,
             init_from: str | None = None) -> dict:
-    """Train, or resume from the last complete checkpoint under ``out_dir/checkpoints``."""
-    logger = logger or NullLogger()
+    """Train, or resume from the last complete checkpoint under ``out_dir/checkpoints``.
+
+    Under torchrun each process trains on its share of every batch of ``sft.batch_size`` rows;
+    rank 0 validates, logs, checkpoints and returns the manifest (the others return None)."""
+    d = distributed.init()
+    logger = (logger or NullLogger()) if d.main else NullLogger()
     sc = cfg.sft
     set_threads(cfg.threads)
     ckpt_root = out_dir / "checkpoints"
     identity = run_identity(cfg, "sft", init=digest_dir(Path(init_from)) if init_from else "config")
-    resume, saved = find_resume(ckpt_root, identity)
+    resume, saved = d.main_first(lambda: find_resume(ckpt_root, identity))
     if resume is not None:
         model, tokenizer = load_model(resume)
     elif init_from is not None:
@@ -82,19 +87,21 @@ def run_sft(cfg: PipelineConfig, data_dir: Path, out_dir: Path, logger: MetricLo
     if st["stopped"] == "time" and (sc.max_seconds is None or st["elapsed"] < sc.max_seconds):
         st["stopped"] = ""  # resumed with a larger time budget
     model.train()
+    trained = d.wrap(model)
+    mine = d.shard(sc.batch_size, "sft.batch_size")
     while st["step"] < sc.max_steps and not st["stopped"]:
         if st["row"] >= len(rows_ids):  # new epoch: a fresh random concatenation
             st["epoch"] += 1
             st["row"] = 0
             rows_ids, rows_labels = pack(train, sc.context_length, tokenizer.pad_token_id,
                                          random.Random(cfg.seed * 1000 + st["epoch"]))
-        ids = rows_ids[st["row"] : st["row"] + sc.batch_size]
-        labels = rows_labels[st["row"] : st["row"] + sc.batch_size]
+        ids = rows_ids[st["row"] : st["row"] + sc.batch_size][mine]
+        labels = rows_labels[st["row"] : st["row"] + sc.batch_size][mine]
         st["row"] += sc.batch_size
         lr = lr_at(sc, st["step"], st["plateau_lr"])
-        loss, grad_norm = lm_update(model, opt, ids, labels, lr, max_grad_norm=1.0)
+        loss, grad_norm = lm_update(trained, opt, ids, labels, lr, max_grad_norm=1.0, d=d)
         st["step"] += 1
-        st["tokens"] += int((labels != -100).sum())
+        st["tokens"] += int(d.sum(int((labels != -100).sum())))
         st["elapsed"] = clock.elapsed
         if st["step"] % sc.log_every == 0:  # a tracking call per step would cost more than the step
             logger.log_metrics({"train/loss": loss.item(), "train/lr": lr, "train/grad_norm": float(grad_norm),
@@ -102,15 +109,19 @@ def run_sft(cfg: PipelineConfig, data_dir: Path, out_dir: Path, logger: MetricLo
                                 "perf/tokens_per_s": st["tokens"] / max(st["elapsed"], 1e-9)}, step=st["step"])
         if sc.max_seconds is not None and st["elapsed"] >= sc.max_seconds:
             st["stopped"] = "time"
+        st["stopped"] = d.broadcast(st["stopped"])  # rank 0's clock decides for all
         on_grid = st["step"] % sc.eval_every == 0
         last = st["step"] == sc.max_steps or st["stopped"]
         if on_grid or (last and st["best_acc"] < 0):
-            model.eval()
-            acc = greedy_accuracy(model, tokenizer, val_examples, max_new)
-            vloss = validation_loss(model, val_ids, val_labels)
-            model.train()
-            logger.log_metrics({"val/accuracy": acc, "val/loss": vloss}, step=st["step"])
-            if keep_if_best(st, acc, model, tokenizer, out_dir):
+            acc = None
+            if d.main:
+                model.eval()
+                acc = greedy_accuracy(model, tokenizer, val_examples, max_new)
+                logger.log_metrics({"val/accuracy": acc, "val/loss": validation_loss(model, val_ids, val_labels)},
+                                   step=st["step"])
+                model.train()
+            acc = d.broadcast(acc)
+            if keep_if_best(st, acc, model, tokenizer, out_dir, save=d.main):
                 st["bad_evals"] = 0
             elif on_grid:  # only the regular evaluations drive the schedule, so a resume is exact
                 st["bad_evals"] += 1
@@ -120,7 +131,10 @@ def run_sft(cfg: PipelineConfig, data_dir: Path, out_dir: Path, logger: MetricLo
                     st["stopped"] = "patience"
         if st["step"] % sc.checkpoint_every == 0 or st["step"] == sc.max_steps or st["stopped"]:
             st["elapsed"] = clock.elapsed
-            save_trainer_checkpoint(ckpt_root, st, model, tokenizer, opt, identity, cfg, sc.keep_checkpoints)
+            if d.main:
+                save_trainer_checkpoint(ckpt_root, st, model, tokenizer, opt, identity, cfg, sc.keep_checkpoints)
+    if not d.main:
+        return None
     final_dir = publish_best(out_dir)
     summary = {"best_val_accuracy": st["best_acc"], "best_step": st["best_step"], "steps": st["step"],
                "epochs": st["epoch"], "wall_s": round(st["elapsed"], 1),
@@ -135,9 +149,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--config", required=True)
     p.add_argument("--data", required=True, help="folder with sft.jsonl and val.jsonl")
     p.add_argument("--out", required=True)
+    p.add_argument("--init", help="HF folder to start from (default: a fresh model from the recipe)")
     p.add_argument("--set", action="append", default=[], dest="overrides")
     a = p.parse_args(argv)
-    print(run_sft(load_config(a.config, a.overrides), Path(a.data), Path(a.out)))
+    manifest = run_sft(load_config(a.config, a.overrides), Path(a.data), Path(a.out), logger_from_env(), init_from=a.init)
+    distributed.finish()
+    if manifest is not None:  # rank 0
+        print(manifest)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,116 @@
+"""torch.distributed for the training stages, the way torchrun and ``accelerate launch`` start them:
+one process per device, told its place by RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR. Without
+those variables ``init()`` returns the single-process ``Dist`` and every method here is the
+identity, so a stage's code is the same on a laptop and on N GPUs.
+
+Data parallelism (DDP) only: every rank holds the whole model, takes a contiguous shard of each
+global batch, and the gradients are averaged. Rank 0 alone logs, evaluates and writes files.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class Dist:
+    rank: int = 0
+    world: int = 1
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def shard(self, n: int, what: str) -> slice:
+        """This rank's contiguous share of ``n`` global items; ``n`` must split evenly so that every
+        rank's share weighs the same in the averaged gradient."""
+        if n % self.world:
+            raise ValueError(f"{what} = {n} does not split evenly over {self.world} processes")
+        per = n // self.world
+        return slice(self.rank * per, (self.rank + 1) * per)
+
+    def sum(self, x: torch.Tensor | float) -> torch.Tensor:
+        """Sum over ranks (a copy; ``x`` is untouched)."""
+        t = torch.as_tensor(x, dtype=torch.float64).clone()
+        if self.world > 1:
+            dist.all_reduce(t)
+        return t
+
+    def max(self, x: int) -> int:
+        t = torch.tensor(x, dtype=torch.long)
+        if self.world > 1:
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return int(t)
+
+    def mean(self, metrics: dict[str, float]) -> dict[str, float]:
+        """The mean over ranks of each metric (the ranks must pass the same keys in the same order)."""
+        if self.world == 1 or not metrics:
+            return metrics
+        t = torch.tensor(list(metrics.values()), dtype=torch.float64)
+        dist.all_reduce(t)
+        return dict(zip(metrics, (t / self.world).tolist()))
+
+    def gather(self, x: torch.Tensor) -> torch.Tensor:
+        """[n, ...] per rank -> [world * n, ...] in rank order (equal shapes on every rank)."""
+        if self.world == 1:
+            return x
+        parts = [torch.empty_like(x) for _ in range(self.world)]
+        dist.all_gather(parts, x.contiguous())
+        return torch.cat(parts)
+
+    def broadcast(self, obj: Any) -> Any:
+        """Rank 0's ``obj`` on every rank (a picklable value: a decision, a metric)."""
+        if self.world == 1:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def main_first(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` on rank 0, then on the others: for steps with side effects on disk (setting
+        stale checkpoints aside) that the other ranks must then see."""
+        if self.main:
+            out = fn()
+        self.barrier()
+        if not self.main:
+            out = fn()
+        return out
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            dist.barrier()
+
+    def wrap(self, model):
+        """The model to train: DDP-wrapped across ranks (gradients averaged in backward)."""
+        if self.world == 1:
+            return model
+        from torch.nn.parallel import DistributedDataParallel
+
+        device_ids = [model.device.index] if model.device.type == "cuda" else None
+        return DistributedDataParallel(model, device_ids=device_ids)
+
+
+def init() -> Dist:
+    """Join the process group that the launcher described in the environment (gloo on CPU, NCCL on
+    CUDA), or return the single-process ``Dist``."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return Dist()
+    if not dist.is_initialized():
+        cuda = torch.cuda.is_available()
+        if cuda:
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group("nccl" if cuda else "gloo")
+    return Dist(dist.get_rank(), dist.get_world_size())
+
+
+def finish() -> None:
+    """Leave the process group together (rank 0 may still be writing the stage's outputs) and tear
+    it down, so that no rank exits with gloo's threads still running."""
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()

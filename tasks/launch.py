@@ -1,0 +1,35 @@
+"""A training stage as torchrun / accelerate processes, from inside a Prefect task: the processes'
+output goes to the task's log line by line, rank 0 logs metrics into the task's MLflow run
+(``MLFLOW_RUN_ID``), and the stage's manifest is read back from its folder."""
+from __future__ import annotations
+
+import collections
+import json
+import os
+import subprocess
+from pathlib import Path
+
+from prefect import get_run_logger
+
+from grpo_core.config import PipelineConfig
+from grpo_core.launch import launch_command, write_resolved
+
+TAIL_LINES = 40
+
+
+def run_launched(stage: str, cfg: PipelineConfig, out_dir: str, args: list[str], uri: str, run_id: str) -> dict:
+    """Run ``stage`` with ``args`` (its CLI's, besides --config) as ``cfg.launch`` says; returns its
+    manifest. A failing launch fails the task with the processes' last lines."""
+    log = get_run_logger()
+    resolved = write_resolved(cfg, Path(out_dir) / "resolved.yaml")
+    cmd = launch_command(cfg.launch, stage, ["--config", str(resolved), *args])
+    log.info("launching %s: %s", stage, " ".join(cmd))
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "MLFLOW_RUN_ID": run_id}
+    tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as proc:
+        for line in proc.stdout:
+            tail.append(line.rstrip())
+            log.info("[%s] %s", stage, tail[-1])
+    if proc.returncode != 0:
+        raise RuntimeError(f"{stage}: {' '.join(cmd)} exited with {proc.returncode}; last lines:\n" + "\n".join(tail))
+    return json.loads((Path(out_dir) / "manifest.json").read_text())
