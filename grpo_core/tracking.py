@@ -93,6 +93,7 @@ def logger_from_env() -> MetricLogger:
     import os
 
     run_id = os.environ.get("MLFLOW_RUN_ID")
-    if not run_id:
+    # Other ranks never open the store: N clients creating one sqlite database at once collide.
+    if not run_id or int(os.environ.get("RANK", "0")) != 0:
         return NullLogger()
     return MlflowLogger(os.environ.get("MLFLOW_TRACKING_URI", ""), run_id)

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import collections
 import json
+import logging
 import os
 import subprocess
 from pathlib import Path
 
 from prefect import get_run_logger
+from prefect.exceptions import MissingContextError
 
 from grpo_core.config import PipelineConfig
 from grpo_core.launch import launch_command, write_resolved
@@ -20,7 +22,10 @@ TAIL_LINES = 40
 def run_launched(stage: str, cfg: PipelineConfig, out_dir: str, args: list[str], uri: str, run_id: str) -> dict:
     """Run ``stage`` with ``args`` (its CLI's, besides --config) as ``cfg.launch`` says; returns its
     manifest. A failing launch fails the task with the processes' last lines."""
-    log = get_run_logger()
+    try:
+        log = get_run_logger()
+    except MissingContextError:  # called outside a flow (a script, a test)
+        log = logging.getLogger("grpo_pipeline.launch")
     resolved = write_resolved(cfg, Path(out_dir) / "resolved.yaml")
     cmd = launch_command(cfg.launch, stage, ["--config", str(resolved), *args])
     log.info("launching %s: %s", stage, " ".join(cmd))

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import torch
+from torch.distributed.elastic.multiprocessing.errors import record
 
 from grpo_core import distributed
 from grpo_core.advantages import outcome_advantages, process_advantages
@@ -237,6 +238,7 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
     return write_manifest(out_dir, {"stage": "grpo", "model": str(final_dir), "init": str(init_dir), **summary})
 
 
+@record  # under torchrun, a failing rank's traceback goes into the launcher's summary
 def main(argv: list[str] | None = None) -> None:
     setup_environment()
     p = argparse.ArgumentParser(description="GRPO stage")

@@ -14,6 +14,7 @@ import random
 from pathlib import Path
 
 import torch
+from torch.distributed.elastic.multiprocessing.errors import record
 
 from grpo_core import distributed
 from grpo_core.config import PipelineConfig, PretrainConfig, load_config
@@ -118,6 +119,7 @@ def run_pretrain(cfg: PipelineConfig, corpus_dir: Path, out_dir: Path, logger: M
                                     "stopped": st["stopped"] or "max_steps reached", "wall_s": round(st["elapsed"], 1)})
 
 
+@record  # under torchrun, a failing rank's traceback goes into the launcher's summary
 def main(argv: list[str] | None = None) -> None:
     setup_environment()
     p = argparse.ArgumentParser(description="continued pretraining on a corpus folder (part-*.jsonl.gz)")

@@ -11,6 +11,7 @@ import random
 from pathlib import Path
 
 import torch
+from torch.distributed.elastic.multiprocessing.errors import record
 
 from grpo_core import distributed
 from grpo_core.env import setup_environment
@@ -143,6 +144,7 @@ def run_sft(cfg: PipelineConfig, data_dir: Path, out_dir: Path, logger: MetricLo
     return write_manifest(out_dir, {"stage": "sft", "model": str(final_dir), "init": init_from or "config", **summary})
 
 
+@record  # under torchrun, a failing rank's traceback goes into the launcher's summary
 def main(argv: list[str] | None = None) -> None:
     setup_environment()
     p = argparse.ArgumentParser(description="SFT stage")
