@@ -108,3 +108,21 @@ def test_a_failing_launch_fails_with_the_processes_last_lines(tiny_cfg, tiny_dat
         run_launched("sft", cfg, str(tmp_path / "sft"), ["--data", str(tiny_data_dir), "--out", str(tmp_path / "sft")],
                      cfg.tracking.tracking_uri, "no-such-run")
     assert not (tmp_path / "sft" / "manifest.json").exists()
+
+
+@pytest.mark.slow
+def test_the_pipeline_launches_its_training_stages_as_two_processes(prefect_harness, tiny_cfg, tmp_path):
+    """The same recipe with ``launch.nproc: 2``: SFT and GRPO run under torchrun from their Prefect
+    tasks, their metrics land in the stage runs the pipeline created, and the run completes."""
+    from mlflow.tracking import MlflowClient
+
+    from flows.pipeline import pipeline
+
+    cfg = tiny_cfg(tmp_path, "launch.nproc=2", run_name="ddp", sft__max_steps=2, grpo__steps=1)
+    manifest = pipeline(cfg)
+    client = MlflowClient(cfg.tracking.tracking_uri)
+    for info, steps in ((manifest["stages"]["sft"], 2), (manifest["rounds"][0]["stages"]["grpo"], 1)):
+        history = client.get_metric_history(info["mlflow_run_id"], "train/loss")
+        assert len(history) == steps, info["stage"]
+    assert (tmp_path / "runs" / "ddp" / "sft" / "resolved.yaml").exists()
+    assert set(manifest["eval"]) == {"sft", "policy"}
