@@ -90,7 +90,8 @@ class Dist:
             return model
         from torch.nn.parallel import DistributedDataParallel
 
-        device_ids = [model.device.index] if model.device.type == "cuda" else None
+        device = next(model.parameters()).device
+        device_ids = [device.index] if device.type == "cuda" else None
         return DistributedDataParallel(model, device_ids=device_ids)
 
 

@@ -10,7 +10,8 @@ import yaml
 
 from grpo_core.config import LaunchConfig, PipelineConfig
 
-STAGE_MODULES = {"sft": "grpo_core.stages.sft", "grpo": "grpo_core.stages.grpo", "pretrain": "grpo_core.stages.pretrain"}
+STAGE_MODULES = {"sft": "grpo_core.stages.sft", "grpo": "grpo_core.stages.grpo", "pretrain": "grpo_core.stages.pretrain",
+                 "orm": "grpo_core.stages.reward_model", "prm": "grpo_core.stages.reward_model"}
 
 
 def write_resolved(cfg: PipelineConfig, path: Path) -> Path:
@@ -26,6 +27,8 @@ def launch_command(launch: LaunchConfig, stage: str, args: list[str]) -> list[st
     if stage not in STAGE_MODULES:
         raise ValueError(f"stage {stage!r} cannot be launched as processes; launchable: {', '.join(STAGE_MODULES)}")
     module = STAGE_MODULES[stage]
+    if module.endswith("reward_model"):  # one command for both kinds: the kind is its first argument
+        args = [stage, *args]
     if launch.launcher == "accelerate":
         cmd = [sys.executable, "-m", "accelerate.commands.launch"]
         if launch.accelerate_config:

@@ -79,13 +79,26 @@ def load_reward_model(path: str | Path, kind: str):
     return model
 
 
+class ScoreHead(torch.nn.Module):
+    """A reward model read through its score head at every token from ``start`` on: one module whose
+    forward is the whole computation, which is what DDP must wrap to average the gradients."""
+
+    def __init__(self, model) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, start: int) -> torch.Tensor:
+        """[B, L] ids and mask -> [B, L - start] score-head logits."""
+        hidden = self.model.base_model(input_ids=input_ids, attention_mask=attention_mask,
+                                       position_ids=position_ids(attention_mask)).last_hidden_state[:, start:]
+        return self.model.score(hidden).squeeze(-1).float()
+
+
 def token_scores(model, rollout: Rollout) -> torch.Tensor:
-    """[B, T] score-head logit at every completion token of ``rollout``."""
-    hidden = model.base_model(
-        input_ids=rollout.input_ids, attention_mask=rollout.attention_mask,
-        position_ids=position_ids(rollout.attention_mask),
-    ).last_hidden_state[:, rollout.prompt_len :]
-    return model.score(hidden).squeeze(-1).float()
+    """[B, T] score-head logit at every completion token of ``rollout``. ``model``: a reward model,
+    or its ``ScoreHead`` (DDP-wrapped in training)."""
+    head = ScoreHead(model) if hasattr(model, "base_model") else model
+    return head(rollout.input_ids, rollout.attention_mask, rollout.prompt_len)
 
 
 def last_token_index(completion_mask: torch.Tensor) -> torch.Tensor:

@@ -153,8 +153,18 @@ def _reward_model_task(kind: str):
     @task(name=kind, cache_key_fn=_cache_key(kind), persist_result=True)
     def train(cfg: PipelineConfig, out_dir: str, upstream: dict, uri: str, parent_id: str) -> dict:
         with child_run(uri, parent_id, kind, _stage_params(cfg, kind)) as log:
-            manifest = run_reward_model(cfg, kind, upstream["reward_data"], upstream["init_model"], Path(out_dir), log,
-                                        replay=upstream.get("replay"))
+            if cfg.launch.distributed:
+                datasets = Path(out_dir) / "reward_data.json"
+                datasets.parent.mkdir(parents=True, exist_ok=True)
+                datasets.write_text(json.dumps(upstream["reward_data"]))
+                replay = upstream.get("replay") or {"round": 1, "dir": None}
+                manifest = run_launched(kind, cfg, out_dir, [
+                    "--reward-data", str(datasets), "--init", upstream["init_model"], "--out", out_dir,
+                    "--round", str(replay["round"]), *(["--replay", replay["dir"]] if replay["dir"] else [])],
+                    uri, log.run_id)
+            else:
+                manifest = run_reward_model(cfg, kind, upstream["reward_data"], upstream["init_model"], Path(out_dir),
+                                            log, replay=upstream.get("replay"))
             return _finish(kind, cfg, out_dir, upstream, manifest, log.run_id)
     return train
 

@@ -32,6 +32,8 @@ def test_launch_commands():
     acc = launch_command(LaunchConfig(nproc=2, launcher="accelerate", accelerate_config="a.yaml"), "pretrain", [])
     assert acc[1:] == ["-m", "accelerate.commands.launch", "--config_file", "a.yaml", "--num_processes", "2",
                        "--num_machines", "1", "-m", "grpo_core.stages.pretrain"]
+    orm = launch_command(LaunchConfig(nproc=2), "orm", ["--config", "r.yaml"])
+    assert orm[-5:] == ["-m", "grpo_core.stages.reward_model", "orm", "--config", "r.yaml"]
     with pytest.raises(ValueError, match="reward_data"):
         launch_command(LaunchConfig(nproc=2), "reward_data", [])
     with pytest.raises(ValueError, match="rdzv_endpoint"):
@@ -126,3 +128,44 @@ def test_the_pipeline_launches_its_training_stages_as_two_processes(prefect_harn
         assert len(history) == steps, info["stage"]
     assert (tmp_path / "runs" / "ddp" / "sft" / "resolved.yaml").exists()
     assert set(manifest["eval"]) == {"sft", "policy"}
+
+
+@pytest.mark.parametrize("kind", ["orm", "prm"])
+def test_reward_models_on_two_processes_take_the_steps_of_one(kind, tiny_cfg, tiny_model_dir, tmp_path):
+    """Rows of different lengths and step counts, so that a per-process mean would weigh them wrongly."""
+    import json
+
+    from datasets import Dataset, DatasetDict
+
+    from grpo_core.data import prompt_text
+    from grpo_core.stages.common import digest_dir
+
+    sums = [(a, b) for a in range(2, 9) for b in range(1, 4)]
+    def solution(a, b, right, steps):
+        lines = [f"{a} + {b} = {a + b + (0 if right else 1)}"] + [f"{a + b} - 0 = {a + b}"] * (steps - 1)
+        return "\n".join(lines + [f"#### {a + b + (0 if right else 1)}"])
+    data = {
+        "outcome": [{"prompt": prompt_text(f"What is {a} + {b}?"), "chosen": solution(a, b, True, 1 + i % 3),
+                     "rejected": solution(a, b, False, 1 + (i + 1) % 3)} for i, (a, b) in enumerate(sums)],
+        "solutions": [{"prompt": prompt_text(f"What is {a} + {b}?"), "completion": solution(a, b, i % 2 == 0, 2),
+                       "correct": i % 2 == 0} for i, (a, b) in enumerate(sums)],
+        "steps": [{"prompt": prompt_text(f"What is {a} + {b}?"), "completion": text, "completions": text.split("\n"),
+                   "labels": labels, "soft_labels": [float(x) for x in labels], "exact_labels": labels}
+                  for i, (a, b) in enumerate(sums)
+                  for text in [solution(a, b, i % 2 == 0, 1 + i % 3)]
+                  for labels in [[i % 2 == 0 or k == 0 for k in range(len(text.split("\n")))]]],
+    }
+    reward_data = {}
+    for name, rows in data.items():
+        path = tmp_path / "rd" / name
+        DatasetDict({"train": Dataset.from_list(rows[:16]), "test": Dataset.from_list(rows[16:])}).save_to_disk(str(path))
+        reward_data[f"{name}_dir"], reward_data[f"{name}_digest"] = str(path), digest_dir(path, "*.arrow")
+    (tmp_path / "rd.json").write_text(json.dumps(reward_data))
+    cfg = tiny_cfg(tmp_path, **{f"{kind}__batch_size": 6, f"{kind}__epochs": 1, f"{kind}__lr": 1e-3})
+    args = ["--reward-data", str(tmp_path / "rd.json"), "--init", str(tiny_model_dir)]
+    one = _run(cfg, kind, [*args, "--out", str(tmp_path / "one")], 1, tmp_path, f"{kind}-1")
+    two = _run(cfg, kind, [*args, "--out", str(tmp_path / "two")], 2, tmp_path, f"{kind}-2")
+    # 16 rows in batches of 6: 6, 6 and 4 (3 per process).
+    assert len(one["train/loss"]) == 3
+    _assert_same_curve(one["train/loss"], two["train/loss"])
+    _assert_same_curve(one["train/grad_norm"], two["train/grad_norm"])

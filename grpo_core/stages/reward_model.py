@@ -15,19 +15,21 @@ import shutil
 from pathlib import Path
 
 import torch
+from torch.distributed.elastic.multiprocessing.errors import record
 
+from grpo_core import distributed
 from grpo_core.config import PipelineConfig, load_config
 from grpo_core.env import setup_environment
 from grpo_core.modeling import load_tokenizer
 from grpo_core.policy import encode
-from grpo_core.reward_models import (bradley_terry_loss, first_wrong_step, load_reward_model, orm_logits,
+from grpo_core.reward_models import (ScoreHead, bradley_terry_loss, first_wrong_step, load_reward_model, orm_logits,
                                      prm_step_logits, roc_auc, step_bce_loss)
 from grpo_core.stages.common import (Stopwatch, digest_dir, find_resume, keep_if_best, publish_best,
                                      restore_trainer_state, run_identity, save_trainer_checkpoint,
                                      set_threads, write_manifest)
 from grpo_core.replay import load_version, retraining_set
 from grpo_core.rewards import rollout_step_ends
-from grpo_core.tracking import MetricLogger, NullLogger
+from grpo_core.tracking import MetricLogger, NullLogger, logger_from_env
 
 
 def step_batch(tokenizer, rows: list[dict], separator: str, label: str):
@@ -106,10 +108,15 @@ def run_reward_model(cfg: PipelineConfig, kind: str, reward_data: dict, init_dir
     """Train the ``kind`` ("orm" or "prm") reward model on the reward-data stage's datasets.
 
     ``replay`` (later RL rounds): ``{"round": k, "dir": buffer version k-1, "digest": its digest}``;
-    ``rounds.replay_fraction`` of the training set is then drawn from that version."""
+    ``rounds.replay_fraction`` of the training set is then drawn from that version.
+
+    Under torchrun each process trains on a contiguous share of every batch (a last batch with
+    fewer rows than processes is skipped), the loss is normalised by the global batch's pairs or
+    steps, and rank 0 evaluates, logs, checkpoints and returns the manifest (the others: None)."""
     from datasets import load_from_disk
 
-    logger = logger or NullLogger()
+    d = distributed.init()
+    logger = (logger or NullLogger()) if d.main else NullLogger()
     rc = getattr(cfg, kind)
     sep = cfg.reward_data.step_separator
     set_threads(cfg.threads)
@@ -139,7 +146,7 @@ def run_reward_model(cfg: PipelineConfig, kind: str, reward_data: dict, init_dir
                             reward_data=reward_data[f"{name}_digest"], round=replay["round"],
                             **({"replay": replay["digest"], "replay_fraction": cfg.rounds.replay_fraction}
                                if replay["dir"] is not None else {}))  # round 1 has no history to replay
-    resume, saved = find_resume(ckpt_root, identity)
+    resume, saved = d.main_first(lambda: find_resume(ckpt_root, identity))
     model = load_reward_model(resume or init_dir, kind)
     tokenizer = load_tokenizer(resume or init_dir)
     opt = torch.optim.AdamW(model.parameters(), lr=rc.lr, betas=(0.9, 0.95), weight_decay=rc.weight_decay)
@@ -148,37 +155,49 @@ def run_reward_model(cfg: PipelineConfig, kind: str, reward_data: dict, init_dir
     if resume is not None:
         restore_trainer_state(saved, opt, st)
     else:
-        shutil.rmtree(out_dir / "best", ignore_errors=True)  # never publish another run's model
+        if d.main:
+            shutil.rmtree(out_dir / "best", ignore_errors=True)  # never publish another run's model
         # Staleness: the starting model (last round's, or the SFT model's fresh head) on the fresh samples.
-        st["before_metrics"] = evaluate(model, tokenizer, kind, test, solutions, sep, rc.batch_size)
+        st["before_metrics"] = d.broadcast(evaluate(model, tokenizer, kind, test, solutions, sep, rc.batch_size)
+                                           if d.main else None)
         logger.log_metrics({f"heldout_before/{k}": v for k, v in st["before_metrics"].items()}, step=0)
     clock = Stopwatch(st["elapsed"])
     model.train()
-    while st["epoch"] < rc.epochs and (rc.max_seconds is None or clock.elapsed < rc.max_seconds):
+    trained = d.wrap(ScoreHead(model))
+    while st["epoch"] < rc.epochs and (rc.max_seconds is None or d.broadcast(clock.elapsed) < rc.max_seconds):
         order = list(range(len(train)))
         random.Random(cfg.seed + st["epoch"]).shuffle(order)
         for s in range(0, len(order), rc.batch_size):
-            rows = [train[i] for i in order[s : s + rc.batch_size]]
+            batch = order[s : s + rc.batch_size]
+            if len(batch) < d.world:
+                continue
+            rows = [train[i] for i in batch[len(batch) * d.rank // d.world : len(batch) * (d.rank + 1) // d.world]]
             if kind == "orm":
-                loss = bradley_terry_loss(*pair_logits(model, tokenizer, rows))
+                local, n = bradley_terry_loss(*pair_logits(trained, tokenizer, rows)), len(rows)
             else:
                 rollout, ends, labels, mask = step_batch(tokenizer, rows, sep, cfg.prm.label)
-                loss = step_bce_loss(prm_step_logits(model, rollout, ends), labels, mask)
+                local, n = step_bce_loss(prm_step_logits(trained, rollout, ends), labels, mask), float(mask.sum())
+            # The local mean re-weighted into this process's share of the global batch's mean.
+            share = local * (n / max(float(d.sum(n)), 1.0))
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            (share * d.world).backward()  # DDP averages the processes' gradients
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), rc.max_grad_norm)
             opt.step()
             st["step"] += 1
-            logger.log_metrics({"train/loss": loss.item(), "train/grad_norm": float(grad_norm)}, step=st["step"])
+            logger.log_metrics({"train/loss": float(d.sum(share.detach())), "train/grad_norm": float(grad_norm)},
+                               step=st["step"])
         st["epoch"] += 1
-        metrics = evaluate(model, tokenizer, kind, test, solutions, sep, rc.batch_size)
+        metrics = d.broadcast(evaluate(model, tokenizer, kind, test, solutions, sep, rc.batch_size) if d.main else None)
         logger.log_metrics({f"heldout/{k}": v for k, v in metrics.items()}, step=st["step"])
         key = metrics["pairwise_accuracy" if kind == "orm" else "step_auc"]
         key = key if key == key else -1.0  # an undefined AUC (one class only) never wins
-        if keep_if_best(st, key, model, tokenizer, out_dir):
+        if keep_if_best(st, key, model, tokenizer, out_dir, save=d.main):
             st["best_metrics"] = metrics
         st["elapsed"] = clock.elapsed
-        save_trainer_checkpoint(ckpt_root, st, model, tokenizer, opt, identity, cfg, keep=2)
+        if d.main:
+            save_trainer_checkpoint(ckpt_root, st, model, tokenizer, opt, identity, cfg, keep=2)
+    if not d.main:
+        return None
     final_dir = publish_best(out_dir)
     return write_manifest(out_dir, {"stage": kind, "model": str(final_dir), "init": str(init_dir),
                                     "round": replay["round"], "heldout_before": st.get("before_metrics", {}),
@@ -187,6 +206,7 @@ def run_reward_model(cfg: PipelineConfig, kind: str, reward_data: dict, init_dir
                                     "n_test": len(test), "replay": mix, "wall_s": round(clock.elapsed, 1)})
 
 
+@record  # under torchrun, a failing rank's traceback goes into the launcher's summary
 def main(argv: list[str] | None = None) -> None:
     import json
 
@@ -194,17 +214,23 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description="reward-model training stage")
     p.add_argument("kind", choices=["orm", "prm"])
     p.add_argument("--config", required=True)
-    p.add_argument("--reward-data", required=True, help="the reward_data stage folder (its manifest.json)")
+    p.add_argument("--reward-data", required=True,
+                   help="the reward_data stage folder (its manifest.json), or a JSON file of its *_dir / *_digest")
     p.add_argument("--init", required=True, help="HF folder of the SFT model")
     p.add_argument("--out", required=True)
     p.add_argument("--round", type=int, default=1, help="RL round (> 1: continue --init with a replay)")
     p.add_argument("--replay", help="replay buffer version of the earlier rounds (runs/<run>/replay/v<k-1>)")
     p.add_argument("--set", action="append", default=[], dest="overrides")
     a = p.parse_args(argv)
-    manifest = json.loads((Path(a.reward_data) / "manifest.json").read_text())
+    source = Path(a.reward_data)
+    manifest = json.loads((source / "manifest.json" if source.is_dir() else source).read_text())
     replay = {"round": a.round, "dir": a.replay,
               "digest": json.loads((Path(a.replay) / "manifest.json").read_text())["digest"] if a.replay else None}
-    print(run_reward_model(load_config(a.config, a.overrides), a.kind, manifest, a.init, Path(a.out), replay=replay))
+    result = run_reward_model(load_config(a.config, a.overrides), a.kind, manifest, a.init, Path(a.out),
+                              logger_from_env(), replay=replay)
+    distributed.finish()
+    if result is not None:  # rank 0
+        print(result)
 
 
 if __name__ == "__main__":
