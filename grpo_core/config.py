@@ -285,6 +285,9 @@ class LaunchConfig(Section):
     accelerate_config: str | None = Field(None, description="accelerate config file (configs/accelerate/) for launcher accelerate")
     nnodes: int = Field(1, ge=1, description="machines; > 1 needs rdzv_endpoint, and the same flow started on each")
     rdzv_endpoint: str | None = Field(None, pattern=r"^[A-Za-z0-9_.-]+:[0-9]+$", description="host:port of the torchrun rendezvous (nnodes > 1)")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: the process's GPU (cuda:LOCAL_RANK) when there is one, else the CPU")
+    precision: Literal["fp32", "bf16"] = Field("fp32", description="bf16: autocast forward passes to bfloat16 (weights and optimizer stay fp32)")
+    gradient_checkpointing: bool = Field(False, description="recompute activations in backward (less memory, ~30% more time)")
 
     @property
     def distributed(self) -> bool:

@@ -20,6 +20,7 @@ import torch.distributed as dist
 class Dist:
     rank: int = 0
     world: int = 1
+    comm: str = "cpu"  # where collectives run: NCCL only moves CUDA tensors, gloo CPU ones
 
     @property
     def main(self) -> bool:
@@ -35,13 +36,14 @@ class Dist:
 
     def sum(self, x: torch.Tensor | float) -> torch.Tensor:
         """Sum over ranks (a copy; ``x`` is untouched)."""
-        t = torch.as_tensor(x, dtype=torch.float64).clone()
+        t = torch.as_tensor(x, dtype=torch.float64).detach().clone()
         if self.world > 1:
+            t = t.to(self.comm)
             dist.all_reduce(t)
-        return t
+        return t.cpu()
 
     def max(self, x: int) -> int:
-        t = torch.tensor(x, dtype=torch.long)
+        t = torch.tensor(x, dtype=torch.long, device=self.comm)
         if self.world > 1:
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return int(t)
@@ -50,7 +52,7 @@ class Dist:
         """The mean over ranks of each metric (the ranks must pass the same keys in the same order)."""
         if self.world == 1 or not metrics:
             return metrics
-        t = torch.tensor(list(metrics.values()), dtype=torch.float64)
+        t = torch.tensor(list(metrics.values()), dtype=torch.float64, device=self.comm)
         dist.all_reduce(t)
         return dict(zip(metrics, (t / self.world).tolist()))
 
@@ -58,9 +60,10 @@ class Dist:
         """[n, ...] per rank -> [world * n, ...] in rank order (equal shapes on every rank)."""
         if self.world == 1:
             return x
+        x = x.to(self.comm).contiguous()
         parts = [torch.empty_like(x) for _ in range(self.world)]
-        dist.all_gather(parts, x.contiguous())
-        return torch.cat(parts)
+        dist.all_gather(parts, x)
+        return torch.cat(parts).cpu()
 
     def broadcast(self, obj: Any) -> Any:
         """Rank 0's ``obj`` on every rank (a picklable value: a decision, a metric)."""
@@ -106,7 +109,8 @@ def init() -> Dist:
         if cuda:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group("nccl" if cuda else "gloo")
-    return Dist(dist.get_rank(), dist.get_world_size())
+    comm = f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
+    return Dist(dist.get_rank(), dist.get_world_size(), comm)
 
 
 def finish() -> None:

@@ -119,11 +119,12 @@ def generate(
         processors.append(GumbelSampler(temperatures, [row_seed(seed, i) for i in ids]))
     was_training = model.training
     model.eval()
+    device = next(model.parameters()).device
     out = model.generate(
-        input_ids=enc.input_ids, attention_mask=enc.attention_mask, max_new_tokens=max_new_tokens,
-        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, do_sample=False,
-        logits_processor=processors,
-    )
+        input_ids=enc.input_ids.to(device), attention_mask=enc.attention_mask.to(device),
+        max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+        do_sample=False, logits_processor=processors,
+    ).cpu()  # rollouts live on the CPU; forward passes move their inputs to the model (token_logprobs)
     model.train(was_training)
     completion = right_pad(list(out[:, prompt_len:]), tokenizer.pad_token_id)
     cmask, truncated = completion_mask_from(completion, tokenizer.eos_token_id)
@@ -167,15 +168,20 @@ def encode(tokenizer, prompts: list[str], completions: list[str], *, add_eos: bo
 
 
 def token_logprobs(model, rollout: Rollout, with_entropy: bool = False):
-    """Log-probabilities of the completion tokens, [B, T] (and their entropies, [B, T])."""
+    """Log-probabilities of the completion tokens, [B, T] (and their entropies, [B, T]), on the
+    rollout's device (the CPU) whatever the model's: the [B, V] work stays on the model's device,
+    and only [B, T] comes back (differentiably) for the loss."""
+    device = next(model.parameters()).device
+    mask = rollout.attention_mask.to(device)
     logits = model(
-        input_ids=rollout.input_ids,
-        attention_mask=rollout.attention_mask,
-        position_ids=position_ids(rollout.attention_mask),
+        input_ids=rollout.input_ids.to(device),
+        attention_mask=mask,
+        position_ids=position_ids(mask),
     ).logits[:, rollout.prompt_len - 1 : -1].float()
     logp_all = F.log_softmax(logits, dim=-1)
-    logp = logp_all.gather(-1, rollout.completion_ids.unsqueeze(-1)).squeeze(-1)
+    logp = logp_all.gather(-1, rollout.completion_ids.to(device).unsqueeze(-1)).squeeze(-1)
+    here = rollout.input_ids.device
     if not with_entropy:
-        return logp
+        return logp.to(here)
     entropy = -(logp_all.exp() * logp_all).sum(-1).detach()
-    return logp, entropy
+    return logp.to(here), entropy.to(here)

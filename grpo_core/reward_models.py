@@ -88,10 +88,13 @@ class ScoreHead(torch.nn.Module):
         self.model = model
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, start: int) -> torch.Tensor:
-        """[B, L] ids and mask -> [B, L - start] score-head logits."""
-        hidden = self.model.base_model(input_ids=input_ids, attention_mask=attention_mask,
-                                       position_ids=position_ids(attention_mask)).last_hidden_state[:, start:]
-        return self.model.score(hidden).squeeze(-1).float()
+        """[B, L] ids and mask -> [B, L - start] score-head logits, on the inputs' device (the
+        model may sit on a GPU: the hidden states stay there)."""
+        device = self.model.score.weight.device
+        mask = attention_mask.to(device)
+        hidden = self.model.base_model(input_ids=input_ids.to(device), attention_mask=mask,
+                                       position_ids=position_ids(mask)).last_hidden_state[:, start:]
+        return self.model.score(hidden).squeeze(-1).float().to(input_ids.device)
 
 
 def token_scores(model, rollout: Rollout) -> torch.Tensor:

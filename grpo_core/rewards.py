@@ -70,11 +70,12 @@ class RewardScorer:
 
     @classmethod
     def from_paths(cls, weights: dict[str, float], supervision: str, tokenizer, separator: str,
-                   paths: dict[str, str | Path]) -> "RewardScorer":
-        """``paths``: the folders of the reward models the weights use (``orm``, ``prm``)."""
+                   paths: dict[str, str | Path], device: torch.device | str = "cpu") -> "RewardScorer":
+        """``paths``: the folders of the reward models the weights use (``orm``, ``prm``); they are
+        placed on ``device`` (the policy's)."""
         from grpo_core.reward_models import load_reward_model
 
-        models = {k: load_reward_model(p, k).eval().requires_grad_(False) for k, p in paths.items()}
+        models = {k: load_reward_model(p, k).to(device).eval().requires_grad_(False) for k, p in paths.items()}
         return cls(weights, supervision, tokenizer, separator, **models)
 
     @torch.no_grad()

@@ -18,6 +18,7 @@ from grpo_core.config import PipelineConfig, flatten
 from grpo_core.data import load_jsonl
 from grpo_core.evaluation import evaluate
 from grpo_core.modeling import load_model
+from grpo_core.runtime import place
 from grpo_core.stages.common import code_version, digest_dir, set_threads, write_manifest
 from grpo_core.stages.grpo import run_grpo
 from grpo_core.stages.prepare import run_prepare
@@ -219,6 +220,7 @@ def eval_task(cfg: PipelineConfig, out_dir: str, upstream: dict, uri: str, paren
     with child_run(uri, parent_id, "eval", _stage_params(cfg, "eval")) as log:
         for name, model_dir in upstream["models"].items():
             model, tokenizer = load_model(model_dir)
+            place(model, cfg.launch)
             metrics, rows = evaluate(model, tokenizer, test, max_new_tokens=ec.max_new_tokens,
                                      batch_size=ec.batch_size, samples=ec.samples,
                                      temperature=ec.temperature, seed=cfg.seed)

@@ -1,6 +1,7 @@
 """Plumbing shared by the training stages: reading splits, manifests, digests, validation."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -58,26 +59,29 @@ def round_seed(seed: int, round_: int) -> int:
 
 
 def lm_update(model, opt, ids: torch.Tensor, labels: torch.Tensor, lr: float, max_grad_norm: float,
-              d: Dist = SINGLE):
+              d: Dist = SINGLE, amp=contextlib.nullcontext):
     """One causal-LM optimizer step at ``lr`` on this rank's [B, T] ``ids`` / ``labels`` (-100 = no
     loss); returns (loss, grad norm before clipping). SFT and continued pretraining share it.
 
     The loss is the mean over the loss tokens of the whole global batch, whatever the number of
     processes: each rank backpropagates its token sum over the global count, times the world size
-    because DDP averages the ranks' gradients."""
+    because DDP averages the ranks' gradients. ``amp``: the forward pass's precision context
+    (``runtime.autocast``); the backward runs outside it, as torch recommends."""
     import torch.nn.functional as F
 
     for group in opt.param_groups:
         group["lr"] = lr
-    targets = labels[:, 1:]
-    logits = model(input_ids=ids).logits[:, :-1].float()
-    loss_sum = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100, reduction="sum")
+    device = next(model.parameters()).device
+    ids, targets = ids.to(device), labels[:, 1:].to(device)
+    with amp():
+        logits = model(input_ids=ids).logits[:, :-1].float()
+        loss_sum = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100, reduction="sum")
     n_tokens = max(float(d.sum(float((targets != -100).sum()))), 1.0)
     opt.zero_grad(set_to_none=True)
     (loss_sum * (d.world / n_tokens)).backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
     opt.step()
-    return d.sum(loss_sum.detach()) / n_tokens, grad_norm
+    return d.sum(loss_sum.detach().cpu()) / n_tokens, grad_norm
 
 
 def set_threads(threads: int | None) -> None:

@@ -7,6 +7,8 @@ reference) -> log -> validate / checkpoint. Resumes from the last complete check
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import random
 import time
 from pathlib import Path
@@ -24,6 +26,7 @@ from grpo_core.evaluation import greedy_accuracy
 from grpo_core.losses import BatchSize, grpo_loss
 from grpo_core.modeling import load_model
 from grpo_core.policy import generate, token_logprobs
+from grpo_core.runtime import autocast, model_device, place
 from grpo_core.rewards import RewardScorer, Scored
 from grpo_core.stages.common import (SINGLE, Stopwatch, digest_dir, find_resume, keep_if_best, publish_best,
                                      read_split, restore_trainer_state, round_seed, run_identity,
@@ -61,14 +64,16 @@ def rollout_advantages(scored: Scored, n_questions: int, g: int, seq_len: int) -
 
 
 def grpo_step(policy, ref, tokenizer, opt, questions: list[Example], gc: GRPOConfig, seed: int,
-              scorer: RewardScorer | None = None, d: Dist = SINGLE, trained=None) -> dict[str, float]:
+              scorer: RewardScorer | None = None, d: Dist = SINGLE, trained=None,
+              amp=contextlib.nullcontext) -> dict[str, float]:
     """One exploration stage and its mu updates on the step's ``questions`` (the global batch);
     returns the step's metrics (rule reward by default).
 
     Under torchrun each process samples, scores and trains on a contiguous share of the questions,
     whole groups, so advantages need no communication; the loss is normalised by the global batch
     (``BatchSize``) and DDP (``trained``: the wrapped policy) averages the gradients. Samples are
-    seeded by global row, so N processes draw the rollouts one process would."""
+    seeded by global row, so N processes draw the rollouts one process would. ``amp``: the forward
+    passes' precision context (``runtime.autocast``)."""
     g = gc.group_size
     trained = trained or policy
     scorer = scorer or RewardScorer({"rule": 1.0}, "outcome", tokenizer)
@@ -77,9 +82,10 @@ def grpo_step(policy, ref, tokenizer, opt, questions: list[Example], gc: GRPOCon
     questions = questions[mine]
     t0 = time.perf_counter()
     prompts = [prompt_text(q.question) for q in questions for _ in range(g)]
-    rollout = generate(policy, tokenizer, prompts, max_new_tokens=gc.max_new_tokens,
-                       temperatures=row_temperatures(gc, len(questions)), seed=seed,
-                       row_ids=list(range(mine.start * g, mine.stop * g)))
+    with amp():
+        rollout = generate(policy, tokenizer, prompts, max_new_tokens=gc.max_new_tokens,
+                           temperatures=row_temperatures(gc, len(questions)), seed=seed,
+                           row_ids=list(range(mine.start * g, mine.stop * g)))
     t1 = time.perf_counter()
     scored = scorer(rollout, [q.gold for q in questions for _ in range(g)])
     rewards = scored.outcome
@@ -94,7 +100,7 @@ def grpo_step(policy, ref, tokenizer, opt, questions: list[Example], gc: GRPOCon
     # With a single update on the whole batch pi_old is the current policy: its log-probs are the
     # update's own (detached), which saves a forward pass. Otherwise they are fixed up front.
     single_update = gc.inner_updates == 1 and mb == batch
-    with torch.no_grad():
+    with torch.no_grad(), amp():
         old_logp = None if single_update else token_logprobs(policy, rollout)
         ref_logp = token_logprobs(ref, rollout) if gc.beta > 0 else None
     t3 = time.perf_counter()
@@ -103,7 +109,8 @@ def grpo_step(policy, ref, tokenizer, opt, questions: list[Example], gc: GRPOCon
     for _ in range(gc.inner_updates):
         for s in range(0, batch, mb):
             part = rollout.rows(s, s + mb)
-            logp, entropy = token_logprobs(trained, part, with_entropy=True)
+            with amp():
+                logp, entropy = token_logprobs(trained, part, with_entropy=True)
             old = logp.detach() if old_logp is None else old_logp[s : s + mb]
             global_mb = BatchSize(mb * d.world, float(d.sum(part.completion_mask.sum())), width)
             loss, m = grpo_loss(logp, old, None if ref_logp is None else ref_logp[s : s + mb],
@@ -177,12 +184,14 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
                             separator=cfg.reward_data.step_separator if "prm" in used else None)
     resume, saved = d.main_first(lambda: find_resume(ckpt_root, identity))
     policy, tokenizer = load_model(resume or init_dir)
+    place(policy, cfg.launch, train=True)
     scorer = RewardScorer.from_paths(gc.reward_weights, gc.supervision, tokenizer,
-                                     cfg.reward_data.step_separator, used)
+                                     cfg.reward_data.step_separator, used, device=model_device(policy))
+    amp = functools.partial(autocast, cfg.launch, model_device(policy))
     ref = None
     if gc.beta > 0:
         ref, _ = load_model(init_dir)
-        ref.eval().requires_grad_(False)
+        place(ref, cfg.launch).eval().requires_grad_(False)
     pool = read_split(data_dir, "rl")
     val = read_split(data_dir, "val")
     opt = torch.optim.AdamW(policy.parameters(), lr=gc.lr, betas=(0.9, 0.95), weight_decay=gc.weight_decay)
@@ -209,7 +218,8 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
         for group in opt.param_groups:
             group["lr"] = gc.lr * min(1.0, (st["step"] + 1) / (gc.warmup_steps + 1))
         questions = step_questions(pool, gc.questions_per_step, seed, st["step"])
-        metrics = grpo_step(policy, ref, tokenizer, opt, questions, gc, step_seed(seed, st["step"]), scorer, d, trained)
+        metrics = grpo_step(policy, ref, tokenizer, opt, questions, gc, step_seed(seed, st["step"]), scorer, d, trained,
+                            amp)
         st["step"] += 1
         st["recent"] = (st.get("recent", []) + [{k: metrics[k] for k in SUMMARY_METRICS if k in metrics}])[-SUMMARY_WINDOW:]
         st["elapsed"] = clock.elapsed

@@ -8,6 +8,7 @@ checkpoint of the same recipe, start model and corpus.
 from __future__ import annotations
 
 import argparse
+import functools
 import gzip
 import json
 import random
@@ -20,6 +21,7 @@ from grpo_core import distributed
 from grpo_core.config import PipelineConfig, PretrainConfig, load_config
 from grpo_core.env import setup_environment
 from grpo_core.modeling import init_model, load_model, save_model
+from grpo_core.runtime import autocast, model_device, place
 from grpo_core.packing import pack
 from grpo_core.stages.common import (Stopwatch, digest_dir, find_resume, lm_update, restore_trainer_state, run_identity,
                                      save_trainer_checkpoint, set_threads, write_manifest)
@@ -74,6 +76,8 @@ def run_pretrain(cfg: PipelineConfig, corpus_dir: Path, out_dir: Path, logger: M
         model, tokenizer = load_model(cfg.model.path)
     else:
         model, tokenizer = init_model(cfg.model, cfg.seed)
+    place(model, cfg.launch, train=True)
+    amp = functools.partial(autocast, cfg.launch, model_device(model))
     pages = encode_pages(corpus_texts(corpus_dir), tokenizer)
     opt = torch.optim.AdamW(model.parameters(), lr=pc.lr, betas=(0.9, 0.95), weight_decay=pc.weight_decay)
     st = {"step": 0, "epoch": 0, "row": 0, "elapsed": 0.0, "tokens": 0, "stopped": ""}
@@ -96,7 +100,7 @@ def run_pretrain(cfg: PipelineConfig, corpus_dir: Path, out_dir: Path, logger: M
         st["row"] += pc.batch_size
         lr = multistep_lr(pc, st["step"])
         labels = ids.masked_fill(ids == tokenizer.pad_token_id, -100)
-        loss, grad_norm = lm_update(trained, opt, ids, labels, lr, pc.max_grad_norm, d)
+        loss, grad_norm = lm_update(trained, opt, ids, labels, lr, pc.max_grad_norm, d, amp)
         st["step"] += 1
         st["tokens"] += int(d.sum(int((labels != -100).sum())))
         st["elapsed"] = clock.elapsed

@@ -19,6 +19,7 @@ from grpo_core.policy import generate
 from grpo_core.reward_data import Completer, label_agreement, outcome_pairs, sample_solutions, step_rows
 from grpo_core.data import Example, prompt_text
 from grpo_core.stages.common import Stopwatch, digest_dir, read_split, round_seed, set_threads, write_manifest
+from grpo_core.runtime import place
 from grpo_core.tracking import MetricLogger, NullLogger
 
 DATASETS = ("outcome", "steps", "solutions")
@@ -64,6 +65,7 @@ def run_reward_data(cfg: PipelineConfig, data_dir: Path, policy_dir: str | Path,
     set_threads(cfg.threads)
     clock = Stopwatch()
     policy, tokenizer = load_model(policy_dir)
+    place(policy, cfg.launch)
     heldout_pool, train_pool = heldout_split(set(read_split(data_dir, "rl")), rc.heldout_fraction)
     if not train_pool:
         raise ValueError(f"{data_dir / 'rl.jsonl'}: {len(heldout_pool)} distinct question(s) cannot be split into "

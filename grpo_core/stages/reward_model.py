@@ -10,6 +10,7 @@ held-out metrics before training (``heldout_before``) measure how stale it had b
 from __future__ import annotations
 
 import argparse
+import functools
 import random
 import shutil
 from pathlib import Path
@@ -27,6 +28,7 @@ from grpo_core.reward_models import (ScoreHead, bradley_terry_loss, first_wrong_
 from grpo_core.stages.common import (Stopwatch, digest_dir, find_resume, keep_if_best, publish_best,
                                      restore_trainer_state, run_identity, save_trainer_checkpoint,
                                      set_threads, write_manifest)
+from grpo_core.runtime import autocast, model_device, place
 from grpo_core.replay import load_version, retraining_set
 from grpo_core.rewards import rollout_step_ends
 from grpo_core.tracking import MetricLogger, NullLogger, logger_from_env
@@ -147,7 +149,8 @@ def run_reward_model(cfg: PipelineConfig, kind: str, reward_data: dict, init_dir
                             **({"replay": replay["digest"], "replay_fraction": cfg.rounds.replay_fraction}
                                if replay["dir"] is not None else {}))  # round 1 has no history to replay
     resume, saved = d.main_first(lambda: find_resume(ckpt_root, identity))
-    model = load_reward_model(resume or init_dir, kind)
+    model = place(load_reward_model(resume or init_dir, kind), cfg.launch, train=True)
+    amp = functools.partial(autocast, cfg.launch, model_device(model))
     tokenizer = load_tokenizer(resume or init_dir)
     opt = torch.optim.AdamW(model.parameters(), lr=rc.lr, betas=(0.9, 0.95), weight_decay=rc.weight_decay)
     # Any first evaluation wins, even an undefined AUC (mapped to -1 below).
@@ -172,11 +175,12 @@ def run_reward_model(cfg: PipelineConfig, kind: str, reward_data: dict, init_dir
             if len(batch) < d.world:
                 continue
             rows = [train[i] for i in batch[len(batch) * d.rank // d.world : len(batch) * (d.rank + 1) // d.world]]
-            if kind == "orm":
-                local, n = bradley_terry_loss(*pair_logits(trained, tokenizer, rows)), len(rows)
-            else:
-                rollout, ends, labels, mask = step_batch(tokenizer, rows, sep, cfg.prm.label)
-                local, n = step_bce_loss(prm_step_logits(trained, rollout, ends), labels, mask), float(mask.sum())
+            with amp():
+                if kind == "orm":
+                    local, n = bradley_terry_loss(*pair_logits(trained, tokenizer, rows)), len(rows)
+                else:
+                    rollout, ends, labels, mask = step_batch(tokenizer, rows, sep, cfg.prm.label)
+                    local, n = step_bce_loss(prm_step_logits(trained, rollout, ends), labels, mask), float(mask.sum())
             # The local mean re-weighted into this process's share of the global batch's mean.
             share = local * (n / max(float(d.sum(n)), 1.0))
             opt.zero_grad(set_to_none=True)

@@ -6,6 +6,7 @@ The model kept is the one with the best validation accuracy (greedy pass@1), sav
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import random
 from pathlib import Path
@@ -18,6 +19,7 @@ from grpo_core.env import setup_environment
 from grpo_core.config import PipelineConfig, SFTConfig, load_config
 from grpo_core.evaluation import greedy_accuracy
 from grpo_core.modeling import init_model, load_model
+from grpo_core.runtime import autocast, model_device, place
 from grpo_core.packing import encode_examples, pack
 from grpo_core.stages.common import (Stopwatch, digest_dir, find_resume, keep_if_best, lm_update, publish_best,
                                      read_split, restore_trainer_state, run_identity,
@@ -73,6 +75,8 @@ def run_sft(cfg: PipelineConfig, data_dir: Path, out_dir: Path, logger: MetricLo
         model, tokenizer = load_model(init_from)
     else:
         model, tokenizer = init_model(cfg.model, cfg.seed)
+    place(model, cfg.launch, train=True)
+    amp = functools.partial(autocast, cfg.launch, model_device(model))
     max_new = cfg.eval.max_new_tokens
     train = encode_examples(read_split(data_dir, "sft"), tokenizer, sc.loss_on_prompt)
     val_examples = read_split(data_dir, "val")
@@ -100,7 +104,7 @@ def run_sft(cfg: PipelineConfig, data_dir: Path, out_dir: Path, logger: MetricLo
         labels = rows_labels[st["row"] : st["row"] + sc.batch_size][mine]
         st["row"] += sc.batch_size
         lr = lr_at(sc, st["step"], st["plateau_lr"])
-        loss, grad_norm = lm_update(trained, opt, ids, labels, lr, max_grad_norm=1.0, d=d)
+        loss, grad_norm = lm_update(trained, opt, ids, labels, lr, max_grad_norm=1.0, d=d, amp=amp)
         st["step"] += 1
         st["tokens"] += int(d.sum(int((labels != -100).sum())))
         st["elapsed"] = clock.elapsed
