@@ -199,7 +199,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=8, help="steps per run, warm-up included")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--rounds", type=int, default=2, help="--compare: alternating runs per implementation")
-    p.add_argument("--threads", type=int, default=1, help="torch threads of our step (TRL gets torch's default)")
+    p.add_argument("--threads", type=int, help="torch threads of every implementation (default: torch's, what a TRL user gets)")
     p.add_argument("--compare", action="store_true")
     p.add_argument("--json", action="store_true", help="print one JSON object (the only output form)")
     p.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
@@ -214,12 +214,12 @@ def main() -> None:
     model, prompts = (a.model, a.prompts) if a.model and a.prompts else _default_inputs(work)
     import torch
 
-    default_threads = torch.get_num_threads()
+    default_threads = a.threads or torch.get_num_threads()
     names = ["ours", "trl", "bare"] if a.compare else ["ours"]
     runs: dict[str, list[dict]] = {n: [] for n in names}
     for _ in range(a.rounds if a.compare else 1):
         for name in names:
-            threads = a.threads if name == "ours" else default_threads
+            threads = default_threads
             cmd = [sys.executable, __file__, "--worker", name, "--model", model, "--prompts", prompts,
                    "--steps", str(a.steps), "--threads", str(threads)]
             done = subprocess.run(cmd, capture_output=True, text=True)
