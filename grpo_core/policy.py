@@ -75,20 +75,35 @@ class GumbelSampler:
     an exact draw from softmax(logits / T) (the Gumbel-max trick). Each row draws its noise from its
     own generator, seeded by ``row_seed(seed, row id)``, so a sample depends on its seed and row id
     only, never on which rows share its batch: the same rollouts on 1 or N processes, after a
-    resume, and at any batch size. A ``transformers`` logits processor; our own because
-    ``generate``'s sampler draws one stream for the whole batch."""
+    resume, and at any batch size. A ``transformers`` logits processor (called once per token);
+    our own because ``generate``'s sampler draws one stream for the whole batch.
 
-    def __init__(self, temperatures: list[float], row_seeds: list[int]) -> None:
+    Each generator draws the noise of up to ``max_new_tokens`` tokens in one call, at most
+    ``NOISE_BYTES_PER_ROW`` (all of a rollout's tokens for a small vocabulary): a call per row and
+    token cost as much as the model on small models. The block size depends on the vocabulary and
+    ``max_new_tokens`` alone, so the stream a row sees does not depend on its batch either."""
+
+    NOISE_BYTES_PER_ROW = 1 << 20
+
+    def __init__(self, temperatures: list[float], row_seeds: list[int], max_new_tokens: int = 1) -> None:
+        self.max_new_tokens = max_new_tokens
         self.temperatures = torch.tensor(temperatures, dtype=torch.float32)[:, None]  # [B, 1]
         self.row_seeds = row_seeds
         self.generators: list[torch.Generator] | None = None
+        self.noise = torch.empty(len(row_seeds), 0, 0)  # [B, k, V]: the current block
+        self.used = 0  # tokens of the block consumed
 
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    def __call__(self, input_ids: torch.Tensor | None, scores: torch.Tensor) -> torch.Tensor:
         """[B, V] scores of the next token -> [B, V] perturbed scores whose argmax is the sample."""
         if self.generators is None:  # on the scores' device, so that no noise crosses the bus
             self.generators = [torch.Generator(scores.device).manual_seed(s) for s in self.row_seeds]
-        u = torch.stack([torch.rand(scores.shape[-1], generator=g, device=scores.device) for g in self.generators])
-        gumbel = -torch.log(-torch.log(u.clamp(min=1e-20)))
+        if self.used == self.noise.shape[1]:
+            vocab = scores.shape[-1]
+            block = max(1, min(self.max_new_tokens, self.NOISE_BYTES_PER_ROW // (4 * vocab)))
+            u = torch.stack([torch.rand(block, vocab, generator=g, device=scores.device) for g in self.generators])
+            self.noise, self.used = -torch.log(-torch.log(u.clamp(min=1e-20))), 0
+        gumbel = self.noise[:, self.used]
+        self.used += 1
         return scores.float() / self.temperatures.to(scores.device) + gumbel
 
 
@@ -116,7 +131,7 @@ def generate(
     processors = LogitsProcessorList()
     if temperatures is not None:
         ids = list(range(len(prompts))) if row_ids is None else row_ids
-        processors.append(GumbelSampler(temperatures, [row_seed(seed, i) for i in ids]))
+        processors.append(GumbelSampler(temperatures, [row_seed(seed, i) for i in ids], max_new_tokens))
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
