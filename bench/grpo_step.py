@@ -10,7 +10,8 @@ arithmetic task's RL questions). ``--compare`` also runs TRL's ``GRPOTrainer`` o
 (``pip install trl``: the ``bench`` extra) and bare ``generate`` + forward/backward + reference
 forward; each implementation runs in its own process (so that peak RSS is its own), alternating,
 ``--rounds`` times. Prints one JSON object: median step time after ``--warmup`` steps, completion
-tokens per second, peak RSS, and for ``--compare`` the ratios and the machine's matmul rate.
+tokens per second, peak RSS, and for ``--compare`` the ratios, the machine's matmul rate and the
+step's arithmetic limit (its useful matmul FLOPs at that rate; ``step_flops``).
 """
 from __future__ import annotations
 
@@ -168,6 +169,24 @@ def matmul_gflops(n: int = 1024, threads: int = 1) -> float:
     return 10 * 2 * n**3 / (time.perf_counter() - t0) / 1e9
 
 
+def step_flops(model_dir: str, prompts: str, completion_tokens: float) -> float:
+    """The useful arithmetic of one step (no padding), as matmul FLOPs: 2 per weight and token for
+    a forward pass, 6 for forward + backward. Sampling runs the policy forward over the prompt and
+    every completion token; the reference forward and the update's forward/backward run over
+    prompt + completion. ``completion_tokens``: a step's total. Attention's own FLOPs are left out
+    (under 5% at these lengths and widths)."""
+    from grpo_core.modeling import load_model
+
+    model, tok = load_model(model_dir)
+    embed = model.get_input_embeddings().weight
+    # Every weight is a matmul operand except the embedding lookup; a tied output layer still is one.
+    weights = sum(p.numel() for p in model.parameters()) - embed.numel() + model.get_output_embeddings().weight.numel()
+    prompt_tokens = sum(len(tok(p, add_special_tokens=False).input_ids) for batch in _batches(_questions(prompts), 1)
+                        for p, _ in batch) * GROUP
+    tokens = prompt_tokens + completion_tokens
+    return 2 * weights * tokens + 2 * weights * tokens + 6 * weights * tokens  # sample, reference, update
+
+
 def _default_inputs(work: Path) -> tuple[str, str]:
     from grpo_core.config import load_config
     from grpo_core.modeling import init_model, save_model
@@ -233,7 +252,13 @@ def main() -> None:
         result["trl_over_ours"] = round(result["trl"]["median_step_s"] / result["ours"]["median_step_s"], 3)
         result["bare_over_ours"] = round(result["bare"]["median_step_s"] / result["ours"]["median_step_s"], 3)
         result["matmul_gflops_1_thread"] = round(matmul_gflops(threads=1), 1)
-        result["matmul_gflops_default_threads"] = round(matmul_gflops(threads=default_threads), 1)
+        rate = matmul_gflops(threads=default_threads)
+        result["matmul_gflops_default_threads"] = round(rate, 1)
+        tokens = statistics.median(t for r in runs["ours"] for t in r["tokens"][a.warmup:])
+        limit = step_flops(model, prompts, tokens) / (rate * 1e9)
+        result["arithmetic_limit_s"] = round(limit, 4)
+        for name in names:
+            result[name]["over_arithmetic_limit"] = round(result[name]["median_step_s"] / limit, 2)
     print(json.dumps(result))
 
 
