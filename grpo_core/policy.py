@@ -188,11 +188,15 @@ def token_logprobs(model, rollout: Rollout, with_entropy: bool = False):
     and only [B, T] comes back (differentiably) for the loss."""
     device = next(model.parameters()).device
     mask = rollout.attention_mask.to(device)
+    width = rollout.completion_ids.shape[1]
+    # Only the positions that predict completion tokens get logits: the output layer over the prompt
+    # would cost [B, P, V] of compute and memory (gigabytes with a 49k vocabulary) for nothing.
     logits = model(
         input_ids=rollout.input_ids.to(device),
         attention_mask=mask,
         position_ids=position_ids(mask),
-    ).logits[:, rollout.prompt_len - 1 : -1].float()
+        logits_to_keep=width + 1,
+    ).logits[:, :-1].float()
     logp_all = F.log_softmax(logits, dim=-1)
     logp = logp_all.gather(-1, rollout.completion_ids.to(device).unsqueeze(-1)).squeeze(-1)
     here = rollout.input_ids.device
