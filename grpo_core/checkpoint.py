@@ -74,4 +74,5 @@ def latest_checkpoint(root: Path) -> Path | None:
 
 def load_state(checkpoint: Path) -> dict[str, Any]:
     # weights_only=False: the state holds Python RNG tuples; it is our own file, never downloaded.
-    return torch.load(checkpoint / STATE, weights_only=False)
+    # map_location cpu: every rank would otherwise load the optimizer state onto the GPU it was saved from.
+    return torch.load(checkpoint / STATE, weights_only=False, map_location="cpu")

@@ -8,6 +8,7 @@ global batch, and the gradients are averaged. Rank 0 alone logs, evaluates and w
 """
 from __future__ import annotations
 
+import datetime
 import os
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -33,6 +34,11 @@ class Dist:
             raise ValueError(f"{what} = {n} does not split evenly over {self.world} processes")
         per = n // self.world
         return slice(self.rank * per, (self.rank + 1) * per)
+
+    def split(self, n: int) -> slice:
+        """This rank's contiguous share of ``n`` items, as even as it goes (shares differ by at most
+        one; a loss normalised by the global count stays exact)."""
+        return slice(n * self.rank // self.world, n * (self.rank + 1) // self.world)
 
     def sum(self, x: torch.Tensor | float) -> torch.Tensor:
         """Sum over ranks (a copy; ``x`` is untouched)."""
@@ -98,17 +104,25 @@ class Dist:
         return DistributedDataParallel(model, device_ids=device_ids)
 
 
-def init() -> Dist:
-    """Join the process group that the launcher described in the environment (gloo on CPU, NCCL on
-    CUDA), or return the single-process ``Dist``."""
+# Rank 0 validates and writes checkpoints while the others wait in a collective: far longer than
+# NCCL's default 10-minute watchdog allows on a large validation set or model.
+COLLECTIVE_TIMEOUT = datetime.timedelta(hours=2)
+
+
+def init(launch=None) -> Dist:
+    """Join the process group that the launcher described in the environment (NCCL when the stage
+    computes on CUDA, ``runtime.device_for``; gloo otherwise), or return the single-process ``Dist``."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world == 1:
         return Dist()
     if not dist.is_initialized():
-        cuda = torch.cuda.is_available()
+        from grpo_core.config import LaunchConfig
+        from grpo_core.runtime import device_for
+
+        cuda = device_for(launch or LaunchConfig()).type == "cuda"
         if cuda:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group("nccl" if cuda else "gloo")
+        dist.init_process_group("nccl" if cuda else "gloo", timeout=COLLECTIVE_TIMEOUT)
     comm = f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
     return Dist(dist.get_rank(), dist.get_world_size(), comm)
 

@@ -101,7 +101,8 @@ def token_scores(model, rollout: Rollout) -> torch.Tensor:
     """[B, T] score-head logit at every completion token of ``rollout``. ``model``: a reward model,
     or its ``ScoreHead`` (DDP-wrapped in training)."""
     head = ScoreHead(model) if hasattr(model, "base_model") else model
-    return head(rollout.input_ids, rollout.attention_mask, rollout.prompt_len)
+    # DDP moves a module's inputs to its GPU before forward: bring the scores back explicitly.
+    return head(rollout.input_ids, rollout.attention_mask, rollout.prompt_len).to(rollout.input_ids.device)
 
 
 def last_token_index(completion_mask: torch.Tensor) -> torch.Tensor:

@@ -7,6 +7,7 @@ import collections
 import json
 import logging
 import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -29,12 +30,18 @@ def run_launched(stage: str, cfg: PipelineConfig, out_dir: str, args: list[str],
     resolved = write_resolved(cfg, Path(out_dir) / "resolved.yaml")
     cmd = launch_command(cfg.launch, stage, ["--config", str(resolved), *args])
     log.info("launching %s: %s", stage, " ".join(cmd))
-    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "MLFLOW_RUN_ID": run_id}
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "MLFLOW_RUN_ID": run_id, "PYTHONUNBUFFERED": "1"}
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as proc:
-        for line in proc.stdout:
-            tail.append(line.rstrip())
-            log.info("[%s] %s", stage, tail[-1])
+    # A session of its own: a cancelled or failing task takes the whole torchrun tree down with it.
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                          start_new_session=True) as proc:
+        try:
+            for line in proc.stdout:
+                tail.append(line.rstrip())
+                log.info("[%s] %s", stage, tail[-1])
+        except BaseException:
+            os.killpg(proc.pid, signal.SIGTERM)
+            raise
     if proc.returncode != 0:
         raise RuntimeError(f"{stage}: {' '.join(cmd)} exited with {proc.returncode}; last lines:\n" + "\n".join(tail))
     return json.loads((Path(out_dir) / "manifest.json").read_text())

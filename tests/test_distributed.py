@@ -100,16 +100,24 @@ def test_grpo_on_two_processes_takes_the_steps_of_one(tiny_cfg, tiny_data_dir, t
     assert len(two["train/loss"]) == 3 and min(one["train/grad_norm"]) > 0 and max(one["train/reward_std"]) > 0
 
 
-def test_a_failing_launch_fails_with_the_processes_last_lines(tiny_cfg, tiny_data_dir, tmp_path):
-    """The launcher's error carries what the processes said: here the config check that a batch of
-    5 rows cannot be shared by 2 processes."""
+def test_a_failing_launch_fails_with_the_processes_last_lines(tiny_cfg, tmp_path):
+    """The launcher's error carries what the processes said: here that the data folder is missing."""
     from tasks.launch import run_launched
 
-    cfg = tiny_cfg(tmp_path, "launch.nproc=2", sft__batch_size=5)
-    with pytest.raises(RuntimeError, match=r"exited with \d+; last lines:(.|\n)*sft.batch_size = 5 does not split evenly"):
-        run_launched("sft", cfg, str(tmp_path / "sft"), ["--data", str(tiny_data_dir), "--out", str(tmp_path / "sft")],
+    cfg = tiny_cfg(tmp_path, "launch.nproc=2")
+    missing = tmp_path / "no-such-data"
+    with pytest.raises(RuntimeError, match=r"exited with \d+; last lines:(.|\n)*no-such-data"):
+        run_launched("sft", cfg, str(tmp_path / "sft"), ["--data", str(missing), "--out", str(tmp_path / "sft")],
                      cfg.tracking.tracking_uri, "no-such-run")
     assert not (tmp_path / "sft" / "manifest.json").exists()
+
+
+def test_an_epoch_tail_shorter_than_the_batch_is_shared_unevenly():
+    from grpo_core.distributed import Dist
+
+    assert [Dist(r, 2).split(3) for r in range(2)] == [slice(0, 1), slice(1, 3)]
+    assert [Dist(r, 3).split(8) for r in range(3)] == [slice(0, 2), slice(2, 5), slice(5, 8)]
+    assert Dist().split(5) == slice(0, 5)
 
 
 @pytest.mark.slow

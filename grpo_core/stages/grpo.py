@@ -95,6 +95,8 @@ def grpo_step(policy, ref, tokenizer, opt, questions: list[Example], gc: GRPOCon
     t2 = time.perf_counter()
     batch = rollout.completion_mask.shape[0]
     # A minibatch is minibatch_size rows of the global batch: each process's share of it.
+    if gc.minibatch_size and gc.minibatch_size % d.world:
+        raise ValueError(f"grpo.minibatch_size = {gc.minibatch_size} does not split evenly over {d.world} processes")
     mb = (gc.minibatch_size or n_global * g) // d.world
     width = d.max(rollout.completion_mask.shape[1])
     # With a single update on the whole batch pi_old is the current policy: its log-probs are the
@@ -168,7 +170,7 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
     ``reward_models`` maps ``orm`` / ``prm`` to model folders, needed when ``grpo.reward_weights``
     uses them. ``round_`` seeds the questions and rollouts, so each RL round sees other ones.
     Under torchrun rank 0 validates, logs, checkpoints and returns the manifest (others: None)."""
-    d = distributed.init()
+    d = distributed.init(cfg.launch)
     logger = (logger or NullLogger()) if d.main else NullLogger()
     gc = cfg.grpo
     reward_models = reward_models or {}

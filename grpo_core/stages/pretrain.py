@@ -61,7 +61,7 @@ def encode_pages(texts: list[str], tokenizer) -> list[tuple[list[int], list[int]
 
 def run_pretrain(cfg: PipelineConfig, corpus_dir: Path, out_dir: Path, logger: MetricLogger | None = None) -> dict:
     logger = logger or NullLogger()
-    d = distributed.init()
+    d = distributed.init(cfg.launch)
     if not d.main:
         logger = NullLogger()
     pc = cfg.pretrain
@@ -89,15 +89,17 @@ def run_pretrain(cfg: PipelineConfig, corpus_dir: Path, out_dir: Path, logger: M
     rows = pack(pages, pc.context_length, tokenizer.pad_token_id, random.Random(cfg.seed * 1000 + st["epoch"]))[0]
     model.train()
     trained = d.wrap(model)
-    mine = d.shard(pc.batch_size, "pretrain.batch_size")
     loss = torch.tensor(float("nan"))
     while st["step"] < pc.max_steps and not st["stopped"]:
         if st["row"] >= len(rows):  # a new epoch: a fresh random concatenation
             st["epoch"] += 1
             st["row"] = 0
             rows = pack(pages, pc.context_length, tokenizer.pad_token_id, random.Random(cfg.seed * 1000 + st["epoch"]))[0]
-        ids = rows[st["row"] : st["row"] + pc.batch_size][mine]
+        n = len(rows[st["row"] : st["row"] + pc.batch_size])  # an epoch's last batch may be short
+        ids = rows[st["row"] + d.split(n).start : st["row"] + d.split(n).stop]
         st["row"] += pc.batch_size
+        if n < d.world:  # too short to give every process a row: skipped (never in one process)
+            continue
         lr = multistep_lr(pc, st["step"])
         labels = ids.masked_fill(ids == tokenizer.pad_token_id, -100)
         loss, grad_norm = lm_update(trained, opt, ids, labels, lr, pc.max_grad_norm, d, amp)

@@ -117,7 +117,7 @@ def run_reward_model(cfg: PipelineConfig, kind: str, reward_data: dict, init_dir
     steps, and rank 0 evaluates, logs, checkpoints and returns the manifest (the others: None)."""
     from datasets import load_from_disk
 
-    d = distributed.init()
+    d = distributed.init(cfg.launch)
     logger = (logger or NullLogger()) if d.main else NullLogger()
     rc = getattr(cfg, kind)
     sep = cfg.reward_data.step_separator
@@ -174,7 +174,7 @@ def run_reward_model(cfg: PipelineConfig, kind: str, reward_data: dict, init_dir
             batch = order[s : s + rc.batch_size]
             if len(batch) < d.world:
                 continue
-            rows = [train[i] for i in batch[len(batch) * d.rank // d.world : len(batch) * (d.rank + 1) // d.world]]
+            rows = [train[i] for i in batch[d.split(len(batch))]]
             with amp():
                 if kind == "orm":
                     local, n = bradley_terry_loss(*pair_logits(trained, tokenizer, rows)), len(rows)

@@ -47,11 +47,12 @@ def lr_at(cfg: SFTConfig, step: int, plateau_lr: float) -> float:
 @torch.no_grad()
 def validation_loss(model, val_ids: torch.Tensor, val_labels: torch.Tensor, batch: int = 32) -> float:
     total, count = 0.0, 0
+    device = next(model.parameters()).device
     for i in range(0, len(val_ids), batch):
         labels = val_labels[i : i + batch]
         n = int((labels[:, 1:] != -100).sum())
         if n:
-            total += float(model(input_ids=val_ids[i : i + batch], labels=labels).loss) * n
+            total += float(model(input_ids=val_ids[i : i + batch].to(device), labels=labels.to(device)).loss) * n
             count += n
     return total / max(count, 1)
 
@@ -62,7 +63,7 @@ def run_sft(cfg: PipelineConfig, data_dir: Path, out_dir: Path, logger: MetricLo
 
     Under torchrun each process trains on its share of every batch of ``sft.batch_size`` rows;
     rank 0 validates, logs, checkpoints and returns the manifest (the others return None)."""
-    d = distributed.init()
+    d = distributed.init(cfg.launch)
     logger = (logger or NullLogger()) if d.main else NullLogger()
     sc = cfg.sft
     set_threads(cfg.threads)
@@ -93,16 +94,18 @@ def run_sft(cfg: PipelineConfig, data_dir: Path, out_dir: Path, logger: MetricLo
         st["stopped"] = ""  # resumed with a larger time budget
     model.train()
     trained = d.wrap(model)
-    mine = d.shard(sc.batch_size, "sft.batch_size")
     while st["step"] < sc.max_steps and not st["stopped"]:
         if st["row"] >= len(rows_ids):  # new epoch: a fresh random concatenation
             st["epoch"] += 1
             st["row"] = 0
             rows_ids, rows_labels = pack(train, sc.context_length, tokenizer.pad_token_id,
                                          random.Random(cfg.seed * 1000 + st["epoch"]))
-        ids = rows_ids[st["row"] : st["row"] + sc.batch_size][mine]
-        labels = rows_labels[st["row"] : st["row"] + sc.batch_size][mine]
+        n = len(rows_ids[st["row"] : st["row"] + sc.batch_size])  # an epoch's last batch may be short
+        mine = slice(st["row"] + d.split(n).start, st["row"] + d.split(n).stop)
+        ids, labels = rows_ids[mine], rows_labels[mine]
         st["row"] += sc.batch_size
+        if n < d.world:  # too short to give every process a row: skipped (never in one process)
+            continue
         lr = lr_at(sc, st["step"], st["plateau_lr"])
         loss, grad_norm = lm_update(trained, opt, ids, labels, lr, max_grad_norm=1.0, d=d, amp=amp)
         st["step"] += 1
