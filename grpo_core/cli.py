@@ -143,12 +143,17 @@ def cmd_ui(a: argparse.Namespace) -> None:
     serve_uis(host=a.host, mlflow_port=a.mlflow_port, prefect_port=a.prefect_port)
 
 
+def _recipe_arguments(parser: argparse.ArgumentParser) -> None:
+    """A YAML recipe and its ``--set`` overrides (read by ``_recipe``)."""
+    parser.add_argument("config")
+    parser.add_argument("--set", action="append", default=[], dest="overrides", metavar="SECTION.KEY=VALUE")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="grpo-pipeline", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="run the pipeline flow on a YAML recipe")
-    r.add_argument("config")
-    r.add_argument("--set", action="append", default=[], dest="overrides", metavar="SECTION.KEY=VALUE")
+    _recipe_arguments(r)
     r.set_defaults(func=cmd_run)
     e = sub.add_parser("eval", help="accuracy of a model folder on a GSM8K-form JSONL file")
     e.add_argument("--model", required=True)
@@ -175,8 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     cp = sub.add_parser("corpus", help="the math corpus: fastText classifier, scoring, decontamination, the loop")
     csub = cp.add_subparsers(dest="corpus_command", required=True)
     crun = csub.add_parser("run", help="the recall loop and decontamination on a recipe (the corpus flow)")
-    crun.add_argument("config")
-    crun.add_argument("--set", action="append", default=[], dest="overrides", metavar="SECTION.KEY=VALUE")
+    _recipe_arguments(crun)
     crun.set_defaults(func=cmd_corpus_run)
     ctrain = csub.add_parser("train", help="train the math classifier on labelled pages (paper settings)")
     ctrain.add_argument("--data", required=True, help="JSONL(.gz) / Parquet with url, text and label")
