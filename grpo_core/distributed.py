@@ -16,6 +16,8 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from grpo_core.runtime import model_device
+
 
 @dataclass(frozen=True)
 class Dist:
@@ -99,7 +101,7 @@ class Dist:
             return model
         from torch.nn.parallel import DistributedDataParallel
 
-        device = next(model.parameters()).device
+        device = model_device(model)
         device_ids = [device.index] if device.type == "cuda" else None
         return DistributedDataParallel(model, device_ids=device_ids)
 

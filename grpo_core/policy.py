@@ -10,6 +10,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from grpo_core.runtime import model_device
+
 
 @dataclass
 class Rollout:
@@ -134,7 +136,7 @@ def generate(
         processors.append(GumbelSampler(temperatures, [row_seed(seed, i) for i in ids], max_new_tokens))
     was_training = model.training
     model.eval()
-    device = next(model.parameters()).device
+    device = model_device(model)
     out = model.generate(
         input_ids=enc.input_ids.to(device), attention_mask=enc.attention_mask.to(device),
         max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
@@ -186,7 +188,7 @@ def token_logprobs(model, rollout: Rollout, with_entropy: bool = False):
     """Log-probabilities of the completion tokens, [B, T] (and their entropies, [B, T]), on the
     rollout's device (the CPU) whatever the model's: the [B, V] work stays on the model's device,
     and only [B, T] comes back (differentiably) for the loss."""
-    device = next(model.parameters()).device
+    device = model_device(model)
     mask = rollout.attention_mask.to(device)
     width = rollout.completion_ids.shape[1]
     # Only the positions that predict completion tokens get logits: the output layer over the prompt

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from grpo_core.policy import Rollout, position_ids
+from grpo_core.runtime import model_device
 
 
 def bradley_terry_loss(r_chosen: torch.Tensor, r_rejected: torch.Tensor) -> torch.Tensor:
@@ -90,7 +91,7 @@ class ScoreHead(torch.nn.Module):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, start: int) -> torch.Tensor:
         """[B, L] ids and mask -> [B, L - start] score-head logits, on the inputs' device (the
         model may sit on a GPU: the hidden states stay there)."""
-        device = self.model.score.weight.device
+        device = model_device(self.model)
         mask = attention_mask.to(device)
         hidden = self.model.base_model(input_ids=input_ids.to(device), attention_mask=mask,
                                        position_ids=position_ids(mask)).last_hidden_state[:, start:]

@@ -13,6 +13,7 @@ import torch
 
 from grpo_core.data import Example, load_jsonl
 from grpo_core.distributed import Dist
+from grpo_core.runtime import model_device
 
 SINGLE = Dist()  # one process
 
@@ -71,7 +72,7 @@ def lm_update(model, opt, ids: torch.Tensor, labels: torch.Tensor, lr: float, ma
 
     for group in opt.param_groups:
         group["lr"] = lr
-    device = next(model.parameters()).device
+    device = model_device(model)
     ids, targets = ids.to(device), labels[:, 1:].to(device)
     with amp():
         logits = model(input_ids=ids).logits[:, :-1].float()

@@ -47,7 +47,7 @@ def lr_at(cfg: SFTConfig, step: int, plateau_lr: float) -> float:
 @torch.no_grad()
 def validation_loss(model, val_ids: torch.Tensor, val_labels: torch.Tensor, batch: int = 32) -> float:
     total, count = 0.0, 0
-    device = next(model.parameters()).device
+    device = model_device(model)
     for i in range(0, len(val_ids), batch):
         labels = val_labels[i : i + batch]
         n = int((labels[:, 1:] != -100).sum())
