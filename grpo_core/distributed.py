@@ -16,7 +16,8 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from grpo_core.runtime import model_device
+from grpo_core.config import LaunchConfig
+from grpo_core.runtime import device_for, model_device
 
 
 @dataclass(frozen=True)
@@ -111,16 +112,13 @@ class Dist:
 COLLECTIVE_TIMEOUT = datetime.timedelta(hours=2)
 
 
-def init(launch=None) -> Dist:
+def init(launch: LaunchConfig | None = None) -> Dist:
     """Join the process group that the launcher described in the environment (NCCL when the stage
     computes on CUDA, ``runtime.device_for``; gloo otherwise), or return the single-process ``Dist``."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world == 1:
         return Dist()
     if not dist.is_initialized():
-        from grpo_core.config import LaunchConfig
-        from grpo_core.runtime import device_for
-
         cuda = device_for(launch or LaunchConfig()).type == "cuda"
         if cuda:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
