@@ -10,6 +10,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from grpo_core import decode as fast_decode
+from grpo_core.decode import distinct_prompts
 from grpo_core.runtime import model_device
 
 
@@ -41,7 +43,8 @@ def text_ids(tokenizer, text: str) -> list[int]:
 def encode_prompts(tokenizer, prompts: list[str]):
     """BOS (when the tokenizer has one) + prompt, left-padded: ``input_ids`` / ``attention_mask`` [B, P]."""
     bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
-    rows = [bos + text_ids(tokenizer, p) for p in prompts]
+    distinct = {p: bos + text_ids(tokenizer, p) for p in dict.fromkeys(prompts)}  # a GRPO batch repeats each G times
+    rows = [distinct[p] for p in prompts]
     return tokenizer.pad({"input_ids": rows}, return_tensors="pt", padding=True, padding_side="left")
 
 
@@ -137,13 +140,20 @@ def generate(
     was_training = model.training
     model.eval()
     device = model_device(model)
-    out = model.generate(
-        input_ids=enc.input_ids.to(device), attention_mask=enc.attention_mask.to(device),
-        max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-        do_sample=False, logits_processor=processors,
-    ).cpu()  # rollouts live on the CPU; forward passes move their inputs to the model (token_logprobs)
+    ids, mask = enc.input_ids.to(device), enc.attention_mask.to(device)
+    if fast_decode.supports(model):
+        sampler = processors[0] if processors else None
+        chosen = fast_decode.decode(model, ids, mask, max_new_tokens=max_new_tokens, eos_id=tokenizer.eos_token_id,
+                                    pad_id=tokenizer.pad_token_id,
+                                    choose=(lambda scores: sampler(None, scores)) if sampler else (lambda scores: scores))
+    else:
+        chosen = model.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id, do_sample=False, logits_processor=processors,
+        )[:, prompt_len:]
+    chosen = chosen.cpu()  # rollouts live on the CPU; forward passes move their inputs to the model (token_logprobs)
     model.train(was_training)
-    completion = right_pad(list(out[:, prompt_len:]), tokenizer.pad_token_id)
+    completion = right_pad(list(chosen), tokenizer.pad_token_id)
     cmask, truncated = completion_mask_from(completion, tokenizer.eos_token_id)
     texts = tokenizer.batch_decode(completion * cmask.long() + tokenizer.pad_token_id * (1 - cmask.long()),
                                    skip_special_tokens=True)
@@ -184,25 +194,59 @@ def encode(tokenizer, prompts: list[str], completions: list[str], *, add_eos: bo
     )
 
 
+class CompletionLogprobs(torch.nn.Module):
+    """A causal LM read at its completion tokens: one module whose forward is the whole computation
+    (what DDP must wrap). A GRPO batch holds each prompt G times; causal attention makes a prompt's
+    keys and values independent of what follows, so they are computed once per distinct prompt and
+    shared by its G rows through the model's KV cache: the same numbers (and gradients, summed over
+    the rows) for about half the work at the paper's lengths. Rows whose prompts are all distinct,
+    and models with activation checkpointing (which drops the cache), take one plain forward."""
+
+    def __init__(self, model) -> None:
+        super().__init__()
+        self.model = model
+
+    def _completion_logits(self, ids: torch.Tensor, mask: torch.Tensor, prompt_len: int) -> torch.Tensor:
+        """[B, L] -> [B, T, V] logits that predict the completion tokens ids[:, P:]."""
+        shared = None if getattr(self.model, "is_activation_checkpointing", False) else distinct_prompts(ids, mask, prompt_len)
+        positions = position_ids(mask)
+        width = ids.shape[1] - prompt_len
+        if shared is None:
+            # Only the positions that predict completion tokens get logits: the output layer over
+            # the prompt would cost [B, P, V] (gigabytes with a 49k vocabulary) for nothing.
+            return self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                              logits_to_keep=width + 1).logits[:, :-1]
+        prompt_ids, prompt_mask, inverse = shared
+        head = self.model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=position_ids(prompt_mask),
+                          use_cache=True, logits_to_keep=1)
+        first = head.logits[inverse]  # [B, 1, V]: the last prompt position predicts completion token 0
+        if width == 1:
+            return first
+        cache = head.past_key_values
+        cache.batch_select_indices(inverse)  # [U, ...] -> [B, ...], differentiable indexing
+        rest = self.model(input_ids=ids[:, prompt_len:-1], attention_mask=mask[:, :-1],
+                          position_ids=positions[:, prompt_len:-1], past_key_values=cache, use_cache=True).logits
+        return torch.cat([first, rest], 1)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int,
+                with_entropy: bool = False):
+        """[B, P + T] -> log-probabilities of the completion tokens [B, T] (and their entropies,
+        [B, T]) on the inputs' device (the CPU) whatever the model's: the [B, T, V] work stays on the
+        model's device, and only [B, T] comes back (differentiably) for the loss."""
+        device = model_device(self.model)
+        ids = input_ids.to(device)
+        logp_all = F.log_softmax(self._completion_logits(ids, attention_mask.to(device), prompt_len).float(), dim=-1)
+        logp = logp_all.gather(-1, ids[:, prompt_len:].unsqueeze(-1)).squeeze(-1).to(input_ids.device)
+        if not with_entropy:
+            return logp, None
+        return logp, (-(logp_all.exp() * logp_all).sum(-1)).detach().to(input_ids.device)
+
+
 def token_logprobs(model, rollout: Rollout, with_entropy: bool = False):
     """Log-probabilities of the completion tokens, [B, T] (and their entropies, [B, T]), on the
-    rollout's device (the CPU) whatever the model's: the [B, V] work stays on the model's device,
-    and only [B, T] comes back (differentiably) for the loss."""
-    device = model_device(model)
-    mask = rollout.attention_mask.to(device)
-    width = rollout.completion_ids.shape[1]
-    # Only the positions that predict completion tokens get logits: the output layer over the prompt
-    # would cost [B, P, V] of compute and memory (gigabytes with a 49k vocabulary) for nothing.
-    logits = model(
-        input_ids=rollout.input_ids.to(device),
-        attention_mask=mask,
-        position_ids=position_ids(mask),
-        logits_to_keep=width + 1,
-    ).logits[:, :-1].float()
-    logp_all = F.log_softmax(logits, dim=-1)
-    logp = logp_all.gather(-1, rollout.completion_ids.to(device).unsqueeze(-1)).squeeze(-1)
+    rollout's device. ``model``: a causal LM, or its ``CompletionLogprobs`` (DDP-wrapped in training)."""
+    reader = model if isinstance(getattr(model, "module", model), CompletionLogprobs) else CompletionLogprobs(model)
+    logp, entropy = reader(rollout.input_ids, rollout.attention_mask, rollout.prompt_len, with_entropy)
+    # DDP moves a module's inputs to its GPU before forward: bring the results back explicitly.
     here = rollout.input_ids.device
-    if not with_entropy:
-        return logp.to(here)
-    entropy = -(logp_all.exp() * logp_all).sum(-1).detach()
-    return logp.to(here), entropy.to(here)
+    return (logp.to(here), entropy.to(here)) if with_entropy else logp.to(here)

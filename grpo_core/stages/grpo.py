@@ -25,7 +25,7 @@ from grpo_core.data import Example, prompt_text
 from grpo_core.evaluation import greedy_accuracy
 from grpo_core.losses import BatchSize, grpo_loss
 from grpo_core.modeling import load_model
-from grpo_core.policy import generate, token_logprobs
+from grpo_core.policy import CompletionLogprobs, generate, token_logprobs
 from grpo_core.runtime import autocast, model_device, place
 from grpo_core.rewards import RewardScorer, Scored
 from grpo_core.stages.common import (SINGLE, Stopwatch, digest_dir, find_resume, keep_if_best, publish_best,
@@ -215,7 +215,7 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
     if gc.max_seconds is None or st["elapsed"] < gc.max_seconds:
         st["stopped"] = ""  # (re)started with steps or time left
     policy.train()
-    trained = d.wrap(policy)
+    trained = d.wrap(CompletionLogprobs(policy))
     while st["step"] < gc.steps and not st["stopped"]:
         for group in opt.param_groups:
             group["lr"] = gc.lr * min(1.0, (st["step"] + 1) / (gc.warmup_steps + 1))

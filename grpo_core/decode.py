@@ -1,0 +1,113 @@
+"""Batched decoding of Llama-architecture models with a preallocated KV cache: the rollout's loop.
+
+Our own because ``generate``'s per-token overhead, not its arithmetic, dominates a GRPO rollout on
+small models: on the demo's model a decode step of 64 rows spent ~4 ms in ``forward`` (cache
+objects, mask building, attention dispatch) against ~0.5 ms of matmuls. This loop reuses the
+model's own modules (norms, projections, rotary embedding, MLP) and only replaces the plumbing
+around them: one [B, H, P + T, D] key/value buffer per layer, written in place, and a boolean
+padding mask sliced per step. ``supports`` says which models take this path; others use
+``generate``. The logits match the model's forward (tested), so samples are draws from the same
+distribution.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def supports(model) -> bool:
+    """True for a plain (un-wrapped) ``LlamaForCausalLM`` whose layers are the stock ones."""
+    from transformers import LlamaForCausalLM
+
+    cfg = model.config
+    return (type(model) is LlamaForCausalLM and cfg.hidden_act == "silu"
+            and getattr(cfg, "pretraining_tp", 1) == 1 and not getattr(cfg, "sliding_window", None))
+
+
+def distinct_prompts(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int):
+    """The distinct prompts of a batch: ([U, P] ids, [U, P] mask, [B] row -> prompt index), or None
+    when every row's prompt is distinct (nothing to share). A GRPO batch holds each prompt G times."""
+    rows = torch.cat([input_ids[:, :prompt_len], attention_mask[:, :prompt_len]], 1)
+    distinct, inverse = torch.unique(rows, dim=0, return_inverse=True)
+    if len(distinct) == len(rows):
+        return None
+    return distinct[:, :prompt_len], distinct[:, prompt_len:], inverse
+
+
+def _attention(layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: tuple, start: int,
+               mask: torch.Tensor) -> torch.Tensor:
+    """x [B, S, E] at cache positions [start, start + S) -> [B, S, E]; writes this layer's keys and
+    values there. ``mask`` [B, 1, S, start + S] bool, True where a query may attend."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    attn = layer.self_attn
+    b, s, _ = x.shape
+    d = attn.head_dim
+    q = attn.q_proj(x).view(b, s, -1, d).transpose(1, 2)
+    k = attn.k_proj(x).view(b, s, -1, d).transpose(1, 2)
+    v = attn.v_proj(x).view(b, s, -1, d).transpose(1, 2)
+    q, k = apply_rotary_pos_emb(q, k, cos, sin)
+    keys, values = cache
+    keys[:, :, start : start + s] = k
+    values[:, :, start : start + s] = v
+    k, v = keys[:, :, : start + s], values[:, :, : start + s]
+    out = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask, scale=attn.scaling,
+                                         enable_gqa=k.shape[1] != q.shape[1])
+    return attn.o_proj(out.transpose(1, 2).reshape(b, s, -1))
+
+
+def _forward(model, ids: torch.Tensor, positions: torch.Tensor, caches: list, start: int,
+             mask: torch.Tensor) -> torch.Tensor:
+    """ids / positions [B, S] at cache positions [start, start + S) -> next-token logits [B, V] of
+    the last position."""
+    inner = model.model
+    h = inner.embed_tokens(ids)
+    cos, sin = inner.rotary_emb(h, positions)
+    for layer, cache in zip(inner.layers, caches):
+        h = h + _attention(layer, layer.input_layernorm(h), cos, sin, cache, start, mask)
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+    return model.lm_head(inner.norm(h[:, -1])).float()
+
+
+@torch.no_grad()
+def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, max_new_tokens: int,
+           eos_id: int, pad_id: int, choose) -> torch.Tensor:
+    """Left-padded prompts ``input_ids`` / ``attention_mask`` [B, P] -> completions [B, T <= max_new_tokens]:
+    each step's token is ``choose(scores [B, V]).argmax(-1)``; a row that has emitted EOS gets
+    ``pad_id`` from then on, and decoding stops once every row has (as ``generate`` does)."""
+    cfg = model.config
+    b, p = input_ids.shape
+    device = input_ids.device
+    dtype = model.model.embed_tokens.weight.dtype
+    heads_kv, d = cfg.num_key_value_heads, model.model.layers[0].self_attn.head_dim
+    caches = [(torch.empty(b, heads_kv, p + max_new_tokens, d, dtype=dtype, device=device),
+               torch.empty(b, heads_kv, p + max_new_tokens, d, dtype=dtype, device=device))
+              for _ in model.model.layers]
+    attended = torch.cat([attention_mask.bool(), torch.ones(b, max_new_tokens, dtype=torch.bool, device=device)], 1)
+    positions = (attended.long().cumsum(-1) - 1).clamp(min=0)  # [B, P + T]
+    # Prefill once per distinct prompt, then copy its keys and values to the prompt's rows.
+    prefill_ids, prefill_mask, inverse = distinct_prompts(input_ids, attention_mask, p) or (input_ids, attention_mask, None)
+    u = len(prefill_ids)
+    # Causal and padding mask; a padding query attends to itself only, so no row of the mask is
+    # empty (its output is never used, and its key is masked for everyone else).
+    causal = torch.ones(p, p, dtype=torch.bool, device=device).tril()
+    mask = (causal[None] & prefill_mask.bool()[:, None, :]) | torch.eye(p, dtype=torch.bool, device=device)[None]
+    prefill_positions = (prefill_mask.long().cumsum(-1) - 1).clamp(min=0)
+    scores = _forward(model, prefill_ids, prefill_positions, [(k[:u], v[:u]) for k, v in caches], 0, mask[:, None])
+    if inverse is not None:
+        scores = scores[inverse]
+        for keys, values in caches:
+            keys[:, :, :p] = keys[inverse, :, :p]
+            values[:, :, :p] = values[inverse, :, :p]
+    out = torch.full((b, max_new_tokens), pad_id, dtype=torch.long, device=device)
+    done = torch.zeros(b, dtype=torch.bool, device=device)
+    for t in range(max_new_tokens):
+        token = choose(scores).argmax(-1).masked_fill(done, pad_id)
+        out[:, t] = token
+        done |= token == eos_id
+        if t + 1 == max_new_tokens or bool(done.all()):
+            return out[:, : t + 1]
+        here = p + t
+        scores = _forward(model, token[:, None], positions[:, here : here + 1], caches, here,
+                          attended[:, None, None, : here + 1])
+    return out

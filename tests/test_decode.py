@@ -1,0 +1,141 @@
+"""The fast paths of a GRPO step (grpo_core.decode, policy.CompletionLogprobs) against the plain
+``transformers`` ones they replace: the same samples, log-probs, entropies and gradients."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import grpo_core.decode as fast_decode
+from grpo_core.data import prompt_text
+from grpo_core.decode import decode, distinct_prompts
+from grpo_core.modeling import load_model
+from grpo_core.policy import CompletionLogprobs, encode_prompts, generate, token_logprobs
+
+QUESTIONS = ("What is 1 + 2?", "What is 13 - 4 + 7 - 2?", "2+2")
+GROUP = 3
+PROMPTS = [prompt_text(q) for q in QUESTIONS for _ in range(GROUP)]  # left-padded, each prompt 3 times
+
+
+def _spread(model, seed: int = 0):
+    """Weights spread out (a fresh init emits one repeated token), so completions vary."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.3)
+    return model.eval()
+
+
+def _model(tiny_model_dir, kind: str):
+    """The tiny Llama, a grouped-query-attention Llama, or a Qwen2 (biased projections, not on the
+    fast decoding path), all on the tiny model's tokenizer."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    model, tok = load_model(tiny_model_dir)
+    if kind == "llama":
+        return _spread(model), tok
+    shape = dict(vocab_size=model.config.vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                 bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    other = LlamaForCausalLM(LlamaConfig(**shape)) if kind == "llama-gqa" else Qwen2ForCausalLM(Qwen2Config(**shape))
+    return _spread(other.float()), tok
+
+
+def _with_eos_that_splits_rows(model, tok, **sampling):
+    """A copy of ``tok`` whose EOS is a token that decoding (with ``sampling``) emits in some rows
+    and not in others, so that a batch mixes finished (padded after EOS) and truncated rows."""
+    plain = generate(model, tok, PROMPTS, max_new_tokens=12, **sampling).completion_ids
+    specials = set(tok.all_special_ids)
+    for c in sorted(set(plain[:, 1:].flatten().tolist()) - specials):
+        has = (plain == c).any(dim=1)
+        if 0 < int(has.sum()) < len(PROMPTS) and (plain[:, 0] != c).all():
+            tok = copy.deepcopy(tok)
+            tok.eos_token = tok.convert_ids_to_tokens(c)
+            return tok
+    pytest.skip("no token splits the greedy rows")  # pragma: no cover
+
+
+@pytest.mark.parametrize("kind", ["llama", "llama-gqa"])
+@pytest.mark.parametrize("temperatures", [None, [0.7, 1.0, 1.3] * len(QUESTIONS)])
+def test_fast_decoding_equals_transformers_generate(tiny_model_dir, monkeypatch, kind, temperatures):
+    model, tok = _model(tiny_model_dir, kind)
+    assert fast_decode.supports(model)
+    tok = _with_eos_that_splits_rows(model, tok, temperatures=temperatures, seed=3)
+    fast = generate(model, tok, PROMPTS, max_new_tokens=12, temperatures=temperatures, seed=3)
+    monkeypatch.setattr(fast_decode, "supports", lambda m: False)
+    slow = generate(model, tok, PROMPTS, max_new_tokens=12, temperatures=temperatures, seed=3)
+    assert fast.truncated.any() and not fast.truncated.all()
+    assert torch.equal(fast.input_ids, slow.input_ids)
+    assert torch.equal(fast.attention_mask, slow.attention_mask)
+    assert torch.equal(fast.completion_mask, slow.completion_mask)
+    assert torch.equal(fast.truncated, slow.truncated) and fast.texts == slow.texts
+
+
+def test_decode_pads_after_eos_and_stops_when_every_row_has_ended(tiny_model_dir):
+    """Rows forced to end at steps 1, 3 and 4: pad after each EOS, and no step after the last."""
+    model, tok = _model(tiny_model_dir, "llama")
+    enc = encode_prompts(tok, [prompt_text(q) for q in QUESTIONS])
+    eos, pad, other = tok.eos_token_id, tok.pad_token_id, 7
+    end_at, step = torch.tensor([1, 3, 4]), [0]
+
+    def choose(scores):  # one-hot scores: EOS at the row's step, a fixed token before it
+        token = torch.where(end_at == step[0], eos, other)
+        step[0] += 1
+        return torch.nn.functional.one_hot(token, scores.shape[-1]).float()
+
+    out = decode(model, enc.input_ids, enc.attention_mask, max_new_tokens=10, eos_id=eos, pad_id=pad, choose=choose)
+    assert out.tolist() == [[other, eos, pad, pad, pad], [other, other, other, eos, pad], [other] * 4 + [eos]]
+    assert step[0] == 5
+
+
+def test_distinct_prompts():
+    ids = torch.tensor([[0, 5, 6], [0, 5, 6], [4, 5, 6], [0, 5, 6]])
+    mask = torch.tensor([[0, 1, 1], [0, 1, 1], [1, 1, 1], [1, 1, 1]])  # row 3: same ids, a real token 0
+    prompt_ids, prompt_mask, inverse = distinct_prompts(ids, mask, 3)
+    assert len(prompt_ids) == 3
+    assert torch.equal(prompt_ids[inverse], ids) and torch.equal(prompt_mask[inverse], mask)
+    assert distinct_prompts(ids[1:], mask[1:], 3) is None  # nothing to share
+
+
+@pytest.mark.parametrize("kind", ["llama", "llama-gqa", "qwen2"])
+def test_shared_prompt_logprobs_and_gradients_equal_one_plain_forward(tiny_model_dir, monkeypatch, kind):
+    """Each prompt's keys and values computed once for its G rows: the same log-probs, entropies
+    and gradients as the plain forward over every row (fp32 rounding apart)."""
+    model, tok = _model(tiny_model_dir, kind)
+    rollout = generate(model, tok, PROMPTS, max_new_tokens=9, temperatures=[1.0] * len(PROMPTS), seed=1)
+    model.train()
+
+    def run():
+        model.zero_grad()
+        logp, entropy = token_logprobs(model, rollout, with_entropy=True)
+        (logp * rollout.completion_mask).sum().backward()
+        return logp.detach(), entropy, [p.grad.clone() for p in model.parameters()]
+
+    calls = []
+    real = fast_decode.distinct_prompts
+    monkeypatch.setattr("grpo_core.policy.distinct_prompts", lambda *a: calls.append(1) or real(*a))
+    shared = run()
+    assert calls  # the shared path ran
+    monkeypatch.setattr("grpo_core.policy.distinct_prompts", lambda *a: None)
+    plain = run()
+    torch.testing.assert_close(shared[0], plain[0], atol=2e-5, rtol=0)
+    torch.testing.assert_close(shared[1], plain[1], atol=2e-5, rtol=0)
+    for a, b in zip(shared[2], plain[2]):  # summed in a different order: compare whole tensors
+        assert (a - b).norm() <= 1e-5 * b.norm() + 1e-7
+
+
+def test_qwen2_takes_the_transformers_sampler(tiny_model_dir):
+    model, tok = _model(tiny_model_dir, "qwen2")
+    assert not fast_decode.supports(model)
+    r = generate(model, tok, PROMPTS, max_new_tokens=5, temperatures=[1.0] * len(PROMPTS), seed=0)
+    assert r.completion_ids.shape[0] == len(PROMPTS)
+
+
+def test_a_wrapped_reader_is_used_as_is(tiny_model_dir):
+    model, tok = _model(tiny_model_dir, "llama")
+    rollout = generate(model, tok, PROMPTS[:2], max_new_tokens=4)
+    reader = CompletionLogprobs(model)
+    with torch.no_grad():
+        assert torch.equal(token_logprobs(reader, rollout), token_logprobs(model, rollout))
