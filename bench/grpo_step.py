@@ -8,10 +8,12 @@ loss settings (beta 0.04, clip 0.2, one update per exploration stage, lr 1e-6).
 initialised). ``--prompts``: JSONL of ``{"prompt": ..., "gold": ...}`` or GSM8K form (default: the
 arithmetic task's RL questions). ``--compare`` also runs TRL's ``GRPOTrainer`` on the same work
 (``pip install trl``: the ``bench`` extra) and bare ``generate`` + forward/backward + reference
-forward; each implementation runs in its own process (so that peak RSS is its own), alternating,
-``--rounds`` times. Prints one JSON object: median step time after ``--warmup`` steps, completion
-tokens per second, peak RSS, and for ``--compare`` the ratios, the machine's matmul rate and the
-step's arithmetic limit (its useful matmul FLOPs at that rate; ``step_flops``).
+forward, and for memory the PPO setting GRPO replaces (our step plus a value model of the policy's
+size with its own update: ``_ValueModel``); each implementation runs in its own process (so that
+peak RSS is its own), alternating, ``--rounds`` times. Prints one JSON object: median step time
+after ``--warmup`` steps, completion tokens per second, peak RSS (and for ours / PPO the peak over
+the RSS before the models were loaded), and for ``--compare`` the ratios, the machine's matmul rate
+and the step's arithmetic limit (its useful matmul FLOPs at that rate; ``step_flops``).
 """
 from __future__ import annotations
 
@@ -54,7 +56,12 @@ def _batches(questions, steps: int):
     return [[questions[(s * PROMPTS + i) % n] for i in range(PROMPTS)] for s in range(steps)]
 
 
-def run_ours(model_dir: str, prompts: str, steps: int, threads: int) -> dict:
+def _rss_mib() -> float:
+    """Current resident set size (the baseline the models' memory is measured from)."""
+    return int(open("/proc/self/statm").read().split()[1]) * resource.getpagesize() / 2**20
+
+
+def run_ours(model_dir: str, prompts: str, steps: int, threads: int, value_model: bool = False) -> dict:
     import torch
 
     from grpo_core.config import GRPOConfig
@@ -63,10 +70,12 @@ def run_ours(model_dir: str, prompts: str, steps: int, threads: int) -> dict:
     from grpo_core.stages.grpo import grpo_step
 
     torch.set_num_threads(threads)
+    before_models = _rss_mib()
     policy, tok = load_model(model_dir)
     ref, _ = load_model(model_dir)
     ref.eval().requires_grad_(False)
     opt = torch.optim.AdamW(policy.parameters(), lr=LR, betas=(0.9, 0.95), weight_decay=0.0)
+    value = _ValueModel(model_dir) if value_model else None
     gc = GRPOConfig(questions_per_step=PROMPTS, group_size=GROUP, max_new_tokens=MAX_NEW, beta=BETA, lr=LR)
     times, tokens, parts = [], [], []
     # Our step formats questions itself, so the prompt text is passed as a question whose prompt
@@ -74,14 +83,54 @@ def run_ours(model_dir: str, prompts: str, steps: int, threads: int) -> dict:
     import grpo_core.stages.grpo as g
 
     g.prompt_text = lambda q: q
+    rollouts = []  # the step's rollout, for the value model of the PPO setting
+    sample = g.generate
+    g.generate = lambda *a, **k: rollouts.append(sample(*a, **k)) or rollouts[-1]
     for s, batch in enumerate(_batches(_questions(prompts), steps)):
         questions = [Example(question=p, gold=gold) for p, gold in batch]
         t0 = time.perf_counter()
         m = grpo_step(policy, ref, tok, opt, questions, gc, seed=s)
+        if value is not None:
+            value.step(rollouts[-1], [gold for _, gold in batch for _ in range(GROUP)])
         times.append(time.perf_counter() - t0)
         tokens.append(m["train/completion_len"] * PROMPTS * GROUP)
         parts.append({k.removeprefix("time/"): m[k] for k in m if k.startswith("time/")})
-    return {"step_s": times, "tokens": tokens, "parts": parts, "peak_rss_mib": _peak_rss_mib(), "threads": threads}
+    return {"step_s": times, "tokens": tokens, "parts": parts, "peak_rss_mib": _peak_rss_mib(), "threads": threads,
+            "rss_before_models_mib": before_models}
+
+
+class _ValueModel:
+    """What PPO adds to a GRPO step, for its memory: a value model of the policy's size initialised
+    from it (a per-token scalar head), its no-grad pass for the old values, and its own
+    forward/backward and AdamW step on the squared error to the returns (here the outcome reward at
+    every token, undiscounted: gamma = lambda = 1, as in DeepSeekMath's PPO baseline)."""
+
+    def __init__(self, model_dir: str) -> None:
+        import torch
+
+        from grpo_core.reward_models import ScoreHead, load_reward_model
+
+        self.model = load_reward_model(model_dir, "prm")
+        self.head = ScoreHead(self.model)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=LR, betas=(0.9, 0.95), weight_decay=0.0)
+
+    def step(self, rollout, golds: list[str]) -> None:
+        import torch
+
+        from grpo_core.rewards import rule_reward
+
+        args = (rollout.input_ids, rollout.attention_mask, rollout.prompt_len - 1)
+        with torch.no_grad():
+            old_values = self.head(*args)[:, :-1]  # [B, T]: the advantage baseline PPO subtracts
+        returns = rule_reward(rollout.texts, golds).float()[:, None].expand_as(old_values)
+        values = self.head(*args)[:, :-1]
+        mask = rollout.completion_mask
+        clipped = old_values + (values - old_values).clamp(-0.2, 0.2)  # PPO's clipped value loss
+        error = torch.maximum((values - returns) ** 2, (clipped - returns) ** 2)
+        loss = (error * mask).sum() / mask.sum().clamp(min=1)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        self.opt.step()
 
 
 def run_trl(model_dir: str, prompts: str, steps: int, threads: int) -> dict:
@@ -154,7 +203,12 @@ def run_bare(model_dir: str, prompts: str, steps: int, threads: int) -> dict:
     return {"step_s": times, "tokens": tokens, "peak_rss_mib": _peak_rss_mib(), "threads": threads}
 
 
-WORKERS = {"ours": run_ours, "trl": run_trl, "bare": run_bare}
+def run_ppo(model_dir: str, prompts: str, steps: int, threads: int) -> dict:
+    """Our step plus the value model PPO needs (``_ValueModel``): the memory GRPO saves."""
+    return run_ours(model_dir, prompts, steps, threads, value_model=True)
+
+
+WORKERS = {"ours": run_ours, "trl": run_trl, "bare": run_bare, "ppo": run_ppo}
 
 
 def matmul_gflops(n: int = 1024, threads: int = 1) -> float:
@@ -169,11 +223,13 @@ def matmul_gflops(n: int = 1024, threads: int = 1) -> float:
     return 10 * 2 * n**3 / (time.perf_counter() - t0) / 1e9
 
 
-def step_flops(model_dir: str, prompts: str, completion_tokens: float) -> float:
+def step_flops(model_dir: str, prompts: str, completion_tokens: float, shared_prompts: bool = False) -> float:
     """The useful arithmetic of one step (no padding), as matmul FLOPs: 2 per weight and token for
     a forward pass, 6 for forward + backward. Sampling runs the policy forward over the prompt and
     every completion token; the reference forward and the update's forward/backward run over
-    prompt + completion. ``completion_tokens``: a step's total. Attention's own FLOPs are left out
+    prompt + completion. ``completion_tokens``: a step's total. ``shared_prompts``: each distinct
+    prompt counted once (the least work: causal attention makes a prompt's states independent of
+    its completions), else once per row (the work as posed). Attention's own FLOPs are left out
     (under 5% at these lengths and widths)."""
     from grpo_core.modeling import load_model
 
@@ -182,7 +238,7 @@ def step_flops(model_dir: str, prompts: str, completion_tokens: float) -> float:
     # Every weight is a matmul operand except the embedding lookup; a tied output layer still is one.
     weights = sum(p.numel() for p in model.parameters()) - embed.numel() + model.get_output_embeddings().weight.numel()
     prompt_tokens = sum(len(tok(p, add_special_tokens=False).input_ids) for batch in _batches(_questions(prompts), 1)
-                        for p, _ in batch) * GROUP
+                        for p, _ in batch) * (1 if shared_prompts else GROUP)
     tokens = prompt_tokens + completion_tokens
     return 2 * weights * tokens + 2 * weights * tokens + 6 * weights * tokens  # sample, reference, update
 
@@ -205,6 +261,8 @@ def _summary(runs: list[dict], warmup: int) -> dict:
     out = {"median_step_s": round(statistics.median(steps), 4), "steps_timed": len(steps),
            "completion_tokens_per_s": round(sum(tokens) / sum(steps), 1),
            "peak_rss_mib": round(max(r["peak_rss_mib"] for r in runs), 1), "threads": runs[0]["threads"]}
+    if "rss_before_models_mib" in runs[0]:  # what the models, optimizers and activations added
+        out["peak_rss_over_start_mib"] = round(max(r["peak_rss_mib"] - r["rss_before_models_mib"] for r in runs), 1)
     if runs[0].get("parts"):
         parts = [p for r in runs for p in r["parts"][warmup:]]
         out["median_parts_s"] = {k: round(statistics.median(p[k] for p in parts), 4) for k in parts[0]}
@@ -234,7 +292,7 @@ def main() -> None:
     import torch
 
     default_threads = a.threads or torch.get_num_threads()
-    names = ["ours", "trl", "bare"] if a.compare else ["ours"]
+    names = ["ours", "trl", "bare", "ppo"] if a.compare else ["ours"]
     runs: dict[str, list[dict]] = {n: [] for n in names}
     for _ in range(a.rounds if a.compare else 1):
         for name in names:
@@ -251,12 +309,16 @@ def main() -> None:
     if a.compare:
         result["trl_over_ours"] = round(result["trl"]["median_step_s"] / result["ours"]["median_step_s"], 3)
         result["bare_over_ours"] = round(result["bare"]["median_step_s"] / result["ours"]["median_step_s"], 3)
+        # Memory: GRPO (policy + reference) against the PPO setting it replaces (+ a value model).
+        result["memory_ppo_over_grpo"] = round(result["ppo"]["peak_rss_over_start_mib"]
+                                               / result["ours"]["peak_rss_over_start_mib"], 3)
         result["matmul_gflops_1_thread"] = round(matmul_gflops(threads=1), 1)
         rate = matmul_gflops(threads=default_threads)
         result["matmul_gflops_default_threads"] = round(rate, 1)
         tokens = statistics.median(t for r in runs["ours"] for t in r["tokens"][a.warmup:])
         limit = step_flops(model, prompts, tokens) / (rate * 1e9)
         result["arithmetic_limit_s"] = round(limit, 4)
+        result["arithmetic_limit_shared_prompts_s"] = round(step_flops(model, prompts, tokens, True) / (rate * 1e9), 4)
         for name in names:
             result[name]["over_arithmetic_limit"] = round(result[name]["median_step_s"] / limit, 2)
     print(json.dumps(result))
