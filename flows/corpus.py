@@ -21,7 +21,7 @@ from grpo_core.config import PipelineConfig
 from grpo_core.stages.corpus import run_corpus
 from grpo_core.tracking import MlflowLogger
 from tasks.corpus import score_mapped
-from tasks.tracking import end_run, experiment_id, start_run, tracking_uri
+from tasks.tracking import check_tracking, end_run, experiment_id, start_run, tracking_uri
 
 
 class PrefixApproval(RunInput):
@@ -52,6 +52,7 @@ def corpus(config: PipelineConfig, own_benchmarks: dict[str, str] | None = None,
     log = get_run_logger()
     out_dir = (config.run_dir / "corpus").resolve()
     uri = tracking_uri(config)
+    check_tracking(uri)  # an unreachable server fails here, not at the first stage's first metric
     exp = experiment_id(uri, config.tracking.experiment)
     parent = start_run(uri, exp, "corpus" if parent_run_id else f"corpus-{config.run_name}", parent_id=parent_run_id,
                        tags={"pipeline": "deepseekmath-corpus"})

@@ -13,12 +13,12 @@ from pathlib import Path
 import yaml
 from prefect import flow, get_run_logger
 
-from grpo_core.config import ConfigError, PipelineConfig, flatten, load_config
+from grpo_core.config import ConfigError, PipelineConfig, load_config
 from grpo_core.stages.common import write_manifest
 from grpo_core.tracking import MlflowLogger
 from flows.rounds import next_start, rl_round, round_metrics
 from tasks.stages import data_task, eval_task, run_stage, sft_task
-from tasks.tracking import end_run, experiment_id, redact, start_run, tracking_uri
+from tasks.tracking import check_tracking, end_run, experiment_id, redact, run_params, start_run, tracking_uri
 
 
 def pretraining_stages(config: PipelineConfig, run_dir, data: dict, common: dict) -> dict[str, tuple[dict, bool]]:
@@ -51,14 +51,13 @@ def pipeline(config: PipelineConfig) -> dict:
     run_dir = config.run_dir.resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     uri = tracking_uri(config)
+    check_tracking(uri)  # an unreachable server fails here, not at the first stage's first metric
     parent = start_run(uri, experiment_id(uri, config.tracking.experiment), config.run_name,
                        tags={"pipeline": "deepseekmath-grpo"})
     common = {"cfg": config, "uri": uri, "parent_id": parent}
     try:
         tracker = MlflowLogger(uri, parent)
-        params = flatten(config)
-        params["tracking.tracking_uri"] = redact(params["tracking.tracking_uri"])
-        tracker.log_params(params)
+        tracker.log_params(run_params(config))
         data, data_hit = run_stage(data_task, out_dir=str(run_dir / "data"), **common)
         pre_stages = pretraining_stages(config, run_dir, data, common) if config.pretrain.train else {}
         init = ({"init_model": pre_stages["pretrain"][0]["model"], "init": pre_stages["pretrain"][0]["digest"]}

@@ -25,8 +25,19 @@ def _recipe(a: argparse.Namespace):
         _fail(str(e))
 
 
+def _tracking_ready(cfg) -> None:
+    """An unusable tracking store fails here, in seconds, before any stage runs."""
+    from tasks.tracking import TrackingError, check_tracking, tracking_uri
+
+    try:
+        check_tracking(tracking_uri(cfg))
+    except TrackingError as e:
+        _fail(str(e))
+
+
 def cmd_run(a: argparse.Namespace) -> None:
     cfg = _recipe(a)
+    _tracking_ready(cfg)
     from flows.pipeline import pipeline
 
     manifest = pipeline(cfg)
@@ -82,6 +93,9 @@ def cmd_rounds(a: argparse.Namespace) -> None:
         _fail(f"{run_dir / 'manifest.json'}: run the pipeline first (grpo-pipeline run ...)")
     if a.rounds < 1:
         _fail(f"--rounds {a.rounds}: must be at least 1")
+    from grpo_core.config import load_config
+
+    _tracking_ready(load_config(run_dir / "config.yaml"))
     manifest = rl_rounds(str(run_dir), a.rounds)
     print(json.dumps({"rounds": [{k: r[k] for k in ("round", "test_accuracy", "val_accuracy", "model_version",
                                                       "cached_stages")} for r in manifest["rounds"]],
@@ -92,6 +106,7 @@ def cmd_corpus_run(a: argparse.Namespace) -> None:
     from grpo_core.corpus.docs import CorpusError
 
     cfg = _recipe(a)
+    _tracking_ready(cfg)
     from flows.corpus import corpus
 
     try:

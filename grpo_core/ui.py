@@ -13,19 +13,20 @@ import time
 from pathlib import Path
 
 from grpo_core.env import default_tracking_uri
+from tasks.tracking import redact
 
 
 def serve_uis(host: str = "127.0.0.1", mlflow_port: int = 5000, prefect_port: int = 4200) -> None:
     bin_dir = Path(sys.executable).parent
     uri = os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri()
     artifacts = Path.cwd().resolve() / "mlartifacts"
-    procs = [
-        subprocess.Popen([str(bin_dir / "mlflow"), "server", "--host", host, "--port", str(mlflow_port),
-                          "--backend-store-uri", uri, "--default-artifact-root", artifacts.as_uri(),
-                          "--workers", "1"]),
-        subprocess.Popen([str(bin_dir / "prefect"), "server", "start", "--host", host, "--port", str(prefect_port)]),
-    ]
-    print(f"MLflow UI:  http://{host}:{mlflow_port}   (tracking {uri})")
+    remote = uri.startswith(("http://", "https://"))  # a tracking server has its own UI already
+    commands = [[str(bin_dir / "prefect"), "server", "start", "--host", host, "--port", str(prefect_port)]]
+    if not remote:
+        commands.append([str(bin_dir / "mlflow"), "server", "--host", host, "--port", str(mlflow_port),
+                         "--backend-store-uri", uri, "--default-artifact-root", artifacts.as_uri(), "--workers", "1"])
+    procs = [subprocess.Popen(c) for c in commands]
+    print(f"MLflow UI:  {redact(uri)}" if remote else f"MLflow UI:  http://{host}:{mlflow_port}   (tracking {uri})")
     print(f"Prefect UI: http://{host}:{prefect_port}   (PREFECT_HOME {os.environ.get('PREFECT_HOME')})")
     print("Ctrl-C stops both.", flush=True)
     try:

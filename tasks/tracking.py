@@ -25,6 +25,40 @@ def tracking_uri(cfg: PipelineConfig) -> str:
     return cfg.tracking.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri()
 
 
+def check_tracking(uri: str, timeout_s: float = 5.0) -> None:
+    """Fail at start, within ``timeout_s``, when the tracking store cannot be used: a server that
+    does not answer, or a sqlite database whose folder cannot be created. MLflow's own client
+    retries an unreachable server for minutes, and would do so at the first stage's first metric."""
+    import urllib.error
+    import urllib.request
+
+    if uri.startswith(("http://", "https://")):
+        try:
+            urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout_s).close()
+        except urllib.error.HTTPError:
+            pass  # it answered (an auth proxy may refuse /health): reachable
+        except (OSError, ValueError) as e:
+            raise TrackingError(
+                f"MLflow tracking server {redact(uri)} is unreachable ({getattr(e, 'reason', e)}): start it, or "
+                f"point tracking.tracking_uri / MLFLOW_TRACKING_URI at a running server or a sqlite:/// file") from None
+    elif uri.startswith("sqlite:///"):
+        folder = Path(uri.removeprefix("sqlite:///")).parent
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise TrackingError(f"MLflow tracking database {uri}: cannot create its folder {folder}: {e}") from None
+
+
+def run_params(config: PipelineConfig) -> dict[str, str]:
+    """The parent run's params: the recipe, flattened, with credentials removed from the tracking
+    URI. Only recipe values: nothing from the environment (tokens, passwords) is ever logged."""
+    from grpo_core.config import flatten
+
+    params = flatten(config)
+    params["tracking.tracking_uri"] = redact(params["tracking.tracking_uri"])
+    return params
+
+
 def experiment_id(uri: str, name: str) -> str:
     """Get or create the experiment; fails at start (not mid-run) when the server is unreachable."""
     from mlflow.exceptions import MlflowException
@@ -40,7 +74,7 @@ def experiment_id(uri: str, name: str) -> str:
             artifacts = (Path(uri.removeprefix("sqlite:///")).resolve().parent / "mlartifacts").as_uri()
         return client.create_experiment(name, artifact_location=artifacts)
     except MlflowException as e:
-        raise TrackingError(f"MLflow tracking at {uri} is not usable: {e}") from None
+        raise TrackingError(f"MLflow tracking at {redact(uri)} is not usable: {e}") from None
 
 
 def start_run(uri: str, exp_id: str, name: str, parent_id: str | None = None, tags: dict | None = None) -> str:

@@ -26,9 +26,12 @@ def mlflow_client(tmp_path):
     return MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
 
 
-def test_pipeline_end_to_end_and_cached_rerun(prefect_harness, tmp_path, tiny_cfg, mlflow_client):
+def test_pipeline_end_to_end_and_cached_rerun(prefect_harness, tmp_path, tiny_cfg, mlflow_client, monkeypatch):
     from flows.pipeline import pipeline
 
+    secret = "hf_5e1d0c9b8a7f6e5d4c3b"  # an environment secret: it must appear in no param or tag
+    monkeypatch.setenv("HF_TOKEN", secret)
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", secret)
     cfg = tiny_cfg(tmp_path, run_name="e2e", sft__max_steps=3, grpo__steps=2, grpo__checkpoint_every=1)
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     returned = pipeline(cfg)
@@ -70,8 +73,10 @@ def test_pipeline_end_to_end_and_cached_rerun(prefect_harness, tmp_path, tiny_cf
     in_round = {r.info.run_name: r for r in mlflow_client.search_runs(
         [exp_id], filter_string=f"tags.mlflow.parentRunId = '{round_run.info.run_id}'")}
     assert sorted(in_round) == ["eval", "grpo"]
-    for run in [*children, *in_round.values()]:
+    for run in [parent, *children, *in_round.values()]:
         assert run.info.status == "FINISHED"
+        logged = [*run.data.params.values(), *run.data.tags.values()]
+        assert not any(secret in v for v in logged), run.info.run_name
     grpo_run = in_round["grpo"]
     assert round_run.data.tags["stage_run.grpo"] == grpo_run.info.run_id
     assert round_run.data.metrics["round/test_accuracy"] == round1["test_accuracy"]

@@ -1,0 +1,82 @@
+"""Tracking and servers: an unreachable tracking server fails at start (seconds, exit 2, nothing
+written), credentials and environment values never reach the logged params, and the UIs listen on
+127.0.0.1 unless told otherwise."""
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+
+from grpo_core.cli import main
+
+
+def _closed_port() -> int:
+    """A local port nothing listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_unreachable_tracking_server_fails_at_start(tmp_path, capsys):
+    uri = f"http://alice:s3cret-pw@127.0.0.1:{_closed_port()}"
+    t0 = time.perf_counter()
+    with pytest.raises(SystemExit) as exc:
+        main(["run", "configs/demo.yaml", "--set", f"output_dir={tmp_path / 'runs'}",
+              "--set", f"tracking.tracking_uri={uri}"])
+    assert exc.value.code == 2
+    assert time.perf_counter() - t0 < 30  # not MLflow's minutes of retries
+    err = capsys.readouterr().err
+    assert "unreachable" in err and "127.0.0.1" in err
+    assert "s3cret-pw" not in err  # credentials are redacted
+    assert not (tmp_path / "runs").exists()  # nothing started
+
+
+def test_a_tracking_folder_that_cannot_be_created_fails_at_start(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(SystemExit) as exc:
+        main(["run", "configs/demo.yaml", "--set", f"output_dir={tmp_path / 'runs'}",
+              "--set", f"tracking.tracking_uri=sqlite:///{blocker}/sub/mlflow.db"])
+    assert exc.value.code == 2
+    assert "cannot create its folder" in capsys.readouterr().err
+
+
+def test_run_params_hold_no_credentials_or_environment_values(monkeypatch, tiny_cfg, tmp_path):
+    from tasks.tracking import run_params
+
+    secret = "tok-3f9a1c77e2b84d0c"
+    for name in ("HF_TOKEN", "AWS_SECRET_ACCESS_KEY", "MLFLOW_TRACKING_PASSWORD", "WANDB_API_KEY"):
+        monkeypatch.setenv(name, secret)
+    cfg = tiny_cfg(tmp_path, tracking__tracking_uri="https://bob:hunter2-pw@mlflow.example.org")
+    params = run_params(cfg)
+    assert params["tracking.tracking_uri"] == "https://***@mlflow.example.org"
+    assert not any(secret in v or "hunter2" in v for v in params.values())
+
+
+def test_uis_listen_on_localhost_by_default(monkeypatch, tmp_path):
+    import grpo_core.ui as ui
+
+    started = []
+
+    class Exited:  # a server that stops at once, so serve_uis returns
+        def __init__(self, cmd):
+            started.append(cmd)
+
+        def poll(self):
+            return 0
+
+        def wait(self, timeout=None):
+            return 0
+
+    monkeypatch.setattr(ui.subprocess, "Popen", Exited)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    ui.serve_uis()
+    assert len(started) == 2
+    for cmd in started:
+        assert cmd[cmd.index("--host") + 1] == "127.0.0.1"
+    # A remote tracking server has its own UI: only Prefect's is started.
+    started.clear()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "https://mlflow.example.org")
+    ui.serve_uis()
+    assert len(started) == 1 and "prefect" in started[0][0]
