@@ -50,6 +50,7 @@ class DataConfig(Section):
     val_file: str | None = Field(None, description="validation; None = 10% of rl_file (at most 200)")
     test_file: str | None = Field(None, description="test questions")
     max_examples: int | None = Field(None, ge=1, description="cap every split (for quick runs)")
+    max_chars: int = Field(20_000, ge=100, description="longest question / solution accepted; a longer one stops the data stage, naming its line")
 
     @model_validator(mode="after")
     def _check(self) -> "DataConfig":

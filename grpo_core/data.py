@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from grpo_core.config import ArithmeticTask, DataConfig
+from grpo_core.verify import MAX_ANSWER_CHARS
 
 SPLITS = ("sft", "rl", "val", "test")
 
@@ -109,8 +110,10 @@ def gold_from_solution(solution: str) -> str | None:
     return solution.rsplit("####", 1)[1].strip().replace(",", "") or None
 
 
-def load_jsonl(name: str, limit: int | None = None) -> list[Example]:
-    """Read GSM8K form (``question``, ``answer`` ending in ``#### <final>``), failing clearly."""
+def load_jsonl(name: str, limit: int | None = None, max_chars: int = 20_000) -> list[Example]:
+    """Read GSM8K form (``question``, ``answer`` ending in ``#### <final>``), failing clearly: the
+    message names the file, the line and the field. A field longer than ``max_chars`` is rejected
+    (``data.max_chars``), as is a final answer too long for the checker ever to compare."""
     path = resolve_path(name)
     if not path.exists():
         raise DataError(f"{path}: file not found")
@@ -134,9 +137,15 @@ def load_jsonl(name: str, limit: int | None = None) -> list[Example]:
             for field in ("question", "answer"):
                 if not isinstance(obj.get(field), str) or not obj[field].strip():
                     raise DataError(f"{path}:{lineno}: field {field!r} is missing or empty")
+                if len(obj[field]) > max_chars:
+                    raise DataError(f"{path}:{lineno}: field {field!r} is {len(obj[field]):,} characters, over the "
+                                    f"limit of {max_chars:,} (data.max_chars)")
             gold = gold_from_solution(obj["answer"])
             if gold is None:
                 raise DataError(f"{path}:{lineno}: field 'answer' has no '#### <final answer>'")
+            if len(gold) > MAX_ANSWER_CHARS:
+                raise DataError(f"{path}:{lineno}: field 'answer': the final answer is {len(gold):,} characters; "
+                                f"answers over {MAX_ANSWER_CHARS} are never compared, so nothing could match it")
             # An answer that is only "#### N" carries no worked solution (an RL-only example).
             worked = obj["answer"].split("####")[0].strip()
             solution = obj["answer"].strip() if worked else None
@@ -149,14 +158,14 @@ def load_jsonl(name: str, limit: int | None = None) -> list[Example]:
 def load_splits(cfg: DataConfig, seed: int) -> dict[str, list[Example]]:
     if cfg.source == "arithmetic":
         return generate_arithmetic(cfg.arithmetic, seed)
-    cap = cfg.max_examples
+    cap, chars = cfg.max_examples, cfg.max_chars
     splits = {
-        "sft": load_jsonl(cfg.sft_file, cap),  # type: ignore[arg-type]
-        "rl": [Example(e.question, e.gold) for e in load_jsonl(cfg.rl_file, cap)],  # type: ignore[arg-type]
-        "test": load_jsonl(cfg.test_file, cap),  # type: ignore[arg-type]
+        "sft": load_jsonl(cfg.sft_file, cap, chars),  # type: ignore[arg-type]
+        "rl": [Example(e.question, e.gold) for e in load_jsonl(cfg.rl_file, cap, chars)],  # type: ignore[arg-type]
+        "test": load_jsonl(cfg.test_file, cap, chars),  # type: ignore[arg-type]
     }
     if cfg.val_file:
-        splits["val"] = load_jsonl(cfg.val_file, cap)
+        splits["val"] = load_jsonl(cfg.val_file, cap, chars)
     else:  # hold out part of the RL pool for validation so that no question is shared
         n_val = max(1, min(200, len(splits["rl"]) // 10))
         splits["val"], splits["rl"] = splits["rl"][:n_val], splits["rl"][n_val:]

@@ -71,6 +71,16 @@ def load_model(path: str | Path) -> tuple[PreTrainedModel, PreTrainedTokenizerFa
         raise ModelError(f"{path}: model folder not found")
     if not (path / "config.json").exists():
         raise ModelError(f"{path}: not a Hugging Face model folder (no config.json)")
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError, KeyError) as e:
+        raise ModelError(f"{path / 'config.json'}: cannot read the model's config: {e}") from None
+    if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
+        raise ModelError(f"{path}: a {config.model_type!r} model is not a causal language model; the policy "
+                         f"needs a decoder LM folder (Llama, Qwen2, Mistral, SmolLM2, ...)")
     tokenizer = load_tokenizer(path)
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)

@@ -17,9 +17,23 @@ from grpo_core.steps import char_ends_of_tokens, split_steps, step_end_tokens
 from grpo_core.verify import is_correct
 
 
+class RewardError(RuntimeError):
+    """The reward is broken (no completion of a step got a finite reward): the stage stops, and
+    its last checkpoint stays the resume point."""
+
+
+def _checked(completion: str, gold: str) -> float:
+    try:
+        return float(is_correct(completion, gold))
+    except Exception:  # noqa: BLE001 - the checker only parses; if it ever fails, no verdict
+        return float("nan")
+
+
 def rule_reward(completions: list[str], golds: list[str]) -> torch.Tensor:
-    """[B] 1.0 where the completion's final answer equals the gold answer, else 0.0."""
-    return torch.tensor([float(is_correct(c, g)) for c, g in zip(completions, golds)])
+    """[B] 1.0 where the completion's final answer equals the gold answer, else 0.0; NaN (no
+    verdict: counted, and no advantage) where the checker raised on a completion: one hostile
+    completion must not stop a long run."""
+    return torch.tensor([_checked(c, g) for c, g in zip(completions, golds)])
 
 
 def rollout_step_ends(tokenizer, rollout: Rollout, separator: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -37,6 +51,10 @@ def rollout_step_ends(tokenizer, rollout: Rollout, separator: str) -> tuple[torc
         ends[i, : len(idx)] = torch.tensor(idx, dtype=torch.long)
         mask[i, : len(idx)] = True
     return ends, mask
+
+
+# Scored.stats that are counts: summed over processes (the others are means).
+COUNT_STATS = ("reward/rule_errors", "reward/no_step_completions", "reward/nonfinite_completions")
 
 
 @dataclass
@@ -82,9 +100,10 @@ class RewardScorer:
     def __call__(self, rollout: Rollout, golds: list[str]) -> Scored:
         from grpo_core.reward_models import last_token_index, orm_logits, prm_step_logits
 
-        correct = rule_reward(rollout.texts, golds)
-        stats: dict[str, float] = {}
-        outcome = self.weights.get("rule", 0.0) * correct
+        rule = rule_reward(rollout.texts, golds)
+        correct = rule.nan_to_num(0.0)
+        stats: dict[str, float] = {"reward/rule_errors": float(rule.isnan().sum())}
+        outcome = self.weights.get("rule", 0.0) * rule if "rule" in self.weights else torch.zeros_like(rule)
         if "orm" in self.weights:
             orm = torch.sigmoid(orm_logits(self.orm, rollout))
             stats["reward/orm_mean"] = float(orm[torch.isfinite(orm)].mean()) if torch.isfinite(orm).any() else float("nan")

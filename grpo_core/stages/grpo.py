@@ -27,7 +27,7 @@ from grpo_core.losses import BatchSize, grpo_loss
 from grpo_core.modeling import load_model
 from grpo_core.policy import CompletionLogprobs, generate, token_logprobs
 from grpo_core.runtime import autocast, model_device, place
-from grpo_core.rewards import RewardScorer, Scored
+from grpo_core.rewards import COUNT_STATS, RewardError, RewardScorer, Scored
 from grpo_core.stages.common import (SINGLE, Stopwatch, digest_dir, find_resume, keep_if_best, publish_best,
                                      read_split, restore_trainer_state, round_seed, run_identity,
                                      save_trainer_checkpoint, set_threads, write_manifest)
@@ -135,13 +135,20 @@ def grpo_step(policy, ref, tokenizer, opt, questions: list[Example], gc: GRPOCon
             n_updates += 1
     t4 = time.perf_counter()
     metrics = {f"train/{k}": (v if k == "grad_norm" else float(d.sum(v))) / n_updates for k, v in sums.items()}
-    metrics |= d.mean((scored.stats or {}) | {"time/rollout_s": t1 - t0, "time/reward_s": t2 - t1,
-                                               "time/logprob_s": t3 - t2, "time/update_s": t4 - t3})
+    stats = scored.stats or {}
+    metrics |= d.mean({k: v for k, v in stats.items() if k not in COUNT_STATS}
+                      | {"time/rollout_s": t1 - t0, "time/reward_s": t2 - t1, "time/logprob_s": t3 - t2,
+                         "time/update_s": t4 - t3})
+    metrics |= {k: float(d.sum(v)) for k, v in stats.items() if k in COUNT_STATS}
     # Per-completion statistics over the global batch.
     rewards, correct = d.gather(rewards.double()), d.gather(scored.correct.double())
     lengths, truncated = d.gather(rollout.completion_mask.sum(1).double()), d.gather(rollout.truncated.double())
     zero_std = d.gather((advantages.view(len(questions), g, -1) == 0).all(-1).all(-1).double())
     finite = torch.isfinite(rewards)
+    if not finite.any():
+        raise RewardError(f"none of the step's {len(rewards)} completions got a finite reward "
+                          f"(rule checker errors: {metrics.get('reward/rule_errors', 0):.0f}, non-finite "
+                          f"scores: {reward_stats.get('reward/nonfinite', 0):.0f}): the reward is broken")
     metrics.update({k: float(d.sum(v)) for k, v in reward_stats.items()})
     metrics.update({
         "train/accuracy": float(correct.mean()),
@@ -220,8 +227,12 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
         for group in opt.param_groups:
             group["lr"] = gc.lr * min(1.0, (st["step"] + 1) / (gc.warmup_steps + 1))
         questions = step_questions(pool, gc.questions_per_step, seed, st["step"])
-        metrics = grpo_step(policy, ref, tokenizer, opt, questions, gc, step_seed(seed, st["step"]), scorer, d, trained,
-                            amp)
+        try:
+            metrics = grpo_step(policy, ref, tokenizer, opt, questions, gc, step_seed(seed, st["step"]), scorer, d,
+                                trained, amp)
+        except RewardError as e:
+            raise RewardError(f"GRPO step {st['step'] + 1} of {out_dir}: {e}; the stage stops, and its last "
+                              f"checkpoint is where a re-run resumes") from None
         st["step"] += 1
         st["recent"] = (st.get("recent", []) + [{k: metrics[k] for k in SUMMARY_METRICS if k in metrics}])[-SUMMARY_WINDOW:]
         st["elapsed"] = clock.elapsed
