@@ -1,7 +1,9 @@
-"""Crash-safe checkpoints: written to a temporary folder, fsynced, renamed, then marked complete.
+"""Crash-safe checkpoints: written to a temporary folder, marked complete, fsynced, then renamed.
 
-A folder without the ``COMPLETE`` marker (a crash mid-write) is never loaded; a leftover temporary
-folder is replaced when the same step is written again.
+A ``step-*`` folder therefore appears whole or not at all; one without the ``COMPLETE`` marker
+(written by an older version, or damaged) is never loaded, and a leftover temporary folder is
+replaced when the same step is written again. Rewriting a step moves the old folder aside first,
+so a crash at any moment leaves at least the previous complete checkpoints.
 """
 from __future__ import annotations
 
@@ -17,11 +19,7 @@ MARKER = "COMPLETE"
 STATE = "trainer_state.pt"
 
 
-def _fsync_tree(path: Path) -> None:
-    for p in sorted(path.rglob("*")):
-        if p.is_file():
-            with open(p, "rb") as f:
-                os.fsync(f.fileno())
+def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -29,13 +27,32 @@ def _fsync_tree(path: Path) -> None:
         os.close(fd)
 
 
+def _fsync_tree(path: Path) -> None:
+    for p in sorted(path.rglob("*")):
+        if p.is_file():
+            with open(p, "rb") as f:
+                os.fsync(f.fileno())
+    _fsync_dir(path)
+
+
 def rng_state() -> dict[str, Any]:
-    return {"python": random.getstate(), "torch": torch.get_rng_state()}
+    import numpy as np
+
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
+    import numpy as np
+
     random.setstate(state["python"])
     torch.set_rng_state(state["torch"])
+    if "numpy" in state:  # checkpoints of earlier versions have none
+        np.random.set_state(state["numpy"])
+    if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def save_checkpoint(root: Path, step: int, model, tokenizer, state: dict[str, Any], keep: int) -> Path:
@@ -50,11 +67,15 @@ def save_checkpoint(root: Path, step: int, model, tokenizer, state: dict[str, An
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     torch.save(state, tmp / STATE)
+    (tmp / MARKER).write_text(str(step))
     _fsync_tree(tmp)
-    shutil.rmtree(final, ignore_errors=True)
+    aside = root / f".old-step-{step:08d}"
+    if final.exists():  # the same step written again: keep the old one until the new one is in place
+        shutil.rmtree(aside, ignore_errors=True)
+        os.replace(final, aside)
     os.replace(tmp, final)
-    (final / MARKER).write_text(str(step))
-    _fsync_tree(final)
+    _fsync_dir(root)  # the rename itself is durable
+    shutil.rmtree(aside, ignore_errors=True)
     for old in complete_checkpoints(root)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final

@@ -250,6 +250,8 @@ class RewardModelConfig(Section):
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
     max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping")
     max_seconds: float | None = Field(None, gt=0, description="stop after this wall time")
+    checkpoint_every: int | None = Field(None, ge=1, description="also checkpoint every N steps within an epoch (None: at each epoch's end only)")
+    keep_checkpoints: int = Field(2, ge=1, description="complete checkpoints kept")
 
 
 class PRMConfig(RewardModelConfig):

@@ -154,7 +154,7 @@ def run_reward_model(cfg: PipelineConfig, kind: str, reward_data: dict, init_dir
     tokenizer = load_tokenizer(resume or init_dir)
     opt = torch.optim.AdamW(model.parameters(), lr=rc.lr, betas=(0.9, 0.95), weight_decay=rc.weight_decay)
     # Any first evaluation wins, even an undefined AUC (mapped to -1 below).
-    st = {"step": 0, "epoch": 0, "best_acc": float("-inf"), "best_step": 0, "elapsed": 0.0}
+    st = {"step": 0, "epoch": 0, "batch": 0, "best_acc": float("-inf"), "best_step": 0, "elapsed": 0.0}
     if resume is not None:
         restore_trainer_state(saved, opt, st)
     else:
@@ -169,9 +169,11 @@ def run_reward_model(cfg: PipelineConfig, kind: str, reward_data: dict, init_dir
     trained = d.wrap(ScoreHead(model))
     while st["epoch"] < rc.epochs and (rc.max_seconds is None or d.broadcast(clock.elapsed) < rc.max_seconds):
         order = list(range(len(train)))
-        random.Random(cfg.seed + st["epoch"]).shuffle(order)
-        for s in range(0, len(order), rc.batch_size):
-            batch = order[s : s + rc.batch_size]
+        random.Random(cfg.seed + st["epoch"]).shuffle(order)  # the epoch's order: the same on resume
+        batches = [order[s : s + rc.batch_size] for s in range(0, len(order), rc.batch_size)]
+        while st.get("batch", 0) < len(batches):  # from the resumed position within the epoch
+            batch = batches[st.get("batch", 0)]
+            st["batch"] = st.get("batch", 0) + 1
             if len(batch) < d.world:
                 continue
             rows = [train[i] for i in batch[d.split(len(batch))]]
@@ -190,7 +192,11 @@ def run_reward_model(cfg: PipelineConfig, kind: str, reward_data: dict, init_dir
             st["step"] += 1
             logger.log_metrics({"train/loss": float(d.sum(share.detach())), "train/grad_norm": float(grad_norm)},
                                step=st["step"])
+            if rc.checkpoint_every and st["step"] % rc.checkpoint_every == 0 and st["batch"] < len(batches) and d.main:
+                st["elapsed"] = clock.elapsed
+                save_trainer_checkpoint(ckpt_root, st, model, tokenizer, opt, identity, cfg, keep=rc.keep_checkpoints)
         st["epoch"] += 1
+        st["batch"] = 0
         metrics = d.broadcast(evaluate(model, tokenizer, kind, test, solutions, sep, rc.batch_size) if d.main else None)
         logger.log_metrics({f"heldout/{k}": v for k, v in metrics.items()}, step=st["step"])
         key = metrics["pairwise_accuracy" if kind == "orm" else "step_auc"]
@@ -199,7 +205,7 @@ def run_reward_model(cfg: PipelineConfig, kind: str, reward_data: dict, init_dir
             st["best_metrics"] = metrics
         st["elapsed"] = clock.elapsed
         if d.main:
-            save_trainer_checkpoint(ckpt_root, st, model, tokenizer, opt, identity, cfg, keep=2)
+            save_trainer_checkpoint(ckpt_root, st, model, tokenizer, opt, identity, cfg, keep=rc.keep_checkpoints)
     if not d.main:
         return None
     final_dir = publish_best(out_dir)
