@@ -129,3 +129,11 @@ def test_a_reward_that_always_raises_stops_naming_the_step_and_keeps_the_checkpo
     monkeypatch.setattr(rewards_mod, "is_correct", lambda c, g: False)  # the bug fixed
     manifest = run_grpo(cfg, tiny_data_dir, tiny_model_dir, out, NullLogger())
     assert manifest["resumed_from_step"] == 1 and manifest["steps"] == 3
+
+
+def test_a_gold_answer_that_is_not_a_number_is_compared_as_a_string():
+    from grpo_core.verify import is_correct
+
+    assert is_correct("#### \\sqrt{2}", "\\sqrt{2}")
+    assert is_correct("so \\boxed{\\sqrt{2}}", "#### \\sqrt{2}")
+    assert not is_correct("#### \\sqrt{3}", "\\sqrt{2}")
