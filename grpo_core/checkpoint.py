@@ -81,10 +81,24 @@ def save_checkpoint(root: Path, step: int, model, tokenizer, state: dict[str, An
     return final
 
 
+def _finish_interrupted_rewrite(root: Path) -> None:
+    """A same-step rewrite stopped between its two renames left ``step-N`` missing: put the new copy
+    in place if it was complete (its marker is written before the renames), else the old one."""
+    for aside in root.glob(".old-step-*"):
+        final = root / aside.name.removeprefix(".old-")
+        if final.exists():
+            shutil.rmtree(aside, ignore_errors=True)
+            continue
+        new = root / aside.name.replace(".old-", ".tmp-", 1)
+        os.replace(new if (new / MARKER).exists() else aside, final)
+        shutil.rmtree(aside, ignore_errors=True)  # gone already if it was the one restored
+
+
 def complete_checkpoints(root: Path) -> list[Path]:
     """Complete checkpoints, oldest first; half-written temporary folders are ignored."""
     if not root.is_dir():
         return []
+    _finish_interrupted_rewrite(root)
     return sorted(p for p in root.glob("step-*") if (p / MARKER).exists())
 
 

@@ -147,10 +147,14 @@ def generate(
                                     pad_id=tokenizer.pad_token_id,
                                     choose=(lambda scores: sampler(None, scores)) if sampler else (lambda scores: scores))
     else:
-        chosen = model.generate(
-            input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id, do_sample=False, logits_processor=processors,
-        )[:, prompt_len:]
+        from transformers import GenerationConfig
+
+        # A bare config: a model's shipped generation settings (repetition penalty, suppressed
+        # tokens, ...) would make the samples' distribution differ from the log-probs trained on.
+        bare = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id,
+                                eos_token_id=tokenizer.eos_token_id)
+        chosen = model.generate(input_ids=ids, attention_mask=mask, generation_config=bare,
+                                logits_processor=processors)[:, prompt_len:]
     chosen = chosen.cpu()  # rollouts live on the CPU; forward passes move their inputs to the model (token_logprobs)
     model.train(was_training)
     completion = right_pad(list(chosen), tokenizer.pad_token_id)
@@ -194,13 +198,22 @@ def encode(tokenizer, prompts: list[str], completions: list[str], *, add_eos: bo
     )
 
 
+def _attention_only(cache) -> bool:
+    """A cache of keys and values only, whose rows ``batch_select_indices`` copies whole."""
+    from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
+
+    return isinstance(cache, DynamicCache) and all(type(layer) in (DynamicLayer, DynamicSlidingWindowLayer)
+                                                   for layer in cache.layers)
+
+
 class CompletionLogprobs(torch.nn.Module):
     """A causal LM read at its completion tokens: one module whose forward is the whole computation
     (what DDP must wrap). A GRPO batch holds each prompt G times; causal attention makes a prompt's
     keys and values independent of what follows, so they are computed once per distinct prompt and
     shared by its G rows through the model's KV cache: the same numbers (and gradients, summed over
     the rows) for about half the work at the paper's lengths. Rows whose prompts are all distinct,
-    and models with activation checkpointing (which drops the cache), take one plain forward."""
+    models with activation checkpointing (which drops the cache) and models whose cache holds more
+    than keys and values (recurrent, linear attention) take one plain forward."""
 
     def __init__(self, model) -> None:
         super().__init__()
@@ -223,6 +236,9 @@ class CompletionLogprobs(torch.nn.Module):
         if width == 1:
             return first
         cache = head.past_key_values
+        if not _attention_only(cache):  # recurrent or linear-attention state: no row selection
+            return self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                              logits_to_keep=width + 1).logits[:, :-1]
         cache.batch_select_indices(inverse)  # [U, ...] -> [B, ...], differentiable indexing
         rest = self.model(input_ids=ids[:, prompt_len:-1], attention_mask=mask[:, :-1],
                           position_ids=positions[:, prompt_len:-1], past_key_values=cache, use_cache=True).logits

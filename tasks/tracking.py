@@ -33,8 +33,19 @@ def check_tracking(uri: str, timeout_s: float = 5.0) -> None:
     import urllib.request
 
     if uri.startswith(("http://", "https://")):
+        import base64
+        import urllib.parse
+
+        # urllib does not read user:password@ from a URL (MLflow's client does): send it as a header.
+        parts = urllib.parse.urlsplit(uri)
+        host = f"[{parts.hostname}]" if ":" in (parts.hostname or "") else parts.hostname or ""
+        netloc = host + (f":{parts.port}" if parts.port else "")
+        request = urllib.request.Request(urllib.parse.urlunsplit(parts._replace(netloc=netloc)).rstrip("/") + "/health")
+        if parts.username is not None:
+            token = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
+            request.add_header("Authorization", "Basic " + base64.b64encode(token.encode()).decode())
         try:
-            urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout_s).close()
+            urllib.request.urlopen(request, timeout=timeout_s).close()
         except urllib.error.HTTPError:
             pass  # it answered (an auth proxy may refuse /health): reachable
         except (OSError, ValueError) as e:

@@ -6,6 +6,7 @@ checkpoint and logs the same losses, step for step, and ends with the same weigh
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -34,18 +35,24 @@ STAGES = {  # overrides, and the checkpoint the kill follows
 def reward_data(tmp_path_factory) -> dict:
     """Hand-made reward data in the reward-data stage's format (4 training rows: 2 steps an epoch)."""
     root = tmp_path_factory.mktemp("reward_data")
-    q = prompt_text("What is 7 + 5 - 9?")
-    right, wrong = "7 + 5 = 12\n12 - 9 = 3\n#### 3", "7 + 5 = 13\n13 - 9 = 4\n#### 4"
-    pair = {"prompt": q, "chosen": right, "rejected": wrong}
-    sol = [{"prompt": q, "completion": right, "correct": True}, {"prompt": q, "completion": wrong, "correct": False}]
 
-    def step_row(text, labels):
+    def step_row(q, text, labels):
         return {"prompt": q, "completions": text.split("\n"), "labels": labels,
                 "soft_labels": [float(x) for x in labels], "exact_labels": labels, "completion": text}
 
-    steps = [step_row(right, [True] * 3), step_row(wrong, [True, False, False])]
+    # Distinct rows, so that a resume at the wrong batch or in another order changes the losses.
+    pairs, solutions, steps = [], [], []
+    for a, b in ((7, 5), (3, 4), (9, 1), (2, 8), (6, 6)):
+        q = prompt_text(f"What is {a} + {b} - 1?")
+        right, wrong = f"{a} + {b} = {a + b}\n{a + b} - 1 = {a + b - 1}\n#### {a + b - 1}", \
+            f"{a} + {b} = {a + b + 1}\n{a + b + 1} - 1 = {a + b}\n#### {a + b}"
+        pairs.append({"prompt": q, "chosen": right, "rejected": wrong})
+        solutions += [{"prompt": q, "completion": right, "correct": True},
+                      {"prompt": q, "completion": wrong, "correct": False}]
+        steps += [step_row(q, right, [True] * 3), step_row(q, wrong, [False] * 3)]
     out = {}
-    for name, train, test in (("outcome", [pair] * 4, [pair]), ("solutions", sol * 2, sol), ("steps", steps * 2, steps)):
+    for name, train, test in (("outcome", pairs[:4], pairs[4:]), ("solutions", solutions[:8], solutions[8:]),
+                              ("steps", steps[:4], steps[8:])):
         DatasetDict({"train": Dataset.from_list(train), "test": Dataset.from_list(test)}).save_to_disk(str(root / name))
         out[f"{name}_dir"], out[f"{name}_digest"] = str(root / name), digest_dir(root / name, "*.arrow")
     return out
@@ -110,4 +117,32 @@ def test_a_hard_kill_then_a_rerun_equals_a_straight_run(tmp_path, tiny_data_dir,
     assert resumed == straight and len(straight) > at
     _assert_same_end(tmp_path / "straight", tmp_path / "killed")
     manifest = json.loads((tmp_path / "killed" / "manifest.json").read_text())
-    assert manifest.get("resumed_from_step", at) in (at, at - STAGES[stage][0].get(f"{stage}__checkpoint_every", 1))
+    if "resumed_from_step" in manifest:  # SFT and GRPO report it
+        every = STAGES[stage][0][f"{stage}__checkpoint_every"]
+        assert manifest["resumed_from_step"] == (at if kill == "after_checkpoint" else at - every)
+
+
+def test_a_same_step_rewrite_interrupted_between_its_renames_is_finished(tmp_path, tiny_model_dir):
+    """save_checkpoint moves an existing step-N aside before renaming the new copy into place; a
+    crash in between leaves .old-step-N and .tmp-step-N. The next listing restores step-N: the new
+    copy when its marker says it is complete, else the old one."""
+    from grpo_core.checkpoint import MARKER, save_checkpoint
+    from grpo_core.modeling import load_model
+
+    model, tok = load_model(tiny_model_dir)
+    root = tmp_path / "checkpoints"
+    for new_complete in (True, False):
+        final = save_checkpoint(root, 2, model, tok, {"which": "old"}, keep=2)
+        new = root / ".tmp-step-00000002"
+        shutil.copytree(final, new)
+        torch.save({"which": "new"}, new / "trainer_state.pt")
+        if not new_complete:
+            (new / MARKER).unlink()
+        final.rename(root / ".old-step-00000002")
+        [restored] = complete_checkpoints(root)
+        expected = "new" if new_complete else "old"
+        assert restored.name == "step-00000002"
+        assert torch.load(restored / "trainer_state.pt", weights_only=False)["which"] == expected
+        assert not (root / ".old-step-00000002").exists()
+        for leftover in root.glob(".tmp-*"):  # the unused new copy, for the second round
+            shutil.rmtree(leftover)

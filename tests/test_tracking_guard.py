@@ -32,6 +32,35 @@ def test_unreachable_tracking_server_fails_at_start(tmp_path, capsys):
     assert not (tmp_path / "runs").exists()  # nothing started
 
 
+def test_a_live_server_with_credentials_in_its_uri_passes(tmp_path):
+    """user:password@ in the URI reaches the server as Basic auth (as MLflow's client sends it)."""
+    import base64
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from tasks.tracking import check_tracking
+
+    seen = []
+
+    class Health(BaseHTTPRequestHandler):
+        def do_GET(self):
+            seen.append((self.path, self.headers.get("Authorization")))
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"OK")
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        check_tracking(f"http://alice:s3cret%40pw@127.0.0.1:{server.server_port}/")
+    finally:
+        server.shutdown()
+    assert seen == [("/health", "Basic " + base64.b64encode(b"alice:s3cret@pw").decode())]
+
+
 def test_a_tracking_folder_that_cannot_be_created_fails_at_start(tmp_path, capsys):
     blocker = tmp_path / "file"
     blocker.write_text("")

@@ -91,6 +91,10 @@ def grpo_step(policy, ref, tokenizer, opt, questions: list[Example], gc: GRPOCon
     rewards = scored.outcome
     if scored.step_rewards is not None:  # process: a completion's reward is its mean step reward
         rewards = torch.where(scored.step_mask, scored.step_rewards, 0.0).sum(1) / scored.step_mask.sum(1)
+    if float(d.sum(torch.isfinite(rewards).sum())) == 0:  # before any update: nothing to learn from
+        errors = float(d.sum((scored.stats or {}).get("reward/rule_errors", 0.0)))
+        raise RewardError(f"none of the step's {n_global * g} completions got a finite reward (rule checker "
+                          f"errors: {errors:.0f}; the others had NaN or inf scores): the reward is broken")
     advantages, reward_stats = rollout_advantages(scored, len(questions), g, rollout.completion_mask.shape[1])
     t2 = time.perf_counter()
     batch = rollout.completion_mask.shape[0]
@@ -145,10 +149,6 @@ def grpo_step(policy, ref, tokenizer, opt, questions: list[Example], gc: GRPOCon
     lengths, truncated = d.gather(rollout.completion_mask.sum(1).double()), d.gather(rollout.truncated.double())
     zero_std = d.gather((advantages.view(len(questions), g, -1) == 0).all(-1).all(-1).double())
     finite = torch.isfinite(rewards)
-    if not finite.any():
-        raise RewardError(f"none of the step's {len(rewards)} completions got a finite reward "
-                          f"(rule checker errors: {metrics.get('reward/rule_errors', 0):.0f}, non-finite "
-                          f"scores: {reward_stats.get('reward/nonfinite', 0):.0f}): the reward is broken")
     metrics.update({k: float(d.sum(v)) for k, v in reward_stats.items()})
     metrics.update({
         "train/accuracy": float(correct.mean()),

@@ -167,7 +167,10 @@ def run_reward_model(cfg: PipelineConfig, kind: str, reward_data: dict, init_dir
     clock = Stopwatch(st["elapsed"])
     model.train()
     trained = d.wrap(ScoreHead(model))
-    while st["epoch"] < rc.epochs and (rc.max_seconds is None or d.broadcast(clock.elapsed) < rc.max_seconds):
+    # The time budget is checked between epochs: an epoch resumed mid-way is always finished (and
+    # evaluated), as the straight run finished it.
+    while st["epoch"] < rc.epochs and (st.get("batch", 0) > 0 or rc.max_seconds is None
+                                       or d.broadcast(clock.elapsed) < rc.max_seconds):
         order = list(range(len(train)))
         random.Random(cfg.seed + st["epoch"]).shuffle(order)  # the epoch's order: the same on resume
         batches = [order[s : s + rc.batch_size] for s in range(0, len(order), rc.batch_size)]
