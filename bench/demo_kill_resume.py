@@ -10,7 +10,8 @@ landed (the last stage logged), the final metrics of both runs, and whether they
 
 The demo's GRPO stops on a wall-time budget (``grpo.max_seconds``), which no two runs spend on
 the same number of steps; both runs here use a step budget instead (``--grpo-steps`` per round),
-so that equal final metrics are the expected outcome rather than luck. Everything else is the demo.
+so that equal final metrics are the expected outcome rather than luck, and one torch thread each
+(``--threads``), as the two share the machine. Everything else is the demo.
 """
 from __future__ import annotations
 
@@ -29,10 +30,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _command(work: Path, name: str, grpo_steps: int) -> list[str]:
+def _command(work: Path, name: str, grpo_steps: int, threads: int) -> list[str]:
     return [str(Path(sys.executable).parent / "grpo-pipeline"), "run", str(ROOT / "configs" / "demo.yaml"),
             "--set", f"output_dir={work / name}", "--set", f"tracking.tracking_uri=sqlite:///{work / name}.db",
-            "--set", "grpo.max_seconds=null", "--set", f"grpo.steps={grpo_steps}"]
+            "--set", "grpo.max_seconds=null", "--set", f"grpo.steps={grpo_steps}", "--set", f"threads={threads}"]
 
 
 def _env(work: Path, name: str) -> dict:
@@ -41,8 +42,8 @@ def _env(work: Path, name: str) -> dict:
     return env
 
 
-def _start(work: Path, name: str, grpo_steps: int, log) -> subprocess.Popen:
-    return subprocess.Popen(_command(work, name, grpo_steps), env=_env(work, name), cwd=ROOT, stdout=log,
+def _start(work: Path, name: str, a: argparse.Namespace, log) -> subprocess.Popen:
+    return subprocess.Popen(_command(work, name, a.grpo_steps, a.threads), env=_env(work, name), cwd=ROOT, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)
 
 
@@ -75,6 +76,7 @@ def main() -> None:
     p.add_argument("--kills", type=int, default=3)
     p.add_argument("--window", type=float, nargs=2, default=(60.0, 420.0), help="seconds before each kill")
     p.add_argument("--grpo-steps", type=int, default=40, help="GRPO steps per round (instead of the time budget)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads of each run (the two share the machine)")
     p.add_argument("--seed", type=int, default=0, help="seeds the kill times")
     p.add_argument("--work", help="folder for both runs (default: a new temporary one)")
     p.add_argument("--json", action="store_true", help="print one JSON object (the only output form)")
@@ -88,7 +90,7 @@ def main() -> None:
 
     def run_straight() -> None:
         with open(work / "straight.log", "w") as log:
-            straight["rc"] = _start(work, "straight", a.grpo_steps, log).wait()
+            straight["rc"] = _start(work, "straight", a, log).wait()
         straight["s"] = round(time.monotonic() - t0)
 
     reference = threading.Thread(target=run_straight)
@@ -97,7 +99,7 @@ def main() -> None:
     kills = []
     with open(work / "killed.log", "w") as log:
         for k in range(a.kills):
-            proc = _start(work, "killed", a.grpo_steps, log)
+            proc = _start(work, "killed", a, log)
             wait = rng.uniform(*a.window)
             try:
                 proc.wait(timeout=wait)
@@ -108,7 +110,7 @@ def main() -> None:
                 proc.wait()
                 log.flush()
                 kills.append({"kill": k + 1, "after_s": round(wait), "during": _last_stage(work / "killed.log")})
-        rc = _start(work, "killed", a.grpo_steps, log).wait()
+        rc = _start(work, "killed", a, log).wait()
     reference.join()
     result = {"work": str(work), "grpo_steps_per_round": a.grpo_steps, "kills": kills,
               "killed_run_rc": rc, "straight_run_rc": straight["rc"], "straight_run_s": straight.get("s"),
