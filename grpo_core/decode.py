@@ -24,6 +24,11 @@ def supports(model) -> bool:
             and getattr(cfg, "pretraining_tp", 1) == 1 and not getattr(cfg, "sliding_window", None))
 
 
+def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
+    """[B, L] positions counting only attended tokens (0 for the left padding)."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
 def distinct_prompts(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int):
     """The distinct prompts of a batch: ([U, P] ids, [U, P] mask, [B] row -> prompt index), or None
     when every row's prompt is distinct (nothing to share). A GRPO batch holds each prompt G times."""
@@ -84,7 +89,7 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, max_
                torch.empty(b, heads_kv, p + max_new_tokens, d, dtype=dtype, device=device))
               for _ in model.model.layers]
     attended = torch.cat([attention_mask.bool(), torch.ones(b, max_new_tokens, dtype=torch.bool, device=device)], 1)
-    positions = (attended.long().cumsum(-1) - 1).clamp(min=0)  # [B, P + T]
+    positions = position_ids(attended)  # [B, P + T]
     # Prefill once per distinct prompt, then copy its keys and values to the prompt's rows.
     prefill_ids, prefill_mask, inverse = distinct_prompts(input_ids, attention_mask, p) or (input_ids, attention_mask, None)
     u = len(prefill_ids)
@@ -92,8 +97,8 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, max_
     # empty (its output is never used, and its key is masked for everyone else).
     causal = torch.ones(p, p, dtype=torch.bool, device=device).tril()
     mask = (causal[None] & prefill_mask.bool()[:, None, :]) | torch.eye(p, dtype=torch.bool, device=device)[None]
-    prefill_positions = (prefill_mask.long().cumsum(-1) - 1).clamp(min=0)
-    scores = _forward(model, prefill_ids, prefill_positions, [(k[:u], v[:u]) for k, v in caches], 0, mask[:, None])
+    scores = _forward(model, prefill_ids, position_ids(prefill_mask), [(k[:u], v[:u]) for k, v in caches], 0,
+                      mask[:, None])
     if inverse is not None:
         scores = scores[inverse]
         for keys, values in caches:

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from grpo_core import decode as fast_decode
-from grpo_core.decode import distinct_prompts
+from grpo_core.decode import distinct_prompts, position_ids
 from grpo_core.runtime import model_device
 
 
@@ -46,11 +46,6 @@ def encode_prompts(tokenizer, prompts: list[str]):
     distinct = {p: bos + text_ids(tokenizer, p) for p in dict.fromkeys(prompts)}  # a GRPO batch repeats each G times
     rows = [distinct[p] for p in prompts]
     return tokenizer.pad({"input_ids": rows}, return_tensors="pt", padding=True, padding_side="left")
-
-
-def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
-    """[B, L] positions counting only attended tokens (0 for the left padding)."""
-    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
 def right_pad(rows: list, pad_id: int) -> torch.Tensor:
@@ -221,14 +216,18 @@ class CompletionLogprobs(torch.nn.Module):
 
     def _completion_logits(self, ids: torch.Tensor, mask: torch.Tensor, prompt_len: int) -> torch.Tensor:
         """[B, L] -> [B, T, V] logits that predict the completion tokens ids[:, P:]."""
-        shared = None if getattr(self.model, "is_activation_checkpointing", False) else distinct_prompts(ids, mask, prompt_len)
         positions = position_ids(mask)
         width = ids.shape[1] - prompt_len
-        if shared is None:
+
+        def plain():
             # Only the positions that predict completion tokens get logits: the output layer over
             # the prompt would cost [B, P, V] (gigabytes with a 49k vocabulary) for nothing.
             return self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
                               logits_to_keep=width + 1).logits[:, :-1]
+
+        shared = None if getattr(self.model, "is_activation_checkpointing", False) else distinct_prompts(ids, mask, prompt_len)
+        if shared is None:
+            return plain()
         prompt_ids, prompt_mask, inverse = shared
         head = self.model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=position_ids(prompt_mask),
                           use_cache=True, logits_to_keep=1)
@@ -237,8 +236,7 @@ class CompletionLogprobs(torch.nn.Module):
             return first
         cache = head.past_key_values
         if not _attention_only(cache):  # recurrent or linear-attention state: no row selection
-            return self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                              logits_to_keep=width + 1).logits[:, :-1]
+            return plain()
         cache.batch_select_indices(inverse)  # [U, ...] -> [B, ...], differentiable indexing
         rest = self.model(input_ids=ids[:, prompt_len:-1], attention_mask=mask[:, :-1],
                           position_ids=positions[:, prompt_len:-1], past_key_values=cache, use_cache=True).logits
