@@ -103,7 +103,7 @@ class RewardScorer:
         rule = rule_reward(rollout.texts, golds)
         correct = rule.nan_to_num(0.0)
         stats: dict[str, float] = {"reward/rule_errors": float(rule.isnan().sum())}
-        outcome = self.weights.get("rule", 0.0) * rule if "rule" in self.weights else torch.zeros_like(rule)
+        outcome = self.weights["rule"] * rule if "rule" in self.weights else torch.zeros_like(rule)
         if "orm" in self.weights:
             orm = torch.sigmoid(orm_logits(self.orm, rollout))
             stats["reward/orm_mean"] = float(orm[torch.isfinite(orm)].mean()) if torch.isfinite(orm).any() else float("nan")
