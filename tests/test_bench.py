@@ -1,0 +1,42 @@
+"""bench/grpo_step.py's contract: on any local causal-LM folder and a prompt file ({"prompt","gold"}
+or GSM8K form) it prints one JSON object with the step time, token rate and peak memory; the PPO
+worker (the memory comparison) runs the same step plus a value model."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench" / "grpo_step.py"
+
+
+def _bench(*args: str) -> dict:
+    done = subprocess.run([sys.executable, str(BENCH), *args], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("form", ["prompt-gold", "gsm8k"])
+def test_ours_on_a_model_folder_and_prompt_file(tmp_path, tiny_model_dir, form):
+    rows = ([{"prompt": f"What is {i} + 1?\n", "gold": str(i + 1)} for i in range(8)] if form == "prompt-gold"
+            else [{"question": f"What is {i} + 1?", "answer": f"#### {i + 1}"} for i in range(8)])
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = _bench("--model", str(tiny_model_dir), "--prompts", str(prompts), "--steps", "2", "--warmup", "1",
+                 "--threads", "1", "--json")
+    ours = out["ours"]
+    assert ours["steps_timed"] == 1 and ours["median_step_s"] > 0
+    assert ours["completion_tokens_per_s"] > 0 and ours["peak_rss_mib"] > 0
+    assert set(ours["median_parts_s"]) == {"rollout_s", "reward_s", "logprob_s", "update_s"}
+    assert out["work"] == {"prompts": 8, "completions_per_prompt": 8, "max_new_tokens": 32, "beta": 0.04, "lr": 1e-6}
+
+
+def test_the_ppo_worker_adds_a_value_model(tmp_path, tiny_model_dir):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"{i}+1=", "gold": str(i + 1)}) + "\n" for i in range(8)))
+    ppo = _bench("--worker", "ppo", "--model", str(tiny_model_dir), "--prompts", str(prompts), "--steps", "1",
+                 "--threads", "1")
+    assert len(ppo["step_s"]) == 1 and ppo["peak_rss_mib"] > ppo["rss_before_models_mib"] > 0
