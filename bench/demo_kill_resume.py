@@ -48,12 +48,14 @@ def _start(work: Path, name: str, a: argparse.Namespace, log) -> subprocess.Pope
 
 
 def _last_stage(log_path: Path) -> str:
-    """The last stage the log mentions (``Task run 'sft-399'`` -> sft) and its last step line."""
+    """Where the log stood: the last task line (``Task run 'sft-399' - [sft] step 50: ...``), or
+    the next stage when the last line is the previous stage finishing."""
     lines = [l for l in log_path.read_text(errors="replace").splitlines() if "Task run '" in l]
     if not lines:
         return "before the first stage"
-    last = lines[-1]
-    return last.split("Task run '")[1].split("'")[0].rsplit("-", 1)[0] + ": " + last.split(" - ", 1)[-1][:120]
+    task = lines[-1].split("Task run '")[1].split("'")[0].rsplit("-", 1)[0]
+    said = lines[-1].split(" - ", 1)[-1]
+    return f"in the stage after {task}" if said.startswith("Finished in state") else f"{task}: {said[:100]}"
 
 
 def _final(work: Path, name: str) -> dict:
@@ -74,7 +76,7 @@ def _final(work: Path, name: str) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--kills", type=int, default=3)
-    p.add_argument("--window", type=float, nargs=2, default=(60.0, 420.0), help="seconds before each kill")
+    p.add_argument("--window", type=float, nargs=2, default=(150.0, 500.0), help="seconds before each kill")
     p.add_argument("--grpo-steps", type=int, default=40, help="GRPO steps per round (instead of the time budget)")
     p.add_argument("--threads", type=int, default=1, help="torch threads of each run (the two share the machine)")
     p.add_argument("--seed", type=int, default=0, help="seeds the kill times")
