@@ -169,14 +169,13 @@ def run_reward_model(cfg: PipelineConfig, kind: str, reward_data: dict, init_dir
     trained = d.wrap(ScoreHead(model))
     # The time budget is checked between epochs: an epoch resumed mid-way is always finished (and
     # evaluated), as the straight run finished it.
-    while st["epoch"] < rc.epochs and (st.get("batch", 0) > 0 or rc.max_seconds is None
+    while st["epoch"] < rc.epochs and (st["batch"] > 0 or rc.max_seconds is None
                                        or d.broadcast(clock.elapsed) < rc.max_seconds):
         order = list(range(len(train)))
         random.Random(cfg.seed + st["epoch"]).shuffle(order)  # the epoch's order: the same on resume
         batches = [order[s : s + rc.batch_size] for s in range(0, len(order), rc.batch_size)]
-        while st.get("batch", 0) < len(batches):  # from the resumed position within the epoch
-            batch = batches[st.get("batch", 0)]
-            st["batch"] = st.get("batch", 0) + 1
+        for batch in batches[st["batch"]:]:  # from the resumed position within the epoch
+            st["batch"] += 1
             if len(batch) < d.world:
                 continue
             rows = [train[i] for i in batch[d.split(len(batch))]]
