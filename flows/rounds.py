@@ -29,10 +29,9 @@ from tasks.registry import promote_champion, register_policy, registered_name
 from tasks.stages import (eval_task, grpo_task, grpo_upstream, orm_task, prm_task, replay_task, reward_data_task,
                           run_stage)
 from tasks.tracking import end_run, experiment_id, start_run
+from grpo_core.stages.reward_model import QUALITY_KEY
 from grpo_core.tracking import MlflowLogger
 
-# The held-out metric that says how good a reward model is (the one its training keeps the best of).
-RM_KEY = {"orm": "pairwise_accuracy", "prm": "step_auc"}
 
 
 def _model(manifest: dict) -> dict:
@@ -48,7 +47,8 @@ def reward_stages(cfg: PipelineConfig, k: int, round_dir: Path, run_dir: Path, d
     policy = start["policy"]
     out = {"reward_data": run_stage(reward_data_task, out_dir=str(round_dir / "reward_data"),
                                     upstream={"data_dir": data["dir"], "data": data["digest"],
-                                              "policy": policy["model"], "init": policy["digest"], "round": k},
+                                              "policy": policy["model"], "init": policy["digest"], "round": k,
+                                              "rollouts": start.get("rollouts")},
                                     **common)}
     rd = out["reward_data"][0]
     datasets = {key: v for key, v in rd.items() if key.endswith(("_dir", "_digest")) and key != "dir"}
@@ -58,7 +58,8 @@ def reward_stages(cfg: PipelineConfig, k: int, round_dir: Path, run_dir: Path, d
     replay = ({"round": k, "dir": previous["dir"], "digest": previous["digest"], "fraction": cfg.rounds.replay_fraction}
               if previous else {"round": k, "dir": None, "digest": None})
     for kind in wanted:
-        init = start["reward_models"].get(kind) or _model(sft)  # round 1: from the SFT checkpoint
+        # Round 1: from the SFT checkpoint (or what <kind>.init names, decided in the stage).
+        init = start["reward_models"].get(kind) or _model(sft)
         out[kind] = run_stage(orm_task if kind == "orm" else prm_task, out_dir=str(round_dir / kind),
                               upstream={"reward_data": datasets, "init_model": init["model"], "init": init["digest"],
                                         "replay": replay}, **common)
@@ -69,7 +70,8 @@ def round_summary(k: int, stages: dict[str, dict], cached: list[str], test: dict
     """What a round produced and measured (the manifest's ``rounds`` entries)."""
     grpo = stages["grpo"]
     rms = {kind: {**_model(stages[kind]), "before": stages[kind].get("heldout_before", {}),
-                  "after": stages[kind].get("heldout", {}), "replay": stages[kind].get("replay", {})}
+                  "after": stages[kind].get("heldout", {}), "replay": stages[kind].get("replay", {}),
+                  "quality_gate": stages[kind].get("quality_gate", {})}
            for kind in ("orm", "prm") if kind in stages}
     return {
         "round": k,
@@ -79,6 +81,8 @@ def round_summary(k: int, stages: dict[str, dict], cached: list[str], test: dict
                  "resumed_from_step": grpo.get("resumed_from_step", 0), **grpo.get("last_10_steps", {})},
         "reward_models": rms,
         "buffer": {"dir": stages["replay"]["dir"], "digest": stages["replay"]["digest"]} if "replay" in stages else None,
+        # The rollouts are determined by the stage that wrote them: its policy's digest names them.
+        "rollouts": {"dir": grpo["rollouts"], "digest": grpo["digest"]} if grpo.get("rollouts") else None,
         "stages": stages, "cached_stages": cached,
     }
 
@@ -90,6 +94,8 @@ def round_metrics(summary: dict) -> dict[str, float]:
     for kind, rm in summary["reward_models"].items():
         for when in ("before", "after"):
             out.update({f"rm/{kind}/{when}/{m}": v for m, v in rm[when].items()})
+        if rm.get("quality_gate"):
+            out[f"rm/{kind}/quality_gate_passed"] = float(rm["quality_gate"]["passed"])
         out[f"rm/{kind}/replay_share"] = rm["replay"].get("share", 0.0)
     return out
 
@@ -100,8 +106,19 @@ def mlflow_link(uri: str, exp_id: str, run_id: str) -> str:
     return f"{base}/#/experiments/{exp_id}/runs/{run_id}"
 
 
+def gate_failures(summary: dict, used: tuple[str, ...]) -> list[str]:
+    """One sentence per reward model that drives GRPO (``used``) below its quality gate."""
+    out = []
+    for kind in used:
+        gate = summary["reward_models"].get(kind, {}).get("quality_gate") or {}
+        if gate and not gate["passed"]:
+            out.append(f"{kind.upper()} held-out {gate['metric']} {gate['value']:.3f} < {gate['threshold']}: GRPO "
+                       f"optimised a reward that barely separates right from wrong (near chance)")
+    return out
+
+
 def round_report(summary: dict, champion: dict, link: str) -> str:
-    """The round's Prefect artifact: a Markdown table."""
+    """The round's Prefect artifact: a Markdown table, after a warning for each failed quality gate."""
     g = summary["grpo"]
     rows = [("test accuracy", f"{summary['test_accuracy']:.4f}"),
             ("best validation accuracy", f"{summary['val_accuracy']:.4f} (step {g['best_step']})"),
@@ -109,14 +126,15 @@ def round_report(summary: dict, champion: dict, link: str) -> str:
             ("reward, last 10 steps", f"{g.get('reward_mean', float('nan')):.4f}"),
             ("KL, last 10 steps", f"{g.get('kl', float('nan')):.5f}")]
     for kind, rm in summary["reward_models"].items():
-        key = RM_KEY[kind]
+        key = QUALITY_KEY[kind]
         rows.append((f"{kind.upper()} {key} on fresh samples: before -> after retraining",
                      f"{rm['before'].get(key, float('nan')):.4f} -> {rm['after'].get(key, float('nan')):.4f} "
                      f"(replay share {rm['replay'].get('share', 0.0):.3f})"))
     rows.append(("champion", f"version {champion['version']} (round {champion['round']})"))
     rows.append(("MLflow run", f"[round-{summary['round']}]({link})"))
-    return "\n".join([f"### RL round {summary['round']}", "", "| | |", "|---|---|",
-                      *(f"| {a} | {b} |" for a, b in rows)])
+    warnings = [f"> **Warning: {w}.**" for w in summary.get("quality_warnings", [])]
+    return "\n".join([f"### RL round {summary['round']}", "", *warnings, *([""] if warnings else []),
+                      "| | |", "|---|---|", *(f"| {a} | {b} |" for a, b in rows)])
 
 
 @flow(name="rl-round", flow_run_name="round-{k}")
@@ -133,6 +151,12 @@ def rl_round(cfg: PipelineConfig, k: int, data: dict, sft: dict, start: dict, ur
         results = reward_stages(cfg, k, round_dir, run_dir, data, sft, start, common)
         rms = {kind: results[kind][0] for kind in ("orm", "prm") if kind in results}
         used = cfg.grpo.reward_models_used
+        for kind in used:
+            gate = rms[kind].get("quality_gate") or {}
+            if gate and not gate["passed"]:
+                log.warning("round %d: QUALITY GATE FAILED: %s held-out %s %.3f < %s; GRPO will optimise a reward "
+                            "that barely separates right from wrong", k, kind.upper(), gate["metric"], gate["value"],
+                            gate["threshold"])
         results["grpo"] = run_stage(grpo_task, out_dir=str(round_dir / "grpo"),
                                     upstream=grpo_upstream(data, start["policy"], {m: rms[m]["model"] for m in used},
                                                            {m: rms[m]["digest"] for m in used}, round_=k), **common)
@@ -144,6 +168,7 @@ def rl_round(cfg: PipelineConfig, k: int, data: dict, sft: dict, start: dict, ur
         stages = {name: m for name, (m, _) in results.items()}
         cached = [name for name, (_, hit) in results.items() if hit]
         summary = round_summary(k, stages, cached, stages["eval"]["results"]["policy"])
+        summary["quality_warnings"] = gate_failures(summary, used)
         name = registered_name(cfg)
         summary["model_version"] = register_policy(uri, name, run_id, grpo["model"], k, summary["val_accuracy"],
                                                    grpo["digest"])
@@ -151,6 +176,8 @@ def rl_round(cfg: PipelineConfig, k: int, data: dict, sft: dict, start: dict, ur
         tracker = MlflowLogger(uri, run_id)
         tracker.log_metrics(round_metrics(summary))
         tracker.set_tags({"cached_stages": ",".join(cached) or "none", "model_version": summary["model_version"],
+                          "quality_gate": "FAILED: " + "; ".join(summary["quality_warnings"])
+                          if summary["quality_warnings"] else "passed",
                           **{f"stage_run.{s}": m["mlflow_run_id"] for s, m in stages.items()}})
         link = mlflow_link(uri, exp_id, run_id)
         create_markdown_artifact(key=f"{cfg.run_name}-round-{k}".lower().replace("_", "-").replace(".", "-"),
@@ -171,7 +198,8 @@ def next_start(summary: dict, start_versions: list[str]) -> dict:
     return {"policy": {"model": summary["policy"], "digest": summary["policy_digest"]},
             "reward_models": {kind: {"model": rm["model"], "digest": rm["digest"]}
                               for kind, rm in summary["reward_models"].items()},
-            "buffer": summary["buffer"], "versions": [*start_versions, summary["model_version"]]}
+            "buffer": summary["buffer"], "versions": [*start_versions, summary["model_version"]],
+            "rollouts": summary["rollouts"]}
 
 
 @flow(name="rl-rounds")

@@ -1,5 +1,5 @@
-"""``grpo-pipeline``: run a recipe, evaluate a model, run the SFT-only baseline, compare GRPO reward
-variants, continue a run for more RL rounds, open the UIs."""
+"""``grpo-pipeline``: run a recipe, evaluate a model, score solutions with a reward model, run the
+SFT-only baseline, compare GRPO reward variants, continue a run for more RL rounds, open the UIs."""
 from __future__ import annotations
 
 import argparse
@@ -64,6 +64,22 @@ def cmd_eval(a: argparse.Namespace) -> None:
     metrics, _ = evaluate(model, tokenizer, examples, max_new_tokens=a.max_new_tokens,
                           batch_size=a.batch_size, samples=a.samples, temperature=a.temperature, seed=a.seed)
     print(json.dumps(metrics))
+
+
+def cmd_score(a: argparse.Namespace) -> None:
+    from grpo_core.modeling import ModelError
+    from grpo_core.scoring import ScoreInputError, read_rows, reward_model_kind, score
+
+    try:
+        reward_model_kind(a.model)  # a wrong folder fails before the data is read
+        results = score(a.model, read_rows(a.data), batch_size=a.batch_size)
+    except (ScoreInputError, ModelError) as e:
+        _fail(str(e))
+    lines = "".join(json.dumps(r) + "\n" for r in results)
+    if a.out:
+        Path(a.out).write_text(lines)
+    else:
+        sys.stdout.write(lines)
 
 
 def cmd_baseline(a: argparse.Namespace) -> None:
@@ -180,6 +196,12 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--n", type=int, default=None, help="only the first N questions")
     e.add_argument("--seed", type=int, default=0)
     e.set_defaults(func=cmd_eval)
+    sc = sub.add_parser("score", help="an ORM's or PRM's scores of solutions in a JSONL file (one JSON line per row)")
+    sc.add_argument("--model", required=True, help="a reward-model folder (runs/<run>/round-<k>/orm/model or prm/model)")
+    sc.add_argument("--data", required=True, help="JSONL rows with question (or prompt) and completion")
+    sc.add_argument("--out", help="write the lines here instead of stdout")
+    sc.add_argument("--batch-size", type=int, default=64)
+    sc.set_defaults(func=cmd_score)
     b = sub.add_parser("baseline", help="SFT continued for the wall time GRPO used (the no-RL baseline)")
     b.add_argument("run_dir", help="a finished run, e.g. runs/demo")
     b.add_argument("--seconds", type=float, default=None, help="default: the GRPO stage's wall time")

@@ -180,6 +180,7 @@ class GRPOConfig(Section):
     eval_every: int = Field(50, ge=1, description="steps between validation accuracy checks")
     checkpoint_every: int = Field(50, ge=1, description="steps between checkpoints")
     keep_checkpoints: int = Field(2, ge=1, description="complete checkpoints kept")
+    save_rollouts: bool = Field(True, description="keep every checked rollout (rollouts.jsonl): the next round's reward-model data")
     # Reward of a solution = sum of weight x source. rule: answer checker (0/1); orm: sigmoid of the
     # ORM; prm: with outcome supervision the lowest step probability, with process supervision the
     # per-step probabilities (outcome sources then count as a reward on the last step).
@@ -238,12 +239,23 @@ class RewardDataConfig(Section):
     max_pairs_per_question: int = Field(4, ge=1, description="chosen/rejected pairs kept per question")
     heldout_fraction: float = Field(0.1, gt=0, lt=1, description="questions held out to measure the reward models")
     batch_size: int = Field(256, ge=1, description="sequences per generate call")
+    # Round k+1 also learns from the solutions GRPO sampled and checked in round k (fresh policy
+    # samples, free: no generation). Steps are labelled only by the exact checker (MC would cost
+    # rollouts); held-out questions' rollouts are dropped, so the held-out set stays unseen.
+    rollouts: int | None = Field(None, ge=0, description="the previous round's GRPO rollouts added to the training data (a random subset of this many; None = all, 0 = none)")
 
 
 class RewardModelConfig(Section):
-    """Training of one reward model, initialised from the SFT checkpoint."""
+    """Training of one reward model: round 1 starts from ``init``, later rounds from the previous
+    round's reward model."""
 
     train: bool = Field(False, description="train this reward model in the pipeline")
+    # The paper initialises its reward models from the base model; a separate (wider, deeper) model
+    # lets a user measure whether the reward model's capacity, not its data, is the limit.
+    init: str = Field("sft", min_length=1, description="round 1's starting model: sft (the SFT checkpoint), tiny (a fresh tiny Llama: the `model` section with `tiny` overrides, the SFT tokenizer) or a local HF folder with the SFT model's tokenizer")
+    tiny: dict[Literal["hidden_size", "intermediate_size", "num_layers", "num_heads"], int] = Field(
+        {}, description="init=tiny: changes to the `model` section's shape, e.g. {hidden_size: 256}")
+    min_auc: float = Field(0.6, ge=0, le=1, description="quality gate: a reward model that drives GRPO with held-out AUC below this is reported loudly (log, MLflow tag, Prefect artifact)")
     lr: float = Field(1e-5, gt=0, description="learning rate")
     epochs: int = Field(1, ge=1, description="passes over the training data")
     batch_size: int = Field(32, ge=1, description="pairs (ORM) or solutions (PRM) per step")
@@ -252,6 +264,12 @@ class RewardModelConfig(Section):
     max_seconds: float | None = Field(None, gt=0, description="stop after this wall time")
     checkpoint_every: int | None = Field(None, ge=1, description="also checkpoint every N steps within an epoch (None: at each epoch's end only)")
     keep_checkpoints: int = Field(2, ge=1, description="complete checkpoints kept")
+
+
+class ORMConfig(RewardModelConfig):
+    # pointwise: BCE on every sampled solution's correctness (Math-Shepherd, the paper's ORM);
+    # pairwise: Bradley-Terry on (right, wrong) pairs of one question; both: the two losses summed.
+    objective: Literal["pointwise", "pairwise", "both"] = Field("pointwise", description="pointwise (BCE on each solution's correctness), pairwise (Bradley-Terry pairs) or both")
 
 
 class PRMConfig(RewardModelConfig):
@@ -320,7 +338,7 @@ class PipelineConfig(Section):
     model: ModelConfig = ModelConfig()
     sft: SFTConfig = SFTConfig()
     reward_data: RewardDataConfig = RewardDataConfig()
-    orm: RewardModelConfig = RewardModelConfig()
+    orm: ORMConfig = ORMConfig()
     prm: PRMConfig = PRMConfig()
     grpo: GRPOConfig = GRPOConfig()
     rounds: RoundsConfig = RoundsConfig()

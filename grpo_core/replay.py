@@ -2,7 +2,7 @@
 reward model with a replay mechanism that incorporates 10% of historical data").
 
 No framework ships this, so it is ours. The buffer is versioned on disk: version ``k`` is a Hugging
-Face dataset per kind (``outcome`` pairs, ``steps`` rows) holding the training rows of rounds
+Face dataset per kind (``outcome`` pairs, ``steps`` rows, checked ``solutions``) holding the training rows of rounds
 1..k, each tagged with ``origin_round``. Round k retrains on its fresh rows plus a sample of
 version k-1, drawn reproducibly from (seed, round). A version is written to a temporary folder and
 renamed, and never changed afterwards, so a crashed round loses nothing already in the buffer.
@@ -16,7 +16,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-KINDS = ("outcome", "steps")
+KINDS = ("outcome", "steps", "solutions")
 ORIGIN = "origin_round"
 
 
@@ -58,12 +58,14 @@ def retraining_set(fresh: list[dict], history: list[dict], fraction: float, seed
 
 
 def tag_rows(rows: list[dict], round_: int) -> list[dict]:
-    return [{**r, ORIGIN: round_} for r in rows]
+    """Rows tagged with their round of origin: ``round_``, unless a row already names an earlier one
+    (GRPO's rollouts of round k enter round k+1's reward data as samples of round k)."""
+    return [{**r, ORIGIN: r.get(ORIGIN) or round_} for r in rows]
 
 
 def load_version(version_dir: str | Path | None, kind: str) -> list[dict]:
     """The rows of one kind in a buffer version (none for ``None``: round 1 has no history)."""
-    if version_dir is None:
+    if version_dir is None or not (Path(version_dir) / kind).exists():  # (a version older than the kind)
         return []
     from datasets import load_from_disk
 
@@ -73,19 +75,20 @@ def load_version(version_dir: str | Path | None, kind: str) -> list[dict]:
 def write_version(previous: str | Path | None, fresh: dict[str, list[dict]], round_: int, out_dir: Path,
                   columns: dict[str, tuple[str, ...]]) -> dict[str, Any]:
     """Version ``round_`` = ``previous`` + this round's ``fresh`` training rows (tagged), written to a
-    temporary folder and renamed into ``out_dir``. Returns rows per kind and per round of origin."""
+    temporary folder and renamed into ``out_dir``: one dataset per kind of ``columns`` (its column
+names, for an empty one). Returns rows per kind and per round of origin."""
     from datasets import Dataset
 
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     summary: dict[str, Any] = {}
-    for kind in KINDS:
+    for kind in columns:
         rows = load_version(previous, kind) + tag_rows(fresh.get(kind, []), round_)
         data = Dataset.from_list(rows) if rows else Dataset.from_dict({c: [] for c in (*columns[kind], ORIGIN)})
         data.save_to_disk(str(tmp / kind), num_shards=1)  # datasets cannot reload an empty dataset saved in 0 shards
         origin = Counter(r[ORIGIN] for r in rows)
         summary[kind] = {"rows": len(rows), "by_round": {int(k): origin[k] for k in sorted(origin)}}
-    for kind in KINDS:  # fsync the data before the rename makes the version visible
+    for kind in columns:  # fsync the data before the rename makes the version visible
         for f in (tmp / kind).glob("*.arrow"):
             with open(f, "rb") as fh:
                 os.fsync(fh.fileno())

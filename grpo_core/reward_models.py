@@ -23,6 +23,14 @@ def bradley_terry_loss(r_chosen: torch.Tensor, r_rejected: torch.Tensor) -> torc
     return -F.logsigmoid(r_chosen - r_rejected).mean()
 
 
+def pointwise_bce_loss(logits: torch.Tensor, correct: torch.Tensor) -> torch.Tensor:
+    """Outcome reward model trained pointwise (Math-Shepherd's ORM, the paper's "correctness of
+    sampled solutions"): mean binary cross-entropy of [B] logits against [B] correctness (0/1).
+    Unlike Bradley-Terry pairs, every checked solution is an example and the score is calibrated
+    across questions, which is what GRPO's group-normalised reward and an AUC compare."""
+    return F.binary_cross_entropy_with_logits(logits, correct.to(logits.dtype))
+
+
 def step_bce_loss(step_logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Binary cross-entropy over real steps: step_logits, labels (hard 0/1 or soft in [0, 1]) and
     mask are [B, K]; the mean is over steps with mask 1 (0 when there are none)."""
@@ -78,6 +86,15 @@ def load_reward_model(path: str | Path, kind: str):
     if model.config.pad_token_id is None:
         model.config.pad_token_id = model.config.eos_token_id
     return model
+
+
+def reward_model_from(lm, kind: str):
+    """An ORM / PRM with one output on the body of the causal LM ``lm`` (in memory; a fresh head)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        lm.save_pretrained(tmp)
+        return load_reward_model(tmp, kind)
 
 
 class ScoreHead(torch.nn.Module):

@@ -146,7 +146,8 @@ def pretrain_task(cfg: PipelineConfig, out_dir: str, upstream: dict, uri: str, p
 def reward_data_task(cfg: PipelineConfig, out_dir: str, upstream: dict, uri: str, parent_id: str) -> dict:
     with child_run(uri, parent_id, "reward_data", _stage_params(cfg, "reward_data")) as log:
         manifest = run_reward_data(cfg, Path(upstream["data_dir"]), upstream["policy"], Path(out_dir), log,
-                                   round_=upstream.get("round", 1))
+                                   round_=upstream.get("round", 1),
+                                   rollouts=(upstream.get("rollouts") or {}).get("dir"))
         return _finish("reward_data", cfg, out_dir, upstream, manifest, log.run_id)
 
 

@@ -22,7 +22,7 @@ from grpo_core.advantages import outcome_advantages, process_advantages
 from grpo_core.data import prompt_text
 from grpo_core.modeling import char_tokenizer
 from grpo_core.policy import encode
-from grpo_core.reward_models import bradley_terry_loss, first_wrong_step, roc_auc, step_bce_loss
+from grpo_core.reward_models import bradley_terry_loss, first_wrong_step, pointwise_bce_loss, roc_auc, step_bce_loss
 from grpo_core.rewards import RewardScorer, rollout_step_ends, rule_reward
 from grpo_core.stages.grpo import rollout_advantages
 from grpo_core.stages.reward_model import step_batch
@@ -75,6 +75,22 @@ def test_bradley_terry_hand_values():
     assert bradley_terry_loss(torch.tensor([0.5]), torch.tensor([0.5])).item() == pytest.approx(LN2)
     batch = bradley_terry_loss(torch.tensor([2.0, 1.0]), torch.tensor([0.0, 1.0]))
     assert batch.item() == pytest.approx((math.log1p(math.exp(-2.0)) + LN2) / 2)
+
+
+def test_pointwise_bce_hand_values():
+    # logits 0 and ln 3, correct 1 and 0: sigmoid = 1/2 and 3/4.
+    # -log(1/2) = ln 2;  -log(1 - 3/4) = ln 4 = 2 ln 2;  mean = 1.5 ln 2 = 1.0397...
+    loss = pointwise_bce_loss(torch.tensor([0.0, math.log(3.0)]), torch.tensor([1.0, 0.0]))
+    assert loss.item() == pytest.approx(1.5 * LN2)
+    # Booleans are accepted as labels; a confident right answer costs log(1 + e^-4) = 0.018149...
+    assert pointwise_bce_loss(torch.tensor([4.0]), torch.tensor([True])).item() == pytest.approx(math.log1p(math.exp(-4)))
+
+
+def test_pointwise_bce_gradient_is_sigmoid_minus_label():
+    # d/dz BCE(sigmoid(z), y) = sigmoid(z) - y, divided by B = 2 for the mean.
+    z = torch.tensor([0.0, math.log(3.0)], requires_grad=True)
+    pointwise_bce_loss(z, torch.tensor([1.0, 0.0])).backward()
+    assert z.grad.tolist() == pytest.approx([(0.5 - 1) / 2, (0.75 - 0) / 2])
 
 
 @FAST

@@ -70,14 +70,51 @@ def test_orm_more_epochs_resume_from_the_last_epoch(tmp_path, tiny_cfg, tiny_mod
 
 
 def test_empty_heldout_split_is_a_clear_error(tmp_path, tiny_cfg, tiny_model_dir, reward_data):
-    pair = {"prompt": Q, "chosen": RIGHT, "rejected": WRONG}
-    path = tmp_path / "rd" / "outcome_empty"
-    DatasetDict({"train": Dataset.from_list([pair]),
-                 "test": Dataset.from_dict({"prompt": [], "chosen": [], "rejected": []})}).save_to_disk(
+    sol = {"prompt": Q, "completion": RIGHT, "correct": True}
+    path = tmp_path / "rd" / "solutions_empty"
+    DatasetDict({"train": Dataset.from_list([sol]),
+                 "test": Dataset.from_dict({"prompt": [], "completion": [], "correct": []})}).save_to_disk(
         str(path), num_shards={"train": 1, "test": 1})
-    data = {**reward_data, "outcome_dir": str(path), "outcome_digest": digest_dir(path, "*.arrow")}
-    with pytest.raises(ValueError, match="no held-out rows .*outcome_empty"):
+    data = {**reward_data, "solutions_dir": str(path), "solutions_digest": digest_dir(path, "*.arrow")}
+    with pytest.raises(ValueError, match="no held-out rows .*solutions_empty"):
         run_reward_model(tiny_cfg(tmp_path), "orm", data, tiny_model_dir, tmp_path / "orm")
+
+
+@pytest.mark.parametrize("objective,steps", [("pointwise", 2), ("pairwise", 2), ("both", 4)])
+def test_orm_objectives_train_on_their_datasets(tmp_path, tiny_cfg, tiny_model_dir, reward_data, objective, steps):
+    """pointwise: the 4 checked solutions; pairwise: the 4 pairs; both: the 8 rows, 2 per batch."""
+    cfg = tiny_cfg(tmp_path, orm__batch_size=2, orm__epochs=1, orm__objective=objective)
+    manifest = run_reward_model(cfg, "orm", reward_data, tiny_model_dir, tmp_path / "orm")
+    assert manifest["steps"] == steps
+    assert manifest["replay"]["fresh"] == 2 * steps
+    assert manifest["quality_gate"]["metric"] == "auc"
+    assert manifest["quality_gate"]["passed"] == (manifest["heldout"]["auc"] >= 0.6)
+
+
+def test_reward_model_init_tiny_is_a_fresh_model_of_another_shape(tmp_path, tiny_cfg, tiny_model_dir, reward_data):
+    """orm.init=tiny: a new Llama of the recipe's shape with the `tiny` changes, on the SFT tokenizer."""
+    from transformers import AutoConfig
+
+    cfg = tiny_cfg(tmp_path, orm__epochs=1, orm__init="tiny", orm__tiny={"hidden_size": 48, "num_layers": 3})
+    manifest = run_reward_model(cfg, "orm", reward_data, tiny_model_dir, tmp_path / "orm")
+    config = AutoConfig.from_pretrained(manifest["model"])
+    assert (config.hidden_size, config.num_hidden_layers) == (48, 3)
+    assert manifest["init_from"] == "tiny"
+
+
+def test_reward_model_init_folder_with_another_tokenizer_is_refused(tmp_path, tiny_cfg, tiny_model_dir, reward_data):
+    from transformers import AutoTokenizer
+
+    other = tmp_path / "other"
+    import shutil
+
+    shutil.copytree(tiny_model_dir, other)
+    tok = AutoTokenizer.from_pretrained(other)
+    tok.add_tokens(["<extra>"])
+    tok.save_pretrained(other)
+    cfg = tiny_cfg(tmp_path, orm__epochs=1, orm__init=str(other))
+    with pytest.raises(ValueError, match="tokenizer differs"):
+        run_reward_model(cfg, "orm", reward_data, tiny_model_dir, tmp_path / "orm")
 
 
 def test_reward_data_stage_writes_reloadable_splits_even_when_empty(tmp_path, tiny_cfg, tiny_model_dir,

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from grpo_core import distributed
+from grpo_core import distributed, rollout_log
 from grpo_core.advantages import outcome_advantages, process_advantages
 from grpo_core.distributed import Dist
 from grpo_core.env import setup_environment
@@ -65,7 +65,7 @@ def rollout_advantages(scored: Scored, n_questions: int, g: int, seq_len: int) -
 
 def grpo_step(policy, ref, tokenizer, opt, questions: list[Example], gc: GRPOConfig, seed: int,
               scorer: RewardScorer | None = None, d: Dist = SINGLE, trained=None,
-              amp=contextlib.nullcontext) -> dict[str, float]:
+              amp=contextlib.nullcontext, record: list[dict] | None = None) -> dict[str, float]:
     """One exploration stage and its mu updates on the step's ``questions`` (the global batch);
     returns the step's metrics (rule reward by default).
 
@@ -73,7 +73,8 @@ def grpo_step(policy, ref, tokenizer, opt, questions: list[Example], gc: GRPOCon
     whole groups, so advantages need no communication; the loss is normalised by the global batch
     (``BatchSize``) and DDP (``trained``: the wrapped policy) averages the gradients. Samples are
     seeded by global row, so N processes draw the rollouts one process would. ``amp``: the forward
-    passes' precision context (``runtime.autocast``)."""
+    passes' precision context (``runtime.autocast``). ``record``: this process's checked
+    completions are appended to it (reward-model data for the next round)."""
     g = gc.group_size
     trained = trained or policy
     scorer = scorer or RewardScorer({"rule": 1.0}, "outcome", tokenizer)
@@ -88,6 +89,9 @@ def grpo_step(policy, ref, tokenizer, opt, questions: list[Example], gc: GRPOCon
                            row_ids=list(range(mine.start * g, mine.stop * g)))
     t1 = time.perf_counter()
     scored = scorer(rollout, [q.gold for q in questions for _ in range(g)])
+    if record is not None:
+        record += [{"question": q.question, "gold": q.gold, "completion": text, "correct": bool(ok)}
+                   for q, text, ok in zip((q for q in questions for _ in range(g)), rollout.texts, scored.correct)]
     rewards = scored.outcome
     if scored.step_rewards is not None:  # process: a completion's reward is its mean step reward
         rewards = torch.where(scored.step_mask, scored.step_rewards, 0.0).sum(1) / scored.step_mask.sum(1)
@@ -208,6 +212,10 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
     if resume is not None:
         restore_trainer_state(saved, opt, st)
         print(f"grpo: resumed from {resume} (step {st['step']})", flush=True)
+    rollouts = rollout_log.log_path(out_dir, d.rank)
+    if gc.save_rollouts:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        rollout_log.truncate_after(rollouts, st["step"])  # steps past the checkpoint are sampled again
     resumed_from = st["step"]
     clock = Stopwatch(st["elapsed"])
 
@@ -227,13 +235,16 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
         for group in opt.param_groups:
             group["lr"] = gc.lr * min(1.0, (st["step"] + 1) / (gc.warmup_steps + 1))
         questions = step_questions(pool, gc.questions_per_step, seed, st["step"])
+        record: list[dict] = []
         try:
             metrics = grpo_step(policy, ref, tokenizer, opt, questions, gc, step_seed(seed, st["step"]), scorer, d,
-                                trained, amp)
+                                trained, amp, record)
         except RewardError as e:
             raise RewardError(f"GRPO step {st['step'] + 1} of {out_dir}: {e}; the stage stops, and its last "
                               f"checkpoint is where a re-run resumes") from None
         st["step"] += 1
+        if gc.save_rollouts:
+            rollout_log.append(rollouts, st["step"], record)
         st["recent"] = (st.get("recent", []) + [{k: metrics[k] for k in SUMMARY_METRICS if k in metrics}])[-SUMMARY_WINDOW:]
         st["elapsed"] = clock.elapsed
         logger.log_metrics(metrics, step=st["step"])
@@ -258,7 +269,8 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
                "resumed_from_step": resumed_from, "round": round_,
                f"last_{SUMMARY_WINDOW}_steps": last}
     logger.log_metrics({"val/best_accuracy": st["best_acc"], "time/wall_s": st["elapsed"]}, step=st["step"])
-    return write_manifest(out_dir, {"stage": "grpo", "model": str(final_dir), "init": str(init_dir), **summary})
+    return write_manifest(out_dir, {"stage": "grpo", "model": str(final_dir), "init": str(init_dir), **summary,
+                                    "rollouts": str(out_dir) if gc.save_rollouts else None})
 
 
 @record  # under torchrun, a failing rank's traceback goes into the launcher's summary

@@ -3,7 +3,8 @@
 Writes three Hugging Face ``DatasetDict`` folders (``train`` / ``test`` split by question) that
 other tools read: ``outcome`` (TRL ``prompt``/``chosen``/``rejected``), ``steps`` (TRL stepwise
 ``prompt``/``completions``/``labels`` plus ``soft_labels`` and ``exact_labels``) and
-``solutions`` (``prompt``/``completion``/``correct``, for the ORM's AUC).
+``solutions`` (``prompt``/``completion``/``correct``: the ORM's pointwise data and its AUC), every row
+tagged with its round of origin. The training split also holds the previous round's GRPO rollouts.
 """
 from __future__ import annotations
 
@@ -16,16 +17,18 @@ from grpo_core.config import PipelineConfig, RewardDataConfig, load_config
 from grpo_core.env import setup_environment
 from grpo_core.modeling import load_model
 from grpo_core.policy import generate
-from grpo_core.reward_data import Completer, label_agreement, outcome_pairs, sample_solutions, step_rows
+from grpo_core import rollout_log
+from grpo_core.replay import ORIGIN, tag_rows
+from grpo_core.reward_data import Completer, Sampled, label_agreement, outcome_pairs, sample_solutions, step_rows
 from grpo_core.data import Example, prompt_text
 from grpo_core.stages.common import Stopwatch, digest_dir, read_split, round_seed, set_threads, write_manifest
 from grpo_core.runtime import place
 from grpo_core.tracking import MetricLogger, NullLogger
 
 DATASETS = ("outcome", "steps", "solutions")
-COLUMNS = {"outcome": ("prompt", "chosen", "rejected"),
-           "steps": ("prompt", "completions", "labels", "soft_labels", "exact_labels", "completion"),
-           "solutions": ("prompt", "completion", "correct")}
+COLUMNS = {"outcome": ("prompt", "chosen", "rejected", ORIGIN),
+           "steps": ("prompt", "completions", "labels", "soft_labels", "exact_labels", "completion", ORIGIN),
+           "solutions": ("prompt", "completion", "correct", ORIGIN)}
 
 
 def policy_completer(policy, tokenizer, rc: RewardDataConfig, seed: int) -> Completer:
@@ -44,6 +47,12 @@ def policy_completer(policy, tokenizer, rc: RewardDataConfig, seed: int) -> Comp
     return complete
 
 
+def solution_rows(samples: list[Sampled]) -> list[dict]:
+    """Every sampled solution with its verdict (the ORM's pointwise data and its AUC)."""
+    return [{"prompt": prompt_text(s.example.question), "completion": c, "correct": ok}
+            for s in samples for c, ok in zip(s.completions, s.correct)]
+
+
 def heldout_split(pool: set[Example], fraction: float) -> tuple[list[Example], list[Example]]:
     """(held-out, training) questions of the RL pool for the reward models, the same in every round:
     a fixed ``fraction`` of the distinct questions, chosen by a hash of their text. A later round's
@@ -54,10 +63,27 @@ def heldout_split(pool: set[Example], fraction: float) -> tuple[list[Example], l
     return ranked[:n], ranked[n:]
 
 
+def rollout_samples(grpo_dir: str | Path, allowed: set[str], n: int | None, seed: int) -> list[Sampled]:
+    """A GRPO stage's checked rollouts as groups (one per step and question), keeping only
+    questions in ``allowed`` (the reward models' training questions) and a random ``n`` of the
+    completions (None: all): its rollouts of held-out questions never reach training."""
+    rows = [r for r in rollout_log.read_logs(grpo_dir) if r["question"] in allowed]
+    if n is not None and n < len(rows):
+        rows = [rows[i] for i in sorted(random.Random(f"rollouts-{seed}").sample(range(len(rows)), n))]
+    groups: dict[tuple[int, str, str], Sampled] = {}
+    for r in rows:
+        s = groups.setdefault((r["step"], r["question"], r["gold"]), Sampled(Example(r["question"], r["gold"]), [], []))
+        s.completions.append(r["completion"])
+        s.correct.append(bool(r["correct"]))
+    return list(groups.values())
+
+
 def run_reward_data(cfg: PipelineConfig, data_dir: Path, policy_dir: str | Path, out_dir: Path,
-                    logger: MetricLogger | None = None, round_: int = 1) -> dict:
+                    logger: MetricLogger | None = None, round_: int = 1, rollouts: str | Path | None = None) -> dict:
     """Samples of the policy of RL round ``round_`` (the SFT model in round 1) on RL questions drawn
-    for that round, labelled and split by question."""
+    for that round, labelled and split by question. ``rollouts``: the previous round's GRPO stage
+    folder, whose checked rollouts of training questions join the training split
+    (``reward_data.rollouts`` of them) as samples of round ``round_ - 1``."""
     from datasets import Dataset, DatasetDict
 
     logger = logger or NullLogger()
@@ -78,6 +104,8 @@ def run_reward_data(cfg: PipelineConfig, data_dir: Path, policy_dir: str | Path,
                 "train": rng.sample(train_pool, min(len(train_pool), n_questions - n_test))}
     questions = split_of["test"] + split_of["train"]
     complete = policy_completer(policy, tokenizer, rc, seed)
+    earlier = (rollout_samples(rollouts, {e.question for e in train_pool}, rc.rollouts, seed)
+               if rollouts is not None and rc.rollouts != 0 else [])
     tables: dict[str, dict[str, list[dict]]] = {name: {} for name in DATASETS}
     metrics: dict[str, float] = {}
     for split, examples in split_of.items():
@@ -85,19 +113,26 @@ def run_reward_data(cfg: PipelineConfig, data_dir: Path, policy_dir: str | Path,
         share = 1.0 if rc.step_questions is None else min(1.0, rc.step_questions / len(questions))
         labelled = samples[: max(1, round(len(samples) * share))]
         steps = step_rows(labelled, complete if rc.labeler == "mc" else None, rc.mc_rollouts, rc.step_separator)
-        tables["outcome"][split] = outcome_pairs(samples, rc.max_pairs_per_question, seed)
-        tables["steps"][split] = steps
-        tables["solutions"][split] = [{"prompt": prompt_text(s.example.question), "completion": c, "correct": ok}
-                                      for s in samples for c, ok in zip(s.completions, s.correct)]
+        pairs = outcome_pairs(samples, rc.max_pairs_per_question, seed)
+        solutions = solution_rows(samples)
         flags = [ok for s in samples for ok in s.correct]
         metrics[f"{split}/sample_accuracy"] = sum(flags) / len(flags)
         metrics[f"{split}/frac_questions_mixed"] = sum(0 < sum(s.correct) < len(s.correct) for s in samples) / len(samples)
         if rc.labeler == "mc":  # (exact labels agree with themselves)
             metrics.update({f"{split}/{k}": v for k, v in label_agreement(steps).items()})
+        tables["outcome"][split] = tag_rows(pairs, round_)
+        tables["steps"][split] = tag_rows(steps, round_)
+        tables["solutions"][split] = tag_rows(solutions, round_)
+        if split == "train" and earlier:  # GRPO's rollouts: samples of the previous round's policy
+            tables["outcome"][split] += tag_rows(outcome_pairs(earlier, rc.max_pairs_per_question, seed), round_ - 1)
+            tables["solutions"][split] += tag_rows(solution_rows(earlier), round_ - 1)
+            if rc.labeler == "exact":  # free; Monte-Carlo labels would cost generations
+                tables["steps"][split] += tag_rows(step_rows(earlier, None, 0, rc.step_separator), round_ - 1)
+            metrics["train/rollout_solutions"] = sum(len(s.completions) for s in earlier)
         for name in DATASETS:
             metrics[f"{split}/n_{name}"] = len(tables[name][split])
     manifest: dict = {"stage": "reward_data", "round": round_, "dir": str(out_dir), "questions": len(questions),
-                      "labeler": rc.labeler}
+                      "labeler": rc.labeler, "rollouts_from": str(rollouts) if earlier else None}
     for name in DATASETS:
         path = out_dir / name
         DatasetDict({s: Dataset.from_list(rows) if rows else Dataset.from_dict({c: [] for c in COLUMNS[name]})
@@ -122,9 +157,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--policy", required=True, help="HF folder of the policy that samples (the SFT model)")
     p.add_argument("--out", required=True)
     p.add_argument("--round", type=int, default=1, help="RL round (seeds the questions and samples)")
+    p.add_argument("--rollouts", help="the previous round's GRPO stage folder (its rollouts*.jsonl)")
     p.add_argument("--set", action="append", default=[], dest="overrides")
     a = p.parse_args(argv)
-    print(run_reward_data(load_config(a.config, a.overrides), Path(a.data), a.policy, Path(a.out), round_=a.round))
+    print(run_reward_data(load_config(a.config, a.overrides), Path(a.data), a.policy, Path(a.out), round_=a.round,
+                          rollouts=a.rollouts))
 
 
 if __name__ == "__main__":

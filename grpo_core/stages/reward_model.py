@@ -1,11 +1,13 @@
-"""Reward-model training stage: the ORM (Bradley-Terry on chosen/rejected pairs) or the PRM (BCE on
-step labels), keeping the epoch with the best held-out metric (ORM: pairwise accuracy; PRM: step
-AUC). Checkpoints at every epoch end; a rerun resumes there.
+"""Reward-model training stage: the ORM (``orm.objective``: BCE on every checked solution,
+Bradley-Terry on chosen/rejected pairs, or both) or the PRM (BCE on step labels), keeping the epoch
+with the best held-out AUC (ORM: of the solution score against correctness; PRM: of the step
+score against the step labels). Checkpoints at every epoch end; a rerun resumes there.
 
-Round 1 starts from the SFT checkpoint. A later RL round continues the previous round's reward model
-on the fresh samples of the current policy plus a replay of earlier rounds' rows
-(``rounds.replay_fraction`` of the set); the held-out rows are the fresh ones only, and the model's
-held-out metrics before training (``heldout_before``) measure how stale it had become.
+Round 1 starts from ``orm.init`` / ``prm.init`` (the SFT checkpoint by default). A later RL round
+continues the previous round's reward model on the fresh samples of the current policy plus a
+replay of earlier rounds' rows (``rounds.replay_fraction`` of the set); the held-out rows are the
+fresh ones only, and the model's held-out metrics before training (``heldout_before``) measure how
+stale it had become.
 """
 from __future__ import annotations
 
@@ -21,10 +23,10 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from grpo_core import distributed
 from grpo_core.config import PipelineConfig, load_config
 from grpo_core.env import setup_environment
-from grpo_core.modeling import load_tokenizer
+from grpo_core.modeling import load_tokenizer, tiny_llama
 from grpo_core.policy import encode
 from grpo_core.reward_models import (ScoreHead, bradley_terry_loss, first_wrong_step, load_reward_model, orm_logits,
-                                     prm_step_logits, roc_auc, step_bce_loss)
+                                     pointwise_bce_loss, prm_step_logits, reward_model_from, roc_auc, step_bce_loss)
 from grpo_core.stages.common import (Stopwatch, digest_dir, find_resume, keep_if_best, publish_best,
                                      restore_trainer_state, run_identity, save_trainer_checkpoint,
                                      set_threads, write_manifest)
@@ -59,6 +61,27 @@ def pair_logits(model, tokenizer, rows: list[dict]) -> tuple[torch.Tensor, torch
     return scores[: len(rows)], scores[len(rows) :]
 
 
+# The reward-data datasets each model trains on.
+TRAINING_DATA = {("orm", "pointwise"): ("solutions",), ("orm", "pairwise"): ("outcome",),
+                 ("orm", "both"): ("solutions", "outcome"), ("prm", None): ("steps",)}
+
+
+def orm_loss_terms(model, tokenizer, rows: list[dict]) -> list[tuple[torch.Tensor, int]]:
+    """(mean loss, rows) of the batch's checked solutions (pointwise BCE) and of its pairs
+    (Bradley-Terry), from one forward pass; a term with no rows is (0, 0)."""
+    pairs = [r for r in rows if "chosen" in r]
+    solutions = [r for r in rows if "chosen" not in r]
+    prompts = [r["prompt"] for r in pairs] * 2 + [r["prompt"] for r in solutions]
+    texts = [r["chosen"] for r in pairs] + [r["rejected"] for r in pairs] + [r["completion"] for r in solutions]
+    scores = orm_logits(model, encode(tokenizer, prompts, texts))
+    n = len(pairs)
+    zero = scores.sum() * 0.0  # keeps every parameter in the graph (DDP) when a term is empty
+    pointwise = (pointwise_bce_loss(scores[2 * n :], torch.tensor([float(r["correct"]) for r in solutions]))
+                 if solutions else zero)
+    pairwise = bradley_terry_loss(scores[:n], scores[n : 2 * n]) if pairs else zero
+    return [(pointwise, len(solutions)), (pairwise, n)]
+
+
 @torch.no_grad()
 def evaluate_orm(model, tokenizer, pairs: list[dict], solutions: list[dict], batch: int) -> dict[str, float]:
     """Held-out pairwise accuracy, and AUC of the score against correctness over all solutions."""
@@ -71,8 +94,8 @@ def evaluate_orm(model, tokenizer, pairs: list[dict], solutions: list[dict], bat
         rows = solutions[s : s + batch]
         scores += orm_logits(model, encode(tokenizer, [r["prompt"] for r in rows], [r["completion"] for r in rows])).tolist()
     model.train()
-    return {"pairwise_accuracy": wins / max(1, len(pairs)),
-            "auc": roc_auc(scores, [bool(r["correct"]) for r in solutions])}
+    out = {"auc": roc_auc(scores, [bool(r["correct"]) for r in solutions]), "n_solutions": float(len(solutions))}
+    return out | ({"pairwise_accuracy": wins / len(pairs)} if pairs else {})
 
 
 @torch.no_grad()
@@ -93,10 +116,44 @@ def evaluate_prm(model, tokenizer, rows: list[dict], separator: str, batch: int)
     found = sum(first_wrong_step([x >= 0.5 for x in p]) == first_wrong_step(r["labels"]) for r, p in with_error)
     out = {"step_accuracy": sum((x >= 0.5) == y for x, y in flat) / max(1, len(flat)),
            "step_auc": roc_auc([x for x, _ in flat], [y for _, y in flat]),
-           "first_wrong_step_detected": found / max(1, len(with_error))}
+           "first_wrong_step_detected": found / max(1, len(with_error)), "n_steps": float(len(flat))}
     if exact:
         out["step_auc_exact"] = roc_auc([x for x, _ in exact], [y for _, y in exact])
     return out
+
+
+# The held-out metric that says how good a reward model is: training keeps the epoch with the best.
+QUALITY_KEY = {"orm": "auc", "prm": "step_auc"}
+
+
+def combined_mix(mixes: list[dict]) -> dict:
+    """``retraining_set``'s statistics summed over the datasets a model trains on."""
+    fresh, replay, wanted = (sum(m[k] for m in mixes) for k in ("fresh", "replay", "replay_wanted"))
+    by_round: dict[int, int] = {}
+    for m in mixes:
+        for r, n in m["by_round"].items():
+            by_round[r] = by_round.get(r, 0) + n
+    return {"fresh": fresh, "replay": replay, "replay_wanted": wanted, "share": replay / max(1, fresh + replay),
+            "by_round": dict(sorted(by_round.items()))}
+
+
+def resume_or_init(resume, init_dir: str | Path, kind: str, cfg: PipelineConfig, round_: int):
+    """The model to train: the checkpoint to resume, else ``init_dir`` (the SFT model or last round's
+    reward model), except in round 1 when ``<kind>.init`` names another starting point."""
+    if resume is not None:
+        return load_reward_model(resume, kind)
+    rc = getattr(cfg, kind)
+    if round_ > 1 or rc.init == "sft":
+        return load_reward_model(init_dir, kind)
+    tokenizer = load_tokenizer(init_dir)
+    if rc.init == "tiny":
+        shape = cfg.model.model_copy(update=dict(rc.tiny))
+        return reward_model_from(tiny_llama(shape, tokenizer, cfg.seed), kind)
+    model = load_reward_model(rc.init, kind)
+    if load_tokenizer(rc.init).get_vocab() != tokenizer.get_vocab():
+        raise ValueError(f"{kind}.init = {rc.init}: its tokenizer differs from the policy's ({init_dir}); a reward "
+                         f"model must read the policy's tokens")
+    return model
 
 
 def evaluate(model, tokenizer, kind: str, test: list[dict], solutions: list[dict], separator: str,
@@ -124,32 +181,42 @@ def run_reward_model(cfg: PipelineConfig, kind: str, reward_data: dict, init_dir
     set_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     replay = replay or {"round": 1, "dir": None, "digest": None}
-    name = "outcome" if kind == "orm" else "steps"
-    data = load_from_disk(reward_data[f"{name}_dir"])
-    fresh, test = data["train"].to_list(), data["test"].to_list()
+    names = TRAINING_DATA[kind, getattr(rc, "objective", None)]
+    train, mixes = [], []
+    for name in names:  # each dataset's fresh rows plus its replay share
+        fresh = load_from_disk(reward_data[f"{name}_dir"])["train"].to_list()
+        rows, mix = retraining_set(fresh, load_version(replay["dir"], name), cfg.rounds.replay_fraction, cfg.seed,
+                                   replay["round"])
+        train += rows
+        mixes.append(mix)
+        logger.log_input(name=f"reward_data/{name}", digest=reward_data[f"{name}_digest"],
+                         source=reward_data[f"{name}_dir"], rows={"train": len(fresh)})
+        if replay["dir"] is not None:
+            logger.log_input(name=f"replay/{Path(replay['dir']).name}/{name}", digest=replay["digest"],
+                             source=str(Path(replay["dir"]) / name),
+                             rows={"replayed": mix["replay"], **{f"from_round_{r}": n for r, n in mix["by_round"].items()}})
+    mix = combined_mix(mixes)
+    test_name = "outcome" if kind == "orm" else "steps"
+    test = load_from_disk(reward_data[f"{test_name}_dir"])["test"].to_list()
     solutions = load_from_disk(reward_data["solutions_dir"])["test"].to_list() if kind == "orm" else []
-    if not fresh or not test:
+    held_out = solutions if kind == "orm" else test
+    if not mix["fresh"] or not held_out:
+        source = reward_data[f"{names[0]}_dir"]
         raise ValueError(
-            f"{kind}: no {'training' if not fresh else 'held-out'} rows in {reward_data[f'{name}_dir']}: " + (
-                "no question had both a right and a wrong sample" if kind == "orm" else "no sample had a step")
+            f"{kind}: no {'training' if not mix['fresh'] else 'held-out'} rows in {source}: " + (
+                "no question had both a right and a wrong sample" if names == ("outcome",) else
+                "no solution was sampled" if kind == "orm" else "no sample had a step")
             + "; raise reward_data.questions or reward_data.samples_per_question, or train the policy further")
-    train, mix = retraining_set(fresh, load_version(replay["dir"], name), cfg.rounds.replay_fraction, cfg.seed,
-                                replay["round"])
-    logger.log_input(name=f"reward_data/{name}", digest=reward_data[f"{name}_digest"],
-                     source=reward_data[f"{name}_dir"], rows={"train": len(fresh), "test": len(test)})
-    if replay["dir"] is not None:
-        logger.log_input(name=f"replay/{Path(replay['dir']).name}/{name}", digest=replay["digest"],
-                         source=str(Path(replay["dir"]) / name),
-                         rows={"replayed": mix["replay"], **{f"from_round_{r}": n for r, n in mix["by_round"].items()}})
     logger.log_metrics({"replay/share": mix["share"], "replay/rows": mix["replay"], "replay/fresh_rows": mix["fresh"],
                         **{f"replay/from_round_{r}": n for r, n in mix["by_round"].items()}})
     ckpt_root = out_dir / "checkpoints"
     identity = run_identity(cfg, kind, init=digest_dir(Path(init_dir)), separator=sep,
-                            reward_data=reward_data[f"{name}_digest"], round=replay["round"],
+                            reward_data={n: reward_data[f"{n}_digest"] for n in names}, round=replay["round"],
                             **({"replay": replay["digest"], "replay_fraction": cfg.rounds.replay_fraction}
                                if replay["dir"] is not None else {}))  # round 1 has no history to replay
     resume, saved = d.main_first(lambda: find_resume(ckpt_root, identity))
-    model = place(load_reward_model(resume or init_dir, kind), cfg.launch, train=True)
+    model = place(resume_or_init(resume, init_dir, kind, cfg, replay["round"]), cfg.launch, train=True)
+    model.config.step_separator = sep  # saved with the model: `grpo-pipeline score` splits steps as we do
     amp = functools.partial(autocast, cfg.launch, model_device(model))
     tokenizer = load_tokenizer(resume or init_dir)
     opt = torch.optim.AdamW(model.parameters(), lr=rc.lr, betas=(0.9, 0.95), weight_decay=rc.weight_decay)
@@ -181,12 +248,12 @@ def run_reward_model(cfg: PipelineConfig, kind: str, reward_data: dict, init_dir
             rows = [train[i] for i in batch[d.split(len(batch))]]
             with amp():
                 if kind == "orm":
-                    local, n = bradley_terry_loss(*pair_logits(trained, tokenizer, rows)), len(rows)
+                    terms = orm_loss_terms(trained, tokenizer, rows)
                 else:
                     rollout, ends, labels, mask = step_batch(tokenizer, rows, sep, cfg.prm.label)
-                    local, n = step_bce_loss(prm_step_logits(trained, rollout, ends), labels, mask), float(mask.sum())
-            # The local mean re-weighted into this process's share of the global batch's mean.
-            share = local * (n / max(float(d.sum(n)), 1.0))
+                    terms = [(step_bce_loss(prm_step_logits(trained, rollout, ends), labels, mask), float(mask.sum()))]
+            # Each local mean re-weighted into this process's share of the global batch's mean.
+            share = sum(local * (n / max(float(d.sum(n)), 1.0)) for local, n in terms)
             opt.zero_grad(set_to_none=True)
             (share * d.world).backward()  # DDP averages the processes' gradients
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), rc.max_grad_norm)
@@ -201,7 +268,7 @@ def run_reward_model(cfg: PipelineConfig, kind: str, reward_data: dict, init_dir
         st["batch"] = 0
         metrics = d.broadcast(evaluate(model, tokenizer, kind, test, solutions, sep, rc.batch_size) if d.main else None)
         logger.log_metrics({f"heldout/{k}": v for k, v in metrics.items()}, step=st["step"])
-        key = metrics["pairwise_accuracy" if kind == "orm" else "step_auc"]
+        key = metrics[QUALITY_KEY[kind]]
         key = key if key == key else -1.0  # an undefined AUC (one class only) never wins
         if keep_if_best(st, key, model, tokenizer, out_dir, save=d.main):
             st["best_metrics"] = metrics
@@ -211,7 +278,13 @@ def run_reward_model(cfg: PipelineConfig, kind: str, reward_data: dict, init_dir
     if not d.main:
         return None
     final_dir = publish_best(out_dir)
+    quality = st.get("best_metrics", {}).get(QUALITY_KEY[kind], float("nan"))
+    gate = {"metric": QUALITY_KEY[kind], "value": quality, "threshold": rc.min_auc,
+            "passed": bool(quality >= rc.min_auc)}  # NaN (one class only) fails
+    logger.log_metrics({"quality_gate/passed": float(gate["passed"])})
     return write_manifest(out_dir, {"stage": kind, "model": str(final_dir), "init": str(init_dir),
+                                    "init_from": rc.init if replay["round"] == 1 else "previous round",
+                                    "quality_gate": gate,
                                     "round": replay["round"], "heldout_before": st.get("before_metrics", {}),
                                     "heldout": st.get("best_metrics", {}), "best_epoch_step": st["best_step"],
                                     "steps": st["step"], "epochs": st["epoch"], "n_train": len(train),
