@@ -41,8 +41,9 @@ test: venv
 baseline: venv
 	$(BIN)/grpo-pipeline baseline runs/demo
 
+SEEDS ?= 3
 compare: venv
-	$(BIN)/grpo-pipeline compare runs/demo
+	$(BIN)/grpo-pipeline compare runs/demo --seeds $(SEEDS)
 
 ROUNDS ?= 1
 rounds: venv

@@ -1,10 +1,19 @@
-"""The ``compare`` flow: GRPO reward variants from one finished run's SFT checkpoint, side by side
-(the first RL round: its reward models were trained on the SFT model's samples).
+"""The ``compare`` flow: RL variants from one finished run's SFT checkpoint, several seeds each, side
+by side with the no-RL baseline (the first RL round: its reward models were trained on the SFT
+model's samples).
 
-Variants: the rule reward (answer checker), ORM outcome supervision and PRM process supervision,
-each with the recipe's GRPO settings and budget, evaluated on the same test questions. A variant
-whose GRPO settings equal the run's own reuses its finished GRPO stage. The table goes to an MLflow
-run (``compare-<run_name>``, child runs per stage) and to a Prefect table artifact.
+Variants (``VARIANTS``): SFT continued on its worked solutions for the time the run's round-1 GRPO
+took (the honest baseline: what a user without RL would do with the compute), and GRPO with the rule reward (answer
+checker), ORM outcome supervision, PRM process supervision, and the rule reward plus PRM process
+supervision (the exact outcome with dense step credit). Every variant gets the recipe's settings and
+budget (``grpo.max_seconds`` / ``grpo.steps``), once per seed, and
+is evaluated on the same test questions. Seed s of every variant is the recipe's seed + s; seed 0 of
+a GRPO variant whose settings equal the run's own reuses its finished round-1 GRPO stage.
+
+Reported per variant: test accuracy mean ± std over seeds, and the paired difference (seed by seed,
+same questions) to the SFT model and to continued SFT with a 95% Student-t interval over seeds
+(``grpo_core.stats``). The table goes to an MLflow run (``compare-<run_name>``, child runs per stage),
+a Prefect table artifact and ``runs/<run>/compare/manifest.json``.
 """
 from __future__ import annotations
 
@@ -17,33 +26,56 @@ from prefect.artifacts import create_table_artifact
 
 from grpo_core.config import PipelineConfig
 from grpo_core.stages.common import write_manifest
+from grpo_core.stats import mean_std, seed_interval
 from grpo_core.tracking import MlflowLogger
-from tasks.stages import eval_task, grpo_task, grpo_upstream, run_stage
+from tasks.stages import eval_task, grpo_task, grpo_upstream, run_stage, sft_task
 from tasks.tracking import end_run, experiment_id, start_run, tracking_uri
 
+BASELINE = "continued-sft"
 VARIANTS = {
+    BASELINE: None,
     "rule-outcome": {"reward_weights": {"rule": 1.0}, "supervision": "outcome"},
     "orm-outcome": {"reward_weights": {"orm": 1.0}, "supervision": "outcome"},
     "prm-process": {"reward_weights": {"prm": 1.0}, "supervision": "process"},
+    "rule+prm-process": {"reward_weights": {"rule": 1.0, "prm": 1.0}, "supervision": "process"},
 }
 
 
-def variant_config(cfg: PipelineConfig, grpo_update: dict) -> PipelineConfig:
+def variant_config(cfg: PipelineConfig, grpo_update: dict | None, seed: int, seconds: float) -> PipelineConfig:
+    """The recipe for one (variant, seed); continued SFT (``grpo_update`` None) runs the recipe's SFT
+    schedule from the SFT model for ``seconds`` (the run's round-1 GRPO time), without early stopping."""
+    if grpo_update is None:
+        sft = cfg.sft.model_copy(update={"max_seconds": seconds, "max_steps": 10**9, "patience": 0})
+        return cfg.model_copy(update={"sft": sft, "seed": seed})
     grpo = cfg.grpo.model_validate({**cfg.grpo.model_dump(), **grpo_update})
-    return cfg.model_copy(update={"grpo": grpo})
+    return cfg.model_copy(update={"grpo": grpo, "seed": seed})
 
 
 def reward_model_metric(first_round: dict, uses: tuple[str, ...]) -> str:
-    """The held-out quality of the reward model a variant trains on, as a short string."""
+    """The held-out quality of the reward models a variant trains on, as a short string."""
+    parts = []
     if "orm" in uses:
-        return f"ORM pairwise acc {first_round['orm']['heldout'].get('pairwise_accuracy', float('nan')):.3f}"
+        parts.append(f"ORM AUC {first_round['orm']['heldout'].get('auc', float('nan')):.3f}")
     if "prm" in uses:
-        return f"PRM step AUC {first_round['prm']['heldout'].get('step_auc', float('nan')):.3f}"
-    return "exact checker"
+        parts.append(f"PRM step AUC {first_round['prm']['heldout'].get('step_auc', float('nan')):.3f}")
+    return ", ".join(parts) or "-"
+
+
+def summarise(name: str, accs: list[float], sft_acc: float, baseline: list[float] | None) -> dict:
+    """A table row: accuracy over seeds, and the paired differences to SFT and to continued SFT."""
+    mean, std = mean_std(accs)
+    row = {"variant": name, "seeds": len(accs), "test_accuracy_mean": round(mean, 4), "test_accuracy_std": round(std, 4)}
+    for label, ref in (("sft", [sft_acc] * len(accs)), (BASELINE, baseline)):
+        if ref is None or name in ("sft", label) or len(ref) != len(accs):
+            continue
+        d = seed_interval(accs, ref)
+        row[f"gain_over_{label}"] = round(d["mean"], 4)
+        row[f"gain_over_{label}_95ci"] = [round(d["low"], 4), round(d["high"], 4)]
+    return row
 
 
 @flow(name="compare")
-def compare(run_dir: str, variants: list[str] | None = None) -> list[dict]:
+def compare(run_dir: str, variants: list[str] | None = None, seeds: int = 3) -> list[dict]:
     log = get_run_logger()
     root = Path(run_dir).resolve()
     manifest = json.loads((root / "manifest.json").read_text())
@@ -52,47 +84,55 @@ def compare(run_dir: str, variants: list[str] | None = None) -> list[dict]:
     parent = start_run(uri, experiment_id(uri, cfg.tracking.experiment), f"compare-{cfg.run_name}",
                        tags={"pipeline": "deepseekmath-grpo", "compare_of": manifest["mlflow_run_id"]})
     common = {"uri": uri, "parent_id": parent}
-    rows: list[dict] = []
     try:
         data = manifest["stages"]["data"]
         sft = manifest["stages"]["sft"]
         first = manifest["rounds"][0]["stages"]  # round 1: GRPO and reward models from the SFT model
-        models, digests = {"sft": sft["model"]}, {"sft": sft["digest"]}
-        names = variants or list(VARIANTS)
-        for name in names:
-            vcfg = variant_config(cfg, VARIANTS[name])
-            uses = vcfg.grpo.reward_models_used
+        models, digests, runs = {"sft": sft["model"]}, {"sft": sft["digest"]}, {}
+        for name in variants or list(VARIANTS):
+            update = VARIANTS[name]
+            uses = () if update is None else variant_config(cfg, update, cfg.seed, 0).grpo.reward_models_used
             missing = [k for k in uses if k not in first]
             if missing:
                 log.warning("skipping %s: the run trained no %s", name, ", ".join(missing))
                 continue
-            if vcfg.grpo == cfg.grpo:
-                grpo = first["grpo"]
-            else:
-                grpo, _ = run_stage(grpo_task, cfg=vcfg, out_dir=str(root / "compare" / name),
-                                    upstream=grpo_upstream(data, sft, {k: first[k]["model"] for k in uses},
-                                                           {k: first[k]["digest"] for k in uses}),
-                                    **common)
-            models[name], digests[name] = grpo["model"], grpo["digest"]
-            rows.append({"variant": name, "reward_model": reward_model_metric(first, uses),
-                         "grpo_steps": grpo["steps"], "grpo_wall_s": grpo["wall_s"],
-                         "best_val_accuracy": round(grpo["best_val_accuracy"], 4)})
+            runs[name] = []
+            for s in range(seeds):
+                vcfg = variant_config(cfg, update, cfg.seed + s, first["grpo"]["wall_s"])
+                out = str(root / "compare" / name / f"seed-{s}")
+                if update is None:
+                    stage, _ = run_stage(sft_task, cfg=vcfg, out_dir=out, upstream={
+                        "data_dir": data["dir"], "data": data["digest"], "init_model": sft["model"],
+                        "init": sft["digest"]}, **common)
+                elif s == 0 and vcfg.grpo == cfg.grpo:
+                    stage = first["grpo"]
+                else:
+                    stage, _ = run_stage(grpo_task, cfg=vcfg, out_dir=out, upstream=grpo_upstream(
+                        data, sft, {k: first[k]["model"] for k in uses}, {k: first[k]["digest"] for k in uses}), **common)
+                key = f"{name}/seed-{s}"
+                models[key], digests[key] = stage["model"], stage["digest"]
+                runs[name].append({"seed": vcfg.seed, "wall_s": stage["wall_s"], "steps": stage["steps"],
+                                   "reward_model": reward_model_metric(first, uses)})
         ev, _ = run_stage(eval_task, cfg=cfg, out_dir=str(root / "compare" / "eval"),
                           upstream={"data_dir": data["dir"], "data": data["digest"], "models": models,
-                                    "digests": digests}, **common)
+                                    "digests": [digests[k] for k in models]}, **common)
         results = ev["results"]
-        for row in rows:
-            row["test_accuracy"] = round(results[row["variant"]]["accuracy"], 4)
-            row["gain_over_sft"] = round(results[row["variant"]]["accuracy"] - results["sft"]["accuracy"], 4)
-        rows.insert(0, {"variant": "sft", "reward_model": "-", "grpo_steps": 0, "grpo_wall_s": 0.0,
-                        "best_val_accuracy": round(sft["best_val_accuracy"], 4),
-                        "test_accuracy": round(results["sft"]["accuracy"], 4), "gain_over_sft": 0.0})
+        sft_acc = results["sft"]["accuracy"]
+        accs = {name: [results[f"{name}/seed-{s}"]["accuracy"] for s in range(len(r))] for name, r in runs.items()}
+        rows = [summarise("sft", [sft_acc], sft_acc, None)]
+        for name, r in runs.items():
+            rows.append({**summarise(name, accs[name], sft_acc, accs.get(BASELINE)),
+                         "reward_model": r[0]["reward_model"], "steps_mean": mean_std([x["steps"] for x in r])[0],
+                         "wall_s_mean": round(mean_std([x["wall_s"] for x in r])[0], 1),
+                         "per_seed": [round(a, 4) for a in accs[name]]})
         tracker = MlflowLogger(uri, parent)
         tracker.log_table(rows, "comparison.json")
-        tracker.log_metrics({f"compare/{r['variant']}/test_accuracy": r["test_accuracy"] for r in rows})
+        tracker.log_metrics({f"compare/{r['variant']}/test_accuracy_mean": r["test_accuracy_mean"] for r in rows})
         create_table_artifact(key=f"compare-{cfg.run_name}".lower().replace("_", "-").replace(".", "-"),
-                              table=rows, description=f"GRPO reward variants from {root} (MLflow run {parent})")
-        write_manifest(root / "compare", {"rows": rows, "mlflow_run_id": parent})
+                              table=[{k: str(v) for k, v in r.items()} for r in rows],
+                              description=f"RL variants from {root}, {seeds} seed(s) each (MLflow run {parent})")
+        write_manifest(root / "compare", {"rows": rows, "runs": runs, "n_test": results["sft"]["n"],
+                                          "mlflow_run_id": parent})
     except BaseException:
         end_run(uri, parent, "FAILED")
         raise
@@ -102,8 +142,20 @@ def compare(run_dir: str, variants: list[str] | None = None) -> list[dict]:
 
 
 def format_table(rows: list[dict]) -> str:
-    """A Markdown table of the comparison rows."""
-    cols = ["variant", "test_accuracy", "gain_over_sft", "best_val_accuracy", "reward_model", "grpo_steps", "grpo_wall_s"]
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(str(r.get(c, "")) for c in cols) + " |" for r in rows]
+    """A Markdown table of the comparison rows (accuracies and gains in points)."""
+    def pts(x: float) -> str:
+        return f"{100 * x:+.1f}"
+
+    lines = ["| variant | seeds | test accuracy (mean ± std) | vs SFT (95% CI) | vs continued SFT (95% CI) | reward model |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        gains = []
+        for label in ("sft", BASELINE):
+            if f"gain_over_{label}" in r:
+                low, high = r[f"gain_over_{label}_95ci"]
+                gains.append(f"{pts(r[f'gain_over_{label}'])} [{pts(low)}, {pts(high)}]")
+            else:
+                gains.append("-")
+        lines.append(f"| {r['variant']} | {r['seeds']} | {100 * r['test_accuracy_mean']:.1f} ± "
+                     f"{100 * r['test_accuracy_std']:.1f} | {gains[0]} | {gains[1]} | {r.get('reward_model', '-')} |")
     return "\n".join(lines)

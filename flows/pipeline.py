@@ -45,6 +45,19 @@ def pretraining_stages(config: PipelineConfig, run_dir, data: dict, common: dict
     return {"corpus": (done, hit), "pretrain": pre}
 
 
+def gain_over_sft(results: dict) -> dict:
+    """The final policy's accuracy minus the SFT model's on the same test questions, with a 95%
+    interval over the questions (one seed: what this run shows, not what the recipe does on average;
+    ``compare`` repeats seeds)."""
+    from grpo_core.stats import question_interval
+
+    paths = [results[name].get("per_question") for name in ("policy", "sft")]
+    if not all(paths) or not all(Path(p).exists() for p in paths):
+        return {}
+    policy, sft = (json.loads(Path(p).read_text()) for p in paths)
+    return question_interval(policy, sft)
+
+
 @flow(name="pipeline")
 def pipeline(config: PipelineConfig) -> dict:
     log = get_run_logger()
@@ -83,6 +96,10 @@ def pipeline(config: PipelineConfig) -> dict:
         stages = {"data": data, **{k: m for k, (m, _) in pre_stages.items()}, "sft": sft, "eval": ev}
         eval_results = {**ev["results"], "policy": policy["stages"]["eval"]["results"]["policy"]}
         tracker.log_metrics({f"eval/{name}/accuracy": r["accuracy"] for name, r in eval_results.items()})
+        gain = gain_over_sft(eval_results)
+        if gain:
+            tracker.log_metrics({"eval/gain_over_sft": gain["mean"], "eval/gain_over_sft_low": gain["low"],
+                                 "eval/gain_over_sft_high": gain["high"]})
         tracker.set_tags({"cached_stages": ",".join(cached) or "none",
                           "champion_version": rounds[-1]["champion"]["version"],
                           **{f"stage_run.{s}": m["mlflow_run_id"] for s, m in stages.items()},
@@ -93,6 +110,7 @@ def pipeline(config: PipelineConfig) -> dict:
             "sft_model": sft["model"],
             "data_dir": data["dir"],
             "eval": eval_results,
+            "gain_over_sft": gain,
             "reward_models": {kind: rm["model"] for kind, rm in policy["reward_models"].items()},
             "rounds": rounds,
             "champion": rounds[-1]["champion"],

@@ -43,7 +43,8 @@ def cmd_run(a: argparse.Namespace) -> None:
     manifest = pipeline(cfg)
     summary = {
         "run_dir": str(cfg.run_dir),
-        "eval": {k: {m: v[m] for m in v if m != "model"} for k, v in manifest["eval"].items()},
+        "eval": {k: {m: v[m] for m in v if m not in ("model", "per_question")} for k, v in manifest["eval"].items()},
+        "gain_over_sft": manifest["gain_over_sft"],
         "cached_stages": manifest["cached_stages"],
         "mlflow_run_id": manifest["mlflow_run_id"],
         "tracking_uri": manifest["tracking_uri"],
@@ -98,7 +99,9 @@ def cmd_compare(a: argparse.Namespace) -> None:
     unknown = sorted(set(variants or []) - set(VARIANTS))
     if unknown:
         _fail(f"--variants: unknown {', '.join(unknown)}; choose from {', '.join(VARIANTS)}")
-    print(format_table(compare(str(run_dir), variants)))
+    if a.seeds < 1:
+        _fail(f"--seeds {a.seeds}: must be at least 1")
+    print(format_table(compare(str(run_dir), variants, a.seeds)))
 
 
 def cmd_rounds(a: argparse.Namespace) -> None:
@@ -206,9 +209,12 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("run_dir", help="a finished run, e.g. runs/demo")
     b.add_argument("--seconds", type=float, default=None, help="default: the GRPO stage's wall time")
     b.set_defaults(func=cmd_baseline)
-    c = sub.add_parser("compare", help="GRPO with the rule reward, the ORM and the PRM from one run's SFT model")
+    c = sub.add_parser("compare", help="continued SFT and GRPO with the rule reward, the ORM and the PRM from one "
+                                       "run's SFT model, several seeds each, with intervals")
     c.add_argument("run_dir", help="a finished run that trained the reward models, e.g. runs/demo")
-    c.add_argument("--variants", help="comma-separated subset of rule-outcome,orm-outcome,prm-process")
+    c.add_argument("--variants", help="comma-separated subset of continued-sft,rule-outcome,orm-outcome,prm-process,"
+                                      "rule+prm-process")
+    c.add_argument("--seeds", type=int, default=3, help="runs per variant (seed = the recipe's seed + 0..N-1)")
     c.set_defaults(func=cmd_compare)
     rr = sub.add_parser("rounds", help="continue a finished run for more RL rounds (the rl-rounds flow)")
     rr.add_argument("run_dir", help="a finished run, e.g. runs/demo")

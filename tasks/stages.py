@@ -225,7 +225,11 @@ def eval_task(cfg: PipelineConfig, out_dir: str, upstream: dict, uri: str, paren
             metrics, rows = evaluate(model, tokenizer, test, max_new_tokens=ec.max_new_tokens,
                                      batch_size=ec.batch_size, samples=ec.samples,
                                      temperature=ec.temperature, seed=cfg.seed)
-            results[name] = {**metrics, "model": model_dir}
+            # Per-question greedy correctness, for paired differences between models (grpo_core.stats).
+            per_question = Path(out_dir) / "per_question" / f"{name}.json"
+            per_question.parent.mkdir(parents=True, exist_ok=True)
+            per_question.write_text(json.dumps([int(r["correct"]) for r in rows]))
+            results[name] = {**metrics, "model": model_dir, "per_question": str(per_question)}
             log.log_metrics({f"eval/{name}/{k}": v for k, v in metrics.items()})
             log.log_table(rows[: ec.log_examples], f"eval/{name}_samples.json")
         return _finish("eval", cfg, out_dir, upstream, {"stage": "eval", "results": results}, log.run_id)

@@ -215,14 +215,24 @@ def test_compare_flow_reuses_the_runs_grpo_and_tabulates(prefect_harness, tmp_pa
                    orm__train=True, reward_data__questions=8, reward_data__samples_per_question=3,
                    reward_data__max_new_tokens=12, reward_data__mc_rollouts=2, reward_data__heldout_fraction=0.25)
     manifest = pipeline(cfg)
-    rows = compare(str(tmp_path / "runs" / "cmp"))  # prm-process is skipped: no PRM was trained
+    rows = compare(str(tmp_path / "runs" / "cmp"), seeds=2)  # the PRM variants are skipped: no PRM was trained
     by_variant = {r["variant"]: r for r in rows}
-    assert list(by_variant) == ["sft", "rule-outcome", "orm-outcome"]
-    assert by_variant["orm-outcome"]["grpo_wall_s"] == manifest["rounds"][0]["grpo"]["wall_s"]  # reused
-    assert (tmp_path / "runs" / "cmp" / "compare" / "rule-outcome" / "model").is_dir()
-    for row in rows:
-        assert 0.0 <= row["test_accuracy"] <= 1.0
+    assert list(by_variant) == ["sft", "continued-sft", "rule-outcome", "orm-outcome"]
+    root = tmp_path / "runs" / "cmp" / "compare"
+    runs = json.loads((root / "manifest.json").read_text())["runs"]
+    assert runs["orm-outcome"][0]["wall_s"] == manifest["rounds"][0]["grpo"]["wall_s"]  # seed 0 reused
+    assert [r["seed"] for r in runs["orm-outcome"]] == [cfg.seed, cfg.seed + 1]
+    assert not (root / "orm-outcome" / "seed-0").exists() and (root / "orm-outcome" / "seed-1" / "model").is_dir()
+    assert (root / "rule-outcome" / "seed-0" / "model").is_dir() and (root / "continued-sft" / "seed-1" / "model").is_dir()
+    sft_acc = by_variant["sft"]["test_accuracy_mean"]
+    for name in ("continued-sft", "rule-outcome", "orm-outcome"):
+        row = by_variant[name]
+        assert row["seeds"] == 2 and len(row["per_seed"]) == 2
+        assert row["gain_over_sft"] == pytest.approx(row["test_accuracy_mean"] - sft_acc, abs=1e-4)
+        low, high = row["gain_over_sft_95ci"]
+        assert low <= row["gain_over_sft"] <= high
+    assert "gain_over_continued-sft" in by_variant["rule-outcome"] and "gain_over_continued-sft" not in by_variant["continued-sft"]
     compare_run = mlflow_client.search_runs(
         [mlflow_client.get_run(manifest["mlflow_run_id"]).info.experiment_id],
         filter_string="tags.mlflow.runName = 'compare-cmp'")[0]
-    assert compare_run.data.metrics["compare/sft/test_accuracy"] == by_variant["sft"]["test_accuracy"]
+    assert compare_run.data.metrics["compare/sft/test_accuracy_mean"] == sft_acc

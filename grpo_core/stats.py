@@ -1,0 +1,45 @@
+"""Learning results as statistics: mean and spread over seeds, and intervals for differences.
+
+Two intervals, each for the question it answers:
+- ``seed_interval``: the mean over seeds of a paired difference (variant seed s minus baseline seed s,
+  on the same test questions), Student-t with n-1 degrees of freedom. This is what "variant A beats
+  B" means for a training recipe: seeds are the repetitions.
+- ``question_interval``: two fixed models on the same N questions (one seed), the paired difference
+  of their accuracies with a t interval on the per-question differences (McNemar's setting).
+"""
+from __future__ import annotations
+
+import math
+
+from scipy.stats import t as student_t
+
+
+def mean_std(xs: list[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (n-1; 0 for a single value)."""
+    n = len(xs)
+    mean = sum(xs) / n
+    return mean, (math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1)) if n > 1 else 0.0)
+
+
+def seed_interval(a: list[float], b: list[float], confidence: float = 0.95) -> dict[str, float]:
+    """Mean of the per-seed differences a[s] - b[s] with its Student-t interval (NaN bounds for one
+    seed: a single run says nothing about the spread)."""
+    if len(a) != len(b) or not a:
+        raise ValueError(f"paired differences need equal, non-empty lists (got {len(a)} and {len(b)})")
+    diffs = [x - y for x, y in zip(a, b)]
+    mean, std = mean_std(diffs)
+    n = len(diffs)
+    half = student_t.ppf((1 + confidence) / 2, n - 1) * std / math.sqrt(n) if n > 1 else math.nan
+    return {"mean": mean, "std": std, "low": mean - half, "high": mean + half, "n": n}
+
+
+def question_interval(a: list[bool], b: list[bool], confidence: float = 0.95) -> dict[str, float]:
+    """Accuracy of a minus accuracy of b on the same questions, with a t interval on the
+    per-question differences d_i = a_i - b_i in {-1, 0, 1} (normal for hundreds of questions)."""
+    if len(a) != len(b) or not a:
+        raise ValueError(f"paired questions need equal, non-empty lists (got {len(a)} and {len(b)})")
+    diffs = [float(x) - float(y) for x, y in zip(a, b)]
+    mean, std = mean_std(diffs)
+    n = len(diffs)
+    half = student_t.ppf((1 + confidence) / 2, max(n - 1, 1)) * std / math.sqrt(n)
+    return {"mean": mean, "low": mean - half, "high": mean + half, "n": len(diffs)}
