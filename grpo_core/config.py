@@ -242,6 +242,7 @@ class RewardDataConfig(Section):
     # Round k+1 also learns from the solutions GRPO sampled and checked in round k (fresh policy
     # samples, free: no generation). Steps are labelled only by the exact checker (MC would cost
     # rollouts); held-out questions' rollouts are dropped, so the held-out set stays unseen.
+    distinct_solutions: bool = Field(True, description="the ORM's training rows hold each different solution of a question once (repeats cost time, add little)")
     rollouts: int | None = Field(None, ge=0, description="the previous round's GRPO rollouts added to the training data (a random subset of this many; None = all, 0 = none)")
 
 

@@ -47,10 +47,12 @@ def policy_completer(policy, tokenizer, rc: RewardDataConfig, seed: int) -> Comp
     return complete
 
 
-def solution_rows(samples: list[Sampled]) -> list[dict]:
-    """Every sampled solution with its verdict (the ORM's pointwise data and its AUC)."""
+def solution_rows(samples: list[Sampled], distinct: bool = False) -> list[dict]:
+    """Every sampled solution with its verdict (the ORM's pointwise data and its AUC); ``distinct``:
+    each different solution of a group once (a right answer is often sampled 8 times alike)."""
     return [{"prompt": prompt_text(s.example.question), "completion": c, "correct": ok}
-            for s in samples for c, ok in zip(s.completions, s.correct)]
+            for s in samples for c, ok in (dict(zip(s.completions, s.correct)).items() if distinct
+                                           else zip(s.completions, s.correct))]
 
 
 def heldout_split(pool: set[Example], fraction: float) -> tuple[list[Example], list[Example]]:
@@ -114,7 +116,8 @@ def run_reward_data(cfg: PipelineConfig, data_dir: Path, policy_dir: str | Path,
         labelled = samples[: max(1, round(len(samples) * share))]
         steps = step_rows(labelled, complete if rc.labeler == "mc" else None, rc.mc_rollouts, rc.step_separator)
         pairs = outcome_pairs(samples, rc.max_pairs_per_question, seed)
-        solutions = solution_rows(samples)
+        # Held-out rows keep every sample: the AUC is over what the policy actually samples.
+        solutions = solution_rows(samples, distinct=rc.distinct_solutions and split == "train")
         flags = [ok for s in samples for ok in s.correct]
         metrics[f"{split}/sample_accuracy"] = sum(flags) / len(flags)
         metrics[f"{split}/frac_questions_mixed"] = sum(0 < sum(s.correct) < len(s.correct) for s in samples) / len(samples)
@@ -125,7 +128,7 @@ def run_reward_data(cfg: PipelineConfig, data_dir: Path, policy_dir: str | Path,
         tables["solutions"][split] = tag_rows(solutions, round_)
         if split == "train" and earlier:  # GRPO's rollouts: samples of the previous round's policy
             tables["outcome"][split] += tag_rows(outcome_pairs(earlier, rc.max_pairs_per_question, seed), round_ - 1)
-            tables["solutions"][split] += tag_rows(solution_rows(earlier), round_ - 1)
+            tables["solutions"][split] += tag_rows(solution_rows(earlier, rc.distinct_solutions), round_ - 1)
             if rc.labeler == "exact":  # free; Monte-Carlo labels would cost generations
                 tables["steps"][split] += tag_rows(step_rows(earlier, None, 0, rc.step_separator), round_ - 1)
             metrics["train/rollout_solutions"] = sum(len(s.completions) for s in earlier)
