@@ -243,6 +243,10 @@ class RewardDataConfig(Section):
     # samples, free: no generation). Steps are labelled only by the exact checker (MC would cost
     # rollouts); held-out questions' rollouts are dropped, so the held-out set stays unseen.
     distinct_solutions: bool = Field(True, description="the ORM's training rows hold each different solution of a question once (repeats cost time, add little)")
+    # Arithmetic task only: solutions with one planted error (a result off by 1-3 or an operand
+    # miscopied, carried on), labelled exactly; they teach the reward models to check each step
+    # where the policy's own mistakes alone teach which questions are hard.
+    planted_errors: int = Field(0, ge=0, description="per training question, this many solutions with one planted error, labelled exactly (arithmetic only)")
     rollouts: int | None = Field(None, ge=0, description="the previous round's GRPO rollouts added to the training data (a random subset of this many; None = all, 0 = none)")
 
 

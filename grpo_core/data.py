@@ -8,8 +8,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import random
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from grpo_core.config import ArithmeticTask, DataConfig
 from grpo_core.verify import MAX_ANSWER_CHARS
@@ -110,6 +112,23 @@ def gold_from_solution(solution: str) -> str | None:
     return solution.rsplit("####", 1)[1].strip().replace(",", "") or None
 
 
+def json_lines(path: Path, error: type[Exception] = ValueError) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed value) of every non-blank line of a JSONL file; a line that is not UTF-8
+    or not JSON raises ``error`` naming the file and line."""
+    with path.open("rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise error(f"{path}:{lineno}: not valid UTF-8 ({e.reason})") from None
+            if not line.strip():
+                continue
+            try:
+                yield lineno, json.loads(line)
+            except json.JSONDecodeError as e:
+                raise error(f"{path}:{lineno}: malformed JSON: {e.msg}") from None
+
+
 def load_jsonl(name: str, limit: int | None = None, max_chars: int = 20_000) -> list[Example]:
     """Read GSM8K form (``question``, ``answer`` ending in ``#### <final>``), failing clearly: the
     message names the file, the line and the field. A field longer than ``max_chars`` is rejected
@@ -118,38 +137,27 @@ def load_jsonl(name: str, limit: int | None = None, max_chars: int = 20_000) -> 
     if not path.exists():
         raise DataError(f"{path}: file not found")
     out: list[Example] = []
-    with path.open("rb") as f:
-        for lineno, raw in enumerate(f, 1):
-            if limit is not None and len(out) >= limit:
-                break
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise DataError(f"{path}:{lineno}: not valid UTF-8 ({e.reason})") from None
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{lineno}: malformed JSON: {e.msg}") from None
-            if not isinstance(obj, dict):
-                raise DataError(f"{path}:{lineno}: expected a JSON object")
-            for field in ("question", "answer"):
-                if not isinstance(obj.get(field), str) or not obj[field].strip():
-                    raise DataError(f"{path}:{lineno}: field {field!r} is missing or empty")
-                if len(obj[field]) > max_chars:
-                    raise DataError(f"{path}:{lineno}: field {field!r} is {len(obj[field]):,} characters, over the "
-                                    f"limit of {max_chars:,} (data.max_chars)")
-            gold = gold_from_solution(obj["answer"])
-            if gold is None:
-                raise DataError(f"{path}:{lineno}: field 'answer' has no '#### <final answer>'")
-            if len(gold) > MAX_ANSWER_CHARS:
-                raise DataError(f"{path}:{lineno}: field 'answer': the final answer is {len(gold):,} characters; "
-                                f"answers over {MAX_ANSWER_CHARS} are never compared, so nothing could match it")
-            # An answer that is only "#### N" carries no worked solution (an RL-only example).
-            worked = obj["answer"].split("####")[0].strip()
-            solution = obj["answer"].strip() if worked else None
-            out.append(Example(question=obj["question"].strip(), gold=gold, solution=solution))
+    for lineno, obj in json_lines(path, DataError):
+        if limit is not None and len(out) >= limit:
+            break
+        if not isinstance(obj, dict):
+            raise DataError(f"{path}:{lineno}: expected a JSON object")
+        for field in ("question", "answer"):
+            if not isinstance(obj.get(field), str) or not obj[field].strip():
+                raise DataError(f"{path}:{lineno}: field {field!r} is missing or empty")
+            if len(obj[field]) > max_chars:
+                raise DataError(f"{path}:{lineno}: field {field!r} is {len(obj[field]):,} characters, over the "
+                                f"limit of {max_chars:,} (data.max_chars)")
+        gold = gold_from_solution(obj["answer"])
+        if gold is None:
+            raise DataError(f"{path}:{lineno}: field 'answer' has no '#### <final answer>'")
+        if len(gold) > MAX_ANSWER_CHARS:
+            raise DataError(f"{path}:{lineno}: field 'answer': the final answer is {len(gold):,} characters; "
+                            f"answers over {MAX_ANSWER_CHARS} are never compared, so nothing could match it")
+        # An answer that is only "#### N" carries no worked solution (an RL-only example).
+        worked = obj["answer"].split("####")[0].strip()
+        solution = obj["answer"].strip() if worked else None
+        out.append(Example(question=obj["question"].strip(), gold=gold, solution=solution))
     if not out:
         raise DataError(f"{path}: no examples")
     return out

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from grpo_core.data import prompt_text
+from grpo_core.data import json_lines, prompt_text
 from grpo_core.policy import encode
 
 
@@ -39,18 +39,11 @@ def reward_model_kind(model_dir: str | Path) -> str:
 def read_rows(path: str | Path) -> list[tuple[str, str]]:
     """(prompt, completion) of every row: ``prompt`` as given, or ``question`` in the pipeline's
     prompt template; ``completion`` a string. A bad row stops here, named by file and line."""
+    path = Path(path)
+    if not path.is_file():
+        raise ScoreInputError(f"{path}: file not found")
     out = []
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise ScoreInputError(f"{path}: cannot read: {e}") from None
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ScoreInputError(f"{path}:{n}: not JSON ({e.msg})") from None
+    for n, row in json_lines(path, ScoreInputError):
         if not isinstance(row, dict):
             raise ScoreInputError(f"{path}:{n}: expected an object with question (or prompt) and completion")
         if isinstance(row.get("prompt"), str):

@@ -122,3 +122,24 @@ def exact_step_labels(question: str, steps: list[str], gold: str) -> list[bool] 
     if labels and extract_answer(steps[-1]) is None:
         labels[-1] = False
     return labels
+
+
+def planted_error(question: str, rng) -> str | None:
+    """A worked solution of an arithmetic ``question`` with one planted error, carried on to the
+    end: at a random step either the result is off by 1-3 or the operand is miscopied by 1-2 (and
+    the result computed from it); every later step starts from the wrong value, so the final answer
+    is wrong too. None for another task. Reward-model training data: a negative that differs from
+    the right solution only where it goes wrong (``exact_step_labels`` labels it)."""
+    chain = reference_steps(question)
+    if chain is None:
+        return None
+    at, delta = rng.randrange(len(chain)), rng.choice((-3, -2, -1, 1, 2, 3))
+    miscopy = rng.random() < 0.5 and abs(delta) <= 2 and 1 <= chain[at][2] + delta <= 9  # a digit still
+    value, lines = chain[0][0], []
+    for k, (_, op, b, _) in enumerate(chain):
+        b = b + delta if k == at and miscopy else b
+        new = value + b if op == "+" else value - b
+        new = new + delta if k == at and not miscopy else new
+        lines.append(f"{value} {op} {b} = {new}")
+        value = new
+    return "\n".join(lines + [f"#### {value}"])

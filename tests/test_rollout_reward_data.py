@@ -55,6 +55,8 @@ def test_rollouts_become_groups_of_training_questions_only(grpo_dir):
     assert [(r["prompt"], r["correct"]) for r in sols] == [
         (prompt_text(Q1), True), (prompt_text(Q1), False), (prompt_text(Q2), True), (prompt_text(Q2), False),
         (prompt_text(Q1), True), (prompt_text(Q1), True)]
+    # Distinct solutions (the ORM's training rows): the all-right group's two alike samples count once.
+    assert len(solution_rows(groups, distinct=True)) == 5
     # Pairs: one per mixed group (1 right x 1 wrong); the all-right group gives none.
     pairs = outcome_pairs(groups, max_pairs=4, seed=0)
     assert [(p["chosen"], p["rejected"]) for p in pairs] == [(RIGHT1, WRONG1), (RIGHT2, SLIP2)]
@@ -84,3 +86,37 @@ def test_grpo_logs_every_checked_rollout_and_a_resume_logs_no_step_twice(tmp_pat
     run_grpo(tiny_cfg(tmp_path, grpo__steps=3, **kw), tiny_data_dir, tiny_model_dir, tmp_path / "B")
     a, b = rollout_log.read_logs(tmp_path / "A"), rollout_log.read_logs(tmp_path / "B")
     assert len(a) == 3 * 2 * 2 and a == b  # identical samples, none twice, the stale line gone
+
+
+@pytest.mark.parametrize("question,gold", [("What is 7 + 5 - 9?", "3"), ("What is 1 - 2 + 3 - 4?", "-2"),
+                                           ("What is 9 + 9?", "18")])
+def test_a_planted_error_is_one_wrong_step_carried_to_a_wrong_answer(question, gold):
+    import random
+
+    from grpo_core.steps import exact_step_labels, planted_error, reference_steps, step_texts
+
+    chain = reference_steps(question)
+    rng = random.Random(0)
+    for _ in range(50):
+        text = planted_error(question, rng)
+        steps = step_texts(text)
+        labels = exact_step_labels(question, steps, gold)
+        first = labels.index(False)
+        # Right up to the planted step, wrong from it on (the final answer included).
+        assert labels == [True] * first + [False] * (len(steps) - first) and first < len(chain)
+        assert steps[-1] != f"#### {gold}" and len(steps) == len(chain) + 1
+        # Operands stay digits 1..9; each line's arithmetic is right except, maybe, the planted one.
+        a, op, b, _, c = steps[first].split()
+        assert 1 <= int(b) <= 9
+
+
+def test_planted_samples_are_negatives_of_their_questions(tmp_path):
+    from grpo_core.data import Example
+    from grpo_core.stages.reward_data import planted_samples
+
+    groups = planted_samples([Example(Q1, "3"), Example(Q2, "3")], 3, seed=0)
+    assert [(g.example.question, len(g.completions), g.correct) for g in groups] == [
+        (Q1, 3, [False] * 3), (Q2, 3, [False] * 3)]
+    assert groups[0].completions == planted_samples([Example(Q1, "3")], 3, seed=0)[0].completions  # reproducible
+    with pytest.raises(ValueError, match="arithmetic task"):
+        planted_samples([Example("Name a prime.", "2")], 1, seed=0)

@@ -80,7 +80,7 @@ def test_out_file_holds_the_same_lines(tmp_path, capsys, reward_model_dirs):
     ('{"question": "What is 1 + 1?"}', "rows.jsonl:3: field completion missing"),
     ('{"completion": "#### 2"}', "rows.jsonl:3: field question \\(or prompt\\) missing"),
     ('{"question": 5, "completion": "#### 2"}', "rows.jsonl:3: field question \\(or prompt\\) missing or not a string"),
-    ("not json", "rows.jsonl:3: not JSON"),
+    ("not json", "rows.jsonl:3: malformed JSON"),
     ("[1, 2]", "rows.jsonl:3: expected an object"),
 ])
 def test_a_malformed_row_is_named_by_file_and_line(tmp_path, capsys, reward_model_dirs, line, message):

@@ -21,6 +21,7 @@ from grpo_core import rollout_log
 from grpo_core.replay import ORIGIN, tag_rows
 from grpo_core.reward_data import Completer, Sampled, label_agreement, outcome_pairs, sample_solutions, step_rows
 from grpo_core.data import Example, prompt_text
+from grpo_core.steps import planted_error
 from grpo_core.stages.common import Stopwatch, digest_dir, read_split, round_seed, set_threads, write_manifest
 from grpo_core.runtime import place
 from grpo_core.tracking import MetricLogger, NullLogger
@@ -45,6 +46,18 @@ def policy_completer(policy, tokenizer, rc: RewardDataConfig, seed: int) -> Comp
         return out
 
     return complete
+
+
+def planted_samples(examples: list[Example], n: int, seed: int) -> list[Sampled]:
+    """``n`` solutions with one planted error (``steps.planted_error``) per arithmetic question."""
+    rng = random.Random(f"planted-{seed}")
+    out = []
+    for e in examples:
+        texts = [planted_error(e.question, rng) for _ in range(n)]
+        if texts[0] is None:
+            raise ValueError("reward_data.planted_errors works only for the arithmetic task; set it to 0")
+        out.append(Sampled(e, texts, [False] * n))
+    return out
 
 
 def solution_rows(samples: list[Sampled], distinct: bool = False) -> list[dict]:
@@ -126,6 +139,11 @@ def run_reward_data(cfg: PipelineConfig, data_dir: Path, policy_dir: str | Path,
         tables["outcome"][split] = tag_rows(pairs, round_)
         tables["steps"][split] = tag_rows(steps, round_)
         tables["solutions"][split] = tag_rows(solutions, round_)
+        if split == "train" and rc.planted_errors:  # negatives that differ from a right solution only where wrong
+            planted = planted_samples(examples, rc.planted_errors, seed)
+            tables["solutions"][split] += tag_rows(solution_rows(planted, rc.distinct_solutions), round_)
+            tables["steps"][split] += tag_rows(step_rows(planted, None, 0, rc.step_separator), round_)
+            metrics["train/planted_solutions"] = sum(len(s.completions) for s in planted)
         if split == "train" and earlier:  # GRPO's rollouts: samples of the previous round's policy
             tables["outcome"][split] += tag_rows(outcome_pairs(earlier, rc.max_pairs_per_question, seed), round_ - 1)
             tables["solutions"][split] += tag_rows(solution_rows(earlier, rc.distinct_solutions), round_ - 1)

@@ -288,7 +288,7 @@ def run_reward_model(cfg: PipelineConfig, kind: str, reward_data: dict, init_dir
                                     "round": replay["round"], "heldout_before": st.get("before_metrics", {}),
                                     "heldout": st.get("best_metrics", {}), "best_epoch_step": st["best_step"],
                                     "steps": st["step"], "epochs": st["epoch"], "n_train": len(train),
-                                    "n_test": len(test), "replay": mix, "wall_s": round(clock.elapsed, 1)})
+                                    "n_test": len(held_out), "replay": mix, "wall_s": round(clock.elapsed, 1)})
 
 
 @record  # under torchrun, a failing rank's traceback goes into the launcher's summary
