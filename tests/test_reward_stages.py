@@ -132,3 +132,22 @@ def test_reward_data_stage_writes_reloadable_splits_even_when_empty(tmp_path, ti
         assert set(data) == {"train", "test"}
         assert len(data["train"]) + len(data["test"]) == manifest["metrics"][f"train/n_{name}"] + manifest["metrics"][f"test/n_{name}"]
     assert manifest["metrics"]["train/n_outcome"] == 0 and manifest["metrics"]["train/n_solutions"] == 4 * 2
+
+
+def test_planted_errors_join_the_training_split_only(tmp_path, tiny_cfg, tiny_model_dir, tiny_data_dir):
+    from datasets import load_from_disk
+
+    from grpo_core.stages.reward_data import run_reward_data
+
+    cfg = tiny_cfg(tmp_path, reward_data__questions=6, reward_data__samples_per_question=2,
+                   reward_data__max_new_tokens=8, reward_data__labeler="exact", reward_data__heldout_fraction=0.34,
+                   reward_data__planted_errors=3)
+    manifest = run_reward_data(cfg, tiny_data_dir, tiny_model_dir, tmp_path / "rd")
+    # 4 training questions x 3 planted solutions, every one wrong, each with exact step labels.
+    assert manifest["metrics"]["train/planted_solutions"] == 4 * 3
+    solutions = load_from_disk(manifest["solutions_dir"])
+    planted = [r for r in solutions["train"] if r["completion"].startswith(tuple("0123456789-")) and "####" in r["completion"]]
+    assert len(planted) >= 4 * 3 - 4 and not any(r["correct"] for r in planted)  # (distinct: alike ones once)
+    steps = load_from_disk(manifest["steps_dir"])
+    assert any(False in r["labels"] for r in steps["train"])
+    assert len(solutions["test"]) == 2 * 2  # held-out: the policy's own samples only

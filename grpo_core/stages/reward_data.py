@@ -93,6 +93,27 @@ def rollout_samples(grpo_dir: str | Path, allowed: set[str], n: int | None, seed
     return list(groups.values())
 
 
+def training_extras(rc: RewardDataConfig, examples: list[Example], earlier: list[Sampled], seed: int, round_: int,
+                    metrics: dict[str, float]) -> dict[str, list[dict]]:
+    """Rows only the training split gets, per dataset: solutions with planted errors (negatives
+    that differ from a right solution only where wrong) and the previous round's GRPO rollouts
+    (samples of round ``round_ - 1``; their steps labelled only by the exact checker, which is free
+    where Monte-Carlo labels would cost generations). Their counts go into ``metrics``."""
+    out: dict[str, list[dict]] = {name: [] for name in DATASETS}
+    if rc.planted_errors:
+        planted = planted_samples(examples, rc.planted_errors, seed)
+        out["solutions"] += tag_rows(solution_rows(planted, rc.distinct_solutions), round_)
+        out["steps"] += tag_rows(step_rows(planted, None, 0, rc.step_separator), round_)
+        metrics["train/planted_solutions"] = sum(len(s.completions) for s in planted)
+    if earlier:
+        out["outcome"] += tag_rows(outcome_pairs(earlier, rc.max_pairs_per_question, seed), round_ - 1)
+        out["solutions"] += tag_rows(solution_rows(earlier, rc.distinct_solutions), round_ - 1)
+        if rc.labeler == "exact":
+            out["steps"] += tag_rows(step_rows(earlier, None, 0, rc.step_separator), round_ - 1)
+        metrics["train/rollout_solutions"] = sum(len(s.completions) for s in earlier)
+    return out
+
+
 def run_reward_data(cfg: PipelineConfig, data_dir: Path, policy_dir: str | Path, out_dir: Path,
                     logger: MetricLogger | None = None, round_: int = 1, rollouts: str | Path | None = None) -> dict:
     """Samples of the policy of RL round ``round_`` (the SFT model in round 1) on RL questions drawn
@@ -139,17 +160,9 @@ def run_reward_data(cfg: PipelineConfig, data_dir: Path, policy_dir: str | Path,
         tables["outcome"][split] = tag_rows(pairs, round_)
         tables["steps"][split] = tag_rows(steps, round_)
         tables["solutions"][split] = tag_rows(solutions, round_)
-        if split == "train" and rc.planted_errors:  # negatives that differ from a right solution only where wrong
-            planted = planted_samples(examples, rc.planted_errors, seed)
-            tables["solutions"][split] += tag_rows(solution_rows(planted, rc.distinct_solutions), round_)
-            tables["steps"][split] += tag_rows(step_rows(planted, None, 0, rc.step_separator), round_)
-            metrics["train/planted_solutions"] = sum(len(s.completions) for s in planted)
-        if split == "train" and earlier:  # GRPO's rollouts: samples of the previous round's policy
-            tables["outcome"][split] += tag_rows(outcome_pairs(earlier, rc.max_pairs_per_question, seed), round_ - 1)
-            tables["solutions"][split] += tag_rows(solution_rows(earlier, rc.distinct_solutions), round_ - 1)
-            if rc.labeler == "exact":  # free; Monte-Carlo labels would cost generations
-                tables["steps"][split] += tag_rows(step_rows(earlier, None, 0, rc.step_separator), round_ - 1)
-            metrics["train/rollout_solutions"] = sum(len(s.completions) for s in earlier)
+        if split == "train":
+            for name, rows in training_extras(rc, examples, earlier, seed, round_, metrics).items():
+                tables[name][split] += rows
         for name in DATASETS:
             metrics[f"{split}/n_{name}"] = len(tables[name][split])
     manifest: dict = {"stage": "reward_data", "round": round_, "dir": str(out_dir), "questions": len(questions),

@@ -1,0 +1,60 @@
+"""Questions of the demo task's spec that a run never generated, in GSM8K form (JSONL out).
+
+Drawn as the task draws them (2-4 operands 1..9, counts from ``data.arithmetic.operand_counts``),
+minus every question in the run's splits: mostly the longer chains, which the splits use up least.
+An evaluation on data the project never tuned on:
+
+    python bench/unseen_questions.py runs/demo --n 2000 --out /tmp/unseen.jsonl
+    grpo-pipeline eval --model runs/demo/sft/model --data /tmp/unseen.jsonl
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from pathlib import Path
+
+import yaml
+
+from grpo_core.data import arithmetic_solution, load_jsonl
+
+
+def question_text(operands: list[int], ops: list[str]) -> str:
+    return "What is " + " ".join([str(operands[0])] + [f"{o} {x}" for o, x in zip(ops, operands[1:])]) + "?"
+
+
+def unseen_questions(run_dir: Path, n: int, seed: int) -> list[tuple[list[int], list[str]]]:
+    """``n`` distinct (operands, operators) whose question is in none of the run's splits."""
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    task = yaml.safe_load((run_dir / "config.yaml").read_text())["data"]["arithmetic"]
+    data_dir = Path(manifest["data_dir"])
+    seen = {e.question for split in ("sft", "rl", "val", "test") for e in load_jsonl(str(data_dir / f"{split}.jsonl"))}
+    rng, out, drawn = random.Random(seed), [], set()
+    for _ in range(1000 * n):
+        if len(out) == n:
+            return out
+        k = rng.choice(task["operand_counts"])
+        operands = [rng.randint(task["min_operand"], task["max_operand"]) for _ in range(k)]
+        ops = [rng.choice("+-") for _ in range(k - 1)]
+        q = question_text(operands, ops)
+        if q not in seen and q not in drawn:
+            drawn.add(q)
+            out.append((operands, ops))
+    raise ValueError(f"{run_dir}: fewer than {n} questions of the task are unseen")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("run_dir")
+    p.add_argument("--n", type=int, default=2000)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--out", required=True)
+    a = p.parse_args()
+    with open(a.out, "w") as f:
+        for operands, ops in unseen_questions(Path(a.run_dir), a.n, a.seed):
+            solution, _ = arithmetic_solution(operands, ops)
+            f.write(json.dumps({"question": question_text(operands, ops), "answer": solution}) + "\n")
+
+
+if __name__ == "__main__":
+    main()
