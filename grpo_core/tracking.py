@@ -6,13 +6,15 @@ explicit ids work from any thread or subprocess). ``NullLogger`` is for tests an
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Any, Protocol
 
 
 def metric_name(key: str) -> str:
-    """MLflow allows only [A-Za-z0-9_ ./:-] in names: ``maj@8`` is logged as ``maj_at_8``."""
-    return key.replace("@", "_at_")
+    """MLflow allows only [A-Za-z0-9_ ./:-] in names: ``maj@8`` is logged as ``maj_at_8``, any other
+    character as ``_`` (``rule+prm`` as ``rule_prm``)."""
+    return re.sub(r"[^A-Za-z0-9_ ./:-]", "_", key.replace("@", "_at_"))
 
 
 class MetricLogger(Protocol):

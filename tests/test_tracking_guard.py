@@ -109,3 +109,10 @@ def test_uis_listen_on_localhost_by_default(monkeypatch, tmp_path):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "https://mlflow.example.org")
     ui.serve_uis()
     assert len(started) == 1 and "prefect" in started[0][0]
+
+
+def test_metric_names_are_made_valid_for_mlflow():
+    from grpo_core.tracking import metric_name
+
+    assert metric_name("eval/rule+prm-process/seed-0/maj@8") == "eval/rule_prm-process/seed-0/maj_at_8"
+    assert metric_name("train/kl") == "train/kl"
