@@ -62,8 +62,10 @@ def cmd_eval(a: argparse.Namespace) -> None:
         model, tokenizer = load_model(a.model)
     except (DataError, ModelError) as e:
         _fail(str(e))
-    metrics, _ = evaluate(model, tokenizer, examples, max_new_tokens=a.max_new_tokens,
-                          batch_size=a.batch_size, samples=a.samples, temperature=a.temperature, seed=a.seed)
+    metrics, rows = evaluate(model, tokenizer, examples, max_new_tokens=a.max_new_tokens,
+                             batch_size=a.batch_size, samples=a.samples, temperature=a.temperature, seed=a.seed)
+    if a.per_question:  # greedy correctness per question, for paired differences (grpo_core.stats)
+        Path(a.per_question).write_text(json.dumps([int(r["correct"]) for r in rows]))
     print(json.dumps(metrics))
 
 
@@ -198,6 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--batch-size", type=int, default=64)
     e.add_argument("--n", type=int, default=None, help="only the first N questions")
     e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--per-question", help="also write each question's greedy correctness (a JSON list of 0/1) here")
     e.set_defaults(func=cmd_eval)
     sc = sub.add_parser("score", help="an ORM's or PRM's scores of solutions in a JSONL file (one JSON line per row)")
     sc.add_argument("--model", required=True, help="a reward-model folder (runs/<run>/round-<k>/orm/model or prm/model)")

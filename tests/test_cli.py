@@ -81,10 +81,14 @@ def test_eval_prints_one_json_object(tmp_path, capsys, tiny_model_dir):
 
 def test_eval_greedy_only_without_samples(tmp_path, capsys, tiny_model_dir):
     data = _jsonl(tmp_path / "test.jsonl", QUESTIONS)
-    main(["eval", "--model", str(tiny_model_dir), "--data", str(data), "--max-new-tokens", "4", "--n", "2"])
+    main(["eval", "--model", str(tiny_model_dir), "--data", str(data), "--max-new-tokens", "4", "--n", "2",
+          "--per-question", str(tmp_path / "pq.json")])
     metrics = json.loads(capsys.readouterr().out)
     assert metrics["n"] == 2 and "accuracy" in metrics
     assert not any(k.startswith(("maj@", "pass@")) for k in metrics)
+    per_question = json.loads((tmp_path / "pq.json").read_text())  # one 0/1 per question, averaging to accuracy
+    assert len(per_question) == 2 and set(per_question) <= {0, 1}
+    assert sum(per_question) / 2 == metrics["accuracy"]
 
 
 def test_eval_missing_model_folder(tmp_path, capsys):
