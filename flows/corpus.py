@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 from prefect import flow, get_run_logger
+from prefect.artifacts import create_table_artifact
 from prefect.flow_runs import pause_flow_run
 from prefect.input import RunInput
 from prefect.task_runners import ProcessPoolTaskRunner
@@ -42,6 +43,13 @@ def approve_in_ui(iteration: int, candidates: dict[str, dict[str, int]]) -> list
 
 
 approve_in_ui.source = "a person in the Prefect UI"
+
+
+def loso_rows(report: dict) -> list[dict]:
+    """One row per classifier: macro metrics over held-out sources and the calibration error."""
+    return [{"classifier": name, **r["macro"], "ece": r["ece"], "threshold": r["threshold"],
+             **({"threshold_for_target": r["threshold_for_target"]} if "threshold_for_target" in r else {})}
+            for name, r in report.items()]
 
 
 @flow(name="corpus", task_runner=ProcessPoolTaskRunner(max_workers=os.cpu_count() or 1))
@@ -74,6 +82,15 @@ def corpus(config: PipelineConfig, own_benchmarks: dict[str, str] | None = None,
     for run_id in [*children, parent]:
         end_run(uri, run_id, "FINISHED")
     manifest["mlflow_run_id"] = parent
+    check = manifest.get("seed_check") or {}
+    if check.get("leave_one_source_out"):
+        rows = loso_rows(check["leave_one_source_out"])
+        create_table_artifact(key=f"corpus-loso-{config.run_name}".lower().replace("_", "-").replace(".", "-"),
+                              table=rows, description="the classifier on seed sources it never saw (leave-one-source-out)")
+        for r in rows:
+            log.info("corpus: leave-one-source-out %s", r)
+    elif check:
+        log.warning("corpus: no leave-one-source-out check: %s", check["reason"])
     log.info("corpus: %d pages after %d iterations; removed by decontamination: %s", manifest["pages"],
              len(manifest["iterations"]), manifest["removed"] or "none")
     return manifest

@@ -147,10 +147,24 @@ def cmd_corpus_train(a: argparse.Namespace) -> None:
     from grpo_core.stages.corpus import train_classifier
 
     try:
+        settings = {k: v for k, v in (("epochs", a.epochs), ("bucket", a.bucket)) if v is not None}
         print(json.dumps(train_classifier(a.data, Path(a.out), a.label_field, a.positive_label, a.val_fraction,
-                                          a.seed)))
+                                          a.seed, **settings)))
     except (CorpusError, ValueError) as e:
         _fail(str(e))
+
+
+def cmd_corpus_evaluate(a: argparse.Namespace) -> None:
+    from grpo_core.corpus.docs import CorpusError
+    from grpo_core.stages.corpus import evaluate_classifier
+
+    settings = {k: v for k, v in (("epochs", a.epochs), ("bucket", a.bucket), ("threshold", a.threshold)) if v is not None}
+    try:
+        report = evaluate_classifier(a.data, a.test, a.label_field, a.positive_label, a.seed, a.target_precision,
+                                     Path(a.out) if a.out else None, **settings)
+    except (CorpusError, ValueError) as e:
+        _fail(str(e))
+    print(json.dumps(report, indent=1))
 
 
 def cmd_corpus_score(a: argparse.Namespace) -> None:
@@ -235,7 +249,21 @@ def build_parser() -> argparse.ArgumentParser:
     ctrain.add_argument("--positive-label", default="math")
     ctrain.add_argument("--val-fraction", type=float, default=0.1)
     ctrain.add_argument("--seed", type=int, default=0)
+    ctrain.add_argument("--epochs", type=int, help="fastText epochs (default: the paper's 3, meant for a million pages)")
+    ctrain.add_argument("--bucket", type=int, help="fastText n-gram buckets (default 2,000,000: a 2 GB model)")
     ctrain.set_defaults(func=cmd_corpus_train)
+    ceval = csub.add_parser("evaluate", help="leave-one-source-out: the classifier and bare fastText on sources they never saw")
+    ceval.add_argument("--data", required=True, action="append", help="labelled pages (url, text, label); source = URL host")
+    ceval.add_argument("--test", action="append", help="also train on all of --data and score these labelled pages")
+    ceval.add_argument("--out", help="write the report (JSON) here too")
+    ceval.add_argument("--label-field", default="label")
+    ceval.add_argument("--positive-label", default="math")
+    ceval.add_argument("--target-precision", type=float, help="report the cut-off that reaches this macro precision")
+    ceval.add_argument("--threshold", type=float, help="P(math) cut-off for the rates (default 0.5)")
+    ceval.add_argument("--epochs", type=int, help="fastText epochs (default: the paper's 3)")
+    ceval.add_argument("--bucket", type=int, help="fastText n-gram buckets (default 2,000,000)")
+    ceval.add_argument("--seed", type=int, default=0)
+    ceval.set_defaults(func=cmd_corpus_evaluate)
     cscore = csub.add_parser("score", help="add `score` = P(math) to every page of a pool")
     cscore.add_argument("--model", required=True, help="a classifier folder (classifier.bin) or .bin file")
     cscore.add_argument("--data", required=True, action="append", help="pool files, folders or globs")

@@ -80,6 +80,8 @@ class CorpusConfig(Section):
     # scoring process, and on disk per iteration); smaller tables suit small pools.
     bucket: int = Field(2_000_000, ge=1, description="fastText n-gram hash buckets (fastText's default)")
     threshold: float = Field(0.5, ge=0, le=1, description="keep pool pages with P(math) >= threshold")
+    target_precision: float | None = Field(None, gt=0, le=1, description="instead of `threshold`, the lowest cut-off whose held-out precision reaches this (chosen on the seed before the loop, logged)")
+    evaluate: bool = Field(True, description="before the loop, leave-one-source-out over the seed's sources (URL hosts): the classifier beside bare fastText")
     top_n: int | None = Field(None, ge=1, description="and at most the N best-scored pages")
     domain_share: float = Field(0.1, gt=0, lt=1, description="a domain with more than this share of its pages collected is a candidate (paper: 10%)")
     path_depth: int = Field(1, ge=0, description="URL path segments in an annotated prefix (site.org/math: 1)")

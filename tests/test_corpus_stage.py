@@ -88,6 +88,26 @@ def test_recall_loop_domain_discovery_annotation_and_decontamination(tmp_path, t
     assert sum(u.startswith("https://mixed.example/blog/") for u in kept) <= 10
 
 
+def test_one_seed_source_per_class_takes_the_cut_off_from_held_out_seed_pages(tmp_path, tiny_cfg):
+    """Leave-one-source-out needs two sources of each class; with one, the report says so and the
+    target precision's cut-off comes from the seed's own held-out pages, named as such."""
+    math, other = _gsm8k("train", 140), _docstrings(140)
+    seed = _write(tmp_path / "seed.jsonl",
+                  [{"url": f"https://seed.example/m/{i}", "text": t, "label": "math"} for i, t in enumerate(math[:100])]
+                  + [{"url": f"https://seed.example/o/{i}", "text": t, "label": "x"} for i, t in enumerate(other[:100])])
+    pool = _write(tmp_path / "pool.jsonl", [{"url": f"https://p.example/{i}", "text": t}
+                                            for i, t in enumerate(math[100:] + other[100:])])
+    cfg = tiny_cfg(tmp_path, f"corpus.pool=[{pool}]", f"corpus.seed=[{seed}]", corpus__dim=16, corpus__epochs=40,
+                   corpus__min_count=1, corpus__word_ngrams=1, corpus__iterations=1, corpus__val_fraction=0.3,
+                   corpus__target_precision=0.8)
+    manifest = run_corpus(cfg, tmp_path / "out")
+    assert manifest["seed_check"]["leave_one_source_out"] is None
+    assert "1 math and 1 other source(s)" in manifest["seed_check"]["reason"]
+    first = manifest["iterations"][0]
+    assert first["threshold_chosen_on"] == "held-out seed pages (the seed's own sources)", first
+    assert first["classifier"]["precision"] >= 0.8
+
+
 def test_annotations_yaml_and_csv(tmp_path):
     (tmp_path / "a.csv").write_text("prefix,approved\nsite.org/math,yes\nsite.org/news,no\nother.org/x,\n")
     assert read_approvals(tmp_path / "a.csv") == ["site.org/math"]
@@ -99,16 +119,17 @@ def test_annotations_yaml_and_csv(tmp_path):
 
 
 def test_corpus_flow_maps_shards_and_logs_iterations(prefect_harness, tmp_path, tiny_cfg):
-    """The flow: shard scoring as mapped tasks (process pool), an MLflow run per iteration, and the
-    annotations file recorded as the approver."""
+    """The flow: leave-one-source-out over the seed's four sources (the classifier and bare fastText)
+    choosing the cut-off for a target precision, shard scoring as mapped tasks (process pool), an
+    MLflow run per iteration, and the annotations file recorded as the approver."""
     from mlflow.tracking import MlflowClient
 
     from flows.corpus import corpus
 
     math, other = _gsm8k("train", 120), _docstrings(120)
     seed = _write(tmp_path / "seed.jsonl",
-                  [{"url": f"https://s.example/m/{i}", "text": t, "label": "math"} for i, t in enumerate(math[:60])]
-                  + [{"url": f"https://s.example/o/{i}", "text": t, "label": "x"} for i, t in enumerate(other[:60])])
+                  [{"url": f"https://s{i % 2}.example/m/{i}", "text": t, "label": "math"} for i, t in enumerate(math[:60])]
+                  + [{"url": f"https://o{i % 2}.example/o/{i}", "text": t, "label": "x"} for i, t in enumerate(other[:60])])
     (tmp_path / "pool").mkdir()
     for j in range(3):
         _write(tmp_path / "pool" / f"{j}.jsonl",
@@ -116,9 +137,16 @@ def test_corpus_flow_maps_shards_and_logs_iterations(prefect_harness, tmp_path, 
                + [{"url": f"https://p{j}.example/b/{i}", "text": t} for i, t in enumerate(other[60 + 20 * j: 80 + 20 * j])])
     (tmp_path / "ann.csv").write_text("prefix,approved\np0.example/a,yes\n")
     cfg = tiny_cfg(tmp_path, f"corpus.pool=[{tmp_path / 'pool'}]", f"corpus.seed=[{seed}]",
-                   f"corpus.annotations={tmp_path / 'ann.csv'}", run_name="corp", corpus__dim=16, corpus__epochs=10,
-                   corpus__min_count=1, corpus__word_ngrams=1, corpus__iterations=2)
+                   f"corpus.annotations={tmp_path / 'ann.csv'}", run_name="corp", corpus__dim=16, corpus__epochs=40,
+                   corpus__min_count=1, corpus__word_ngrams=1, corpus__iterations=2, corpus__target_precision=0.9)
     manifest = corpus(cfg)
+    loso = manifest["seed_check"]["leave_one_source_out"]
+    assert set(loso) == {"project", "fasttext-baseline"} and loso["fasttext-baseline"]["settings"]["dim"] == 256
+    assert set(loso["project"]["sources"]) == {"s0.example", "s1.example", "o0.example", "o1.example"}
+    cut = loso["project"]["threshold_for_target"]
+    first = manifest["iterations"][0]
+    assert cut is not None and loso["project"]["macro_at_target"]["precision"] >= 0.9
+    assert (first["threshold"], first["threshold_chosen_on"]) == (cut, "leave-one-source-out over the seed")
     assert [it["iteration"] for it in manifest["iterations"]] == [1, 2]
     assert manifest["iterations"][0]["approved_by"] == f"annotations file {tmp_path / 'ann.csv'}"
     assert len(list((tmp_path / "runs" / "corp" / "corpus" / "iteration-1" / "scores").glob("*.tsv"))) == 3
@@ -129,6 +157,8 @@ def test_corpus_flow_maps_shards_and_logs_iterations(prefect_harness, tmp_path, 
     assert sorted(r.info.run_name for r in runs) == ["iteration-1", "iteration-2"]
     assert all("classifier/f1" in r.data.metrics and r.info.status == "FINISHED" for r in runs)
     assert parent.data.metrics["corpus/pages"] == manifest["pages"]
+    assert parent.data.metrics["loso/project/precision"] == loso["project"]["macro"]["precision"]
+    assert "loso/fasttext-baseline/ece" in parent.data.metrics
 
 
 def test_pipeline_runs_corpus_pretrain_then_sft(prefect_harness, tmp_path, tiny_cfg):

@@ -1,9 +1,8 @@
-"""Text normalisation shared by the classifier and decontamination.
+"""Text normalisation: the classifier's (``normalize``: whitespace only) and decontamination's.
 
-Lower-case, one line, and math kept: operators, brackets, digits and LaTeX commands become tokens of
-their own (``x^2+1=5`` -> ``x ^ 2 + 1 = 5``, ``\\frac{a}{b}`` -> ``\\frac { a } { b }``), so that
-fastText's word n-grams see the notation that tells a math page from another page, and so that
-``2+2`` and ``2 + 2`` are the same 10-gram.
+Decontamination's tokens are lower-case, one line, and math kept: operators, brackets, digits and
+LaTeX commands become tokens of their own (``x^2+1=5`` -> ``x ^ 2 + 1 = 5``, ``\\frac{a}{b}`` ->
+``\\frac { a } { b }``), so that ``2+2`` and ``2 + 2`` are the same 10-gram.
 """
 from __future__ import annotations
 
@@ -21,15 +20,16 @@ def tokens(text: str) -> list[str]:
     return _TOKEN.findall(unicodedata.normalize("NFKC", text).lower())
 
 
-# The classifier's tokens: the same, less sentence punctuation (, . ; ? "), which every kind of page
-# has. It was 12% of the tokens of the shared corpus, and fastText's prediction time grows with them.
-_CLASSIFIER_TOKEN = re.compile(r"[^\W\d_]+|\d+(?:\.\d+)?|\\[a-zA-Z]+|[^\s\w,.;?\"]", re.UNICODE)
+def collapse_whitespace(text: str) -> str:
+    """The text with whitespace collapsed to single spaces, nothing else changed: bare fastText's input."""
+    return " ".join(text.split())
 
 
-def normalize(text: str) -> str:
-    """``text`` as one line of space-separated tokens, sentence punctuation dropped: what fastText
-    trains and predicts on."""
-    return " ".join(_CLASSIFIER_TOKEN.findall(unicodedata.normalize("NFKC", text).lower()))
+# What the classifier trains and predicts on. Splitting math notation into tokens of its own and
+# dropping sentence punctuation, which it did until 2026-11-23, made the classifier lean on notation:
+# on sources it never saw it missed word problems without symbols and flagged short computing entries
+# with brackets (leave-one-source-out, one change at a time: bench/corpus_normalisation.py).
+normalize = collapse_whitespace
 
 
 def words(text: str) -> list[str]:

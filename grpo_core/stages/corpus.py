@@ -22,7 +22,7 @@ from typing import Callable, Iterable, Iterator
 import yaml
 
 from grpo_core.config import CorpusConfig, PipelineConfig, load_config
-from grpo_core.corpus import classifier
+from grpo_core.corpus import classifier, evaluate
 from grpo_core.corpus.decontam import BenchmarkIndex
 from grpo_core.corpus.docs import CorpusError, Doc, read_docs, shards, write_jsonl
 from grpo_core.corpus.score import score_shard, scored
@@ -148,6 +148,38 @@ def train_classifier(data: str | list[str], out_dir: Path, label_field: str = "l
     return {"model": str(out_dir / "classifier.bin"), **metrics}
 
 
+def classifier_settings(cc: CorpusConfig) -> dict:
+    return {"dim": cc.dim, "lr": cc.lr, "word_ngrams": cc.word_ngrams, "min_count": cc.min_count,
+            "epochs": cc.epochs, "bucket": cc.bucket}
+
+
+def project_and_baseline(cc: CorpusConfig) -> dict:
+    """The recipe's classifier, and bare fastText with the paper's settings (the config's defaults)
+    and the recipe's hash-table size."""
+    return evaluate.project_and_baseline(classifier_settings(cc), classifier_settings(CorpusConfig(bucket=cc.bucket)))
+
+
+def evaluate_classifier(data: str | list[str], test: str | list[str] | None = None, label_field: str = "label",
+                        positive_label: str = "math", seed: int = 0, target_precision: float | None = None,
+                        out: Path | None = None, **settings) -> dict:
+    """Leave-one-source-out over ``data``'s sources for the project's classifier and bare fastText
+    (``grpo_core.corpus.evaluate``); with ``test``, both also trained on all of ``data`` and scored on
+    it per source. Written to ``out`` (JSON) when given."""
+    cc = CorpusConfig(label_field=label_field, positive_label=positive_label, **settings)
+    docs = list(read_docs(data, label_field=label_field))
+    classifiers = project_and_baseline(cc)
+    report = {"data": data, "pages": len(docs),
+              "leave_one_source_out": evaluate.leave_one_source_out(docs, positive_label, classifiers, seed,
+                                                                     cc.threshold, target_precision)}
+    if test:
+        report["test"] = evaluate.on_test_set(docs, list(read_docs(test, label_field=label_field)), positive_label,
+                                              classifiers, seed, cc.threshold)
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=1))
+    return report
+
+
 def score_to_file(model: Path, data: str | list[str], out: Path) -> dict:
     """Every page of ``data`` with ``score`` = P(math) added, written to ``out`` (JSONL or JSONL.gz)."""
     path = model / "classifier.bin" if model.is_dir() else model
@@ -184,6 +216,19 @@ def decontaminate_file(data: str | list[str], benchmarks: list[str], out: Path, 
     return {"kept": n, "removed": removed_per_benchmark(removed), "out": str(out)}
 
 
+def seed_check(cc: CorpusConfig, seed_spec: list[str], seed: int, logger: MetricLogger) -> dict:
+    """Before the loop (``corpus.evaluate`` or ``corpus.target_precision``): leave-one-source-out over
+    the seed, the project's classifier beside bare fastText, logged as ``loso/<classifier>/<metric>``;
+    with a target precision, the cut-off that reaches it (``threshold_for_target`` of ``project``)."""
+    if not (cc.evaluate or cc.target_precision):
+        return {}
+    report = evaluate.seed_report(list(read_docs(seed_spec, label_field=cc.label_field)), cc.positive_label,
+                         project_and_baseline(cc), seed, cc.threshold, cc.target_precision)
+    loso = report["leave_one_source_out"] or {}
+    logger.log_metrics({f"loso/{name}/{m}": v for name, r in loso.items() for m, v in {**r["macro"], "ece": r["ece"]}.items()})
+    return report
+
+
 def run_corpus(cfg: PipelineConfig, out_dir: Path, logger: MetricLogger | None = None,
                score_shards: ScoreShards = score_sequentially, approve: Approve | None = None,
                iteration_logger: Callable[[int], MetricLogger] | None = None,
@@ -197,6 +242,12 @@ def run_corpus(cfg: PipelineConfig, out_dir: Path, logger: MetricLogger | None =
     clock = Stopwatch()
     pool = shards(src["pool"])
     pos, neg, val = seed_docs(cc, src["seed"])
+    check = seed_check(cc, src["seed"], cfg.seed, logger)
+    threshold, chosen_on = cc.threshold, "corpus.threshold"
+    if cc.target_precision and check.get("leave_one_source_out"):
+        cut = check["leave_one_source_out"]["project"]["threshold_for_target"]
+        threshold, chosen_on = ((cut, "leave-one-source-out over the seed") if cut is not None else
+                                (cc.threshold, "corpus.threshold (leave-one-source-out never reached the target)"))
     added: dict[str, str] = {}  # url -> text of pages that joined the seed through annotation
     previous: set[str] = set()
     history = []
@@ -207,10 +258,16 @@ def run_corpus(cfg: PipelineConfig, out_dir: Path, logger: MetricLogger | None =
         model = classifier.train(it_dir / "train.txt", dim=cc.dim, lr=cc.lr, word_ngrams=cc.word_ngrams,
                                  min_count=cc.min_count, epochs=cc.epochs, seed=cfg.seed, bucket=cc.bucket)
         model.save_model(str(it_dir / "classifier.bin"))
-        quality = classifier.precision_recall_f1(classifier.math_scores(model, [d.text for d in val]),
-                                                 [d.label == cc.positive_label for d in val], cc.threshold)
+        val_scores, val_math = classifier.math_scores(model, [d.text for d in val]), [d.label == cc.positive_label for d in val]
+        if k == 1 and cc.target_precision and not check.get("leave_one_source_out"):
+            # No leave-one-source-out (one source of a class): the seed's held-out pages, class-balanced.
+            cut = evaluate.threshold_for_precision(val_scores, val_math, ["math" if y else "other" for y in val_math],
+                                          cc.target_precision)
+            if cut is not None:
+                threshold, chosen_on = cut, "held-out seed pages (the seed's own sources)"
+        quality = classifier.precision_recall_f1(val_scores, val_math, threshold)
         scored = read_scores(score_shards(it_dir / "classifier.bin", pool, it_dir / "scores"))
-        collected = select(scored, cc.threshold, cc.top_n)
+        collected = select(scored, threshold, cc.top_n)
         urls = [u for u, _ in scored]
         stats = domain_stats(urls, collected)
         domains = candidate_domains(stats, cc.domain_share)
@@ -224,10 +281,10 @@ def run_corpus(cfg: PipelineConfig, out_dir: Path, logger: MetricLogger | None =
                    "pool_pages": len(urls), "collected": len(collected), "candidate_domains": domains,
                    "approved_prefixes": approved, "approved_by": getattr(approve, "source", "a callback"),
                    "joined_seed": len(joined), "recalled_again": again,
-                   "classifier": quality}
+                   "classifier": quality, "threshold": threshold, "threshold_chosen_on": chosen_on}
         (it_dir / "domains.json").write_text(json.dumps({"domains": stats, "prefixes": prefixes}, indent=1))
         write_manifest(it_dir, summary)
-        log.log_params({"threshold": cc.threshold, "top_n": cc.top_n, "domain_share": cc.domain_share,
+        log.log_params({"threshold": threshold, "threshold_chosen_on": chosen_on, "top_n": cc.top_n, "domain_share": cc.domain_share,
                         "approved_prefixes": ",".join(approved) or "none", "approved_by": summary["approved_by"]})
         log.log_metrics({**{f"classifier/{m}": v for m, v in quality.items()}, "pool/pages": len(urls),
                          "pool/collected": len(collected), "domains/candidates": len(domains),
@@ -246,7 +303,7 @@ def run_corpus(cfg: PipelineConfig, out_dir: Path, logger: MetricLogger | None =
     logger.log_metrics({"corpus/pages": n_kept, "decontam/removed": len(removed),
                         **{f"decontam/{b}": n for b, n in per_benchmark.items()}})
     return write_manifest(out_dir, {"stage": "corpus", "corpus_dir": str(out_dir / "corpus"), "pages": n_kept,
-                                    "removed": per_benchmark, "iterations": history,
+                                    "removed": per_benchmark, "iterations": history, "seed_check": check,
                                     "stopped": ("recalled_again >= stop_recalled" if k > 1 and again >= cc.stop_recalled
                                                 else "iterations reached"),
                                     "wall_s": round(clock.elapsed, 1)})
