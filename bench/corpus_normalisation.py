@@ -46,7 +46,9 @@ def main() -> None:
     out = {"data": a.data, "pages": len(docs), "settings": settings, "variants": {}}
     for name in a.variants.split(","):
         start = time.perf_counter()
-        r = leave_one_source_out(docs, "math", {name: (VARIANTS[name], settings)},
+        # "<variant>+chars": the same text, with fastText's character 3- to 5-grams of each word.
+        base, chars = name.removesuffix("+chars"), name.endswith("+chars")
+        r = leave_one_source_out(docs, "math", {name: (VARIANTS[base], {**settings, "char_ngrams": (3, 5)} if chars else settings)},
                                  seed=0, threshold=0.5, target_precision=a.target_precision)[name]
         out["variants"][name] = {**r, "wall_s": round(time.perf_counter() - start, 1)}
         print(json.dumps({name: {**r["macro"], "ece": r["ece"], "threshold_for_target": r["threshold_for_target"],

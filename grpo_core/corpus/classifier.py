@@ -30,12 +30,14 @@ def write_training_file(path: Path, positives: Iterable[str], negatives: Iterabl
 
 
 def train(train_file: Path, *, dim: int, lr: float, word_ngrams: int, min_count: int, epochs: int, seed: int,
-          threads: int = 1, bucket: int = 2_000_000):
+          threads: int = 1, bucket: int = 2_000_000, char_ngrams: tuple[int, int] = (0, 0)):
+    """``char_ngrams``: (min, max) length of the character n-grams fastText adds to each word; (0, 0),
+    supervised fastText's default and the paper's, adds none."""
     import fasttext
 
     return fasttext.train_supervised(input=str(train_file), dim=dim, lr=lr, wordNgrams=word_ngrams,
                                      minCount=min_count, epoch=epochs, thread=threads, seed=seed, bucket=bucket,
-                                     verbose=0)
+                                     minn=char_ngrams[0], maxn=char_ngrams[1], verbose=0)
 
 
 def load(path: Path):
