@@ -138,7 +138,8 @@ def test_corpus_flow_maps_shards_and_logs_iterations(prefect_harness, tmp_path, 
     (tmp_path / "ann.csv").write_text("prefix,approved\np0.example/a,yes\n")
     cfg = tiny_cfg(tmp_path, f"corpus.pool=[{tmp_path / 'pool'}]", f"corpus.seed=[{seed}]",
                    f"corpus.annotations={tmp_path / 'ann.csv'}", run_name="corp", corpus__dim=16, corpus__epochs=40,
-                   corpus__min_count=1, corpus__word_ngrams=1, corpus__iterations=2, corpus__target_precision=0.9)
+                   corpus__min_count=1, corpus__word_ngrams=1, corpus__iterations=2, corpus__target_precision=0.9,
+                   corpus__bucket=100_000)
     manifest = corpus(cfg)
     loso = manifest["seed_check"]["leave_one_source_out"]
     assert set(loso) == {"project", "fasttext-baseline"} and loso["fasttext-baseline"]["settings"]["dim"] == 256

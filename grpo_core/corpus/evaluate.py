@@ -35,6 +35,7 @@ from grpo_core.corpus.docs import CorpusError, Doc
 from grpo_core.corpus.text import collapse_whitespace, normalize
 
 
+MAX_WORKERS = 4
 Normalizer = Callable[[str], str]
 Classifiers = dict[str, tuple[Normalizer, dict]]  # name -> (normalisation, fastText settings)
 
@@ -73,8 +74,10 @@ def out_of_fold_scores(docs: list[Doc], is_math: list[bool], normalizer: Callabl
     sources = [source_of(d.url) for d in docs]
     scores: list[float | None] = [None] * len(docs)
     skipped, jobs = [], {}
+    # At most 4 folds at a time: each holds its own classifier (2 GB with the paper's 2M buckets x 256).
+    workers = workers or min(os.cpu_count() or 1, MAX_WORKERS)
     with tempfile.TemporaryDirectory() as tmp, ProcessPoolExecutor(
-            workers or os.cpu_count() or 1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         for src in sorted(set(sources)):
             train = [i for i, s in enumerate(sources) if s != src]
             if len({is_math[i] for i in train}) < 2:
