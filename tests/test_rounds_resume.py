@@ -30,7 +30,7 @@ def _recipe(tmp_path: Path) -> Path:
 
 
 def _run(recipe: Path, env: dict) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "grpo_core.cli", "run", str(recipe)], env=env,
+    return subprocess.Popen([sys.executable, "-m", "flows.cli", "run", str(recipe)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 

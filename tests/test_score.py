@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 
-from grpo_core.cli import main
+from flows.cli import main
 from grpo_core.data import prompt_text
 from grpo_core.policy import encode
 from grpo_core.steps import step_texts

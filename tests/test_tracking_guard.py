@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from grpo_core.cli import main
+from flows.cli import main
 
 
 def _closed_port() -> int:
@@ -84,7 +84,7 @@ def test_run_params_hold_no_credentials_or_environment_values(monkeypatch, tiny_
 
 
 def test_uis_listen_on_localhost_by_default(monkeypatch, tmp_path):
-    import grpo_core.ui as ui
+    import flows.ui as ui
 
     started = []
 

@@ -107,7 +107,7 @@ def cmd_compare(a: argparse.Namespace) -> None:
 
 
 def cmd_rounds(a: argparse.Namespace) -> None:
-    from flows.rounds import rl_rounds
+    from flows.pipeline import rl_rounds
 
     run_dir = Path(a.run_dir)
     if not (run_dir / "manifest.json").exists():
@@ -188,7 +188,7 @@ def cmd_corpus_decontaminate(a: argparse.Namespace) -> None:
 
 
 def cmd_ui(a: argparse.Namespace) -> None:
-    from grpo_core.ui import serve_uis
+    from flows.ui import serve_uis
 
     serve_uis(host=a.host, mlflow_port=a.mlflow_port, prefect_port=a.prefect_port)
 
