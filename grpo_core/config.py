@@ -458,7 +458,7 @@ def _flatten_into(out: dict[str, str], key: str, value: Any) -> None:
 
 
 def config_reference() -> str:
-    """The README's table of every recipe key, its default and meaning, from the models themselves."""
+    """docs/recipes.md's table of every recipe key, its default and meaning, from the models themselves."""
     rows = ["| key | default | meaning |", "|---|---|---|"]
 
     def walk(model: type[BaseModel], prefix: str) -> None:

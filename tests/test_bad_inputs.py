@@ -1,6 +1,6 @@
-"""The bad-input catalogue (README "Bad input"): each input gets a specific message naming the file,
+"""The bad-input catalogue (docs/reliability.md, "Bad input"): each input gets a specific message naming the file,
 line or field, or is skipped and counted; nothing already done is lost. Cases covered elsewhere are
-listed in the README table with their tests."""
+listed in that table with their tests."""
 from __future__ import annotations
 
 import json

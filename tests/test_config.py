@@ -129,11 +129,11 @@ def test_repo_recipes_validate(path):
 
 
 def test_readme_config_table_matches_the_models():
-    """The README's recipe table is generated (`python -m grpo_core.config`); it must not drift."""
+    """The recipe reference in docs/recipes.md is generated (`python -m grpo_core.config`); it must not drift."""
     from grpo_core.config import config_reference
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    assert config_reference() in readme, "README config table is stale: paste `python -m grpo_core.config`"
+    reference = (Path(__file__).resolve().parents[1] / "docs" / "recipes.md").read_text()
+    assert config_reference() in reference, "docs/recipes.md's config table is stale: paste `python -m grpo_core.config`"
 
 
 def test_extends_merges_sections_and_replaces_reward_weights(tmp_path):
