@@ -29,7 +29,7 @@ from grpo_core.stages.common import write_manifest
 from grpo_core.stats import mean_std, seed_interval
 from grpo_core.tracking import MlflowLogger
 from tasks.stages import eval_task, grpo_task, grpo_upstream, run_stage, sft_task
-from tasks.tracking import end_run, experiment_id, start_run, tracking_uri
+from tasks.tracking import experiment_id, finishing, start_run, tracking_uri
 
 BASELINE = "continued-sft"
 VARIANTS = {
@@ -84,7 +84,7 @@ def compare(run_dir: str, variants: list[str] | None = None, seeds: int = 3) -> 
     parent = start_run(uri, experiment_id(uri, cfg.tracking.experiment), f"compare-{cfg.run_name}",
                        tags={"pipeline": "deepseekmath-grpo", "compare_of": manifest["mlflow_run_id"]})
     common = {"uri": uri, "parent_id": parent}
-    try:
+    with finishing(uri, [parent]):
         data = manifest["stages"]["data"]
         sft = manifest["stages"]["sft"]
         first = manifest["rounds"][0]["stages"]  # round 1: GRPO and reward models from the SFT model
@@ -133,10 +133,6 @@ def compare(run_dir: str, variants: list[str] | None = None, seeds: int = 3) -> 
                               description=f"RL variants from {root}, {seeds} seed(s) each (MLflow run {parent})")
         write_manifest(root / "compare", {"rows": rows, "runs": runs, "n_test": results["sft"]["n"],
                                           "mlflow_run_id": parent})
-    except BaseException:
-        end_run(uri, parent, "FAILED")
-        raise
-    end_run(uri, parent, "FINISHED")
     log.info("comparison:\n%s", format_table(rows))
     return rows
 

@@ -22,7 +22,7 @@ from grpo_core.config import PipelineConfig
 from grpo_core.stages.corpus import run_corpus
 from grpo_core.tracking import MlflowLogger
 from tasks.corpus import score_mapped
-from tasks.tracking import check_tracking, end_run, experiment_id, start_run, tracking_uri
+from tasks.tracking import check_tracking, experiment_id, finishing, start_run, tracking_uri
 
 
 class PrefixApproval(RunInput):
@@ -64,23 +64,17 @@ def corpus(config: PipelineConfig, own_benchmarks: dict[str, str] | None = None,
     exp = experiment_id(uri, config.tracking.experiment)
     parent = start_run(uri, exp, "corpus" if parent_run_id else f"corpus-{config.run_name}", parent_id=parent_run_id,
                        tags={"pipeline": "deepseekmath-corpus"})
-    children: list[str] = []
+    runs = [parent]  # and a run per iteration, as the loop starts them
 
     def iteration_logger(k: int) -> MlflowLogger:
-        children.append(start_run(uri, exp, f"iteration-{k}", parent_id=parent))
-        return MlflowLogger(uri, children[-1])
+        runs.append(start_run(uri, exp, f"iteration-{k}", parent_id=parent))
+        return MlflowLogger(uri, runs[-1])
 
     approve = approve_in_ui if config.corpus.interactive else None  # None: the annotations file
-    try:
+    with finishing(uri, runs):
         manifest = run_corpus(config, out_dir, MlflowLogger(uri, parent), score_shards=score_mapped,
                               approve=approve, iteration_logger=iteration_logger,
                               own_benchmarks={k: Path(v) for k, v in (own_benchmarks or {}).items()})
-    except BaseException:
-        for run_id in [*children, parent]:
-            end_run(uri, run_id, "FAILED")
-        raise
-    for run_id in [*children, parent]:
-        end_run(uri, run_id, "FINISHED")
     manifest["mlflow_run_id"] = parent
     check = manifest.get("seed_check") or {}
     if check.get("leave_one_source_out"):

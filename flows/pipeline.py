@@ -21,7 +21,8 @@ from grpo_core.stages.common import write_manifest
 from grpo_core.tracking import MlflowLogger
 from flows.rounds import next_start, rl_round, round_metrics
 from tasks.stages import data_task, eval_task, run_stage, sft_task
-from tasks.tracking import check_tracking, end_run, experiment_id, redact, run_params, start_run, tracking_uri
+from tasks.tracking import (check_tracking, experiment_id, finishing, redact, run_params, start_run,
+                            tracking_uri)
 
 
 def pretraining_stages(config: PipelineConfig, run_dir, data: dict, common: dict) -> dict[str, tuple[dict, bool]]:
@@ -71,7 +72,7 @@ def pipeline(config: PipelineConfig) -> dict:
     parent = start_run(uri, experiment_id(uri, config.tracking.experiment), config.run_name,
                        tags={"pipeline": "deepseekmath-grpo"})
     common = {"cfg": config, "uri": uri, "parent_id": parent}
-    try:
+    with finishing(uri, [parent]):
         tracker = MlflowLogger(uri, parent)
         tracker.log_params(run_params(config))
         data, data_hit = run_stage(data_task, out_dir=str(run_dir / "data"), **common)
@@ -126,10 +127,6 @@ def pipeline(config: PipelineConfig) -> dict:
         # The resolved recipe goes beside the manifest it produced (``baseline`` reads both).
         (run_dir / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
         write_manifest(run_dir, manifest)
-    except BaseException:
-        end_run(uri, parent, "FAILED")
-        raise
-    end_run(uri, parent, "FINISHED")
     log.info("pipeline %s finished: %s", config.run_name,
              json.dumps({k: round(v["accuracy"], 4) for k, v in eval_results.items()}))
     return manifest

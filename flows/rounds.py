@@ -26,7 +26,7 @@ from grpo_core.config import PipelineConfig
 from tasks.registry import promote_champion, register_policy, registered_name
 from tasks.stages import (eval_task, grpo_task, grpo_upstream, orm_task, prm_task, replay_task, reward_data_task,
                           run_stage)
-from tasks.tracking import end_run, experiment_id, start_run
+from tasks.tracking import experiment_id, finishing, start_run
 from grpo_core.stages.reward_model import QUALITY_KEY
 from grpo_core.tracking import MlflowLogger
 
@@ -145,7 +145,7 @@ def rl_round(cfg: PipelineConfig, k: int, data: dict, sft: dict, start: dict, ur
     exp_id = experiment_id(uri, cfg.tracking.experiment)
     run_id = start_run(uri, exp_id, f"round-{k}", parent_id=parent_id, tags={"round": str(k)})
     common = {"cfg": cfg, "uri": uri, "parent_id": run_id}
-    try:
+    with finishing(uri, [run_id]):
         results = reward_stages(cfg, k, round_dir, run_dir, data, sft, start, common)
         rms = {kind: results[kind][0] for kind in ("orm", "prm") if kind in results}
         used = cfg.grpo.reward_models_used
@@ -181,10 +181,6 @@ def rl_round(cfg: PipelineConfig, k: int, data: dict, sft: dict, start: dict, ur
         create_markdown_artifact(key=f"{cfg.run_name}-round-{k}".lower().replace("_", "-").replace(".", "-"),
                                  markdown=round_report(summary, champion, link),
                                  description=f"RL round {k} of {cfg.run_name}")
-    except BaseException:
-        end_run(uri, run_id, "FAILED")
-        raise
-    end_run(uri, run_id, "FINISHED")
     summary.update(mlflow_run_id=run_id, champion=champion)
     log.info("round %d: test %.4f, validation %.4f, cached %s", k, summary["test_accuracy"],
              summary["val_accuracy"], cached or "none")

@@ -128,6 +128,20 @@ class ConsoleEchoLogger(MlflowLogger):
 
 
 @contextmanager
+def finishing(uri: str, run_ids: list[str]) -> Iterator[None]:
+    """Marks the MLflow runs FINISHED when the block completes, FAILED when it raises: the one place
+    where a flow's runs end. ``run_ids`` is read on exit, so runs the block starts can join it."""
+    try:
+        yield
+    except BaseException:
+        for run_id in run_ids:
+            end_run(uri, run_id, "FAILED")
+        raise
+    for run_id in run_ids:
+        end_run(uri, run_id, "FINISHED")
+
+
+@contextmanager
 def child_run(uri: str, parent_id: str, name: str, params: dict | None = None) -> Iterator[MlflowLogger]:
     """A nested run for one stage, marked FAILED if the stage raises."""
     from mlflow.tracking import MlflowClient
@@ -135,11 +149,7 @@ def child_run(uri: str, parent_id: str, name: str, params: dict | None = None) -
     exp_id = MlflowClient(uri).get_run(parent_id).info.experiment_id
     run_id = start_run(uri, exp_id, name, parent_id)
     logger = ConsoleEchoLogger(uri, run_id, name)
-    try:
+    with finishing(uri, [run_id]):
         if params:
             logger.log_params(params)
         yield logger
-    except BaseException:
-        end_run(uri, run_id, "FAILED")
-        raise
-    end_run(uri, run_id, "FINISHED")
