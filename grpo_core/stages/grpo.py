@@ -25,7 +25,7 @@ from grpo_core.data import Example, prompt_text
 from grpo_core.evaluation import greedy_accuracy
 from grpo_core.losses import BatchSize, grpo_loss
 from grpo_core.modeling import load_model
-from grpo_core.policy import CompletionLogprobs, generate, token_logprobs
+from grpo_core.policy import CompletionLogprobs, Rollout, generate, token_logprobs
 from grpo_core.runtime import autocast, model_device, place
 from grpo_core.rewards import COUNT_STATS, RewardError, RewardScorer, Scored
 from grpo_core.stages.common import (SINGLE, Stopwatch, digest_dir, find_resume, keep_if_best, publish_best,
@@ -81,13 +81,17 @@ def grpo_step(policy, ref, tokenizer, opt, questions: list[Example], gc: GRPOCon
     n_global = len(questions)
     mine = d.shard(n_global, "grpo.questions_per_step")
     questions = questions[mine]
-    t0 = time.perf_counter()
+    clock = [time.perf_counter()]
+
+    # Rollout: G samples per question from pi_old (the current policy), seeded by global row.
     prompts = [prompt_text(q.question) for q in questions for _ in range(g)]
     with amp():
         rollout = generate(policy, tokenizer, prompts, max_new_tokens=gc.max_new_tokens,
                            temperatures=row_temperatures(gc, len(questions)), seed=seed,
                            row_ids=list(range(mine.start * g, mine.stop * g)))
-    t1 = time.perf_counter()
+    clock.append(time.perf_counter())
+
+    # Score: the reward sources (answer checker, ORM, PRM); process supervision scores every step.
     scored = scorer(rollout, [q.gold for q in questions for _ in range(g)])
     if record is not None:
         record += [{"question": q.question, "gold": q.gold, "completion": text, "correct": bool(ok)}
@@ -99,13 +103,28 @@ def grpo_step(policy, ref, tokenizer, opt, questions: list[Example], gc: GRPOCon
         errors = float(d.sum((scored.stats or {}).get("reward/rule_errors", 0.0)))
         raise RewardError(f"none of the step's {n_global * g} completions got a finite reward (rule checker "
                           f"errors: {errors:.0f}; the others had NaN or inf scores): the reward is broken")
+
+    # Advantages: group z-scores (outcome) or summed normalised step rewards (process), per group.
     advantages, reward_stats = rollout_advantages(scored, len(questions), g, rollout.completion_mask.shape[1])
-    t2 = time.perf_counter()
+    clock.append(time.perf_counter())
+
+    # Update: mu passes of clipped-ratio minibatch updates with the k3 KL to the reference.
+    sums, n_updates = update(policy, ref, trained, opt, rollout, advantages, gc, n_global, d, amp, clock)
+
+    # Metrics: every cross-process reduction of the step in one place.
+    return step_metrics(sums, n_updates, scored, rewards, advantages, reward_stats, rollout, len(questions), g,
+                        opt, d, clock)
+
+
+def update(policy, ref, trained, opt, rollout: Rollout, advantages: torch.Tensor, gc: GRPOConfig,
+           n_global: int, d: Dist, amp, clock: list[float]) -> tuple[dict[str, float], int]:
+    """The step's optimizer updates; returns this process's summed loss terms and the update count.
+    Appends to ``clock`` when pi_old's and the reference's log-probs are ready and when it is done."""
     batch = rollout.completion_mask.shape[0]
     # A minibatch is minibatch_size rows of the global batch: each process's share of it.
     if gc.minibatch_size and gc.minibatch_size % d.world:
         raise ValueError(f"grpo.minibatch_size = {gc.minibatch_size} does not split evenly over {d.world} processes")
-    mb = (gc.minibatch_size or n_global * g) // d.world
+    mb = (gc.minibatch_size or n_global * gc.group_size) // d.world
     width = d.max(rollout.completion_mask.shape[1])
     # With a single update on the whole batch pi_old is the current policy: its log-probs are the
     # update's own (detached), which saves a forward pass. Otherwise they are fixed up front.
@@ -113,7 +132,7 @@ def grpo_step(policy, ref, tokenizer, opt, questions: list[Example], gc: GRPOCon
     with torch.no_grad(), amp():
         old_logp = None if single_update else token_logprobs(policy, rollout)
         ref_logp = token_logprobs(ref, rollout) if gc.beta > 0 else None
-    t3 = time.perf_counter()
+    clock.append(time.perf_counter())
     sums: dict[str, float] = {}
     n_updates = 0
     for _ in range(gc.inner_updates):
@@ -141,7 +160,17 @@ def grpo_step(policy, ref, tokenizer, opt, questions: list[Example], gc: GRPOCon
                 sums[k] = sums.get(k, 0.0) + v
             sums["grad_norm"] = sums.get("grad_norm", 0.0) + float(grad_norm)  # the same on every process
             n_updates += 1
-    t4 = time.perf_counter()
+    clock.append(time.perf_counter())
+    return sums, n_updates
+
+
+def step_metrics(sums: dict[str, float], n_updates: int, scored: Scored, rewards: torch.Tensor,
+                 advantages: torch.Tensor, reward_stats: dict[str, float], rollout: Rollout,
+                 n_questions: int, g: int, opt, d: Dist, clock: list[float]) -> dict[str, float]:
+    """The step's metrics over the global batch: loss terms summed over processes, timings and
+    rates averaged, counts summed, per-completion statistics gathered. ``clock``: the times at the
+    step's start, after rollout, scoring, log-probs and updates."""
+    t0, t1, t2, t3, t4 = clock
     metrics = {f"train/{k}": (v if k == "grad_norm" else float(d.sum(v))) / n_updates for k, v in sums.items()}
     stats = scored.stats or {}
     metrics |= d.mean({k: v for k, v in stats.items() if k not in COUNT_STATS}
@@ -151,7 +180,7 @@ def grpo_step(policy, ref, tokenizer, opt, questions: list[Example], gc: GRPOCon
     # Per-completion statistics over the global batch.
     rewards, correct = d.gather(rewards.double()), d.gather(scored.correct.double())
     lengths, truncated = d.gather(rollout.completion_mask.sum(1).double()), d.gather(rollout.truncated.double())
-    zero_std = d.gather((advantages.view(len(questions), g, -1) == 0).all(-1).all(-1).double())
+    zero_std = d.gather((advantages.view(n_questions, g, -1) == 0).all(-1).all(-1).double())
     finite = torch.isfinite(rewards)
     metrics.update({k: float(d.sum(v)) for k, v in reward_stats.items()})
     metrics.update({
