@@ -24,6 +24,7 @@ import yaml
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 
+from flows import artifact_key
 from grpo_core.config import PipelineConfig
 from grpo_core.stages.common import write_manifest
 from grpo_core.stats import mean_std, seed_interval
@@ -128,7 +129,7 @@ def compare(run_dir: str, variants: list[str] | None = None, seeds: int = 3) -> 
         tracker = MlflowLogger(uri, parent)
         tracker.log_table(rows, "comparison.json")
         tracker.log_metrics({f"compare/{r['variant']}/test_accuracy_mean": r["test_accuracy_mean"] for r in rows})
-        create_table_artifact(key=f"compare-{cfg.run_name}".lower().replace("_", "-").replace(".", "-"),
+        create_table_artifact(key=artifact_key(f"compare-{cfg.run_name}"),
                               table=[{k: str(v) for k, v in r.items()} for r in rows],
                               description=f"RL variants from {root}, {seeds} seed(s) each (MLflow run {parent})")
         write_manifest(root / "compare", {"rows": rows, "runs": runs, "n_test": results["sft"]["n"],

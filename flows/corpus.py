@@ -18,6 +18,7 @@ from prefect.flow_runs import pause_flow_run
 from prefect.input import RunInput
 from prefect.task_runners import ProcessPoolTaskRunner
 
+from flows import artifact_key
 from grpo_core.config import PipelineConfig
 from grpo_core.stages.corpus import run_corpus
 from grpo_core.tracking import MlflowLogger
@@ -79,7 +80,7 @@ def corpus(config: PipelineConfig, own_benchmarks: dict[str, str] | None = None,
     check = manifest.get("seed_check") or {}
     if check.get("leave_one_source_out"):
         rows = loso_rows(check["leave_one_source_out"])
-        create_table_artifact(key=f"corpus-loso-{config.run_name}".lower().replace("_", "-").replace(".", "-"),
+        create_table_artifact(key=artifact_key(f"corpus-loso-{config.run_name}"),
                               table=rows, description="the classifier on seed sources it never saw (leave-one-source-out)")
         for r in rows:
             log.info("corpus: leave-one-source-out %s", r)

@@ -22,6 +22,7 @@ from pathlib import Path
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
+from flows import artifact_key
 from grpo_core.config import PipelineConfig
 from tasks.registry import promote_champion, register_policy, registered_name
 from tasks.stages import (eval_task, grpo_task, grpo_upstream, orm_task, prm_task, replay_task, reward_data_task,
@@ -178,7 +179,7 @@ def rl_round(cfg: PipelineConfig, k: int, data: dict, sft: dict, start: dict, ur
                           if summary["quality_warnings"] else "passed",
                           **{f"stage_run.{s}": m["mlflow_run_id"] for s, m in stages.items()}})
         link = mlflow_link(uri, exp_id, run_id)
-        create_markdown_artifact(key=f"{cfg.run_name}-round-{k}".lower().replace("_", "-").replace(".", "-"),
+        create_markdown_artifact(key=artifact_key(f"{cfg.run_name}-round-{k}"),
                                  markdown=round_report(summary, champion, link),
                                  description=f"RL round {k} of {cfg.run_name}")
     summary.update(mlflow_run_id=run_id, champion=champion)

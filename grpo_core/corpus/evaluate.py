@@ -28,10 +28,10 @@ import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Callable
-from urllib.parse import urlsplit
 
 from grpo_core.corpus import classifier
 from grpo_core.corpus.docs import CorpusError, Doc
+from grpo_core.corpus.recall import domain
 from grpo_core.corpus.text import collapse_whitespace, normalize
 
 
@@ -55,7 +55,9 @@ def _each(classifiers: Classifiers, evaluate: Callable[[Normalizer, dict], dict]
 
 
 def source_of(url: str) -> str:
-    return urlsplit(url).netloc or url.split("/", 1)[0]
+    """The URL's host, as domain discovery groups pages (``recall.domain``); a URL without a scheme
+    (``site.org/math/1``) is its first path segment."""
+    return domain(url) or url.split("/", 1)[0].lower()
 
 
 def _train_and_score(train_file: str, held_out: list[str], settings: dict, seed: int) -> list[float]:

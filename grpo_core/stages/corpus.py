@@ -138,8 +138,7 @@ def train_classifier(data: str | list[str], out_dir: Path, label_field: str = "l
     cc = CorpusConfig(label_field=label_field, positive_label=positive_label, val_fraction=val_fraction, **settings)
     pos, neg, val = seed_docs(cc, [data] if isinstance(data, str) else data)
     counts = classifier.write_training_file(out_dir / "train.txt", pos, neg, seed)
-    model = classifier.train(out_dir / "train.txt", dim=cc.dim, lr=cc.lr, word_ngrams=cc.word_ngrams,
-                             min_count=cc.min_count, epochs=cc.epochs, seed=seed, bucket=cc.bucket)
+    model = classifier.train(out_dir / "train.txt", seed=seed, **classifier_settings(cc))
     model.save_model(str(out_dir / "classifier.bin"))
     (out_dir / "train.txt").unlink()
     metrics = {**counts, "heldout": len(val), **classifier.precision_recall_f1(
@@ -153,7 +152,7 @@ def classifier_settings(cc: CorpusConfig) -> dict:
             "epochs": cc.epochs, "bucket": cc.bucket}
 
 
-def project_and_baseline(cc: CorpusConfig) -> dict:
+def recipe_and_baseline(cc: CorpusConfig) -> dict:
     """The recipe's classifier, and bare fastText with the paper's settings (the config's defaults)
     and the recipe's hash-table size."""
     return evaluate.project_and_baseline(classifier_settings(cc), classifier_settings(CorpusConfig(bucket=cc.bucket)))
@@ -167,7 +166,7 @@ def evaluate_classifier(data: str | list[str], test: str | list[str] | None = No
     it per source. Written to ``out`` (JSON) when given."""
     cc = CorpusConfig(label_field=label_field, positive_label=positive_label, **settings)
     docs = list(read_docs(data, label_field=label_field))
-    classifiers = project_and_baseline(cc)
+    classifiers = recipe_and_baseline(cc)
     report = {"data": data, "pages": len(docs),
               "leave_one_source_out": evaluate.leave_one_source_out(docs, positive_label, classifiers, seed,
                                                                      cc.threshold, target_precision)}
@@ -223,7 +222,7 @@ def seed_check(cc: CorpusConfig, seed_spec: list[str], seed: int, logger: Metric
     if not (cc.evaluate or cc.target_precision):
         return {}
     report = evaluate.seed_report(list(read_docs(seed_spec, label_field=cc.label_field)), cc.positive_label,
-                         project_and_baseline(cc), seed, cc.threshold, cc.target_precision)
+                                  recipe_and_baseline(cc), seed, cc.threshold, cc.target_precision)
     loso = report["leave_one_source_out"] or {}
     logger.log_metrics({f"loso/{name}/{m}": v for name, r in loso.items() for m, v in {**r["macro"], "ece": r["ece"]}.items()})
     return report
@@ -255,8 +254,7 @@ def run_corpus(cfg: PipelineConfig, out_dir: Path, logger: MetricLogger | None =
         it_dir = out_dir / f"iteration-{k}"
         log = iteration_logger(k) if iteration_logger else NullLogger()
         counts = classifier.write_training_file(it_dir / "train.txt", pos + list(added.values()), neg, cfg.seed)
-        model = classifier.train(it_dir / "train.txt", dim=cc.dim, lr=cc.lr, word_ngrams=cc.word_ngrams,
-                                 min_count=cc.min_count, epochs=cc.epochs, seed=cfg.seed, bucket=cc.bucket)
+        model = classifier.train(it_dir / "train.txt", seed=cfg.seed, **classifier_settings(cc))
         model.save_model(str(it_dir / "classifier.bin"))
         val_scores, val_math = classifier.math_scores(model, [d.text for d in val]), [d.label == cc.positive_label for d in val]
         if k == 1 and cc.target_precision and not check.get("leave_one_source_out"):
