@@ -93,23 +93,35 @@ class CorpusConfig(Section):
     ngram: int = Field(10, ge=1, description="decontamination n-gram length in words (paper: 10)")
 
 
-class PretrainConfig(Section):
+class Training(Section):
+    """What the one training loop (``stages/trainer.py``) reads from every trained stage: the
+    optimiser (AdamW with the paper's betas), the schedule, clipping, budget and checkpoints."""
+
+    lr: float = Field(1e-5, gt=0, description="peak learning rate")
+    schedule: Literal["constant"] = Field("constant", description="lr schedule (stages/schedules.py)")
+    betas: tuple[float, float] = Field((0.9, 0.95), description="AdamW betas (paper: 0.9, 0.95)")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
+    max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping")
+    max_seconds: float | None = Field(None, gt=0, description="stop after this wall time")
+    checkpoint_every: int | None = Field(100, ge=1, description="steps between checkpoints")
+    keep_checkpoints: int = Field(2, ge=1, description="complete checkpoints kept")
+
+
+class PretrainConfig(Training):
     """Continued pretraining on the corpus stage's pages (paper §2.2 / DeepSeek LLM's schedule):
     AdamW(0.9, 0.95), weight decay 0.1, linear warmup, then the lr steps down to 31.6% of the peak
     at 80% of training and to 10% at 90%. Its model is where SFT starts when ``train`` is on."""
 
     train: bool = Field(False, description="run the corpus stage and continued pretraining before SFT")
     lr: float = Field(4.2e-4, gt=0, description="peak learning rate (DeepSeekMath-Base 7B: 4.2e-4)")
+    schedule: Literal["multistep", "constant"] = Field("multistep", description="lr schedule: DeepSeek LLM's multi-step")
     warmup_steps: int = Field(2000, ge=0, description="linear warmup steps (paper: 2000)")
     max_steps: int = Field(1000, ge=1, description="optimizer steps (the schedule's 80% / 90% marks are of these)")
     max_seconds: float | None = Field(None, gt=0, description="stop after this wall time (the schedule still follows max_steps)")
     batch_size: int = Field(32, ge=1, description="packed rows per optimizer step")
     context_length: int = Field(4096, ge=16, description="packed row length")
     weight_decay: float = Field(0.1, ge=0, description="AdamW weight decay (paper: 0.1)")
-    max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping")
     log_every: int = Field(10, ge=1, description="steps between logged training metrics")
-    checkpoint_every: int = Field(100, ge=1, description="steps between checkpoints")
-    keep_checkpoints: int = Field(2, ge=1, description="complete checkpoints kept")
 
 
 class ModelConfig(Section):
@@ -132,7 +144,7 @@ class ModelConfig(Section):
         return self
 
 
-class SFTConfig(Section):
+class SFTConfig(Training):
     """Supervised fine-tuning with packing; paper: 500 steps, batch 256, constant lr 5e-5, 4k ctx."""
 
     lr: float = Field(5e-5, gt=0, description="peak learning rate (paper: 5e-5)")
@@ -143,27 +155,24 @@ class SFTConfig(Section):
     # accuracy (measured on the demo task): decay only after this many in a row.
     decay_patience: int = Field(1, ge=1, description="plateau: evaluations without improvement before a decay")
     min_lr: float = Field(0.0, ge=0, description="floor of the cosine / plateau schedules")
-    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
     batch_size: int = Field(256, ge=1, description="packed sequences per optimizer step")
     context_length: int = Field(4096, ge=16, description="packed row length (paper: 4k)")
     max_steps: int = Field(500, ge=1, description="optimizer steps (paper: 500)")
-    max_seconds: float | None = Field(None, gt=0, description="stop after this wall time")
     loss_on_prompt: bool = Field(True, description="also train on question tokens")
     log_every: int = Field(10, ge=1, description="steps between logged training metrics")
     eval_every: int = Field(50, ge=1, description="steps between validation accuracy checks")
     # Stop after `patience` evaluations in a row without a better validation accuracy; 0 = never.
     patience: int = Field(0, ge=0, description="early stop after this many evaluations without improvement; 0 = never")
-    checkpoint_every: int = Field(100, ge=1, description="steps between checkpoints")
-    keep_checkpoints: int = Field(2, ge=1, description="complete checkpoints kept")
 
 
-class GRPOConfig(Section):
+class GRPOConfig(Training):
     """GRPO (paper §4.1): G samples per question, group z-score advantages, k3 KL in the loss."""
 
     steps: int = Field(100, ge=0, description="exploration stages (each: rollout + mu updates)")
     questions_per_step: int = Field(16, ge=1, description="questions per step (paper: 1024 / 64 = 16)")
     group_size: int = Field(64, ge=2, description="G: completions per question")
     lr: float = Field(1e-6, gt=0, description="policy learning rate (paper: 1e-6)")
+    schedule: Literal["warmup"] = Field("warmup", description="lr schedule: linear warmup, then constant")
     warmup_steps: int = Field(0, ge=0, description="linear lr warmup from 0 (paper: none stated)")
     beta: float = Field(0.04, ge=0, description="KL coefficient; 0 drops the reference model")
     clip_eps: float = Field(0.2, gt=0, description="ratio clip epsilon")
@@ -176,12 +185,8 @@ class GRPOConfig(Section):
     # Optional spread across a group, e.g. [0.7, 1.0]: sample i uses temperatures[i % len].
     temperatures: tuple[float, ...] | None = Field(None, description="spread within a group: sample i uses [i % len]")
     max_new_tokens: int = Field(1024, ge=1, description="completion length cap (paper: 1024)")
-    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
-    max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping")
-    max_seconds: float | None = Field(None, gt=0, description="stop after this wall time")
     eval_every: int = Field(50, ge=1, description="steps between validation accuracy checks")
     checkpoint_every: int = Field(50, ge=1, description="steps between checkpoints")
-    keep_checkpoints: int = Field(2, ge=1, description="complete checkpoints kept")
     save_rollouts: bool = Field(True, description="keep every checked rollout (rollouts.jsonl): the next round's reward-model data")
     # Reward of a solution = sum of weight x source. rule: answer checker (0/1); orm: sigmoid of the
     # ORM; prm: with outcome supervision the lowest step probability, with process supervision the
@@ -252,7 +257,7 @@ class RewardDataConfig(Section):
     rollouts: int | None = Field(None, ge=0, description="the previous round's GRPO rollouts added to the training data (a random subset of this many; None = all, 0 = none)")
 
 
-class RewardModelConfig(Section):
+class RewardModelConfig(Training):
     """Training of one reward model: round 1 starts from ``init``, later rounds from the previous
     round's reward model."""
 
@@ -263,14 +268,9 @@ class RewardModelConfig(Section):
     tiny: dict[Literal["hidden_size", "intermediate_size", "num_layers", "num_heads"], int] = Field(
         {}, description="init=tiny: changes to the `model` section's shape, e.g. {hidden_size: 256}")
     min_auc: float = Field(0.6, ge=0, le=1, description="quality gate: a reward model that drives GRPO with held-out AUC below this is reported loudly (log, MLflow tag, Prefect artifact)")
-    lr: float = Field(1e-5, gt=0, description="learning rate")
     epochs: int = Field(1, ge=1, description="passes over the training data")
     batch_size: int = Field(32, ge=1, description="pairs (ORM) or solutions (PRM) per step")
-    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
-    max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping")
-    max_seconds: float | None = Field(None, gt=0, description="stop after this wall time")
     checkpoint_every: int | None = Field(None, ge=1, description="also checkpoint every N steps within an epoch (None: at each epoch's end only)")
-    keep_checkpoints: int = Field(2, ge=1, description="complete checkpoints kept")
 
 
 class ORMConfig(RewardModelConfig):

@@ -7,19 +7,19 @@ import json
 import pytest
 
 from grpo_core.config import PretrainConfig
-from grpo_core.stages.pretrain import multistep_lr
+from grpo_core.stages.schedules import multistep
 from grpo_core.tracking import NullLogger
 
 
 def test_multistep_schedule_by_hand():
     pc = PretrainConfig(lr=1.0, warmup_steps=4, max_steps=100)
     # warmup: (step + 1) / 4 of the peak
-    assert [multistep_lr(pc, s) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
-    assert multistep_lr(pc, 79) == 1.0            # the peak until 80% of training
-    assert multistep_lr(pc, 80) == pytest.approx(0.316)  # 31.6% from 80%
-    assert multistep_lr(pc, 89) == pytest.approx(0.316)
-    assert multistep_lr(pc, 90) == pytest.approx(0.1)    # 10% from 90%
-    assert multistep_lr(PretrainConfig(lr=2.0, warmup_steps=0, max_steps=10), 0) == 2.0
+    assert [multistep(pc, s, None) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert multistep(pc, 79, None) == 1.0            # the peak until 80% of training
+    assert multistep(pc, 80, None) == pytest.approx(0.316)  # 31.6% from 80%
+    assert multistep(pc, 89, None) == pytest.approx(0.316)
+    assert multistep(pc, 90, None) == pytest.approx(0.1)    # 10% from 90%
+    assert multistep(PretrainConfig(lr=2.0, warmup_steps=0, max_steps=10), 0, None) == 2.0
 
 
 def test_pretraining_lowers_the_loss_and_resumes(tmp_path, tiny_cfg):

@@ -30,7 +30,8 @@ from grpo_core.corpus.recall import (candidate_domains, domain_stats, prefix_sta
                                      under)
 from grpo_core.data import resolve_path
 from grpo_core.env import setup_environment
-from grpo_core.stages.common import Stopwatch, write_manifest
+from grpo_core.stages.common import write_manifest
+from grpo_core.stages.trainer import Stopwatch
 from grpo_core.tracking import MetricLogger, NullLogger
 
 ScoreShards = Callable[[Path, list[Path], Path], list[Path]]

@@ -1,8 +1,9 @@
 """GRPO with outcome supervision (DeepSeekMath §4.1; the nanochat ``chat_rl.py`` loop shape).
 
-Each step: setup -> rollout (B questions x G samples from pi_old) -> score (rule reward) ->
-advantages (group z-score) -> update (mu passes of the clipped objective with k3 KL to the frozen
-reference) -> log -> validate / checkpoint. Resumes from the last complete checkpoint.
+Each step (``grpo_step``): rollout (B questions x G samples from pi_old) -> score (rule reward,
+ORM, PRM) -> advantages (group z-score, or process) -> update (mu passes of the clipped objective
+with k3 KL to the frozen reference) -> metrics. ``run_grpo`` runs it on the shared training loop
+(``trainer.py``: log, validate with keep-best, checkpoint, resume).
 """
 from __future__ import annotations
 
@@ -28,9 +29,8 @@ from grpo_core.modeling import load_model
 from grpo_core.policy import CompletionLogprobs, Rollout, generate, token_logprobs
 from grpo_core.runtime import autocast, model_device, place
 from grpo_core.rewards import COUNT_STATS, RewardError, RewardScorer, Scored
-from grpo_core.stages.common import (SINGLE, Stopwatch, digest_dir, find_resume, keep_if_best, publish_best,
-                                     read_split, restore_trainer_state, round_seed, run_identity,
-                                     save_trainer_checkpoint, set_threads, write_manifest)
+from grpo_core.stages.common import SINGLE, digest_dir, read_split, round_seed, run_identity, set_threads, write_manifest
+from grpo_core.stages.trainer import Plan, Trainer, TrainState, optimizer_step
 from grpo_core.tracking import MetricLogger, NullLogger, logger_from_env
 
 
@@ -145,10 +145,8 @@ def update(policy, ref, trained, opt, rollout: Rollout, advantages: torch.Tensor
             loss, m = grpo_loss(logp, old, None if ref_logp is None else ref_logp[s : s + mb],
                                 advantages[s : s + mb], part.completion_mask, clip_eps=gc.clip_eps,
                                 clip_eps_high=gc.clip_eps_high, beta=gc.beta, agg=gc.loss_agg, batch=global_mb)
-            opt.zero_grad(set_to_none=True)
-            (loss * d.world).backward()  # this process's share of the global loss; DDP averages
-            grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), gc.max_grad_norm)
-            opt.step()
+            # This process's share of the global loss, times the world size: DDP averages.
+            grad_norm = optimizer_step(policy, opt, loss, d.world, gc.max_grad_norm)
             mask = part.completion_mask
             m.update(entropy=float((entropy * mask).sum() / mask.sum().clamp(min=1)))
             # Token means (kl, clip_ratio, ratio_mean, entropy) weighted by this process's share of
@@ -158,7 +156,7 @@ def update(policy, ref, trained, opt, rollout: Rollout, advantages: torch.Tensor
             m = {k: v if k == "pg_loss" else v * share for k, v in m.items()} | {"loss": loss.item()}
             for k, v in m.items():
                 sums[k] = sums.get(k, 0.0) + v
-            sums["grad_norm"] = sums.get("grad_norm", 0.0) + float(grad_norm)  # the same on every process
+            sums["grad_norm"] = sums.get("grad_norm", 0.0) + grad_norm  # the same on every process
             n_updates += 1
     clock.append(time.perf_counter())
     return sums, n_updates
@@ -218,14 +216,13 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
     if missing:
         raise ValueError(f"grpo.reward_weights uses {', '.join(missing)} but no such model was given")
     set_threads(cfg.threads)
-    ckpt_root = out_dir / "checkpoints"
     used = {k: reward_models[k] for k in gc.reward_models_used}
     seed = round_seed(cfg.seed, round_)
     identity = run_identity(cfg, "grpo", init=digest_dir(Path(init_dir)), round=round_,
                             reward_models={k: digest_dir(Path(p)) for k, p in used.items()},
                             separator=cfg.reward_data.step_separator if "prm" in used else None)
-    resume, saved = d.main_first(lambda: find_resume(ckpt_root, identity))
-    policy, tokenizer = load_model(resume or init_dir)
+    trainer = Trainer(cfg, "grpo", out_dir, identity, d, logger)
+    policy, tokenizer = load_model(trainer.resume or init_dir)
     place(policy, cfg.launch, train=True)
     scorer = RewardScorer.from_paths(gc.reward_weights, gc.supervision, tokenizer,
                                      cfg.reward_data.step_separator, used, device=model_device(policy))
@@ -236,68 +233,49 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
         place(ref, cfg.launch).eval().requires_grad_(False)
     pool = read_split(data_dir, "rl")
     val = read_split(data_dir, "val")
-    opt = torch.optim.AdamW(policy.parameters(), lr=gc.lr, betas=(0.9, 0.95), weight_decay=gc.weight_decay)
-    st = {"step": 0, "best_acc": -1.0, "best_step": 0, "elapsed": 0.0, "stopped": "", "recent": []}
-    if resume is not None:
-        restore_trainer_state(saved, opt, st)
-        print(f"grpo: resumed from {resume} (step {st['step']})", flush=True)
+    st = trainer.start(policy, tokenizer, Plan(max_steps=gc.steps, eval_every=gc.eval_every, eval_first=True,
+                                               eval_last=True, keep_best="val/accuracy"))
+    if trainer.resume is not None:
+        print(f"grpo: resumed from {trainer.resume} (step {st.step})", flush=True)
     rollouts = rollout_log.log_path(out_dir, d.rank)
     if gc.save_rollouts:
         out_dir.mkdir(parents=True, exist_ok=True)
-        rollout_log.truncate_after(rollouts, st["step"])  # steps past the checkpoint are sampled again
-    resumed_from = st["step"]
-    clock = Stopwatch(st["elapsed"])
-
-    def validate() -> None:
-        acc = greedy_accuracy(policy, tokenizer, val, cfg.eval.max_new_tokens) if d.main else None
-        acc = d.broadcast(acc)
-        logger.log_metrics({"val/accuracy": acc}, step=st["step"])
-        keep_if_best(st, acc, policy, tokenizer, out_dir, save=d.main)
-
-    if st["step"] == 0 and st["best_acc"] < 0:
-        validate()  # the starting policy is a candidate too: GRPO never returns a worse model
-    if gc.max_seconds is None or st["elapsed"] < gc.max_seconds:
-        st["stopped"] = ""  # (re)started with steps or time left
+        rollout_log.truncate_after(rollouts, st.step)  # steps past the checkpoint are sampled again
+    resumed_from = st.step
     policy.train()
     trained = d.wrap(CompletionLogprobs(policy))
-    while st["step"] < gc.steps and not st["stopped"]:
-        for group in opt.param_groups:
-            group["lr"] = gc.lr * min(1.0, (st["step"] + 1) / (gc.warmup_steps + 1))
-        questions = step_questions(pool, gc.questions_per_step, seed, st["step"])
+
+    def step(st: TrainState) -> dict:
+        questions = step_questions(pool, gc.questions_per_step, seed, st.step)
         record: list[dict] = []
         try:
-            metrics = grpo_step(policy, ref, tokenizer, opt, questions, gc, step_seed(seed, st["step"]), scorer, d,
-                                trained, amp, record)
+            metrics = grpo_step(policy, ref, tokenizer, trainer.opt, questions, gc, step_seed(seed, st.step), scorer,
+                                d, trained, amp, record)
         except RewardError as e:
-            raise RewardError(f"GRPO step {st['step'] + 1} of {out_dir}: {e}; the stage stops, and its last "
+            raise RewardError(f"GRPO step {st.step + 1} of {out_dir}: {e}; the stage stops, and its last "
                               f"checkpoint is where a re-run resumes") from None
-        st["step"] += 1
         if gc.save_rollouts:
-            rollout_log.append(rollouts, st["step"], record)
-        st["recent"] = (st.get("recent", []) + [{k: metrics[k] for k in SUMMARY_METRICS if k in metrics}])[-SUMMARY_WINDOW:]
-        st["elapsed"] = clock.elapsed
-        logger.log_metrics(metrics, step=st["step"])
-        if gc.max_seconds is not None and st["elapsed"] >= gc.max_seconds:
-            st["stopped"] = f"time budget of {gc.max_seconds}s reached"
-        st["stopped"] = d.broadcast(st["stopped"])  # rank 0's clock decides for all
-        last = st["step"] == gc.steps or st["stopped"]
-        if st["step"] % gc.eval_every == 0 or last:
-            validate()
-        if st["step"] % gc.checkpoint_every == 0 or last:
-            st["elapsed"] = clock.elapsed
-            if d.main:
-                save_trainer_checkpoint(ckpt_root, st, policy, tokenizer, opt, identity, cfg, gc.keep_checkpoints)
+            rollout_log.append(rollouts, st.step + 1, record)
+        recent = st.extra.get("recent", []) + [{k: metrics[k] for k in SUMMARY_METRICS if k in metrics}]
+        st.extra["recent"] = recent[-SUMMARY_WINDOW:]
+        return metrics
+
+    def evaluate(st: TrainState) -> dict:
+        return {"val/accuracy": greedy_accuracy(policy, tokenizer, val, cfg.eval.max_new_tokens)}
+
+    # The loop: [validate the start] -> (GRPO step -> log -> [validate -> keep best] -> checkpoint)*.
+    st = trainer.fit(step, evaluate)
     if not d.main:
         return None
-    final_dir = publish_best(out_dir)
-    recent = st.get("recent", [])
+    final_dir = trainer.publish()
+    recent = st.extra.get("recent", [])
     last = {k.removeprefix("train/"): sum(m[k] for m in recent) / len(recent)
             for k in SUMMARY_METRICS if recent and all(k in m for m in recent)}
-    summary = {"best_val_accuracy": st["best_acc"], "best_step": st["best_step"], "steps": st["step"],
-               "wall_s": round(st["elapsed"], 1), "stopped": st["stopped"] or "steps reached",
+    summary = {"best_val_accuracy": st.best_acc, "best_step": st.best_step, "steps": st.step,
+               "wall_s": round(st.elapsed, 1), "stopped": trainer.stop_reason(),
                "resumed_from_step": resumed_from, "round": round_,
                f"last_{SUMMARY_WINDOW}_steps": last}
-    logger.log_metrics({"val/best_accuracy": st["best_acc"], "time/wall_s": st["elapsed"]}, step=st["step"])
+    logger.log_metrics({"val/best_accuracy": st.best_acc, "time/wall_s": st.elapsed}, step=st.step)
     return write_manifest(out_dir, {"stage": "grpo", "model": str(final_dir), "init": str(init_dir), **summary,
                                     "rollouts": str(out_dir) if gc.save_rollouts else None})
 

@@ -22,7 +22,8 @@ from grpo_core.replay import ORIGIN, tag_rows
 from grpo_core.reward_data import Completer, Sampled, label_agreement, outcome_pairs, sample_solutions, step_rows
 from grpo_core.data import Example, prompt_text
 from grpo_core.steps import planted_error
-from grpo_core.stages.common import Stopwatch, digest_dir, read_split, round_seed, set_threads, write_manifest
+from grpo_core.stages.common import digest_dir, read_split, round_seed, set_threads, write_manifest
+from grpo_core.stages.trainer import Stopwatch
 from grpo_core.runtime import place
 from grpo_core.tracking import MetricLogger, NullLogger
 

@@ -1,7 +1,8 @@
 """Reward-model training stage: the ORM (``orm.objective``: BCE on every checked solution,
 Bradley-Terry on chosen/rejected pairs, or both) or the PRM (BCE on step labels), keeping the epoch
 with the best held-out AUC (ORM: of the solution score against correctness; PRM: of the step
-score against the step labels). Checkpoints at every epoch end; a rerun resumes there.
+score against the step labels), on the shared training loop (``trainer.py``). Checkpoints at every
+epoch end; a rerun resumes there.
 
 Round 1 starts from ``orm.init`` / ``prm.init`` (the SFT checkpoint by default). A later RL round
 continues the previous round's reward model on the fresh samples of the current policy plus a
@@ -27,9 +28,8 @@ from grpo_core.modeling import load_tokenizer, tiny_llama
 from grpo_core.policy import encode
 from grpo_core.reward_models import (ScoreHead, bradley_terry_loss, first_wrong_step, load_reward_model, orm_logits,
                                      pointwise_bce_loss, prm_step_logits, reward_model_from, roc_auc, step_bce_loss)
-from grpo_core.stages.common import (Stopwatch, digest_dir, find_resume, keep_if_best, publish_best,
-                                     restore_trainer_state, run_identity, save_trainer_checkpoint,
-                                     set_threads, write_manifest)
+from grpo_core.stages.common import digest_dir, run_identity, set_threads, write_manifest
+from grpo_core.stages.trainer import Plan, Trainer, TrainState
 from grpo_core.runtime import autocast, model_device, place
 from grpo_core.replay import load_version, retraining_set
 from grpo_core.rewards import rollout_step_ends
@@ -156,12 +156,6 @@ def resume_or_init(resume, init_dir: str | Path, kind: str, cfg: PipelineConfig,
     return model
 
 
-def evaluate(model, tokenizer, kind: str, test: list[dict], solutions: list[dict], separator: str,
-             batch: int) -> dict[str, float]:
-    return (evaluate_orm(model, tokenizer, test, solutions, batch) if kind == "orm"
-            else evaluate_prm(model, tokenizer, test, separator, batch))
-
-
 def run_reward_model(cfg: PipelineConfig, kind: str, reward_data: dict, init_dir: str | Path, out_dir: Path,
                      logger: MetricLogger | None = None, replay: dict | None = None) -> dict:
     """Train the ``kind`` ("orm" or "prm") reward model on the reward-data stage's datasets.
@@ -209,86 +203,76 @@ def run_reward_model(cfg: PipelineConfig, kind: str, reward_data: dict, init_dir
             + "; raise reward_data.questions or reward_data.samples_per_question, or train the policy further")
     logger.log_metrics({"replay/share": mix["share"], "replay/rows": mix["replay"], "replay/fresh_rows": mix["fresh"],
                         **{f"replay/from_round_{r}": n for r, n in mix["by_round"].items()}})
-    ckpt_root = out_dir / "checkpoints"
     identity = run_identity(cfg, kind, init=digest_dir(Path(init_dir)), separator=sep,
                             reward_data={n: reward_data[f"{n}_digest"] for n in names}, round=replay["round"],
                             **({"replay": replay["digest"], "replay_fraction": cfg.rounds.replay_fraction}
                                if replay["dir"] is not None else {}))  # round 1 has no history to replay
-    resume, saved = d.main_first(lambda: find_resume(ckpt_root, identity))
-    model = place(resume_or_init(resume, init_dir, kind, cfg, replay["round"]), cfg.launch, train=True)
+    trainer = Trainer(cfg, kind, out_dir, identity, d, logger)
+    model = place(resume_or_init(trainer.resume, init_dir, kind, cfg, replay["round"]), cfg.launch, train=True)
     model.config.step_separator = sep  # saved with the model: `grpo-pipeline score` splits steps as we do
     amp = functools.partial(autocast, cfg.launch, model_device(model))
-    tokenizer = load_tokenizer(resume or init_dir)
-    opt = torch.optim.AdamW(model.parameters(), lr=rc.lr, betas=(0.9, 0.95), weight_decay=rc.weight_decay)
-    # Any first evaluation wins, even an undefined AUC (mapped to -1 below).
-    st = {"step": 0, "epoch": 0, "batch": 0, "best_acc": float("-inf"), "best_step": 0, "elapsed": 0.0}
-    if resume is not None:
-        restore_trainer_state(saved, opt, st)
-    else:
+    tokenizer = load_tokenizer(trainer.resume or init_dir)
+    quality = f"heldout/{QUALITY_KEY[kind]}"
+    st = trainer.start(model, tokenizer, Plan(max_epochs=rc.epochs, eval_last=True, keep_best=quality))
+
+    def evaluate(st: TrainState) -> dict:
+        metrics = (evaluate_orm(model, tokenizer, test, solutions, rc.batch_size) if kind == "orm"
+                   else evaluate_prm(model, tokenizer, test, sep, rc.batch_size))
+        return {f"heldout/{k}": v for k, v in metrics.items()}
+
+    if trainer.resume is None:
         if d.main:
             shutil.rmtree(out_dir / "best", ignore_errors=True)  # never publish another run's model
         # Staleness: the starting model (last round's, or the SFT model's fresh head) on the fresh samples.
-        st["before_metrics"] = d.broadcast(evaluate(model, tokenizer, kind, test, solutions, sep, rc.batch_size)
-                                           if d.main else None)
-        logger.log_metrics({f"heldout_before/{k}": v for k, v in st["before_metrics"].items()}, step=0)
-    clock = Stopwatch(st["elapsed"])
+        before = d.broadcast(evaluate(st) if d.main else None)
+        st.extra["before_metrics"] = {k.removeprefix("heldout/"): v for k, v in before.items()}
+        logger.log_metrics({f"heldout_before/{k}": v for k, v in st.extra["before_metrics"].items()}, step=0)
     model.train()
     trained = d.wrap(ScoreHead(model))
-    # The time budget is checked between epochs: an epoch resumed mid-way is always finished (and
-    # evaluated), as the straight run finished it.
-    while st["epoch"] < rc.epochs and (st["batch"] > 0 or rc.max_seconds is None
-                                       or d.broadcast(clock.elapsed) < rc.max_seconds):
+
+    @functools.lru_cache(maxsize=1)
+    def batches_of(epoch: int) -> list[list[int]]:  # the epoch's order: the same on resume
         order = list(range(len(train)))
-        random.Random(cfg.seed + st["epoch"]).shuffle(order)  # the epoch's order: the same on resume
-        batches = [order[s : s + rc.batch_size] for s in range(0, len(order), rc.batch_size)]
-        for batch in batches[st["batch"]:]:  # from the resumed position within the epoch
-            st["batch"] += 1
-            if len(batch) < d.world:
-                continue
-            rows = [train[i] for i in batch[d.split(len(batch))]]
-            with amp():
-                if kind == "orm":
-                    terms = orm_loss_terms(trained, tokenizer, rows)
-                else:
-                    rollout, ends, labels, mask = step_batch(tokenizer, rows, sep, cfg.prm.label)
-                    terms = [(step_bce_loss(prm_step_logits(trained, rollout, ends), labels, mask), float(mask.sum()))]
-            # Each local mean re-weighted into this process's share of the global batch's mean.
-            share = sum(local * (n / max(float(d.sum(n)), 1.0)) for local, n in terms)
-            opt.zero_grad(set_to_none=True)
-            (share * d.world).backward()  # DDP averages the processes' gradients
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), rc.max_grad_norm)
-            opt.step()
-            st["step"] += 1
-            logger.log_metrics({"train/loss": float(d.sum(share.detach())), "train/grad_norm": float(grad_norm)},
-                               step=st["step"])
-            if rc.checkpoint_every and st["step"] % rc.checkpoint_every == 0 and st["batch"] < len(batches) and d.main:
-                st["elapsed"] = clock.elapsed
-                save_trainer_checkpoint(ckpt_root, st, model, tokenizer, opt, identity, cfg, keep=rc.keep_checkpoints)
-        st["epoch"] += 1
-        st["batch"] = 0
-        metrics = d.broadcast(evaluate(model, tokenizer, kind, test, solutions, sep, rc.batch_size) if d.main else None)
-        logger.log_metrics({f"heldout/{k}": v for k, v in metrics.items()}, step=st["step"])
-        key = metrics[QUALITY_KEY[kind]]
-        key = key if key == key else -1.0  # an undefined AUC (one class only) never wins
-        if keep_if_best(st, key, model, tokenizer, out_dir, save=d.main):
-            st["best_metrics"] = metrics
-        st["elapsed"] = clock.elapsed
-        if d.main:
-            save_trainer_checkpoint(ckpt_root, st, model, tokenizer, opt, identity, cfg, keep=rc.keep_checkpoints)
+        random.Random(cfg.seed + epoch).shuffle(order)
+        return [order[s : s + rc.batch_size] for s in range(0, len(order), rc.batch_size)]
+
+    def step(st: TrainState) -> dict | None:
+        batches = batches_of(st.epoch)
+        batch = batches[st.row]
+        st.row += 1
+        if st.row == len(batches):
+            st.epoch, st.row = st.epoch + 1, 0
+        if len(batch) < d.world:
+            return None
+        rows = [train[i] for i in batch[d.split(len(batch))]]
+        with amp():
+            if kind == "orm":
+                terms = orm_loss_terms(trained, tokenizer, rows)
+            else:
+                rollout, ends, labels, mask = step_batch(tokenizer, rows, sep, cfg.prm.label)
+                terms = [(step_bce_loss(prm_step_logits(trained, rollout, ends), labels, mask), float(mask.sum()))]
+        # Each local mean re-weighted into this process's share of the global batch's mean.
+        share = sum(local * (n / max(float(d.sum(n)), 1.0)) for local, n in terms)
+        grad_norm = trainer.update(share, d.world)  # DDP averages the processes' gradients
+        return {"train/loss": float(d.sum(share.detach())), "train/grad_norm": grad_norm}
+
+    # The loop: (batch -> update -> log -> [epoch end: evaluate -> keep best -> checkpoint])*.
+    st = trainer.fit(step, evaluate)
     if not d.main:
         return None
-    final_dir = publish_best(out_dir)
-    quality = st.get("best_metrics", {}).get(QUALITY_KEY[kind], float("nan"))
-    gate = {"metric": QUALITY_KEY[kind], "value": quality, "threshold": rc.min_auc,
-            "passed": bool(quality >= rc.min_auc)}  # NaN (one class only) fails
+    final_dir = trainer.publish()
+    best = {k.removeprefix("heldout/"): v for k, v in st.best_metrics.items()}
+    value = best.get(QUALITY_KEY[kind], float("nan"))
+    gate = {"metric": QUALITY_KEY[kind], "value": value, "threshold": rc.min_auc,
+            "passed": bool(value >= rc.min_auc)}  # NaN (one class only) fails
     logger.log_metrics({"quality_gate/passed": float(gate["passed"])})
     return write_manifest(out_dir, {"stage": kind, "model": str(final_dir), "init": str(init_dir),
                                     "init_from": rc.init if replay["round"] == 1 else "previous round",
                                     "quality_gate": gate,
-                                    "round": replay["round"], "heldout_before": st.get("before_metrics", {}),
-                                    "heldout": st.get("best_metrics", {}), "best_epoch_step": st["best_step"],
-                                    "steps": st["step"], "epochs": st["epoch"], "n_train": len(train),
-                                    "n_test": len(held_out), "replay": mix, "wall_s": round(clock.elapsed, 1)})
+                                    "round": replay["round"], "heldout_before": st.extra.get("before_metrics", {}),
+                                    "heldout": best, "best_epoch_step": st.best_step,
+                                    "steps": st.step, "epochs": st.epoch, "n_train": len(train),
+                                    "n_test": len(held_out), "replay": mix, "wall_s": round(st.elapsed, 1)})
 
 
 @record  # under torchrun, a failing rank's traceback goes into the launcher's summary

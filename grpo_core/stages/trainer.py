@@ -1,0 +1,224 @@
+"""The one training loop that SFT, continued pretraining, the reward models and GRPO run on.
+
+Like minGPT's trainer it knows nothing of the model: a stage hands it a ``step`` (one optimizer
+update, or GRPO's exploration stage, returning its metrics) and an ``evaluate``; the loop owns the
+budget (steps, epochs, wall time), the learning-rate schedule, the AdamW optimizer built from the
+config section, the gradient step with clipping, periodic evaluation with keep-best and
+plateau / patience, crash-safe checkpoints with resume, and the stop reason.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from grpo_core.checkpoint import latest_checkpoint, load_state, rng_state, save_checkpoint, set_rng_state
+from grpo_core.distributed import Dist
+from grpo_core.modeling import save_model
+from grpo_core.stages.schedules import learning_rate
+
+
+@dataclass
+class TrainState:
+    """Everything a resume restores besides the weights, the optimizer and the RNG."""
+
+    step: int = 0            # optimizer steps (GRPO: exploration stages) taken
+    epoch: int = 0
+    row: int = 0             # where the epoch's next batch starts (a packed row, an RM's batch)
+    tokens: int = 0          # loss tokens trained on, all processes
+    elapsed: float = 0.0     # wall seconds, across resumes
+    best_acc: float = -math.inf  # best evaluation score so far (accuracy, an RM's AUC)
+    best_step: int = 0
+    best_metrics: dict = field(default_factory=dict)
+    bad_evals: int = 0       # regular evaluations in a row without improvement
+    plateau_lr: float = 0.0  # the reduce-on-plateau schedule's lr
+    stopped: str = ""        # "", "steps", "epochs", "time" or "patience"
+    extra: dict = field(default_factory=dict)  # a stage's own counters (GRPO's recent metrics, ...)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How long and how often, from a stage's config section."""
+
+    max_steps: int | None = None
+    max_epochs: int | None = None
+    log_every: int = 1
+    eval_every: int | None = None  # steps between evaluations; None: when an epoch ends
+    eval_first: bool = False       # the starting model is a candidate (GRPO never returns a worse one)
+    eval_last: bool = False        # evaluate the final model even off the grid (otherwise only if none was)
+    keep_best: str | None = None   # the metric whose best model is published; None: the last model
+    patience: int = 0              # stop after this many regular evaluations without improvement
+    decay_patience: int = 1        # plateau schedule: lower the lr after this many
+    decay_factor: float = 0.5
+    min_lr: float = 0.0
+
+
+STOP_REASONS = {"": "max_steps reached", "steps": "max_steps reached", "epochs": "epochs done",
+                "time": "time budget of {sc.max_seconds}s reached",
+                "patience": "validation accuracy did not improve for {plan.patience} evaluations"}
+
+
+class Stopwatch:
+    """Wall time that survives a resume: ``offset`` is the time spent before the restart."""
+
+    def __init__(self, offset: float = 0.0) -> None:
+        self.start = time.perf_counter() - offset
+
+    @property
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+
+def optimizer_step(model, opt, loss: torch.Tensor, scale: float, max_grad_norm: float) -> float:
+    """One optimizer step on ``loss * scale`` (a process's share of the global loss, times the
+    world size as DDP averages the gradients), clipped; returns the gradient norm before clipping."""
+    opt.zero_grad(set_to_none=True)
+    (loss * scale).backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    opt.step()
+    return float(grad_norm)
+
+
+def find_resume(ckpt_root: Path, identity: dict):
+    """(checkpoint, state) to resume from, or (None, None) for a fresh start. Checkpoints written
+    under another identity are moved aside to ``<root>.stale-<n>``, never resumed or lost."""
+    latest = latest_checkpoint(ckpt_root)
+    if latest is None:
+        return None, None
+    state = load_state(latest)
+    if state.get("identity") != identity:
+        n = 0
+        while (stale := ckpt_root.with_name(f"{ckpt_root.name}.stale-{n}")).exists():
+            n += 1
+        ckpt_root.rename(stale)
+        print(f"warning: checkpoints in {ckpt_root} were written by another recipe or start; moved to {stale}")
+        return None, None
+    return latest, state
+
+
+def publish_best(out_dir: Path) -> Path:
+    """Copy the best-evaluated model (``best/``) to the stage's published ``model/``."""
+    final_dir = out_dir / "model"
+    shutil.rmtree(final_dir, ignore_errors=True)
+    shutil.copytree(out_dir / "best", final_dir)
+    return final_dir
+
+
+class Trainer:
+    """Construct with the stage's checkpoint identity; ``resume`` is then the checkpoint folder to
+    load the model from (or None). ``start`` builds the optimizer and restores the counters,
+    ``fit`` runs the loop, ``publish`` writes ``model/``."""
+
+    def __init__(self, cfg, section: str, out_dir: Path, identity: dict, d: Dist, logger) -> None:
+        self.cfg, self.sc, self.out_dir, self.identity, self.d, self.logger = (
+            cfg, getattr(cfg, section), out_dir, identity, d, logger)
+        self.root = out_dir / "checkpoints"
+        self.resume, self._saved = d.main_first(lambda: find_resume(self.root, identity))
+
+    def start(self, model, tokenizer, plan: Plan) -> TrainState:
+        """AdamW over ``model``'s parameters with the section's settings; counters, optimizer and
+        RNG from the checkpoint being resumed."""
+        self.model, self.tokenizer, self.plan = model, tokenizer, plan
+        sc = self.sc
+        self.opt = torch.optim.AdamW(model.parameters(), lr=sc.lr, betas=sc.betas, weight_decay=sc.weight_decay)
+        self.state = TrainState(plateau_lr=sc.lr)
+        if self._saved is not None:
+            self.opt.load_state_dict(self._saved["optimizer"])
+            self.state = TrainState(**self._saved["counters"])
+            set_rng_state(self._saved["rng"])
+        return self.state
+
+    @property
+    def lr(self) -> float:
+        return self.opt.param_groups[0]["lr"]
+
+    def update(self, loss: torch.Tensor, scale: float = 1.0) -> float:
+        return optimizer_step(self.model, self.opt, loss, scale, self.sc.max_grad_norm)
+
+    def fit(self, step: Callable[[TrainState], dict | None],
+            evaluate: Callable[[TrainState], dict] | None = None) -> TrainState:
+        """Run ``step`` until the budget is spent. ``step`` returns its metrics, or None when it
+        trained nothing (a batch too short to split over the processes); it advances ``row`` /
+        ``epoch`` itself. ``evaluate`` (rank 0 only) returns metrics including ``plan.keep_best``."""
+        st, plan, sc, d = self.state, self.plan, self.sc, self.d
+        clock = Stopwatch(st.elapsed)
+        if st.stopped == "time" and (sc.max_seconds is None or st.elapsed < sc.max_seconds):
+            st.stopped = ""  # resumed with a larger time budget
+        if plan.eval_first and st.step == 0 and st.best_acc == -math.inf:
+            self._evaluate(evaluate, regular=False)
+        while not st.stopped:
+            if plan.max_steps is not None and st.step >= plan.max_steps:
+                st.stopped = "steps"
+                break
+            if plan.max_epochs is not None and st.epoch >= plan.max_epochs:
+                st.stopped = "epochs"
+                break
+            lr = learning_rate(sc, st.step, st.plateau_lr)
+            for group in self.opt.param_groups:
+                group["lr"] = lr
+            epoch = st.epoch
+            metrics = step(st)
+            epoch_end = plan.eval_every is None and st.epoch > epoch
+            if metrics is None and not epoch_end:
+                continue
+            if metrics is not None:
+                st.step += 1
+                st.elapsed = clock.elapsed
+                if st.step % plan.log_every == 0:  # a tracking call per step can cost more than the step
+                    rate = {"perf/tokens_per_s": st.tokens / max(st.elapsed, 1e-9)} if st.tokens else {}
+                    self.logger.log_metrics({"train/lr": lr} | metrics | rate, step=st.step)
+                if sc.max_seconds is not None and st.elapsed >= sc.max_seconds:
+                    st.stopped = "time"
+                st.stopped = d.broadcast(st.stopped)  # rank 0's clock decides for all
+            last = bool(st.stopped) or st.step == plan.max_steps or st.epoch == plan.max_epochs
+            regular = epoch_end or (metrics is not None and plan.eval_every is not None
+                                    and st.step % plan.eval_every == 0)
+            if evaluate and (regular or (last and (plan.eval_last or st.best_acc == -math.inf))):
+                self._evaluate(evaluate, regular)
+            grid = metrics is not None and sc.checkpoint_every and st.step % sc.checkpoint_every == 0
+            if grid or last or epoch_end or st.stopped:  # (an evaluation may have stopped it)
+                st.elapsed = clock.elapsed
+                if d.main:
+                    save_checkpoint(self.root, st.step, self.model, self.tokenizer,
+                                    {"optimizer": self.opt.state_dict(), "counters": dataclasses.asdict(st),
+                                     "rng": rng_state(), "identity": self.identity,
+                                     "config": self.cfg.model_dump(mode="json")}, keep=sc.keep_checkpoints)
+        st.elapsed = clock.elapsed
+        return st
+
+    def _evaluate(self, evaluate, regular: bool) -> None:
+        """Evaluate on rank 0, keep the model if it is the best so far, and (regular evaluations
+        only, so that a resumed or extended run sees the same ones) run the plateau controller."""
+        st, plan, d = self.state, self.plan, self.d
+        metrics = d.broadcast(evaluate(st) if d.main else None)
+        self.logger.log_metrics(metrics, step=st.step)
+        if plan.keep_best is None:
+            return
+        score = metrics[plan.keep_best]
+        score = score if score == score else -1.0  # an undefined score (an AUC of one class) never wins
+        if score > st.best_acc:
+            st.best_acc, st.best_step, st.best_metrics, st.bad_evals = score, st.step, metrics, 0
+            if d.main:
+                shutil.rmtree(self.out_dir / "best", ignore_errors=True)
+                save_model(self.model, self.tokenizer, self.out_dir / "best")
+        elif regular:
+            st.bad_evals += 1
+            if st.bad_evals % plan.decay_patience == 0:
+                st.plateau_lr = max(st.plateau_lr * plan.decay_factor, plan.min_lr)
+            if plan.patience and st.bad_evals >= plan.patience:
+                st.stopped = "patience"
+
+    def stop_reason(self) -> str:
+        return STOP_REASONS[self.state.stopped].format(sc=self.sc, plan=self.plan)
+
+    def publish(self) -> Path:
+        """``model/``: the best-evaluated model, or the last one when nothing is kept by score."""
+        if self.plan.keep_best is not None:
+            return publish_best(self.out_dir)
+        return save_model(self.model, self.tokenizer, self.out_dir / "model")
