@@ -29,7 +29,8 @@ from grpo_core.config import PipelineConfig
 from grpo_core.stages.common import write_manifest
 from grpo_core.stats import mean_std, seed_interval
 from grpo_core.tracking import MlflowLogger
-from tasks.stages import eval_task, grpo_task, grpo_upstream, run_stage, sft_task
+from grpo_core.stages.inputs import EvalInputs, GRPOInputs, Ref, SFTInputs
+from tasks.stages import eval_task, grpo_task, run_stage, sft_task
 from tasks.tracking import experiment_id, finishing, start_run, tracking_uri
 
 BASELINE = "continued-sft"
@@ -86,10 +87,10 @@ def compare(run_dir: str, variants: list[str] | None = None, seeds: int = 3) -> 
                        tags={"pipeline": "deepseekmath-grpo", "compare_of": manifest["mlflow_run_id"]})
     common = {"uri": uri, "parent_id": parent}
     with finishing(uri, [parent]):
-        data = manifest["stages"]["data"]
-        sft = manifest["stages"]["sft"]
+        data = Ref.folder(manifest["stages"]["data"])
+        sft = Ref.model(manifest["stages"]["sft"])
         first = manifest["rounds"][0]["stages"]  # round 1: GRPO and reward models from the SFT model
-        models, digests, runs = {"sft": sft["model"]}, {"sft": sft["digest"]}, {}
+        models, runs = {"sft": sft}, {}
         for name in variants or list(VARIANTS):
             update = VARIANTS[name]
             uses = () if update is None else variant_config(cfg, update, cfg.seed, 0).grpo.reward_models_used
@@ -102,21 +103,17 @@ def compare(run_dir: str, variants: list[str] | None = None, seeds: int = 3) -> 
                 vcfg = variant_config(cfg, update, cfg.seed + s, first["grpo"]["wall_s"])
                 out = str(root / "compare" / name / f"seed-{s}")
                 if update is None:
-                    stage, _ = run_stage(sft_task, cfg=vcfg, out_dir=out, upstream={
-                        "data_dir": data["dir"], "data": data["digest"], "init_model": sft["model"],
-                        "init": sft["digest"]}, **common)
+                    stage, _ = run_stage(sft_task, vcfg, out, SFTInputs(data=data, init=sft), **common)
                 elif s == 0 and vcfg.grpo == cfg.grpo:
                     stage = first["grpo"]
                 else:
-                    stage, _ = run_stage(grpo_task, cfg=vcfg, out_dir=out, upstream=grpo_upstream(
-                        data, sft, {k: first[k]["model"] for k in uses}, {k: first[k]["digest"] for k in uses}), **common)
-                key = f"{name}/seed-{s}"
-                models[key], digests[key] = stage["model"], stage["digest"]
+                    stage, _ = run_stage(grpo_task, vcfg, out, GRPOInputs(
+                        data=data, init=sft, reward_models={k: Ref.model(first[k]) for k in uses}), **common)
+                models[f"{name}/seed-{s}"] = Ref.model(stage)
                 runs[name].append({"seed": vcfg.seed, "wall_s": stage["wall_s"], "steps": stage["steps"],
                                    "reward_model": reward_model_metric(first, uses)})
-        ev, _ = run_stage(eval_task, cfg=cfg, out_dir=str(root / "compare" / "eval"),
-                          upstream={"data_dir": data["dir"], "data": data["digest"], "models": models,
-                                    "digests": [digests[k] for k in models]}, **common)
+        ev, _ = run_stage(eval_task, cfg, str(root / "compare" / "eval"), EvalInputs(data=data, models=models),
+                          **common)
         results = ev["results"]
         sft_acc = results["sft"]["accuracy"]
         accs = {name: [results[f"{name}/seed-{s}"]["accuracy"] for s in range(len(r))] for name, r in runs.items()}

@@ -19,7 +19,8 @@ from pydantic import Field
 from grpo_core.config import ConfigError, PipelineConfig, load_config
 from grpo_core.stages.common import write_manifest
 from grpo_core.tracking import MlflowLogger
-from flows.rounds import next_start, rl_round, round_metrics
+from flows.rounds import RoundStart, next_start, rl_round, round_metrics
+from grpo_core.stages.inputs import DataInputs, EvalInputs, Ref, SFTInputs
 from tasks.stages import data_task, eval_task, run_stage, sft_task
 from tasks.tracking import (check_tracking, experiment_id, finishing, redact, run_params, start_run,
                             tracking_uri)
@@ -30,22 +31,21 @@ def pretraining_stages(config: PipelineConfig, run_dir, data: dict, common: dict
     from. The corpus subflow is skipped when its manifest carries the same content key."""
     from flows.corpus import corpus
     from grpo_core.stages.common import digest_dir
+    from grpo_core.stages.inputs import CorpusInputs, PretrainInputs
     from tasks.stages import pretrain_task, stage_key
 
     out = run_dir / "corpus"
-    upstream = {"data": data["digest"]}
-    key = stage_key("corpus", config, upstream, out)
+    inputs = CorpusInputs(data=Ref.folder(data))
+    key = stage_key("corpus", config, inputs, out)
     manifest_path = out / "manifest.json"
     done = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
     hit = done.get("cache_key") == key
     if not hit:
-        done = corpus(config, own_benchmarks={"own-test": str(Path(data["dir"]) / "test.jsonl"),
-                                              "own-val": str(Path(data["dir"]) / "val.jsonl")},
-                      parent_run_id=common["parent_id"])
+        done = corpus(config, own_benchmarks=inputs.benchmarks(), parent_run_id=common["parent_id"])
         done.update(cache_key=key, digest=digest_dir(Path(done["corpus_dir"])))
         write_manifest(out, done)
-    pre = run_stage(pretrain_task, out_dir=str(run_dir / "pretrain"),
-                    upstream={"corpus_dir": done["corpus_dir"], "corpus": done["digest"]}, **common)
+    pre = run_stage(pretrain_task, config, str(run_dir / "pretrain"),
+                    PretrainInputs(corpus=Ref(path=done["corpus_dir"], digest=done["digest"])), **common)
     return {"corpus": (done, hit), "pretrain": pre}
 
 
@@ -71,28 +71,25 @@ def pipeline(config: PipelineConfig) -> dict:
     check_tracking(uri)  # an unreachable server fails here, not at the first stage's first metric
     parent = start_run(uri, experiment_id(uri, config.tracking.experiment), config.run_name,
                        tags={"pipeline": "deepseekmath-grpo"})
-    common = {"cfg": config, "uri": uri, "parent_id": parent}
+    common = {"uri": uri, "parent_id": parent}
     with finishing(uri, [parent]):
         tracker = MlflowLogger(uri, parent)
         tracker.log_params(run_params(config))
-        data, data_hit = run_stage(data_task, out_dir=str(run_dir / "data"), **common)
+        data, data_hit = run_stage(data_task, config, str(run_dir / "data"), DataInputs(), **common)
         pre_stages = pretraining_stages(config, run_dir, data, common) if config.pretrain.train else {}
-        init = ({"init_model": pre_stages["pretrain"][0]["model"], "init": pre_stages["pretrain"][0]["digest"]}
-                if pre_stages else {})
-        sft, sft_hit = run_stage(sft_task, out_dir=str(run_dir / "sft"),
-                                 upstream={"data_dir": data["dir"], "data": data["digest"], **init}, **common)
-        start = {"policy": {"model": sft["model"], "digest": sft["digest"]}, "reward_models": {}, "buffer": None,
-                 "versions": []}
+        init = Ref.model(pre_stages["pretrain"][0]) if pre_stages else None
+        sft, sft_hit = run_stage(sft_task, config, str(run_dir / "sft"),
+                                 SFTInputs(data=Ref.folder(data), init=init), **common)
+        start = RoundStart(policy=Ref.model(sft))
         rounds = []
         for k in range(1, config.rounds.count + 1):
-            rounds.append(rl_round(config, k, data, sft, start, uri, parent))
-            start = next_start(rounds[-1], start["versions"])
+            rounds.append(rl_round(config, k, Ref.folder(data), Ref.model(sft), start, uri, parent))
+            start = next_start(rounds[-1], start.versions)
             tracker.log_metrics(round_metrics(rounds[-1]), step=k)  # per-round curves on the parent
         policy = rounds[-1]
         # The SFT model's test accuracy; each round's eval already measured its policy on the same questions.
-        ev, eval_hit = run_stage(eval_task, out_dir=str(run_dir / "eval"),
-                                 upstream={"data_dir": data["dir"], "data": data["digest"],
-                                           "models": {"sft": sft["model"]}, "digests": [sft["digest"]]}, **common)
+        ev, eval_hit = run_stage(eval_task, config, str(run_dir / "eval"),
+                                 EvalInputs(data=Ref.folder(data), models={"sft": Ref.model(sft)}), **common)
         hits = [("data", data_hit), *((k, hit) for k, (_, hit) in pre_stages.items()), ("sft", sft_hit),
                 ("eval", eval_hit)]
         cached = [name for name, hit in hits if hit] + [f"round-{r['round']}/{s}" for r in rounds

@@ -21,54 +21,53 @@ from pathlib import Path
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
+from pydantic import BaseModel, ConfigDict
 
 from flows import artifact_key
 from grpo_core.config import PipelineConfig
 from tasks.registry import promote_champion, register_policy, registered_name
-from tasks.stages import (eval_task, grpo_task, grpo_upstream, orm_task, prm_task, replay_task, reward_data_task,
-                          run_stage)
-from tasks.tracking import experiment_id, finishing, start_run
+from grpo_core.stages.inputs import INPUTS, EvalInputs, GRPOInputs, Ref, ReplayInputs, RewardDataInputs, reward_datasets
 from grpo_core.stages.reward_model import QUALITY_KEY
 from grpo_core.tracking import MlflowLogger
+from tasks.stages import (eval_task, grpo_task, orm_task, prm_task, replay_task, reward_data_task, run_stage)
+from tasks.tracking import experiment_id, finishing, start_run
 
 
+class RoundStart(BaseModel):
+    """Where round k starts: policy k-1 (the SFT model for k = 1), the reward models and replay
+    buffer version of round k-1, its GRPO rollouts, and the registered policy versions so far."""
 
-def _model(manifest: dict) -> dict:
-    return {"model": manifest["model"], "digest": manifest["digest"]}
+    model_config = ConfigDict(frozen=True)
+    policy: Ref
+    reward_models: dict[str, Ref] = {}
+    buffer: Ref | None = None
+    rollouts: Ref | None = None
+    versions: list[str] = []
 
 
-def reward_stages(cfg: PipelineConfig, k: int, round_dir: Path, run_dir: Path, data: dict, sft: dict,
-                  start: dict, common: dict) -> dict[str, tuple[dict, bool]]:
+def reward_stages(cfg: PipelineConfig, k: int, round_dir: Path, run_dir: Path, data: Ref, sft: Ref,
+                  start: RoundStart, common: dict) -> dict[str, tuple[dict, bool]]:
     """reward_data -> replay -> orm / prm for round ``k``: {stage: (manifest, cached)}."""
     wanted = [kind for kind in ("orm", "prm") if getattr(cfg, kind).train]
     if not wanted:
         return {}
-    policy = start["policy"]
-    out = {"reward_data": run_stage(reward_data_task, out_dir=str(round_dir / "reward_data"),
-                                    upstream={"data_dir": data["dir"], "data": data["digest"],
-                                              "policy": policy["model"], "init": policy["digest"], "round": k,
-                                              "rollouts": start.get("rollouts")},
-                                    **common)}
-    rd = out["reward_data"][0]
-    datasets = {key: v for key, v in rd.items() if key.endswith(("_dir", "_digest")) and key != "dir"}
-    previous = start.get("buffer")
-    out["replay"] = run_stage(replay_task, out_dir=str(run_dir / "replay" / f"v{k}"),
-                              upstream={"previous": previous, "reward_data": datasets, "round": k}, **common)
-    replay = ({"round": k, "dir": previous["dir"], "digest": previous["digest"], "fraction": cfg.rounds.replay_fraction}
-              if previous else {"round": k, "dir": None, "digest": None})
+    out = {"reward_data": run_stage(reward_data_task, cfg, str(round_dir / "reward_data"), RewardDataInputs(
+        data=data, policy=start.policy, round=k, rollouts=start.rollouts), **common)}
+    datasets = reward_datasets(out["reward_data"][0])
+    out["replay"] = run_stage(replay_task, cfg, str(run_dir / "replay" / f"v{k}"),
+                              ReplayInputs(reward_data=datasets, previous=start.buffer, round=k), **common)
     for kind in wanted:
         # Round 1: from the SFT checkpoint (or what <kind>.init names, decided in the stage).
-        init = start["reward_models"].get(kind) or _model(sft)
-        out[kind] = run_stage(orm_task if kind == "orm" else prm_task, out_dir=str(round_dir / kind),
-                              upstream={"reward_data": datasets, "init_model": init["model"], "init": init["digest"],
-                                        "replay": replay}, **common)
+        inputs = INPUTS[kind](reward_data=datasets, init=start.reward_models.get(kind, sft), round=k,
+                              replay=start.buffer)
+        out[kind] = run_stage(orm_task if kind == "orm" else prm_task, cfg, str(round_dir / kind), inputs, **common)
     return out
 
 
 def round_summary(k: int, stages: dict[str, dict], cached: list[str], test: dict) -> dict:
     """What a round produced and measured (the manifest's ``rounds`` entries)."""
     grpo = stages["grpo"]
-    rms = {kind: {**_model(stages[kind]), "before": stages[kind].get("heldout_before", {}),
+    rms = {kind: {"model": stages[kind]["model"], "digest": stages[kind]["digest"], "before": stages[kind].get("heldout_before", {}),
                   "after": stages[kind].get("heldout", {}), "replay": stages[kind].get("replay", {}),
                   "quality_gate": stages[kind].get("quality_gate", {})}
            for kind in ("orm", "prm") if kind in stages}
@@ -137,15 +136,14 @@ def round_report(summary: dict, champion: dict, link: str) -> str:
 
 
 @flow(name="rl-round", flow_run_name="round-{k}")
-def rl_round(cfg: PipelineConfig, k: int, data: dict, sft: dict, start: dict, uri: str, parent_id: str) -> dict:
-    """One RL round (see the module docstring); ``start`` holds policy k-1, reward models k-1 and
-    buffer version k-1 (``{"model", "digest"}`` dicts; ``buffer``: ``{"dir", "digest"}`` or None)."""
+def rl_round(cfg: PipelineConfig, k: int, data: Ref, sft: Ref, start: RoundStart, uri: str, parent_id: str) -> dict:
+    """One RL round (see the module docstring) from ``start``."""
     log = get_run_logger()
     run_dir = cfg.run_dir.resolve()
     round_dir = run_dir / f"round-{k}"
     exp_id = experiment_id(uri, cfg.tracking.experiment)
     run_id = start_run(uri, exp_id, f"round-{k}", parent_id=parent_id, tags={"round": str(k)})
-    common = {"cfg": cfg, "uri": uri, "parent_id": run_id}
+    common = {"uri": uri, "parent_id": run_id}
     with finishing(uri, [run_id]):
         results = reward_stages(cfg, k, round_dir, run_dir, data, sft, start, common)
         rms = {kind: results[kind][0] for kind in ("orm", "prm") if kind in results}
@@ -156,14 +154,11 @@ def rl_round(cfg: PipelineConfig, k: int, data: dict, sft: dict, start: dict, ur
                 log.warning("round %d: QUALITY GATE FAILED: %s held-out %s %.3f < %s; GRPO will optimise a reward "
                             "that barely separates right from wrong", k, kind.upper(), gate["metric"], gate["value"],
                             gate["threshold"])
-        results["grpo"] = run_stage(grpo_task, out_dir=str(round_dir / "grpo"),
-                                    upstream=grpo_upstream(data, start["policy"], {m: rms[m]["model"] for m in used},
-                                                           {m: rms[m]["digest"] for m in used}, round_=k), **common)
+        results["grpo"] = run_stage(grpo_task, cfg, str(round_dir / "grpo"), GRPOInputs(
+            data=data, init=start.policy, reward_models={m: Ref.model(rms[m]) for m in used}, round=k), **common)
         grpo = results["grpo"][0]
-        results["eval"] = run_stage(eval_task, out_dir=str(round_dir / "eval"),
-                                    upstream={"data_dir": data["dir"], "data": data["digest"],
-                                              "models": {"policy": grpo["model"]}, "digests": [grpo["digest"]]},
-                                    **common)
+        results["eval"] = run_stage(eval_task, cfg, str(round_dir / "eval"),
+                                    EvalInputs(data=data, models={"policy": Ref.model(grpo)}), **common)
         stages = {name: m for name, (m, _) in results.items()}
         cached = [name for name, (_, hit) in results.items() if hit]
         summary = round_summary(k, stages, cached, stages["eval"]["results"]["policy"])
@@ -171,7 +166,7 @@ def rl_round(cfg: PipelineConfig, k: int, data: dict, sft: dict, start: dict, ur
         name = registered_name(cfg)
         summary["model_version"] = register_policy(uri, name, run_id, grpo["model"], k, summary["val_accuracy"],
                                                    grpo["digest"])
-        champion = promote_champion(uri, name, [*start.get("versions", []), summary["model_version"]])
+        champion = promote_champion(uri, name, [*start.versions, summary["model_version"]])
         tracker = MlflowLogger(uri, run_id)
         tracker.log_metrics(round_metrics(summary))
         tracker.set_tags({"cached_stages": ",".join(cached) or "none", "model_version": summary["model_version"],
@@ -188,10 +183,12 @@ def rl_round(cfg: PipelineConfig, k: int, data: dict, sft: dict, start: dict, ur
     return summary
 
 
-def next_start(summary: dict, start_versions: list[str]) -> dict:
-    """Where round k+1 starts: round k's policy, reward models and replay buffer version."""
-    return {"policy": {"model": summary["policy"], "digest": summary["policy_digest"]},
-            "reward_models": {kind: {"model": rm["model"], "digest": rm["digest"]}
-                              for kind, rm in summary["reward_models"].items()},
-            "buffer": summary["buffer"], "versions": [*start_versions, summary["model_version"]],
-            "rollouts": summary["rollouts"]}
+def next_start(summary: dict, start_versions: list[str]) -> RoundStart:
+    """Where round k+1 starts: round k's policy, reward models, replay buffer version and rollouts."""
+    return RoundStart(policy=Ref(path=summary["policy"], digest=summary["policy_digest"]),
+                      reward_models={kind: Ref(path=rm["model"], digest=rm["digest"])
+                                     for kind, rm in summary["reward_models"].items()},
+                      buffer=summary["buffer"] and Ref(path=summary["buffer"]["dir"], digest=summary["buffer"]["digest"]),
+                      rollouts=summary["rollouts"] and Ref(path=summary["rollouts"]["dir"],
+                                                           digest=summary["rollouts"]["digest"]),
+                      versions=[*start_versions, summary["model_version"]])

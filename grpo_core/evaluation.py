@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 
 import torch
 
@@ -71,3 +72,33 @@ def evaluate(
 @torch.no_grad()
 def greedy_accuracy(model, tokenizer, examples: list[Example], max_new_tokens: int, batch_size: int = 128) -> float:
     return evaluate(model, tokenizer, examples, max_new_tokens=max_new_tokens, batch_size=batch_size)[0]["accuracy"]
+
+
+def run_eval(cfg, data_dir: Path, models: dict[str, str], out_dir: Path, logger=None) -> dict:
+    """The eval stage: greedy pass@1 (and maj@K / pass@K) of every model in ``models`` on the test
+    split, with per-question correctness (``per_question/<name>.json``) for paired differences
+    between models (``grpo_core.stats``)."""
+    import json
+
+    from grpo_core.data import load_jsonl
+    from grpo_core.modeling import load_model
+    from grpo_core.runtime import place
+    from grpo_core.stages.common import set_threads, write_manifest
+
+    ec = cfg.eval
+    set_threads(cfg.threads)
+    test = load_jsonl(str(Path(data_dir) / "test.jsonl"), limit=ec.n_questions)
+    results: dict[str, dict] = {}
+    for name, model_dir in models.items():
+        model, tokenizer = load_model(model_dir)
+        place(model, cfg.launch)
+        metrics, rows = evaluate(model, tokenizer, test, max_new_tokens=ec.max_new_tokens, batch_size=ec.batch_size,
+                                 samples=ec.samples, temperature=ec.temperature, seed=cfg.seed)
+        per_question = Path(out_dir) / "per_question" / f"{name}.json"
+        per_question.parent.mkdir(parents=True, exist_ok=True)
+        per_question.write_text(json.dumps([int(r["correct"]) for r in rows]))
+        results[name] = {**metrics, "model": model_dir, "per_question": str(per_question)}
+        if logger:
+            logger.log_metrics({f"eval/{name}/{k}": v for k, v in metrics.items()})
+            logger.log_table(rows[: ec.log_examples], f"eval/{name}_samples.json")
+    return write_manifest(Path(out_dir), {"stage": "eval", "results": results})

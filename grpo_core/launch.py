@@ -10,8 +10,9 @@ import yaml
 
 from grpo_core.config import LaunchConfig, PipelineConfig
 
-STAGE_MODULES = {"sft": "grpo_core.stages.sft", "grpo": "grpo_core.stages.grpo", "pretrain": "grpo_core.stages.pretrain",
-                 "orm": "grpo_core.stages.reward_model", "prm": "grpo_core.stages.reward_model"}
+# The stages whose work is data-parallel training; the others run in the task's own process.
+LAUNCHABLE = ("sft", "grpo", "pretrain", "orm", "prm")
+MODULE = "grpo_core.stages"  # the one stage entry point: --config, --inputs, --out
 
 
 def write_resolved(cfg: PipelineConfig, path: Path) -> Path:
@@ -22,13 +23,10 @@ def write_resolved(cfg: PipelineConfig, path: Path) -> Path:
 
 
 def launch_command(launch: LaunchConfig, stage: str, args: list[str]) -> list[str]:
-    """``torchrun ... -m grpo_core.stages.<stage> ARGS`` (or ``accelerate launch``), with the
-    interpreter of this process so that the processes see the same environment."""
-    if stage not in STAGE_MODULES:
-        raise ValueError(f"stage {stage!r} cannot be launched as processes; launchable: {', '.join(STAGE_MODULES)}")
-    module = STAGE_MODULES[stage]
-    if module.endswith("reward_model"):  # one command for both kinds: the kind is its first argument
-        args = [stage, *args]
+    """``torchrun ... -m grpo_core.stages ARGS`` (or ``accelerate launch``), with the interpreter
+    of this process so that the processes see the same environment."""
+    if stage not in LAUNCHABLE:
+        raise ValueError(f"stage {stage!r} cannot be launched as processes; launchable: {', '.join(LAUNCHABLE)}")
     if launch.launcher == "accelerate":
         cmd = [sys.executable, "-m", "accelerate.commands.launch"]
         if launch.accelerate_config:
@@ -37,10 +35,10 @@ def launch_command(launch: LaunchConfig, stage: str, args: list[str]) -> list[st
         if launch.nnodes > 1:
             host, port = launch.rdzv_endpoint.rsplit(":", 1)
             cmd += ["--main_process_ip", host, "--main_process_port", port]
-        return cmd + ["-m", module, *args]
+        return cmd + ["-m", MODULE, *args]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(launch.nproc)]
     if launch.nnodes > 1:
         cmd += ["--nnodes", str(launch.nnodes), "--rdzv_backend", "c10d", "--rdzv_endpoint", launch.rdzv_endpoint]
     else:
         cmd += ["--standalone"]  # a local rendezvous on a free port
-    return cmd + ["-m", module, *args]
+    return cmd + ["-m", MODULE, *args]

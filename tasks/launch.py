@@ -16,18 +16,21 @@ from prefect.exceptions import MissingContextError
 
 from grpo_core.config import PipelineConfig
 from grpo_core.launch import launch_command, write_resolved
+from grpo_core.stages.inputs import StageInputs, write_inputs
 
 TAIL_LINES = 40
 
 
-def run_launched(stage: str, cfg: PipelineConfig, out_dir: str, args: list[str], uri: str, run_id: str) -> dict:
-    """Run ``stage`` with ``args`` (its CLI's, besides --config) as ``cfg.launch`` says; returns its
-    manifest. A failing launch fails the task with the processes' last lines."""
+def run_launched(stage: str, cfg: PipelineConfig, out_dir: str, inputs: StageInputs, uri: str, run_id: str) -> dict:
+    """Run ``stage`` on ``inputs`` as ``cfg.launch`` says (the resolved recipe and the inputs are
+    written beside its outputs); returns its manifest. A failing launch fails the task with the
+    processes' last lines."""
     try:
         log = get_run_logger()
     except MissingContextError:  # called outside a flow (a script, a test)
         log = logging.getLogger("grpo_pipeline.launch")
     resolved = write_resolved(cfg, Path(out_dir) / "resolved.yaml")
+    args = ["--inputs", str(write_inputs(inputs, Path(out_dir) / "inputs.json")), "--out", out_dir]
     cmd = launch_command(cfg.launch, stage, ["--config", str(resolved), *args])
     log.info("launching %s: %s", stage, " ".join(cmd))
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "MLFLOW_RUN_ID": run_id, "PYTHONUNBUFFERED": "1"}

@@ -26,22 +26,23 @@ def test_resolved_recipe_round_trips(tiny_cfg, tmp_path):
 def test_launch_commands():
     single_node = launch_command(LaunchConfig(nproc=2), "sft", ["--config", "r.yaml"])
     assert single_node[1:] == ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
-                               "-m", "grpo_core.stages.sft", "--config", "r.yaml"]
+                               "-m", "grpo_core.stages", "--config", "r.yaml"]
     multi = launch_command(LaunchConfig(nproc=8, nnodes=2, rdzv_endpoint="node0:29400"), "grpo", [])
-    assert multi[-6:] == ["--rdzv_backend", "c10d", "--rdzv_endpoint", "node0:29400", "-m", "grpo_core.stages.grpo"]
+    assert multi[-6:] == ["--rdzv_backend", "c10d", "--rdzv_endpoint", "node0:29400", "-m", "grpo_core.stages"]
     acc = launch_command(LaunchConfig(nproc=2, launcher="accelerate", accelerate_config="a.yaml"), "pretrain", [])
     assert acc[1:] == ["-m", "accelerate.commands.launch", "--config_file", "a.yaml", "--num_processes", "2",
-                       "--num_machines", "1", "-m", "grpo_core.stages.pretrain"]
-    orm = launch_command(LaunchConfig(nproc=2), "orm", ["--config", "r.yaml"])
-    assert orm[-5:] == ["-m", "grpo_core.stages.reward_model", "orm", "--config", "r.yaml"]
+                       "--num_machines", "1", "-m", "grpo_core.stages"]
     with pytest.raises(ValueError, match="reward_data"):
         launch_command(LaunchConfig(nproc=2), "reward_data", [])
     with pytest.raises(ValueError, match="rdzv_endpoint"):
         LaunchConfig(nnodes=2)
 
 
-def _run(cfg, stage: str, args: list[str], nproc: int, tmp_path: Path, name: str) -> dict[str, list[float]]:
-    """Run a stage's CLI in ``nproc`` processes into a fresh MLflow run; returns its metric histories."""
+def _run(cfg, inputs, out: Path, nproc: int, tmp_path: Path, name: str) -> dict[str, list[float]]:
+    """Run a stage's CLI on ``inputs`` in ``nproc`` processes into a fresh MLflow run; returns its
+    metric histories."""
+    from grpo_core.stages.inputs import write_inputs
+
     from mlflow.tracking import MlflowClient
 
     uri = cfg.tracking.tracking_uri
@@ -49,7 +50,8 @@ def _run(cfg, stage: str, args: list[str], nproc: int, tmp_path: Path, name: str
     exp = client.get_experiment_by_name("dist") or client.get_experiment(client.create_experiment("dist"))
     run_id = client.create_run(exp.experiment_id, run_name=name).info.run_id
     resolved = write_resolved(cfg, tmp_path / f"{name}.yaml")
-    cmd = launch_command(LaunchConfig(nproc=nproc), stage, ["--config", str(resolved), *args])
+    args = ["--inputs", str(write_inputs(inputs, tmp_path / f"{name}.json")), "--out", str(out)]
+    cmd = launch_command(LaunchConfig(nproc=nproc), inputs.stage, ["--config", str(resolved), *args])
     if nproc == 1:  # the stage's own CLI, without torchrun
         cmd = cmd[cmd.index("-m", 3):]
         cmd.insert(0, sys.executable)
@@ -67,10 +69,12 @@ def _assert_same_curve(one: list[float], two: list[float]) -> None:
 
 
 def test_sft_on_two_processes_takes_the_steps_of_one(tiny_cfg, tiny_data_dir, tmp_path):
+    from grpo_core.stages.inputs import Ref, SFTInputs
+
     cfg = tiny_cfg(tmp_path, sft__max_steps=4, sft__eval_every=4)
-    args = ["--data", str(tiny_data_dir)]
-    one = _run(cfg, "sft", [*args, "--out", str(tmp_path / "one")], 1, tmp_path, "sft-1")
-    two = _run(cfg, "sft", [*args, "--out", str(tmp_path / "two")], 2, tmp_path, "sft-2")
+    inputs = SFTInputs(data=Ref(path=str(tiny_data_dir), digest="-"))
+    one = _run(cfg, inputs, tmp_path / "one", 1, tmp_path, "sft-1")
+    two = _run(cfg, inputs, tmp_path / "two", 2, tmp_path, "sft-2")
     _assert_same_curve(one["train/loss"], two["train/loss"])
     _assert_same_curve(one["train/grad_norm"], two["train/grad_norm"])
     # One writer: each step logged once (a second rank logging would double the history), and
@@ -83,6 +87,7 @@ def test_grpo_on_two_processes_takes_the_steps_of_one(tiny_cfg, tiny_data_dir, t
     import torch
 
     from grpo_core.reward_models import load_reward_model
+    from grpo_core.stages.inputs import GRPOInputs, Ref
 
     # An (untrained, saved) ORM as the reward: the tiny policy never answers right, and the ORM's
     # scores spread within every group, so the steps have real advantages and gradients.
@@ -90,9 +95,10 @@ def test_grpo_on_two_processes_takes_the_steps_of_one(tiny_cfg, tiny_data_dir, t
     load_reward_model(tiny_model_dir, "orm").save_pretrained(tmp_path / "orm")
     cfg = tiny_cfg(tmp_path, "grpo.reward_weights={orm: 1.0}", orm__train=True, grpo__steps=3, grpo__questions_per_step=4,
                    grpo__eval_every=3)
-    args = ["--data", str(tiny_data_dir), "--init", str(tiny_model_dir), "--orm", str(tmp_path / "orm")]
-    one = _run(cfg, "grpo", [*args, "--out", str(tmp_path / "one")], 1, tmp_path, "grpo-1")
-    two = _run(cfg, "grpo", [*args, "--out", str(tmp_path / "two")], 2, tmp_path, "grpo-2")
+    ref = lambda path: Ref(path=str(path), digest="-")  # noqa: E731
+    inputs = GRPOInputs(data=ref(tiny_data_dir), init=ref(tiny_model_dir), reward_models={"orm": ref(tmp_path / "orm")})
+    one = _run(cfg, inputs, tmp_path / "one", 1, tmp_path, "grpo-1")
+    two = _run(cfg, inputs, tmp_path / "two", 2, tmp_path, "grpo-2")
     # Same rollouts (samples seeded by global row), same rewards, same updates.
     for key in ("train/reward_mean", "train/reward_std", "train/completion_len", "train/loss", "train/kl",
                 "train/grad_norm"):
@@ -102,12 +108,13 @@ def test_grpo_on_two_processes_takes_the_steps_of_one(tiny_cfg, tiny_data_dir, t
 
 def test_a_failing_launch_fails_with_the_processes_last_lines(tiny_cfg, tmp_path):
     """The launcher's error carries what the processes said: here that the data folder is missing."""
+    from grpo_core.stages.inputs import Ref, SFTInputs
     from tasks.launch import run_launched
 
     cfg = tiny_cfg(tmp_path, "launch.nproc=2")
     missing = tmp_path / "no-such-data"
     with pytest.raises(RuntimeError, match=r"exited with \d+; last lines:(.|\n)*no-such-data"):
-        run_launched("sft", cfg, str(tmp_path / "sft"), ["--data", str(missing), "--out", str(tmp_path / "sft")],
+        run_launched("sft", cfg, str(tmp_path / "sft"), SFTInputs(data=Ref(path=str(missing), digest="-")),
                      cfg.tracking.tracking_uri, "no-such-run")
     assert not (tmp_path / "sft" / "manifest.json").exists()
 
@@ -141,12 +148,11 @@ def test_the_pipeline_launches_its_training_stages_as_two_processes(prefect_harn
 @pytest.mark.parametrize("kind", ["orm", "prm"])
 def test_reward_models_on_two_processes_take_the_steps_of_one(kind, tiny_cfg, tiny_model_dir, tmp_path):
     """Rows of different lengths and step counts, so that a per-process mean would weigh them wrongly."""
-    import json
-
     from datasets import Dataset, DatasetDict
 
     from grpo_core.data import prompt_text
     from grpo_core.stages.common import digest_dir
+    from grpo_core.stages.inputs import INPUTS, Ref, reward_datasets
 
     sums = [(a, b) for a in range(2, 9) for b in range(1, 4)]
     def solution(a, b, right, steps):
@@ -168,11 +174,10 @@ def test_reward_models_on_two_processes_take_the_steps_of_one(kind, tiny_cfg, ti
         path = tmp_path / "rd" / name
         DatasetDict({"train": Dataset.from_list(rows[:16]), "test": Dataset.from_list(rows[16:])}).save_to_disk(str(path))
         reward_data[f"{name}_dir"], reward_data[f"{name}_digest"] = str(path), digest_dir(path, "*.arrow")
-    (tmp_path / "rd.json").write_text(json.dumps(reward_data))
     cfg = tiny_cfg(tmp_path, **{f"{kind}__batch_size": 6, f"{kind}__epochs": 1, f"{kind}__lr": 1e-3})
-    args = ["--reward-data", str(tmp_path / "rd.json"), "--init", str(tiny_model_dir)]
-    one = _run(cfg, kind, [*args, "--out", str(tmp_path / "one")], 1, tmp_path, f"{kind}-1")
-    two = _run(cfg, kind, [*args, "--out", str(tmp_path / "two")], 2, tmp_path, f"{kind}-2")
+    inputs = INPUTS[kind](reward_data=reward_datasets(reward_data), init=Ref(path=str(tiny_model_dir), digest="-"))
+    one = _run(cfg, inputs, tmp_path / "one", 1, tmp_path, f"{kind}-1")
+    two = _run(cfg, inputs, tmp_path / "two", 2, tmp_path, f"{kind}-2")
     # 16 rows in batches of 6: 6, 6 and 4 (3 per process).
     assert len(one["train/loss"]) == 3
     _assert_same_curve(one["train/loss"], two["train/loss"])

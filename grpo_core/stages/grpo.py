@@ -7,7 +7,6 @@ with k3 KL to the frozen reference) -> metrics. ``run_grpo`` runs it on the shar
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import functools
 import random
@@ -15,13 +14,11 @@ import time
 from pathlib import Path
 
 import torch
-from torch.distributed.elastic.multiprocessing.errors import record
 
 from grpo_core import distributed, rollout_log
 from grpo_core.advantages import outcome_advantages, process_advantages
 from grpo_core.distributed import Dist
-from grpo_core.env import setup_environment
-from grpo_core.config import GRPOConfig, PipelineConfig, load_config
+from grpo_core.config import GRPOConfig, PipelineConfig
 from grpo_core.data import Example, prompt_text
 from grpo_core.evaluation import greedy_accuracy
 from grpo_core.losses import BatchSize, grpo_loss
@@ -31,7 +28,7 @@ from grpo_core.runtime import autocast, model_device, place
 from grpo_core.rewards import COUNT_STATS, RewardError, RewardScorer, Scored
 from grpo_core.stages.common import SINGLE, digest_dir, read_split, round_seed, run_identity, set_threads, write_manifest
 from grpo_core.stages.trainer import Plan, Trainer, TrainState, optimizer_step
-from grpo_core.tracking import MetricLogger, NullLogger, logger_from_env
+from grpo_core.tracking import MetricLogger, NullLogger
 
 
 def step_seed(seed: int, step: int) -> int:
@@ -278,28 +275,3 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
     logger.log_metrics({"val/best_accuracy": st.best_acc, "time/wall_s": st.elapsed}, step=st.step)
     return write_manifest(out_dir, {"stage": "grpo", "model": str(final_dir), "init": str(init_dir), **summary,
                                     "rollouts": str(out_dir) if gc.save_rollouts else None})
-
-
-@record  # under torchrun, a failing rank's traceback goes into the launcher's summary
-def main(argv: list[str] | None = None) -> None:
-    setup_environment()
-    p = argparse.ArgumentParser(description="GRPO stage")
-    p.add_argument("--config", required=True)
-    p.add_argument("--data", required=True, help="folder with rl.jsonl and val.jsonl")
-    p.add_argument("--init", required=True, help="HF folder of the starting policy (and reference)")
-    p.add_argument("--out", required=True)
-    p.add_argument("--orm", help="ORM folder (when grpo.reward_weights uses orm)")
-    p.add_argument("--prm", help="PRM folder (when grpo.reward_weights uses prm)")
-    p.add_argument("--round", type=int, default=1, help="RL round (seeds the questions and rollouts)")
-    p.add_argument("--set", action="append", default=[], dest="overrides")
-    a = p.parse_args(argv)
-    models = {k: v for k, v in (("orm", a.orm), ("prm", a.prm)) if v}
-    manifest = run_grpo(load_config(a.config, a.overrides), Path(a.data), a.init, Path(a.out), logger_from_env(),
-                        reward_models=models, round_=a.round)
-    distributed.finish()
-    if manifest is not None:  # rank 0
-        print(manifest)
-
-
-if __name__ == "__main__":
-    main()

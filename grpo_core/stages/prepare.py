@@ -2,11 +2,9 @@
 as GSM8K-form JSONL, checking that no question is shared between splits."""
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
-from grpo_core.env import setup_environment
-from grpo_core.config import PipelineConfig, load_config
+from grpo_core.config import PipelineConfig
 from grpo_core.data import SPLITS, DataError, load_splits, write_jsonl
 from grpo_core.stages.common import digest_dir, write_manifest
 
@@ -31,16 +29,3 @@ def run_prepare(cfg: PipelineConfig, out_dir: Path) -> dict:
     counts = {f"n_{s}": len(splits[s]) for s in SPLITS}
     digest = digest_dir(out_dir, pattern="*.jsonl")  # the splits only, not an older manifest
     return write_manifest(out_dir, {"stage": "data", "dir": str(out_dir), "digest": digest, **counts})
-
-
-def main(argv: list[str] | None = None) -> None:
-    setup_environment()
-    p = argparse.ArgumentParser(description="Data stage")
-    p.add_argument("--config", required=True)
-    p.add_argument("--out", required=True)
-    a = p.parse_args(argv)
-    print(run_prepare(load_config(a.config), Path(a.out)))
-
-
-if __name__ == "__main__":
-    main()

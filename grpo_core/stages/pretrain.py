@@ -8,7 +8,6 @@ and corpus.
 """
 from __future__ import annotations
 
-import argparse
 import functools
 import gzip
 import json
@@ -16,17 +15,15 @@ import random
 from pathlib import Path
 
 import torch
-from torch.distributed.elastic.multiprocessing.errors import record
 
 from grpo_core import distributed
-from grpo_core.config import PipelineConfig, load_config
-from grpo_core.env import setup_environment
+from grpo_core.config import PipelineConfig
 from grpo_core.modeling import init_model, load_model
 from grpo_core.runtime import autocast, model_device, place
 from grpo_core.packing import pack
 from grpo_core.stages.common import digest_dir, lm_loss, run_identity, set_threads, write_manifest
 from grpo_core.stages.trainer import Plan, Trainer, TrainState
-from grpo_core.tracking import MetricLogger, NullLogger, logger_from_env
+from grpo_core.tracking import MetricLogger, NullLogger
 
 
 def corpus_texts(corpus_dir: Path) -> list[str]:
@@ -98,22 +95,3 @@ def run_pretrain(cfg: PipelineConfig, corpus_dir: Path, out_dir: Path, logger: M
                                     "pages": len(pages), "steps": st.step, "epochs": st.epoch,
                                     "tokens": st.tokens, "last_loss": st.extra.get("last_loss", float("nan")),
                                     "stopped": trainer.stop_reason(), "wall_s": round(st.elapsed, 1)})
-
-
-@record  # under torchrun, a failing rank's traceback goes into the launcher's summary
-def main(argv: list[str] | None = None) -> None:
-    setup_environment()
-    p = argparse.ArgumentParser(description="continued pretraining on a corpus folder (part-*.jsonl.gz)")
-    p.add_argument("--config", required=True)
-    p.add_argument("--corpus", required=True)
-    p.add_argument("--out", required=True)
-    p.add_argument("--set", action="append", default=[], dest="overrides")
-    a = p.parse_args(argv)
-    manifest = run_pretrain(load_config(a.config, a.overrides), Path(a.corpus), Path(a.out), logger_from_env())
-    distributed.finish()
-    if manifest is not None:  # rank 0
-        print(manifest)
-
-
-if __name__ == "__main__":
-    main()

@@ -8,13 +8,11 @@ tagged with its round of origin. The training split also holds the previous roun
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import random
 from pathlib import Path
 
-from grpo_core.config import PipelineConfig, RewardDataConfig, load_config
-from grpo_core.env import setup_environment
+from grpo_core.config import PipelineConfig, RewardDataConfig
 from grpo_core.modeling import load_model
 from grpo_core.policy import generate
 from grpo_core import rollout_log
@@ -184,20 +182,21 @@ def run_reward_data(cfg: PipelineConfig, data_dir: Path, policy_dir: str | Path,
     return write_manifest(out_dir, {**manifest, "metrics": metrics, "wall_s": round(clock.elapsed, 1)})
 
 
-def main(argv: list[str] | None = None) -> None:
-    setup_environment()
-    p = argparse.ArgumentParser(description="reward-model data stage")
-    p.add_argument("--config", required=True)
-    p.add_argument("--data", required=True, help="folder with rl.jsonl")
-    p.add_argument("--policy", required=True, help="HF folder of the policy that samples (the SFT model)")
-    p.add_argument("--out", required=True)
-    p.add_argument("--round", type=int, default=1, help="RL round (seeds the questions and samples)")
-    p.add_argument("--rollouts", help="the previous round's GRPO stage folder (its rollouts*.jsonl)")
-    p.add_argument("--set", action="append", default=[], dest="overrides")
-    a = p.parse_args(argv)
-    print(run_reward_data(load_config(a.config, a.overrides), Path(a.data), a.policy, Path(a.out), round_=a.round,
-                          rollouts=a.rollouts))
+def run_replay(reward_data: dict[str, str], previous: str | None, round_: int, out_dir: Path,
+               logger: MetricLogger | None = None) -> dict:
+    """Replay buffer version ``round_``: version ``previous`` plus this round's fresh training rows
+    of each dataset in ``reward_data`` (name -> the reward-data stage's folder)."""
+    from datasets import load_from_disk
 
+    from grpo_core.replay import KINDS, write_version
 
-if __name__ == "__main__":
-    main()
+    logger = logger or NullLogger()
+    fresh = {kind: load_from_disk(reward_data[kind])["train"].to_list() for kind in KINDS}
+    contents = write_version(previous, fresh, round_, Path(out_dir), COLUMNS)
+    digest = digest_dir(Path(out_dir), "*.arrow")
+    for kind, c in contents.items():
+        logger.log_input(name=f"replay/{Path(out_dir).name}/{kind}", digest=digest, source=str(Path(out_dir) / kind),
+                         rows={"total": c["rows"], **{f"from_round_{r}": n for r, n in c["by_round"].items()}})
+        logger.log_metrics({f"buffer/{kind}_rows": c["rows"]})
+    return write_manifest(Path(out_dir), {"stage": "replay", "dir": str(out_dir), "round": round_,
+                                          "contents": contents, "digest": digest})

@@ -12,28 +12,25 @@ stale it had become.
 """
 from __future__ import annotations
 
-import argparse
 import functools
 import random
 import shutil
 from pathlib import Path
 
 import torch
-from torch.distributed.elastic.multiprocessing.errors import record
 
 from grpo_core import distributed
-from grpo_core.config import PipelineConfig, load_config
-from grpo_core.env import setup_environment
+from grpo_core.config import PipelineConfig
 from grpo_core.modeling import load_tokenizer, tiny_llama
 from grpo_core.policy import encode
-from grpo_core.reward_models import (ScoreHead, bradley_terry_loss, first_wrong_step, load_reward_model, orm_logits,
+from grpo_core.reward_models import (ScoreHead, bradley_terry_loss, first_wrong_step, load_reward_model, orm_logits, 
                                      pointwise_bce_loss, prm_step_logits, reward_model_from, roc_auc, step_bce_loss)
 from grpo_core.stages.common import digest_dir, run_identity, set_threads, write_manifest
 from grpo_core.stages.trainer import Plan, Trainer, TrainState
 from grpo_core.runtime import autocast, model_device, place
 from grpo_core.replay import load_version, retraining_set
 from grpo_core.rewards import rollout_step_ends
-from grpo_core.tracking import MetricLogger, NullLogger, logger_from_env
+from grpo_core.tracking import MetricLogger, NullLogger
 
 
 def step_batch(tokenizer, rows: list[dict], separator: str, label: str):
@@ -273,34 +270,3 @@ def run_reward_model(cfg: PipelineConfig, kind: str, reward_data: dict, init_dir
                                     "heldout": best, "best_epoch_step": st.best_step,
                                     "steps": st.step, "epochs": st.epoch, "n_train": len(train),
                                     "n_test": len(held_out), "replay": mix, "wall_s": round(st.elapsed, 1)})
-
-
-@record  # under torchrun, a failing rank's traceback goes into the launcher's summary
-def main(argv: list[str] | None = None) -> None:
-    import json
-
-    setup_environment()
-    p = argparse.ArgumentParser(description="reward-model training stage")
-    p.add_argument("kind", choices=["orm", "prm"])
-    p.add_argument("--config", required=True)
-    p.add_argument("--reward-data", required=True,
-                   help="the reward_data stage folder (its manifest.json), or a JSON file of its *_dir / *_digest")
-    p.add_argument("--init", required=True, help="HF folder of the SFT model")
-    p.add_argument("--out", required=True)
-    p.add_argument("--round", type=int, default=1, help="RL round (> 1: continue --init with a replay)")
-    p.add_argument("--replay", help="replay buffer version of the earlier rounds (runs/<run>/replay/v<k-1>)")
-    p.add_argument("--set", action="append", default=[], dest="overrides")
-    a = p.parse_args(argv)
-    source = Path(a.reward_data)
-    manifest = json.loads((source / "manifest.json" if source.is_dir() else source).read_text())
-    replay = {"round": a.round, "dir": a.replay,
-              "digest": json.loads((Path(a.replay) / "manifest.json").read_text())["digest"] if a.replay else None}
-    result = run_reward_model(load_config(a.config, a.overrides), a.kind, manifest, a.init, Path(a.out),
-                              logger_from_env(), replay=replay)
-    distributed.finish()
-    if result is not None:  # rank 0
-        print(result)
-
-
-if __name__ == "__main__":
-    main()

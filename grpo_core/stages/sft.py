@@ -6,24 +6,21 @@ one with the best validation accuracy, saved to ``model/``.
 """
 from __future__ import annotations
 
-import argparse
 import functools
 import random
 from pathlib import Path
 
 import torch
-from torch.distributed.elastic.multiprocessing.errors import record
 
 from grpo_core import distributed
-from grpo_core.env import setup_environment
-from grpo_core.config import PipelineConfig, load_config
+from grpo_core.config import PipelineConfig
 from grpo_core.evaluation import greedy_accuracy
 from grpo_core.modeling import init_model, load_model
 from grpo_core.runtime import autocast, model_device, place
 from grpo_core.packing import encode_examples, pack
 from grpo_core.stages.common import digest_dir, lm_loss, read_split, run_identity, set_threads, write_manifest
 from grpo_core.stages.trainer import Plan, Trainer, TrainState
-from grpo_core.tracking import MetricLogger, NullLogger, logger_from_env
+from grpo_core.tracking import MetricLogger, NullLogger
 
 
 @torch.no_grad()
@@ -106,23 +103,3 @@ def run_sft(cfg: PipelineConfig, data_dir: Path, out_dir: Path, logger: MetricLo
                "n_train_examples": len(train)}
     logger.log_metrics({"val/best_accuracy": st.best_acc, "time/wall_s": st.elapsed}, step=st.step)
     return write_manifest(out_dir, {"stage": "sft", "model": str(final_dir), "init": init_from or "config", **summary})
-
-
-@record  # under torchrun, a failing rank's traceback goes into the launcher's summary
-def main(argv: list[str] | None = None) -> None:
-    setup_environment()
-    p = argparse.ArgumentParser(description="SFT stage")
-    p.add_argument("--config", required=True)
-    p.add_argument("--data", required=True, help="folder with sft.jsonl and val.jsonl")
-    p.add_argument("--out", required=True)
-    p.add_argument("--init", help="HF folder to start from (default: a fresh model from the recipe)")
-    p.add_argument("--set", action="append", default=[], dest="overrides")
-    a = p.parse_args(argv)
-    manifest = run_sft(load_config(a.config, a.overrides), Path(a.data), Path(a.out), logger_from_env(), init_from=a.init)
-    distributed.finish()
-    if manifest is not None:  # rank 0
-        print(manifest)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,192 @@
+"""What each stage consumes, typed: the flows build these, the cache key hashes them, and the one
+stage entry point (``python -m grpo_core.stages STAGE --config C --inputs FILE --out DIR``, which
+torchrun and accelerate start too) reads them from a JSON file, so the in-process and the launched
+route run the same ``run``."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import ClassVar
+
+from pydantic import BaseModel, ConfigDict
+
+from grpo_core.config import PipelineConfig
+from grpo_core.tracking import MetricLogger
+
+
+class Ref(BaseModel):
+    """A folder another stage wrote (a model, a dataset), with the digest of its contents."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    path: str
+    digest: str
+
+    @classmethod
+    def model(cls, manifest: dict) -> "Ref":
+        """A stage's published model, from its manifest."""
+        return cls(path=manifest["model"], digest=manifest["digest"])
+
+    @classmethod
+    def folder(cls, manifest: dict) -> "Ref":
+        """A stage's output folder (the data, a replay buffer version), from its manifest."""
+        return cls(path=manifest["dir"], digest=manifest["digest"])
+
+
+def reward_datasets(manifest: dict) -> dict[str, Ref]:
+    """The reward-data stage's datasets by name (``outcome``, ``steps``, ``solutions``, ...)."""
+    return {k.removesuffix("_dir"): Ref(path=v, digest=manifest[k.replace("_dir", "_digest")])
+            for k, v in manifest.items() if k.endswith("_dir") and k != "dir"}
+
+
+class StageInputs(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    stage: ClassVar[str]
+
+    def run(self, cfg: PipelineConfig, out_dir: Path, logger: MetricLogger | None = None) -> dict | None:
+        raise NotImplementedError
+
+
+class DataInputs(StageInputs):
+    stage: ClassVar[str] = "data"
+
+    def run(self, cfg, out_dir, logger=None):
+        from grpo_core.stages.prepare import run_prepare
+
+        manifest = run_prepare(cfg, out_dir)
+        if logger:
+            logger.log_metrics({k: v for k, v in manifest.items() if k.startswith("n_")})
+        return manifest
+
+
+class CorpusInputs(StageInputs):
+    stage: ClassVar[str] = "corpus"
+    data: Ref  # the pipeline's data: its test and validation questions are benchmarks to decontaminate
+
+    def benchmarks(self) -> dict[str, str]:
+        return {f"own-{split}": str(Path(self.data.path) / f"{split}.jsonl") for split in ("test", "val")}
+
+    def run(self, cfg, out_dir, logger=None):
+        from grpo_core.stages.corpus import run_corpus
+
+        return run_corpus(cfg, out_dir, logger, own_benchmarks={k: Path(v) for k, v in self.benchmarks().items()})
+
+
+class PretrainInputs(StageInputs):
+    stage: ClassVar[str] = "pretrain"
+    corpus: Ref
+
+    def run(self, cfg, out_dir, logger=None):
+        from grpo_core.stages.pretrain import run_pretrain
+
+        return run_pretrain(cfg, Path(self.corpus.path), out_dir, logger)
+
+
+class SFTInputs(StageInputs):
+    stage: ClassVar[str] = "sft"
+    data: Ref
+    init: Ref | None = None  # the continued-pretraining model; None: the recipe's model
+
+    def run(self, cfg, out_dir, logger=None):
+        from grpo_core.stages.sft import run_sft
+
+        return run_sft(cfg, Path(self.data.path), out_dir, logger, init_from=self.init and self.init.path)
+
+
+class RewardDataInputs(StageInputs):
+    stage: ClassVar[str] = "reward_data"
+    data: Ref
+    policy: Ref
+    round: int = 1
+    rollouts: Ref | None = None  # the previous round's GRPO stage folder
+
+    def run(self, cfg, out_dir, logger=None):
+        from grpo_core.stages.reward_data import run_reward_data
+
+        return run_reward_data(cfg, Path(self.data.path), self.policy.path, out_dir, logger, round_=self.round,
+                               rollouts=self.rollouts and self.rollouts.path)
+
+
+class ReplayInputs(StageInputs):
+    stage: ClassVar[str] = "replay"
+    reward_data: dict[str, Ref]
+    previous: Ref | None = None  # buffer version k-1
+    round: int = 1
+
+    def run(self, cfg, out_dir, logger=None):
+        from grpo_core.stages.reward_data import run_replay
+
+        return run_replay({k: r.path for k, r in self.reward_data.items()}, self.previous and self.previous.path,
+                          self.round, out_dir, logger)
+
+
+class RewardModelInputs(StageInputs):
+    """The ORM's or the PRM's (``ORMInputs`` / ``PRMInputs``)."""
+
+    reward_data: dict[str, Ref]
+    init: Ref  # the SFT model in round 1 (unless <kind>.init says otherwise), then last round's model
+    round: int = 1
+    replay: Ref | None = None  # buffer version round-1, replayed into the training set
+
+    def run(self, cfg, out_dir, logger=None):
+        from grpo_core.stages.reward_model import run_reward_model
+
+        datasets = {f"{k}_{field}": v for name, r in self.reward_data.items()
+                    for k, field, v in ((name, "dir", r.path), (name, "digest", r.digest))}
+        replay = {"round": self.round, "dir": self.replay and self.replay.path,
+                  "digest": self.replay and self.replay.digest}
+        return run_reward_model(cfg, self.stage, datasets, self.init.path, out_dir, logger, replay=replay)
+
+
+class ORMInputs(RewardModelInputs):
+    stage: ClassVar[str] = "orm"
+
+
+class PRMInputs(RewardModelInputs):
+    stage: ClassVar[str] = "prm"
+
+
+class GRPOInputs(StageInputs):
+    stage: ClassVar[str] = "grpo"
+    data: Ref
+    init: Ref  # the policy to start from (and the reference): the SFT model in round 1
+    reward_models: dict[str, Ref] = {}  # only those grpo.reward_weights uses
+    round: int = 1
+
+    def run(self, cfg, out_dir, logger=None):
+        from grpo_core.stages.grpo import run_grpo
+
+        return run_grpo(cfg, Path(self.data.path), self.init.path, out_dir, logger,
+                        reward_models={k: r.path for k, r in self.reward_models.items()}, round_=self.round)
+
+
+class EvalInputs(StageInputs):
+    stage: ClassVar[str] = "eval"
+    data: Ref
+    models: dict[str, Ref]
+
+    def run(self, cfg, out_dir, logger=None):
+        from grpo_core.evaluation import run_eval
+
+        return run_eval(cfg, Path(self.data.path), {k: r.path for k, r in self.models.items()}, out_dir, logger)
+
+
+INPUTS = {cls.stage: cls for cls in (DataInputs, CorpusInputs, PretrainInputs, SFTInputs, RewardDataInputs, ReplayInputs,
+                                     ORMInputs, PRMInputs, GRPOInputs, EvalInputs)}
+
+
+def write_inputs(inputs: StageInputs, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"stage": inputs.stage, **inputs.model_dump(mode="json")}, indent=1))
+    return path
+
+
+def read_inputs(path: Path) -> StageInputs:
+    """A stage's inputs file; a malformed one is an error naming the file and the field."""
+    raw = json.loads(Path(path).read_text())
+    stage = raw.pop("stage", None)
+    if stage not in INPUTS:
+        raise ValueError(f"{path}: 'stage' must be one of {', '.join(INPUTS)}, got {stage!r}")
+    try:
+        return INPUTS[stage].model_validate(raw)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
