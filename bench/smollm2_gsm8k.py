@@ -19,11 +19,11 @@ from pathlib import Path
 import torch
 
 from grpo_core.config import load_config
-from grpo_core.convert import convert_smollm2
+from grpo_core.lm.convert import convert_smollm2
 from grpo_core.data import load_jsonl
 from grpo_core.env import setup_environment
 from grpo_core.evaluation import evaluate
-from grpo_core.modeling import load_model
+from grpo_core.lm.modeling import load_model
 from grpo_core.stages.prepare import run_prepare
 from grpo_core.stages.sft import run_sft
 

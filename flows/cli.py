@@ -27,7 +27,7 @@ def _recipe(a: argparse.Namespace):
 
 def _tracking_ready(cfg) -> None:
     """An unusable tracking store fails here, in seconds, before any stage runs."""
-    from tasks.tracking import TrackingError, check_tracking, tracking_uri
+    from grpo_core.tracking import TrackingError, check_tracking, tracking_uri
 
     try:
         check_tracking(tracking_uri(cfg))
@@ -55,7 +55,7 @@ def cmd_run(a: argparse.Namespace) -> None:
 def cmd_eval(a: argparse.Namespace) -> None:
     from grpo_core.data import DataError, load_jsonl
     from grpo_core.evaluation import evaluate
-    from grpo_core.modeling import ModelError, load_model
+    from grpo_core.lm.modeling import ModelError, load_model
 
     try:
         examples = load_jsonl(a.data, limit=a.n)
@@ -70,8 +70,8 @@ def cmd_eval(a: argparse.Namespace) -> None:
 
 
 def cmd_score(a: argparse.Namespace) -> None:
-    from grpo_core.modeling import ModelError
-    from grpo_core.scoring import ScoreInputError, read_rows, reward_model_kind, score
+    from grpo_core.lm.modeling import ModelError
+    from grpo_core.rewards.scoring import ScoreInputError, read_rows, reward_model_kind, score
 
     try:
         reward_model_kind(a.model)  # a wrong folder fails before the data is read
@@ -144,7 +144,7 @@ def cmd_corpus_run(a: argparse.Namespace) -> None:
 
 def cmd_corpus_train(a: argparse.Namespace) -> None:
     from grpo_core.corpus.docs import CorpusError
-    from grpo_core.stages.corpus import train_classifier
+    from grpo_core.corpus.stage import train_classifier
 
     try:
         settings = {k: v for k, v in (("epochs", a.epochs), ("bucket", a.bucket)) if v is not None}
@@ -156,7 +156,7 @@ def cmd_corpus_train(a: argparse.Namespace) -> None:
 
 def cmd_corpus_evaluate(a: argparse.Namespace) -> None:
     from grpo_core.corpus.docs import CorpusError
-    from grpo_core.stages.corpus import evaluate_classifier
+    from grpo_core.corpus.stage import evaluate_classifier
 
     settings = {k: v for k, v in (("epochs", a.epochs), ("bucket", a.bucket), ("threshold", a.threshold)) if v is not None}
     try:
@@ -169,7 +169,7 @@ def cmd_corpus_evaluate(a: argparse.Namespace) -> None:
 
 def cmd_corpus_score(a: argparse.Namespace) -> None:
     from grpo_core.corpus.docs import CorpusError
-    from grpo_core.stages.corpus import score_to_file
+    from grpo_core.corpus.stage import score_to_file
 
     try:
         print(json.dumps(score_to_file(Path(a.model), a.data, Path(a.out))))
@@ -179,7 +179,7 @@ def cmd_corpus_score(a: argparse.Namespace) -> None:
 
 def cmd_corpus_decontaminate(a: argparse.Namespace) -> None:
     from grpo_core.corpus.docs import CorpusError
-    from grpo_core.stages.corpus import decontaminate_file
+    from grpo_core.corpus.stage import decontaminate_file
 
     try:
         print(json.dumps(decontaminate_file(a.data, a.benchmark, Path(a.out), a.ngram)))

@@ -30,8 +30,8 @@ from grpo_core.stages.common import write_manifest
 from grpo_core.stats import mean_std, seed_interval
 from grpo_core.tracking import MlflowLogger
 from grpo_core.stages.inputs import EvalInputs, GRPOInputs, Ref, SFTInputs
-from tasks.stages import eval_task, grpo_task, run_stage, sft_task
-from tasks.tracking import experiment_id, finishing, start_run, tracking_uri
+from tasks.stage_tasks import eval_task, grpo_task, run_stage, sft_task
+from grpo_core.tracking import experiment_id, finishing, start_run, tracking_uri
 
 BASELINE = "continued-sft"
 VARIANTS = {

@@ -1,4 +1,4 @@
-"""The ``corpus`` flow: the recall loop of ``grpo_core.stages.corpus`` with the pool scored shard by
+"""The ``corpus`` flow: the recall loop of ``grpo_core.corpus.stage`` with the pool scored shard by
 shard as mapped Prefect tasks on every core (``ProcessPoolTaskRunner``), URL prefixes approved by a
 person in the Prefect UI (``corpus.interactive``) or read from ``corpus.annotations``, and an MLflow
 run ``corpus-<run_name>`` with a child run per iteration.
@@ -20,10 +20,10 @@ from prefect.task_runners import ProcessPoolTaskRunner
 
 from flows import artifact_key
 from grpo_core.config import PipelineConfig
-from grpo_core.stages.corpus import run_corpus
+from grpo_core.corpus.stage import run_corpus
 from grpo_core.tracking import MlflowLogger
 from tasks.corpus import score_mapped
-from tasks.tracking import check_tracking, experiment_id, finishing, start_run, tracking_uri
+from grpo_core.tracking import check_tracking, experiment_id, finishing, start_run, tracking_uri
 
 
 class PrefixApproval(RunInput):

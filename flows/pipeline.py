@@ -21,8 +21,8 @@ from grpo_core.stages.common import write_manifest
 from grpo_core.tracking import MlflowLogger
 from flows.rounds import RoundStart, next_start, rl_round, round_metrics
 from grpo_core.stages.inputs import DataInputs, EvalInputs, Ref, SFTInputs
-from tasks.stages import data_task, eval_task, run_stage, sft_task
-from tasks.tracking import (check_tracking, experiment_id, finishing, redact, run_params, start_run,
+from tasks.stage_tasks import data_task, eval_task, run_stage, sft_task
+from grpo_core.tracking import (check_tracking, experiment_id, finishing, redact, run_params, start_run,
                             tracking_uri)
 
 
@@ -32,7 +32,7 @@ def pretraining_stages(config: PipelineConfig, run_dir, data: dict, common: dict
     from flows.corpus import corpus
     from grpo_core.stages.common import digest_dir
     from grpo_core.stages.inputs import CorpusInputs, PretrainInputs
-    from tasks.stages import pretrain_task, stage_key
+    from tasks.stage_tasks import pretrain_task, stage_key
 
     out = run_dir / "corpus"
     inputs = CorpusInputs(data=Ref.folder(data))

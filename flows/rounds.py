@@ -29,8 +29,8 @@ from tasks.registry import promote_champion, register_policy, registered_name
 from grpo_core.stages.inputs import INPUTS, EvalInputs, GRPOInputs, Ref, ReplayInputs, RewardDataInputs, reward_datasets
 from grpo_core.stages.reward_model import QUALITY_KEY
 from grpo_core.tracking import MlflowLogger
-from tasks.stages import (eval_task, grpo_task, orm_task, prm_task, replay_task, reward_data_task, run_stage)
-from tasks.tracking import experiment_id, finishing, start_run
+from tasks.stage_tasks import (eval_task, grpo_task, orm_task, prm_task, replay_task, reward_data_task, run_stage)
+from grpo_core.tracking import experiment_id, finishing, start_run
 
 
 class RoundStart(BaseModel):

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from grpo_core.env import default_tracking_uri
-from tasks.tracking import redact
+from grpo_core.tracking import redact
 
 
 def serve_uis(host: str = "127.0.0.1", mlflow_port: int = 5000, prefect_port: int = 4200) -> None:

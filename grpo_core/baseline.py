@@ -16,7 +16,7 @@ import yaml
 from grpo_core.config import PipelineConfig
 from grpo_core.data import load_jsonl
 from grpo_core.evaluation import evaluate
-from grpo_core.modeling import load_model
+from grpo_core.lm.modeling import load_model
 from grpo_core.stages.sft import run_sft
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from grpo_core.data import Example, prompt_text
-from grpo_core.policy import generate
+from grpo_core.lm.policy import generate
 from grpo_core.verify import _clean, extract_answer, is_correct, to_number
 
 
@@ -81,8 +81,8 @@ def run_eval(cfg, data_dir: Path, models: dict[str, str], out_dir: Path, logger=
     import json
 
     from grpo_core.data import load_jsonl
-    from grpo_core.modeling import load_model
-    from grpo_core.runtime import place
+    from grpo_core.lm.modeling import load_model
+    from grpo_core.lm.runtime import place
     from grpo_core.stages.common import set_threads, write_manifest
 
     ec = cfg.eval

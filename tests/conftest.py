@@ -118,7 +118,7 @@ def tiny_cfg() -> Callable[..., Any]:
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A freshly initialised tiny model saved in HF format (read-only for tests: copy to modify)."""
-    from grpo_core.modeling import init_model, save_model
+    from grpo_core.lm.modeling import init_model, save_model
 
     cfg = make_tiny_cfg(tmp_path_factory.mktemp("cfg"))
     model, tokenizer = init_model(cfg.model, seed=0)

@@ -43,7 +43,7 @@ def arm(kill: dict | None) -> None:
     """SIGKILL this process at the requested point of the checkpoint writer."""
     if not kill:
         return
-    import grpo_core.checkpoint as ckpt
+    import grpo_core.training.checkpoint as ckpt
 
     if "after_checkpoint" in kill:
         real_save = ckpt.save_checkpoint
@@ -84,7 +84,7 @@ def main() -> None:
 
         run_reward_model(cfg, stage, spec["reward_data"], spec["model_dir"], out, logger)
     elif stage == "grpo":
-        import grpo_core.rewards as rewards
+        import grpo_core.rewards.scorer as rewards
 
         rewards.rule_reward = parity_reward
         from grpo_core.stages.grpo import run_grpo

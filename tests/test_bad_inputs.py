@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-import grpo_core.rewards as rewards_mod
-from grpo_core.checkpoint import latest_checkpoint
+import grpo_core.rewards.scorer as rewards_mod
+from grpo_core.training.checkpoint import latest_checkpoint
 from grpo_core.data import DataError, load_jsonl
-from grpo_core.modeling import ModelError, load_model
-from grpo_core.rewards import RewardError
+from grpo_core.lm.modeling import ModelError, load_model
+from grpo_core.rewards.scorer import RewardError
 from grpo_core.stages.grpo import run_grpo
 from grpo_core.tracking import NullLogger
 

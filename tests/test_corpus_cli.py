@@ -67,7 +67,7 @@ def test_cli_errors_name_the_file(tmp_path, capsys):
 STREAM = """
 import json, resource, sys
 from grpo_core.corpus.docs import read_docs
-from grpo_core.stages.corpus import decontaminate_file
+from grpo_core.corpus.stage import decontaminate_file
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 n = sum(len(d.text) for d in read_docs(sys.argv[1]))
 out = decontaminate_file(sys.argv[1], [sys.argv[2]], __import__("pathlib").Path(sys.argv[3]))

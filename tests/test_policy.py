@@ -1,4 +1,4 @@
-"""Sampling and scoring (grpo_core.policy): seeded reproducibility, log-probs that match what
+"""Sampling and scoring (grpo_core.lm.policy): seeded reproducibility, log-probs that match what
 ``generate`` itself computed (left padding, positions), and the completion mask / truncation flags."""
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from grpo_core.data import prompt_text
-from grpo_core.modeling import load_model
-from grpo_core.policy import completion_mask_from, generate, position_ids, token_logprobs
+from grpo_core.lm.modeling import load_model
+from grpo_core.lm.policy import completion_mask_from, generate, position_ids, token_logprobs
 
 # Prompts of different lengths, so that the batch is left-padded.
 PROMPTS = [prompt_text(q) for q in ("What is 1 + 2?", "What is 13 - 4 + 7 - 2?", "What is 5 + 5 + 5?", "2+2")]
@@ -156,7 +156,7 @@ def test_a_sample_depends_on_its_seed_and_row_id_only(model_and_tokenizer):
 
 @pytest.mark.parametrize("temperature", [0.5, 1.0, 2.0])
 def test_gumbel_sampler_draws_from_softmax_of_logits_over_temperature(temperature):
-    from grpo_core.policy import GumbelSampler, row_seed
+    from grpo_core.lm.policy import GumbelSampler, row_seed
 
     logits = torch.tensor([2.0, 1.0, 0.0, -1.0, float("-inf")])
     n = 20_000

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from grpo_core.config import PretrainConfig
-from grpo_core.stages.schedules import multistep
+from grpo_core.training.schedules import multistep
 from grpo_core.tracking import NullLogger
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from grpo_core.replay import (ORIGIN, draw_replay, load_version, replay_size, retraining_set, tag_rows,
+from grpo_core.rewards.replay import (ORIGIN, draw_replay, load_version, replay_size, retraining_set, tag_rows,
                               write_version)
 
 

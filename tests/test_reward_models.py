@@ -1,4 +1,4 @@
-"""Reward models and GRPO's reward sources (grpo_core.reward_models, grpo_core.rewards).
+"""Reward models and GRPO's reward sources (grpo_core.rewards.heads, grpo_core.rewards.scorer).
 
 Losses and AUC are checked against hand-computed values (arithmetic in comments) and, for the AUC,
 against its O(n^2) pairwise definition with hypothesis. ``RewardScorer`` is run on a tiny ORM and
@@ -17,13 +17,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import grpo_core.reward_models as rm
+import grpo_core.rewards.heads as rm
 from grpo_core.advantages import outcome_advantages, process_advantages
 from grpo_core.data import prompt_text
-from grpo_core.modeling import char_tokenizer
-from grpo_core.policy import encode
-from grpo_core.reward_models import bradley_terry_loss, first_wrong_step, pointwise_bce_loss, roc_auc, step_bce_loss
-from grpo_core.rewards import RewardScorer, rollout_step_ends, rule_reward
+from grpo_core.lm.modeling import char_tokenizer
+from grpo_core.lm.policy import encode
+from grpo_core.rewards.heads import bradley_terry_loss, first_wrong_step, pointwise_bce_loss, roc_auc, step_bce_loss
+from grpo_core.rewards.scorer import RewardScorer, rollout_step_ends, rule_reward
 from grpo_core.stages.grpo import rollout_advantages
 from grpo_core.stages.reward_model import step_batch
 from grpo_core.verify import is_correct

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from grpo_core import rollout_log
+from grpo_core.rewards import rollout_log
 from grpo_core.data import prompt_text
 from grpo_core.stages.reward_data import rollout_samples, solution_rows
-from grpo_core.reward_data import outcome_pairs, step_rows
+from grpo_core.rewards.labels import outcome_pairs, step_rows
 
 Q1, Q2, HELD = "What is 1 + 2?", "What is 5 - 3 + 1?", "What is 9 - 9?"
 RIGHT1, WRONG1 = "1 + 2 = 3\n#### 3", "1 + 2 = 4\n#### 4"
@@ -93,7 +93,7 @@ def test_grpo_logs_every_checked_rollout_and_a_resume_logs_no_step_twice(tmp_pat
 def test_a_planted_error_is_one_wrong_step_carried_to_a_wrong_answer(question, gold):
     import random
 
-    from grpo_core.steps import exact_step_labels, planted_error, reference_steps, step_texts
+    from grpo_core.rewards.steps import exact_step_labels, planted_error, reference_steps, step_texts
 
     chain = reference_steps(question)
     rng = random.Random(0)

@@ -18,7 +18,7 @@ REWARD_MODELS = dict(orm__train=True, prm__train=True, reward_data__questions=8,
 def mixed_checker(monkeypatch):
     # An untrained tiny policy is never right; a parity "checker" gives the mixed groups that pairs
     # and step labels need.
-    import grpo_core.reward_data as reward_data_mod
+    import grpo_core.rewards.labels as reward_data_mod
 
     monkeypatch.setattr(reward_data_mod, "is_correct", lambda text, gold: sum(map(ord, text)) % 2 == 1)
 
@@ -28,7 +28,7 @@ def test_three_rounds_chain_policies_reward_models_and_replay(prefect_harness, t
     from mlflow.tracking import MlflowClient
 
     from flows.pipeline import pipeline
-    from grpo_core.replay import ORIGIN
+    from grpo_core.rewards.replay import ORIGIN
 
     cfg = tiny_cfg(tmp_path, "grpo.reward_weights={orm: 1.0, rule: 1.0}", run_name="iter", rounds__count=3,
                    rounds__replay_fraction=0.5, **REWARD_MODELS)
@@ -70,7 +70,7 @@ def test_three_rounds_chain_policies_reward_models_and_replay(prefect_harness, t
     q2 = set(load_from_disk(str(run_dir / "round-2" / "reward_data" / "solutions"))["train"]["prompt"])
     assert q1 != q2
     # ... plus round 1's GRPO rollouts of training questions, as samples of round 1 (origin 1).
-    from grpo_core.rollout_log import read_logs
+    from grpo_core.rewards.rollout_log import read_logs
 
     assert rounds[1]["stages"]["reward_data"]["rollouts_from"] == str(run_dir / "round-1" / "grpo")
     train2 = load_from_disk(str(run_dir / "round-2" / "reward_data" / "solutions"))["train"]

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from grpo_core.checkpoint import complete_checkpoints
+from grpo_core.training.checkpoint import complete_checkpoints
 
 pytestmark = pytest.mark.slow
 

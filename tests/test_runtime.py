@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from grpo_core.config import LaunchConfig
-from grpo_core.runtime import device_for
+from grpo_core.lm.runtime import device_for
 from grpo_core.stages.sft import run_sft
 from grpo_core.tracking import NullLogger
 

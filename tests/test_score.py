@@ -11,8 +11,8 @@ import torch
 
 from flows.cli import main
 from grpo_core.data import prompt_text
-from grpo_core.policy import encode
-from grpo_core.steps import step_texts
+from grpo_core.lm.policy import encode
+from grpo_core.rewards.steps import step_texts
 
 ROWS = [
     {"question": "What is 7 + 5 - 9?", "completion": "7 + 5 = 12\n12 - 9 = 3\n#### 3"},
@@ -24,8 +24,8 @@ ROWS = [
 
 @pytest.fixture(scope="module")
 def reward_model_dirs(tmp_path_factory, tiny_model_dir):
-    from grpo_core.modeling import load_tokenizer
-    from grpo_core.reward_models import load_reward_model
+    from grpo_core.lm.modeling import load_tokenizer
+    from grpo_core.rewards.heads import load_reward_model
 
     out = {}
     for kind in ("orm", "prm"):
@@ -46,8 +46,8 @@ def _score(tmp_path, capsys, model, rows) -> list[dict]:
 
 
 def test_orm_scores_are_probabilities_in_input_order(tmp_path, capsys, reward_model_dirs):
-    from grpo_core.modeling import load_tokenizer
-    from grpo_core.reward_models import load_reward_model, orm_logits
+    from grpo_core.lm.modeling import load_tokenizer
+    from grpo_core.rewards.heads import load_reward_model, orm_logits
 
     out = _score(tmp_path, capsys, reward_model_dirs["orm"], ROWS)
     assert [set(r) for r in out] == [{"score"}] * len(ROWS)

@@ -22,7 +22,7 @@ pytestmark = [
 
 
 def test_smollm2_gsm8k_recipe_trains_a_few_steps_on_cpu(tmp_path):
-    from grpo_core.convert import convert_smollm2
+    from grpo_core.lm.convert import convert_smollm2
     from grpo_core.stages.grpo import run_grpo
     from grpo_core.stages.prepare import run_prepare
     from grpo_core.stages.sft import run_sft

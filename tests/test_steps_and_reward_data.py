@@ -1,4 +1,4 @@
-"""Solutions as steps (grpo_core.steps) and reward-model training data (grpo_core.reward_data).
+"""Solutions as steps (grpo_core.rewards.steps) and reward-model training data (grpo_core.rewards.labels).
 
 Step spans and step-end tokens are checked on hand-indexed strings with the project's character
 tokenizer (one token per character, so token t holds character t); the exact arithmetic labels on
@@ -18,10 +18,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grpo_core.data import Example, prompt_text
-from grpo_core.modeling import char_tokenizer
-from grpo_core.reward_data import (Sampled, label_agreement, mc_step_labels, mc_step_labels_batch,
+from grpo_core.lm.modeling import char_tokenizer
+from grpo_core.rewards.labels import (Sampled, label_agreement, mc_step_labels, mc_step_labels_batch,
                                    outcome_pairs, sample_solutions, step_rows)
-from grpo_core.steps import (char_ends_of_tokens, exact_step_labels, reference_steps, split_steps,
+from grpo_core.rewards.steps import (char_ends_of_tokens, exact_step_labels, reference_steps, split_steps,
                              step_end_tokens, step_texts)
 from grpo_core.verify import is_correct
 

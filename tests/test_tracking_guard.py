@@ -38,7 +38,7 @@ def test_a_live_server_with_credentials_in_its_uri_passes(tmp_path):
     import threading
     from http.server import BaseHTTPRequestHandler, HTTPServer
 
-    from tasks.tracking import check_tracking
+    from grpo_core.tracking import check_tracking
 
     seen = []
 
@@ -72,7 +72,7 @@ def test_a_tracking_folder_that_cannot_be_created_fails_at_start(tmp_path, capsy
 
 
 def test_run_params_hold_no_credentials_or_environment_values(monkeypatch, tiny_cfg, tmp_path):
-    from tasks.tracking import run_params
+    from grpo_core.tracking import run_params
 
     secret = "tok-3f9a1c77e2b84d0c"
     for name in ("HF_TOKEN", "AWS_SECRET_ACCESS_KEY", "MLFLOW_TRACKING_PASSWORD", "WANDB_API_KEY"):

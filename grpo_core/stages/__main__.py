@@ -8,7 +8,7 @@ from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from grpo_core import distributed
+from grpo_core.training import distributed
 from grpo_core.config import load_config
 from grpo_core.env import setup_environment
 from grpo_core.stages.inputs import read_inputs

@@ -11,8 +11,8 @@ from typing import Any
 import torch
 
 from grpo_core.data import Example, load_jsonl
-from grpo_core.distributed import Dist
-from grpo_core.runtime import model_device
+from grpo_core.training.distributed import Dist
+from grpo_core.lm.runtime import model_device
 
 SINGLE = Dist()  # one process
 

@@ -15,19 +15,20 @@ from pathlib import Path
 
 import torch
 
-from grpo_core import distributed, rollout_log
+from grpo_core.training import distributed
+from grpo_core.rewards import rollout_log
 from grpo_core.advantages import outcome_advantages, process_advantages
-from grpo_core.distributed import Dist
+from grpo_core.training.distributed import Dist
 from grpo_core.config import GRPOConfig, PipelineConfig
 from grpo_core.data import Example, prompt_text
 from grpo_core.evaluation import greedy_accuracy
 from grpo_core.losses import BatchSize, grpo_loss
-from grpo_core.modeling import load_model
-from grpo_core.policy import CompletionLogprobs, Rollout, generate, token_logprobs
-from grpo_core.runtime import autocast, model_device, place
-from grpo_core.rewards import COUNT_STATS, RewardError, RewardScorer, Scored
+from grpo_core.lm.modeling import load_model
+from grpo_core.lm.policy import CompletionLogprobs, Rollout, generate, token_logprobs
+from grpo_core.lm.runtime import autocast, model_device, place
+from grpo_core.rewards.scorer import COUNT_STATS, RewardError, RewardScorer, Scored
 from grpo_core.stages.common import SINGLE, digest_dir, read_split, round_seed, run_identity, set_threads, write_manifest
-from grpo_core.stages.trainer import Plan, Trainer, TrainState, optimizer_step
+from grpo_core.training.trainer import Plan, Trainer, TrainState, optimizer_step
 from grpo_core.tracking import MetricLogger, NullLogger
 
 

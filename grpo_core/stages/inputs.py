@@ -66,7 +66,7 @@ class CorpusInputs(StageInputs):
         return {f"own-{split}": str(Path(self.data.path) / f"{split}.jsonl") for split in ("test", "val")}
 
     def run(self, cfg, out_dir, logger=None):
-        from grpo_core.stages.corpus import run_corpus
+        from grpo_core.corpus.stage import run_corpus
 
         return run_corpus(cfg, out_dir, logger, own_benchmarks={k: Path(v) for k, v in self.benchmarks().items()})
 

@@ -13,16 +13,16 @@ import random
 from pathlib import Path
 
 from grpo_core.config import PipelineConfig, RewardDataConfig
-from grpo_core.modeling import load_model
-from grpo_core.policy import generate
-from grpo_core import rollout_log
-from grpo_core.replay import ORIGIN, tag_rows
-from grpo_core.reward_data import Completer, Sampled, label_agreement, outcome_pairs, sample_solutions, step_rows
+from grpo_core.lm.modeling import load_model
+from grpo_core.lm.policy import generate
+from grpo_core.rewards import rollout_log
+from grpo_core.rewards.replay import ORIGIN, tag_rows
+from grpo_core.rewards.labels import Completer, Sampled, label_agreement, outcome_pairs, sample_solutions, step_rows
 from grpo_core.data import Example, prompt_text
-from grpo_core.steps import planted_error
+from grpo_core.rewards.steps import planted_error
 from grpo_core.stages.common import digest_dir, read_split, round_seed, set_threads, write_manifest
-from grpo_core.stages.trainer import Stopwatch
-from grpo_core.runtime import place
+from grpo_core.training.trainer import Stopwatch
+from grpo_core.lm.runtime import place
 from grpo_core.tracking import MetricLogger, NullLogger
 
 DATASETS = ("outcome", "steps", "solutions")
@@ -188,7 +188,7 @@ def run_replay(reward_data: dict[str, str], previous: str | None, round_: int, o
     of each dataset in ``reward_data`` (name -> the reward-data stage's folder)."""
     from datasets import load_from_disk
 
-    from grpo_core.replay import KINDS, write_version
+    from grpo_core.rewards.replay import KINDS, write_version
 
     logger = logger or NullLogger()
     fresh = {kind: load_from_disk(reward_data[kind])["train"].to_list() for kind in KINDS}

@@ -19,17 +19,17 @@ from pathlib import Path
 
 import torch
 
-from grpo_core import distributed
+from grpo_core.training import distributed
 from grpo_core.config import PipelineConfig
-from grpo_core.modeling import load_tokenizer, tiny_llama
-from grpo_core.policy import encode
-from grpo_core.reward_models import (ScoreHead, bradley_terry_loss, first_wrong_step, load_reward_model, orm_logits, 
+from grpo_core.lm.modeling import load_tokenizer, tiny_llama
+from grpo_core.lm.policy import encode
+from grpo_core.rewards.heads import (ScoreHead, bradley_terry_loss, first_wrong_step, load_reward_model, orm_logits, 
                                      pointwise_bce_loss, prm_step_logits, reward_model_from, roc_auc, step_bce_loss)
 from grpo_core.stages.common import digest_dir, run_identity, set_threads, write_manifest
-from grpo_core.stages.trainer import Plan, Trainer, TrainState
-from grpo_core.runtime import autocast, model_device, place
-from grpo_core.replay import load_version, retraining_set
-from grpo_core.rewards import rollout_step_ends
+from grpo_core.training.trainer import Plan, Trainer, TrainState
+from grpo_core.lm.runtime import autocast, model_device, place
+from grpo_core.rewards.replay import load_version, retraining_set
+from grpo_core.rewards.scorer import rollout_step_ends
 from grpo_core.tracking import MetricLogger, NullLogger
 
 

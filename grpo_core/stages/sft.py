@@ -12,14 +12,14 @@ from pathlib import Path
 
 import torch
 
-from grpo_core import distributed
+from grpo_core.training import distributed
 from grpo_core.config import PipelineConfig
 from grpo_core.evaluation import greedy_accuracy
-from grpo_core.modeling import init_model, load_model
-from grpo_core.runtime import autocast, model_device, place
-from grpo_core.packing import encode_examples, pack
+from grpo_core.lm.modeling import init_model, load_model
+from grpo_core.lm.runtime import autocast, model_device, place
+from grpo_core.lm.packing import encode_examples, pack
 from grpo_core.stages.common import digest_dir, lm_loss, read_split, run_identity, set_threads, write_manifest
-from grpo_core.stages.trainer import Plan, Trainer, TrainState
+from grpo_core.training.trainer import Plan, Trainer, TrainState
 from grpo_core.tracking import MetricLogger, NullLogger
 
 

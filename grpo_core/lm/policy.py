@@ -10,9 +10,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from grpo_core import decode as fast_decode
-from grpo_core.decode import distinct_prompts, position_ids
-from grpo_core.runtime import model_device
+from grpo_core.lm import decode as fast_decode
+from grpo_core.lm.decode import distinct_prompts, position_ids
+from grpo_core.lm.runtime import model_device
 
 
 @dataclass

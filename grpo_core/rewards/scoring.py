@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from grpo_core.data import json_lines, prompt_text
-from grpo_core.policy import encode
+from grpo_core.lm.policy import encode
 
 
 class ScoreInputError(ValueError):
@@ -61,9 +61,9 @@ def read_rows(path: str | Path) -> list[tuple[str, str]]:
 @torch.no_grad()
 def score(model_dir: str | Path, rows: list[tuple[str, str]], batch_size: int = 64) -> list[dict]:
     """One result per (prompt, completion), in order (see the module docstring)."""
-    from grpo_core.modeling import load_tokenizer
-    from grpo_core.reward_models import load_reward_model, orm_logits, prm_step_logits
-    from grpo_core.rewards import rollout_step_ends
+    from grpo_core.lm.modeling import load_tokenizer
+    from grpo_core.rewards.heads import load_reward_model, orm_logits, prm_step_logits
+    from grpo_core.rewards.scorer import rollout_step_ends
 
     kind = reward_model_kind(model_dir)
     model = load_reward_model(model_dir, kind).eval()

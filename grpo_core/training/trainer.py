@@ -18,10 +18,10 @@ from pathlib import Path
 
 import torch
 
-from grpo_core.checkpoint import latest_checkpoint, load_state, rng_state, save_checkpoint, set_rng_state
-from grpo_core.distributed import Dist
-from grpo_core.modeling import save_model
-from grpo_core.stages.schedules import learning_rate
+from grpo_core.training.checkpoint import latest_checkpoint, load_state, rng_state, save_checkpoint, set_rng_state
+from grpo_core.training.distributed import Dist
+from grpo_core.lm.modeling import save_model
+from grpo_core.training.schedules import learning_rate
 
 
 @dataclass

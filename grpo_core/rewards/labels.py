@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from grpo_core.data import Example, prompt_text
-from grpo_core.steps import exact_step_labels, step_texts
+from grpo_core.rewards.steps import exact_step_labels, step_texts
 from grpo_core.verify import is_correct
 
 # prompts -> one completion each (sampled)

@@ -9,17 +9,55 @@ from __future__ import annotations
 
 import hashlib
 import json
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from prefect import task
 
 from grpo_core.config import PipelineConfig, flatten
-from grpo_core.launch import LAUNCHABLE
 from grpo_core.stages.common import code_version, digest_dir, write_manifest
 from grpo_core.stages.inputs import StageInputs
-from tasks.launch import run_launched
-from tasks.tracking import child_run
+from grpo_core.tracking import MlflowLogger, finishing, start_run
+from tasks.launch import LAUNCHABLE, run_launched
+
+class ConsoleEchoLogger(MlflowLogger):
+    """Also reports validation metrics to the Prefect run log, so a terminal running the flow (and
+    the Prefect UI) shows progress.
+
+    Through Prefect's logger, not ``log_prints``: that patch also catches what libraries print into
+    a captured stdout (dill's bytecode listing while datasets fingerprints a table)."""
+
+    def __init__(self, uri: str, run_id: str, stage: str) -> None:
+        super().__init__(uri, run_id)
+        self.stage = stage
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        from prefect.exceptions import MissingContextError
+        from prefect.logging import get_run_logger
+
+        super().log_metrics(metrics, step)
+        shown = {k: round(v, 4) for k, v in metrics.items() if k.startswith("val/")}
+        if shown:
+            try:
+                get_run_logger().info("[%s] step %s: %s", self.stage, step, shown)
+            except MissingContextError:
+                print(f"[{self.stage}] step {step}: {shown}", flush=True)
+
+
+@contextmanager
+def child_run(uri: str, parent_id: str, name: str, params: dict | None = None) -> Iterator[MlflowLogger]:
+    """A nested run for one stage, marked FAILED if the stage raises."""
+    from mlflow.tracking import MlflowClient
+
+    exp_id = MlflowClient(uri).get_run(parent_id).info.experiment_id
+    run_id = start_run(uri, exp_id, name, parent_id)
+    logger = ConsoleEchoLogger(uri, run_id, name)
+    with finishing(uri, [run_id]):
+        if params:
+            logger.log_params(params)
+        yield logger
+
 
 # Which config sections decide each stage's output (besides its upstream digests).
 STAGE_SECTIONS = {

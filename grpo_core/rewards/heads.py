@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from grpo_core.policy import Rollout, position_ids
-from grpo_core.runtime import model_device
+from grpo_core.lm.policy import Rollout, position_ids
+from grpo_core.lm.runtime import model_device
 
 
 def bradley_terry_loss(r_chosen: torch.Tensor, r_rejected: torch.Tensor) -> torch.Tensor:
@@ -73,7 +73,7 @@ def load_reward_model(path: str | Path, kind: str):
     """An ORM (``kind="orm"``) or PRM (``"prm"``) with one output, from a causal-LM or RM folder."""
     from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification
 
-    from grpo_core.modeling import ModelError
+    from grpo_core.lm.modeling import ModelError
 
     cls = AutoModelForSequenceClassification if kind == "orm" else AutoModelForTokenClassification
     try:

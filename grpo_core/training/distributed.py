@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from grpo_core.config import LaunchConfig
-from grpo_core.runtime import device_for, model_device
+from grpo_core.lm.runtime import device_for, model_device
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import torch
 
-from grpo_core.policy import Rollout
-from grpo_core.steps import char_ends_of_tokens, split_steps, step_end_tokens
+from grpo_core.lm.policy import Rollout
+from grpo_core.rewards.steps import char_ends_of_tokens, split_steps, step_end_tokens
 from grpo_core.verify import is_correct
 
 
@@ -91,14 +91,14 @@ class RewardScorer:
                    paths: dict[str, str | Path], device: torch.device | str = "cpu") -> "RewardScorer":
         """``paths``: the folders of the reward models the weights use (``orm``, ``prm``); they are
         placed on ``device`` (the policy's)."""
-        from grpo_core.reward_models import load_reward_model
+        from grpo_core.rewards.heads import load_reward_model
 
         models = {k: load_reward_model(p, k).to(device).eval().requires_grad_(False) for k, p in paths.items()}
         return cls(weights, supervision, tokenizer, separator, **models)
 
     @torch.no_grad()
     def __call__(self, rollout: Rollout, golds: list[str]) -> Scored:
-        from grpo_core.reward_models import last_token_index, orm_logits, prm_step_logits
+        from grpo_core.rewards.heads import last_token_index, orm_logits, prm_step_logits
 
         rule = rule_reward(rollout.texts, golds)
         correct = rule.nan_to_num(0.0)

@@ -5,7 +5,7 @@ transformers loads a GGUF (dequantised to fp32) but refuses to ``save_pretrained
 as loaded from GGUF, so the weights are moved into a model built from the same config without the
 quantisation flag, and that one is saved (GUIDE §5).
 
-    python -m grpo_core.convert [--out models/smollm2-135m-instruct]     (or: make smollm2)
+    python -m grpo_core.lm.convert [--out models/smollm2-135m-instruct]     (or: make smollm2)
 """
 from __future__ import annotations
 
