@@ -9,7 +9,7 @@ import importlib.util
 import json
 import random
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -190,6 +190,3 @@ def write_jsonl(examples: list[Example], path: Path) -> None:
             answer = e.solution if e.solution else f"#### {e.gold}"
             f.write(json.dumps({"question": e.question, "answer": answer}) + "\n")
 
-
-def as_dicts(examples: list[Example]) -> list[dict]:
-    return [asdict(e) for e in examples]

@@ -114,6 +114,3 @@ def save_model(model: PreTrainedModel, tokenizer, path: str | Path) -> Path:
     tokenizer.save_pretrained(path)
     return path
 
-
-def count_parameters(model: torch.nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
