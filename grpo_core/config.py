@@ -94,11 +94,11 @@ class CorpusConfig(Section):
 
 
 class Training(Section):
-    """What the one training loop (``stages/trainer.py``) reads from every trained stage: the
+    """What the one training loop (``training/trainer.py``) reads from every trained stage: the
     optimiser (AdamW with the paper's betas), the schedule, clipping, budget and checkpoints."""
 
     lr: float = Field(1e-5, gt=0, description="peak learning rate")
-    schedule: Literal["constant"] = Field("constant", description="lr schedule (stages/schedules.py)")
+    schedule: Literal["constant"] = Field("constant", description="lr schedule (training/schedules.py)")
     betas: tuple[float, float] = Field((0.9, 0.95), description="AdamW betas (paper: 0.9, 0.95)")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
     max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping")

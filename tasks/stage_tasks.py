@@ -67,8 +67,9 @@ STAGE_SECTIONS = {
     "sft": ("seed", "model", "sft", "eval.max_new_tokens"),
     "reward_data": ("seed", "reward_data"),
     "replay": (),
-    "orm": ("seed", "orm", "reward_data.step_separator", "rounds.replay_fraction"),
-    "prm": ("seed", "prm", "reward_data.step_separator", "rounds.replay_fraction"),
+    # rounds.replay_fraction too, for rounds with a history to replay (``stage_key``).
+    "orm": ("seed", "orm", "reward_data.step_separator"),
+    "prm": ("seed", "prm", "reward_data.step_separator"),
     "grpo": ("seed", "grpo", "eval.max_new_tokens", "reward_data.step_separator"),
     "eval": ("eval",),
 }
@@ -86,7 +87,8 @@ def _select(cfg: PipelineConfig, keys: tuple[str, ...]) -> dict[str, Any]:
 
 
 def stage_key(stage: str, cfg: PipelineConfig, inputs: StageInputs, out_dir: Path) -> str:
-    payload = {"stage": stage, "config": _select(cfg, STAGE_SECTIONS[stage]), "upstream": inputs.model_dump(mode="json"),
+    sections = STAGE_SECTIONS[stage] + (("rounds.replay_fraction",) if getattr(inputs, "replay", None) else ())
+    payload = {"stage": stage, "config": _select(cfg, sections), "upstream": inputs.model_dump(mode="json"),
                "code": code_version(), "out": str(out_dir.resolve())}
     return f"{stage}-{hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()}"
 

@@ -1,6 +1,6 @@
 """Where and in what precision a stage computes: the device (the process's GPU under torchrun, else
 the CPU), bf16 autocast, gradient checkpointing. The stages move a model here once and move each
-batch to its model's device at the few places batches are made (``policy``, ``lm_update``), so
+batch to its model's device at the few places batches are made (``policy``, ``stages.common.lm_loss``), so
 the math functions never think about devices."""
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """What each stage consumes, typed: the flows build these, the cache key hashes them, and the one
-stage entry point (``python -m grpo_core.stages STAGE --config C --inputs FILE --out DIR``, which
+stage entry point (``python -m grpo_core.stages --config C --inputs FILE --out DIR``, which
 torchrun and accelerate start too) reads them from a JSON file, so the in-process and the launched
 route run the same ``run``."""
 from __future__ import annotations

@@ -210,7 +210,7 @@ def run_reward_model(cfg: PipelineConfig, kind: str, reward_data: dict, init_dir
     amp = functools.partial(autocast, cfg.launch, model_device(model))
     tokenizer = load_tokenizer(trainer.resume or init_dir)
     quality = f"heldout/{QUALITY_KEY[kind]}"
-    st = trainer.start(model, tokenizer, Plan(max_epochs=rc.epochs, eval_last=True, keep_best=quality))
+    st = trainer.start(model, tokenizer, Plan(max_epochs=rc.epochs, per_epoch=True, eval_last=True, keep_best=quality))
 
     def evaluate(st: TrainState) -> dict:
         metrics = (evaluate_orm(model, tokenizer, test, solutions, rc.batch_size) if kind == "orm"

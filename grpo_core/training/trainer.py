@@ -49,7 +49,8 @@ class Plan:
     max_steps: int | None = None
     max_epochs: int | None = None
     log_every: int = 1
-    eval_every: int | None = None  # steps between evaluations; None: when an epoch ends
+    eval_every: int | None = None  # steps between evaluations
+    per_epoch: bool = False        # also evaluate and checkpoint when an epoch ends (the reward models)
     eval_first: bool = False       # the starting model is a candidate (GRPO never returns a worse one)
     eval_last: bool = False        # evaluate the final model even off the grid (otherwise only if none was)
     keep_best: str | None = None   # the metric whose best model is published; None: the last model
@@ -164,7 +165,7 @@ class Trainer:
                 group["lr"] = lr
             epoch = st.epoch
             metrics = step(st)
-            epoch_end = plan.eval_every is None and st.epoch > epoch
+            epoch_end = plan.per_epoch and st.epoch > epoch
             if metrics is None and not epoch_end:
                 continue
             if metrics is not None:
