@@ -103,17 +103,17 @@ def compare(run_dir: str, variants: list[str] | None = None, seeds: int = 3) -> 
                 vcfg = variant_config(cfg, update, cfg.seed + s, first["grpo"]["wall_s"])
                 out = str(root / "compare" / name / f"seed-{s}")
                 if update is None:
-                    stage, _ = run_stage(sft_task, vcfg, out, SFTInputs(data=data, init=sft), **common)
+                    stage = run_stage(sft_task, vcfg, out, SFTInputs(data=data, init=sft), **common).manifest
                 elif s == 0 and vcfg.grpo == cfg.grpo:
                     stage = first["grpo"]
                 else:
-                    stage, _ = run_stage(grpo_task, vcfg, out, GRPOInputs(
-                        data=data, init=sft, reward_models={k: Ref.model(first[k]) for k in uses}), **common)
+                    stage = run_stage(grpo_task, vcfg, out, GRPOInputs(
+                        data=data, init=sft, reward_models={k: Ref.model(first[k]) for k in uses}), **common).manifest
                 models[f"{name}/seed-{s}"] = Ref.model(stage)
                 runs[name].append({"seed": vcfg.seed, "wall_s": stage["wall_s"], "steps": stage["steps"],
                                    "reward_model": reward_model_metric(first, uses)})
-        ev, _ = run_stage(eval_task, cfg, str(root / "compare" / "eval"), EvalInputs(data=data, models=models),
-                          **common)
+        ev = run_stage(eval_task, cfg, str(root / "compare" / "eval"), EvalInputs(data=data, models=models),
+                       **common).manifest
         results = ev["results"]
         sft_acc = results["sft"]["accuracy"]
         accs = {name: [results[f"{name}/seed-{s}"]["accuracy"] for s in range(len(r))] for name, r in runs.items()}

@@ -9,6 +9,7 @@ finished run for more rounds with its own recipe.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -16,17 +17,16 @@ import yaml
 from prefect import flow, get_run_logger
 from pydantic import Field
 
+from flows.rounds import RoundStart, next_start, rl_round, round_metrics
 from grpo_core.config import ConfigError, PipelineConfig, load_config
 from grpo_core.stages.common import write_manifest
-from grpo_core.tracking import MlflowLogger
-from flows.rounds import RoundStart, next_start, rl_round, round_metrics
 from grpo_core.stages.inputs import DataInputs, EvalInputs, Ref, SFTInputs
-from tasks.stage_tasks import data_task, eval_task, run_stage, sft_task
-from grpo_core.tracking import (check_tracking, experiment_id, finishing, redact, run_params, start_run,
-                            tracking_uri)
+from grpo_core.tracking import (MlflowLogger, check_tracking, experiment_id, finishing, redact, run_params,
+                                start_run, tracking_uri)
+from tasks.stage_tasks import StageRun, data_task, eval_task, run_stage, sft_task
 
 
-def pretraining_stages(config: PipelineConfig, run_dir, data: dict, common: dict) -> dict[str, tuple[dict, bool]]:
+def pretraining_stages(config: PipelineConfig, run_dir, data: dict, common: dict) -> dict[str, StageRun]:
     """corpus (a subflow: its shards are mapped tasks) -> continued pretraining, whose model SFT starts
     from. The corpus subflow is skipped when its manifest carries the same content key."""
     from flows.corpus import corpus
@@ -34,6 +34,7 @@ def pretraining_stages(config: PipelineConfig, run_dir, data: dict, common: dict
     from grpo_core.stages.inputs import CorpusInputs, PretrainInputs
     from tasks.stage_tasks import pretrain_task, stage_key
 
+    clock = time.perf_counter()
     out = run_dir / "corpus"
     inputs = CorpusInputs(data=Ref.folder(data))
     key = stage_key("corpus", config, inputs, out)
@@ -46,7 +47,7 @@ def pretraining_stages(config: PipelineConfig, run_dir, data: dict, common: dict
         write_manifest(out, done)
     pre = run_stage(pretrain_task, config, str(run_dir / "pretrain"),
                     PretrainInputs(corpus=Ref(path=done["corpus_dir"], digest=done["digest"])), **common)
-    return {"corpus": (done, hit), "pretrain": pre}
+    return {"corpus": StageRun(done, hit, time.perf_counter() - clock - pre.seconds), "pretrain": pre}
 
 
 def gain_over_sft(results: dict) -> dict:
@@ -62,9 +63,20 @@ def gain_over_sft(results: dict) -> dict:
     return question_interval(policy, sft)
 
 
+def time_profile(runs: dict[str, StageRun], rounds: list[dict], wall_s: float) -> dict:
+    """Where the run's wall time went: every stage (a round's as ``round-<k>/<stage>``, its model
+    registration as ``round-<k>/register``) as the flow waited for it, and the share of the flow's
+    wall time the stages account for (the rest: MLflow and Prefect bookkeeping between them)."""
+    stages = {name: r.seconds for name, r in runs.items()}
+    stages |= {f"round-{r['round']}/{s}": v for r in rounds for s, v in r["profile"].items()}
+    stages = {name: round(v, 2) for name, v in stages.items()}
+    return {"stages_s": stages, "wall_s": round(wall_s, 2), "stage_share": round(sum(stages.values()) / wall_s, 4)}
+
+
 @flow(name="pipeline")
 def pipeline(config: PipelineConfig) -> dict:
     log = get_run_logger()
+    clock = time.perf_counter()
     run_dir = config.run_dir.resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     uri = tracking_uri(config)
@@ -75,11 +87,13 @@ def pipeline(config: PipelineConfig) -> dict:
     with finishing(uri, [parent]):
         tracker = MlflowLogger(uri, parent)
         tracker.log_params(run_params(config))
-        data, data_hit = run_stage(data_task, config, str(run_dir / "data"), DataInputs(), **common)
-        pre_stages = pretraining_stages(config, run_dir, data, common) if config.pretrain.train else {}
-        init = Ref.model(pre_stages["pretrain"][0]) if pre_stages else None
-        sft, sft_hit = run_stage(sft_task, config, str(run_dir / "sft"),
-                                 SFTInputs(data=Ref.folder(data), init=init), **common)
+        runs = {"data": run_stage(data_task, config, str(run_dir / "data"), DataInputs(), **common)}
+        data = runs["data"].manifest
+        runs |= pretraining_stages(config, run_dir, data, common) if config.pretrain.train else {}
+        init = Ref.model(runs["pretrain"].manifest) if "pretrain" in runs else None
+        runs["sft"] = run_stage(sft_task, config, str(run_dir / "sft"), SFTInputs(data=Ref.folder(data), init=init),
+                                **common)
+        sft = runs["sft"].manifest
         start = RoundStart(policy=Ref.model(sft))
         rounds = []
         for k in range(1, config.rounds.count + 1):
@@ -88,13 +102,12 @@ def pipeline(config: PipelineConfig) -> dict:
             tracker.log_metrics(round_metrics(rounds[-1]), step=k)  # per-round curves on the parent
         policy = rounds[-1]
         # The SFT model's test accuracy; each round's eval already measured its policy on the same questions.
-        ev, eval_hit = run_stage(eval_task, config, str(run_dir / "eval"),
+        runs["eval"] = run_stage(eval_task, config, str(run_dir / "eval"),
                                  EvalInputs(data=Ref.folder(data), models={"sft": Ref.model(sft)}), **common)
-        hits = [("data", data_hit), *((k, hit) for k, (_, hit) in pre_stages.items()), ("sft", sft_hit),
-                ("eval", eval_hit)]
-        cached = [name for name, hit in hits if hit] + [f"round-{r['round']}/{s}" for r in rounds
-                                                        for s in r["cached_stages"]]
-        stages = {"data": data, **{k: m for k, (m, _) in pre_stages.items()}, "sft": sft, "eval": ev}
+        ev = runs["eval"].manifest
+        cached = [name for name, r in runs.items() if r.cached] + [f"round-{r['round']}/{s}" for r in rounds
+                                                                   for s in r["cached_stages"]]
+        stages = {name: r.manifest for name, r in runs.items()}
         eval_results = {**ev["results"], "policy": policy["stages"]["eval"]["results"]["policy"]}
         tracker.log_metrics({f"eval/{name}/accuracy": r["accuracy"] for name, r in eval_results.items()})
         gain = gain_over_sft(eval_results)
@@ -105,6 +118,9 @@ def pipeline(config: PipelineConfig) -> dict:
                           "champion_version": rounds[-1]["champion"]["version"],
                           **{f"stage_run.{s}": m["mlflow_run_id"] for s, m in stages.items()},
                           **{f"round_run.{r['round']}": r["mlflow_run_id"] for r in rounds}})
+        profile = time_profile(runs, rounds, time.perf_counter() - clock)
+        tracker.log_metrics({f"time/stage/{name}_s": s for name, s in profile["stages_s"].items()}
+                            | {"time/wall_s": profile["wall_s"], "time/stage_share": profile["stage_share"]})
         manifest = {
             "run_name": config.run_name,
             "policy": policy["policy"],
@@ -117,6 +133,7 @@ def pipeline(config: PipelineConfig) -> dict:
             "champion": rounds[-1]["champion"],
             "stages": stages,
             "cached_stages": cached,
+            "profile": profile,
             "mlflow_run_id": parent,
             "tracking_uri": redact(uri),
             "experiment": config.tracking.experiment,

@@ -17,6 +17,7 @@ rounds, and a killed round resumes each stage from its last complete checkpoint.
 """
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from prefect import flow, get_run_logger
@@ -29,7 +30,8 @@ from tasks.registry import promote_champion, register_policy, registered_name
 from grpo_core.stages.inputs import INPUTS, EvalInputs, GRPOInputs, Ref, ReplayInputs, RewardDataInputs, reward_datasets
 from grpo_core.stages.reward_model import QUALITY_KEY
 from grpo_core.tracking import MlflowLogger
-from tasks.stage_tasks import (eval_task, grpo_task, orm_task, prm_task, replay_task, reward_data_task, run_stage)
+from tasks.stage_tasks import (StageRun, eval_task, grpo_task, orm_task, prm_task, replay_task, reward_data_task,
+                               run_stage)
 from grpo_core.tracking import experiment_id, finishing, start_run
 
 
@@ -46,14 +48,14 @@ class RoundStart(BaseModel):
 
 
 def reward_stages(cfg: PipelineConfig, k: int, round_dir: Path, run_dir: Path, data: Ref, sft: Ref,
-                  start: RoundStart, common: dict) -> dict[str, tuple[dict, bool]]:
-    """reward_data -> replay -> orm / prm for round ``k``: {stage: (manifest, cached)}."""
+                  start: RoundStart, common: dict) -> dict[str, StageRun]:
+    """reward_data -> replay -> orm / prm for round ``k``, by stage."""
     wanted = [kind for kind in ("orm", "prm") if getattr(cfg, kind).train]
     if not wanted:
         return {}
     out = {"reward_data": run_stage(reward_data_task, cfg, str(round_dir / "reward_data"), RewardDataInputs(
         data=data, policy=start.policy, round=k, rollouts=start.rollouts), **common)}
-    datasets = reward_datasets(out["reward_data"][0])
+    datasets = reward_datasets(out["reward_data"].manifest)
     out["replay"] = run_stage(replay_task, cfg, str(run_dir / "replay" / f"v{k}"),
                               ReplayInputs(reward_data=datasets, previous=start.buffer, round=k), **common)
     for kind in wanted:
@@ -146,7 +148,7 @@ def rl_round(cfg: PipelineConfig, k: int, data: Ref, sft: Ref, start: RoundStart
     common = {"uri": uri, "parent_id": run_id}
     with finishing(uri, [run_id]):
         results = reward_stages(cfg, k, round_dir, run_dir, data, sft, start, common)
-        rms = {kind: results[kind][0] for kind in ("orm", "prm") if kind in results}
+        rms = {kind: results[kind].manifest for kind in ("orm", "prm") if kind in results}
         used = cfg.grpo.reward_models_used
         for kind in used:
             gate = rms[kind].get("quality_gate") or {}
@@ -156,17 +158,20 @@ def rl_round(cfg: PipelineConfig, k: int, data: Ref, sft: Ref, start: RoundStart
                             gate["threshold"])
         results["grpo"] = run_stage(grpo_task, cfg, str(round_dir / "grpo"), GRPOInputs(
             data=data, init=start.policy, reward_models={m: Ref.model(rms[m]) for m in used}, round=k), **common)
-        grpo = results["grpo"][0]
+        grpo = results["grpo"].manifest
         results["eval"] = run_stage(eval_task, cfg, str(round_dir / "eval"),
                                     EvalInputs(data=data, models={"policy": Ref.model(grpo)}), **common)
-        stages = {name: m for name, (m, _) in results.items()}
-        cached = [name for name, (_, hit) in results.items() if hit]
+        stages = {name: r.manifest for name, r in results.items()}
+        cached = [name for name, r in results.items() if r.cached]
         summary = round_summary(k, stages, cached, stages["eval"]["results"]["policy"])
         summary["quality_warnings"] = gate_failures(summary, used)
+        clock = time.perf_counter()
         name = registered_name(cfg)
         summary["model_version"] = register_policy(uri, name, run_id, grpo["model"], k, summary["val_accuracy"],
                                                    grpo["digest"])
         champion = promote_champion(uri, name, [*start.versions, summary["model_version"]])
+        # Where the round's time went: each stage as the flow waited for it, and the model registry.
+        summary["profile"] = {s: r.seconds for s, r in results.items()} | {"register": time.perf_counter() - clock}
         tracker = MlflowLogger(uri, run_id)
         tracker.log_metrics(round_metrics(summary))
         tracker.set_tags({"cached_stages": ",".join(cached) or "none", "model_version": summary["model_version"],

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, NamedTuple
 
 from prefect import task
 
@@ -93,21 +94,28 @@ def stage_key(stage: str, cfg: PipelineConfig, inputs: StageInputs, out_dir: Pat
     return f"{stage}-{hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()}"
 
 
+class StageRun(NamedTuple):
+    manifest: dict
+    cached: bool
+    seconds: float  # how long the flow waited for the stage in this run (a cache hit: about none)
+
+
 def run_stage(stage_task, cfg: PipelineConfig, out_dir: str, inputs: StageInputs, uri: str,
-              parent_id: str) -> tuple[dict, bool]:
-    """Run a stage task; returns its manifest and whether it came from the cache.
+              parent_id: str) -> StageRun:
+    """Run a stage task; returns its manifest, whether it came from the cache, and its wall time.
 
     A cached result is trusted only while the outputs on disk are the ones it describes: the
     manifest must exist and carry the same cache key (another recipe under the same run name may
     have overwritten the folder). Otherwise the task runs again, resuming from its checkpoints,
     and refreshes the cache entry.
     """
+    start = time.perf_counter()
     key = stage_key(stage_task.name, cfg, inputs, Path(out_dir))
     manifest_path = Path(out_dir) / "manifest.json"
     on_disk = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
     state = stage_task.with_options(refresh_cache=on_disk.get("cache_key") != key)(
         cfg=cfg, out_dir=out_dir, inputs=inputs, uri=uri, parent_id=parent_id, return_state=True)
-    return state.result(), state.name == "Cached"
+    return StageRun(state.result(), state.name == "Cached", time.perf_counter() - start)
 
 
 def _cache_key(stage: str):

@@ -64,6 +64,12 @@ def test_pipeline_end_to_end_and_cached_rerun(prefect_harness, tmp_path, tiny_cf
     assert parent.data.params == flatten(cfg)
     assert parent.data.metrics["eval/policy/accuracy"] == manifest["eval"]["policy"]["accuracy"]
     assert parent.data.metrics["eval/sft/accuracy"] == manifest["eval"]["sft"]["accuracy"]
+    # The time profile: every stage, a round's as round-<k>/<stage>; they account for most of the flow.
+    profile = manifest["profile"]
+    assert set(profile["stages_s"]) == {"data", "sft", "eval", "round-1/grpo", "round-1/eval", "round-1/register"}
+    assert 0 < profile["stage_share"] <= 1.0  # (a tiny run is mostly Prefect and MLflow bookkeeping)
+    assert sum(profile["stages_s"].values()) == pytest.approx(profile["stage_share"] * profile["wall_s"], rel=1e-2)
+    assert parent.data.metrics["time/stage/round-1/grpo_s"] == profile["stages_s"]["round-1/grpo"]
     children = mlflow_client.search_runs(
         [exp_id], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
     by_name = {r.info.run_name: r for r in children}
