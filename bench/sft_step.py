@@ -1,0 +1,177 @@
+"""One SFT optimizer step, ours against TRL's ``SFTTrainer`` at equal work: the demo's model (a
+freshly initialised 0.87M-parameter Llama, character tokenizer), its 500 worked solutions with the
+loss on the solution only, rows of 256 packed tokens, 16 rows per step, AdamW(0.9, 0.95) at a
+constant lr 2e-3, gradient clipping at 1.0, fp32 on the CPU.
+
+    .venv/bin/python bench/sft_step.py --json            # make bench-sft (installs trl)
+
+Each implementation runs in its own process, alternating, ``--rounds`` times, ``--steps`` steps
+each; the medians are over the steps after ``--warmup``. Ours is the SFT stage's step
+(``stages.common.lm_loss`` on packed rows + ``training.trainer.optimizer_step``); TRL packs with its
+default best-fit strategy. Prints one JSON object: per implementation the median step time, input
+tokens per step and per second (TRL's ``num_tokens``; ours: the non-padding tokens of the rows) and
+peak RSS; TRL over ours; the machine's matmul rate and the step's arithmetic
+limit (6 FLOPs per weight and trained token, forward + backward, at that rate).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+ROWS, LENGTH, LR = 16, 256, 2e-3
+
+
+def _peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _inputs(work: Path) -> tuple[str, str]:
+    from grpo_core.config import load_config
+    from grpo_core.lm.modeling import init_model, save_model
+    from grpo_core.stages.prepare import run_prepare
+
+    cfg = load_config(ROOT / "configs" / "demo.yaml")
+    model, tok = init_model(cfg.model, cfg.seed)
+    save_model(model, tok, work / "model")
+    run_prepare(cfg, work / "data")
+    return str(work / "model"), str(work / "data" / "sft.jsonl")
+
+
+def run_ours(model_dir: str, data: str, steps: int, threads: int) -> dict:
+    import random
+
+    import torch
+
+    from grpo_core.data import load_jsonl
+    from grpo_core.lm.modeling import load_model
+    from grpo_core.lm.packing import encode_examples, pack
+    from grpo_core.stages.common import lm_loss
+    from grpo_core.training.trainer import optimizer_step
+
+    torch.set_num_threads(threads)
+    model, tok = load_model(model_dir)
+    ids, labels = pack(encode_examples(load_jsonl(data), tok, False), LENGTH, tok.pad_token_id, random.Random(0))
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.95), weight_decay=0.0)
+    model.train()
+    times, tokens = [], []
+    for s in range(steps):
+        rows = slice((s * ROWS) % (len(ids) - ROWS), (s * ROWS) % (len(ids) - ROWS) + ROWS)
+        t0 = time.perf_counter()
+        loss_sum, n_tokens = lm_loss(model, ids[rows], labels[rows])
+        optimizer_step(model, opt, loss_sum, 1 / n_tokens, 1.0)
+        times.append(time.perf_counter() - t0)
+        tokens.append(float((ids[rows] != tok.pad_token_id).sum()))  # input tokens, as TRL counts them
+    return {"step_s": times, "tokens": tokens, "peak_rss_mib": _peak_rss_mib(), "threads": threads}
+
+
+def run_trl(model_dir: str, data: str, steps: int, threads: int) -> dict:
+    import torch
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import SFTConfig, SFTTrainer
+
+    from grpo_core.data import load_jsonl, prompt_text
+    from grpo_core.lm.modeling import load_model
+
+    torch.set_num_threads(threads)
+    model, tok = load_model(model_dir)
+    rows = [{"prompt": prompt_text(e.question), "completion": e.solution + tok.eos_token} for e in load_jsonl(data)]
+
+    class Clock(TrainerCallback):
+        times: list[float] = []
+
+        def on_step_begin(self, args, state, control, **kw):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            self.times.append(time.perf_counter() - self.t0)
+
+    with tempfile.TemporaryDirectory() as out:
+        args = SFTConfig(output_dir=out, packing=True, max_length=LENGTH, per_device_train_batch_size=ROWS,
+                         gradient_accumulation_steps=1, learning_rate=LR, adam_beta1=0.9, adam_beta2=0.95,
+                         weight_decay=0.0, max_grad_norm=1.0, lr_scheduler_type="constant", warmup_steps=0,
+                         max_steps=steps, use_cpu=True, bf16=False, fp16=False, report_to=[], save_strategy="no",
+                         logging_steps=1, seed=0, dataloader_num_workers=0, completion_only_loss=True)
+        clock = Clock()
+        trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tok,
+                             callbacks=[clock])
+        trainer.train()
+        tokens = [h["num_tokens"] for h in trainer.state.log_history if "num_tokens" in h]
+    per_step = [b - a for a, b in zip([0.0] + tokens, tokens)]  # num_tokens is cumulative (input tokens)
+    return {"step_s": clock.times, "tokens": per_step, "peak_rss_mib": _peak_rss_mib(), "threads": threads}
+
+
+WORKERS = {"ours": run_ours, "trl": run_trl}
+
+
+def _summary(runs: list[dict], warmup: int) -> dict:
+    steps = [t for r in runs for t in r["step_s"][warmup:]]
+    tokens = [t for r in runs for t in r["tokens"][warmup:]]
+    return {"median_step_s": round(statistics.median(steps), 4), "steps_timed": len(steps),
+            "input_tokens_per_step": round(statistics.median(tokens), 1),
+            "input_tokens_per_s": round(sum(tokens) / sum(steps), 1),
+            "peak_rss_mib": round(max(r["peak_rss_mib"] for r in runs), 1), "threads": runs[0]["threads"]}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=12, help="steps per run, warm-up included")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--threads", type=int, help="torch threads of every implementation (default: torch's)")
+    p.add_argument("--only", choices=sorted(WORKERS), help="one implementation (no TRL needed for ours)")
+    p.add_argument("--json", action="store_true", help="print one JSON object (the only output form)")
+    p.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
+    p.add_argument("--model", help=argparse.SUPPRESS)
+    p.add_argument("--data", help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.worker:
+        print(json.dumps(WORKERS[a.worker](a.model, a.data, a.steps, a.threads)))
+        return
+    import torch
+
+    from grpo_core.env import setup_environment
+
+    from bench.grpo_step import matmul_gflops
+
+    setup_environment()
+    model, data = _inputs(Path(tempfile.mkdtemp(prefix="sft-bench-")))
+    threads = a.threads or torch.get_num_threads()
+    names = [a.only] if a.only else list(WORKERS)
+    runs: dict[str, list[dict]] = {n: [] for n in names}
+    for _ in range(a.rounds):
+        for name in names:
+            cmd = [sys.executable, __file__, "--worker", name, "--model", model, "--data", data,
+                   "--steps", str(a.steps), "--threads", str(threads)]
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise SystemExit(f"{name} failed:\n{done.stderr[-3000:]}")
+            runs[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
+    result = {"work": {"rows": ROWS, "length": LENGTH, "lr": LR, "loss_on": "solution"}}
+    result |= {name: _summary(r, a.warmup) for name, r in runs.items()}
+    rate = matmul_gflops(threads=threads)
+    from grpo_core.lm.modeling import load_model
+
+    m, _ = load_model(model)
+    weights = sum(p.numel() for p in m.parameters()) - m.get_input_embeddings().weight.numel() \
+        + m.get_output_embeddings().weight.numel()
+    limit = 6 * weights * ROWS * LENGTH / (rate * 1e9)  # every row position goes forward and backward
+    result |= {"matmul_gflops": round(rate, 1), "arithmetic_limit_s": round(limit, 4)}
+    for name in names:
+        result[name]["over_arithmetic_limit"] = round(result[name]["median_step_s"] / limit, 2)
+    if "trl" in result and "ours" in result:
+        result["trl_over_ours"] = round(result["trl"]["median_step_s"] / result["ours"]["median_step_s"], 3)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
