@@ -7,8 +7,10 @@ constant lr 2e-3, gradient clipping at 1.0, fp32 on the CPU.
 
 Each implementation runs in its own process, alternating, ``--rounds`` times, ``--steps`` steps
 each; the medians are over the steps after ``--warmup``. Ours is the SFT stage's step
-(``stages.common.lm_loss`` on packed rows + ``training.trainer.optimizer_step``); TRL packs with its
-default best-fit strategy. Prints one JSON object: per implementation the median step time, input
+(``stages.common.lm_loss`` on packed rows + ``training.trainer.optimizer_step``). TRL runs twice:
+``trl_wrapped`` packs as we do (the examples concatenated and cut into full rows: equal work, the
+headline ratio) and ``trl`` with its default best-fit packing, which flattens each batch into one
+padding-free sequence (meant for FlashAttention; on the CPU attention then spans the whole batch). Prints one JSON object: per implementation the median step time, input
 tokens per step and per second (TRL's ``num_tokens``; ours: the non-padding tokens of the rows) and
 peak RSS; TRL over ours; the machine's matmul rate and the step's arithmetic
 limit (6 FLOPs per weight and trained token, forward + backward, at that rate).
@@ -73,7 +75,7 @@ def run_ours(model_dir: str, data: str, steps: int, threads: int) -> dict:
     return {"step_s": times, "tokens": tokens, "peak_rss_mib": _peak_rss_mib(), "threads": threads}
 
 
-def run_trl(model_dir: str, data: str, steps: int, threads: int) -> dict:
+def run_trl(model_dir: str, data: str, steps: int, threads: int, strategy: str = "bfd") -> dict:
     import torch
     from datasets import Dataset
     from transformers import TrainerCallback
@@ -96,7 +98,7 @@ def run_trl(model_dir: str, data: str, steps: int, threads: int) -> dict:
             self.times.append(time.perf_counter() - self.t0)
 
     with tempfile.TemporaryDirectory() as out:
-        args = SFTConfig(output_dir=out, packing=True, max_length=LENGTH, per_device_train_batch_size=ROWS,
+        args = SFTConfig(output_dir=out, packing=True, packing_strategy=strategy, max_length=LENGTH, per_device_train_batch_size=ROWS,
                          gradient_accumulation_steps=1, learning_rate=LR, adam_beta1=0.9, adam_beta2=0.95,
                          weight_decay=0.0, max_grad_norm=1.0, lr_scheduler_type="constant", warmup_steps=0,
                          max_steps=steps, use_cpu=True, bf16=False, fp16=False, report_to=[], save_strategy="no",
@@ -110,7 +112,12 @@ def run_trl(model_dir: str, data: str, steps: int, threads: int) -> dict:
     return {"step_s": clock.times, "tokens": per_step, "peak_rss_mib": _peak_rss_mib(), "threads": threads}
 
 
-WORKERS = {"ours": run_ours, "trl": run_trl}
+def run_trl_wrapped(model_dir: str, data: str, steps: int, threads: int) -> dict:
+    """TRL packing as ours does: the examples concatenated and cut into full rows (equal work)."""
+    return run_trl(model_dir, data, steps, threads, strategy="wrapped")
+
+
+WORKERS = {"ours": run_ours, "trl_wrapped": run_trl_wrapped, "trl": run_trl}
 
 
 def _summary(runs: list[dict], warmup: int) -> dict:
@@ -168,8 +175,9 @@ def main() -> None:
     result |= {"matmul_gflops": round(rate, 1), "arithmetic_limit_s": round(limit, 4)}
     for name in names:
         result[name]["over_arithmetic_limit"] = round(result[name]["median_step_s"] / limit, 2)
-    if "trl" in result and "ours" in result:
-        result["trl_over_ours"] = round(result["trl"]["median_step_s"] / result["ours"]["median_step_s"], 3)
+    for peer in ("trl_wrapped", "trl"):
+        if peer in result and "ours" in result:
+            result[f"{peer}_over_ours"] = round(result[peer]["median_step_s"] / result["ours"]["median_step_s"], 3)
     print(json.dumps(result))
 
 

@@ -40,3 +40,23 @@ def test_the_ppo_worker_adds_a_value_model(tmp_path, tiny_model_dir):
     ppo = _bench("--worker", "ppo", "--model", str(tiny_model_dir), "--prompts", str(prompts), "--steps", "1",
                  "--threads", "1")
     assert len(ppo["step_s"]) == 1 and ppo["peak_rss_mib"] > ppo["rss_before_models_mib"] > 0
+
+
+def test_sft_bench_prints_ours_against_the_limit():
+    done = subprocess.run([sys.executable, str(BENCH.with_name("sft_step.py")), "--only", "ours", "--steps", "2",
+                           "--warmup", "1", "--rounds", "1", "--threads", "1", "--json"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["ours"]["steps_timed"] == 1 and out["ours"]["input_tokens_per_step"] == 16 * 256
+    assert out["arithmetic_limit_s"] > 0 and out["ours"]["over_arithmetic_limit"] > 0
+
+
+def test_short_prompts_build_the_outside_checks_shape(tmp_path):
+    done = subprocess.run([sys.executable, str(BENCH.with_name("short_prompts.py")), str(tmp_path)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert 1_000_000 < out["parameters"] < 1_100_000 and out["prompt_tokens"]["max"] <= 27
+    rows = [json.loads(line) for line in Path(out["prompts"]).read_text().splitlines()]
+    assert all(r["prompt"].startswith("What is ") and r["gold"].lstrip("-").isdigit() for r in rows)
