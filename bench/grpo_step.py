@@ -136,7 +136,6 @@ class _ValueModel:
 def run_trl(model_dir: str, prompts: str, steps: int, threads: int) -> dict:
     import torch
     from datasets import Dataset
-    from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     from grpo_core.lm.modeling import load_model
@@ -150,22 +149,13 @@ def run_trl(model_dir: str, prompts: str, steps: int, threads: int) -> dict:
     def reward(completions, gold, **_):
         return rule_reward(completions, gold).tolist()
 
-    class Clock(TrainerCallback):
-        times: list[float] = []
-
-        def on_step_begin(self, args, state, control, **kw):
-            self.t0 = time.perf_counter()
-
-        def on_step_end(self, args, state, control, **kw):
-            self.times.append(time.perf_counter() - self.t0)
-
     with tempfile.TemporaryDirectory() as out:
         args = GRPOConfig(output_dir=out, per_device_train_batch_size=PROMPTS * GROUP, num_generations=GROUP,
                           gradient_accumulation_steps=1, max_completion_length=MAX_NEW, temperature=1.0,
                           loss_type="grpo", beta=BETA, num_iterations=1, learning_rate=LR, max_steps=steps,
                           use_cpu=True, bf16=False, fp16=False, report_to=[], save_strategy="no", logging_steps=1,
                           shuffle_dataset=False, seed=0, dataloader_num_workers=0, lr_scheduler_type="constant")
-        clock = Clock()
+        clock = step_clock()
         trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data,
                               processing_class=tok, callbacks=[clock])
         trainer.train()
@@ -243,6 +233,35 @@ def step_flops(model_dir: str, prompts: str, completion_tokens: float, shared_pr
     return 2 * weights * tokens + 2 * weights * tokens + 6 * weights * tokens  # sample, reference, update
 
 
+def step_clock():
+    """A ``TrainerCallback`` that times each optimizer step of a TRL trainer (``.times``)."""
+    from transformers import TrainerCallback
+
+    class Clock(TrainerCallback):
+        def __init__(self) -> None:
+            self.times: list[float] = []
+
+        def on_step_begin(self, args, state, control, **kw):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            self.times.append(time.perf_counter() - self.t0)
+    return Clock()
+
+
+def alternate(script: str, names: list[str], rounds: int, args: list[str]) -> dict[str, list[dict]]:
+    """Each implementation's worker in its own process (so that peak RSS is its own), alternating,
+    ``rounds`` times: {name: [the JSON each run printed]}."""
+    runs: dict[str, list[dict]] = {n: [] for n in names}
+    for _ in range(rounds):
+        for name in names:
+            done = subprocess.run([sys.executable, script, "--worker", name, *args], capture_output=True, text=True)
+            if done.returncode != 0:
+                raise SystemExit(f"{name} failed:\n{done.stderr[-3000:]}")
+            runs[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
+    return runs
+
+
 def _default_inputs(work: Path) -> tuple[str, str]:
     from grpo_core.config import load_config
     from grpo_core.lm.modeling import init_model, save_model
@@ -293,16 +312,8 @@ def main() -> None:
 
     default_threads = a.threads or torch.get_num_threads()
     names = ["ours", "trl", "bare", "ppo"] if a.compare else ["ours"]
-    runs: dict[str, list[dict]] = {n: [] for n in names}
-    for _ in range(a.rounds if a.compare else 1):
-        for name in names:
-            threads = default_threads
-            cmd = [sys.executable, __file__, "--worker", name, "--model", model, "--prompts", prompts,
-                   "--steps", str(a.steps), "--threads", str(threads)]
-            done = subprocess.run(cmd, capture_output=True, text=True)
-            if done.returncode != 0:
-                raise SystemExit(f"{name} failed:\n{done.stderr[-3000:]}")
-            runs[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
+    runs = alternate(__file__, names, a.rounds if a.compare else 1, ["--model", model, "--prompts", prompts,
+                                                                    "--steps", str(a.steps), "--threads", str(default_threads)])
     result = {"work": {"prompts": PROMPTS, "completions_per_prompt": GROUP, "max_new_tokens": MAX_NEW,
                        "beta": BETA, "lr": LR}, "model": model, "prompts": prompts}
     result.update({name: _summary(r, a.warmup) for name, r in runs.items()})

@@ -19,33 +19,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.grpo_step import _default_inputs, _peak_rss_mib, alternate, matmul_gflops, step_clock  # noqa: E402
+
 ROWS, LENGTH, LR = 16, 256, 2e-3
-
-
-def _peak_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def _inputs(work: Path) -> tuple[str, str]:
-    from grpo_core.config import load_config
-    from grpo_core.lm.modeling import init_model, save_model
-    from grpo_core.stages.prepare import run_prepare
-
-    cfg = load_config(ROOT / "configs" / "demo.yaml")
-    model, tok = init_model(cfg.model, cfg.seed)
-    save_model(model, tok, work / "model")
-    run_prepare(cfg, work / "data")
-    return str(work / "model"), str(work / "data" / "sft.jsonl")
 
 
 def run_ours(model_dir: str, data: str, steps: int, threads: int) -> dict:
@@ -78,7 +62,6 @@ def run_ours(model_dir: str, data: str, steps: int, threads: int) -> dict:
 def run_trl(model_dir: str, data: str, steps: int, threads: int, strategy: str = "bfd") -> dict:
     import torch
     from datasets import Dataset
-    from transformers import TrainerCallback
     from trl import SFTConfig, SFTTrainer
 
     from grpo_core.data import load_jsonl, prompt_text
@@ -88,22 +71,13 @@ def run_trl(model_dir: str, data: str, steps: int, threads: int, strategy: str =
     model, tok = load_model(model_dir)
     rows = [{"prompt": prompt_text(e.question), "completion": e.solution + tok.eos_token} for e in load_jsonl(data)]
 
-    class Clock(TrainerCallback):
-        times: list[float] = []
-
-        def on_step_begin(self, args, state, control, **kw):
-            self.t0 = time.perf_counter()
-
-        def on_step_end(self, args, state, control, **kw):
-            self.times.append(time.perf_counter() - self.t0)
-
     with tempfile.TemporaryDirectory() as out:
         args = SFTConfig(output_dir=out, packing=True, packing_strategy=strategy, max_length=LENGTH, per_device_train_batch_size=ROWS,
                          gradient_accumulation_steps=1, learning_rate=LR, adam_beta1=0.9, adam_beta2=0.95,
                          weight_decay=0.0, max_grad_norm=1.0, lr_scheduler_type="constant", warmup_steps=0,
                          max_steps=steps, use_cpu=True, bf16=False, fp16=False, report_to=[], save_strategy="no",
                          logging_steps=1, seed=0, dataloader_num_workers=0, completion_only_loss=True)
-        clock = Clock()
+        clock = step_clock()
         trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tok,
                              callbacks=[clock])
         trainer.train()
@@ -148,21 +122,13 @@ def main() -> None:
 
     from grpo_core.env import setup_environment
 
-    from bench.grpo_step import matmul_gflops
-
     setup_environment()
-    model, data = _inputs(Path(tempfile.mkdtemp(prefix="sft-bench-")))
+    model, rl = _default_inputs(Path(tempfile.mkdtemp(prefix="sft-bench-")))
+    data = str(Path(rl).with_name("sft.jsonl"))  # the demo's worked solutions
     threads = a.threads or torch.get_num_threads()
     names = [a.only] if a.only else list(WORKERS)
-    runs: dict[str, list[dict]] = {n: [] for n in names}
-    for _ in range(a.rounds):
-        for name in names:
-            cmd = [sys.executable, __file__, "--worker", name, "--model", model, "--data", data,
-                   "--steps", str(a.steps), "--threads", str(threads)]
-            done = subprocess.run(cmd, capture_output=True, text=True)
-            if done.returncode != 0:
-                raise SystemExit(f"{name} failed:\n{done.stderr[-3000:]}")
-            runs[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
+    runs = alternate(__file__, names, a.rounds, ["--model", model, "--data", data, "--steps", str(a.steps),
+                                                 "--threads", str(threads)])
     result = {"work": {"rows": ROWS, "length": LENGTH, "lr": LR, "loss_on": "solution"}}
     result |= {name: _summary(r, a.warmup) for name, r in runs.items()}
     rate = matmul_gflops(threads=threads)
