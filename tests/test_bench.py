@@ -60,3 +60,13 @@ def test_short_prompts_build_the_outside_checks_shape(tmp_path):
     assert 1_000_000 < out["parameters"] < 1_100_000 and out["prompt_tokens"]["max"] <= 27
     rows = [json.loads(line) for line in Path(out["prompts"]).read_text().splitlines()]
     assert all(r["prompt"].startswith("What is ") and r["gold"].lstrip("-").isdigit() for r in rows)
+
+
+def test_sampling_bench_times_ours_and_generate():
+    done = subprocess.run([sys.executable, str(BENCH.with_name("sampling.py")), "--repeat", "1", "--threads", "1",
+                           "--json"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    for case in ("greedy", "grouped"):
+        assert out[case]["rows"] == 128 and out[case]["generate_over_ours"] > 0
+        assert out[case]["ours"]["tokens_per_s"] > 0 and out[case]["generate"]["tokens_per_s"] > 0
