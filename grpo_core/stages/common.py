@@ -76,6 +76,30 @@ def lm_loss(model, ids: torch.Tensor, labels: torch.Tensor, d: Dist = SINGLE, am
     return loss_sum, max(float(d.sum(float((targets != -100).sum()))), 1.0)
 
 
+def packed_lm_step(trainer, rows_of, batch_size: int, trained, d: Dist = SINGLE, amp=contextlib.nullcontext):
+    """The training step of SFT and continued pretraining, for ``Trainer.fit``: the epoch's next
+    ``batch_size`` packed rows (``rows_of(epoch)`` -> [R, T] ids and labels, a fresh concatenation
+    per epoch), this process's share of them, and one clipped update on their loss (``lm_loss``).
+    Returns None for an epoch's last batch when it is too short to give every process a row
+    (skipped by all; never in one process)."""
+    def step(st) -> dict | None:
+        if st.row >= len(rows_of(st.epoch)[0]):  # a new epoch
+            st.epoch, st.row = st.epoch + 1, 0
+        ids, labels = rows_of(st.epoch)
+        n = len(ids[st.row : st.row + batch_size])  # an epoch's last batch may be short
+        mine = slice(st.row + d.split(n).start, st.row + d.split(n).stop)
+        ids, labels = ids[mine], labels[mine]
+        st.row += batch_size
+        if n < d.world:
+            return None
+        loss_sum, n_tokens = lm_loss(trained, ids, labels, d, amp)
+        grad_norm = trainer.update(loss_sum, d.world / n_tokens)
+        st.tokens += int(d.sum(int((labels != -100).sum())))
+        return {"train/loss": (d.sum(loss_sum.detach().cpu()) / n_tokens).item(), "train/grad_norm": grad_norm,
+                "train/epoch": st.epoch}
+    return step
+
+
 def set_threads(threads: int | None) -> None:
     if threads:
         torch.set_num_threads(threads)

@@ -130,8 +130,8 @@ class RewardModelInputs(StageInputs):
     def run(self, cfg, out_dir, logger=None):
         from grpo_core.stages.reward_model import run_reward_model
 
-        datasets = {f"{k}_{field}": v for name, r in self.reward_data.items()
-                    for k, field, v in ((name, "dir", r.path), (name, "digest", r.digest))}
+        datasets = {f"{name}_{field}": value for name, r in self.reward_data.items()
+                    for field, value in (("dir", r.path), ("digest", r.digest))}
         replay = {"round": self.round, "dir": self.replay and self.replay.path,
                   "digest": self.replay and self.replay.digest}
         return run_reward_model(cfg, self.stage, datasets, self.init.path, out_dir, logger, replay=replay)

@@ -21,7 +21,7 @@ from grpo_core.config import PipelineConfig
 from grpo_core.lm.modeling import init_model, load_model
 from grpo_core.lm.runtime import autocast, model_device, place
 from grpo_core.lm.packing import pack
-from grpo_core.stages.common import digest_dir, lm_loss, run_identity, set_threads, write_manifest
+from grpo_core.stages.common import digest_dir, packed_lm_step, run_identity, set_threads, write_manifest
 from grpo_core.training.trainer import Plan, Trainer, TrainState
 from grpo_core.tracking import MetricLogger, NullLogger
 
@@ -64,27 +64,20 @@ def run_pretrain(cfg: PipelineConfig, corpus_dir: Path, out_dir: Path, logger: M
     trainer.start(model, tokenizer, Plan(max_steps=pc.max_steps, log_every=pc.log_every))
 
     @functools.lru_cache(maxsize=1)
-    def rows_of(epoch: int) -> torch.Tensor:  # a fresh random concatenation per epoch
-        return pack(pages, pc.context_length, tokenizer.pad_token_id, random.Random(cfg.seed * 1000 + epoch))[0]
+    def rows_of(epoch: int) -> tuple[torch.Tensor, torch.Tensor]:  # a fresh random concatenation per epoch
+        ids = pack(pages, pc.context_length, tokenizer.pad_token_id, random.Random(cfg.seed * 1000 + epoch))[0]
+        return ids, ids.masked_fill(ids == tokenizer.pad_token_id, -100)
 
     model.train()
     trained = d.wrap(model)
 
+    lm_step = packed_lm_step(trainer, rows_of, pc.batch_size, trained, d, amp)
+
     def step(st: TrainState) -> dict | None:
-        if st.row >= len(rows_of(st.epoch)):  # a new epoch
-            st.epoch, st.row = st.epoch + 1, 0
-        rows = rows_of(st.epoch)
-        n = len(rows[st.row : st.row + pc.batch_size])  # an epoch's last batch may be short
-        ids = rows[st.row + d.split(n).start : st.row + d.split(n).stop]
-        st.row += pc.batch_size
-        if n < d.world:  # too short to give every process a row: skipped (never in one process)
-            return None
-        labels = ids.masked_fill(ids == tokenizer.pad_token_id, -100)
-        loss_sum, n_tokens = lm_loss(trained, ids, labels, d, amp)
-        grad_norm = trainer.update(loss_sum, d.world / n_tokens)
-        st.tokens += int(d.sum(int((labels != -100).sum())))
-        st.extra["last_loss"] = (d.sum(loss_sum.detach().cpu()) / n_tokens).item()
-        return {"train/loss": st.extra["last_loss"], "train/grad_norm": grad_norm, "train/epoch": st.epoch}
+        metrics = lm_step(st)
+        if metrics is not None:
+            st.extra["last_loss"] = metrics["train/loss"]
+        return metrics
 
     # The loop: update -> log -> checkpoint; the last model is published.
     st = trainer.fit(step)

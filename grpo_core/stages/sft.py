@@ -18,7 +18,7 @@ from grpo_core.evaluation import greedy_accuracy
 from grpo_core.lm.modeling import init_model, load_model
 from grpo_core.lm.runtime import autocast, model_device, place
 from grpo_core.lm.packing import encode_examples, pack
-from grpo_core.stages.common import digest_dir, lm_loss, read_split, run_identity, set_threads, write_manifest
+from grpo_core.stages.common import digest_dir, packed_lm_step, read_split, run_identity, set_threads, write_manifest
 from grpo_core.training.trainer import Plan, Trainer, TrainState
 from grpo_core.tracking import MetricLogger, NullLogger
 
@@ -70,21 +70,7 @@ def run_sft(cfg: PipelineConfig, data_dir: Path, out_dir: Path, logger: MetricLo
     model.train()
     trained = d.wrap(model)
 
-    def step(st: TrainState) -> dict | None:
-        if st.row >= len(rows_of(st.epoch)[0]):  # a new epoch
-            st.epoch, st.row = st.epoch + 1, 0
-        ids, labels = rows_of(st.epoch)
-        n = len(ids[st.row : st.row + sc.batch_size])  # an epoch's last batch may be short
-        mine = slice(st.row + d.split(n).start, st.row + d.split(n).stop)
-        ids, labels = ids[mine], labels[mine]
-        st.row += sc.batch_size
-        if n < d.world:  # too short to give every process a row: skipped (never in one process)
-            return None
-        loss_sum, n_tokens = lm_loss(trained, ids, labels, d, amp)
-        grad_norm = trainer.update(loss_sum, d.world / n_tokens)
-        st.tokens += int(d.sum(int((labels != -100).sum())))
-        return {"train/loss": (d.sum(loss_sum.detach().cpu()) / n_tokens).item(), "train/grad_norm": grad_norm,
-                "train/epoch": st.epoch}
+    step = packed_lm_step(trainer, rows_of, sc.batch_size, trained, d, amp)
 
     def evaluate(st: TrainState) -> dict:
         model.eval()

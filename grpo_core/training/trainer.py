@@ -103,14 +103,6 @@ def find_resume(ckpt_root: Path, identity: dict):
     return latest, state
 
 
-def publish_best(out_dir: Path) -> Path:
-    """Copy the best-evaluated model (``best/``) to the stage's published ``model/``."""
-    final_dir = out_dir / "model"
-    shutil.rmtree(final_dir, ignore_errors=True)
-    shutil.copytree(out_dir / "best", final_dir)
-    return final_dir
-
-
 class Trainer:
     """Construct with the stage's checkpoint identity; ``resume`` is then the checkpoint folder to
     load the model from (or None). ``start`` builds the optimizer and restores the counters,
@@ -134,10 +126,6 @@ class Trainer:
             self.state = TrainState(**self._saved["counters"])
             set_rng_state(self._saved["rng"])
         return self.state
-
-    @property
-    def lr(self) -> float:
-        return self.opt.param_groups[0]["lr"]
 
     def update(self, loss: torch.Tensor, scale: float = 1.0) -> float:
         return optimizer_step(self.model, self.opt, loss, scale, self.sc.max_grad_norm)
@@ -219,7 +207,11 @@ class Trainer:
         return STOP_REASONS[self.state.stopped].format(sc=self.sc, plan=self.plan)
 
     def publish(self) -> Path:
-        """``model/``: the best-evaluated model, or the last one when nothing is kept by score."""
-        if self.plan.keep_best is not None:
-            return publish_best(self.out_dir)
-        return save_model(self.model, self.tokenizer, self.out_dir / "model")
+        """``model/``: the best-evaluated model (a copy of ``best/``), or the last one when nothing
+        is kept by score."""
+        final_dir = self.out_dir / "model"
+        if self.plan.keep_best is None:
+            return save_model(self.model, self.tokenizer, final_dir)
+        shutil.rmtree(final_dir, ignore_errors=True)
+        shutil.copytree(self.out_dir / "best", final_dir)
+        return final_dir
