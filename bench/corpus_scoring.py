@@ -1,21 +1,16 @@
 """Scoring throughput on ../shared/data/corpus/docs.jsonl.gz (46,663 pages in 8 JSONL shards), in
-one run: bare fastText ``predict`` on the texts in memory (one process: the baseline), our
-``score_shard`` in one process (read, normalise, score, write), and the ``corpus`` flow's mapped
-shard tasks on a process pool of every core, end to end. The paper's classifier settings. Prints one
-JSON object with docs/s and the ratios to the bare rate.
-
-The flow's workers allocate the classifier on transparent huge pages (``prefer_huge_pages``). So
-that the reader can tell that gain from the parallelism, bare ``predict`` is also timed in a process
-started with the same setting (``bare_huge_pages_*``); the target ratio is against plain bare.
+one run: bare fastText ``predict`` on the texts in memory (one process: the baseline) and the corpus
+flow's scoring pass, ``score_pool`` (read, normalise, score, write), end to end: from the call to
+the last score written, the scoring process's start and the classifier's load included. The paper's
+classifier settings. Prints one JSON object with pages/s and the ratios to the bare rate.
 
     .venv/bin/python bench/corpus_scoring.py [--repeat 8]
 
-``--repeat`` copies the pages (new URLs) to make a bigger pool. Starting the flow's worker processes
-(Prefect and our modules imported in each) and loading the 2 GB classifier in each is a fixed cost
-of about 15 s that a real pool of millions of pages amortises and this one does not, so the flow is
-reported twice: end to end (``flow_mapped_*``, startup included), and at steady state
-(``flow_steady_*``: the pages of the shards that finished after every worker had finished its
-first, over the time from then to the last; a shard's finish time is its output file's mtime).
+``--repeat`` copies the pages (new URLs) to make a bigger pool. The scoring process allocates the
+classifier on transparent huge pages; so that the reader can tell that gain from the parallelism,
+bare ``predict`` is also timed in a process started with the same setting (``bare_huge_pages_*``),
+and ``score_pool`` with one worker (``score_pool_1_worker_*``). The target ratio is against plain
+bare ``predict``.
 """
 from __future__ import annotations
 
@@ -35,22 +30,14 @@ CORPUS = Path(__file__).resolve().parents[2] / "shared" / "data" / "corpus" / "d
 
 
 def _bare_rate(model_path: Path, shards: list[Path]) -> float:
-    """Bare ``predict`` docs/s in this process (texts read before the clock starts)."""
+    """Bare ``predict`` pages/s in this process (texts read before the clock starts)."""
     from grpo_core.corpus import classifier
 
     texts = [json.loads(line)["text"].replace("\n", " ") for s in shards for line in s.open(encoding="utf-8")]
     model = classifier.load(model_path)
     t0 = time.perf_counter()
-    model.predict(texts, k=-1)
+    model.predict(texts, k=1)
     return len(texts) / (time.perf_counter() - t0)
-
-
-def _steady_rate(outputs_by_finish: list[Path], workers: int) -> float:
-    """Pages per second once every worker is warm: the shards finished after the ``workers``-th
-    finish, over the time from that finish to the last."""
-    finish = [f.stat().st_mtime for f in outputs_by_finish]
-    pages = sum(sum(1 for _ in f.open(encoding="utf-8")) for f in outputs_by_finish[workers:])
-    return pages / (finish[-1] - finish[workers - 1])
 
 
 def main() -> None:
@@ -60,12 +47,8 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=8)
     repeat = p.parse_args().repeat
     setup_environment()
-    from prefect import flow
-    from prefect.task_runners import ProcessPoolTaskRunner
-
-    from tasks.corpus import score_mapped
     from grpo_core.corpus import classifier
-    from grpo_core.corpus.score import score_shard
+    from grpo_core.corpus.score import huge_pages_env, run_scorer
 
     work = Path(tempfile.mkdtemp(prefix="score-bench-"))
     base = [json.loads(line) for line in gzip.open(CORPUS, "rt", encoding="utf-8")]
@@ -81,40 +64,26 @@ def main() -> None:
     model_path = work / "classifier.bin"
     classifier.train(work / "train.txt", dim=256, lr=0.1, word_ngrams=3, min_count=3, epochs=3, seed=0).save_model(str(model_path))
     n = len(docs)
-
     del base, docs
+
     bare = _bare_rate(model_path, shards)
-
-    t0 = time.perf_counter()
-    for i, shard in enumerate(shards):
-        score_shard(model_path, shard, work / "single" / f"{i}.tsv")
-    single = n / (time.perf_counter() - t0)
-
-    from grpo_core.corpus.score import prefer_huge_pages
-
-    prefer_huge_pages()  # what score_mapped does; from here on new processes use huge pages
+    plain = dict(os.environ)
+    os.environ.update(huge_pages_env())  # read by the spawned process at its start
     with multiprocessing.get_context("spawn").Pool(1) as pool:
         bare_huge = pool.apply(_bare_rate, (model_path, shards))
-
-    workers = os.cpu_count() or 1
-
-    @flow(task_runner=ProcessPoolTaskRunner(max_workers=workers))
-    def score_pool() -> int:
-        return len(score_mapped(model_path, shards, work / "flow"))
-
-    t0 = time.perf_counter()
-    score_pool()
-    flow_s = time.perf_counter() - t0
-    mapped = n / flow_s
-    steady = _steady_rate(sorted(work.glob("flow/*.tsv"), key=lambda f: f.stat().st_mtime), workers)
+    os.environ.clear()
+    os.environ.update(plain)
+    one = run_scorer(model_path, shards, work / "one", workers=1)
+    cores = len(os.sched_getaffinity(0))
+    full = run_scorer(model_path, shards, work / "all", workers=cores)
     shutil.rmtree(work)  # the classifier alone is 2 GB
-    print(json.dumps({"docs": n, "repeat": repeat, "cores": workers, "bare_predict_docs_per_s": round(bare),
-                      "bare_huge_pages_docs_per_s": round(bare_huge), "bare_huge_pages_vs_bare": round(bare_huge / bare, 3),
-                      "score_shard_1_process_docs_per_s": round(single),
-                      "flow_mapped_docs_per_s": round(mapped), "flow_s": round(flow_s, 1),
-                      "flow_steady_docs_per_s": round(steady), "flow_startup_s": round(flow_s - n / steady, 1),
-                      "single_vs_bare": round(single / bare, 3), "flow_vs_bare": round(mapped / bare, 3),
-                      "flow_steady_vs_bare": round(steady / bare, 3)}))
+    rate = {"bare_predict": bare, "bare_huge_pages": bare_huge, "score_pool_1_worker": n / one["wall_s"],
+            "score_pool": n / full["wall_s"]}
+    print(json.dumps({"pages": n, "repeat": repeat, "cores": cores,
+                      **{f"{k}_pages_per_s": round(v) for k, v in rate.items()},
+                      **{f"{k}_vs_bare": round(v / bare, 3) for k, v in rate.items() if k != "bare_predict"},
+                      "score_pool_s": round(full["wall_s"], 2), "score_pool_load_s": round(full["load_s"], 2),
+                      "score_pool_startup_s": round(full["wall_s"] - full["score_s"], 2)}))
 
 
 if __name__ == "__main__":

@@ -1,28 +1,23 @@
-"""The ``corpus`` flow: the recall loop of ``grpo_core.corpus.stage`` with the pool scored shard by
-shard as mapped Prefect tasks on every core (``ProcessPoolTaskRunner``), URL prefixes approved by a
-person in the Prefect UI (``corpus.interactive``) or read from ``corpus.annotations``, and an MLflow
-run ``corpus-<run_name>`` with a child run per iteration.
-
-For a pool that outgrows one machine, the same flow runs its shard tasks on a Dask or Ray cluster by
-passing another task runner (``prefect-dask``'s ``DaskTaskRunner(address=...)`` or
-``prefect-ray``'s ``RayTaskRunner``) to ``corpus.with_options(task_runner=...)``.
+"""The ``corpus`` flow: the recall loop of ``grpo_core.corpus.stage`` with each pass over the pool a
+``score-pool`` task (one scoring process that loads the classifier once and forks a worker per core:
+``grpo_core.corpus.score``), URL prefixes approved by a person in the Prefect UI
+(``corpus.interactive``) or read from ``corpus.annotations``, and an MLflow run
+``corpus-<run_name>`` with a child run per iteration.
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 from prefect.flow_runs import pause_flow_run
 from prefect.input import RunInput
-from prefect.task_runners import ProcessPoolTaskRunner
 
 from flows import artifact_key
 from grpo_core.config import PipelineConfig
 from grpo_core.corpus.stage import run_corpus
 from grpo_core.tracking import MlflowLogger
-from tasks.corpus import score_mapped
+from tasks.corpus import score_pool_task
 from grpo_core.tracking import check_tracking, experiment_id, finishing, start_run, tracking_uri
 
 
@@ -53,7 +48,7 @@ def loso_rows(report: dict) -> list[dict]:
             for name, r in report.items()]
 
 
-@flow(name="corpus", task_runner=ProcessPoolTaskRunner(max_workers=os.cpu_count() or 1))
+@flow(name="corpus")
 def corpus(config: PipelineConfig, own_benchmarks: dict[str, str] | None = None,
            parent_run_id: str | None = None) -> dict:
     """The recall loop and decontamination. ``own_benchmarks``: the project's evaluation splits,
@@ -73,7 +68,7 @@ def corpus(config: PipelineConfig, own_benchmarks: dict[str, str] | None = None,
 
     approve = approve_in_ui if config.corpus.interactive else None  # None: the annotations file
     with finishing(uri, runs):
-        manifest = run_corpus(config, out_dir, MlflowLogger(uri, parent), score_shards=score_mapped,
+        manifest = run_corpus(config, out_dir, MlflowLogger(uri, parent), score_shards=score_pool_task,
                               approve=approve, iteration_logger=iteration_logger,
                               own_benchmarks={k: Path(v) for k, v in (own_benchmarks or {}).items()})
     manifest["mlflow_run_id"] = parent

@@ -27,7 +27,7 @@ from tasks.stage_tasks import StageRun, data_task, eval_task, run_stage, sft_tas
 
 
 def pretraining_stages(config: PipelineConfig, run_dir, data: dict, common: dict) -> dict[str, StageRun]:
-    """corpus (a subflow: its shards are mapped tasks) -> continued pretraining, whose model SFT starts
+    """corpus (a subflow: a scoring task per iteration) -> continued pretraining, whose model SFT starts
     from. The corpus subflow is skipped when its manifest carries the same content key."""
     from flows.corpus import corpus
     from grpo_core.stages.common import digest_dir

@@ -118,9 +118,9 @@ def test_annotations_yaml_and_csv(tmp_path):
         read_approvals(tmp_path / "none.yaml")
 
 
-def test_corpus_flow_maps_shards_and_logs_iterations(prefect_harness, tmp_path, tiny_cfg):
+def test_corpus_flow_scores_the_pool_and_logs_iterations(prefect_harness, tmp_path, tiny_cfg):
     """The flow: leave-one-source-out over the seed's four sources (the classifier and bare fastText)
-    choosing the cut-off for a target precision, shard scoring as mapped tasks (process pool), an
+    choosing the cut-off for a target precision, a score-pool task per iteration, an
     MLflow run per iteration, and the annotations file recorded as the approver."""
     from mlflow.tracking import MlflowClient
 

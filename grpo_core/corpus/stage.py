@@ -2,8 +2,8 @@
 decontamination (DeepSeekMath §2.1).
 
 iteration k: train the classifier on the seed (+ pages added by annotation) -> measure it on the
-held-out seed -> score every pool shard (``score_shards``: sequential here, mapped Prefect tasks in
-the flow) -> keep pages above the threshold -> domain shares -> candidate domains -> approved URL
+held-out seed -> score every pool shard (``score_shards``: ``score.score_pool``, one process that
+loads the classifier once and forks a worker per core; a Prefect task of it in the flow) -> keep pages above the threshold -> domain shares -> candidate domains -> approved URL
 prefixes (``approve``: an annotations file, or a person in the Prefect UI) -> uncollected pages under
 them join the seed -> stop after ``iterations`` or when most pages were recalled before.
 Finally the collected pages minus benchmark matches are written to ``corpus/``; the removed ones go
@@ -25,7 +25,7 @@ from grpo_core.config import CorpusConfig, PipelineConfig, load_config
 from grpo_core.corpus import classifier, evaluate
 from grpo_core.corpus.decontam import BenchmarkIndex
 from grpo_core.corpus.docs import CorpusError, Doc, read_docs, shards, write_jsonl
-from grpo_core.corpus.score import score_shard, scored
+from grpo_core.corpus.score import score_pool, scored
 from grpo_core.corpus.recall import (candidate_domains, domain_stats, prefix_stats, recalled_again, select,
                                      under)
 from grpo_core.data import resolve_path
@@ -41,10 +41,6 @@ Approve = Callable[[int, dict[str, dict[str, int]]], list[str]]
 def held_out(url: str, fraction: float) -> bool:
     """A seed page is held out to measure the classifier by a hash of its URL (stable across runs)."""
     return int(hashlib.sha256(url.encode()).hexdigest()[:8], 16) / 16**8 < fraction
-
-
-def score_sequentially(model_path: Path, pool: list[Path], out_dir: Path) -> list[Path]:
-    return [score_shard(model_path, shard, out_dir / f"{i:05d}.tsv") for i, shard in enumerate(pool)]
 
 
 def read_scores(files: list[Path]) -> list[tuple[str, float]]:
@@ -230,7 +226,7 @@ def seed_check(cc: CorpusConfig, seed_spec: list[str], seed: int, logger: Metric
 
 
 def run_corpus(cfg: PipelineConfig, out_dir: Path, logger: MetricLogger | None = None,
-               score_shards: ScoreShards = score_sequentially, approve: Approve | None = None,
+               score_shards: ScoreShards = score_pool, approve: Approve | None = None,
                iteration_logger: Callable[[int], MetricLogger] | None = None,
                own_benchmarks: dict[str, Path] | None = None) -> dict:
     """The loop and decontamination (see the module docstring). ``own_benchmarks``: the project's
