@@ -4,7 +4,7 @@ flow's scoring pass, ``score_pool`` (read, normalise, score, write), end to end:
 the last score written, the scoring process's start and the classifier's load included. The paper's
 classifier settings. Prints one JSON object with pages/s and the ratios to the bare rate.
 
-    .venv/bin/python bench/corpus_scoring.py [--repeat 8]
+    .venv/bin/python bench/corpus_scoring.py [--repeat 8] [--pages N] [--bucket B]
 
 ``--repeat`` copies the pages (new URLs) to make a bigger pool. The scoring process allocates the
 classifier on transparent huge pages; so that the reader can tell that gain from the parallelism,
@@ -45,13 +45,16 @@ def main() -> None:
 
     p = argparse.ArgumentParser()
     p.add_argument("--repeat", type=int, default=8)
-    repeat = p.parse_args().repeat
+    p.add_argument("--pages", type=int, help="only the corpus's first N pages (a quick check)")
+    p.add_argument("--bucket", type=int, default=2_000_000, help="n-gram buckets (the paper's classifier: 2M, 2 GB)")
+    a = p.parse_args()
+    repeat = a.repeat
     setup_environment()
     from grpo_core.corpus import classifier
     from grpo_core.corpus.score import huge_pages_env, run_scorer
 
     work = Path(tempfile.mkdtemp(prefix="score-bench-"))
-    base = [json.loads(line) for line in gzip.open(CORPUS, "rt", encoding="utf-8")]
+    base = [json.loads(line) for line in gzip.open(CORPUS, "rt", encoding="utf-8")][: a.pages]
     docs = [{**d, "url": f"{d['url']}?copy={r}"} for r in range(repeat) for d in base]
     (work / "pool").mkdir()
     shards = []
@@ -62,7 +65,8 @@ def main() -> None:
     classifier.write_training_file(work / "train.txt", [d["text"] for d in base[::4] if d["label"] == "math"],
                                    [d["text"] for d in base[::4] if d["label"] != "math"], seed=0)
     model_path = work / "classifier.bin"
-    classifier.train(work / "train.txt", dim=256, lr=0.1, word_ngrams=3, min_count=3, epochs=3, seed=0).save_model(str(model_path))
+    classifier.train(work / "train.txt", dim=256, lr=0.1, word_ngrams=3, min_count=3, epochs=3, seed=0,
+                     bucket=a.bucket).save_model(str(model_path))
     n = len(docs)
     del base, docs
 
@@ -79,7 +83,7 @@ def main() -> None:
     shutil.rmtree(work)  # the classifier alone is 2 GB
     rate = {"bare_predict": bare, "bare_huge_pages": bare_huge, "score_pool_1_worker": n / one["wall_s"],
             "score_pool": n / full["wall_s"]}
-    print(json.dumps({"pages": n, "repeat": repeat, "cores": cores,
+    print(json.dumps({"pages": n, "repeat": repeat, "bucket": a.bucket, "cores": cores,
                       **{f"{k}_pages_per_s": round(v) for k, v in rate.items()},
                       **{f"{k}_vs_bare": round(v / bare, 3) for k, v in rate.items() if k != "bare_predict"},
                       "score_pool_s": round(full["wall_s"], 2), "score_pool_load_s": round(full["load_s"], 2),

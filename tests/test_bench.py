@@ -70,3 +70,18 @@ def test_sampling_bench_times_ours_and_generate():
     for case in ("greedy", "grouped"):
         assert out[case]["rows"] == 128 and out[case]["generate_over_ours"] > 0
         assert out[case]["ours"]["tokens_per_s"] > 0 and out[case]["generate"]["tokens_per_s"] > 0
+
+
+CORPUS = BENCH.parents[2] / "shared" / "data" / "corpus" / "docs.jsonl.gz"
+
+
+@pytest.mark.skipif(not CORPUS.exists(), reason=f"the shared labelled corpus is not at {CORPUS}")
+def test_corpus_scoring_bench_times_bare_predict_and_score_pool():
+    done = subprocess.run([sys.executable, str(BENCH.with_name("corpus_scoring.py")), "--pages", "2000", "--repeat", "1",
+                           "--bucket", "20000"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["pages"] == 2000 and out["bucket"] == 20000
+    for name in ("bare_predict", "bare_huge_pages", "score_pool_1_worker", "score_pool"):
+        assert out[f"{name}_pages_per_s"] > 0
+    assert out["score_pool_vs_bare"] > 0 and 0 < out["score_pool_load_s"] <= out["score_pool_startup_s"] < out["score_pool_s"]
