@@ -24,7 +24,7 @@ import yaml
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 
-from flows import artifact_key
+from flows import artifact_key, numbered_run_name, parameter
 from grpo_core.config import PipelineConfig
 from grpo_core.stages.common import write_manifest
 from grpo_core.stats import mean_std, seed_interval
@@ -76,7 +76,7 @@ def summarise(name: str, accs: list[float], sft_acc: float, baseline: list[float
     return row
 
 
-@flow(name="compare")
+@flow(name="compare", flow_run_name=lambda: numbered_run_name(f"compare-{Path(parameter('run_dir')).name}"))
 def compare(run_dir: str, variants: list[str] | None = None, seeds: int = 3) -> list[dict]:
     log = get_run_logger()
     root = Path(run_dir).resolve()

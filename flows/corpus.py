@@ -48,7 +48,7 @@ def loso_rows(report: dict) -> list[dict]:
             for name, r in report.items()]
 
 
-@flow(name="corpus")
+@flow(name="corpus", flow_run_name="{config.run_name}/corpus")
 def corpus(config: PipelineConfig, own_benchmarks: dict[str, str] | None = None,
            parent_run_id: str | None = None) -> dict:
     """The recall loop and decontamination. ``own_benchmarks``: the project's evaluation splits,

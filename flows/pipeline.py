@@ -15,8 +15,11 @@ from typing import Annotated
 
 import yaml
 from prefect import flow, get_run_logger
+from prefect.artifacts import create_markdown_artifact
 from pydantic import Field
 
+from flows import artifact_key, numbered_run_name, parameter
+from flows.reports import PARENT_NOTE, figure_source, pipeline_report
 from flows.rounds import RoundStart, next_start, rl_round, round_metrics
 from grpo_core.config import ConfigError, PipelineConfig, load_config
 from grpo_core.stages.common import write_manifest
@@ -50,17 +53,32 @@ def pretraining_stages(config: PipelineConfig, run_dir, data: dict, common: dict
     return {"corpus": StageRun(done, hit, time.perf_counter() - clock - pre.seconds), "pretrain": pre}
 
 
-def gain_over_sft(results: dict) -> dict:
-    """The final policy's accuracy minus the SFT model's on the same test questions, with a 95%
-    interval over the questions (one seed: what this run shows, not what the recipe does on average;
-    ``compare`` repeats seeds)."""
+def gain_over_sft(policy: dict, sft: dict) -> dict:
+    """A policy's test accuracy minus the SFT model's on the same questions (their eval results),
+    with a 95% interval over the questions (one seed: what this run shows, not what the recipe does
+    on average; ``compare`` repeats seeds)."""
     from grpo_core.stats import question_interval
 
-    paths = [results[name].get("per_question") for name in ("policy", "sft")]
+    paths = [r.get("per_question") for r in (policy, sft)]
     if not all(paths) or not all(Path(p).exists() for p in paths):
         return {}
-    policy, sft = (json.loads(Path(p).read_text()) for p in paths)
-    return question_interval(policy, sft)
+    return question_interval(*(json.loads(Path(p).read_text()) for p in paths))
+
+
+def summarise(manifest: dict, run_dir: Path, exp_id: str, tracker: MlflowLogger) -> dict[str, str]:
+    """The run's figures, saved under ``run_dir/figures``, logged as images on its MLflow run, and
+    shown with its tables in a Prefect summary artifact; returns the figures' paths."""
+    from grpo_core import figures
+
+    paths = figures.save(figures.pipeline_figures(manifest, run_dir), run_dir / "figures")
+    tracker.log_artifacts(run_dir / "figures", "figures")
+    gains = {r["round"]: gain_over_sft(r["stages"]["eval"]["results"]["policy"], manifest["eval"]["sft"])
+             for r in manifest["rounds"]}
+    shown = {name: figure_source(path) for name, path in paths.items()}
+    create_markdown_artifact(key=artifact_key(f"{manifest['run_name']}-summary"),
+                             markdown=pipeline_report(manifest, exp_id, {k: g for k, g in gains.items() if g}, shown),
+                             description=f"pipeline run {manifest['run_name']}: results, reward models, figures")
+    return {name: str(path) for name, path in paths.items()}
 
 
 def time_profile(runs: dict[str, StageRun], rounds: list[dict], wall_s: float) -> dict:
@@ -73,7 +91,7 @@ def time_profile(runs: dict[str, StageRun], rounds: list[dict], wall_s: float) -
     return {"stages_s": stages, "wall_s": round(wall_s, 2), "stage_share": round(sum(stages.values()) / wall_s, 4)}
 
 
-@flow(name="pipeline")
+@flow(name="pipeline", flow_run_name=lambda: numbered_run_name(parameter("config").run_name))
 def pipeline(config: PipelineConfig) -> dict:
     log = get_run_logger()
     clock = time.perf_counter()
@@ -81,8 +99,9 @@ def pipeline(config: PipelineConfig) -> dict:
     run_dir.mkdir(parents=True, exist_ok=True)
     uri = tracking_uri(config)
     check_tracking(uri)  # an unreachable server fails here, not at the first stage's first metric
-    parent = start_run(uri, experiment_id(uri, config.tracking.experiment), config.run_name,
-                       tags={"pipeline": "deepseekmath-grpo"})
+    exp_id = experiment_id(uri, config.tracking.experiment)
+    parent = start_run(uri, exp_id, config.run_name, tags={"pipeline": "deepseekmath-grpo",
+                                                           "mlflow.note.content": PARENT_NOTE})
     common = {"uri": uri, "parent_id": parent}
     with finishing(uri, [parent]):
         tracker = MlflowLogger(uri, parent)
@@ -110,7 +129,7 @@ def pipeline(config: PipelineConfig) -> dict:
         stages = {name: r.manifest for name, r in runs.items()}
         eval_results = {**ev["results"], "policy": policy["stages"]["eval"]["results"]["policy"]}
         tracker.log_metrics({f"eval/{name}/accuracy": r["accuracy"] for name, r in eval_results.items()})
-        gain = gain_over_sft(eval_results)
+        gain = gain_over_sft(eval_results["policy"], eval_results["sft"])
         if gain:
             tracker.log_metrics({"eval/gain_over_sft": gain["mean"], "eval/gain_over_sft_low": gain["low"],
                                  "eval/gain_over_sft_high": gain["high"]})
@@ -138,6 +157,7 @@ def pipeline(config: PipelineConfig) -> dict:
             "tracking_uri": redact(uri),
             "experiment": config.tracking.experiment,
         }
+        manifest["figures"] = summarise(manifest, run_dir, exp_id, tracker)
         # The resolved recipe goes beside the manifest it produced (``baseline`` reads both).
         (run_dir / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
         write_manifest(run_dir, manifest)
@@ -146,7 +166,7 @@ def pipeline(config: PipelineConfig) -> dict:
     return manifest
 
 
-@flow(name="recipe")
+@flow(name="recipe", flow_run_name=lambda: numbered_run_name(f"recipe-{Path(parameter('recipe')).stem}"))
 def run_recipe(recipe: str = "configs/demo.yaml", overrides: list[str] | None = None) -> dict:
     """The pipeline on a YAML recipe file plus ``section.key=value`` overrides (the deployments' entry
     point): the recipe is validated by ``PipelineConfig`` before any work, and an invalid one fails
@@ -158,7 +178,7 @@ def run_recipe(recipe: str = "configs/demo.yaml", overrides: list[str] | None = 
     return pipeline(config)
 
 
-@flow(name="rl-rounds")
+@flow(name="rl-rounds", flow_run_name=lambda: numbered_run_name(f"more-rounds-{Path(parameter('run_dir')).name}"))
 def rl_rounds(run_dir: str = "runs/demo", rounds: Annotated[int, Field(ge=1, le=100)] = 1) -> dict:
     """Continue a finished pipeline run for ``rounds`` more RL rounds with its own recipe.
 

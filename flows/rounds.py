@@ -25,10 +25,10 @@ from prefect.artifacts import create_markdown_artifact
 from pydantic import BaseModel, ConfigDict
 
 from flows import artifact_key
+from flows.reports import mlflow_link, round_report
 from grpo_core.config import PipelineConfig
 from tasks.registry import promote_champion, register_policy, registered_name
 from grpo_core.stages.inputs import INPUTS, EvalInputs, GRPOInputs, Ref, ReplayInputs, RewardDataInputs, reward_datasets
-from grpo_core.stages.reward_model import QUALITY_KEY
 from grpo_core.tracking import MlflowLogger
 from tasks.stage_tasks import (StageRun, eval_task, grpo_task, orm_task, prm_task, replay_task, reward_data_task,
                                run_stage)
@@ -100,12 +100,6 @@ def round_metrics(summary: dict) -> dict[str, float]:
     return out
 
 
-def mlflow_link(uri: str, exp_id: str, run_id: str) -> str:
-    """A link to the run in the MLflow UI: the tracking server, or what ``grpo-pipeline ui`` serves."""
-    base = uri.rstrip("/") if uri.startswith(("http://", "https://")) else "http://127.0.0.1:5000"
-    return f"{base}/#/experiments/{exp_id}/runs/{run_id}"
-
-
 def gate_failures(summary: dict, used: tuple[str, ...]) -> list[str]:
     """One sentence per reward model that drives GRPO (``used``) below its quality gate."""
     out = []
@@ -117,27 +111,7 @@ def gate_failures(summary: dict, used: tuple[str, ...]) -> list[str]:
     return out
 
 
-def round_report(summary: dict, champion: dict, link: str) -> str:
-    """The round's Prefect artifact: a Markdown table, after a warning for each failed quality gate."""
-    g = summary["grpo"]
-    rows = [("test accuracy", f"{summary['test_accuracy']:.4f}"),
-            ("best validation accuracy", f"{summary['val_accuracy']:.4f} (step {g['best_step']})"),
-            ("GRPO steps / wall time", f"{g['steps']} / {g['wall_s']} s"),
-            ("reward, last 10 steps", f"{g.get('reward_mean', float('nan')):.4f}"),
-            ("KL, last 10 steps", f"{g.get('kl', float('nan')):.5f}")]
-    for kind, rm in summary["reward_models"].items():
-        key = QUALITY_KEY[kind]
-        rows.append((f"{kind.upper()} {key} on fresh samples: before -> after retraining",
-                     f"{rm['before'].get(key, float('nan')):.4f} -> {rm['after'].get(key, float('nan')):.4f} "
-                     f"(replay share {rm['replay'].get('share', 0.0):.3f})"))
-    rows.append(("champion", f"version {champion['version']} (round {champion['round']})"))
-    rows.append(("MLflow run", f"[round-{summary['round']}]({link})"))
-    warnings = [f"> **Warning: {w}.**" for w in summary.get("quality_warnings", [])]
-    return "\n".join([f"### RL round {summary['round']}", "", *warnings, *([""] if warnings else []),
-                      "| | |", "|---|---|", *(f"| {a} | {b} |" for a, b in rows)])
-
-
-@flow(name="rl-round", flow_run_name="round-{k}")
+@flow(name="rl-round", flow_run_name="{cfg.run_name}/round-{k}")
 def rl_round(cfg: PipelineConfig, k: int, data: Ref, sft: Ref, start: RoundStart, uri: str, parent_id: str) -> dict:
     """One RL round (see the module docstring) from ``start``."""
     log = get_run_logger()

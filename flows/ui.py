@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from grpo_core.env import default_tracking_uri
-from grpo_core.tracking import redact
+from grpo_core.tracking import MODEL_TRAINING_VIEW, redact
 
 GRACE_S = 10.0
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -54,20 +54,36 @@ def stop_groups(procs: list[subprocess.Popen], grace_s: float = GRACE_S) -> None
         p.wait()
 
 
+def experiments(uri: str) -> list[tuple[str, str]]:
+    """(name, id) of the experiments with runs in a local store that exists (none otherwise)."""
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
+        return []
+    from mlflow.tracking import MlflowClient
+
+    return [(e.name, e.experiment_id) for e in MlflowClient(uri).search_experiments()
+            if MlflowClient(uri).search_runs([e.experiment_id], max_results=1)]
+
+
 def serve_uis(host: str = "127.0.0.1", mlflow_port: int = 5000, prefect_port: int = 4200) -> None:
     bin_dir = Path(sys.executable).parent
     uri = os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri()
     artifacts = Path.cwd().resolve() / "mlartifacts"
     remote = uri.startswith(("http://", "https://"))  # a tracking server has its own UI already
     commands = [[str(bin_dir / "prefect"), "server", "start", "--host", host, "--port", str(prefect_port)]]
+    # The Prefect UI asks for its API at PREFECT_UI_API_URL, which defaults to port 4200 whatever --port says.
+    env = {**os.environ, "PREFECT_UI_API_URL": f"http://{host}:{prefect_port}/api"}
     if not remote:
         commands.append([str(bin_dir / "mlflow"), "server", "--host", host, "--port", str(mlflow_port),
                          "--backend-store-uri", uri, "--default-artifact-root", artifacts.as_uri(), "--workers", "1"])
     previous = {sig: signal.signal(sig, _raise_stopped) for sig in STOP_SIGNALS}
     procs: list[subprocess.Popen] = []
     try:
-        procs = [subprocess.Popen(c, start_new_session=True) for c in commands]
-        print(f"MLflow UI:  {redact(uri)}" if remote else f"MLflow UI:  http://{host}:{mlflow_port}   (tracking {uri})")
+        procs = [subprocess.Popen(c, start_new_session=True, env=env) for c in commands]
+        print(f"MLflow UI:  {redact(uri)}" if remote else f"MLflow UI:  http://{host}:{mlflow_port}/#/?{MODEL_TRAINING_VIEW}"
+              f"   (tracking {uri})")
+        if not remote:
+            for name, exp_id in experiments(uri):
+                print(f"            {name}: http://{host}:{mlflow_port}/#/experiments/{exp_id}?{MODEL_TRAINING_VIEW}")
         print(f"Prefect UI: http://{host}:{prefect_port}   (PREFECT_HOME {os.environ.get('PREFECT_HOME')})")
         print("Ctrl-C stops both.", flush=True)
         while all(p.poll() is None for p in procs):

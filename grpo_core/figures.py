@@ -1,8 +1,14 @@
-"""Figures of a finished run (matplotlib, no display needed): test accuracy of the SFT model and of
-every RL round's policy (and of ``compare``'s variants when the run has them), and GRPO's
-validation accuracy over the steps of all rounds.
+"""Figures of a finished run (matplotlib, no display needed). The pipeline logs them as images on its
+MLflow run and shows them in its Prefect summary; the README shows ``run_figure``'s.
 
-    python -m grpo_core.figures runs/demo docs/figures/demo.png
+- ``test_accuracy`` (``accuracy_figure``): the SFT model and every RL round's policy on the test questions, with 95%
+  intervals (and ``compare``'s variants, mean ± std over seeds, when the run has them);
+- ``grpo_curves`` (``grpo_figure``): GRPO's reward, validation accuracy and KL over the steps of every round, the
+  rounds one after another on one axis;
+- ``reward_models`` (``reward_model_figure``): each reward model's held-out quality on the round's fresh samples, before and
+  after its retraining (how stale it had become, and what retraining fixed).
+
+    python -m grpo_core.figures runs/demo docs/figures/demo.png   # test accuracy + validation curves
 """
 from __future__ import annotations
 
@@ -10,6 +16,18 @@ import json
 import math
 import sys
 from pathlib import Path
+
+CURVES = [("train/reward_mean", "reward (mean of the group)"), ("val/accuracy", "validation accuracy"),
+          ("train/kl", "KL to the reference")]
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def _accuracy_with_interval(per_question: str) -> tuple[float, float]:
@@ -19,56 +37,128 @@ def _accuracy_with_interval(per_question: str) -> tuple[float, float]:
     return p, 1.96 * math.sqrt(p * (1 - p) / len(correct))
 
 
-def _validation_curves(manifest: dict) -> list[tuple[int, list[int], list[float]]]:
-    """(round, steps, validation accuracy) of each round's GRPO run, from MLflow."""
+def _histories(manifest: dict, key: str) -> list[tuple[int, list[int], list[float]]]:
+    """(round, steps, values) of ``key`` in each round's GRPO run, from MLflow."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(manifest["tracking_uri"])
-    curves = []
+    out = []
     for r in manifest["rounds"]:
-        history = sorted(client.get_metric_history(r["stages"]["grpo"]["mlflow_run_id"], "val/accuracy"),
-                         key=lambda m: m.step)
-        curves.append((r["round"], [m.step for m in history], [m.value for m in history]))
-    return curves
+        history = sorted(client.get_metric_history(r["stages"]["grpo"]["mlflow_run_id"], key), key=lambda m: m.step)
+        out.append((r["round"], [m.step for m in history], [m.value for m in history]))
+    return out
 
 
-def run_figure(run_dir: Path, out: Path) -> Path:
-    import matplotlib
+def _plot_rounds(ax, curves: list[tuple[int, list[int], list[float]]], scale: float = 1.0) -> None:
+    """The rounds' curves one after another on the x axis, a colour each."""
+    offset = 0
+    for k, steps, values in curves:
+        ax.plot([offset + s for s in steps], [scale * v for v in values], marker="." if len(steps) < 60 else None,
+                label=f"round {k}")
+        offset += max(steps, default=0)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    manifest = json.loads((Path(run_dir) / "manifest.json").read_text())
+def draw_test_accuracy(ax, manifest: dict, run_dir: Path | None = None) -> None:
     n = manifest["eval"]["sft"]["n"]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [1.2, 1]})
     bars = [("SFT", *_accuracy_with_interval(manifest["eval"]["sft"]["per_question"]))]
     bars += [(f"round {r['round']}", *_accuracy_with_interval(r["stages"]["eval"]["results"]["policy"]["per_question"]))
              for r in manifest["rounds"]]
-    compare = Path(run_dir) / "compare" / "manifest.json"
-    rows = [r for r in json.loads(compare.read_text())["rows"] if r["variant"] != "sft"] if compare.exists() else []
+    compare = Path(run_dir or ".") / "compare" / "manifest.json"
+    rows = [r for r in json.loads(compare.read_text())["rows"] if r["variant"] != "sft"] if run_dir and compare.exists() else []
     names = [b[0] for b in bars] + [r["variant"] for r in rows]
-    left.errorbar(range(len(bars)), [100 * b[1] for b in bars], yerr=[100 * b[2] for b in bars], fmt="o",
-                  color="tab:blue", capsize=4, label=f"this run (95% interval over {n} questions)")
+    ax.errorbar(range(len(bars)), [100 * b[1] for b in bars], yerr=[100 * b[2] for b in bars], fmt="o",
+                color="tab:blue", capsize=4, label=f"this run (95% interval over {n} questions)")
     if rows:
-        left.errorbar(range(len(bars), len(names)), [100 * r["test_accuracy_mean"] for r in rows],
-                      yerr=[100 * r["test_accuracy_std"] for r in rows], fmt="s", color="tab:orange", capsize=4,
-                      label=f"compare: one round from SFT, mean ± std over {rows[0]['seeds']} seeds")
-    left.axhline(100 * bars[0][1], color="grey", lw=0.8, ls="--")
-    left.set_xticks(range(len(names)), names, rotation=30, ha="right")
-    left.set_ylabel("greedy test accuracy (%)")
+        ax.errorbar(range(len(bars), len(names)), [100 * r["test_accuracy_mean"] for r in rows],
+                    yerr=[100 * r["test_accuracy_std"] for r in rows], fmt="s", color="tab:orange", capsize=4,
+                    label=f"compare: one round from SFT, mean ± std over {rows[0]['seeds']} seeds")
+    ax.axhline(100 * bars[0][1], color="grey", lw=0.8, ls="--")
+    ax.set_xticks(range(len(names)), names, rotation=30, ha="right")
+    ax.set_ylabel("greedy test accuracy (%)")
     spans = [(b[1] - b[2], b[1] + b[2]) for b in bars] + [
         (r["test_accuracy_mean"] - r["test_accuracy_std"], r["test_accuracy_mean"] + r["test_accuracy_std"]) for r in rows]
     low, high = 100 * min(a for a, _ in spans), 100 * max(b for _, b in spans)
-    left.set_ylim(low - 0.45 * (high - low), None)  # room for the legend below the points
-    left.legend(fontsize=8, loc="lower right")
+    ax.set_ylim(low - 0.45 * (high - low) - 0.5, None)  # room for the legend below the points
+    ax.legend(fontsize=8, loc="lower right")
     gain = manifest.get("gain_over_sft") or {}
     if gain:
-        left.set_title(f"last round - SFT, paired over the questions: {100 * gain['mean']:+.2f} points "
-                       f"[{100 * gain['low']:+.1f}, {100 * gain['high']:+.1f}]", fontsize=9)
-    offset = 0
-    for k, steps, values in _validation_curves(manifest):
-        right.plot([offset + s for s in steps], [100 * v for v in values], marker=".", label=f"round {k}")
-        offset += max(steps, default=0)
+        ax.set_title(f"last round - SFT, paired over the questions: {100 * gain['mean']:+.2f} points "
+                     f"[{100 * gain['low']:+.1f}, {100 * gain['high']:+.1f}]", fontsize=9)
+
+
+def accuracy_figure(manifest: dict, run_dir: Path | None = None):
+    fig, ax = _pyplot().subplots(figsize=(6, 4))
+    draw_test_accuracy(ax, manifest, run_dir)
+    fig.suptitle(f"{manifest['run_name']}: test accuracy, SFT and each RL round")
+    fig.tight_layout()
+    return fig
+
+
+def grpo_figure(manifest: dict):
+    fig, axes = _pyplot().subplots(len(CURVES), 1, figsize=(7, 7), sharex=True)
+    for ax, (key, label) in zip(axes, CURVES):
+        _plot_rounds(ax, _histories(manifest, key))
+        ax.set_ylabel(label, fontsize=9)
+    axes[0].legend(fontsize=8)
+    axes[-1].set_xlabel("GRPO step (rounds one after another)")
+    fig.suptitle(f"{manifest['run_name']}: GRPO, every round")
+    fig.tight_layout()
+    return fig
+
+
+def reward_model_figure(manifest: dict):
+    """None when no round trained a reward model."""
+    from grpo_core.stages.reward_model import QUALITY_KEY
+
+    kinds = sorted({kind for r in manifest["rounds"] for kind in r.get("reward_models", {})})
+    if not kinds:
+        return None
+    fig, axes = _pyplot().subplots(1, len(kinds), figsize=(5 * len(kinds), 3.8), squeeze=False)
+    for ax, kind in zip(axes[0], kinds):
+        key = QUALITY_KEY[kind]
+        rounds = [r for r in manifest["rounds"] if kind in r.get("reward_models", {})]
+        for when, shift, color in (("before", -0.15, "tab:grey"), ("after", 0.15, "tab:green")):
+            ax.bar([r["round"] + shift for r in rounds], [r["reward_models"][kind][when].get(key, math.nan) for r in rounds],
+                   width=0.3, color=color, label=f"{when} retraining")
+        gate = next((r["reward_models"][kind]["quality_gate"] for r in rounds if r["reward_models"][kind].get("quality_gate")), {})
+        ax.axhline(0.5, color="black", lw=0.8, ls=":", label="chance")
+        if gate:
+            ax.axhline(gate["threshold"], color="tab:red", lw=0.8, ls="--", label="quality gate")
+        ax.set_xticks([r["round"] for r in rounds], [f"round {r['round']}" for r in rounds])
+        values = [r["reward_models"][kind][w].get(key, 1.0) for r in rounds for w in ("before", "after")]
+        ax.set_ylim(min(0.3, min(values) - 0.05), 1.0)
+        ax.set_title(f"{kind.upper()}: held-out {key} on the round's fresh samples", fontsize=9)
+        ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    return fig
+
+
+def pipeline_figures(manifest: dict, run_dir: Path | None = None) -> dict:
+    """The pipeline run's figures by name (``reward_models`` only when the run trained one)."""
+    figures = {"test_accuracy": accuracy_figure(manifest, run_dir), "grpo_curves": grpo_figure(manifest),
+               "reward_models": reward_model_figure(manifest)}
+    return {name: fig for name, fig in figures.items() if fig is not None}
+
+
+def save(figures: dict, out_dir: Path) -> dict[str, Path]:
+    """Each figure as ``out_dir/<name>.png``; the figures are closed."""
+    plt = _pyplot()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for name, fig in figures.items():
+        paths[name] = out_dir / f"{name}.png"
+        fig.savefig(paths[name], dpi=100)
+        plt.close(fig)
+    return paths
+
+
+def run_figure(run_dir: Path, out: Path) -> Path:
+    """The README's picture: test accuracy beside GRPO's validation accuracy over every round."""
+    plt = _pyplot()
+    manifest = json.loads((Path(run_dir) / "manifest.json").read_text())
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [1.2, 1]})
+    draw_test_accuracy(left, manifest, Path(run_dir))
+    _plot_rounds(right, _histories(manifest, "val/accuracy"), scale=100)
     right.set_xlabel("GRPO step (rounds one after another)")
     right.set_ylabel("validation accuracy (%)")
     right.legend(fontsize=8)

@@ -49,20 +49,29 @@ class NullLogger:
     def log_input(self, name: str, digest: str, source: str, rows: dict[str, int]) -> None: ...
 
 
+def stage_prefix(stage: str | None) -> str:
+    """What a stage's MLflow metric names start with, so that the experiment's charts never mix
+    stages (``orm/heldout/auc``, ``sft/train/loss``): the stage, except for GRPO, whose metrics keep
+    the names the field expects (``train/reward_mean``, ``train/kl``, ...: the only unprefixed ones)."""
+    return "" if stage in (None, "grpo") else f"{stage}/"
+
+
 class MlflowLogger:
-    def __init__(self, tracking_uri: str, run_id: str) -> None:
+    def __init__(self, tracking_uri: str, run_id: str, stage: str | None = None) -> None:
         from mlflow.tracking import MlflowClient
 
         self.client = MlflowClient(tracking_uri)
         self.run_id = run_id
+        self.stage, self.prefix = stage, stage_prefix(stage)
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         from mlflow.entities import Metric
         import time
 
         now = int(time.time() * 1000)
+        named = {k if k.startswith(self.prefix) else self.prefix + k: v for k, v in metrics.items()}
         batch = [Metric(metric_name(k), float(v), now, step or 0)
-                 for k, v in metrics.items() if math.isfinite(float(v))]
+                 for k, v in named.items() if math.isfinite(float(v))]
         if batch:
             self.client.log_batch(self.run_id, metrics=batch, synchronous=True)
 
@@ -96,16 +105,17 @@ class MlflowLogger:
         self.client.log_inputs(self.run_id, datasets=[DatasetInput(dataset)])
 
 
-def logger_from_env() -> MetricLogger:
+def logger_from_env(stage: str | None = None) -> MetricLogger:
     """The MLflow run a launcher handed to this process (``MLFLOW_RUN_ID`` and
-    ``MLFLOW_TRACKING_URI``, set by ``tasks.launch``), or no tracking. The stages log on rank 0 only."""
+    ``MLFLOW_TRACKING_URI``, set by ``tasks.launch``) for ``stage``'s metrics, or no tracking. The
+    stages log on rank 0 only."""
     import os
 
     run_id = os.environ.get("MLFLOW_RUN_ID")
     # Other ranks never open the store: N clients creating one sqlite database at once collide.
     if not run_id or int(os.environ.get("RANK", "0")) != 0:
         return NullLogger()
-    return MlflowLogger(os.environ.get("MLFLOW_TRACKING_URI", ""), run_id)
+    return MlflowLogger(os.environ.get("MLFLOW_TRACKING_URI", ""), run_id, stage)
 
 
 # ------------------------------------------------------------------ the pipeline's runs
@@ -168,8 +178,17 @@ def run_params(config: PipelineConfig) -> dict[str, str]:
     return params
 
 
+# MLflow opens an experiment of this kind in its model-training view (runs, charts, the model
+# registry in the sidebar) rather than the GenAI view (traces, judges, prompts).
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
+# MLflow 3's UI also remembers the last view per browser; an address with this query opens the
+# model-training view whatever was chosen before (the links the project prints carry it).
+MODEL_TRAINING_VIEW = "workflowType=machine_learning"
+
+
 def experiment_id(uri: str, name: str) -> str:
-    """Get or create the experiment; fails at start (not mid-run) when the server is unreachable."""
+    """Get or create the experiment (of the model-training kind); fails at start (not mid-run) when
+    the server is unreachable."""
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
@@ -177,11 +196,14 @@ def experiment_id(uri: str, name: str) -> str:
     try:
         exp = client.get_experiment_by_name(name)
         if exp is not None:
+            if not set(EXPERIMENT_KIND) & set(exp.tags):  # made before the kind was set; a user's choice stays
+                for key, value in EXPERIMENT_KIND.items():
+                    client.set_experiment_tag(exp.experiment_id, key, value)
             return exp.experiment_id
         artifacts = None
         if uri.startswith("sqlite:///"):  # keep artifacts beside the database, not in the cwd
             artifacts = (Path(uri.removeprefix("sqlite:///")).resolve().parent / "mlartifacts").as_uri()
-        return client.create_experiment(name, artifact_location=artifacts)
+        return client.create_experiment(name, artifact_location=artifacts, tags=EXPERIMENT_KIND)
     except MlflowException as e:
         raise TrackingError(f"MLflow tracking at {redact(uri)} is not usable: {e}") from None
 

@@ -22,16 +22,12 @@ from grpo_core.stages.inputs import StageInputs
 from grpo_core.tracking import MlflowLogger, finishing, start_run
 from tasks.launch import LAUNCHABLE, run_launched
 
-class ConsoleEchoLogger(MlflowLogger):
-    """Also reports validation metrics to the Prefect run log, so a terminal running the flow (and
-    the Prefect UI) shows progress.
-
-    Through Prefect's logger, not ``log_prints``: that patch also catches what libraries print into
-    a captured stdout (dill's bytecode listing while datasets fingerprints a table)."""
-
-    def __init__(self, uri: str, run_id: str, stage: str) -> None:
-        super().__init__(uri, run_id)
-        self.stage = stage
+class StageLogger(MlflowLogger):
+    """A stage's MLflow logger (metric names prefixed by ``tracking.stage_prefix``) that also reports
+    validation metrics to the Prefect run log, so a terminal running the flow (and the Prefect UI)
+    shows progress. Through Prefect's logger, not ``log_prints``: that patch also catches what
+    libraries print into a captured stdout (dill's bytecode listing while datasets fingerprints a
+    table)."""
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         from prefect.exceptions import MissingContextError
@@ -47,13 +43,15 @@ class ConsoleEchoLogger(MlflowLogger):
 
 
 @contextmanager
-def child_run(uri: str, parent_id: str, name: str, params: dict | None = None) -> Iterator[MlflowLogger]:
-    """A nested run for one stage, marked FAILED if the stage raises."""
+def child_run(uri: str, parent_id: str, stage: str, params: dict | None = None) -> Iterator[MlflowLogger]:
+    """A nested run for one stage, marked FAILED if the stage raises; named ``round-<k>/<stage>``
+    under a round's run, so that two rounds' runs differ in a comparison."""
     from mlflow.tracking import MlflowClient
 
-    exp_id = MlflowClient(uri).get_run(parent_id).info.experiment_id
-    run_id = start_run(uri, exp_id, name, parent_id)
-    logger = ConsoleEchoLogger(uri, run_id, name)
+    parent = MlflowClient(uri).get_run(parent_id)
+    k = parent.data.tags.get("round")
+    run_id = start_run(uri, parent.info.experiment_id, f"round-{k}/{stage}" if k else stage, parent_id)
+    logger = StageLogger(uri, run_id, stage)
     with finishing(uri, [run_id]):
         if params:
             logger.log_params(params)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from grpo_core.config import LaunchConfig, load_config
+from grpo_core.tracking import stage_prefix
 
 # Float sums over ranks run in another order than in one process; over a few Adam steps the
 # losses agree to ~1e-6 relative. A wrong normalisation (a per-rank mean, a doubled gradient) or a
@@ -43,7 +44,7 @@ def test_launch_commands():
 
 def _run(cfg, inputs, out: Path, nproc: int, tmp_path: Path, name: str) -> dict[str, list[float]]:
     """Run a stage's CLI on ``inputs`` in ``nproc`` processes into a fresh MLflow run; returns its
-    metric histories."""
+    metric histories by the names the stage logs (the run's carry the stage's prefix)."""
     from grpo_core.stages.inputs import write_inputs
     from tasks.launch import launch_command, write_resolved
 
@@ -63,7 +64,10 @@ def _run(cfg, inputs, out: Path, nproc: int, tmp_path: Path, name: str) -> dict[
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     keys = client.get_run(run_id).data.metrics
-    return {k: [m.value for m in sorted(client.get_metric_history(run_id, k), key=lambda m: m.step)] for k in keys}
+    prefix = stage_prefix(inputs.stage)
+    assert all(k.startswith(prefix) for k in keys), keys
+    return {k.removeprefix(prefix): [m.value for m in sorted(client.get_metric_history(run_id, k), key=lambda m: m.step)]
+            for k in keys}
 
 
 def _assert_same_curve(one: list[float], two: list[float]) -> None:
@@ -143,7 +147,7 @@ def test_the_pipeline_launches_its_training_stages_as_two_processes(prefect_harn
     manifest = pipeline(cfg)
     client = MlflowClient(cfg.tracking.tracking_uri)
     for info, steps in ((manifest["stages"]["sft"], 2), (manifest["rounds"][0]["stages"]["grpo"], 1)):
-        history = client.get_metric_history(info["mlflow_run_id"], "train/loss")
+        history = client.get_metric_history(info["mlflow_run_id"], stage_prefix(info["stage"]) + "train/loss")
         assert len(history) == steps, info["stage"]
     assert (tmp_path / "runs" / "ddp" / "sft" / "resolved.yaml").exists()
     assert set(manifest["eval"]) == {"sft", "policy"}

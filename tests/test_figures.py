@@ -1,13 +1,12 @@
-"""The run figure: drawn from a run's manifest, per-question results and MLflow histories."""
+"""The run's figures: drawn from a run's manifest, per-question results and MLflow histories."""
 from __future__ import annotations
 
 import json
 
 
-def test_run_figure_draws_test_accuracy_and_validation_curves(tmp_path):
+def _run(tmp_path, reward_models: bool) -> dict:
+    """A two-round run's manifest with GRPO histories in MLflow and per-question results on disk."""
     from mlflow.tracking import MlflowClient
-
-    from grpo_core.figures import run_figure
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(uri)
@@ -17,13 +16,41 @@ def test_run_figure_draws_test_accuracy_and_validation_curves(tmp_path):
         run_id = client.create_run(exp).info.run_id
         for step, acc in ((0, 0.5 + 0.1 * k), (10, 0.6 + 0.1 * k)):
             client.log_metric(run_id, "val/accuracy", acc, step=step)
+            client.log_metric(run_id, "train/reward_mean", acc - 0.1, step=step)
+            client.log_metric(run_id, "train/kl", 0.001 * step, step=step)
         per_question = tmp_path / f"round{k}.json"
         per_question.write_text(json.dumps([1] * (5 + k) + [0] * (5 - k)))
-        rounds.append({"round": k, "stages": {"grpo": {"mlflow_run_id": run_id},
-                                              "eval": {"results": {"policy": {"per_question": str(per_question)}}}}})
+        rms = {"orm": {"before": {"auc": 0.55}, "after": {"auc": 0.7},
+                       "quality_gate": {"metric": "auc", "value": 0.7, "threshold": 0.6, "passed": True}},
+               "prm": {"before": {"step_auc": 0.2}, "after": {"step_auc": 0.65}}} if reward_models else {}
+        rounds.append({"round": k, "reward_models": rms,
+                       "stages": {"grpo": {"mlflow_run_id": run_id},
+                                  "eval": {"results": {"policy": {"per_question": str(per_question)}}}}})
     (tmp_path / "sft.json").write_text(json.dumps([1] * 5 + [0] * 5))
-    (tmp_path / "manifest.json").write_text(json.dumps({
-        "run_name": "t", "tracking_uri": uri, "rounds": rounds, "gain_over_sft": {"mean": 0.2, "low": 0.0, "high": 0.4},
-        "eval": {"sft": {"n": 10, "per_question": str(tmp_path / "sft.json")}}}))
+    manifest = {"run_name": "t", "tracking_uri": uri, "rounds": rounds,
+                "gain_over_sft": {"mean": 0.2, "low": 0.0, "high": 0.4},
+                "eval": {"sft": {"n": 10, "per_question": str(tmp_path / "sft.json")}}}
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    return manifest
+
+
+def test_run_figure_draws_test_accuracy_and_validation_curves(tmp_path):
+    from grpo_core.figures import run_figure
+
+    _run(tmp_path, reward_models=False)
     out = run_figure(tmp_path, tmp_path / "fig" / "run.png")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+
+
+def test_pipeline_figures(tmp_path):
+    from grpo_core import figures
+
+    for name in ("plain", "with_rms"):
+        (tmp_path / name).mkdir()
+    plain = figures.pipeline_figures(_run(tmp_path / "plain", reward_models=False))
+    assert set(plain) == {"test_accuracy", "grpo_curves"}  # no reward model, no reward-model figure
+    figures.save(plain, tmp_path / "plain" / "figures")
+    paths = figures.save(figures.pipeline_figures(_run(tmp_path / "with_rms", reward_models=True)),
+                         tmp_path / "with_rms" / "figures")
+    assert set(paths) == {"test_accuracy", "grpo_curves", "reward_models"}
+    assert all(p.read_bytes()[:4] == b"\x89PNG" and p.stat().st_size > 10_000 for p in paths.values())

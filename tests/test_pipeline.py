@@ -60,7 +60,9 @@ def test_pipeline_end_to_end_and_cached_rerun(prefect_harness, tmp_path, tiny_cf
     parent = mlflow_client.get_run(manifest["mlflow_run_id"])
     assert parent.info.status == "FINISHED"
     exp_id = parent.info.experiment_id
-    assert mlflow_client.get_experiment(exp_id).name == cfg.tracking.experiment
+    experiment = mlflow_client.get_experiment(exp_id)
+    assert experiment.name == cfg.tracking.experiment
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"  # opens in the model-training view
     assert parent.data.params == flatten(cfg)
     assert parent.data.metrics["eval/policy/accuracy"] == manifest["eval"]["policy"]["accuracy"]
     assert parent.data.metrics["eval/sft/accuracy"] == manifest["eval"]["sft"]["accuracy"]
@@ -78,21 +80,21 @@ def test_pipeline_end_to_end_and_cached_rerun(prefect_harness, tmp_path, tiny_cf
     assert parent.data.tags["round_run.1"] == round_run.info.run_id == round1["mlflow_run_id"]
     in_round = {r.info.run_name: r for r in mlflow_client.search_runs(
         [exp_id], filter_string=f"tags.mlflow.parentRunId = '{round_run.info.run_id}'")}
-    assert sorted(in_round) == ["eval", "grpo"]
+    assert sorted(in_round) == ["round-1/eval", "round-1/grpo"]  # the round in the name: rounds differ in a comparison
     for run in [parent, *children, *in_round.values()]:
         assert run.info.status == "FINISHED"
         logged = [*run.data.params.values(), *run.data.tags.values()]
         assert not any(secret in v for v in logged), run.info.run_name
-    grpo_run = in_round["grpo"]
+    grpo_run = in_round["round-1/grpo"]
     assert round_run.data.tags["stage_run.grpo"] == grpo_run.info.run_id
     assert round_run.data.metrics["round/test_accuracy"] == round1["test_accuracy"]
     history = mlflow_client.get_metric_history(grpo_run.info.run_id, "train/reward_mean")
     assert sorted(m.step for m in history) == [1, 2]
-    sft_history = mlflow_client.get_metric_history(by_name["sft"].info.run_id, "train/loss")
+    sft_history = mlflow_client.get_metric_history(by_name["sft"].info.run_id, "sft/train/loss")  # stage-prefixed
     assert sorted(m.step for m in sft_history) == [1, 2, 3]
     assert grpo_run.data.params["grpo.group_size"] == str(cfg.grpo.group_size)
     assert "eval/sft/accuracy" in by_name["eval"].data.metrics
-    assert "eval/policy/accuracy" in in_round["eval"].data.metrics  # the round evaluated its policy
+    assert "eval/policy/accuracy" in in_round["round-1/eval"].data.metrics  # the round evaluated its policy
 
     # ---- a second run of the same recipe: every stage from the cache (the round run only reports)
     mtime = (run_dir / "round-1" / "grpo" / "model" / "model.safetensors").stat().st_mtime_ns
@@ -197,16 +199,43 @@ def test_pipeline_with_reward_models_and_process_supervision(prefect_harness, tm
     round_run = mlflow_client.get_run(manifest["rounds"][0]["mlflow_run_id"])
     children = {r.info.run_name: r for r in mlflow_client.search_runs(
         [round_run.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{round_run.info.run_id}'")}
-    assert sorted(children) == ["eval", "grpo", "orm", "prm", "replay", "reward_data"]
-    prm_inputs = [d.dataset.name for d in children["prm"].inputs.dataset_inputs]
+    assert sorted(children) == [f"round-1/{s}" for s in ("eval", "grpo", "orm", "prm", "replay", "reward_data")]
+    prm_inputs = [d.dataset.name for d in children["round-1/prm"].inputs.dataset_inputs]
     assert prm_inputs == ["reward_data/steps"]
-    assert "heldout/step_auc" in children["prm"].data.metrics or "heldout/step_accuracy" in children["prm"].data.metrics
-    grpo_metrics = children["grpo"].data.metrics
+    assert {"prm/heldout/step_auc", "prm/heldout/step_accuracy"} & set(children["round-1/prm"].data.metrics)
+    assert not any(m.startswith("train/") for m in children["round-1/prm"].data.metrics)  # train/* is GRPO's alone
+    grpo_metrics = children["round-1/grpo"].data.metrics
     assert "train/accuracy" in grpo_metrics and "reward/steps_per_completion" in grpo_metrics
+
+    # ---- what a user sees: the figures (files, MLflow images), the Prefect summary, named flow runs
+    assert set(manifest["figures"]) == {"test_accuracy", "grpo_curves", "reward_models"}
+    assert all(Path(p).read_bytes()[:4] == b"\x89PNG" for p in manifest["figures"].values())
+    parent = mlflow_client.get_run(manifest["mlflow_run_id"])
+    assert sorted(a.path for a in mlflow_client.list_artifacts(parent.info.run_id, "figures")) == [
+        "figures/grpo_curves.png", "figures/reward_models.png", "figures/test_accuracy.png"]
+    assert "Artifacts -> `figures`" in parent.data.tags["mlflow.note.content"]
 
     again = pipeline(cfg)
     assert sorted(again["cached_stages"]) == ["data", "eval", *(f"round-1/{s}" for s in (
         "eval", "grpo", "orm", "prm", "replay", "reward_data")), "sft"]
+    summary, flow_runs = _prefect_summary("rm-summary")
+    assert {"rm", "rm-2", "rm/round-1"} <= flow_runs  # the recipe's run_name, numbered on a rerun
+    lines = summary.splitlines()
+    header = lines.index("| model | test accuracy (10 questions) | minus SFT, paired (95% interval) | MLflow run |")
+    assert lines[header + 1] == "|---|---|---|---|" and lines[header + 2].startswith("| SFT | ")
+    assert lines[header + 3].startswith("| round 1 policy (final) | ") and "?workflowType=machine_learning)" in lines[header + 3]
+    assert any(line.startswith("| ORM | 1 | auc ") for line in lines) and "| | |" not in summary
+    assert summary.count("](data:image/png;base64,") == 3
+
+
+def _prefect_summary(key: str) -> tuple[str, set[str]]:
+    """The newest Prefect artifact ``key``'s Markdown, and the names of every flow run so far."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    with get_client(sync_client=True) as client:
+        [artifact] = client.read_latest_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
+        return artifact.data, {r.name for r in client.read_flow_runs()}
 
 
 def test_compare_flow_reuses_the_runs_grpo_and_tabulates(prefect_harness, tmp_path, tiny_cfg, mlflow_client,

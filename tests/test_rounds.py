@@ -109,7 +109,7 @@ def test_three_rounds_chain_policies_reward_models_and_replay(prefect_harness, t
     assert sorted(round_runs) == ["round-1", "round-2", "round-3"]
     nested = {r.info.run_name for r in client.search_runs(
         exp, filter_string=f"tags.mlflow.parentRunId = '{round_runs['round-2'].info.run_id}'")}
-    assert nested == {"reward_data", "replay", "orm", "prm", "grpo", "eval"}
+    assert nested == {f"round-2/{s}" for s in ("reward_data", "replay", "orm", "prm", "grpo", "eval")}
     metrics = round_runs["round-2"].data.metrics
     for key in ("round/test_accuracy", "rm/orm/before/auc", "rm/orm/after/auc", "rm/orm/quality_gate_passed",
                 "rm/prm/before/step_accuracy", "rm/orm/replay_share"):
@@ -175,7 +175,8 @@ def test_rl_rounds_needs_a_finished_run(prefect_harness, tmp_path):
 
 
 def test_a_reward_model_near_chance_that_drives_grpo_is_reported_loudly():
-    from flows.rounds import gate_failures, round_report
+    from flows.reports import round_report
+    from flows.rounds import gate_failures
 
     summary = {"round": 2, "test_accuracy": 0.5, "val_accuracy": 0.5,
                "grpo": {"steps": 3, "wall_s": 1.0, "best_step": 3, "reward_mean": 0.5, "kl": 0.0},

@@ -2,12 +2,14 @@
 both, and their ports close within seconds (the servers' own worker processes included)."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -71,10 +73,15 @@ def ui(tmp_path):
 @pytest.mark.parametrize("sig", [signal.SIGTERM, pytest.param(signal.SIGHUP, marks=pytest.mark.slow)])
 def test_a_stop_signal_stops_both_servers(ui, sig):
     proc, ports = ui
+    # The Prefect UI asks for its API on the port it was given, not Prefect's default 4200.
+    with urllib.request.urlopen(f"http://127.0.0.1:{ports['prefect']}/ui-settings", timeout=10) as r:
+        assert json.load(r)["api_url"] == f"http://127.0.0.1:{ports['prefect']}/api"
     proc.send_signal(sig)
     assert proc.wait(timeout=30) == 0
     assert _wait(lambda: not any(map(_answers, ports.values())), 5), "a port still answers"
-    assert f"{signal.Signals(sig).name}: stopping both servers" in proc.stdout.read()
+    out = proc.stdout.read()
+    assert f"{signal.Signals(sig).name}: stopping both servers" in out
+    assert f"MLflow UI:  http://127.0.0.1:{ports['mlflow']}/#/?workflowType=machine_learning" in out
 
 
 @pytest.mark.slow

@@ -24,7 +24,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", required=True, help="the stage's output folder")
     p.add_argument("--set", action="append", default=[], dest="overrides", help="section.key=value")
     a = p.parse_args(argv)
-    manifest = read_inputs(Path(a.inputs)).run(load_config(a.config, a.overrides), Path(a.out), logger_from_env())
+    inputs = read_inputs(Path(a.inputs))
+    manifest = inputs.run(load_config(a.config, a.overrides), Path(a.out), logger_from_env(inputs.stage))
     distributed.finish()
     if manifest is not None:  # rank 0
         print(manifest)
