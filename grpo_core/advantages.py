@@ -73,3 +73,40 @@ def process_advantages(
     per_token.scatter_add_(2, torch.where(mask, ends, 0), normed)
     adv = per_token.flip(-1).cumsum(-1).flip(-1)
     return adv.to(step_rewards.dtype if step_rewards.is_floating_point() else torch.float32)
+
+
+def kl_penalised_rewards(scores: torch.Tensor, logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor,
+                         beta: float) -> torch.Tensor:
+    """PPO's per-token rewards (DeepSeekMath eq. 2, the InstructGPT form): r_t = -beta * (log pi(o_t) -
+    log pi_ref(o_t)) on every completion token, plus the completion's score on its last token.
+
+    scores: [B] one reward per completion; logp, ref_logp, mask: [B, T] (right-padded). Returns [B, T],
+    zero on padding. A completion with no tokens gets nothing (its score has nowhere to go).
+    """
+    m = mask.bool()
+    rewards = torch.where(m, -beta * (logp - ref_logp), 0.0)
+    length = m.sum(dim=1)
+    rows = torch.nonzero(length > 0).squeeze(1)
+    rewards[rows, length[rows] - 1] += scores[rows].to(rewards.dtype)
+    return rewards
+
+
+def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0,
+        lam: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation (Schulman et al. 2016), PPO's advantage (DeepSeekMath §4.1.1).
+
+    rewards, values, mask: [B, T], right-padded; the value after a completion's last token is 0 (the
+    episode ends there). delta_t = r_t + gamma * V_{t+1} - V_t and A_t = delta_t + gamma * lam * A_{t+1}.
+    Returns (advantages, returns = advantages + values), both [B, T] and zero on padding.
+    """
+    m = mask.to(values.dtype)
+    r, v = rewards * m, values * m
+    advantages = torch.zeros_like(v)
+    running = torch.zeros_like(v[:, 0])
+    next_value = torch.zeros_like(v[:, 0])
+    for t in reversed(range(v.shape[1])):
+        delta = r[:, t] + gamma * next_value - v[:, t]
+        running = (delta + gamma * lam * running) * m[:, t]
+        advantages[:, t] = running
+        next_value = v[:, t]
+    return advantages, (advantages + v) * m

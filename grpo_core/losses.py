@@ -99,3 +99,17 @@ def grpo_loss(
 def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
     m = mask.to(x.dtype)
     return float(torch.where(m > 0, x.detach(), 0.0).sum() / m.sum().clamp(min=1))
+
+
+def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, *,
+               clip: float = 0.2, agg: Aggregation = "token-mean") -> tuple[torch.Tensor, dict[str, float]]:
+    """PPO's clipped value loss: 1/2 max((V - R)^2, (V_clip - R)^2) with V_clip = V_old + clip(V - V_old,
+    -clip, clip), so that one update cannot move a value estimate far from the one the advantages used.
+
+    values (trainable), old_values, returns, mask: [B, T]. Returns the scalar loss and detached metrics.
+    """
+    clipped = old_values + torch.clamp(values - old_values, -clip, clip)
+    per_token = 0.5 * torch.maximum((values - returns) ** 2, (clipped - returns) ** 2)
+    loss = aggregate(per_token, mask, agg)
+    return loss, {"value_loss": loss.item(),
+                  "value_clip_ratio": _masked_mean(((clipped - returns) ** 2 > (values - returns) ** 2).to(values.dtype), mask)}
