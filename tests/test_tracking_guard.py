@@ -89,7 +89,9 @@ def test_uis_listen_on_localhost_by_default(monkeypatch, tmp_path):
     started = []
 
     class Exited:  # a server that stops at once, so serve_uis returns
-        def __init__(self, cmd):
+        pid = -1
+
+        def __init__(self, cmd, **kwargs):
             started.append(cmd)
 
         def poll(self):
@@ -99,6 +101,7 @@ def test_uis_listen_on_localhost_by_default(monkeypatch, tmp_path):
             return 0
 
     monkeypatch.setattr(ui.subprocess, "Popen", Exited)
+    monkeypatch.setattr(ui.os, "killpg", lambda pid, sig: None)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
     ui.serve_uis()
     assert len(started) == 2
