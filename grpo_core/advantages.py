@@ -110,3 +110,14 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: 
         advantages[:, t] = running
         next_value = v[:, t]
     return advantages, (advantages + v) * m
+
+
+def whiten(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """[B, T] values standardised over the batch's real tokens (mean 0, population std 1), zero on
+    padding: PPO's advantage normalisation (one scale for the whole batch, unlike GRPO's per group)."""
+    m = mask.bool()
+    if not m.any():
+        return torch.zeros_like(x)
+    mean = x[m].mean()
+    std = x[m].std(unbiased=False)
+    return torch.where(m, (x - mean) / (std + 1e-8), 0.0)

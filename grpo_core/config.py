@@ -194,6 +194,13 @@ class GRPOConfig(Training):
     reward_weights: dict[Literal["rule", "orm", "prm"], float] = Field(
         {"rule": 1.0}, description="weighted reward sources: rule, orm, prm")
     supervision: Literal["outcome", "process"] = Field("outcome", description="outcome (one reward per solution) or process (PRM step rewards)")
+    # PPO (paper §4.1.1, the baseline GRPO replaces): a value model, GAE, the KL penalty per token in
+    # the reward; it shares the rollout, the reward and the clipped policy update with GRPO.
+    algorithm: Literal["grpo", "ppo"] = Field("grpo", description="grpo, or ppo (value model + GAE; the §5 comparison)")
+    gae_gamma: float = Field(1.0, ge=0, le=1, description="PPO: GAE discount gamma")
+    gae_lambda: float = Field(1.0, ge=0, le=1, description="PPO: GAE lambda")
+    value_clip: float = Field(0.2, gt=0, description="PPO: clip of the value update around the old values")
+    value_lr: float | None = Field(None, gt=0, description="PPO: the value model's learning rate; None = lr")
 
     @field_validator("reward_weights")
     @classmethod
@@ -222,6 +229,8 @@ class GRPOConfig(Training):
                 raise ValueError("minibatch_size must hold whole groups (a multiple of group_size)")
         if self.supervision == "process" and "prm" not in self.reward_models_used:
             raise ValueError("supervision=process needs a PRM: give reward_weights.prm a weight > 0")
+        if self.algorithm == "ppo" and self.supervision == "process":
+            raise ValueError("algorithm=ppo takes outcome supervision (one reward per solution)")
         return self
 
     @property

@@ -61,3 +61,13 @@ def test_value_loss_clips_a_value_that_moved_too_far():
     loss.backward()
     # The clipped term does not depend on V: token 0 gets no gradient; token 1: (0.6 - 1) / 2 tokens.
     assert new.grad[0].tolist() == pytest.approx([0.0, -0.2])
+
+
+def test_whiten_over_the_real_tokens():
+    from grpo_core.advantages import whiten
+
+    x = torch.tensor([[1.0, 2.0, 3.0, 99.0]])
+    # Over the three real tokens: mean 2, population std sqrt(2/3) = 0.8165; padding stays 0.
+    out = whiten(x, torch.tensor([[1, 1, 1, 0]]))
+    assert out[0].tolist() == pytest.approx([-1.2247449, 0.0, 1.2247449, 0.0], abs=1e-6)
+    assert whiten(x, torch.zeros(1, 4)).tolist() == [[0.0, 0.0, 0.0, 0.0]]

@@ -12,6 +12,7 @@ import functools
 import random
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -74,22 +75,53 @@ def grpo_step(policy, ref, tokenizer, opt, questions: list[Example], gc: GRPOCon
     passes' precision context (``runtime.autocast``). ``record``: this process's checked
     completions are appended to it (reward-model data for the next round)."""
     g = gc.group_size
-    trained = trained or policy
+    clock = [time.perf_counter()]
+
+    # Rollout and score: G samples per question from pi_old (the current policy), seeded by global
+    # row; the reward sources (answer checker, ORM, PRM); process supervision scores every step.
+    ex = explore(policy, tokenizer, questions, gc, seed, scorer, d, amp, record)
+    clock.append(ex.sampled_at)
+
+    # Advantages: group z-scores (outcome) or summed normalised step rewards (process), per group.
+    advantages, reward_stats = rollout_advantages(ex.scored, len(ex.questions), g, ex.rollout.completion_mask.shape[1])
+    clock.append(time.perf_counter())
+
+    # Update: mu passes of clipped-ratio minibatch updates with the k3 KL to the reference.
+    sums, n_updates = update(policy, ref, trained or policy, opt, ex.rollout, advantages, gc, len(questions), d, amp,
+                             clock)
+
+    # Metrics: every cross-process reduction of the step in one place.
+    return step_metrics(sums, n_updates, ex.scored, ex.rewards, advantages, reward_stats, ex.rollout,
+                        len(ex.questions), g, opt, d, clock)
+
+
+class Exploration(NamedTuple):
+    """A step's samples, scored: this process's share of the questions, the rollout of their
+    groups, the scores, one reward per completion (NaN where none could be given) and when
+    sampling ended."""
+
+    questions: list[Example]
+    rollout: Rollout
+    scored: Scored
+    rewards: torch.Tensor
+    sampled_at: float
+
+
+def explore(policy, tokenizer, questions: list[Example], gc: GRPOConfig, seed: int, scorer: RewardScorer | None,
+            d: Dist = SINGLE, amp=contextlib.nullcontext, record: list[dict] | None = None) -> Exploration:
+    """Sample G completions of this process's share of ``questions`` and score them (GRPO's and
+    PPO's exploration stage); raises ``RewardError`` when no completion got a finite reward."""
+    g = gc.group_size
     scorer = scorer or RewardScorer({"rule": 1.0}, "outcome", tokenizer)
     n_global = len(questions)
     mine = d.shard(n_global, "grpo.questions_per_step")
     questions = questions[mine]
-    clock = [time.perf_counter()]
-
-    # Rollout: G samples per question from pi_old (the current policy), seeded by global row.
     prompts = [prompt_text(q.question) for q in questions for _ in range(g)]
     with amp():
         rollout = generate(policy, tokenizer, prompts, max_new_tokens=gc.max_new_tokens,
                            temperatures=row_temperatures(gc, len(questions)), seed=seed,
                            row_ids=list(range(mine.start * g, mine.stop * g)))
-    clock.append(time.perf_counter())
-
-    # Score: the reward sources (answer checker, ORM, PRM); process supervision scores every step.
+    sampled_at = time.perf_counter()
     scored = scorer(rollout, [q.gold for q in questions for _ in range(g)])
     if record is not None:
         record += [{"question": q.question, "gold": q.gold, "completion": text, "correct": bool(ok)}
@@ -101,17 +133,7 @@ def grpo_step(policy, ref, tokenizer, opt, questions: list[Example], gc: GRPOCon
         errors = float(d.sum((scored.stats or {}).get("reward/rule_errors", 0.0)))
         raise RewardError(f"none of the step's {n_global * g} completions got a finite reward (rule checker "
                           f"errors: {errors:.0f}; the others had NaN or inf scores): the reward is broken")
-
-    # Advantages: group z-scores (outcome) or summed normalised step rewards (process), per group.
-    advantages, reward_stats = rollout_advantages(scored, len(questions), g, rollout.completion_mask.shape[1])
-    clock.append(time.perf_counter())
-
-    # Update: mu passes of clipped-ratio minibatch updates with the k3 KL to the reference.
-    sums, n_updates = update(policy, ref, trained, opt, rollout, advantages, gc, n_global, d, amp, clock)
-
-    # Metrics: every cross-process reduction of the step in one place.
-    return step_metrics(sums, n_updates, scored, rewards, advantages, reward_stats, rollout, len(questions), g,
-                        opt, d, clock)
+    return Exploration(questions, rollout, scored, rewards, sampled_at)
 
 
 def update(policy, ref, trained, opt, rollout: Rollout, advantages: torch.Tensor, gc: GRPOConfig,
@@ -226,13 +248,20 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
                                      cfg.reward_data.step_separator, used, device=model_device(policy))
     amp = functools.partial(autocast, cfg.launch, model_device(policy))
     ref = None
-    if gc.beta > 0:
+    if gc.beta > 0 or gc.algorithm == "ppo":
         ref, _ = load_model(init_dir)
         place(ref, cfg.launch).eval().requires_grad_(False)
+    companions = {}
+    if gc.algorithm == "ppo":  # the value model, from the policy (on resume its weights come from the checkpoint)
+        from grpo_core.stages.ppo import ppo_step, value_model_from
+
+        value = place(value_model_from(policy, seed), cfg.launch, train=True)
+        companions["value"] = (value, torch.optim.AdamW(value.parameters(), lr=gc.value_lr or gc.lr, betas=gc.betas,
+                                                         weight_decay=gc.weight_decay))
     pool = read_split(data_dir, "rl")
     val = read_split(data_dir, "val")
     st = trainer.start(policy, tokenizer, Plan(max_steps=gc.steps, eval_every=gc.eval_every, eval_first=True,
-                                               eval_last=True, keep_best="val/accuracy"))
+                                               eval_last=True, keep_best="val/accuracy"), companions)
     if trainer.resume is not None:
         print(f"grpo: resumed from {trainer.resume} (step {st.step})", flush=True)
     rollouts = rollout_log.log_path(out_dir, d.rank)
@@ -247,8 +276,12 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
         questions = step_questions(pool, gc.questions_per_step, seed, st.step)
         record: list[dict] = []
         try:
-            metrics = grpo_step(policy, ref, tokenizer, trainer.opt, questions, gc, step_seed(seed, st.step), scorer,
-                                d, trained, amp, record)
+            if gc.algorithm == "ppo":
+                metrics = ppo_step(policy, ref, *companions["value"], tokenizer, trainer.opt, questions, gc,
+                                   step_seed(seed, st.step), scorer, d, trained, amp, record)
+            else:
+                metrics = grpo_step(policy, ref, tokenizer, trainer.opt, questions, gc, step_seed(seed, st.step),
+                                    scorer, d, trained, amp, record)
         except RewardError as e:
             raise RewardError(f"GRPO step {st.step + 1} of {out_dir}: {e}; the stage stops, and its last "
                               f"checkpoint is where a re-run resumes") from None

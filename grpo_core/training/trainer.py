@@ -114,10 +114,13 @@ class Trainer:
         self.root = out_dir / "checkpoints"
         self.resume, self._saved = d.main_first(lambda: find_resume(self.root, identity))
 
-    def start(self, model, tokenizer, plan: Plan) -> TrainState:
+    def start(self, model, tokenizer, plan: Plan, companions: dict | None = None) -> TrainState:
         """AdamW over ``model``'s parameters with the section's settings; counters, optimizer and
-        RNG from the checkpoint being resumed."""
+        RNG from the checkpoint being resumed. ``companions``: other modules the stage trains beside
+        the model, each with its optimizer (PPO's value model), ``{name: (module, optimizer)}``:
+        checkpointed with it and restored on resume."""
         self.model, self.tokenizer, self.plan = model, tokenizer, plan
+        self.companions = companions or {}
         sc = self.sc
         self.opt = torch.optim.AdamW(model.parameters(), lr=sc.lr, betas=sc.betas, weight_decay=sc.weight_decay)
         self.state = TrainState(plateau_lr=sc.lr)
@@ -125,6 +128,9 @@ class Trainer:
             self.opt.load_state_dict(self._saved["optimizer"])
             self.state = TrainState(**self._saved["counters"])
             set_rng_state(self._saved["rng"])
+            for name, (module, opt) in self.companions.items():
+                module.load_state_dict(self._saved["companions"][name]["module"])
+                opt.load_state_dict(self._saved["companions"][name]["optimizer"])
         return self.state
 
     def update(self, loss: torch.Tensor, scale: float = 1.0) -> float:
@@ -176,6 +182,8 @@ class Trainer:
                 if d.main:
                     save_checkpoint(self.root, st.step, self.model, self.tokenizer,
                                     {"optimizer": self.opt.state_dict(), "counters": dataclasses.asdict(st),
+                                     "companions": {name: {"module": m.state_dict(), "optimizer": o.state_dict()}
+                                                    for name, (m, o) in self.companions.items()},
                                      "rng": rng_state(), "identity": self.identity,
                                      "config": self.cfg.model_dump(mode="json")}, keep=sc.keep_checkpoints)
         st.elapsed = clock.elapsed
