@@ -194,9 +194,12 @@ class GRPOConfig(Training):
     reward_weights: dict[Literal["rule", "orm", "prm"], float] = Field(
         {"rule": 1.0}, description="weighted reward sources: rule, orm, prm")
     supervision: Literal["outcome", "process"] = Field("outcome", description="outcome (one reward per solution) or process (PRM step rewards)")
-    # PPO (paper §4.1.1, the baseline GRPO replaces): a value model, GAE, the KL penalty per token in
-    # the reward; it shares the rollout, the reward and the clipped policy update with GRPO.
-    algorithm: Literal["grpo", "ppo"] = Field("grpo", description="grpo, or ppo (value model + GAE; the §5 comparison)")
+    # The §5 comparison (paper §5.2.1, the unified paradigm): PPO (§4.1.1: a value model, GAE, the KL
+    # penalty per token in the reward); online RFT (fine-tune on the current policy's correct samples,
+    # gradient coefficient 1[correct]); RFT (the same on the frozen starting model's samples). All share
+    # GRPO's rollout, reward and clipped policy update; RFT and online RFT have no KL term.
+    algorithm: Literal["grpo", "ppo", "rft", "online_rft"] = Field(
+        "grpo", description="grpo; or ppo, rft, online_rft (the §5 comparison)")
     gae_gamma: float = Field(1.0, ge=0, le=1, description="PPO: GAE discount gamma")
     gae_lambda: float = Field(1.0, ge=0, le=1, description="PPO: GAE lambda")
     value_clip: float = Field(0.2, gt=0, description="PPO: clip of the value update around the old values")

@@ -52,3 +52,26 @@ def test_ppo_refuses_process_supervision(tiny_cfg, tmp_path):
 
     with pytest.raises(ConfigError, match="algorithm=ppo takes outcome supervision"):
         tiny_cfg(tmp_path, "grpo.reward_weights={prm: 1.0}", grpo__supervision="process", grpo__algorithm="ppo")
+
+
+def test_online_rft_fine_tunes_on_correct_samples_and_rft_samples_the_start(tmp_path, tiny_cfg, tiny_data_dir,
+                                                                           tiny_model_dir, parity):
+    """The paper's unified paradigm: gradient coefficient 1[correct], no KL. Online RFT samples the
+    current policy, RFT the frozen starting model: its step-2 samples do not depend on step 1's update."""
+    from test_grpo import _assert_moved
+
+    def run(name: str, algorithm: str, lr: float) -> dict[int, dict[str, float]]:
+        log = NullLogger()
+        cfg = tiny_cfg(tmp_path, grpo__steps=2, grpo__algorithm=algorithm, grpo__lr=lr, grpo__beta=0.04)
+        run_grpo(cfg, tiny_data_dir, tiny_model_dir, tmp_path / name, log)
+        return _train_metrics(log)
+
+    online = run("online", "online_rft", 1e-2)
+    assert sorted(online) == [1, 2] and "train/kl" not in online[1]  # no KL term, whatever beta says
+    assert online[1]["train/accuracy"] > 0 and online[1]["train/grad_norm"] > 0
+    _assert_moved(tiny_model_dir, tmp_path / "online" / "checkpoints" / "step-00000002")
+    still = run("online-still", "online_rft", 1e-12)
+    assert online[2]["train/reward_mean"] != still[2]["train/reward_mean"]  # it samples the moved policy
+    rft, rft_still = run("rft", "rft", 1e-2), run("rft-still", "rft", 1e-12)
+    for k in ("train/reward_mean", "train/accuracy", "train/frac_truncated"):
+        assert rft[2][k] == rft_still[2][k], k  # the same samples of the starting model

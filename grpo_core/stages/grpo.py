@@ -3,7 +3,9 @@
 Each step (``grpo_step``): rollout (B questions x G samples from pi_old) -> score (rule reward,
 ORM, PRM) -> advantages (group z-score, or process) -> update (mu passes of the clipped objective
 with k3 KL to the frozen reference) -> metrics. ``run_grpo`` runs it on the shared training loop
-(``trainer.py``: log, validate with keep-best, checkpoint, resume).
+(``trainer.py``: log, validate with keep-best, checkpoint, resume). ``grpo.algorithm`` also runs the
+paper's §5 comparisons on the same rollout, reward and update: online RFT and RFT (advantage
+1[correct], no KL; RFT samples the frozen starting model) here, PPO in ``ppo.py``.
 """
 from __future__ import annotations
 
@@ -79,11 +81,18 @@ def grpo_step(policy, ref, tokenizer, opt, questions: list[Example], gc: GRPOCon
 
     # Rollout and score: G samples per question from pi_old (the current policy), seeded by global
     # row; the reward sources (answer checker, ORM, PRM); process supervision scores every step.
-    ex = explore(policy, tokenizer, questions, gc, seed, scorer, d, amp, record)
+    # (RFT samples the frozen starting model instead.)
+    ex = explore(ref if gc.algorithm == "rft" else policy, tokenizer, questions, gc, seed, scorer, d, amp, record)
     clock.append(ex.sampled_at)
 
-    # Advantages: group z-scores (outcome) or summed normalised step rewards (process), per group.
-    advantages, reward_stats = rollout_advantages(ex.scored, len(ex.questions), g, ex.rollout.completion_mask.shape[1])
+    # Advantages: group z-scores (outcome) or summed normalised step rewards (process), per group;
+    # for RFT and online RFT the paper's gradient coefficient 1[correct], with no KL term.
+    if gc.algorithm in ("rft", "online_rft"):
+        advantages = ex.scored.correct.float()[:, None].expand(-1, ex.rollout.completion_mask.shape[1])
+        reward_stats, gc = {}, gc.model_copy(update={"beta": 0.0})
+    else:
+        advantages, reward_stats = rollout_advantages(ex.scored, len(ex.questions), g,
+                                                      ex.rollout.completion_mask.shape[1])
     clock.append(time.perf_counter())
 
     # Update: mu passes of clipped-ratio minibatch updates with the k3 KL to the reference.
@@ -248,7 +257,7 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
                                      cfg.reward_data.step_separator, used, device=model_device(policy))
     amp = functools.partial(autocast, cfg.launch, model_device(policy))
     ref = None
-    if gc.beta > 0 or gc.algorithm == "ppo":
+    if gc.beta > 0 or gc.algorithm in ("ppo", "rft"):  # the reference; RFT samples it
         ref, _ = load_model(init_dir)
         place(ref, cfg.launch).eval().requires_grad_(False)
     companions = {}
