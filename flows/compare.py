@@ -2,10 +2,11 @@
 by side with the no-RL baseline (the first RL round: its reward models were trained on the SFT
 model's samples).
 
-Variants (``VARIANTS``): SFT continued on its worked solutions for the time the run's round-1 GRPO
-took (the honest baseline: what a user without RL would do with the compute), and GRPO with the rule reward (answer
-checker), ORM outcome supervision, PRM process supervision, and the rule reward plus PRM process
-supervision (the exact outcome with dense step credit). Every variant gets the recipe's settings and
+Variants (``VARIANTS``; by default ``DEFAULT_VARIANTS``): SFT continued on its worked solutions for
+the time the run's round-1 GRPO took (the honest baseline: what a user without RL would do with the
+compute), and GRPO with the rule reward (answer checker), ORM outcome supervision, PRM process
+supervision, and the rule reward plus PRM process supervision (the exact outcome with dense step
+credit); on request the paper's §5 algorithms on the rule reward: ``rft``, ``online-rft``, ``ppo``. Every variant gets the recipe's settings and
 budget (``grpo.max_seconds`` / ``grpo.steps``), once per seed, and
 is evaluated on the same test questions. Seed s of every variant is the recipe's seed + s; seed 0 of
 a GRPO variant whose settings equal the run's own reuses its finished round-1 GRPO stage.
@@ -34,13 +35,19 @@ from tasks.stage_tasks import eval_task, grpo_task, run_stage, sft_task
 from grpo_core.tracking import experiment_id, finishing, start_run, tracking_uri
 
 BASELINE = "continued-sft"
+RULE = {"reward_weights": {"rule": 1.0}, "supervision": "outcome"}
 VARIANTS = {
     BASELINE: None,
-    "rule-outcome": {"reward_weights": {"rule": 1.0}, "supervision": "outcome"},
+    "rule-outcome": RULE,
     "orm-outcome": {"reward_weights": {"orm": 1.0}, "supervision": "outcome"},
     "prm-process": {"reward_weights": {"prm": 1.0}, "supervision": "process"},
     "rule+prm-process": {"reward_weights": {"rule": 1.0, "prm": 1.0}, "supervision": "process"},
+    # The paper's §5 algorithms on the same reward (``--variants continued-sft,rft,online-rft,ppo,rule-outcome``).
+    "rft": {**RULE, "algorithm": "rft"},
+    "online-rft": {**RULE, "algorithm": "online_rft"},
+    "ppo": {**RULE, "algorithm": "ppo"},
 }
+DEFAULT_VARIANTS = (BASELINE, "rule-outcome", "orm-outcome", "prm-process", "rule+prm-process")
 
 
 def variant_config(cfg: PipelineConfig, grpo_update: dict | None, seed: int, seconds: float) -> PipelineConfig:
@@ -79,6 +86,9 @@ def summarise(name: str, accs: list[float], sft_acc: float, baseline: list[float
 @flow(name="compare", flow_run_name=lambda: numbered_run_name(f"compare-{Path(parameter('run_dir')).name}"))
 def compare(run_dir: str, variants: list[str] | None = None, seeds: int = 3) -> list[dict]:
     log = get_run_logger()
+    unknown = [v for v in variants or () if v not in VARIANTS]
+    if unknown:
+        raise ValueError(f"unknown compare variant(s) {', '.join(unknown)}; known: {', '.join(VARIANTS)}")
     root = Path(run_dir).resolve()
     manifest = json.loads((root / "manifest.json").read_text())
     cfg = PipelineConfig.model_validate(yaml.safe_load((root / "config.yaml").read_text()))
@@ -91,7 +101,7 @@ def compare(run_dir: str, variants: list[str] | None = None, seeds: int = 3) -> 
         sft = Ref.model(manifest["stages"]["sft"])
         first = manifest["rounds"][0]["stages"]  # round 1: GRPO and reward models from the SFT model
         models, runs = {"sft": sft}, {}
-        for name in variants or list(VARIANTS):
+        for name in variants or DEFAULT_VARIANTS:
             update = VARIANTS[name]
             uses = () if update is None else variant_config(cfg, update, cfg.seed, 0).grpo.reward_models_used
             missing = [k for k in uses if k not in first]

@@ -267,6 +267,15 @@ def test_compare_flow_reuses_the_runs_grpo_and_tabulates(prefect_harness, tmp_pa
         low, high = row["gain_over_sft_95ci"]
         assert low <= row["gain_over_sft"] <= high
     assert "gain_over_continued-sft" in by_variant["rule-outcome"] and "gain_over_continued-sft" not in by_variant["continued-sft"]
+    # The paper's §5 algorithms on request, one seed each, at the same budget.
+    section5 = {r["variant"]: r for r in compare(str(tmp_path / "runs" / "cmp"), ["rft", "online-rft", "ppo"], seeds=1)}
+    assert list(section5) == ["sft", "rft", "online-rft", "ppo"]
+    exp_id = mlflow_client.get_run(manifest["mlflow_run_id"]).info.experiment_id
+    for algorithm in ("rft", "online_rft", "ppo"):
+        [stage_run] = mlflow_client.search_runs([exp_id], filter_string=f"params.`grpo.algorithm` = '{algorithm}'")
+        assert ("train/value_loss" in stage_run.data.metrics) == (algorithm == "ppo")
+    with pytest.raises(ValueError, match="unknown compare variant"):
+        compare(str(tmp_path / "runs" / "cmp"), ["reinforce"], seeds=1)
     compare_run = mlflow_client.search_runs(
         [mlflow_client.get_run(manifest["mlflow_run_id"]).info.experiment_id],
         filter_string="tags.mlflow.runName = 'compare-cmp'")[0]
