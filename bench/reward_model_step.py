@@ -16,18 +16,16 @@ step and per second, peak RSS; plain over ours; the matmul rate and the step's a
 """
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.grpo_step import _default_inputs, _peak_rss_mib, alternate, matmul_gflops  # noqa: E402
-from bench.sft_step import _summary  # noqa: E402
+from bench.grpo_step import _peak_rss_mib, matmul_gflops  # noqa: E402
+from bench.sft_step import _summary, step_bench  # noqa: E402
 
 ROWS, LR = 32, 1e-4
 
@@ -106,29 +104,7 @@ WORKERS = {"ours": run_ours, "transformers": run_transformers}
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--steps", type=int, default=12, help="steps per run, warm-up included")
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--threads", type=int, help="torch threads of both implementations (default: torch's)")
-    p.add_argument("--json", action="store_true", help="print one JSON object (the only output form)")
-    p.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
-    p.add_argument("--model", help=argparse.SUPPRESS)
-    p.add_argument("--data", help=argparse.SUPPRESS)
-    a = p.parse_args()
-    if a.worker:
-        print(json.dumps(WORKERS[a.worker](a.model, a.data, a.steps, a.threads)))
-        return
-    import torch
-
-    from grpo_core.env import setup_environment
-
-    setup_environment()
-    model, rl = _default_inputs(Path(tempfile.mkdtemp(prefix="rm-bench-")))
-    data = str(Path(rl).with_name("sft.jsonl"))  # the demo's worked solutions
-    threads = a.threads or torch.get_num_threads()
-    runs = alternate(__file__, list(WORKERS), a.rounds, ["--model", model, "--data", data, "--steps", str(a.steps),
-                                                         "--threads", str(threads)])
+    a, runs, model, threads = step_bench(__file__, WORKERS, "rm-bench-")
     result = {"work": {"rows": ROWS, "lr": LR, "loss": "pointwise BCE"}}
     result |= {name: _summary(r, a.warmup) for name, r in runs.items()}
     from grpo_core.rewards.heads import load_reward_model

@@ -103,32 +103,42 @@ def _summary(runs: list[dict], warmup: int) -> dict:
             "peak_rss_mib": round(max(r["peak_rss_mib"] for r in runs), 1), "threads": runs[0]["threads"]}
 
 
-def main() -> None:
+def step_bench(script: str, workers: dict, prefix: str, with_only: bool = False):
+    """The command line of a step benchmark on the demo's inputs. In a ``--worker`` process: run that
+    implementation, print its JSON and exit. Otherwise: each implementation (or ``--only`` one) in
+    its own process, alternating; returns (arguments, runs by name, model folder, threads)."""
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=12, help="steps per run, warm-up included")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--threads", type=int, help="torch threads of every implementation (default: torch's)")
-    p.add_argument("--only", choices=sorted(WORKERS), help="one implementation (no TRL needed for ours)")
+    if with_only:
+        p.add_argument("--only", choices=sorted(workers), help="one implementation (no TRL needed for ours)")
     p.add_argument("--json", action="store_true", help="print one JSON object (the only output form)")
-    p.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
+    p.add_argument("--worker", choices=sorted(workers), help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
     p.add_argument("--data", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.worker:
-        print(json.dumps(WORKERS[a.worker](a.model, a.data, a.steps, a.threads)))
-        return
+        print(json.dumps(workers[a.worker](a.model, a.data, a.steps, a.threads)))
+        raise SystemExit(0)
     import torch
 
     from grpo_core.env import setup_environment
 
     setup_environment()
-    model, rl = _default_inputs(Path(tempfile.mkdtemp(prefix="sft-bench-")))
+    model, rl = _default_inputs(Path(tempfile.mkdtemp(prefix=prefix)))
     data = str(Path(rl).with_name("sft.jsonl"))  # the demo's worked solutions
     threads = a.threads or torch.get_num_threads()
-    names = [a.only] if a.only else list(WORKERS)
-    runs = alternate(__file__, names, a.rounds, ["--model", model, "--data", data, "--steps", str(a.steps),
-                                                 "--threads", str(threads)])
+    names = [a.only] if getattr(a, "only", None) else list(workers)
+    runs = alternate(script, names, a.rounds, ["--model", model, "--data", data, "--steps", str(a.steps),
+                                               "--threads", str(threads)])
+    return a, runs, model, threads
+
+
+def main() -> None:
+    a, runs, model, threads = step_bench(__file__, WORKERS, "sft-bench-", with_only=True)
+    names = list(runs)
     result = {"work": {"rows": ROWS, "length": LENGTH, "lr": LR, "loss_on": "solution"}}
     result |= {name: _summary(r, a.warmup) for name, r in runs.items()}
     rate = matmul_gflops(threads=threads)

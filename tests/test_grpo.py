@@ -137,8 +137,14 @@ class CrashingLogger(NullLogger):
         super().log_metrics(metrics, step)
 
 
-def test_grpo_resume_after_crash_equals_straight_run(tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir, parity):
-    cfg = tiny_cfg(tmp_path, grpo__steps=4, **GRPO_RESUME)
+# PPO (grpo.algorithm) also checkpoints its value model and that model's optimizer.
+PPO = dict(grpo__algorithm="ppo", grpo__gae_gamma=0.99, grpo__gae_lambda=0.95)
+
+
+@pytest.mark.parametrize("algorithm", [{}, PPO], ids=["grpo", "ppo"])
+def test_grpo_resume_after_crash_equals_straight_run(tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir, parity,
+                                                     algorithm):
+    cfg = tiny_cfg(tmp_path, grpo__steps=4, **GRPO_RESUME, **algorithm)
     log_a, log_b2 = NullLogger(), NullLogger()
     run_grpo(cfg, tiny_data_dir, tiny_model_dir, tmp_path / "A", log_a)
     crashing = CrashingLogger(at=3)
@@ -147,6 +153,10 @@ def test_grpo_resume_after_crash_equals_straight_run(tmp_path, tiny_cfg, tiny_da
     assert latest_checkpoint(tmp_path / "B" / "checkpoints").name == "step-00000002"
     run_grpo(cfg, tiny_data_dir, tiny_model_dir, tmp_path / "B", log_b2)
     _resume_check(tmp_path, log_a, crashing, log_b2, n=4, stop=2)
+    a, b = _train_metrics(log_a)[4], _train_metrics(log_b2)[4]
+    assert sorted(k for k in a if k.startswith("train/value")) == ([] if not algorithm else [
+        "train/value_clip_ratio", "train/value_loss", "train/value_mean"])
+    assert all(b[k] == a[k] for k in a if k.startswith("train/value"))  # the value model resumed too
 
 
 def test_grpo_checkpoints_from_another_start_are_set_aside(tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir, parity):

@@ -1,24 +1,22 @@
-"""PPO (``grpo.algorithm: ppo``) on the tiny model: a two-step run logs GRPO's field metrics plus
-the value model's, trains both models, and a crash resumes to the straight run's losses and weights
-(the value model and its optimizer are in the checkpoint)."""
+"""PPO, RFT and online RFT (``grpo.algorithm``) on the tiny model: a two-step PPO run logs GRPO's
+field metrics plus the value model's and trains both models (its crash-resume equivalence is
+``test_grpo``'s, parametrized); RFT and online RFT follow the paper's unified paradigm."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from grpo_core.training.checkpoint import latest_checkpoint, load_state
+from grpo_core.training.checkpoint import load_state
 from grpo_core.stages.grpo import run_grpo
 from grpo_core.tracking import NullLogger
-from test_grpo import FIELD_METRICS, DETERMINISTIC, CrashingLogger, Crash, _resume_check, _train_metrics, parity  # noqa: F401
-
-PPO = dict(grpo__algorithm="ppo", grpo__checkpoint_every=1, grpo__eval_every=2, grpo__inner_updates=2,
-           grpo__minibatch_size=3, grpo__beta=0.04, grpo__gae_gamma=0.99, grpo__gae_lambda=0.95)
+from test_grpo import FIELD_METRICS, GRPO_RESUME, PPO, _train_metrics, parity  # noqa: F401
 VALUE_METRICS = ["train/value_loss", "train/value_clip_ratio", "train/value_mean", "train/return_mean"]
 
 
 def test_ppo_trains_the_policy_and_the_value_model(tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir, parity):
     log = NullLogger()
-    manifest = run_grpo(tiny_cfg(tmp_path, grpo__steps=2, **PPO), tiny_data_dir, tiny_model_dir, tmp_path / "ppo", log)
+    manifest = run_grpo(tiny_cfg(tmp_path, grpo__steps=2, **GRPO_RESUME, **PPO), tiny_data_dir, tiny_model_dir,
+                        tmp_path / "ppo", log)
     assert manifest["steps"] == 2
     train = _train_metrics(log)
     assert sorted(train) == [1, 2]
@@ -30,21 +28,6 @@ def test_ppo_trains_the_policy_and_the_value_model(tmp_path, tiny_cfg, tiny_data
     moved = [k for k, v in states[0]["module"].items() if not torch.equal(v, states[1]["module"][k])]
     assert "score.weight" in moved and len(moved) > 1  # the head and the body both learn
     assert states[1]["optimizer"]["state"]
-
-
-def test_ppo_resume_after_crash_equals_straight_run(tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir, parity):
-    cfg = tiny_cfg(tmp_path, grpo__steps=4, **PPO)
-    log_a, log_b2 = NullLogger(), NullLogger()
-    run_grpo(cfg, tiny_data_dir, tiny_model_dir, tmp_path / "A", log_a)
-    crashing = CrashingLogger(at=3)
-    with pytest.raises(Crash):
-        run_grpo(cfg, tiny_data_dir, tiny_model_dir, tmp_path / "B", crashing)
-    assert latest_checkpoint(tmp_path / "B" / "checkpoints").name == "step-00000002"
-    run_grpo(cfg, tiny_data_dir, tiny_model_dir, tmp_path / "B", log_b2)
-    _resume_check(tmp_path, log_a, crashing, log_b2, n=4, stop=2)
-    a, b = _train_metrics(log_a), _train_metrics(log_b2)
-    for k in VALUE_METRICS:  # the value model resumed too: its losses match the straight run's
-        assert b[4][k] == a[4][k], k
 
 
 def test_ppo_refuses_process_supervision(tiny_cfg, tmp_path):
