@@ -101,9 +101,9 @@ def cmd_compare(a: argparse.Namespace) -> None:
     unknown = sorted(set(variants or []) - set(VARIANTS))
     if unknown:
         _fail(f"--variants: unknown {', '.join(unknown)}; choose from {', '.join(VARIANTS)}")
-    if a.seeds < 1:
-        _fail(f"--seeds {a.seeds}: must be at least 1")
-    print(format_table(compare(str(run_dir), variants, a.seeds)))
+    if a.seeds < 1 or a.samples < 1:
+        _fail(f"--seeds {a.seeds} / --samples {a.samples}: each must be at least 1")
+    print(format_table(compare(str(run_dir), variants, a.seeds, a.samples)))
 
 
 def cmd_rounds(a: argparse.Namespace) -> None:
@@ -230,8 +230,9 @@ def build_parser() -> argparse.ArgumentParser:
                                        "run's SFT model, several seeds each, with intervals")
     c.add_argument("run_dir", help="a finished run that trained the reward models, e.g. runs/demo")
     c.add_argument("--variants", help="comma-separated subset of continued-sft,rule-outcome,orm-outcome,prm-process,"
-                                      "rule+prm-process")
+                                      "rule+prm-process (the default), rft,online-rft,ppo (the paper's §5)")
     c.add_argument("--seeds", type=int, default=3, help="runs per variant (seed = the recipe's seed + 0..N-1)")
+    c.add_argument("--samples", type=int, default=1, help="K > 1 also reports maj@K and pass@K of every model")
     c.set_defaults(func=cmd_compare)
     rr = sub.add_parser("rounds", help="continue a finished run for more RL rounds (the rl-rounds flow)")
     rr.add_argument("run_dir", help="a finished run, e.g. runs/demo")

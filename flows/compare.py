@@ -84,7 +84,9 @@ def summarise(name: str, accs: list[float], sft_acc: float, baseline: list[float
 
 
 @flow(name="compare", flow_run_name=lambda: numbered_run_name(f"compare-{Path(parameter('run_dir')).name}"))
-def compare(run_dir: str, variants: list[str] | None = None, seeds: int = 3) -> list[dict]:
+def compare(run_dir: str, variants: list[str] | None = None, seeds: int = 3, samples: int = 1) -> list[dict]:
+    """``samples`` K > 1: every model's maj@K and pass@K on the test questions too (the paper's
+    Figure 7 question: does RL raise Maj@K and leave Pass@K flat?)."""
     log = get_run_logger()
     unknown = [v for v in variants or () if v not in VARIANTS]
     if unknown:
@@ -122,14 +124,20 @@ def compare(run_dir: str, variants: list[str] | None = None, seeds: int = 3) -> 
                 models[f"{name}/seed-{s}"] = Ref.model(stage)
                 runs[name].append({"seed": vcfg.seed, "wall_s": stage["wall_s"], "steps": stage["steps"],
                                    "reward_model": reward_model_metric(first, uses)})
-        ev = run_stage(eval_task, cfg, str(root / "compare" / "eval"), EvalInputs(data=data, models=models),
+        ecfg = cfg.model_copy(update={"eval": cfg.eval.model_copy(update={"samples": samples})})
+        ev = run_stage(eval_task, ecfg, str(root / "compare" / "eval"), EvalInputs(data=data, models=models),
                        **common).manifest
         results = ev["results"]
         sft_acc = results["sft"]["accuracy"]
         accs = {name: [results[f"{name}/seed-{s}"]["accuracy"] for s in range(len(r))] for name, r in runs.items()}
-        rows = [summarise("sft", [sft_acc], sft_acc, None)]
+        def sampled(name: str, n: int) -> dict:  # maj@K / pass@K, mean over the seeds
+            keys = [k for k in (f"maj@{samples}", f"pass@{samples}") if samples > 1]
+            per = [results[name if name == "sft" else f"{name}/seed-{s}"] for s in range(n)]
+            return {f"{k}_mean": round(mean_std([p[k] for p in per])[0], 4) for k in keys}
+
+        rows = [summarise("sft", [sft_acc], sft_acc, None) | sampled("sft", 1)]
         for name, r in runs.items():
-            rows.append({**summarise(name, accs[name], sft_acc, accs.get(BASELINE)),
+            rows.append({**summarise(name, accs[name], sft_acc, accs.get(BASELINE)), **sampled(name, len(r)),
                          "reward_model": r[0]["reward_model"], "steps_mean": mean_std([x["steps"] for x in r])[0],
                          "wall_s_mean": round(mean_std([x["wall_s"] for x in r])[0], 1),
                          "per_seed": [round(a, 4) for a in accs[name]]})

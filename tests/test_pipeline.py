@@ -268,8 +268,12 @@ def test_compare_flow_reuses_the_runs_grpo_and_tabulates(prefect_harness, tmp_pa
         assert low <= row["gain_over_sft"] <= high
     assert "gain_over_continued-sft" in by_variant["rule-outcome"] and "gain_over_continued-sft" not in by_variant["continued-sft"]
     # The paper's §5 algorithms on request, one seed each, at the same budget.
-    section5 = {r["variant"]: r for r in compare(str(tmp_path / "runs" / "cmp"), ["rft", "online-rft", "ppo"], seeds=1)}
+    section5 = {r["variant"]: r for r in compare(str(tmp_path / "runs" / "cmp"), ["rft", "online-rft", "ppo"], seeds=1,
+                                                 samples=2)}
     assert list(section5) == ["sft", "rft", "online-rft", "ppo"]
+    for row in section5.values():  # maj@K and pass@K of every model (pass@K >= maj@K: any correct of K)
+        assert 0 <= row["maj@2_mean"] <= row["pass@2_mean"] <= 1
+    assert "maj@2_mean" not in by_variant["rule-outcome"]  # K = 1: greedy only
     exp_id = mlflow_client.get_run(manifest["mlflow_run_id"]).info.experiment_id
     for algorithm in ("rft", "online_rft", "ppo"):
         [stage_run] = mlflow_client.search_runs([exp_id], filter_string=f"params.`grpo.algorithm` = '{algorithm}'")
