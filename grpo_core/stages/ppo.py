@@ -13,6 +13,7 @@ data-parallel wrapper.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 
 import torch
@@ -75,8 +76,7 @@ def ppo_step(policy, ref, value_model, value_opt, tokenizer, opt, questions: lis
 
     # Update: the policy with GRPO's clipped objective (the KL is in the reward), then the values.
     policy_gc = gc.model_copy(update={"beta": 0.0})
-    sums, n_updates = update(policy, None, trained or policy, opt, Rollout(rollout.input_ids, rollout.attention_mask, mask,
-                                                                rollout.prompt_len, rollout.texts, rollout.truncated),
+    sums, n_updates = update(policy, None, trained or policy, opt, dataclasses.replace(rollout, completion_mask=mask),
                              advantages, policy_gc, len(questions), d, amp, clock)
     value_metrics = value_updates(value_model, value_opt, rollout, mask, old_values, returns, gc, amp)
 
