@@ -60,8 +60,9 @@ def experiments(uri: str) -> list[tuple[str, str]]:
         return []
     from mlflow.tracking import MlflowClient
 
-    return [(e.name, e.experiment_id) for e in MlflowClient(uri).search_experiments()
-            if MlflowClient(uri).search_runs([e.experiment_id], max_results=1)]
+    client = MlflowClient(uri)
+    return [(e.name, e.experiment_id) for e in client.search_experiments()
+            if client.search_runs([e.experiment_id], max_results=1)]
 
 
 def serve_uis(host: str = "127.0.0.1", mlflow_port: int = 5000, prefect_port: int = 4200) -> None:
