@@ -1,5 +1,5 @@
 """``grpo-pipeline``: run a recipe, evaluate a model, score solutions with a reward model, run the
-SFT-only baseline, compare GRPO reward variants, continue a run for more RL rounds, open the UIs."""
+SFT-only baseline, compare GRPO reward variants, run the paper's §5 study, continue a run for more RL rounds, open the UIs."""
 from __future__ import annotations
 
 import argparse
@@ -104,6 +104,27 @@ def cmd_compare(a: argparse.Namespace) -> None:
     if a.seeds < 1 or a.samples < 1:
         _fail(f"--seeds {a.seeds} / --samples {a.samples}: each must be at least 1")
     print(format_table(compare(str(run_dir), variants, a.seeds, a.samples)))
+
+
+def cmd_study(a: argparse.Namespace) -> None:
+    from flows.study import STUDY_VARIANTS, format_table, study
+
+    run_dir = Path(a.run_dir)
+    if not (run_dir / "manifest.json").exists():
+        _fail(f"{run_dir / 'manifest.json'}: run the pipeline first (grpo-pipeline run ...)")
+    variants = a.variants.split(",") if a.variants else None
+    unknown = sorted(set(variants or []) - set(STUDY_VARIANTS))
+    if unknown:
+        _fail(f"--variants: unknown {', '.join(unknown)}; choose from {', '.join(STUDY_VARIANTS)}")
+    for flag, value in (("--seeds", a.seeds), ("--samples", a.samples), ("--eval-every", a.eval_every),
+                        ("--steps", a.steps or 1), ("--sample-questions", a.sample_questions or 1)):
+        if value < 1:
+            _fail(f"{flag} {value}: must be at least 1")
+    if a.seconds is not None and a.seconds <= 0:
+        _fail(f"--seconds {a.seconds}: must be positive")
+    result = study(str(run_dir), variants, a.seeds, a.seconds, a.steps, a.samples, a.sample_questions, a.eval_every)
+    print(format_table(result))
+    print("figures:", *result["figures"].values(), sep="\n  ")
 
 
 def cmd_rounds(a: argparse.Namespace) -> None:
@@ -234,6 +255,18 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--seeds", type=int, default=3, help="runs per variant (seed = the recipe's seed + 0..N-1)")
     c.add_argument("--samples", type=int, default=1, help="K > 1 also reports maj@K and pass@K of every model")
     c.set_defaults(func=cmd_compare)
+    st = sub.add_parser("study", help="the paper's §5 study from one run's SFT model: continued SFT, RFT, online RFT, "
+                                      "PPO, GRPO outcome / process, one round against two; several seeds, figures")
+    st.add_argument("run_dir", help="a finished run that trained the reward models, e.g. runs/demo")
+    st.add_argument("--variants", help="comma-separated subset of continued-sft,rft,online-rft,ppo,rule-outcome,"
+                                       "orm-outcome,prm-process,prm-process-2-rounds (default: all)")
+    st.add_argument("--seeds", type=int, default=3, help="runs per variant (seed = the recipe's seed + 0..N-1)")
+    st.add_argument("--seconds", type=float, help="training seconds per run (default: the run's round-1 GRPO time)")
+    st.add_argument("--steps", type=int, help="equal samples instead: GRPO steps per RL run (continued SFT keeps --seconds)")
+    st.add_argument("--samples", type=int, default=16, help="K of maj@K and pass@K (1: greedy only)")
+    st.add_argument("--sample-questions", type=int, default=500, help="test questions for maj@K / pass@K")
+    st.add_argument("--eval-every", type=int, default=5, help="GRPO steps between validation evaluations (the curves)")
+    st.set_defaults(func=cmd_study)
     rr = sub.add_parser("rounds", help="continue a finished run for more RL rounds (the rl-rounds flow)")
     rr.add_argument("run_dir", help="a finished run, e.g. runs/demo")
     rr.add_argument("--rounds", type=int, default=1, help="how many more rounds")

@@ -328,10 +328,17 @@ class LaunchConfig(Section):
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: the process's GPU (cuda:LOCAL_RANK) when there is one, else the CPU")
     precision: Literal["fp32", "bf16"] = Field("fp32", description="bf16: autocast forward passes to bfloat16 (weights and optimizer stay fp32)")
     gradient_checkpointing: bool = Field(False, description="recompute activations in backward (less memory, ~30% more time)")
+    own_process: bool = Field(False, description="one process: still run each training stage in a process of its own "
+                                                 "(its peak memory is its own; the study does)")
 
     @property
     def distributed(self) -> bool:
         return self.nproc > 1 or self.nnodes > 1
+
+    @property
+    def launched(self) -> bool:
+        """Whether the training stages run as processes of their own (torchrun, accelerate or plain)."""
+        return self.distributed or self.own_process
 
     @model_validator(mode="after")
     def _endpoint_for_several_machines(self) -> "LaunchConfig":

@@ -6,7 +6,9 @@ MLflow run and shows them in its Prefect summary; the README shows ``run_figure`
 - ``grpo_curves`` (``grpo_figure``): GRPO's reward, validation accuracy and KL over the steps of every round, the
   rounds one after another on one axis;
 - ``reward_models`` (``reward_model_figure``): each reward model's held-out quality on the round's fresh samples, before and
-  after its retraining (how stale it had become, and what retraining fixed).
+  after its retraining (how stale it had become, and what retraining fixed);
+- the ``study`` flow's (``study_figures``): validation accuracy over training time per variant with a band over
+  seeds, maj@K / pass@K per variant, peak memory and steps per second.
 
     python -m grpo_core.figures runs/demo docs/figures/demo.png   # test accuracy + validation curves
 """
@@ -138,6 +140,78 @@ def pipeline_figures(manifest: dict, run_dir: Path | None = None) -> dict:
     figures = {"test_accuracy": accuracy_figure(manifest, run_dir), "grpo_curves": grpo_figure(manifest),
                "reward_models": reward_model_figure(manifest)}
     return {name: fig for name, fig in figures.items() if fig is not None}
+
+
+def _at(curve: list, grid: list[float]) -> list[float]:
+    """A run's accuracy at each grid time: its last evaluation at or before it (NaN before the first)."""
+    out, i, value = [], 0, math.nan
+    for t in grid:
+        while i < len(curve) and curve[i][0] <= t + 1e-9:
+            value, i = curve[i][1], i + 1
+        out.append(value)
+    return out
+
+
+def draw_accuracy_over_time(ax, study: dict) -> None:
+    """Validation accuracy against training time, mean over seeds with a ± std band (Figure 5's form)."""
+    import numpy as np
+
+    start = (0.0, study["sft_val_accuracy"])  # every variant starts from the SFT model
+    curves = {name: [sorted([start, *map(tuple, r["curve"])]) for r in runs] for name, runs in study["runs"].items()}
+    end = max(c[-1][0] for cs in curves.values() for c in cs)
+    grid = list(np.linspace(0, end, 80))
+    for name, cs in curves.items():
+        values = np.array([_at(c, grid) for c in cs]) * 100
+        mean, std = np.nanmean(values, 0), np.nanstd(values, 0, ddof=1) if len(cs) > 1 else np.zeros(len(grid))
+        line, = ax.plot(grid, mean, label=name, lw=1.4, ls="--" if name == "continued-sft" else "-")
+        ax.fill_between(grid, mean - std, mean + std, color=line.get_color(), alpha=0.15, lw=0)
+    ax.set_xlabel("training seconds (two rounds: both GRPO stages, not the PRM retraining between them)")
+    ax.set_ylabel("validation accuracy (%)")
+    ax.legend(fontsize=7, ncol=2, loc="lower right")
+
+
+def study_figures(study: dict) -> dict:
+    """The §5 study's figures: ``accuracy_over_time``, ``sampling`` (maj@K / pass@K, Figure 7's question:
+    does RL raise maj@K and leave pass@K flat?) and ``memory`` (peak memory and steps per second)."""
+    plt = _pyplot()
+    rows, k = study["rows"], study["samples"]
+    what = f"{study['budget']['steps']} GRPO steps" if study["budget"]["steps"] else f"{study['budget']['seconds']:.0f} s"
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    draw_accuracy_over_time(ax, study)
+    ax.set_title(f"{study['run_name']}: every variant from the SFT model, {what}, mean ± std over "
+                 f"{study['seeds']} seed(s)", fontsize=9)
+    fig.tight_layout()
+    out = {"accuracy_over_time": fig}
+    names = [r["variant"] for r in rows]
+    if k > 1:
+        fig, ax = plt.subplots(figsize=(8, 4))
+        for j, (metric, color) in enumerate(((f"maj@{k}", "tab:blue"), (f"pass@{k}", "tab:green"), ("test_accuracy", "tab:grey"))):
+            label = "greedy (all test questions)" if metric == "test_accuracy" else f"{metric} ({study['n_sampled']} questions)"
+            ax.bar([i + (j - 1) * 0.27 for i in range(len(rows))], [100 * r[f"{metric}_mean"] for r in rows], width=0.27,
+                   yerr=[100 * r.get(f"{metric}_std", 0.0) for r in rows], color=color, capsize=2, label=label)
+        ax.axhline(100 * rows[0][f"maj@{k}_mean"], color="tab:blue", lw=0.8, ls=":")
+        ax.axhline(100 * rows[0][f"pass@{k}_mean"], color="tab:green", lw=0.8, ls=":")
+        ax.set_xticks(range(len(rows)), names, rotation=30, ha="right", fontsize=8)
+        ax.set_ylabel("accuracy (%)")
+        low = min(100 * r[m] for r in rows for m in (f"maj@{k}_mean", "test_accuracy_mean"))
+        ax.set_ylim(max(0, low - 10), 100)
+        ax.legend(fontsize=7, loc="lower left")
+        ax.set_title(f"maj@{k} and pass@{k}: the SFT model (dotted) and each variant, mean ± std over seeds", fontsize=9)
+        fig.tight_layout()
+        out["sampling"] = fig
+    trained = [r for r in rows if "steps_per_s_mean" in r]
+    fig, (mem, speed) = plt.subplots(1, 2, figsize=(10, 3.8))
+    kind = "cuda_mib" if any("peak_cuda_mib_mean" in r for r in trained) else "rss_mib"
+    mem.bar(range(len(trained)), [r.get(f"peak_{kind}_mean", math.nan) for r in trained], color="tab:purple")
+    mem.set_ylabel("peak CUDA allocation (MiB)" if kind == "cuda_mib" else "peak RSS of the stage's process (MiB)")
+    speed.bar(range(len(trained)), [r["steps_per_s_mean"] for r in trained], color="tab:olive")
+    speed.set_ylabel("training steps per second")
+    for ax in (mem, speed):
+        ax.set_xticks(range(len(trained)), [r["variant"] for r in trained], rotation=30, ha="right", fontsize=8)
+    fig.suptitle("memory and speed per variant (mean over seeds)", fontsize=10)
+    fig.tight_layout()
+    out["memory"] = fig
+    return out
 
 
 def save(figures: dict, out_dir: Path) -> dict[str, Path]:

@@ -38,6 +38,8 @@ def launch_command(launch: LaunchConfig, stage: str, args: list[str]) -> list[st
     of this process so that the processes see the same environment."""
     if stage not in LAUNCHABLE:
         raise ValueError(f"stage {stage!r} cannot be launched as processes; launchable: {', '.join(LAUNCHABLE)}")
+    if not launch.distributed:  # launch.own_process: one plain process, no rendezvous
+        return [sys.executable, "-m", MODULE, *args]
     if launch.launcher == "accelerate":
         cmd = [sys.executable, "-m", "accelerate.commands.launch"]
         if launch.accelerate_config:

@@ -128,12 +128,12 @@ def _stage_params(cfg: PipelineConfig, stage: str) -> dict[str, str]:
 
 def stage_task(stage: str):
     """The Prefect task of ``stage``: its inputs run in this process, or (training stages with
-    ``launch.distributed``) as torchrun / accelerate processes; the manifest records the output's
+    ``launch.distributed`` or ``launch.own_process``) as processes of their own; the manifest records the output's
     digest, the cache key and the stage's MLflow run."""
     @task(name=stage, cache_key_fn=_cache_key(stage), persist_result=True)
     def run(cfg: PipelineConfig, out_dir: str, inputs: StageInputs, uri: str, parent_id: str) -> dict:
         with child_run(uri, parent_id, stage, _stage_params(cfg, stage)) as log:
-            if cfg.launch.distributed and stage in LAUNCHABLE:
+            if cfg.launch.launched and stage in LAUNCHABLE:
                 manifest = run_launched(stage, cfg, out_dir, inputs, uri, log.run_id)
             else:
                 manifest = inputs.run(cfg, Path(out_dir), log)

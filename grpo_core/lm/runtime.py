@@ -41,3 +41,14 @@ def autocast(launch: LaunchConfig, device: torch.device):
 def model_device(model) -> torch.device:
     """The device of a model's parameters (also through a DDP wrapper)."""
     return next(model.parameters()).device
+
+
+def peak_memory() -> dict[str, float]:
+    """This process's peak memory in MiB: its resident set (Linux ``ru_maxrss``) and, where it used a
+    GPU, torch's peak CUDA allocation. Meaningful for a stage in a process of its own."""
+    import resource
+
+    out = {"rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["cuda_mib"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+    return out

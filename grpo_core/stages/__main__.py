@@ -11,6 +11,8 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from grpo_core.training import distributed
 from grpo_core.config import load_config
 from grpo_core.env import setup_environment
+from grpo_core.lm.runtime import peak_memory
+from grpo_core.stages.common import write_manifest
 from grpo_core.stages.inputs import read_inputs
 from grpo_core.tracking import logger_from_env
 
@@ -27,8 +29,8 @@ def main(argv: list[str] | None = None) -> None:
     inputs = read_inputs(Path(a.inputs))
     manifest = inputs.run(load_config(a.config, a.overrides), Path(a.out), logger_from_env(inputs.stage))
     distributed.finish()
-    if manifest is not None:  # rank 0
-        print(manifest)
+    if manifest is not None:  # rank 0: its peak memory is the stage's (the process ran nothing else)
+        print(write_manifest(Path(a.out), {**manifest, "peak_memory": peak_memory()}))
 
 
 if __name__ == "__main__":

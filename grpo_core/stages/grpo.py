@@ -314,7 +314,7 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
     summary = {"best_val_accuracy": st.best_acc, "best_step": st.best_step, "steps": st.step,
                "wall_s": round(st.elapsed, 1), "stopped": trainer.stop_reason(),
                "resumed_from_step": resumed_from, "round": round_,
-               f"last_{SUMMARY_WINDOW}_steps": last}
+               f"last_{SUMMARY_WINDOW}_steps": last, "curve": st.curve}
     logger.log_metrics({"val/best_accuracy": st.best_acc, "time/wall_s": st.elapsed}, step=st.step)
     return write_manifest(out_dir, {"stage": "grpo", "model": str(final_dir), "init": str(init_dir), **summary,
                                     "rollouts": str(out_dir) if gc.save_rollouts else None})

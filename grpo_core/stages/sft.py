@@ -86,6 +86,6 @@ def run_sft(cfg: PipelineConfig, data_dir: Path, out_dir: Path, logger: MetricLo
     final_dir = trainer.publish()
     summary = {"best_val_accuracy": st.best_acc, "best_step": st.best_step, "steps": st.step,
                "epochs": st.epoch, "wall_s": round(st.elapsed, 1), "stopped": trainer.stop_reason(),
-               "n_train_examples": len(train)}
+               "n_train_examples": len(train), "curve": st.curve}
     logger.log_metrics({"val/best_accuracy": st.best_acc, "time/wall_s": st.elapsed}, step=st.step)
     return write_manifest(out_dir, {"stage": "sft", "model": str(final_dir), "init": init_from or "config", **summary})

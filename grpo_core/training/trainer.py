@@ -40,6 +40,7 @@ class TrainState:
     plateau_lr: float = 0.0  # the reduce-on-plateau schedule's lr
     stopped: str = ""        # "", "steps", "epochs", "time" or "patience"
     extra: dict = field(default_factory=dict)  # a stage's own counters (GRPO's recent metrics, ...)
+    curve: list = field(default_factory=list)  # every evaluation: {step, elapsed_s, metrics...}
 
 
 @dataclass(frozen=True)
@@ -195,6 +196,9 @@ class Trainer:
         st, plan, d = self.state, self.plan, self.d
         metrics = d.broadcast(evaluate(st) if d.main else None)
         self.logger.log_metrics(metrics, step=st.step)
+        # Against training time too (the study's accuracy-over-time figure): the wall time at the
+        # evaluation, before it ran.
+        st.curve.append({"step": st.step, "elapsed_s": round(st.elapsed, 2), **metrics})
         if plan.keep_best is None:
             return
         score = metrics[plan.keep_best]
