@@ -177,13 +177,17 @@ def study(run_dir: str, variants: list[str] | None = None, seeds: int = 3, secon
         data, sft = Ref.folder(manifest["stages"]["data"]), Ref.model(manifest["stages"]["sft"])
         runs: dict[str, list[StudyRun]] = {}
         for name in variants or STUDY_VARIANTS:
-            vcfg = run_config(cfg, name, cfg.seed, budget, eval_every)
-            missing = [m for m in (() if name == BASELINE else vcfg.grpo.reward_models_used) if m not in first["stages"]]
+            uses = () if name == BASELINE else run_config(cfg, name, cfg.seed, budget, eval_every).grpo.reward_models_used
+            missing = [m for m in uses if m not in first["stages"]]
             if missing:
                 log.warning("skipping %s: the run trained no %s", name, ", ".join(missing))
-                continue
-            runs[name] = [train_variant(name, run_config(cfg, name, cfg.seed + s, budget, eval_every),
-                                        out_root / name / f"seed-{s}", data, sft, first, common) for s in range(seeds)]
+            else:
+                runs[name] = []
+        # Seed by seed, every variant in turn: a slow spell of a shared host hits all variants alike.
+        for s in range(seeds):
+            for name, done in runs.items():
+                done.append(train_variant(name, run_config(cfg, name, cfg.seed + s, budget, eval_every),
+                                          out_root / name / f"seed-{s}", data, sft, first, common))
 
         # Evaluation: greedy on every test question; K samples on the first sample_questions.
         models = {"sft": sft} | {f"{n}/seed-{i}": r.model for n, rs in runs.items() for i, r in enumerate(rs)}
