@@ -8,7 +8,7 @@ PIP_FLAGS := --quiet --disable-pip-version-check --no-warn-script-location
 # Drops pip's notes about local package folders that some machines' pip.conf names but lack.
 QUIET := 2>&1 | { grep -v "^WARNING: Location" || true; }
 
-.PHONY: venv demo test baseline compare rounds ui clean smollm2 bench
+.PHONY: venv demo test baseline compare study rounds ui clean smollm2 bench
 
 $(BIN)/.installed: requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -50,6 +50,10 @@ baseline: venv
 SEEDS ?= 3
 compare: venv
 	$(BIN)/grpo-pipeline compare runs/demo --seeds $(SEEDS)
+
+# The paper's §5 study from the demo's SFT model (every variant, SEEDS seeds, the demo's GRPO time each).
+study: venv
+	$(BIN)/grpo-pipeline study runs/demo --seeds $(SEEDS)
 
 ROUNDS ?= 1
 rounds: venv

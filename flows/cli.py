@@ -117,14 +117,17 @@ def cmd_study(a: argparse.Namespace) -> None:
     if unknown:
         _fail(f"--variants: unknown {', '.join(unknown)}; choose from {', '.join(STUDY_VARIANTS)}")
     for flag, value in (("--seeds", a.seeds), ("--samples", a.samples), ("--eval-every", a.eval_every),
-                        ("--steps", a.steps or 1), ("--sample-questions", a.sample_questions or 1)):
-        if value < 1:
+                        ("--steps", a.steps), ("--sample-questions", a.sample_questions)):
+        if value is not None and value < 1:
             _fail(f"{flag} {value}: must be at least 1")
     if a.seconds is not None and a.seconds <= 0:
         _fail(f"--seconds {a.seconds}: must be positive")
-    result = study(str(run_dir), variants, a.seeds, a.seconds, a.steps, a.samples, a.sample_questions, a.eval_every)
+    try:
+        result = study(str(run_dir), variants, a.seeds, a.seconds, a.steps, a.samples, a.sample_questions, a.eval_every)
+    except ValueError as e:
+        _fail(str(e))
     print(format_table(result))
-    print("figures:", *result["figures"].values(), sep="\n  ")
+    print(f"{result['dir']}/manifest.json; figures:", *result["figures"].values(), sep="\n  ")
 
 
 def cmd_rounds(a: argparse.Namespace) -> None:
@@ -265,7 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--steps", type=int, help="equal samples instead: GRPO steps per RL run (continued SFT keeps --seconds)")
     st.add_argument("--samples", type=int, default=16, help="K of maj@K and pass@K (1: greedy only)")
     st.add_argument("--sample-questions", type=int, default=500, help="test questions for maj@K / pass@K")
-    st.add_argument("--eval-every", type=int, default=5, help="GRPO steps between validation evaluations (the curves)")
+    st.add_argument("--eval-every", type=int, default=10, help="GRPO steps between validation evaluations (the curves)")
     st.set_defaults(func=cmd_study)
     rr = sub.add_parser("rounds", help="continue a finished run for more RL rounds (the rl-rounds flow)")
     rr.add_argument("run_dir", help="a finished run, e.g. runs/demo")

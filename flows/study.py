@@ -20,8 +20,9 @@ trainer's evaluations every ``eval_every`` GRPO steps, SFT's every ``sft.eval_ev
 test accuracy, maj@K and pass@K on the first ``sample_questions`` test questions, peak memory, steps
 per second. Reported per variant: mean ± std over seeds and paired differences (seed by seed, same
 questions) to the SFT model and to continued SFT, with 95% Student-t intervals; the two-round variant
-also against one round. Outputs: ``runs/<run>/study/`` (manifest, figures), an MLflow run
-``study-<run_name>`` (table and figures), a Prefect Markdown artifact (table, figures inline).
+also against one round. Outputs: ``runs/<run>/study/<budget>/`` (manifest, figures), an MLflow run
+``study-<run_name>`` (table and figures), a Prefect Markdown artifact (table, figures inline). Time
+budgets count training only: evaluations are measurement, outside the budget and the curves' time.
 """
 from __future__ import annotations
 
@@ -57,11 +58,16 @@ class Budget(BaseModel):
     seconds: float
     steps: int | None = None
 
-    def grpo(self, share: float = 1.0) -> dict:
-        """The ``grpo`` section's budget for ``share`` of it (half for each of two rounds)."""
+    def grpo(self, rounds: int = 1, k: int = 1) -> dict:
+        """The ``grpo`` section's budget for round ``k`` of ``rounds`` sharing it (the last takes the
+        steps that do not divide evenly)."""
         if self.steps:
-            return {"steps": max(1, round(self.steps * share)), "max_seconds": None}
-        return {"steps": 10**9, "max_seconds": self.seconds * share}
+            return {"steps": self.steps // rounds + (self.steps % rounds if k == rounds else 0), "max_seconds": None}
+        return {"steps": 10**9, "max_seconds": self.seconds / rounds}
+
+    def tag(self, eval_every: int) -> str:
+        """The study's folder under ``runs/<run>/study/``: another budget is another study, never a resume."""
+        return (f"steps-{self.steps}" if self.steps else f"time-{self.seconds:g}s") + f"-eval{eval_every}"
 
 
 class StudyRun(BaseModel):
@@ -70,7 +76,7 @@ class StudyRun(BaseModel):
     model_config = ConfigDict(frozen=True)
     seed: int
     model: Ref
-    wall_s: float                    # training time (both GRPO stages for two rounds)
+    wall_s: float                    # training seconds, evaluations not counted (two rounds: both GRPO stages)
     steps: int
     extra_s: float = 0.0             # outside the budget: the reward-model retraining between rounds
     peak_memory: dict[str, float]    # the largest of its stages' peaks
@@ -82,30 +88,31 @@ class StudyRun(BaseModel):
         curve, offset = [], 0.0
         for st in stages:
             curve += [(offset + p["elapsed_s"], p["val/accuracy"]) for p in st.get("curve", [])]
-            offset += st["wall_s"]
+            offset += st["train_s"]
         peaks = [st.get("peak_memory", {}) for st in stages]
         return cls(seed=seed, model=Ref.model(stages[-1]), wall_s=round(offset, 1),
                    steps=sum(st["steps"] for st in stages), extra_s=round(extra_s, 1), curve=curve,
                    peak_memory={k: max(p[k] for p in peaks if k in p) for k in {k for p in peaks for k in p}})
 
 
-def run_config(cfg: PipelineConfig, name: str, seed: int, budget: Budget, eval_every: int) -> PipelineConfig:
-    """The recipe of one (variant, seed): the variant's settings and budget, evaluations every
-    ``eval_every`` GRPO steps, each training stage in a process of its own."""
+def run_config(cfg: PipelineConfig, name: str, seed: int, budget: Budget, eval_every: int, k: int = 1) -> PipelineConfig:
+    """The recipe of one (variant, seed) (of its round ``k`` for two rounds): the variant's settings
+    and budget, evaluations every ``eval_every`` GRPO steps, each training stage in a process of its own."""
     launch = cfg.launch.model_copy(update={"own_process": True})
     if name == BASELINE:
         return compare_config(cfg, None, seed, budget.seconds).model_copy(update={"launch": launch})
     vcfg = compare_config(cfg, VARIANTS[ONE_ROUND if name == TWO_ROUNDS else name], seed, budget.seconds)
-    share = 0.5 if name == TWO_ROUNDS else 1.0
-    grpo = vcfg.grpo.model_copy(update=budget.grpo(share) | {"eval_every": eval_every})
+    grpo = vcfg.grpo.model_copy(update=budget.grpo(2 if name == TWO_ROUNDS else 1, k) | {"eval_every": eval_every})
     return vcfg.model_copy(update={"grpo": grpo, "launch": launch})
 
 
-def two_rounds(vcfg: PipelineConfig, out: Path, data: Ref, sft: Ref, first: dict, common: dict) -> tuple[list[dict], float]:
+def two_rounds(cfgs: tuple[PipelineConfig, PipelineConfig], out: Path, data: Ref, sft: Ref, first: dict,
+               common: dict) -> tuple[list[dict], float]:
     """Iterative RL from the SFT model: GRPO round 1 with the run's round-1 PRM; sample the new policy,
     retrain the PRM on those samples (and GRPO's rollouts) plus a replay of the run's round-1 data;
-    GRPO round 2 from round 1's policy (the new reference). Returns the GRPO manifests and the
-    retraining seconds."""
+    GRPO round 2 from round 1's policy (the new reference). ``cfgs``: each round's recipe. Returns the
+    GRPO manifests and the retraining seconds."""
+    vcfg, vcfg2 = cfgs
     prm = Ref.model(first["stages"]["prm"])
     g1 = run_stage(grpo_task, vcfg, str(out / "round-1" / "grpo"),
                    GRPOInputs(data=data, init=sft, reward_models={"prm": prm}, round=1), **common).manifest
@@ -115,18 +122,20 @@ def two_rounds(vcfg: PipelineConfig, out: Path, data: Ref, sft: Ref, first: dict
                        rollouts=Ref(path=g1["rollouts"], digest=g1["digest"]) if g1.get("rollouts") else None)
     prm_only = vcfg.model_copy(update={"orm": vcfg.orm.model_copy(update={"train": False})})
     retrain = reward_stages(prm_only, 2, out / "round-2", out, data, sft, start, common)
-    g2 = run_stage(grpo_task, vcfg, str(out / "round-2" / "grpo"), GRPOInputs(
+    g2 = run_stage(grpo_task, vcfg2, str(out / "round-2" / "grpo"), GRPOInputs(
         data=data, init=Ref.model(g1), reward_models={"prm": Ref.model(retrain["prm"].manifest)}, round=2),
         **common).manifest
     return [g1, g2], sum(r.seconds for r in retrain.values())
 
 
-def train_variant(name: str, vcfg: PipelineConfig, out: Path, data: Ref, sft: Ref, first: dict,
-                  common: dict) -> StudyRun:
+def train_variant(name: str, cfg: PipelineConfig, seed: int, budget: Budget, eval_every: int, out: Path, data: Ref,
+                  sft: Ref, first: dict, common: dict) -> StudyRun:
+    vcfg = run_config(cfg, name, seed, budget, eval_every)
     if name == BASELINE:
-        return StudyRun.of(vcfg.seed, [run_stage(sft_task, vcfg, str(out), SFTInputs(data=data, init=sft), **common).manifest])
+        return StudyRun.of(seed, [run_stage(sft_task, vcfg, str(out), SFTInputs(data=data, init=sft), **common).manifest])
     if name == TWO_ROUNDS:
-        return StudyRun.of(vcfg.seed, *two_rounds(vcfg, out, data, sft, first, common))
+        cfgs = (vcfg, run_config(cfg, name, seed, budget, eval_every, k=2))
+        return StudyRun.of(seed, *two_rounds(cfgs, out, data, sft, first, common))
     rms = {k: Ref.model(first["stages"][k]) for k in vcfg.grpo.reward_models_used}
     return StudyRun.of(vcfg.seed, [run_stage(grpo_task, vcfg, str(out), GRPOInputs(
         data=data, init=sft, reward_models=rms), **common).manifest])
@@ -156,7 +165,7 @@ def variant_row(name: str, runs: list[StudyRun], sampled: dict, sft_acc: float,
 @flow(name="study", flow_run_name=lambda: numbered_run_name(f"study-{Path(parameter('run_dir')).name}"))
 def study(run_dir: str, variants: list[str] | None = None, seeds: int = 3, seconds: float | None = None,
           steps: int | None = None, samples: int = 16, sample_questions: int | None = 500,
-          eval_every: int = 5) -> dict:
+          eval_every: int = 10) -> dict:
     """Run the study (module docstring) on ``run_dir``; returns its manifest (rows, runs, figures)."""
     log = get_run_logger()
     unknown = [v for v in variants or () if v not in STUDY_VARIANTS]
@@ -167,7 +176,9 @@ def study(run_dir: str, variants: list[str] | None = None, seeds: int = 3, secon
     cfg = PipelineConfig.model_validate(yaml.safe_load((root / "config.yaml").read_text()))
     first = manifest["rounds"][0]
     budget = Budget(seconds=seconds or first["stages"]["grpo"]["wall_s"], steps=steps)
-    out_root = root / "study"
+    if steps is not None and steps < 2 and TWO_ROUNDS in (variants or STUDY_VARIANTS):
+        raise ValueError(f"steps = {steps}: {TWO_ROUNDS} needs at least 2 GRPO steps (one per round)")
+    out_root = root / "study" / budget.tag(eval_every)
     uri = tracking_uri(cfg)
     exp_id = experiment_id(uri, cfg.tracking.experiment)
     parent = start_run(uri, exp_id, f"study-{cfg.run_name}",
@@ -183,11 +194,13 @@ def study(run_dir: str, variants: list[str] | None = None, seeds: int = 3, secon
                 log.warning("skipping %s: the run trained no %s", name, ", ".join(missing))
             else:
                 runs[name] = []
+        if not runs:
+            raise ValueError(f"nothing to study: {run_dir} trained none of the reward models the variants need")
         # Seed by seed, every variant in turn: a slow spell of a shared host hits all variants alike.
         for s in range(seeds):
             for name, done in runs.items():
-                done.append(train_variant(name, run_config(cfg, name, cfg.seed + s, budget, eval_every),
-                                          out_root / name / f"seed-{s}", data, sft, first, common))
+                done.append(train_variant(name, cfg, cfg.seed + s, budget, eval_every, out_root / name / f"seed-{s}",
+                                          data, sft, first, common))
 
         # Evaluation: greedy on every test question; K samples on the first sample_questions.
         models = {"sft": sft} | {f"{n}/seed-{i}": r.model for n, rs in runs.items() for i, r in enumerate(rs)}
@@ -211,7 +224,7 @@ def study(run_dir: str, variants: list[str] | None = None, seeds: int = 3, secon
                "budget": budget.model_dump(), "seeds": seeds, "samples": samples, "eval_every": eval_every,
                "n_test": results["sft"]["n"], "n_sampled": sampled["sft"]["n"] if sampled else 0,
                "sft_val_accuracy": manifest["stages"]["sft"]["best_val_accuracy"],
-               "run_name": cfg.run_name, "mlflow_run_id": parent}
+               "run_name": cfg.run_name, "dir": str(out_root), "mlflow_run_id": parent}
         out["figures"] = {k: str(v) for k, v in figures.save(figures.study_figures(out), out_root / "figures").items()}
         tracker = MlflowLogger(uri, parent)
         tracker.log_table(rows, "study.json")

@@ -102,7 +102,7 @@ class Training(Section):
     betas: tuple[float, float] = Field((0.9, 0.95), description="AdamW betas (paper: 0.9, 0.95)")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
     max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping")
-    max_seconds: float | None = Field(None, gt=0, description="stop after this wall time")
+    max_seconds: float | None = Field(None, gt=0, description="stop after this much training time (evaluations not counted)")
     checkpoint_every: int | None = Field(100, ge=1, description="steps between checkpoints")
     keep_checkpoints: int = Field(2, ge=1, description="complete checkpoints kept")
 
@@ -117,7 +117,7 @@ class PretrainConfig(Training):
     schedule: Literal["multistep", "constant"] = Field("multistep", description="lr schedule: DeepSeek LLM's multi-step")
     warmup_steps: int = Field(2000, ge=0, description="linear warmup steps (paper: 2000)")
     max_steps: int = Field(1000, ge=1, description="optimizer steps (the schedule's 80% / 90% marks are of these)")
-    max_seconds: float | None = Field(None, gt=0, description="stop after this wall time (the schedule still follows max_steps)")
+    max_seconds: float | None = Field(None, gt=0, description="stop after this much training time, evaluations not counted (the schedule still follows max_steps)")
     batch_size: int = Field(32, ge=1, description="packed rows per optimizer step")
     context_length: int = Field(4096, ge=16, description="packed row length")
     weight_decay: float = Field(0.1, ge=0, description="AdamW weight decay (paper: 0.1)")

@@ -88,7 +88,8 @@ class MlflowLogger:
 
     def log_table(self, rows: list[dict[str, Any]], artifact_file: str) -> None:
         if rows:
-            columns = {k: [r.get(k) for r in rows] for k in rows[0]}
+            keys = list(dict.fromkeys(k for r in rows for k in r))  # every row's, first seen first
+            columns = {k: [r.get(k) for r in rows] for k in keys}
             self.client.log_table(self.run_id, data=columns, artifact_file=artifact_file)
 
     def log_artifacts(self, local_dir: str | Path, artifact_path: str) -> None:

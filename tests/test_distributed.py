@@ -36,6 +36,9 @@ def test_launch_commands():
     acc = launch_command(LaunchConfig(nproc=2, launcher="accelerate", accelerate_config="a.yaml"), "pretrain", [])
     assert acc[1:] == ["-m", "accelerate.commands.launch", "--config_file", "a.yaml", "--num_processes", "2",
                        "--num_machines", "1", "-m", "grpo_core.stages"]
+    one = launch_command(LaunchConfig(own_process=True), "grpo", ["--out", "o"])  # a process of its own, no torchrun
+    assert one == [sys.executable, "-m", "grpo_core.stages", "--out", "o"] and LaunchConfig(own_process=True).launched
+    assert not LaunchConfig().launched
     with pytest.raises(ValueError, match="reward_data"):
         launch_command(LaunchConfig(nproc=2), "reward_data", [])
     with pytest.raises(ValueError, match="rdzv_endpoint"):
@@ -56,10 +59,8 @@ def _run(cfg, inputs, out: Path, nproc: int, tmp_path: Path, name: str) -> dict[
     run_id = client.create_run(exp.experiment_id, run_name=name).info.run_id
     resolved = write_resolved(cfg, tmp_path / f"{name}.yaml")
     args = ["--inputs", str(write_inputs(inputs, tmp_path / f"{name}.json")), "--out", str(out)]
+    # One process: the stage's own CLI, without torchrun (launch.own_process).
     cmd = launch_command(LaunchConfig(nproc=nproc), inputs.stage, ["--config", str(resolved), *args])
-    if nproc == 1:  # the stage's own CLI, without torchrun
-        cmd = cmd[cmd.index("-m", 3):]
-        cmd.insert(0, sys.executable)
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "MLFLOW_RUN_ID": run_id, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

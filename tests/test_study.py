@@ -49,13 +49,15 @@ def test_study_flow_two_seeds(prefect_harness, tmp_path, tiny_cfg, monkeypatch):
     two = runs["prm-process-2-rounds"][0]
     times = [t for t, _ in two["curve"]]
     assert times == sorted(times) and len(times) >= 4 and two["extra_s"] > 0
-    seed_dir = run_dir / "study" / "prm-process-2-rounds" / "seed-0"
+    assert out["dir"] == str(run_dir / "study" / "steps-2-eval1")
+    seed_dir = Path(out["dir"]) / "prm-process-2-rounds" / "seed-0"
     prm = json.loads((seed_dir / "round-2" / "prm" / "manifest.json").read_text())
     assert prm["replay"]["share"] > 0  # retrained on fresh samples plus a replay of the run's round-1 data
     g2 = json.loads((seed_dir / "round-2" / "grpo" / "manifest.json").read_text())
     assert g2["init"] == str(seed_dir / "round-1" / "grpo" / "model") and "rss_mib" in g2["peak_memory"]
+    assert g2["steps"] == 1 and 0 < g2["train_s"] <= g2["wall_s"]  # evaluations are not training time
     # The report: manifest, figures, MLflow run, Prefect artifact.
-    assert json.loads((run_dir / "study" / "manifest.json").read_text())["rows"] == out["rows"]
+    assert json.loads((Path(out["dir"]) / "manifest.json").read_text())["rows"] == out["rows"]
     assert set(out["figures"]) == {"accuracy_over_time", "sampling", "memory"}
     for path in out["figures"].values():
         assert Path(path).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -67,8 +69,12 @@ def test_study_flow_two_seeds(prefect_harness, tmp_path, tiny_cfg, monkeypatch):
     with get_client(sync_client=True) as prefect:
         [artifact] = prefect.read_latest_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["study-st"])))
     assert "| prm-process-2-rounds | 2 |" in artifact.data and artifact.data.count("data:image/png;base64,") == 3
+    table = json.loads(Path(client.download_artifacts(run.info.run_id, "study.json", str(tmp_path))).read_text())
+    assert {"gain_over_one_round", "peak_rss_mib_mean"} <= set(table["columns"])  # not just the SFT row's
     with pytest.raises(ValueError, match="unknown study variant"):
         study(str(run_dir), ["reinforce"], seeds=1)
+    with pytest.raises(ValueError, match="at least 2 GRPO steps"):
+        study(str(run_dir), ["prm-process-2-rounds"], seeds=1, steps=1)
 
 
 def test_study_figures_from_a_manifest(tmp_path):

@@ -85,7 +85,7 @@ def run_sft(cfg: PipelineConfig, data_dir: Path, out_dir: Path, logger: MetricLo
         return None
     final_dir = trainer.publish()
     summary = {"best_val_accuracy": st.best_acc, "best_step": st.best_step, "steps": st.step,
-               "epochs": st.epoch, "wall_s": round(st.elapsed, 1), "stopped": trainer.stop_reason(),
+               "epochs": st.epoch, "wall_s": round(st.elapsed, 1), "train_s": round(st.train_s, 2), "stopped": trainer.stop_reason(),
                "n_train_examples": len(train), "curve": st.curve}
     logger.log_metrics({"val/best_accuracy": st.best_acc, "time/wall_s": st.elapsed}, step=st.step)
     return write_manifest(out_dir, {"stage": "sft", "model": str(final_dir), "init": init_from or "config", **summary})

@@ -33,6 +33,7 @@ class TrainState:
     row: int = 0             # where the epoch's next batch starts (a packed row, an RM's batch)
     tokens: int = 0          # loss tokens trained on, all processes
     elapsed: float = 0.0     # wall seconds, across resumes
+    eval_s: float = 0.0      # of which evaluating: not training, so outside the time budget
     best_acc: float = -math.inf  # best evaluation score so far (accuracy, an RM's AUC)
     best_step: int = 0
     best_metrics: dict = field(default_factory=dict)
@@ -40,7 +41,12 @@ class TrainState:
     plateau_lr: float = 0.0  # the reduce-on-plateau schedule's lr
     stopped: str = ""        # "", "steps", "epochs", "time" or "patience"
     extra: dict = field(default_factory=dict)  # a stage's own counters (GRPO's recent metrics, ...)
-    curve: list = field(default_factory=list)  # every evaluation: {step, elapsed_s, metrics...}
+    curve: list = field(default_factory=list)  # every evaluation: {step, elapsed_s (training seconds), metrics...}
+
+    @property
+    def train_s(self) -> float:
+        """Seconds spent training (``max_seconds`` budgets these): wall time less evaluations."""
+        return self.elapsed - self.eval_s
 
 
 @dataclass(frozen=True)
@@ -144,7 +150,7 @@ class Trainer:
         ``epoch`` itself. ``evaluate`` (rank 0 only) returns metrics including ``plan.keep_best``."""
         st, plan, sc, d = self.state, self.plan, self.sc, self.d
         clock = Stopwatch(st.elapsed)
-        if st.stopped == "time" and (sc.max_seconds is None or st.elapsed < sc.max_seconds):
+        if st.stopped == "time" and (sc.max_seconds is None or st.train_s < sc.max_seconds):
             st.stopped = ""  # resumed with a larger time budget
         if plan.eval_first and st.step == 0 and st.best_acc == -math.inf:
             self._evaluate(evaluate, regular=False)
@@ -169,7 +175,7 @@ class Trainer:
                 if st.step % plan.log_every == 0:  # a tracking call per step can cost more than the step
                     rate = {"perf/tokens_per_s": st.tokens / max(st.elapsed, 1e-9)} if st.tokens else {}
                     self.logger.log_metrics({"train/lr": lr} | metrics | rate, step=st.step)
-                if sc.max_seconds is not None and st.elapsed >= sc.max_seconds:
+                if sc.max_seconds is not None and st.train_s >= sc.max_seconds:
                     st.stopped = "time"
                 st.stopped = d.broadcast(st.stopped)  # rank 0's clock decides for all
             last = bool(st.stopped) or st.step == plan.max_steps or st.epoch == plan.max_epochs
@@ -194,11 +200,13 @@ class Trainer:
         """Evaluate on rank 0, keep the model if it is the best so far, and (regular evaluations
         only, so that a resumed or extended run sees the same ones) run the plateau controller."""
         st, plan, d = self.state, self.plan, self.d
+        start = time.perf_counter()
         metrics = d.broadcast(evaluate(st) if d.main else None)
         self.logger.log_metrics(metrics, step=st.step)
-        # Against training time too (the study's accuracy-over-time figure): the wall time at the
-        # evaluation, before it ran.
-        st.curve.append({"step": st.step, "elapsed_s": round(st.elapsed, 2), **metrics})
+        # Against training time too (the study's accuracy-over-time figure); the evaluation's own
+        # time is not training time (nor in the budget), whatever the evaluation schedule.
+        st.curve.append({"step": st.step, "elapsed_s": round(st.train_s, 2), **metrics})
+        st.eval_s += d.broadcast(time.perf_counter() - start)
         if plan.keep_best is None:
             return
         score = metrics[plan.keep_best]
