@@ -28,6 +28,7 @@ from prefect.artifacts import create_table_artifact
 from flows import artifact_key, numbered_run_name, parameter
 from grpo_core.config import PipelineConfig
 from grpo_core.stages.common import write_manifest
+from grpo_core.stages.sft import continued
 from grpo_core.stats import mean_std, seed_interval
 from grpo_core.tracking import MlflowLogger
 from grpo_core.stages.inputs import EvalInputs, GRPOInputs, Ref, SFTInputs
@@ -52,7 +53,8 @@ DEFAULT_VARIANTS = (BASELINE, "rule-outcome", "orm-outcome", "prm-process", "rul
 
 def variant_config(cfg: PipelineConfig, grpo_update: dict | None, seed: int, seconds: float) -> PipelineConfig:
     """The recipe for one (variant, seed); continued SFT (``grpo_update`` None) runs the recipe's SFT
-    schedule from the SFT model for ``seconds`` (the run's round-1 GRPO time), without early stopping."""
+    schedule from the SFT model for ``seconds`` (the run's round-1 GRPO time), without early stopping,
+    from ``cfg.sft.lr`` (the flows set it to the lr the SFT stage ended with: ``sft.continued``)."""
     if grpo_update is None:
         sft = cfg.sft.model_copy(update={"max_seconds": seconds, "max_steps": 10**9, "patience": 0})
         return cfg.model_copy(update={"sft": sft, "seed": seed})
@@ -93,7 +95,8 @@ def compare(run_dir: str, variants: list[str] | None = None, seeds: int = 3, sam
         raise ValueError(f"unknown compare variant(s) {', '.join(unknown)}; known: {', '.join(VARIANTS)}")
     root = Path(run_dir).resolve()
     manifest = json.loads((root / "manifest.json").read_text())
-    cfg = PipelineConfig.model_validate(yaml.safe_load((root / "config.yaml").read_text()))
+    cfg = continued(PipelineConfig.model_validate(yaml.safe_load((root / "config.yaml").read_text())),
+                    manifest["stages"]["sft"])
     uri = tracking_uri(cfg)
     parent = start_run(uri, experiment_id(uri, cfg.tracking.experiment), f"compare-{cfg.run_name}",
                        tags={"pipeline": "deepseekmath-grpo", "compare_of": manifest["mlflow_run_id"]})

@@ -4,7 +4,7 @@ Every variant starts from the run's SFT model, N seeds each, at equal wall time 
 default the run's round-1 GRPO time) or, with ``steps``, at equal samples (every RL variant samples
 steps x questions_per_step x G completions; continued SFT keeps the time budget):
 
-  continued-sft          SFT continued on its worked solutions: the no-RL baseline
+  continued-sft          SFT continued on its worked solutions at the lr it ended with: the no-RL baseline
   rft, online-rft        rejection-sampling fine-tuning on the frozen SFT model's / the policy's samples
   ppo                    a value model, GAE, the KL penalty in the per-token reward
   rule-outcome           GRPO on the answer checker
@@ -43,6 +43,7 @@ from grpo_core import figures
 from grpo_core.config import PipelineConfig
 from grpo_core.stages.common import write_manifest
 from grpo_core.stages.inputs import EvalInputs, GRPOInputs, Ref, SFTInputs
+from grpo_core.stages.sft import continued
 from grpo_core.stats import mean_std, seed_interval
 from grpo_core.tracking import MlflowLogger, experiment_id, finishing, start_run, tracking_uri
 from tasks.stage_tasks import eval_task, grpo_task, run_stage, sft_task
@@ -173,7 +174,8 @@ def study(run_dir: str, variants: list[str] | None = None, seeds: int = 3, secon
         raise ValueError(f"unknown study variant(s) {', '.join(unknown)}; known: {', '.join(STUDY_VARIANTS)}")
     root = Path(run_dir).resolve()
     manifest = json.loads((root / "manifest.json").read_text())
-    cfg = PipelineConfig.model_validate(yaml.safe_load((root / "config.yaml").read_text()))
+    cfg = continued(PipelineConfig.model_validate(yaml.safe_load((root / "config.yaml").read_text())),
+                    manifest["stages"]["sft"])  # continued SFT goes on at the lr SFT ended with
     first = manifest["rounds"][0]
     budget = Budget(seconds=seconds or first["stages"]["grpo"]["wall_s"], steps=steps)
     if steps is not None and steps < 2 and TWO_ROUNDS in (variants or STUDY_VARIANTS):

@@ -1,8 +1,8 @@
 """The honest no-RL baseline: SFT continued on the same worked solutions for GRPO's wall time (summed
 over the RL rounds).
 
-What a user without RL would do with the compute GRPO used. It restarts the recipe's SFT schedule
-from the SFT model (same lr, same decay on plateau), runs without early stopping until the time is
+What a user without RL would do with the compute GRPO used. It goes on with the recipe's SFT schedule
+from the SFT model at the lr the SFT stage ended with (``sft.continued``; same decay on plateau), runs without early stopping until the time is
 spent, keeps the checkpoint with the best validation accuracy (as SFT and GRPO do), and evaluates
 it on the same test questions.
 """
@@ -17,7 +17,7 @@ from grpo_core.config import PipelineConfig
 from grpo_core.data import load_jsonl
 from grpo_core.evaluation import evaluate
 from grpo_core.lm.modeling import load_model
-from grpo_core.stages.sft import run_sft
+from grpo_core.stages.sft import continued, run_sft
 
 
 def run_baseline(run_dir: Path, seconds: float | None = None) -> dict:
@@ -25,7 +25,8 @@ def run_baseline(run_dir: Path, seconds: float | None = None) -> dict:
     if not manifest_path.exists():
         raise FileNotFoundError(f"{manifest_path}: run the pipeline first (grpo-pipeline run ...)")
     manifest = json.loads(manifest_path.read_text())
-    cfg = PipelineConfig.model_validate(yaml.safe_load((run_dir / "config.yaml").read_text()))
+    cfg = continued(PipelineConfig.model_validate(yaml.safe_load((run_dir / "config.yaml").read_text())),
+                    manifest["stages"]["sft"])
     grpo_seconds = sum(float(r["grpo"]["wall_s"]) for r in manifest["rounds"])  # every RL round's GRPO
     budget = seconds or grpo_seconds
     sft_cfg = cfg.sft.model_copy(update={"max_seconds": budget, "max_steps": 10**9, "patience": 0})
