@@ -91,35 +91,38 @@ def cmd_baseline(a: argparse.Namespace) -> None:
     print(json.dumps(run_baseline(Path(a.run_dir), seconds=a.seconds), indent=2))
 
 
-def cmd_compare(a: argparse.Namespace) -> None:
-    from flows.compare import VARIANTS, compare, format_table
-
+def _finished_run(a: argparse.Namespace, known) -> tuple[Path, list[str] | None]:
+    """``a.run_dir`` (it must hold a finished run) and ``a.variants`` as a list, each one of ``known``."""
     run_dir = Path(a.run_dir)
     if not (run_dir / "manifest.json").exists():
         _fail(f"{run_dir / 'manifest.json'}: run the pipeline first (grpo-pipeline run ...)")
     variants = a.variants.split(",") if a.variants else None
-    unknown = sorted(set(variants or []) - set(VARIANTS))
+    unknown = sorted(set(variants or []) - set(known))
     if unknown:
-        _fail(f"--variants: unknown {', '.join(unknown)}; choose from {', '.join(VARIANTS)}")
-    if a.seeds < 1 or a.samples < 1:
-        _fail(f"--seeds {a.seeds} / --samples {a.samples}: each must be at least 1")
+        _fail(f"--variants: unknown {', '.join(unknown)}; choose from {', '.join(known)}")
+    return run_dir, variants
+
+
+def _at_least_one(a: argparse.Namespace, *names: str) -> None:
+    for name in names:
+        value = getattr(a, name)
+        if value is not None and value < 1:
+            _fail(f"--{name.replace('_', '-')} {value}: must be at least 1")
+
+
+def cmd_compare(a: argparse.Namespace) -> None:
+    from flows.compare import VARIANTS, compare, format_table
+
+    run_dir, variants = _finished_run(a, VARIANTS)
+    _at_least_one(a, "seeds", "samples")
     print(format_table(compare(str(run_dir), variants, a.seeds, a.samples)))
 
 
 def cmd_study(a: argparse.Namespace) -> None:
     from flows.study import STUDY_VARIANTS, format_table, study
 
-    run_dir = Path(a.run_dir)
-    if not (run_dir / "manifest.json").exists():
-        _fail(f"{run_dir / 'manifest.json'}: run the pipeline first (grpo-pipeline run ...)")
-    variants = a.variants.split(",") if a.variants else None
-    unknown = sorted(set(variants or []) - set(STUDY_VARIANTS))
-    if unknown:
-        _fail(f"--variants: unknown {', '.join(unknown)}; choose from {', '.join(STUDY_VARIANTS)}")
-    for flag, value in (("--seeds", a.seeds), ("--samples", a.samples), ("--eval-every", a.eval_every),
-                        ("--steps", a.steps), ("--sample-questions", a.sample_questions)):
-        if value is not None and value < 1:
-            _fail(f"{flag} {value}: must be at least 1")
+    run_dir, variants = _finished_run(a, STUDY_VARIANTS)
+    _at_least_one(a, "seeds", "samples", "eval_every", "steps", "sample_questions")
     if a.seconds is not None and a.seconds <= 0:
         _fail(f"--seconds {a.seconds}: must be positive")
     try:

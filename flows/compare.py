@@ -85,18 +85,24 @@ def summarise(name: str, accs: list[float], sft_acc: float, baseline: list[float
     return row
 
 
+def finished_run(run_dir: str, flow_name: str, variants: list[str] | None, known) -> tuple[Path, dict, PipelineConfig]:
+    """The run a ``compare`` or ``study`` starts from: its folder, manifest and recipe, with ``sft.lr``
+    at the lr its SFT stage ended with (continued SFT goes on from there); unknown variants fail here."""
+    unknown = [v for v in variants or () if v not in known]
+    if unknown:
+        raise ValueError(f"unknown {flow_name} variant(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    root = Path(run_dir).resolve()
+    manifest = json.loads((root / "manifest.json").read_text())
+    cfg = PipelineConfig.model_validate(yaml.safe_load((root / "config.yaml").read_text()))
+    return root, manifest, continued(cfg, manifest["stages"]["sft"])
+
+
 @flow(name="compare", flow_run_name=lambda: numbered_run_name(f"compare-{Path(parameter('run_dir')).name}"))
 def compare(run_dir: str, variants: list[str] | None = None, seeds: int = 3, samples: int = 1) -> list[dict]:
     """``samples`` K > 1: every model's maj@K and pass@K on the test questions too (the paper's
     Figure 7 question: does RL raise Maj@K and leave Pass@K flat?)."""
     log = get_run_logger()
-    unknown = [v for v in variants or () if v not in VARIANTS]
-    if unknown:
-        raise ValueError(f"unknown compare variant(s) {', '.join(unknown)}; known: {', '.join(VARIANTS)}")
-    root = Path(run_dir).resolve()
-    manifest = json.loads((root / "manifest.json").read_text())
-    cfg = continued(PipelineConfig.model_validate(yaml.safe_load((root / "config.yaml").read_text())),
-                    manifest["stages"]["sft"])
+    root, manifest, cfg = finished_run(run_dir, "compare", variants, VARIANTS)
     uri = tracking_uri(cfg)
     parent = start_run(uri, experiment_id(uri, cfg.tracking.experiment), f"compare-{cfg.run_name}",
                        tags={"pipeline": "deepseekmath-grpo", "compare_of": manifest["mlflow_run_id"]})

@@ -26,16 +26,14 @@ budgets count training only: evaluations are measurement, outside the budget and
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-import yaml
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 from pydantic import BaseModel, ConfigDict
 
 from flows import artifact_key, numbered_run_name, parameter
-from flows.compare import BASELINE, VARIANTS, summarise
+from flows.compare import BASELINE, VARIANTS, finished_run, summarise
 from flows.compare import variant_config as compare_config
 from flows.reports import figure_source, mlflow_link
 from flows.rounds import RoundStart, reward_stages
@@ -43,7 +41,6 @@ from grpo_core import figures
 from grpo_core.config import PipelineConfig
 from grpo_core.stages.common import write_manifest
 from grpo_core.stages.inputs import EvalInputs, GRPOInputs, Ref, SFTInputs
-from grpo_core.stages.sft import continued
 from grpo_core.stats import mean_std, seed_interval
 from grpo_core.tracking import MlflowLogger, experiment_id, finishing, start_run, tracking_uri
 from tasks.stage_tasks import eval_task, grpo_task, run_stage, sft_task
@@ -169,13 +166,7 @@ def study(run_dir: str, variants: list[str] | None = None, seeds: int = 3, secon
           eval_every: int = 10) -> dict:
     """Run the study (module docstring) on ``run_dir``; returns its manifest (rows, runs, figures)."""
     log = get_run_logger()
-    unknown = [v for v in variants or () if v not in STUDY_VARIANTS]
-    if unknown:
-        raise ValueError(f"unknown study variant(s) {', '.join(unknown)}; known: {', '.join(STUDY_VARIANTS)}")
-    root = Path(run_dir).resolve()
-    manifest = json.loads((root / "manifest.json").read_text())
-    cfg = continued(PipelineConfig.model_validate(yaml.safe_load((root / "config.yaml").read_text())),
-                    manifest["stages"]["sft"])  # continued SFT goes on at the lr SFT ended with
+    root, manifest, cfg = finished_run(run_dir, "study", variants, STUDY_VARIANTS)
     first = manifest["rounds"][0]
     budget = Budget(seconds=seconds or first["stages"]["grpo"]["wall_s"], steps=steps)
     if steps is not None and steps < 2 and TWO_ROUNDS in (variants or STUDY_VARIANTS):

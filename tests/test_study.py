@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.test_rounds import REWARD_MODELS
 
@@ -22,6 +23,7 @@ def test_study_flow_two_seeds(prefect_harness, tmp_path, tiny_cfg, monkeypatch):
 
     from flows.pipeline import pipeline
     from flows.study import study
+    from grpo_core.stages.sft import continued
 
     monkeypatch.setattr(reward_data_mod, "is_correct", lambda text, gold: sum(map(ord, text)) % 2 == 1)
     cfg = tiny_cfg(tmp_path, "grpo.reward_weights={prm: 1.0, rule: 1.0}", run_name="st", grpo__supervision="process",
@@ -30,6 +32,13 @@ def test_study_flow_two_seeds(prefect_harness, tmp_path, tiny_cfg, monkeypatch):
     run_dir = tmp_path / "runs" / "st"
     out = study(str(run_dir), VARIANTS, seeds=2, seconds=3, steps=2, samples=2, sample_questions=4, eval_every=1)
 
+    # Continued SFT goes on at the lr SFT ended with (from the manifest, or its last checkpoint).
+    sft = manifest["stages"]["sft"]
+    no_record = {k: v for k, v in sft.items() if k != "final_lr"}
+    assert continued(cfg, sft).sft.lr == sft["final_lr"] == continued(cfg, no_record).sft.lr
+    assert continued(cfg, {"final_lr": 2.5e-4}).sft.lr == 2.5e-4
+    resolved = yaml.safe_load((Path(out["dir"]) / "continued-sft" / "seed-0" / "resolved.yaml").read_text())
+    assert resolved["sft"]["lr"] == sft["final_lr"] and resolved["launch"]["own_process"]
     rows = {r["variant"]: r for r in out["rows"]}
     assert list(rows) == ["sft", *VARIANTS]
     sft_acc = rows["sft"]["test_accuracy_mean"]
@@ -94,3 +103,22 @@ def test_study_figures_from_a_manifest(tmp_path):
     assert figures._at([(2.0, 0.5)], [1.0])[0] != figures._at([(2.0, 0.5)], [1.0])[0]  # NaN before the first
     paths = figures.save(figures.study_figures(study), tmp_path)
     assert set(paths) == {"accuracy_over_time", "sampling", "memory"} and all(p.stat().st_size > 1000 for p in paths.values())
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "manifest.json: run the pipeline first"),
+    (["--variants", "ppo,reinforce"], "--variants: unknown reinforce; choose from continued-sft"),
+    (["--steps", "0"], "--steps 0: must be at least 1"),
+    (["--sample-questions", "0"], "--sample-questions 0: must be at least 1"),
+    (["--seconds", "-1"], "--seconds -1.0: must be positive"),
+])
+def test_study_command_rejects_bad_input_before_any_work(tmp_path, capsys, args, message):
+    from flows.cli import main
+
+    run = tmp_path / "run"
+    run.mkdir()
+    if args:
+        (run / "manifest.json").write_text("{}")
+    with pytest.raises(SystemExit) as e:
+        main(["study", str(run), *args])
+    assert e.value.code == 2 and message in capsys.readouterr().err
