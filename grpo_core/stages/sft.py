@@ -61,9 +61,12 @@ def run_sft(cfg: PipelineConfig, data_dir: Path, out_dir: Path, logger: MetricLo
     val_examples = read_split(data_dir, "val")
     val_ids, val_labels = pack(encode_examples(val_examples, tokenizer, sc.loss_on_prompt),
                                sc.context_length, tokenizer.pad_token_id, rng=None)
+    # SFT continued from a trained model (the no-RL baseline) has it as its step-0 candidate, as GRPO
+    # has: neither returns a model worse on validation than the one it started from.
     trainer.start(model, tokenizer, Plan(
         max_steps=sc.max_steps, log_every=sc.log_every, eval_every=sc.eval_every, keep_best="val/accuracy",
-        patience=sc.patience, decay_patience=sc.decay_patience, decay_factor=sc.decay_factor, min_lr=sc.min_lr))
+        eval_first=init_from is not None, patience=sc.patience, decay_patience=sc.decay_patience,
+        decay_factor=sc.decay_factor, min_lr=sc.min_lr))
 
     @functools.lru_cache(maxsize=1)
     def rows_of(epoch: int) -> tuple[torch.Tensor, torch.Tensor]:  # a fresh random concatenation per epoch
