@@ -1,10 +1,11 @@
 """The honest no-RL baseline: SFT continued on the same worked solutions for GRPO's wall time (summed
 over the RL rounds).
 
-What a user without RL would do with the compute GRPO used. It goes on with the recipe's SFT schedule
-from the SFT model at the lr the SFT stage ended with (``sft.continued``; same decay on plateau), runs without early stopping until the time is
-spent, keeps the checkpoint with the best validation accuracy (as SFT and GRPO do), and evaluates
-it on the same test questions.
+What a user without RL would do with the compute GRPO used. It goes on with the recipe's SFT
+schedule from the SFT model at the lr the SFT stage ended with (``sft.continued``; same decay on
+plateau), runs without early stopping until the time is spent, keeps the checkpoint with the best
+validation accuracy (as SFT and GRPO do; the starting model is a candidate), and evaluates it on
+the same test questions.
 """
 from __future__ import annotations
 
