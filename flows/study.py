@@ -74,7 +74,7 @@ class StudyRun(BaseModel):
     model_config = ConfigDict(frozen=True)
     seed: int
     model: Ref
-    wall_s: float                    # training seconds, evaluations not counted (two rounds: both GRPO stages)
+    train_s: float                   # training seconds, evaluations not counted (two rounds: both GRPO stages)
     steps: int
     extra_s: float = 0.0             # outside the budget: the reward-model retraining between rounds
     peak_memory: dict[str, float]    # the largest of its stages' peaks
@@ -88,7 +88,7 @@ class StudyRun(BaseModel):
             curve += [(offset + p["elapsed_s"], p["val/accuracy"]) for p in st.get("curve", [])]
             offset += st["train_s"]
         peaks = [st.get("peak_memory", {}) for st in stages]
-        return cls(seed=seed, model=Ref.model(stages[-1]), wall_s=round(offset, 1),
+        return cls(seed=seed, model=Ref.model(stages[-1]), train_s=round(offset, 1),
                    steps=sum(st["steps"] for st in stages), extra_s=round(extra_s, 1), curve=curve,
                    peak_memory={k: max(p[k] for p in peaks if k in p) for k in {k for p in peaks for k in p}})
 
@@ -154,8 +154,8 @@ def variant_row(name: str, runs: list[StudyRun], sampled: dict, sft_acc: float,
     peaks = {m: [r.peak_memory[m] for r in runs if m in r.peak_memory] for m in ("rss_mib", "cuda_mib")}
     row |= {f"peak_{m}_mean": round(mean_std(v)[0], 1) for m, v in peaks.items() if v}
     return row | {"steps_mean": mean_std([r.steps for r in runs])[0],
-                  "steps_per_s_mean": round(mean_std([r.steps / max(r.wall_s, 1e-9) for r in runs])[0], 3),
-                  "wall_s_mean": round(mean_std([r.wall_s for r in runs])[0], 1),
+                  "steps_per_s_mean": round(mean_std([r.steps / max(r.train_s, 1e-9) for r in runs])[0], 3),
+                  "train_s_mean": round(mean_std([r.train_s for r in runs])[0], 1),
                   "extra_s_mean": round(mean_std([r.extra_s for r in runs])[0], 1),
                   "per_seed": [round(a, 4) for a in accs[name]]}
 
@@ -251,7 +251,7 @@ def format_table(study: dict) -> str:
         extra = f" (+{r['extra_s_mean']:.0f} retraining)" if r.get("extra_s_mean") else ""
         cells += [f"{r['steps_per_s_mean']:.2f}" if "steps_per_s_mean" in r else "-",
                   f"{r['peak_rss_mib_mean']:.0f}" if "peak_rss_mib_mean" in r else "-",
-                  f"{r['wall_s_mean']:.0f}{extra}" if "wall_s_mean" in r else "-"]
+                  f"{r['train_s_mean']:.0f}{extra}" if "train_s_mean" in r else "-"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

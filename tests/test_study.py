@@ -90,7 +90,7 @@ def test_study_figures_from_a_manifest(tmp_path):
     """The figures draw from the manifest alone: curves of unequal length, a missing seed value, K."""
     from grpo_core import figures
 
-    run = {"seed": 0, "model": {"path": "m", "digest": "d"}, "wall_s": 10.0, "steps": 4, "extra_s": 0.0,
+    run = {"seed": 0, "model": {"path": "m", "digest": "d"}, "train_s": 10.0, "steps": 4, "extra_s": 0.0,
            "peak_memory": {"rss_mib": 600.0}, "curve": [[0.0, 0.5], [4.0, 0.6], [10.0, 0.7]]}
     short = run | {"seed": 1, "curve": [[0.0, 0.5], [6.0, 0.55]]}
     row = {"test_accuracy_mean": 0.6, "test_accuracy_std": 0.01, "maj@4_mean": 0.62, "maj@4_std": 0.01,
