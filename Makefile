@@ -10,7 +10,8 @@ QUIET := 2>&1 | { grep -v "^WARNING: Location" || true; }
 
 .PHONY: venv demo test baseline compare study rounds ui clean smollm2 bench
 
-$(BIN)/.installed: requirements.txt pyproject.toml
+# grpo_core/__init__.py too: the editable install records which folders are packages when it runs.
+$(BIN)/.installed: requirements.txt pyproject.toml grpo_core/__init__.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install $(PIP_FLAGS) --upgrade pip $(QUIET)
 	$(BIN)/pip install $(PIP_FLAGS) -r requirements.txt $(QUIET)

@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import grpo_core  # noqa: F401  (first: the numerics settings, env.NUMERICS, before torch computes)
+
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS, GROUP, MAX_NEW, BETA, LR = 8, 8, 32, 0.04, 1e-6
 

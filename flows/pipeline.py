@@ -22,6 +22,7 @@ from flows import artifact_key, numbered_run_name, parameter
 from flows.reports import PARENT_NOTE, figure_source, pipeline_report
 from flows.rounds import RoundStart, next_start, rl_round, round_metrics
 from grpo_core.config import ConfigError, PipelineConfig, load_config
+from grpo_core.lm.runtime import numerics
 from grpo_core.stages.common import write_manifest
 from grpo_core.stages.inputs import DataInputs, EvalInputs, Ref, SFTInputs
 from grpo_core.tracking import (MlflowLogger, check_tracking, experiment_id, finishing, redact, run_params,
@@ -95,6 +96,7 @@ def time_profile(runs: dict[str, StageRun], rounds: list[dict], wall_s: float) -
 def pipeline(config: PipelineConfig) -> dict:
     log = get_run_logger()
     clock = time.perf_counter()
+    process_numerics = numerics()  # warns before any work where MKL ignores the reproducibility setting
     run_dir = config.run_dir.resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     uri = tracking_uri(config)
@@ -106,6 +108,8 @@ def pipeline(config: PipelineConfig) -> dict:
     with finishing(uri, [parent]):
         tracker = MlflowLogger(uri, parent)
         tracker.log_params(run_params(config))
+        tracker.set_tags({"numerics.mkl_mode": str(process_numerics["mkl_mode"]),
+                          "numerics.cpu_capability": process_numerics["cpu_capability"]})
         runs = {"data": run_stage(data_task, config, str(run_dir / "data"), DataInputs(), **common)}
         data = runs["data"].manifest
         runs |= pretraining_stages(config, run_dir, data, common) if config.pretrain.train else {}
@@ -156,6 +160,7 @@ def pipeline(config: PipelineConfig) -> dict:
             "mlflow_run_id": parent,
             "tracking_uri": redact(uri),
             "experiment": config.tracking.experiment,
+            "numerics": process_numerics,
         }
         manifest["figures"] = summarise(manifest, run_dir, exp_id, tracker)
         # The resolved recipe goes beside the manifest it produced (``baseline`` reads both).

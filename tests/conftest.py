@@ -15,6 +15,8 @@ from typing import Any, Callable
 
 import pytest
 
+import grpo_core  # noqa: F401  (first: the numerics settings, env.NUMERICS, before any test module's torch)
+
 # Variables that must point into the session's temporary root, whatever the calling shell has set.
 _FORCED = ("PREFECT_HOME", "MLFLOW_TRACKING_URI", "PREFECT_API_URL")
 

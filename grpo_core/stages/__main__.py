@@ -11,7 +11,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from grpo_core.training import distributed
 from grpo_core.config import load_config
 from grpo_core.env import setup_environment
-from grpo_core.lm.runtime import peak_memory
+from grpo_core.lm.runtime import numerics, peak_memory
 from grpo_core.stages.common import write_manifest
 from grpo_core.stages.inputs import read_inputs
 from grpo_core.tracking import logger_from_env
@@ -20,6 +20,7 @@ from grpo_core.tracking import logger_from_env
 @record  # under torchrun, a failing rank's traceback goes into the launcher's summary
 def main(argv: list[str] | None = None) -> None:
     setup_environment()
+    process_numerics = numerics()  # warns here, before any work, where MKL ignores the setting
     p = argparse.ArgumentParser(prog="python -m grpo_core.stages", description="run one pipeline stage")
     p.add_argument("--config", required=True, help="the recipe (YAML)")
     p.add_argument("--inputs", required=True, help="JSON: the stage and what it consumes (grpo_core/stages/inputs.py)")
@@ -30,7 +31,7 @@ def main(argv: list[str] | None = None) -> None:
     manifest = inputs.run(load_config(a.config, a.overrides), Path(a.out), logger_from_env(inputs.stage))
     distributed.finish()
     if manifest is not None:  # rank 0: its peak memory is the stage's (the process ran nothing else)
-        print(write_manifest(Path(a.out), {**manifest, "peak_memory": peak_memory()}))
+        print(write_manifest(Path(a.out), {**manifest, "peak_memory": peak_memory(), "numerics": process_numerics}))
 
 
 if __name__ == "__main__":
