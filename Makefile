@@ -29,13 +29,14 @@ smollm2: venv
 	test -f models/smollm2-135m-instruct/config.json || $(BIN)/python -m grpo_core.lm.convert --out models/smollm2-135m-instruct
 
 # Our GRPO and SFT steps against TRL's trainers on the same work, our ORM step against a plain
-# transformers loop, and the arithmetic limits; corpus
+# transformers loop, and the arithmetic limits; the cost of the numerics settings; corpus
 # scoring against bare fastText where the shared corpus is present (a JSON line each).
 bench: venv
 	$(BIN)/pip install $(PIP_FLAGS) trl==1.16.0 $(QUIET)
 	$(BIN)/python bench/grpo_step.py --compare --json
 	$(BIN)/python bench/sft_step.py --json
 	$(BIN)/python bench/reward_model_step.py --json
+	$(BIN)/python bench/numerics.py --json
 	if test -f ../shared/data/corpus/docs.jsonl.gz; then $(BIN)/python bench/corpus_scoring.py; \
 	else echo "bench/corpus_scoring.py skipped: no ../shared/data/corpus/docs.jsonl.gz"; fi
 

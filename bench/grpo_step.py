@@ -251,13 +251,14 @@ def step_clock():
     return Clock()
 
 
-def alternate(script: str, names: list[str], rounds: int, args: list[str]) -> dict[str, list[dict]]:
+def alternate(script: str, names: list[str], rounds: int, args: list[str], env: dict | None = None) -> dict[str, list[dict]]:
     """Each implementation's worker in its own process (so that peak RSS is its own), alternating,
-    ``rounds`` times: {name: [the JSON each run printed]}."""
+    ``rounds`` times, in ``env`` (default: this process's): {name: [the JSON each run printed]}."""
     runs: dict[str, list[dict]] = {n: [] for n in names}
     for _ in range(rounds):
         for name in names:
-            done = subprocess.run([sys.executable, script, "--worker", name, *args], capture_output=True, text=True)
+            done = subprocess.run([sys.executable, script, "--worker", name, *args], capture_output=True, text=True,
+                                  env=env)
             if done.returncode != 0:
                 raise SystemExit(f"{name} failed:\n{done.stderr[-3000:]}")
             runs[name].append(json.loads(done.stdout.strip().splitlines()[-1]))

@@ -20,8 +20,8 @@ def default_tracking_uri(root: Path | None = None) -> str:
 # What the math libraries need for bit-for-bit results wherever the project runs (docs/reliability.md).
 NUMERICS = {
     # MKL's conditional numerical reproducibility. Off (MKL's default), MKL picks its GEMM kernels by
-    # the memory alignment of the operands: measured on AMD EPYC (2026-11-24, one thread), 22 of 450
-    # small linear layers and 52 of 450 causal attention calls changed in their last bits when their
+    # the memory alignment of the operands: measured on AMD EPYC (2026-11-24, one thread), 18 of 450
+    # small linear layers and 44 of 450 causal attention calls changed in their last bits when their
     # inputs moved by a few floats (``runtime.alignment_mismatches``), so a resumed run (other
     # addresses) drifted from the straight run. AUTO: the fastest code path for this CPU, chosen once,
     # whatever the alignment: 0 and 0. An empty value turns it off.

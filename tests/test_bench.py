@@ -97,3 +97,19 @@ def test_reward_model_bench_times_ours_and_a_plain_transformers_loop():
     # Equal work: the same rows, so the same tokens.
     assert out["ours"]["input_tokens_per_step"] == out["transformers"]["input_tokens_per_step"] > 0
     assert out["transformers_over_ours"] > 0 and out["arithmetic_limit_s"] > 0
+
+
+def test_numerics_bench_times_the_steps_with_the_setting_and_without():
+    done = subprocess.run([sys.executable, str(BENCH.with_name("numerics.py")), "--rounds", "1", "--steps", "3",
+                           "--threads", "1", "--json"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    for step in ("grpo", "sft", "reward_model"):
+        assert out[step]["project_median_step_s"] > 0 and out[step]["off_median_step_s"] > 0
+    assert out["matmul_1024"]["project_gflops"] > 0 and out["matmul_1024"]["off_gflops"] > 0
+    project, off = out["alignment_mismatches"]["project"], out["alignment_mismatches"]["off"]
+    mkl = project["mkl_mode"] is not None  # None: a torch without MKL
+    assert project == {"mkl_mode": "AUTO" if mkl else None, "linear": 0, "causal_attention": 0, "log_softmax": 0}
+    assert off["mkl_mode"] == ("OFF" if mkl else None) and set(off) == set(project)
+    variants = set(out["same_bits_as_default"])  # another thread count, CPU capability, MKL path
+    assert {"threads_2", "threads_2_mkl_strict", "mkl_compatible"} < variants and len(variants) == 4

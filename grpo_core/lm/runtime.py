@@ -94,33 +94,37 @@ def numerics() -> dict:
     return {"settings": numerics_settings(), "mkl_mode": mode, "cpu_capability": torch.backends.cpu.get_cpu_capability()}
 
 
-def alignment_mismatches(trials: int = 150, seed: int = 0) -> dict[str, int]:
-    """The check behind ``env.NUMERICS``: of ``trials`` random small fp32 GEMMs (a linear layer) and
-    causal attention calls, each repeated with its inputs moved by 1, 3 and 8 floats in memory, how
-    many results differ from the first in any bit. Expected 0 and 0; with MKL_CBWR off, measured on
-    AMD EPYC (2026-11-24): 22 and 52 of 450 with one thread, 40 and 52 with two."""
+def probe_cases(trials: int = 150, seed: int = 0):
+    """``trials`` random small cases of the operations a training step is made of, as
+    ``(name, op, inputs)``: fp32 linear layers (MKL's GEMM), causal attention and log-softmax (torch's
+    own kernels). The same cases for a seed, whatever the machine."""
     import random
 
     import torch.nn.functional as F
+
+    rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
+    size = lambda: rng.randint(1, 200)  # noqa: E731
+    for _ in range(trials):
+        k = size()
+        yield "linear", F.linear, (torch.randn(size(), k, generator=gen), torch.randn(size(), k, generator=gen))
+        yield ("causal_attention", lambda q: F.scaled_dot_product_attention(q, q * 0.5, q + 1, is_causal=True),
+               (torch.randn(2, 2, size(), 16, generator=gen),))
+        yield "log_softmax", lambda x: torch.log_softmax(x, -1), (torch.randn(size(), 16 * size(), generator=gen),)
+
+
+def alignment_mismatches(trials: int = 150, seed: int = 0) -> dict[str, int]:
+    """The check behind ``env.NUMERICS``: each of ``probe_cases`` repeated with its inputs moved by 1,
+    3 and 8 floats in memory; per operation, how many results differ from the first in any bit.
+    Expected 0 everywhere; with MKL_CBWR off, measured on AMD EPYC (2026-11-24): linear 18 and
+    causal attention 44 of 450 with one thread (26 and 44 with two), log-softmax 0."""
 
     def moved(x: torch.Tensor, offset: int) -> torch.Tensor:  # the same values at another address
         buf = torch.empty(x.numel() + offset, dtype=x.dtype)
         buf[offset:] = x.reshape(-1)
         return buf[offset:].view(x.shape)
 
-    rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
-    size = lambda: rng.randint(1, 200)  # noqa: E731
-    cases = {
-        "linear": (lambda: (torch.randn(size(), k := size(), generator=gen), torch.randn(size(), k, generator=gen)),
-                   F.linear),
-        "causal_attention": (lambda: (torch.randn(2, 2, size(), 16, generator=gen),),
-                             lambda q: F.scaled_dot_product_attention(q, q * 0.5, q + 1, is_causal=True)),
-    }
-    out = {}
-    for name, (make, op) in cases.items():
-        out[name] = 0
-        for _ in range(trials):
-            inputs = make()
-            first = op(*inputs)
-            out[name] += sum(not torch.equal(op(*(moved(x, k) for x in inputs)), first) for k in (1, 3, 8))
+    out: dict[str, int] = {}
+    for name, op, inputs in probe_cases(trials, seed):
+        first = op(*inputs)
+        out[name] = out.get(name, 0) + sum(not torch.equal(op(*(moved(x, k) for x in inputs)), first) for k in (1, 3, 8))
     return out
