@@ -312,7 +312,7 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
     last = {k.removeprefix("train/"): sum(m[k] for m in recent) / len(recent)
             for k in SUMMARY_METRICS if recent and all(k in m for m in recent)}
     summary = {"best_val_accuracy": st.best_acc, "best_step": st.best_step, "steps": st.step,
-               "wall_s": round(st.elapsed, 1), "train_s": round(st.train_s, 2), "stopped": trainer.stop_reason(),
+               "wall_s": round(st.elapsed, 2), "train_s": round(st.train_s, 2), "stopped": trainer.stop_reason(),
                "resumed_from_step": resumed_from, "round": round_,
                f"last_{SUMMARY_WINDOW}_steps": last, "curve": st.curve}
     logger.log_metrics({"val/best_accuracy": st.best_acc, "time/wall_s": st.elapsed}, step=st.step)

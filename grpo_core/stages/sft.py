@@ -90,7 +90,7 @@ def run_sft(cfg: PipelineConfig, data_dir: Path, out_dir: Path, logger: MetricLo
         return None
     final_dir = trainer.publish()
     summary = {"best_val_accuracy": st.best_acc, "best_step": st.best_step, "steps": st.step,
-               "epochs": st.epoch, "wall_s": round(st.elapsed, 1), "train_s": round(st.train_s, 2), "stopped": trainer.stop_reason(),
+               "epochs": st.epoch, "wall_s": round(st.elapsed, 2), "train_s": round(st.train_s, 2), "stopped": trainer.stop_reason(),
                "final_lr": learning_rate(sc, st.step, st.plateau_lr),
                "n_train_examples": len(train), "curve": st.curve}
     logger.log_metrics({"val/best_accuracy": st.best_acc, "time/wall_s": st.elapsed}, step=st.step)
