@@ -93,9 +93,31 @@ def test_a_malformed_row_is_named_by_file_and_line(tmp_path, capsys, reward_mode
     assert re.search(message, err), err
 
 
-def test_a_policy_folder_is_not_a_reward_model(tmp_path, capsys, tiny_model_dir):
+def test_a_causal_lm_is_the_zero_training_verifier(tmp_path, capsys, tiny_model_dir):
+    """A policy folder gives both fields: each step's lowest token probability and the solution's."""
+    from grpo_core.lm.modeling import load_model
+    from grpo_core.rewards.likelihood import likelihood_scores
+
+    out = _score(tmp_path, capsys, tiny_model_dir, ROWS)
+    assert [len(r["step_scores"]) for r in out] == [3, 1, 2, 0]
+    model, tok = load_model(tiny_model_dir)
+    whole, steps, _ = likelihood_scores(model.eval(), tok, encode(tok, [prompt_text(ROWS[0]["question"])],
+                                                                   [ROWS[0]["completion"]]), "\n")
+    assert out[0]["score"] == pytest.approx(whole[0].item(), rel=1e-4)
+    assert out[0]["step_scores"] == pytest.approx(steps[0].tolist(), rel=1e-4)
+    # A solution is no surer than its least sure step; an empty one is still scored (its EOS).
+    assert all(0.0 < r["score"] <= min(r["step_scores"], default=1.0) + 1e-6 <= 1.0 + 1e-6 for r in out)
+
+
+def test_a_folder_that_is_no_language_or_reward_model_is_refused(tmp_path, capsys, tiny_model_dir):
+    import shutil
+
+    other = tmp_path / "encoder"
+    shutil.copytree(tiny_model_dir, other)
+    config = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**config, "architectures": ["BertForMaskedLM"]}))
     data = tmp_path / "rows.jsonl"
     data.write_text(json.dumps(ROWS[0]) + "\n")
     with pytest.raises(SystemExit):
-        main(["score", "--model", str(tiny_model_dir), "--data", str(data)])
+        main(["score", "--model", str(other), "--data", str(data)])
     assert "is not a reward model" in capsys.readouterr().err

@@ -62,6 +62,19 @@ def roc_auc(scores: list[float], labels: list[bool]) -> float:
     return (rank_sum - pos * (pos + 1) / 2) / (pos * neg)
 
 
+def within_question_auc(scores: list[float], labels: list[bool], questions: list[str]) -> tuple[float, int]:
+    """What GRPO's group-normalised reward sees: the mean over questions with both right and wrong
+    solutions of ``roc_auc`` within the question, and how many such questions there are (NaN, 0 when
+    none). Cues constant within a question (its length, its operands) score 0.5 here, however well
+    they separate right from wrong across questions."""
+    by_question: dict[str, list[int]] = {}
+    for i, q in enumerate(questions):
+        by_question.setdefault(q, []).append(i)
+    aucs = [roc_auc([scores[i] for i in rows], [labels[i] for i in rows]) for rows in by_question.values()
+            if 0 < sum(bool(labels[i]) for i in rows) < len(rows)]
+    return (sum(aucs) / len(aucs) if aucs else float("nan")), len(aucs)
+
+
 def first_wrong_step(flags: list[bool]) -> int | None:
     """Index of the first False in per-step correctness flags, or None if all are True."""
     return next((k for k, ok in enumerate(flags) if not ok), None)

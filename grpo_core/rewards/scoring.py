@@ -1,10 +1,12 @@
-"""``grpo-pipeline score``: a trained reward model's scores of given solutions (a public contract).
+"""``grpo-pipeline score``: a reward model's scores of given solutions (a public contract).
 
 An ORM folder gives ``{"score": p}`` per row, P(the solution is right); a PRM folder gives
 ``{"step_scores": [p1, ...]}``, P(step k is right) for each step, the steps split exactly as the
 pipeline splits them (``steps.split_steps`` on the separator saved with the model, the final
 ``#### answer`` line included). Both are read at the same tokens as in GRPO (``reward_models``).
-Solutions are untrusted text: they are only tokenized.
+A causal-LM folder is the zero-training verifier (``likelihood``): each step's score is the lowest
+probability the model gives a token of it, the solution's is its lowest step's; it gives both
+fields. Solutions are untrusted text: they are only tokenized.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import torch
 
 from grpo_core.data import json_lines, prompt_text
 from grpo_core.lm.policy import encode
+from grpo_core.rewards.likelihood import likelihood_scores
 
 
 class ScoreInputError(ValueError):
@@ -22,7 +25,8 @@ class ScoreInputError(ValueError):
 
 
 def reward_model_kind(model_dir: str | Path) -> str:
-    """``orm`` or ``prm``, from the folder's architecture (sequence or token classification)."""
+    """``orm``, ``prm`` or ``lm`` (the zero-training verifier), from the folder's architecture
+    (sequence classification, token classification, causal LM)."""
     path = Path(model_dir) / "config.json"
     try:
         arch = (json.loads(path.read_text()).get("architectures") or [""])[0]
@@ -32,8 +36,10 @@ def reward_model_kind(model_dir: str | Path) -> str:
         return "orm"
     if arch.endswith("ForTokenClassification"):
         return "prm"
+    if arch.endswith("ForCausalLM"):
+        return "lm"
     raise ScoreInputError(f"{model_dir}: a {arch or 'model of unknown architecture'} is not a reward model; pass an "
-                          f"ORM or PRM folder (runs/<run>/round-<k>/orm/model or .../prm/model)")
+                          f"ORM or PRM folder (runs/<run>/round-<k>/orm/model or .../prm/model) or a causal LM")
 
 
 def read_rows(path: str | Path) -> list[tuple[str, str]]:
@@ -66,13 +72,23 @@ def score(model_dir: str | Path, rows: list[tuple[str, str]], batch_size: int = 
     from grpo_core.rewards.scorer import rollout_step_ends
 
     kind = reward_model_kind(model_dir)
-    model = load_reward_model(model_dir, kind).eval()
+    if kind == "lm":
+        from grpo_core.lm.modeling import load_model
+
+        model = load_model(model_dir)[0].eval()
+    else:
+        model = load_reward_model(model_dir, kind).eval()
     tokenizer = load_tokenizer(model_dir)
     separator = getattr(model.config, "step_separator", None) or "\n"
     out: list[dict] = []
     for s in range(0, len(rows), batch_size):
         part = rows[s : s + batch_size]
         rollout = encode(tokenizer, [p for p, _ in part], [c for _, c in part])
+        if kind == "lm":
+            whole, steps, mask = likelihood_scores(model, tokenizer, rollout, separator)
+            out += [{"score": whole[i].item(), "step_scores": steps[i, : int(mask[i].sum())].tolist()}
+                    for i in range(len(part))]
+            continue
         if kind == "orm":
             out += [{"score": p} for p in torch.sigmoid(orm_logits(model, rollout)).tolist()]
             continue

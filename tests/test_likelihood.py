@@ -1,0 +1,68 @@
+"""The zero-training verifier (a causal LM's own token probabilities) and the metric GRPO's
+group-normalised reward sees (ranking within one question), by hand."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from grpo_core.rewards.heads import roc_auc, within_question_auc
+from grpo_core.rewards.likelihood import likelihood_scores, lowest_logprob, step_lowest_logprobs
+
+
+def test_within_question_auc_by_hand():
+    scores = [0.9, 0.2, 0.5, 0.3, 0.6, 0.4, 0.4, 0.7, 0.7, 0.1]
+    labels = [True, False, False, True, False, True, True, True, False, False]
+    questions = ["a", "a", "a", "b", "b", "c", "c", "d", "d", "d"]
+    # a: the right one above both wrong ones -> 1. b: below -> 0. c: no wrong solution, left out.
+    # d: 0.7 against a tied 0.7 (1/2) and 0.1 (1) -> 0.75. Mean over a, b, d: (1 + 0 + 0.75) / 3.
+    auc, n = within_question_auc(scores, labels, questions)
+    assert n == 3 and auc == pytest.approx(1.75 / 3)
+    # Pooled over questions the same scores rank otherwise: a cue shared within a question counts there.
+    assert roc_auc(scores, labels) != pytest.approx(auc)
+    assert math.isnan(within_question_auc([0.1, 0.2], [True, True], ["a", "a"])[0])
+
+
+def test_a_step_is_as_sure_as_its_least_likely_token():
+    probs = torch.tensor([[0.9, 0.5, 0.8, 0.3, 0.95, 0.7]])
+    logp = probs.log()
+    # Steps end at tokens 1, 3, 5: tokens {0, 1}, {2, 3}, {4, 5} -> lowest 0.5, 0.3, 0.7.
+    ends, mask = torch.tensor([[1, 3, 5]]), torch.tensor([[True, True, True]])
+    assert step_lowest_logprobs(logp, ends, mask).exp()[0].tolist() == pytest.approx([0.5, 0.3, 0.7])
+    # Two steps and a padding slot: the second step holds tokens 2..5; padding reads log 1.
+    ends, mask = torch.tensor([[1, 5, 0]]), torch.tensor([[True, True, False]])
+    lowest = step_lowest_logprobs(logp, ends, mask)
+    assert lowest.exp()[0].tolist() == pytest.approx([0.5, 0.3, 1.0])
+    # A solution is as sure as its least likely token, EOS included (here the last, 0.7, masked in
+    # the first row, out in the second); a row without tokens reads log 1.
+    completion = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0]])
+    assert lowest_logprob(logp.expand(3, 6), completion).exp().tolist() == pytest.approx([0.3, 0.5, 1.0])
+
+
+def test_the_likelihood_verifier_reads_the_models_own_token_probabilities(tiny_model_dir):
+    """On a tiny model: each step's score is the lowest of the probabilities the model gives its
+    tokens, computed independently here from the model's logits."""
+    from grpo_core.lm.modeling import load_model
+    from grpo_core.lm.policy import encode
+    from grpo_core.rewards.scorer import rollout_step_ends
+
+    model, tok = load_model(tiny_model_dir)
+    model.eval()
+    rollout = encode(tok, ["What is 2 + 3 - 1?\n", "What is 9 - 4?\n"], ["2 + 3 = 5\n5 - 1 = 4\n#### 4", "#### 5"])
+    whole, steps, mask = likelihood_scores(model, tok, rollout, "\n")
+    assert mask.sum(dim=1).tolist() == [3, 1]
+    with torch.no_grad():
+        logits = model(input_ids=rollout.input_ids, attention_mask=rollout.attention_mask).logits.float()
+    ends, _ = rollout_step_ends(tok, rollout, "\n")
+    p = rollout.prompt_len
+    for i in range(2):
+        start = 0
+        for k in range(int(mask[i].sum())):
+            end = int(ends[i, k])
+            token_p = [logits[i, p + t - 1].softmax(-1)[rollout.input_ids[i, p + t]].item() for t in range(start, end + 1)]
+            assert steps[i, k].item() == pytest.approx(min(token_p), rel=1e-4)
+            start = end + 1
+        n = int(rollout.completion_mask[i].sum())  # the whole solution: every token, EOS included
+        token_p = [logits[i, p + t - 1].softmax(-1)[rollout.input_ids[i, p + t]].item() for t in range(n)]
+        assert whole[i].item() == pytest.approx(min(token_p), rel=1e-4)
