@@ -65,10 +65,11 @@ def variant_config(cfg: PipelineConfig, grpo_update: dict | None, seed: int, sec
 def reward_model_metric(first_round: dict, uses: tuple[str, ...]) -> str:
     """The held-out quality of the reward models a variant trains on, as a short string."""
     parts = []
-    if "orm" in uses:
-        parts.append(f"ORM AUC {first_round['orm']['heldout'].get('auc', float('nan')):.3f}")
-    if "prm" in uses:
-        parts.append(f"PRM step AUC {first_round['prm']['heldout'].get('step_auc', float('nan')):.3f}")
+    for kind, pooled, name in (("orm", "auc", "AUC"), ("prm", "step_auc", "step AUC")):
+        if kind in uses:
+            held_out = first_round[kind]["heldout"]
+            parts.append(f"{kind.upper()} within-question AUC {held_out.get('within_question_auc', float('nan')):.3f} "
+                         f"(pooled {name} {held_out.get(pooled, float('nan')):.3f})")
     return ", ".join(parts) or "-"
 
 

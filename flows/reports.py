@@ -45,10 +45,14 @@ def round_report(summary: dict, champion: dict, link: str) -> str:
         key = QUALITY_KEY[kind]
         rows.append((f"{kind.upper()} {key} on fresh samples: before -> after retraining",
                      f"{rm['before'].get(key, float('nan')):.4f} -> {rm['after'].get(key, float('nan')):.4f} "
-                     f"(replay share {rm['replay'].get('share', 0.0):.3f})"))
+                     f"(replay share {rm['replay'].get('share', 0.0):.3f}; the SFT model's own likelihood, untrained: "
+                     f"{rm.get('baseline', {}).get(key, float('nan')):.4f})"))
     rows.append(("champion", f"version {champion['version']} (round {champion['round']})"))
     rows.append(("MLflow run", f"[round-{summary['round']}]({link})"))
     warnings = [f"> **Warning: {w}.**" for w in summary.get("quality_warnings", [])]
+    if summary.get("excluded_reward_models"):
+        warnings.append(f"> Kept out of this round's GRPO reward (rounds.on_gate_failure: exclude): "
+                        f"{', '.join(k.upper() for k in summary['excluded_reward_models'])}.")
     return "\n".join([f"### RL round {summary['round']}", "", *warnings, *([""] if warnings else []),
                       "| measure | value |", "|---|---|", *(f"| {a} | {b} |" for a, b in rows)])
 
@@ -77,13 +81,15 @@ def pipeline_report(manifest: dict, exp_id: str, gains: dict[int, dict], figures
                      f"[round-{r['round']}]({link(r['mlflow_run_id'])}) |")
     rms = [(r["round"], kind, rm) for r in rounds for kind, rm in r["reward_models"].items()]
     if rms:
-        lines += ["", "| reward model | round | held-out, before -> after retraining | replay share | quality gate |",
-                  "|---|---|---|---|---|"]
+        lines += ["", "| reward model | round | held-out, before -> after retraining | zero-training verifier | "
+                      "replay share | quality gate |", "|---|---|---|---|---|---|"]
         for k, kind, rm in rms:
             key, gate = QUALITY_KEY[kind], rm.get("quality_gate") or {}
-            verdict = (("passed" if gate["passed"] else "**FAILED**") + f" (>= {gate['threshold']})") if gate else "none"
+            verdict = (("passed" if gate["passed"] else "**FAILED**") + f" (>= {gate['threshold']}"
+                       + (", above the verifier" if "baseline" in gate else "") + ")") if gate else "none"
             lines.append(f"| {kind.upper()} | {k} | {key} {rm['before'].get(key, float('nan')):.4f} -> "
-                         f"{rm['after'].get(key, float('nan')):.4f} | {rm['replay'].get('share', 0.0):.3f} | {verdict} |")
+                         f"{rm['after'].get(key, float('nan')):.4f} | {rm.get('baseline', {}).get(key, float('nan')):.4f} | "
+                         f"{rm['replay'].get('share', 0.0):.3f} | {verdict} |")
     champion, profile = manifest["champion"], manifest["profile"]
     spent = sorted(profile["stages_s"].items(), key=lambda kv: -kv[1])[:6]
     lines += ["", f"**Champion**: version {champion['version']} of `{champion['name']}` (round {champion['round']}, "

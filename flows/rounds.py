@@ -61,7 +61,7 @@ def reward_stages(cfg: PipelineConfig, k: int, round_dir: Path, run_dir: Path, d
     for kind in wanted:
         # Round 1: from the SFT checkpoint (or what <kind>.init names, decided in the stage).
         inputs = INPUTS[kind](reward_data=datasets, init=start.reward_models.get(kind, sft), round=k,
-                              replay=start.buffer)
+                              replay=start.buffer, baseline=sft)
         out[kind] = run_stage(orm_task if kind == "orm" else prm_task, cfg, str(round_dir / kind), inputs, **common)
     return out
 
@@ -71,7 +71,7 @@ def round_summary(k: int, stages: dict[str, dict], cached: list[str], test: dict
     grpo = stages["grpo"]
     rms = {kind: {"model": stages[kind]["model"], "digest": stages[kind]["digest"], "before": stages[kind].get("heldout_before", {}),
                   "after": stages[kind].get("heldout", {}), "replay": stages[kind].get("replay", {}),
-                  "quality_gate": stages[kind].get("quality_gate", {})}
+                  "baseline": stages[kind].get("baseline", {}), "quality_gate": stages[kind].get("quality_gate", {})}
            for kind in ("orm", "prm") if kind in stages}
     return {
         "round": k,
@@ -92,23 +92,45 @@ def round_metrics(summary: dict) -> dict[str, float]:
     out = {"round/test_accuracy": summary["test_accuracy"], "round/val_accuracy": summary["val_accuracy"]}
     out.update({f"round/grpo_{k}": v for k, v in summary["grpo"].items() if isinstance(v, (int, float))})
     for kind, rm in summary["reward_models"].items():
-        for when in ("before", "after"):
-            out.update({f"rm/{kind}/{when}/{m}": v for m, v in rm[when].items()})
+        for when in ("before", "after", "baseline"):
+            out.update({f"rm/{kind}/{when}/{m}": v for m, v in rm.get(when, {}).items()})
         if rm.get("quality_gate"):
             out[f"rm/{kind}/quality_gate_passed"] = float(rm["quality_gate"]["passed"])
         out[f"rm/{kind}/replay_share"] = rm["replay"].get("share", 0.0)
     return out
 
 
+def gate_failure(kind: str, gate: dict) -> str | None:
+    """What is wrong with a reward model whose quality gate failed (None when it passed or had none)."""
+    if not gate or gate["passed"]:
+        return None
+    why = [f"{gate['metric']} {gate['value']:.3f} < {gate['threshold']}"] if not gate["value"] >= gate["threshold"] else []
+    if not gate.get("beats_baseline", True):
+        why.append(f"no better than the zero-training verifier (the SFT model's own likelihood: {gate['baseline']:.3f})")
+    return (f"{kind.upper()} held-out {' and '.join(why)}: GRPO's group-normalised reward ranks one question's "
+            f"solutions by it")
+
+
 def gate_failures(summary: dict, used: tuple[str, ...]) -> list[str]:
     """One sentence per reward model that drives GRPO (``used``) below its quality gate."""
-    out = []
-    for kind in used:
-        gate = summary["reward_models"].get(kind, {}).get("quality_gate") or {}
-        if gate and not gate["passed"]:
-            out.append(f"{kind.upper()} held-out {gate['metric']} {gate['value']:.3f} < {gate['threshold']}: GRPO "
-                       f"optimised a reward that barely separates right from wrong (near chance)")
-    return out
+    found = (gate_failure(kind, summary["reward_models"].get(kind, {}).get("quality_gate") or {}) for kind in used)
+    return [sentence for sentence in found if sentence]
+
+
+def without_reward_models(cfg: PipelineConfig, excluded: list[str]) -> PipelineConfig:
+    """``cfg`` with the reward models ``excluded`` out of GRPO's reward (``rounds.on_gate_failure:
+    exclude``); process supervision becomes outcome supervision without the PRM. An error when no
+    reward source is left."""
+    if not excluded:
+        return cfg
+    weights = {k: w for k, w in cfg.grpo.reward_weights.items() if k not in excluded and w > 0}
+    if not weights:
+        raise ValueError(f"every reward source of grpo.reward_weights ({', '.join(excluded)}) failed its quality gate and "
+                         f"rounds.on_gate_failure is exclude: nothing is left to drive GRPO; add rule: 1.0 or set "
+                         f"rounds.on_gate_failure: report")
+    supervision = "outcome" if "prm" not in weights else cfg.grpo.supervision
+    grpo = cfg.grpo.model_validate({**cfg.grpo.model_dump(), "reward_weights": weights, "supervision": supervision})
+    return cfg.model_copy(update={"grpo": grpo})
 
 
 @flow(name="rl-round", flow_run_name="{cfg.run_name}/round-{k}")
@@ -123,15 +145,17 @@ def rl_round(cfg: PipelineConfig, k: int, data: Ref, sft: Ref, start: RoundStart
     with finishing(uri, [run_id]):
         results = reward_stages(cfg, k, round_dir, run_dir, data, sft, start, common)
         rms = {kind: results[kind].manifest for kind in ("orm", "prm") if kind in results}
-        used = cfg.grpo.reward_models_used
+        used, excluded = cfg.grpo.reward_models_used, []
         for kind in used:
-            gate = rms[kind].get("quality_gate") or {}
-            if gate and not gate["passed"]:
-                log.warning("round %d: QUALITY GATE FAILED: %s held-out %s %.3f < %s; GRPO will optimise a reward "
-                            "that barely separates right from wrong", k, kind.upper(), gate["metric"], gate["value"],
-                            gate["threshold"])
-        results["grpo"] = run_stage(grpo_task, cfg, str(round_dir / "grpo"), GRPOInputs(
-            data=data, init=start.policy, reward_models={m: Ref.model(rms[m]) for m in used}, round=k), **common)
+            failure = gate_failure(kind, rms[kind].get("quality_gate") or {})
+            if failure:
+                log.warning("round %d: QUALITY GATE FAILED: %s%s", k, failure, "; kept out of GRPO's reward"
+                            if cfg.rounds.on_gate_failure == "exclude" else "")
+                excluded += [kind] if cfg.rounds.on_gate_failure == "exclude" else []
+        gcfg = without_reward_models(cfg, excluded)
+        results["grpo"] = run_stage(grpo_task, gcfg, str(round_dir / "grpo"), GRPOInputs(
+            data=data, init=start.policy, reward_models={m: Ref.model(rms[m]) for m in gcfg.grpo.reward_models_used},
+            round=k), **common)
         grpo = results["grpo"].manifest
         results["eval"] = run_stage(eval_task, cfg, str(round_dir / "eval"),
                                     EvalInputs(data=data, models={"policy": Ref.model(grpo)}), **common)
@@ -139,6 +163,7 @@ def rl_round(cfg: PipelineConfig, k: int, data: Ref, sft: Ref, start: RoundStart
         cached = [name for name, r in results.items() if r.cached]
         summary = round_summary(k, stages, cached, stages["eval"]["results"]["policy"])
         summary["quality_warnings"] = gate_failures(summary, used)
+        summary["excluded_reward_models"] = excluded
         clock = time.perf_counter()
         name = registered_name(cfg)
         summary["model_version"] = register_policy(uri, name, run_id, grpo["model"], k, summary["val_accuracy"],

@@ -279,7 +279,7 @@ class RewardModelConfig(Training):
     init: str = Field("sft", min_length=1, description="round 1's starting model: sft (the SFT checkpoint), tiny (a fresh tiny Llama: the `model` section with `tiny` overrides, the SFT tokenizer) or a local HF folder with the SFT model's tokenizer")
     tiny: dict[Literal["hidden_size", "intermediate_size", "num_layers", "num_heads"], int] = Field(
         {}, description="init=tiny: changes to the `model` section's shape, e.g. {hidden_size: 256}")
-    min_auc: float = Field(0.6, ge=0, le=1, description="quality gate: a reward model that drives GRPO with held-out AUC below this is reported loudly (log, MLflow tag, Prefect artifact)")
+    min_auc: float = Field(0.6, ge=0, le=1, description="quality gate: a reward model that drives GRPO with a held-out AUC within questions (what GRPO's group-normalised reward sees) below this, or no better than the SFT model's own likelihood, is reported loudly (log, MLflow tag, Prefect artifact)")
     epochs: int = Field(1, ge=1, description="passes over the training data")
     batch_size: int = Field(32, ge=1, description="pairs (ORM) or solutions (PRM) per step")
     checkpoint_every: int | None = Field(None, ge=1, description="also checkpoint every N steps within an epoch (None: at each epoch's end only)")
@@ -303,6 +303,7 @@ class RoundsConfig(Section):
 
     count: int = Field(1, ge=1, description="RL rounds (each: reward data, reward models, GRPO; steps per round are grpo.steps / grpo.max_seconds)")
     replay_fraction: float = Field(0.1, ge=0, lt=1, description="share of each retraining set drawn from earlier rounds' data (paper: 10%)")
+    on_gate_failure: Literal["report", "exclude"] = Field("report", description="a reward model that fails its quality gate: report it loudly and use it anyway, or also keep it out of that round's GRPO reward (process supervision falls back to outcome without the PRM)")
 
 
 class EvalConfig(Section):

@@ -119,17 +119,21 @@ def reward_model_figure(manifest: dict):
     for ax, kind in zip(axes[0], kinds):
         key = QUALITY_KEY[kind]
         rounds = [r for r in manifest["rounds"] if kind in r.get("reward_models", {})]
-        for when, shift, color in (("before", -0.15, "tab:grey"), ("after", 0.15, "tab:green")):
-            ax.bar([r["round"] + shift for r in rounds], [r["reward_models"][kind][when].get(key, math.nan) for r in rounds],
-                   width=0.3, color=color, label=f"{when} retraining")
+        bars = (("before", -0.25, "tab:grey", "before retraining"), ("after", 0.0, "tab:green", "after retraining"),
+                ("baseline", 0.25, "tab:orange", "SFT model's own likelihood (untrained)"))
+        for when, shift, color, label in bars:
+            ax.bar([r["round"] + shift for r in rounds],
+                   [r["reward_models"][kind].get(when, {}).get(key, math.nan) for r in rounds], width=0.25, color=color,
+                   label=label)
         gate = next((r["reward_models"][kind]["quality_gate"] for r in rounds if r["reward_models"][kind].get("quality_gate")), {})
         ax.axhline(0.5, color="black", lw=0.8, ls=":", label="chance")
         if gate:
             ax.axhline(gate["threshold"], color="tab:red", lw=0.8, ls="--", label="quality gate")
         ax.set_xticks([r["round"] for r in rounds], [f"round {r['round']}" for r in rounds])
-        values = [r["reward_models"][kind][w].get(key, 1.0) for r in rounds for w in ("before", "after")]
-        ax.set_ylim(min(0.3, min(values) - 0.05), 1.0)
-        ax.set_title(f"{kind.upper()}: held-out {key} on the round's fresh samples", fontsize=9)
+        values = [r["reward_models"][kind].get(w, {}).get(key, 1.0) for r in rounds for w in ("before", "after", "baseline")]
+        values = [v for v in values if v == v]  # NaN: no question with right and wrong solutions
+        ax.set_ylim(min([0.3, *values]) - 0.05, 1.0)
+        ax.set_title(f"{kind.upper()}: held-out {key.replace('_', ' ')} on the round's fresh samples", fontsize=9)
         ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
     return fig

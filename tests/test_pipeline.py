@@ -227,7 +227,7 @@ def test_pipeline_with_reward_models_and_process_supervision(prefect_harness, tm
     header = lines.index("| model | test accuracy (10 questions) | minus SFT, paired (95% interval) | MLflow run |")
     assert lines[header + 1] == "|---|---|---|---|" and lines[header + 2].startswith("| SFT | ")
     assert lines[header + 3].startswith("| round 1 policy (final) | ") and "?workflowType=machine_learning)" in lines[header + 3]
-    assert any(line.startswith("| ORM | 1 | auc ") for line in lines) and "| | |" not in summary
+    assert any(line.startswith("| ORM | 1 | within_question_auc ") for line in lines) and "| | |" not in summary
     assert summary.count("](data:image/png;base64,") == 3
 
 

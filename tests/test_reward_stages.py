@@ -87,8 +87,31 @@ def test_orm_objectives_train_on_their_datasets(tmp_path, tiny_cfg, tiny_model_d
     manifest = run_reward_model(cfg, "orm", reward_data, tiny_model_dir, tmp_path / "orm")
     assert manifest["steps"] == steps
     assert manifest["replay"]["fresh"] == 2 * steps
-    assert manifest["quality_gate"]["metric"] == "auc"
-    assert manifest["quality_gate"]["passed"] == (manifest["heldout"]["auc"] >= 0.6)
+    # The gate reads what GRPO sees: the ranking of one question's solutions (here one question, mixed).
+    assert manifest["quality_gate"]["metric"] == "within_question_auc" and manifest["heldout"]["mixed_questions"] == 1
+    assert manifest["quality_gate"]["passed"] == (manifest["heldout"]["within_question_auc"] >= 0.6)
+
+
+@pytest.mark.parametrize("kind", ["orm", "prm"])
+def test_every_reward_model_is_measured_against_the_zero_training_verifier(tmp_path, tiny_cfg, tiny_model_dir,
+                                                                           reward_data, kind):
+    """``baseline``: the SFT model's own likelihood on the same held-out rows, by the same metrics; a
+    reward model that does not beat it fails its gate."""
+    from grpo_core.stages.reward_model import evaluate_likelihood
+
+    cfg = tiny_cfg(tmp_path, **{f"{kind}__batch_size": 2, f"{kind}__epochs": 1})
+    manifest = run_reward_model(cfg, kind, reward_data, tiny_model_dir, tmp_path / kind, baseline=tiny_model_dir)
+    baseline, gate = manifest["baseline"], manifest["quality_gate"]
+    assert set(baseline) == set(manifest["heldout"]) - {"pairwise_accuracy"}
+    held_out = "solutions" if kind == "orm" else "steps"
+    from datasets import load_from_disk
+
+    rows = load_from_disk(reward_data[f"{held_out}_dir"])["test"].to_list()
+    assert baseline == pytest.approx(evaluate_likelihood(tiny_model_dir, kind, rows, "\n", 4), nan_ok=True)
+    value = manifest["heldout"]["within_question_auc"]
+    assert gate["baseline"] == pytest.approx(baseline["within_question_auc"], nan_ok=True)
+    assert gate["beats_baseline"] == (value > gate["baseline"])
+    assert gate["passed"] == (value >= 0.6 and gate["beats_baseline"])
 
 
 def test_reward_model_init_tiny_is_a_fresh_model_of_another_shape(tmp_path, tiny_cfg, tiny_model_dir, reward_data):

@@ -112,7 +112,8 @@ def test_three_rounds_chain_policies_reward_models_and_replay(prefect_harness, t
     assert nested == {f"round-2/{s}" for s in ("reward_data", "replay", "orm", "prm", "grpo", "eval")}
     metrics = round_runs["round-2"].data.metrics
     for key in ("round/test_accuracy", "rm/orm/before/auc", "rm/orm/after/auc", "rm/orm/quality_gate_passed",
-                "rm/prm/before/step_accuracy", "rm/orm/replay_share"):
+                "rm/orm/after/within_question_auc", "rm/orm/baseline/within_question_auc",
+                "rm/prm/before/step_accuracy", "rm/prm/baseline/step_auc", "rm/orm/replay_share"):
         assert key in metrics, key
     orm_run = client.get_run(round_runs["round-2"].data.tags["stage_run.orm"])
     inputs = {d.dataset.name for d in orm_run.inputs.dataset_inputs}
@@ -141,8 +142,8 @@ def test_three_rounds_chain_policies_reward_models_and_replay(prefect_harness, t
         artifacts = prefect.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(like_="iter-round-")))
     assert {a.key for a in artifacts} == {"iter-round-1", "iter-round-2", "iter-round-3"}
     report = next(a for a in artifacts if a.key == "iter-round-2").data
-    assert "ORM auc on fresh samples: before -> after" in report and "champion" in report
-    assert ("Warning: ORM held-out auc" in report) == (not gate["passed"])
+    assert "ORM within_question_auc on fresh samples: before -> after" in report and "champion" in report
+    assert ("Warning: ORM held-out" in report) == (not gate["passed"])
 
 
 def test_rl_rounds_continues_a_finished_run(prefect_harness, tmp_path, tiny_cfg, mixed_checker):
@@ -181,15 +182,45 @@ def test_a_reward_model_near_chance_that_drives_grpo_is_reported_loudly():
     summary = {"round": 2, "test_accuracy": 0.5, "val_accuracy": 0.5,
                "grpo": {"steps": 3, "wall_s": 1.0, "best_step": 3, "reward_mean": 0.5, "kl": 0.0},
                "reward_models": {
-                   "orm": {"before": {"auc": 0.5}, "after": {"auc": 0.55}, "replay": {"share": 0.1},
-                           "quality_gate": {"metric": "auc", "value": 0.55, "threshold": 0.6, "passed": False}},
-                   "prm": {"before": {"step_auc": 0.9}, "after": {"step_auc": 0.95}, "replay": {"share": 0.1},
-                           "quality_gate": {"metric": "step_auc", "value": 0.95, "threshold": 0.6, "passed": True}}}}
-    assert gate_failures(summary, ("prm",)) == []  # the ORM is near chance but drives nothing
+                   "orm": {"before": {"within_question_auc": 0.5}, "after": {"within_question_auc": 0.55},
+                           "baseline": {"within_question_auc": 0.8}, "replay": {"share": 0.1},
+                           "quality_gate": {"metric": "within_question_auc", "value": 0.55, "threshold": 0.6,
+                                            "baseline": 0.8, "beats_baseline": False, "passed": False}},
+                   "prm": {"before": {"within_question_auc": 0.9}, "after": {"within_question_auc": 0.7},
+                           "baseline": {"within_question_auc": 0.85}, "replay": {"share": 0.1},
+                           "quality_gate": {"metric": "within_question_auc", "value": 0.7, "threshold": 0.6,
+                                            "baseline": 0.85, "beats_baseline": False, "passed": False}}}}
+    assert gate_failures(summary, ()) == []  # near chance, but driving nothing
     warnings = gate_failures(summary, ("orm", "prm"))
-    assert warnings == ["ORM held-out auc 0.550 < 0.6: GRPO optimised a reward that barely separates right "
-                        "from wrong (near chance)"]
+    assert warnings == [
+        "ORM held-out within_question_auc 0.550 < 0.6 and no better than the zero-training verifier (the SFT "
+        "model's own likelihood: 0.800): GRPO's group-normalised reward ranks one question's solutions by it",
+        "PRM held-out no better than the zero-training verifier (the SFT model's own likelihood: 0.850): GRPO's "
+        "group-normalised reward ranks one question's solutions by it"]
     report = round_report({**summary, "quality_warnings": warnings}, {"version": "2", "round": 2}, "http://x")
     lines = report.splitlines()
-    assert lines[2].startswith("> **Warning: ORM held-out auc 0.550 < 0.6")
-    assert "| ORM auc on fresh samples: before -> after retraining | 0.5000 -> 0.5500 (replay share 0.100) |" in report
+    assert lines[2].startswith("> **Warning: ORM held-out within_question_auc 0.550 < 0.6")
+    assert ("| ORM within_question_auc on fresh samples: before -> after retraining | 0.5000 -> 0.5500 (replay share "
+            "0.100; the SFT model's own likelihood, untrained: 0.8000) |") in report
+
+
+def test_a_reward_model_that_fails_its_gate_can_be_kept_out_of_grpos_reward(tiny_cfg, tmp_path):
+    """rounds.on_gate_failure: exclude: the round's GRPO runs without it (process supervision falls
+    back to outcome without the PRM); with nothing left to drive GRPO, a clear error."""
+    from flows.reports import round_report
+    from flows.rounds import without_reward_models
+
+    cfg = tiny_cfg(tmp_path, "grpo.reward_weights={rule: 1.0, orm: 0.5, prm: 1.0}", grpo__supervision="process",
+                   rounds__on_gate_failure="exclude", orm__train=True, prm__train=True)
+    assert without_reward_models(cfg, []) is cfg
+    no_orm = without_reward_models(cfg, ["orm"]).grpo
+    assert no_orm.reward_weights == {"rule": 1.0, "prm": 1.0} and no_orm.supervision == "process"
+    no_prm = without_reward_models(cfg, ["prm"]).grpo
+    assert no_prm.reward_weights == {"rule": 1.0, "orm": 0.5} and no_prm.supervision == "outcome"
+    only_prm = tiny_cfg(tmp_path, "grpo.reward_weights={prm: 1.0}", grpo__supervision="process", prm__train=True)
+    with pytest.raises(ValueError, match="nothing is left to drive GRPO"):
+        without_reward_models(only_prm, ["prm"])
+    summary = {"round": 1, "test_accuracy": 0.5, "val_accuracy": 0.5, "reward_models": {},
+               "grpo": {"steps": 1, "wall_s": 1.0, "best_step": 1}, "excluded_reward_models": ["prm"]}
+    assert "Kept out of this round's GRPO reward (rounds.on_gate_failure: exclude): PRM." in round_report(
+        summary, {"version": "1", "round": 1}, "http://x")

@@ -126,6 +126,7 @@ class RewardModelInputs(StageInputs):
     init: Ref  # the SFT model in round 1 (unless <kind>.init says otherwise), then last round's model
     round: int = 1
     replay: Ref | None = None  # buffer version round-1, replayed into the training set
+    baseline: Ref | None = None  # the causal LM whose own likelihood every reward model must beat (the SFT model)
 
     def run(self, cfg, out_dir, logger=None):
         from grpo_core.stages.reward_model import run_reward_model
@@ -134,7 +135,8 @@ class RewardModelInputs(StageInputs):
                     for field, value in (("dir", r.path), ("digest", r.digest))}
         replay = {"round": self.round, "dir": self.replay and self.replay.path,
                   "digest": self.replay and self.replay.digest}
-        return run_reward_model(cfg, self.stage, datasets, self.init.path, out_dir, logger, replay=replay)
+        return run_reward_model(cfg, self.stage, datasets, self.init.path, out_dir, logger, replay=replay,
+                                baseline=self.baseline and self.baseline.path)
 
 
 class ORMInputs(RewardModelInputs):

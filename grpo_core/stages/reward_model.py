@@ -23,8 +23,10 @@ from grpo_core.training import distributed
 from grpo_core.config import PipelineConfig
 from grpo_core.lm.modeling import load_tokenizer, tiny_llama
 from grpo_core.lm.policy import encode
-from grpo_core.rewards.heads import (ScoreHead, bradley_terry_loss, first_wrong_step, load_reward_model, orm_logits, 
-                                     pointwise_bce_loss, prm_step_logits, reward_model_from, roc_auc, step_bce_loss)
+from grpo_core.rewards.heads import (ScoreHead, bradley_terry_loss, first_wrong_step, load_reward_model, orm_logits,
+                                     pointwise_bce_loss, prm_step_logits, reward_model_from, roc_auc, step_bce_loss,
+                                     within_question_auc)
+from grpo_core.rewards.likelihood import likelihood_scores
 from grpo_core.stages.common import digest_dir, run_identity, set_threads, write_manifest
 from grpo_core.training.trainer import Plan, Trainer, TrainState
 from grpo_core.lm.runtime import autocast, model_device, place
@@ -79,9 +81,39 @@ def orm_loss_terms(model, tokenizer, rows: list[dict]) -> list[tuple[torch.Tenso
     return [(pointwise, len(solutions)), (pairwise, n)]
 
 
+def solution_metrics(scores: list[float], rows: list[dict]) -> dict[str, float]:
+    """Held-out quality of solution scores against ``rows``' ``correct``: what GRPO's group-normalised
+    reward sees (the AUC within each question, averaged over questions with right and wrong
+    solutions) beside the AUC pooled across questions (where length and operands help)."""
+    labels = [bool(r["correct"]) for r in rows]
+    within, mixed = within_question_auc(scores, labels, [r["prompt"] for r in rows])
+    return {"within_question_auc": within, "mixed_questions": float(mixed), "auc": roc_auc(scores, labels),
+            "n_solutions": float(len(rows))}
+
+
+def step_metrics(probs: list[list[float]], rows: list[dict]) -> dict[str, float]:
+    """Held-out quality of per-step probabilities against ``rows``' step labels: step accuracy and
+    AUC (against the exact labels too where present), how often the first step scored < 0.5 is the
+    first step labelled wrong, and within each question the AUC of the lowest step against a
+    solution having no wrong step (what GRPO sees of a PRM whose lowest step is the reward)."""
+    flat = [(x, y) for r, p in zip(rows, probs) for x, y in zip(p, r["labels"])]
+    exact = [(x, y) for r, p in zip(rows, probs) if r["exact_labels"] for x, y in zip(p, r["exact_labels"])]
+    with_error = [(r, p) for r, p in zip(rows, probs) if first_wrong_step(r["labels"]) is not None]
+    found = sum(first_wrong_step([x >= 0.5 for x in p]) == first_wrong_step(r["labels"]) for r, p in with_error)
+    lowest = [min(p, default=float("nan")) for p in probs]
+    within, mixed = within_question_auc(lowest, [all(r["labels"]) for r in rows], [r["prompt"] for r in rows])
+    out = {"within_question_auc": within, "mixed_questions": float(mixed),
+           "step_accuracy": sum((x >= 0.5) == y for x, y in flat) / max(1, len(flat)),
+           "step_auc": roc_auc([x for x, _ in flat], [y for _, y in flat]),
+           "first_wrong_step_detected": found / max(1, len(with_error)), "n_steps": float(len(flat))}
+    if exact:
+        out["step_auc_exact"] = roc_auc([x for x, _ in exact], [y for _, y in exact])
+    return out
+
+
 @torch.no_grad()
 def evaluate_orm(model, tokenizer, pairs: list[dict], solutions: list[dict], batch: int) -> dict[str, float]:
-    """Held-out pairwise accuracy, and AUC of the score against correctness over all solutions."""
+    """``solution_metrics`` of the ORM's scores, and its held-out pairwise accuracy."""
     model.eval()
     wins, scores = 0, []
     for s in range(0, len(pairs), batch):
@@ -91,14 +123,12 @@ def evaluate_orm(model, tokenizer, pairs: list[dict], solutions: list[dict], bat
         rows = solutions[s : s + batch]
         scores += orm_logits(model, encode(tokenizer, [r["prompt"] for r in rows], [r["completion"] for r in rows])).tolist()
     model.train()
-    out = {"auc": roc_auc(scores, [bool(r["correct"]) for r in solutions]), "n_solutions": float(len(solutions))}
-    return out | ({"pairwise_accuracy": wins / len(pairs)} if pairs else {})
+    return solution_metrics(scores, solutions) | ({"pairwise_accuracy": wins / len(pairs)} if pairs else {})
 
 
 @torch.no_grad()
 def evaluate_prm(model, tokenizer, rows: list[dict], separator: str, batch: int) -> dict[str, float]:
-    """Held-out step accuracy and AUC against the hard labels (and the exact ones where present),
-    and the rate at which the first step scored < 0.5 is the first step labelled wrong."""
+    """``step_metrics`` of the PRM's step probabilities."""
     model.eval()
     probs: list[list[float]] = []
     for s in range(0, len(rows), batch):
@@ -107,20 +137,32 @@ def evaluate_prm(model, tokenizer, rows: list[dict], separator: str, batch: int)
         p = torch.sigmoid(prm_step_logits(model, rollout, ends))
         probs += [p[i, : int(mask[i].sum())].tolist() for i in range(len(part))]
     model.train()
-    flat = [(x, y) for r, p in zip(rows, probs) for x, y in zip(p, r["labels"])]
-    exact = [(x, y) for r, p in zip(rows, probs) if r["exact_labels"] for x, y in zip(p, r["exact_labels"])]
-    with_error = [(r, p) for r, p in zip(rows, probs) if first_wrong_step(r["labels"]) is not None]
-    found = sum(first_wrong_step([x >= 0.5 for x in p]) == first_wrong_step(r["labels"]) for r, p in with_error)
-    out = {"step_accuracy": sum((x >= 0.5) == y for x, y in flat) / max(1, len(flat)),
-           "step_auc": roc_auc([x for x, _ in flat], [y for _, y in flat]),
-           "first_wrong_step_detected": found / max(1, len(with_error)), "n_steps": float(len(flat))}
-    if exact:
-        out["step_auc_exact"] = roc_auc([x for x, _ in exact], [y for _, y in exact])
-    return out
+    return step_metrics(probs, rows)
 
 
-# The held-out metric that says how good a reward model is: training keeps the epoch with the best.
-QUALITY_KEY = {"orm": "auc", "prm": "step_auc"}
+@torch.no_grad()
+def evaluate_likelihood(lm_dir: str | Path, kind: str, rows: list[dict], separator: str, batch: int) -> dict[str, float]:
+    """The zero-training verifier (``rewards.likelihood``: the causal LM ``lm_dir`` read through its own
+    token probabilities) on the held-out rows of a ``kind`` reward model, by the same metrics: the
+    baseline every trained reward model must beat."""
+    from grpo_core.lm.modeling import load_model
+
+    lm, tokenizer = load_model(lm_dir)
+    lm.eval()
+    solutions, steps = [], []
+    for s in range(0, len(rows), batch):
+        part = rows[s : s + batch]
+        texts = [r["completion"] if "completion" in r else separator.join(r["completions"]) for r in part]
+        whole, step_p, mask = likelihood_scores(lm, tokenizer, encode(tokenizer, [r["prompt"] for r in part], texts),
+                                                separator)
+        solutions += whole.tolist()
+        steps += [step_p[i, : int(mask[i].sum())].tolist() for i in range(len(part))]
+    return solution_metrics(solutions, rows) if kind == "orm" else step_metrics(steps, rows)
+
+
+# The held-out metric that says how good a reward model is, for what GRPO uses of it (a ranking of
+# one question's solutions): training keeps the epoch with the best, and the quality gate reads it.
+QUALITY_KEY = {"orm": "within_question_auc", "prm": "within_question_auc"}
 
 
 def combined_mix(mixes: list[dict]) -> dict:
@@ -154,11 +196,15 @@ def resume_or_init(resume, init_dir: str | Path, kind: str, cfg: PipelineConfig,
 
 
 def run_reward_model(cfg: PipelineConfig, kind: str, reward_data: dict, init_dir: str | Path, out_dir: Path,
-                     logger: MetricLogger | None = None, replay: dict | None = None) -> dict:
+                     logger: MetricLogger | None = None, replay: dict | None = None,
+                     baseline: str | Path | None = None) -> dict:
     """Train the ``kind`` ("orm" or "prm") reward model on the reward-data stage's datasets.
 
     ``replay`` (later RL rounds): ``{"round": k, "dir": buffer version k-1, "digest": its digest}``;
     ``rounds.replay_fraction`` of the training set is then drawn from that version.
+    ``baseline``: a causal LM (the SFT model) whose own likelihood, untrained, is measured on the
+    same held-out rows (``baseline`` in the manifest): a reward model that does not beat it is a
+    defect the quality gate reports.
 
     Under torchrun each process trains on a contiguous share of every batch (a last batch with
     fewer rows than processes is skipped), the loss is normalised by the global batch's pairs or
@@ -224,6 +270,9 @@ def run_reward_model(cfg: PipelineConfig, kind: str, reward_data: dict, init_dir
         before = d.broadcast(evaluate(st) if d.main else None)
         st.extra["before_metrics"] = {k.removeprefix("heldout/"): v for k, v in before.items()}
         logger.log_metrics({f"heldout_before/{k}": v for k, v in st.extra["before_metrics"].items()}, step=0)
+        if baseline is not None and d.main:
+            st.extra["baseline"] = evaluate_likelihood(baseline, kind, held_out, sep, rc.batch_size)
+            logger.log_metrics({f"baseline/{k}": v for k, v in st.extra["baseline"].items()}, step=0)
     model.train()
     trained = d.wrap(ScoreHead(model))
 
@@ -262,11 +311,16 @@ def run_reward_model(cfg: PipelineConfig, kind: str, reward_data: dict, init_dir
     value = best.get(QUALITY_KEY[kind], float("nan"))
     gate = {"metric": QUALITY_KEY[kind], "value": value, "threshold": rc.min_auc,
             "passed": bool(value >= rc.min_auc)}  # NaN (one class only) fails
+    if "baseline" in st.extra:  # the zero-training verifier of the same held-out rows
+        gate["baseline"] = st.extra["baseline"].get(QUALITY_KEY[kind], float("nan"))
+        gate["beats_baseline"] = bool(value > gate["baseline"])
+        gate["passed"] = gate["passed"] and gate["beats_baseline"]
     logger.log_metrics({"quality_gate/passed": float(gate["passed"])})
     return write_manifest(out_dir, {"stage": kind, "model": str(final_dir), "init": str(init_dir),
                                     "init_from": rc.init if replay["round"] == 1 else "previous round",
                                     "quality_gate": gate,
                                     "round": replay["round"], "heldout_before": st.extra.get("before_metrics", {}),
+                                    "baseline": st.extra.get("baseline", {}),
                                     "heldout": best, "best_epoch_step": st.best_step,
                                     "steps": st.step, "epochs": st.epoch, "n_train": len(train),
                                     "n_test": len(held_out), "replay": mix, "wall_s": round(st.elapsed, 1)})
