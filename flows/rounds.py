@@ -128,8 +128,8 @@ def without_reward_models(cfg: PipelineConfig, excluded: list[str]) -> PipelineC
         raise ValueError(f"every reward source of grpo.reward_weights ({', '.join(excluded)}) failed its quality gate and "
                          f"rounds.on_gate_failure is exclude: nothing is left to drive GRPO; add rule: 1.0 or set "
                          f"rounds.on_gate_failure: report")
-    supervision = "outcome" if "prm" not in weights else cfg.grpo.supervision
-    grpo = cfg.grpo.model_validate({**cfg.grpo.model_dump(), "reward_weights": weights, "supervision": supervision})
+    process = {} if "prm" in weights else {"supervision": "outcome", "process_credit": "sum"}
+    grpo = cfg.grpo.model_validate({**cfg.grpo.model_dump(), "reward_weights": weights, **process})
     return cfg.model_copy(update={"grpo": grpo})
 
 

@@ -5,6 +5,8 @@ Pure tensor functions. Shapes: N questions, G completions per question, K steps 
 """
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 
 
@@ -43,14 +45,19 @@ def process_advantages(
     step_ends: torch.Tensor,
     step_mask: torch.Tensor,
     seq_len: int,
+    credit: Literal["sum", "min"] = "sum",
 ) -> torch.Tensor:
-    """Process supervision: normalise step rewards over the group, then sum those still ahead.
+    """Process supervision: normalise step rewards over the group, then credit each token with
+    those still ahead.
 
     step_rewards: [N, G, K] reward of step k of completion i (padding ignored).
     step_ends:    [N, G, K] long, 0-based inclusive token index where step k ends in the completion.
     step_mask:    [N, G, K] bool, True for real steps.
-    Returns [N, G, seq_len]: token t gets sum of normalised rewards of steps with end >= t
-    (DeepSeekMath eq. for A_hat_{i,t} = sum_{index(j) >= t} r_tilde^{index(j)}).
+    credit: ``sum`` (the paper, DeepSeekMath §4.1.3: A_hat_{i,t} = sum_{index(j) >= t} r_tilde^{index(j)})
+    or ``min`` (PURE, arXiv 2504.15275: the minimum instead of the sum, so that a token's credit is
+    that of the worst step still ahead, and adding steps cannot raise it).
+    Returns [N, G, seq_len]: token t gets the sum (or min) of the normalised rewards of the steps
+    with end >= t; 0 where no step is ahead.
     Normalisation uses mean and population std over *all* valid steps of a question's group; a group
     with no spread gets zero. A step ending past seq_len covers the whole sequence.
     """
@@ -66,12 +73,20 @@ def process_advantages(
     std = (centred.pow(2).flatten(1).sum(dim=1) / count).sqrt()
     spread = std > 1e-12 * (1 + mean.abs())
     normed = torch.where(spread[:, None, None], centred / torch.where(spread, std, 1.0)[:, None, None], 0.0)
-    # Scatter each step's reward onto its end token, then a reverse cumulative sum gives every token
-    # the sum over steps ending at or after it: O(N*G*(K+T)) instead of an [N, G, K, T] comparison.
+    # Scatter each step's reward onto its end token, then a reverse cumulative sum (min) gives every
+    # token the sum (min) over steps ending at or after it: O(N*G*(K+T)), not an [N, G, K, T] comparison.
     ends = step_ends.long().clamp(0, seq_len - 1)
-    per_token = torch.zeros(n, g, seq_len, dtype=torch.float64)
-    per_token.scatter_add_(2, torch.where(mask, ends, 0), normed)
-    adv = per_token.flip(-1).cumsum(-1).flip(-1)
+    if credit == "sum":
+        per_token = torch.zeros(n, g, seq_len, dtype=torch.float64)
+        per_token.scatter_add_(2, torch.where(mask, ends, 0), normed)
+        adv = per_token.flip(-1).cumsum(-1).flip(-1)
+    elif credit == "min":
+        per_token = torch.full((n, g, seq_len), torch.inf, dtype=torch.float64)
+        per_token.scatter_reduce_(2, torch.where(mask, ends, 0), torch.where(mask, normed, torch.inf), reduce="amin")
+        adv = per_token.flip(-1).cummin(-1).values.flip(-1)
+        adv = torch.where(torch.isinf(adv), 0.0, adv)  # no step ahead
+    else:
+        raise ValueError(f"credit must be 'sum' or 'min', got {credit!r}")
     return adv.to(step_rewards.dtype if step_rewards.is_floating_point() else torch.float32)
 
 

@@ -194,6 +194,9 @@ class GRPOConfig(Training):
     reward_weights: dict[Literal["rule", "orm", "prm"], float] = Field(
         {"rule": 1.0}, description="weighted reward sources: rule, orm, prm")
     supervision: Literal["outcome", "process"] = Field("outcome", description="outcome (one reward per solution) or process (PRM step rewards)")
+    # A token's process credit from the normalised rewards of the steps at or after it: their sum
+    # (the paper) or their minimum (PURE, arXiv 2504.15275: the sum form collapsed training early).
+    process_credit: Literal["sum", "min"] = Field("sum", description="supervision=process: a token's advantage is the sum (paper) or the min (PURE) of the normalised rewards of the steps at or after it")
     # The §5 comparison (paper §5.2.1, the unified paradigm): PPO (§4.1.1: a value model, GAE, the KL
     # penalty per token in the reward); online RFT (fine-tune on the current policy's correct samples,
     # gradient coefficient 1[correct]); RFT (the same on the frozen starting model's samples). All share
@@ -232,6 +235,8 @@ class GRPOConfig(Training):
                 raise ValueError("minibatch_size must hold whole groups (a multiple of group_size)")
         if self.supervision == "process" and "prm" not in self.reward_models_used:
             raise ValueError("supervision=process needs a PRM: give reward_weights.prm a weight > 0")
+        if self.process_credit != "sum" and self.supervision != "process":
+            raise ValueError(f"process_credit={self.process_credit} applies to supervision=process only")
         if self.algorithm == "ppo" and self.supervision == "process":
             raise ValueError("algorithm=ppo takes outcome supervision (one reward per solution)")
         return self

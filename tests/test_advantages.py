@@ -103,8 +103,39 @@ def test_process_hand_computed():
     torch.testing.assert_close(process_advantages(r, ends, mask, 4), expected)
 
 
-def naive_process(step_rewards, step_ends, step_mask, seq_len):
-    """Straight transcription of the paper's formula with python loops (the reference)."""
+def test_process_min_credit_hand_computed():
+    """PURE's min-form credit against the paper's sum on one group of two completions of 2 steps:
+    c0 has rewards [1, 0] (right, then wrong), steps ending at tokens 1 and 3; c1 [0, 1], ending at
+    tokens 1 and 2. mean 0.5, population std 0.5 -> normalised c0 [1, -1], c1 [-1, 1].
+      sum: c0 tokens 0-1: 1 - 1 = 0, tokens 2-3: -1;  c1 tokens 0-1: -1 + 1 = 0, token 2: 1.
+      min: c0 tokens 0-1: min(1, -1) = -1, 2-3: -1;   c1 tokens 0-1: min(-1, 1) = -1, token 2: 1.
+    The sum lets c1's wrong first step off (0); the min charges it. c1's token 3 has no step ahead: 0."""
+    r = torch.tensor([[[1.0, 0.0], [0.0, 1.0]]])
+    ends = torch.tensor([[[1, 3], [1, 2]]])  # c1's second step ends at token 2: token 3 has no step ahead
+    mask = torch.ones(1, 2, 2, dtype=torch.bool)
+    torch.testing.assert_close(process_advantages(r, ends, mask, 4),
+                               torch.tensor([[[0.0, 0.0, -1.0, -1.0], [0.0, 0.0, 1.0, 0.0]]]))
+    torch.testing.assert_close(process_advantages(r, ends, mask, 4, credit="min"),
+                               torch.tensor([[[-1.0, -1.0, -1.0, -1.0], [-1.0, -1.0, 1.0, 0.0]]]))
+    with pytest.raises(ValueError, match="credit"):
+        process_advantages(r, ends, mask, 4, credit="max")
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_process_min_credit_matches_naive_loop(seed):
+    g = torch.Generator().manual_seed(seed)
+    n, grp, k, seq_len = 3, 4, 5, 7
+    rewards = torch.randn(n, grp, k, generator=g, dtype=torch.float64)
+    ends = torch.randint(0, seq_len + 3, (n, grp, k), generator=g)
+    mask = torch.rand(n, grp, k, generator=g) > 0.3
+    rewards[~mask] = -1e9  # padding must not win the minimum
+    adv = process_advantages(rewards, ends, mask, seq_len, credit="min")
+    torch.testing.assert_close(adv, naive_process(rewards, ends, mask, seq_len, credit=min))
+
+
+def naive_process(step_rewards, step_ends, step_mask, seq_len, credit=sum):
+    """Straight transcription of the paper's formula with python loops (the reference); ``credit=min``
+    for the min form."""
     n, g, k = step_rewards.shape
     out = torch.zeros(n, g, seq_len, dtype=torch.float64)
     for q in range(n):
@@ -117,12 +148,10 @@ def naive_process(step_rewards, step_ends, step_mask, seq_len):
             continue
         for i in range(g):
             for t in range(seq_len):
-                out[q, i, t] = sum(
-                    (float(step_rewards[q, i, j]) - mean) / std
-                    for j in range(k)
-                    # an end >= seq_len covers every token, so no clamping is needed here
-                    if step_mask[q, i, j] and int(step_ends[q, i, j]) >= t
-                )
+                ahead = [(float(step_rewards[q, i, j]) - mean) / std for j in range(k)
+                         # an end >= seq_len covers every token, so no clamping is needed here
+                         if step_mask[q, i, j] and int(step_ends[q, i, j]) >= t]
+                out[q, i, t] = credit(ahead) if ahead else 0.0
     return out
 
 

@@ -159,3 +159,9 @@ def test_process_supervision_needs_a_trained_prm():
         load_config(None, ["grpo.supervision=process", "grpo.reward_weights={prm: 1.0}"])
     with pytest.raises(ConfigError, match="reward_weights"):
         load_config(None, ["grpo.reward_weights={rule: 0}"])
+    # Min-form process credit is a process-supervision setting: refused where nothing would read it.
+    with pytest.raises(ConfigError, match="process_credit=min applies to supervision=process only"):
+        load_config(None, ["grpo.process_credit=min"])
+    cfg = load_config(None, ["grpo.supervision=process", "grpo.reward_weights={prm: 1.0}", "prm.train=true",
+                             "grpo.process_credit=min"])
+    assert cfg.grpo.process_credit == "min"

@@ -211,12 +211,13 @@ def test_a_reward_model_that_fails_its_gate_can_be_kept_out_of_grpos_reward(tiny
     from flows.rounds import without_reward_models
 
     cfg = tiny_cfg(tmp_path, "grpo.reward_weights={rule: 1.0, orm: 0.5, prm: 1.0}", grpo__supervision="process",
-                   rounds__on_gate_failure="exclude", orm__train=True, prm__train=True)
+                   grpo__process_credit="min", rounds__on_gate_failure="exclude", orm__train=True, prm__train=True)
     assert without_reward_models(cfg, []) is cfg
     no_orm = without_reward_models(cfg, ["orm"]).grpo
     assert no_orm.reward_weights == {"rule": 1.0, "prm": 1.0} and no_orm.supervision == "process"
     no_prm = without_reward_models(cfg, ["prm"]).grpo
     assert no_prm.reward_weights == {"rule": 1.0, "orm": 0.5} and no_prm.supervision == "outcome"
+    assert no_orm.process_credit == "min" and no_prm.process_credit == "sum"
     only_prm = tiny_cfg(tmp_path, "grpo.reward_weights={prm: 1.0}", grpo__supervision="process", prm__train=True)
     with pytest.raises(ValueError, match="nothing is left to drive GRPO"):
         without_reward_models(only_prm, ["prm"])

@@ -50,9 +50,11 @@ def row_temperatures(gc: GRPOConfig, n_questions: int) -> list[float]:
     return [temps[i % len(temps)] for _ in range(n_questions) for i in range(gc.group_size)]
 
 
-def rollout_advantages(scored: Scored, n_questions: int, g: int, seq_len: int) -> tuple[torch.Tensor, dict[str, float]]:
+def rollout_advantages(scored: Scored, n_questions: int, g: int, seq_len: int,
+                       credit: str = "sum") -> tuple[torch.Tensor, dict[str, float]]:
     """[B, T] advantages from the scores: group z-scores of the outcome reward, or the PRM's
-    normalised step rewards summed over the steps at or after each token (process supervision)."""
+    normalised step rewards of the steps at or after each token, summed or their minimum
+    (``credit``: ``grpo.process_credit``; process supervision)."""
     if scored.step_rewards is None:
         rewards = scored.outcome.view(n_questions, g)
         valid = torch.isfinite(rewards)
@@ -60,7 +62,7 @@ def rollout_advantages(scored: Scored, n_questions: int, g: int, seq_len: int) -
         return adv, {"reward/nonfinite": float((~valid).sum())}
     k = scored.step_rewards.shape[1]
     adv = process_advantages(scored.step_rewards.view(n_questions, g, k), scored.step_ends.view(n_questions, g, k),
-                             scored.step_mask.view(n_questions, g, k), seq_len)
+                             scored.step_mask.view(n_questions, g, k), seq_len, credit)
     return adv.view(n_questions * g, seq_len), {}
 
 
@@ -85,14 +87,14 @@ def grpo_step(policy, ref, tokenizer, opt, questions: list[Example], gc: GRPOCon
     ex = explore(ref if gc.algorithm == "rft" else policy, tokenizer, questions, gc, seed, scorer, d, amp, record)
     clock.append(ex.sampled_at)
 
-    # Advantages: group z-scores (outcome) or summed normalised step rewards (process), per group;
+    # Advantages: group z-scores (outcome) or normalised step rewards summed (or their min) (process);
     # for RFT and online RFT the paper's gradient coefficient 1[correct], with no KL term.
     if gc.algorithm in ("rft", "online_rft"):
         advantages = ex.scored.correct.float()[:, None].expand(-1, ex.rollout.completion_mask.shape[1])
         reward_stats, gc = {}, gc.model_copy(update={"beta": 0.0})
     else:
         advantages, reward_stats = rollout_advantages(ex.scored, len(ex.questions), g,
-                                                      ex.rollout.completion_mask.shape[1])
+                                                      ex.rollout.completion_mask.shape[1], gc.process_credit)
     clock.append(time.perf_counter())
 
     # Update: mu passes of clipped-ratio minibatch updates with the k3 KL to the reference.
