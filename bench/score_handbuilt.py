@@ -5,9 +5,12 @@ For N questions of the demo task's spec that appear in none of the run's splits
 by 1-3, carried on, so that step and the ones after it are wrong) and a ``final_off`` (every step
 right, the ``####`` answer off by one), and scores them through ``grpo-pipeline score``'s code path.
 Reports the ORM's AUC of right against each kind of wrong solution, the PRM's step AUC against the
-exact step labels, and per kind how often the PRM's first step below 0.5 is the first wrong one.
+exact step labels, per kind how often the PRM's first step below 0.5 is the first wrong one, and
+for both how often the right solution of a question scores above each of its wrong ones (the PRM by
+its lowest step): what GRPO's group-normalised reward sees. ``--orm`` / ``--prm`` may name a causal
+LM (the zero-training verifier: its own token probabilities).
 
-    python bench/score_handbuilt.py runs/demo [--n 500] [--seed 1]
+    python bench/score_handbuilt.py runs/demo [--n 500] [--seed 1] [--orm DIR] [--prm DIR]
 """
 from __future__ import annotations
 
@@ -57,13 +60,20 @@ def main() -> None:
     out: dict = {"n_questions": a.n, "n_solutions": len(rows), "seed": a.seed}
     rms = {k: (v["path"] if isinstance(v, dict) else v) for k, v in manifest.get("reward_models", {}).items()}
     rms |= {k: v for k, v in (("orm", a.orm), ("prm", a.prm)) if v}
+
+    def right_above_wrong(values: list[float]) -> float:  # rows come as (right, slip, final_off) per question
+        wins = [values[i] > values[i + j] for i in range(0, len(values), 3) for j in (1, 2)]
+        return sum(wins) / len(wins)
+
     if "orm" in rms:
         scores = [r["score"] for r in score(rms["orm"], rows)]
+        out["orm_same_question_right_above_wrong"] = right_above_wrong(scores)
         for wrong_kind in ("slip", "final_off"):  # right solutions against one kind of wrong ones
             pick = [i for i, k in enumerate(kinds) if k in ("right", wrong_kind)]
             out[f"orm_auc_{wrong_kind}"] = roc_auc([scores[i] for i in pick], [kinds[i] == "right" for i in pick])
     if "prm" in rms:
         steps = [r["step_scores"] for r in score(rms["prm"], rows)]
+        out["prm_same_question_right_above_wrong"] = right_above_wrong([min(s, default=float("nan")) for s in steps])
         flat = [(p, y) for s, ys in zip(steps, labels) for p, y in zip(s, ys)]
         out["prm_step_auc_exact"] = roc_auc([p for p, _ in flat], [y for _, y in flat])
         for wrong_kind in ("slip", "final_off"):

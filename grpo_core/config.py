@@ -282,6 +282,11 @@ class RewardModelConfig(Training):
     # The paper initialises its reward models from the base model; a separate (wider, deeper) model
     # lets a user measure whether the reward model's capacity, not its data, is the limit.
     init: str = Field("sft", min_length=1, description="round 1's starting model: sft (the SFT checkpoint), tiny (a fresh tiny Llama: the `model` section with `tiny` overrides, the SFT tokenizer) or a local HF folder with the SFT model's tokenizer")
+    # linear: a fresh one-output head on the starting model's hidden states (TRL's PRM, the usual
+    # ORM); likelihood: the starting model's own token probabilities, calibrated (rewards/likelihood.py):
+    # measured on the demo's round-1 data, it keeps and improves what the SFT model knows where a
+    # fresh head fine-tuned on a few thousand solutions learns length and operand cues instead.
+    head: Literal["linear", "likelihood"] = Field("linear", description="linear (a fresh score head on the hidden states) or likelihood (the model's own token probabilities, calibrated: a step scores its least likely token)")
     tiny: dict[Literal["hidden_size", "intermediate_size", "num_layers", "num_heads"], int] = Field(
         {}, description="init=tiny: changes to the `model` section's shape, e.g. {hidden_size: 256}")
     min_auc: float = Field(0.6, ge=0, le=1, description="quality gate: a reward model that drives GRPO with a held-out AUC within questions (what GRPO's group-normalised reward sees) below this, or no better than the SFT model's own likelihood, is reported loudly (log, MLflow tag, Prefect artifact)")

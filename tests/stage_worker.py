@@ -2,7 +2,7 @@
 
     python tests/stage_worker.py SPEC.json
 
-SPEC: {"stage": "sft" | "orm" | "prm" | "grpo", "root": tmp dir for the recipe, "out": stage folder,
+SPEC: {"stage": "sft" | "orm" | "prm" | "prm-likelihood" | "grpo", "root": tmp dir for the recipe, "out": stage folder,
 "data_dir", "model_dir", "reward_data" (orm/prm), "overrides": {...}, "kill": null or
 {"after_checkpoint": k} (SIGKILL once checkpoint k is complete) or {"while_writing": k} (SIGKILL
 when checkpoint k's files are written but not yet in place)}. Every log_metrics call is appended
@@ -79,10 +79,10 @@ def main() -> None:
         from grpo_core.stages.sft import run_sft
 
         run_sft(cfg, Path(spec["data_dir"]), out, logger)
-    elif stage in ("orm", "prm"):
+    elif stage.split("-")[0] in ("orm", "prm"):  # e.g. prm-likelihood: a PRM with the overrides of that entry
         from grpo_core.stages.reward_model import run_reward_model
 
-        run_reward_model(cfg, stage, spec["reward_data"], spec["model_dir"], out, logger)
+        run_reward_model(cfg, stage.split("-")[0], spec["reward_data"], spec["model_dir"], out, logger)
     elif stage == "grpo":
         import grpo_core.rewards.scorer as rewards
 

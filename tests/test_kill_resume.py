@@ -28,6 +28,8 @@ STAGES = {  # overrides, and the checkpoint the kill follows
     "grpo": ({"grpo__steps": 4, "grpo__checkpoint_every": 1, "grpo__eval_every": 2, "grpo__beta": 0.04}, 2),
     "orm": ({"orm__batch_size": 2, "orm__epochs": 2, "orm__lr": 1e-3, "orm__checkpoint_every": 1}, 3),
     "prm": ({"prm__batch_size": 2, "prm__epochs": 2, "prm__lr": 1e-3, "prm__checkpoint_every": 1}, 3),
+    "prm-likelihood": ({"prm__batch_size": 2, "prm__epochs": 2, "prm__lr": 1e-3, "prm__checkpoint_every": 1,
+                        "prm__head": "likelihood"}, 3),
 }
 
 
@@ -96,7 +98,7 @@ def _assert_same_end(a: Path, b: Path) -> None:
 @pytest.mark.parametrize("stage, kill", [
     ("sft", "after_checkpoint"), ("sft", "while_writing"),
     ("grpo", "after_checkpoint"), ("grpo", "while_writing"),
-    ("orm", "after_checkpoint"), ("prm", "after_checkpoint"),
+    ("orm", "after_checkpoint"), ("prm", "after_checkpoint"), ("prm-likelihood", "after_checkpoint"),
 ])
 def test_a_hard_kill_then_a_rerun_equals_a_straight_run(tmp_path, tiny_data_dir, tiny_model_dir, reward_data,
                                                         stage, kill):

@@ -66,3 +66,37 @@ def test_the_likelihood_verifier_reads_the_models_own_token_probabilities(tiny_m
         n = int(rollout.completion_mask[i].sum())  # the whole solution: every token, EOS included
         token_p = [logits[i, p + t - 1].softmax(-1)[rollout.input_ids[i, p + t]].item() for t in range(n)]
         assert whole[i].item() == pytest.approx(min(token_p), rel=1e-4)
+
+
+def test_the_likelihood_head_is_the_calibrated_zero_training_reading_and_survives_a_save(tmp_path, tiny_model_dir):
+    """head: likelihood. A step's logit = scale * (lowest log-probability of its tokens) + bias, a
+    solution's the same over all its tokens; saved as a causal-LM folder that loads back as the
+    same reward model and that ``score`` reads as a PRM."""
+    from grpo_core.lm.modeling import load_model
+    from grpo_core.lm.policy import encode, token_logprobs
+    from grpo_core.rewards.heads import load_reward_model, orm_logits, prm_step_logits
+    from grpo_core.rewards.likelihood import LikelihoodHead
+    from grpo_core.rewards.scorer import rollout_step_ends
+    from grpo_core.rewards.scoring import reward_model_kind, score
+
+    lm, tok = load_model(tiny_model_dir)
+    head = LikelihoodHead(lm, "prm", scale=1.5, bias=0.5).eval()
+    prompts, texts = ["What is 2 + 3 - 1?\n"], ["2 + 3 = 5\n5 - 1 = 4\n#### 4"]
+    rollout = encode(tok, prompts, texts)
+    ends, mask = rollout_step_ends(tok, rollout, "\n")
+    with torch.no_grad():
+        logp = token_logprobs(lm, rollout)
+        steps = prm_step_logits(head, rollout, ends)
+        whole = orm_logits(head, rollout)
+    expected = 1.5 * step_lowest_logprobs(logp, ends, mask) + 0.5
+    assert torch.allclose(steps, expected, atol=1e-5) and steps.shape == (1, 3)
+    assert whole.item() == pytest.approx(1.5 * lowest_logprob(logp, rollout.completion_mask).item() + 0.5, abs=1e-5)
+
+    head.config.step_separator = "\n"
+    head.save_pretrained(tmp_path / "prm")
+    tok.save_pretrained(tmp_path / "prm")
+    again = load_reward_model(tmp_path / "prm", "prm")
+    assert isinstance(again, LikelihoodHead) and (again.scale.item(), again.bias.item()) == (1.5, 0.5)
+    assert reward_model_kind(tmp_path / "prm") == "prm"
+    [row] = score(tmp_path / "prm", list(zip(prompts, texts)))
+    assert row["step_scores"] == pytest.approx(torch.sigmoid(expected[0]).tolist(), rel=1e-4)

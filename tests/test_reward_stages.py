@@ -174,3 +174,30 @@ def test_planted_errors_join_the_training_split_only(tmp_path, tiny_cfg, tiny_mo
     steps = load_from_disk(manifest["steps_dir"])
     assert any(False in r["labels"] for r in steps["train"])
     assert len(solutions["test"]) == 2 * 2  # held-out: the policy's own samples only
+
+
+@pytest.mark.parametrize("kind", ["orm", "prm"])
+def test_a_likelihood_head_trains_the_models_own_token_probabilities(tmp_path, tiny_cfg, tiny_model_dir, reward_data,
+                                                                      kind):
+    """<kind>.head: likelihood: the stage trains the SFT model's token probabilities and two
+    calibration numbers, publishes a causal-LM folder, and GRPO's scorer reads it."""
+    import torch
+
+    from grpo_core.lm.modeling import load_model, load_tokenizer
+    from grpo_core.lm.policy import encode
+    from grpo_core.rewards.likelihood import LikelihoodHead
+    from grpo_core.rewards.scorer import RewardScorer
+    from grpo_core.rewards.scoring import reward_model_kind
+
+    cfg = tiny_cfg(tmp_path, **{f"{kind}__batch_size": 2, f"{kind}__epochs": 1, f"{kind}__head": "likelihood",
+                                f"{kind}__lr": 1e-3})
+    manifest = run_reward_model(cfg, kind, reward_data, tiny_model_dir, tmp_path / kind)
+    assert reward_model_kind(manifest["model"]) == kind and manifest["steps"] == 2
+    trained, start = load_model(manifest["model"])[0], load_model(tiny_model_dir)[0]
+    moved = [n for n, p in trained.named_parameters() if not torch.equal(p, dict(start.named_parameters())[n])]
+    assert moved  # the model's own weights learnt (no fresh head)
+    tok = load_tokenizer(tiny_model_dir)
+    scorer = RewardScorer.from_paths({kind: 1.0}, "outcome", tok, "\n", {kind: manifest["model"]})
+    assert isinstance(getattr(scorer, kind), LikelihoodHead)
+    scored = scorer(encode(tok, [Q, Q], [RIGHT, WRONG]), ["3", "3"])
+    assert scored.outcome.shape == (2,) and bool(torch.isfinite(scored.outcome).all())

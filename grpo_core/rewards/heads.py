@@ -82,11 +82,24 @@ def first_wrong_step(flags: list[bool]) -> int | None:
 
 # ------------------------------------------------------------------------------- models
 
-def load_reward_model(path: str | Path, kind: str):
-    """An ORM (``kind="orm"``) or PRM (``"prm"``) with one output, from a causal-LM or RM folder."""
+def load_reward_model(path: str | Path, kind: str, head: str = "linear"):
+    """An ORM (``kind="orm"``) or PRM (``"prm"``) from a causal-LM or RM folder: a trained
+    ``LikelihoodHead`` where the folder holds one, else with ``head="likelihood"`` a fresh one on the
+    folder's causal LM, else a classification model with one output (a fresh ``score`` head on a
+    causal LM's body)."""
+    import json
+
     from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification
 
     from grpo_core.lm.modeling import ModelError
+    from grpo_core.rewards.likelihood import LikelihoodHead, reward_head_kind
+
+    try:
+        config = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        config = {}
+    if head == "likelihood" or reward_head_kind(config):
+        return LikelihoodHead.from_folder(path, kind)
 
     cls = AutoModelForSequenceClassification if kind == "orm" else AutoModelForTokenClassification
     try:
@@ -101,13 +114,13 @@ def load_reward_model(path: str | Path, kind: str):
     return model
 
 
-def reward_model_from(lm, kind: str):
-    """An ORM / PRM with one output on the body of the causal LM ``lm`` (in memory; a fresh head)."""
+def reward_model_from(lm, kind: str, head: str = "linear"):
+    """An ORM / PRM on the causal LM ``lm`` (in memory; a fresh head)."""
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
         lm.save_pretrained(tmp)
-        return load_reward_model(tmp, kind)
+        return load_reward_model(tmp, kind, head)
 
 
 class ScoreHead(torch.nn.Module):
@@ -141,13 +154,28 @@ def last_token_index(completion_mask: torch.Tensor) -> torch.Tensor:
     return (completion_mask.sum(dim=1).long() - 1).clamp(min=0)
 
 
+def is_likelihood(model) -> bool:
+    """A ``LikelihoodHead`` (also inside a DDP wrapper)."""
+    from grpo_core.rewards.likelihood import LikelihoodHead
+
+    return isinstance(getattr(model, "module", model), LikelihoodHead)
+
+
 def orm_logits(orm, rollout: Rollout) -> torch.Tensor:
-    """[B] ORM logit of each whole solution, read at its last token (EOS when it finished)."""
+    """[B] ORM logit of each whole solution, read at its last token (EOS when it finished); a
+    ``LikelihoodHead`` reads the lowest probability of its tokens."""
+    if is_likelihood(orm):
+        return orm(rollout.input_ids, rollout.attention_mask, rollout.prompt_len,
+                   rollout.completion_mask).to(rollout.input_ids.device)
     scores = token_scores(orm, rollout)
     return scores.gather(1, last_token_index(rollout.completion_mask)[:, None]).squeeze(1)
 
 
 def prm_step_logits(prm, rollout: Rollout, step_ends: torch.Tensor) -> torch.Tensor:
-    """[B, K] PRM logit at each step's last token; step_ends [B, K] long (padding: any index)."""
+    """[B, K] PRM logit at each step's last token; step_ends [B, K] long (padding: any index). A
+    ``LikelihoodHead`` reads the lowest probability of each step's tokens."""
+    if is_likelihood(prm):
+        return prm(rollout.input_ids, rollout.attention_mask, rollout.prompt_len, rollout.completion_mask,
+                   step_ends).to(rollout.input_ids.device)
     scores = token_scores(prm, rollout)
     return scores.gather(1, step_ends.clamp(0, scores.shape[1] - 1))

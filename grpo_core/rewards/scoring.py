@@ -5,8 +5,9 @@ An ORM folder gives ``{"score": p}`` per row, P(the solution is right); a PRM fo
 pipeline splits them (``steps.split_steps`` on the separator saved with the model, the final
 ``#### answer`` line included). Both are read at the same tokens as in GRPO (``reward_models``).
 A causal-LM folder is the zero-training verifier (``likelihood``): each step's score is the lowest
-probability the model gives a token of it, the solution's is its lowest step's; it gives both
-fields. Solutions are untrusted text: they are only tokenized.
+probability the model gives a token of it, the solution's the lowest over all its tokens; it gives
+both fields. A trained ``LikelihoodHead`` (a causal-LM folder whose config holds ``reward_head``) is
+an ORM or PRM like the others. Solutions are untrusted text: they are only tokenized.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import torch
 
 from grpo_core.data import json_lines, prompt_text
 from grpo_core.lm.policy import encode
-from grpo_core.rewards.likelihood import likelihood_scores
+from grpo_core.rewards.likelihood import likelihood_scores, reward_head_kind
 
 
 class ScoreInputError(ValueError):
@@ -36,8 +37,8 @@ def reward_model_kind(model_dir: str | Path) -> str:
         return "orm"
     if arch.endswith("ForTokenClassification"):
         return "prm"
-    if arch.endswith("ForCausalLM"):
-        return "lm"
+    if arch.endswith("ForCausalLM"):  # a trained LikelihoodHead says which it is
+        return reward_head_kind(json.loads(path.read_text())) or "lm"
     raise ScoreInputError(f"{model_dir}: a {arch or 'model of unknown architecture'} is not a reward model; pass an "
                           f"ORM or PRM folder (runs/<run>/round-<k>/orm/model or .../prm/model) or a causal LM")
 

@@ -24,8 +24,8 @@ from grpo_core.config import PipelineConfig
 from grpo_core.lm.modeling import load_tokenizer, tiny_llama
 from grpo_core.lm.policy import encode
 from grpo_core.rewards.heads import (ScoreHead, bradley_terry_loss, first_wrong_step, load_reward_model, orm_logits,
-                                     pointwise_bce_loss, prm_step_logits, reward_model_from, roc_auc, step_bce_loss,
-                                     within_question_auc)
+                                     is_likelihood, pointwise_bce_loss, prm_step_logits, reward_model_from, roc_auc,
+                                     step_bce_loss, within_question_auc)
 from grpo_core.rewards.likelihood import likelihood_scores
 from grpo_core.stages.common import digest_dir, run_identity, set_threads, write_manifest
 from grpo_core.training.trainer import Plan, Trainer, TrainState
@@ -178,17 +178,20 @@ def combined_mix(mixes: list[dict]) -> dict:
 
 def resume_or_init(resume, init_dir: str | Path, kind: str, cfg: PipelineConfig, round_: int):
     """The model to train: the checkpoint to resume, else ``init_dir`` (the SFT model or last round's
-    reward model), except in round 1 when ``<kind>.init`` names another starting point."""
+    reward model), except in round 1 when ``<kind>.init`` names another starting point. A checkpoint
+    or last round's model is what its folder holds; round 1 puts ``<kind>.head`` on its start."""
     if resume is not None:
         return load_reward_model(resume, kind)
     rc = getattr(cfg, kind)
-    if round_ > 1 or rc.init == "sft":
+    if round_ > 1:
         return load_reward_model(init_dir, kind)
+    if rc.init == "sft":
+        return load_reward_model(init_dir, kind, rc.head)
     tokenizer = load_tokenizer(init_dir)
     if rc.init == "tiny":
         shape = cfg.model.model_copy(update=dict(rc.tiny))
-        return reward_model_from(tiny_llama(shape, tokenizer, cfg.seed), kind)
-    model = load_reward_model(rc.init, kind)
+        return reward_model_from(tiny_llama(shape, tokenizer, cfg.seed), kind, rc.head)
+    model = load_reward_model(rc.init, kind, rc.head)
     if load_tokenizer(rc.init).get_vocab() != tokenizer.get_vocab():
         raise ValueError(f"{kind}.init = {rc.init}: its tokenizer differs from the policy's ({init_dir}); a reward "
                          f"model must read the policy's tokens")
@@ -274,7 +277,7 @@ def run_reward_model(cfg: PipelineConfig, kind: str, reward_data: dict, init_dir
             st.extra["baseline"] = evaluate_likelihood(baseline, kind, held_out, sep, rc.batch_size)
             logger.log_metrics({f"baseline/{k}": v for k, v in st.extra["baseline"].items()}, step=0)
     model.train()
-    trained = d.wrap(ScoreHead(model))
+    trained = d.wrap(model if is_likelihood(model) else ScoreHead(model))  # one module whose forward is the whole computation
 
     @functools.lru_cache(maxsize=1)
     def batches_of(epoch: int) -> list[list[int]]:  # the epoch's order: the same on resume
