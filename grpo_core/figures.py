@@ -134,7 +134,7 @@ def reward_model_figure(manifest: dict):
         values = [v for v in values if v == v]  # NaN: no question with right and wrong solutions
         ax.set_ylim(min([0.3, *values]) - 0.05, 1.0)
         ax.set_title(f"{kind.upper()}: held-out {key.replace('_', ' ')} on the round's fresh samples", fontsize=9)
-        ax.legend(fontsize=7, loc="upper left")
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=3)  # below: the bars reach 1
     fig.tight_layout()
     return fig
 
