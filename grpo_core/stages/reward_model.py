@@ -100,8 +100,8 @@ def step_metrics(probs: list[list[float]], rows: list[dict]) -> dict[str, float]
     exact = [(x, y) for r, p in zip(rows, probs) if r["exact_labels"] for x, y in zip(p, r["exact_labels"])]
     with_error = [(r, p) for r, p in zip(rows, probs) if first_wrong_step(r["labels"]) is not None]
     found = sum(first_wrong_step([x >= 0.5 for x in p]) == first_wrong_step(r["labels"]) for r, p in with_error)
-    lowest = [min(p, default=float("nan")) for p in probs]
-    within, mixed = within_question_auc(lowest, [all(r["labels"]) for r in rows], [r["prompt"] for r in rows])
+    scored = [(min(p), all(r["labels"]), r["prompt"]) for r, p in zip(rows, probs) if p]  # a solution with no step: no verdict
+    within, mixed = within_question_auc(*map(list, zip(*scored))) if scored else (float("nan"), 0)
     out = {"within_question_auc": within, "mixed_questions": float(mixed),
            "step_accuracy": sum((x >= 0.5) == y for x, y in flat) / max(1, len(flat)),
            "step_auc": roc_auc([x for x, _ in flat], [y for _, y in flat]),
