@@ -276,6 +276,8 @@ def test_outcome_with_prm_is_lowest_step_probability(tok, reward_models):
     assert scored.step_rewards is None
     assert scored.stats["reward/no_step_completions"] == 1.0
     assert scored.stats["reward/steps_per_completion"] == pytest.approx(5 / 3)  # (3 + 2 + 0) / 3
+    # The learned reward logged beside the checker's accuracy: the mean lowest step of those with one.
+    assert scored.stats["reward/prm_lowest_mean"] == pytest.approx(float((p[0].min() + p[1, :2].min()) / 2))
     # The NaN is neutralised downstream: the empty completion gets zero advantage, and is counted.
     adv, stats = rollout_advantages(scored, 1, 3, rollout.completion_mask.shape[1])
     assert stats == {"reward/nonfinite": 1.0}

@@ -114,12 +114,14 @@ class RewardScorer:
         steps = torch.sigmoid(prm_step_logits(self.prm, rollout, ends))
         steps = torch.where(mask, steps, torch.nan)
         no_steps = ~mask.any(dim=1)
+        # A completion with no step has no PRM verdict: NaN here, counted and neutralised later.
+        lowest = torch.where(no_steps, torch.nan, torch.where(mask, steps, torch.inf).min(dim=1).values)
+        finite = torch.isfinite(lowest)
         stats.update({"reward/no_step_completions": float(no_steps.sum()),
-                      "reward/steps_per_completion": float(mask.sum(dim=1).float().mean())})
+                      "reward/steps_per_completion": float(mask.sum(dim=1).float().mean()),
+                      # the learned reward beside train/accuracy (the checker's): a widening gap is a hack
+                      "reward/prm_lowest_mean": float(lowest[finite].mean()) if finite.any() else float("nan")})
         if self.supervision == "outcome":
-            lowest = torch.where(mask, steps, torch.inf).min(dim=1).values
-            # A completion with no step has no PRM verdict: NaN here, counted and neutralised later.
-            lowest = torch.where(no_steps, torch.nan, lowest)
             return Scored(outcome + self.weights["prm"] * lowest, correct, stats=stats)
         rows = torch.arange(len(mask))
         last = (mask.sum(dim=1) - 1).clamp(min=0)
