@@ -26,7 +26,7 @@ from grpo_core.lm.modeling import load_model
 from grpo_core.lm.policy import encode, token_logprobs
 from grpo_core.rewards.scorer import rollout_step_ends
 from grpo_core.rewards.scoring import score
-from grpo_core.stages.reward_model import solution_metrics, step_metrics
+from grpo_core.stages.reward_model import solution_metrics, solution_text, step_metrics
 
 
 @torch.no_grad()
@@ -36,7 +36,7 @@ def likelihood_features(lm, tok, rows: list[dict], sep: str, batch: int = 64):
     steps, sols = [], []
     for s in range(0, len(rows), batch):
         part = rows[s : s + batch]
-        texts = [r["completion"] if "completion" in r else sep.join(r["completions"]) for r in part]
+        texts = [solution_text(r, sep) for r in part]
         rollout = encode(tok, [r["prompt"] for r in part], texts)
         logp = token_logprobs(lm, rollout).float()
         ends, mask = rollout_step_ends(tok, rollout, sep)
@@ -166,7 +166,7 @@ def main() -> None:
         model_dir = run / f"round-{a.round}" / kind / "model"
         if model_dir.is_dir():
             rows = sols["test"] if kind == "orm" else steps["test"]
-            texts = [(r["prompt"], r["completion"] if "completion" in r else sep.join(r["completions"])) for r in rows]
+            texts = [(r["prompt"], solution_text(r, sep)) for r in rows]
             scored = score(model_dir, texts)
             trained[kind] = (solution_metrics([s["score"] for s in scored], rows) if kind == "orm"
                              else step_metrics([s["step_scores"] for s in scored], rows))

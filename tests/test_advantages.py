@@ -121,18 +121,6 @@ def test_process_min_credit_hand_computed():
         process_advantages(r, ends, mask, 4, credit="max")
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_process_min_credit_matches_naive_loop(seed):
-    g = torch.Generator().manual_seed(seed)
-    n, grp, k, seq_len = 3, 4, 5, 7
-    rewards = torch.randn(n, grp, k, generator=g, dtype=torch.float64)
-    ends = torch.randint(0, seq_len + 3, (n, grp, k), generator=g)
-    mask = torch.rand(n, grp, k, generator=g) > 0.3
-    rewards[~mask] = -1e9  # padding must not win the minimum
-    adv = process_advantages(rewards, ends, mask, seq_len, credit="min")
-    torch.testing.assert_close(adv, naive_process(rewards, ends, mask, seq_len, credit=min))
-
-
 def naive_process(step_rewards, step_ends, step_mask, seq_len, credit=sum):
     """Straight transcription of the paper's formula with python loops (the reference); ``credit=min``
     for the min form."""
@@ -155,8 +143,9 @@ def naive_process(step_rewards, step_ends, step_mask, seq_len, credit=sum):
     return out
 
 
+@pytest.mark.parametrize("credit", ["sum", "min"])
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
-def test_process_matches_naive_loop(seed):
+def test_process_matches_naive_loop(seed, credit):
     g = torch.Generator().manual_seed(seed)
     n, grp, k, seq_len = 3, 4, 5, 7
     rewards = torch.randn(n, grp, k, generator=g, dtype=torch.float64)
@@ -164,10 +153,11 @@ def test_process_matches_naive_loop(seed):
     ends = torch.randint(0, seq_len + 3, (n, grp, k), generator=g)
     mask = torch.rand(n, grp, k, generator=g) > 0.3
     mask[0, 0] = False  # a completion without any step: all zeros
-    rewards[~mask] = 1e9  # padding values must be ignored entirely
-    adv = process_advantages(rewards, ends, mask, seq_len)
+    # padding values must be ignored entirely: huge for the sum, hugely negative for the minimum
+    rewards[~mask] = 1e9 if credit == "sum" else -1e9
+    adv = process_advantages(rewards, ends, mask, seq_len, credit=credit)
     assert adv.shape == (n, grp, seq_len)
-    torch.testing.assert_close(adv, naive_process(rewards, ends, mask, seq_len))
+    torch.testing.assert_close(adv, naive_process(rewards, ends, mask, seq_len, credit={"sum": sum, "min": min}[credit]))
     assert torch.equal(adv[0, 0], torch.zeros(seq_len, dtype=torch.float64))
 
 

@@ -80,8 +80,9 @@ def mkl_mode() -> str | None:
 def numerics() -> dict:
     """The numerics this process computes with, for manifests (the thread count is the recipe's):
     the project's settings (``env.NUMERICS``, each with who set it), MKL's mode in effect, and
-    torch's CPU kernel set (``AVX512``, ``AVX2``...). Warns where MKL's mode is not what ``MKL_CBWR`` asks (MKL had already computed
-    when the setting came: torch did arithmetic before ``grpo_core`` was imported)."""
+    torch's CPU kernel set (``AVX512``, ``AVX2``...). Warns where MKL's mode is not what ``MKL_CBWR``
+    asks (MKL had already computed when the setting came: torch did arithmetic before ``grpo_core``
+    was imported)."""
     from grpo_core.env import numerics_settings
 
     mode = mkl_mode()

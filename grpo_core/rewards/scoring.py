@@ -30,7 +30,8 @@ def reward_model_kind(model_dir: str | Path) -> str:
     (sequence classification, token classification, causal LM)."""
     path = Path(model_dir) / "config.json"
     try:
-        arch = (json.loads(path.read_text()).get("architectures") or [""])[0]
+        config = json.loads(path.read_text())
+        arch = (config.get("architectures") or [""])[0]
     except (OSError, json.JSONDecodeError) as e:
         raise ScoreInputError(f"{path}: cannot read the model's config: {e}") from None
     if arch.endswith("ForSequenceClassification"):
@@ -38,7 +39,7 @@ def reward_model_kind(model_dir: str | Path) -> str:
     if arch.endswith("ForTokenClassification"):
         return "prm"
     if arch.endswith("ForCausalLM"):  # a trained LikelihoodHead says which it is
-        return reward_head_kind(json.loads(path.read_text())) or "lm"
+        return reward_head_kind(config) or "lm"
     raise ScoreInputError(f"{model_dir}: a {arch or 'model of unknown architecture'} is not a reward model; pass an "
                           f"ORM or PRM folder (runs/<run>/round-<k>/orm/model or .../prm/model) or a causal LM")
 

@@ -35,10 +35,15 @@ from grpo_core.rewards.scorer import rollout_step_ends
 from grpo_core.tracking import MetricLogger, NullLogger
 
 
+def solution_text(row: dict, separator: str) -> str:
+    """A reward-data row's solution: the sample as generated when the dataset has it (ours does),
+    else its steps joined (TRL's step form)."""
+    return row.get("completion") or separator.join(row.get("completions", []))
+
+
 def step_batch(tokenizer, rows: list[dict], separator: str, label: str):
     """Rollout of the solutions in ``rows`` and [B, K] step ends, labels and mask."""
-    # The sample as generated when the dataset has it (ours does), else the steps joined (TRL form).
-    texts = [r.get("completion") or separator.join(r["completions"]) for r in rows]
+    texts = [solution_text(r, separator) for r in rows]
     rollout = encode(tokenizer, [r["prompt"] for r in rows], texts)
     ends, mask = rollout_step_ends(tokenizer, rollout, separator)  # as GRPO finds them on its rollouts
     labels = torch.zeros(mask.shape)
@@ -152,7 +157,7 @@ def evaluate_likelihood(lm_dir: str | Path, kind: str, rows: list[dict], separat
     solutions, steps = [], []
     for s in range(0, len(rows), batch):
         part = rows[s : s + batch]
-        texts = [r["completion"] if "completion" in r else separator.join(r["completions"]) for r in part]
+        texts = [solution_text(r, separator) for r in part]
         whole, step_p, mask = likelihood_scores(lm, tokenizer, encode(tokenizer, [r["prompt"] for r in part], texts),
                                                 separator)
         solutions += whole.tolist()
