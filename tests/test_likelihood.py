@@ -24,12 +24,16 @@ def test_within_question_auc_by_hand():
     assert math.isnan(within_question_auc([0.1, 0.2], [True, True], ["a", "a"])[0])
 
 
-def test_a_step_is_as_sure_as_its_least_likely_token():
+def test_a_step_is_as_sure_as_the_least_likely_token_so_far():
     probs = torch.tensor([[0.9, 0.5, 0.8, 0.3, 0.95, 0.7]])
     logp = probs.log()
-    # Steps end at tokens 1, 3, 5: tokens {0, 1}, {2, 3}, {4, 5} -> lowest 0.5, 0.3, 0.7.
+    # Steps end at tokens 1, 3, 5: tokens {0, 1}, {2, 3}, {4, 5}, each lowest 0.5, 0.3, 0.7; read so
+    # far (a step after a doubtful one is no surer than it) 0.5, 0.3, 0.3.
     ends, mask = torch.tensor([[1, 3, 5]]), torch.tensor([[True, True, True]])
-    assert step_lowest_logprobs(logp, ends, mask).exp()[0].tolist() == pytest.approx([0.5, 0.3, 0.7])
+    assert step_lowest_logprobs(logp, ends, mask).exp()[0].tolist() == pytest.approx([0.5, 0.3, 0.3])
+    # A surer start does not lift a later step: 0.9 then 0.8 -> 0.9, 0.8.
+    assert step_lowest_logprobs(logp[:, [0, 2]], torch.tensor([[0, 1]]), torch.tensor([[True, True]])).exp()[
+        0].tolist() == pytest.approx([0.9, 0.8])
     # Two steps and a padding slot: the second step holds tokens 2..5; padding reads log 1.
     ends, mask = torch.tensor([[1, 5, 0]]), torch.tensor([[True, True, False]])
     lowest = step_lowest_logprobs(logp, ends, mask)
@@ -42,7 +46,7 @@ def test_a_step_is_as_sure_as_its_least_likely_token():
 
 def test_the_likelihood_verifier_reads_the_models_own_token_probabilities(tiny_model_dir):
     """On a tiny model: each step's score is the lowest of the probabilities the model gives its
-    tokens, computed independently here from the model's logits."""
+    tokens and those of the steps before it, computed independently here from the model's logits."""
     from grpo_core.lm.modeling import load_model
     from grpo_core.lm.policy import encode
     from grpo_core.rewards.scorer import rollout_step_ends
@@ -57,19 +61,17 @@ def test_the_likelihood_verifier_reads_the_models_own_token_probabilities(tiny_m
     ends, _ = rollout_step_ends(tok, rollout, "\n")
     p = rollout.prompt_len
     for i in range(2):
-        start = 0
         for k in range(int(mask[i].sum())):
             end = int(ends[i, k])
-            token_p = [logits[i, p + t - 1].softmax(-1)[rollout.input_ids[i, p + t]].item() for t in range(start, end + 1)]
+            token_p = [logits[i, p + t - 1].softmax(-1)[rollout.input_ids[i, p + t]].item() for t in range(end + 1)]
             assert steps[i, k].item() == pytest.approx(min(token_p), rel=1e-4)
-            start = end + 1
         n = int(rollout.completion_mask[i].sum())  # the whole solution: every token, EOS included
         token_p = [logits[i, p + t - 1].softmax(-1)[rollout.input_ids[i, p + t]].item() for t in range(n)]
         assert whole[i].item() == pytest.approx(min(token_p), rel=1e-4)
 
 
 def test_the_likelihood_head_is_the_calibrated_zero_training_reading_and_survives_a_save(tmp_path, tiny_model_dir):
-    """head: likelihood. A step's logit = scale * (lowest log-probability of its tokens) + bias, a
+    """head: likelihood. A step's logit = scale * (lowest log-probability of its tokens so far) + bias, a
     solution's the same over all its tokens; saved as a causal-LM folder that loads back as the
     same reward model and that ``score`` reads as a PRM."""
     from grpo_core.lm.modeling import load_model

@@ -196,6 +196,10 @@ def test_a_likelihood_head_trains_the_models_own_token_probabilities(tmp_path, t
     trained, start = load_model(manifest["model"])[0], load_model(tiny_model_dir)[0]
     moved = [n for n, p in trained.named_parameters() if not torch.equal(p, dict(start.named_parameters())[n])]
     assert moved  # the model's own weights learnt (no fresh head)
+    # The calibration learns at 100x the lr: Adam's first step alone moves it by that lr (0.1), at
+    # the model's lr it could not pass 0.002 in two steps.
+    calibration = trained.config.reward_head
+    assert max(abs(calibration["scale"] - 1.0), abs(calibration["bias"] - 2.0)) > 0.02
     tok = load_tokenizer(tiny_model_dir)
     scorer = RewardScorer.from_paths({kind: 1.0}, "outcome", tok, "\n", {kind: manifest["model"]})
     assert isinstance(getattr(scorer, kind), LikelihoodHead)

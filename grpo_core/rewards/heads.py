@@ -173,7 +173,7 @@ def orm_logits(orm, rollout: Rollout) -> torch.Tensor:
 
 def prm_step_logits(prm, rollout: Rollout, step_ends: torch.Tensor) -> torch.Tensor:
     """[B, K] PRM logit at each step's last token; step_ends [B, K] long (padding: any index). A
-    ``LikelihoodHead`` reads the lowest probability of each step's tokens."""
+    ``LikelihoodHead`` reads the lowest probability of the tokens up to each step's end."""
     if is_likelihood(prm):
         return prm(rollout.input_ids, rollout.attention_mask, rollout.prompt_len, rollout.completion_mask,
                    step_ends).to(rollout.input_ids.device)

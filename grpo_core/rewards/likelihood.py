@@ -1,6 +1,7 @@
 """The zero-training verifier: a causal LM read through the probabilities it gives the tokens of a
-solution (issue 28). A step is as sure as its least likely token: a miscopied operand or a wrong
-sum is a token the model that learnt the task finds improbable. Measured on the demo's SFT model
+solution (issue 28). A step is as sure as the least likely token so far: a miscopied operand or a
+wrong sum is a token the model that learnt the task finds improbable, and nothing after it can be
+right. Measured on the demo's SFT model
 (2026-11-24): right above wrong solutions of the same question 0.99 on hand-built solutions, 0.87
 within groups of its own samples, where the trained ORM and PRM scored at chance. Every trained
 reward model must beat this baseline, read from the model it was initialised from.
@@ -13,17 +14,21 @@ from grpo_core.lm.policy import Rollout, token_logprobs
 
 
 def step_lowest_logprobs(logp: torch.Tensor, ends: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """[B, K] the lowest log-probability of any token of each step.
+    """[B, K] the lowest log-probability of any token up to the end of each step (the lowest so far).
 
     logp: [B, T] log-probability of each completion token; ends: [B, K] long, the token where each
     step ends (0-based, inclusive; ``scorer.rollout_step_ends``); mask: [B, K] bool, real steps.
     Step k holds tokens ``ends[k-1] + 1 .. ends[k]`` (step 0 from token 0), so the separator before
-    a step counts with it. Padding steps (mask False) are 0 (log 1).
+    a step counts with it. A step's score is the lowest over its tokens *and those of every step
+    before it*: a step label says whether the solution so far can still reach the answer (nothing
+    after a wrong step can), and ``13 - 9 = 4`` after a wrong ``7 + 5 = 13`` is locally likely but
+    labelled wrong. Measured on hand-built solutions (2026-11-24): step AUC 0.70 read step by step,
+    0.99 read so far, with the same scores. Padding steps (mask False) are 0 (log 1).
     """
     t = torch.arange(logp.shape[1], device=logp.device)
     starts = torch.cat([torch.full_like(ends[:, :1], -1), ends[:, :-1]], dim=1)  # [B, K] previous end
     inside = (t[None, None, :] > starts[:, :, None]) & (t[None, None, :] <= ends[:, :, None])  # [B, K, T]
-    lowest = torch.where(inside, logp[:, None, :], torch.inf).amin(dim=-1)
+    lowest = torch.where(inside, logp[:, None, :], torch.inf).amin(dim=-1).cummin(dim=1).values
     return torch.where(mask & torch.isfinite(lowest), lowest, 0.0)
 
 
@@ -37,7 +42,7 @@ def lowest_logprob(logp: torch.Tensor, completion_mask: torch.Tensor) -> torch.T
 @torch.no_grad()
 def likelihood_scores(model, tokenizer, rollout: Rollout, separator: str):
     """The causal LM ``model`` as a verifier of ``rollout``'s completions: [B] solution scores (the
-    lowest token probability of the completion), [B, K] step scores (of each step) and the [B, K]
+    lowest token probability of the completion), [B, K] step scores (of each step, so far) and the [B, K]
     bool mask of real steps."""
     from grpo_core.rewards.scorer import rollout_step_ends
 
@@ -64,6 +69,16 @@ class LikelihoodHead(torch.nn.Module):
         self.lm, self.kind = lm, kind
         self.scale = torch.nn.Parameter(torch.tensor(float(scale)))
         self.bias = torch.nn.Parameter(torch.tensor(float(bias)))
+
+    # Adam moves a parameter about lr per step: the LM's weights must move by little, the two
+    # calibration numbers by about 1 within the ~100 steps of a demo round (at lr 1e-4 they stayed
+    # within 0.01 of their start, measured 2026-11-24), so they learn 100x faster, without decay.
+    CALIBRATION_LR_SCALE = 100.0
+
+    def optimizer_groups(self, weight_decay: float) -> list[dict]:
+        """The trainer's AdamW groups: the LM's weights, and the calibration at its own pace."""
+        return [{"params": list(self.lm.parameters()), "weight_decay": weight_decay},
+                {"params": [self.scale, self.bias], "weight_decay": 0.0, "lr_scale": self.CALIBRATION_LR_SCALE}]
 
     @property
     def config(self):

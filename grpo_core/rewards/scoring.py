@@ -5,7 +5,8 @@ An ORM folder gives ``{"score": p}`` per row, P(the solution is right); a PRM fo
 pipeline splits them (``steps.split_steps`` on the separator saved with the model, the final
 ``#### answer`` line included). Both are read at the same tokens as in GRPO (``reward_models``).
 A causal-LM folder is the zero-training verifier (``likelihood``): each step's score is the lowest
-probability the model gives a token of it, the solution's the lowest over all its tokens; it gives
+probability the model gives a token of it or of a step before it, the solution's the lowest over all
+its tokens; it gives
 both fields. A trained ``LikelihoodHead`` (a causal-LM folder whose config holds ``reward_head``) is
 an ORM or PRM like the others. Solutions are untrusted text: they are only tokenized.
 """

@@ -129,7 +129,10 @@ class Trainer:
         self.model, self.tokenizer, self.plan = model, tokenizer, plan
         self.companions = companions or {}
         sc = self.sc
-        self.opt = torch.optim.AdamW(model.parameters(), lr=sc.lr, betas=sc.betas, weight_decay=sc.weight_decay)
+        # A model may ask for its own parameter groups (minGPT's ``configure_optimizers``): a group's
+        # ``lr_scale`` multiplies the scheduled learning rate.
+        groups = model.optimizer_groups(sc.weight_decay) if hasattr(model, "optimizer_groups") else model.parameters()
+        self.opt = torch.optim.AdamW(groups, lr=sc.lr, betas=sc.betas, weight_decay=sc.weight_decay)
         self.state = TrainState(plateau_lr=sc.lr)
         if self._saved is not None:
             self.opt.load_state_dict(self._saved["optimizer"])
@@ -163,7 +166,7 @@ class Trainer:
                 break
             lr = learning_rate(sc, st.step, st.plateau_lr)
             for group in self.opt.param_groups:
-                group["lr"] = lr
+                group["lr"] = lr * group.get("lr_scale", 1.0)
             epoch = st.epoch
             metrics = step(st)
             epoch_end = plan.per_epoch and st.epoch > epoch
