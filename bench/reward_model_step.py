@@ -70,7 +70,7 @@ def run_ours(model_dir: str, data: str, steps: int, threads: int) -> dict:
     for s in range(steps):
         batch = rows[(s * ROWS) % (len(rows) - ROWS):][:ROWS]
         t0 = time.perf_counter()
-        [(loss, _), _] = orm_loss_terms(head, tok, batch)
+        [(loss, _), _] = orm_loss_terms(head, tok, {"solutions": batch}, None)  # (reads no setting)
         optimizer_step(model, opt, loss, 1.0, 1.0)
         times.append(time.perf_counter() - t0)
         tokens.append(float(sum(len(tok(r["prompt"] + r["completion"]).input_ids) for r in batch)))

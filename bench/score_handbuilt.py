@@ -21,7 +21,7 @@ from pathlib import Path
 
 from grpo_core.data import arithmetic_solution, prompt_text
 from grpo_core.rewards.heads import first_wrong_step, roc_auc
-from grpo_core.rewards.scoring import score
+from grpo_core.rewards.score_command import score
 from grpo_core.rewards.steps import exact_step_labels, step_texts
 from unseen_questions import question_text, unseen_questions  # bench/ (run as a script)
 

@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from grpo_core.config import load_config  # noqa: E402
 from grpo_core.stages.grpo import run_grpo  # noqa: E402
+from grpo_core.stages.inputs import reward_datasets  # noqa: E402
 from grpo_core.stages.prepare import run_prepare  # noqa: E402
 from grpo_core.stages.pretrain import run_pretrain  # noqa: E402
 from grpo_core.stages.reward_data import run_reward_data  # noqa: E402
@@ -82,7 +83,7 @@ def run_all(init: str, root: Path) -> dict:
     rd = stage("reward_data", lambda log: run_reward_data(cfg, data, init, root / "reward_data", log))
     prm = None
     for kind in ("orm", "prm"):
-        m = stage(kind, lambda log: run_reward_model(cfg, kind, rd, init, root / kind, log))
+        m = stage(kind, lambda log: run_reward_model(cfg, kind, reward_datasets(rd), init, root / kind, log))
         prm = m["model"] if kind == "prm" else prm
     stage("grpo_rule", lambda log: run_grpo(load_config(RECIPE, SMALL + RULE), data, init, root / "grpo_rule", log))
     stage("grpo_rule_prm", lambda log: run_grpo(cfg, data, init, root / "grpo_prm", log, reward_models={"prm": prm}))

@@ -71,7 +71,7 @@ def cmd_eval(a: argparse.Namespace) -> None:
 
 def cmd_score(a: argparse.Namespace) -> None:
     from grpo_core.lm.modeling import ModelError
-    from grpo_core.rewards.scoring import ScoreInputError, read_rows, reward_model_kind, score
+    from grpo_core.rewards.score_command import ScoreInputError, read_rows, reward_model_kind, score
 
     try:
         reward_model_kind(a.model)  # a wrong folder fails before the data is read
@@ -257,7 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
                                        "run's SFT model, several seeds each, with intervals")
     c.add_argument("run_dir", help="a finished run that trained the reward models, e.g. runs/demo")
     c.add_argument("--variants", help="comma-separated subset of continued-sft,rule-outcome,orm-outcome,prm-process,"
-                                      "rule+prm-process (the default), rft,online-rft,ppo (the paper's §5)")
+                                      "rule+prm-process (the default), prm-process-min-credit, rft,online-rft,ppo (the paper's §5)")
     c.add_argument("--seeds", type=int, default=3, help="runs per variant (seed = the recipe's seed + 0..N-1)")
     c.add_argument("--samples", type=int, default=1, help="K > 1 also reports maj@K and pass@K of every model")
     c.set_defaults(func=cmd_compare)
@@ -265,7 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
                                       "PPO, GRPO outcome / process, one round against two; several seeds, figures")
     st.add_argument("run_dir", help="a finished run that trained the reward models, e.g. runs/demo")
     st.add_argument("--variants", help="comma-separated subset of continued-sft,rft,online-rft,ppo,rule-outcome,"
-                                       "orm-outcome,prm-process,prm-process-2-rounds (default: all)")
+                                       "orm-outcome,prm-process,prm-process-min-credit,prm-process-2-rounds (default: all)")
     st.add_argument("--seeds", type=int, default=3, help="runs per variant (seed = the recipe's seed + 0..N-1)")
     st.add_argument("--seconds", type=float, help="training seconds per run (default: the run's round-1 GRPO time)")
     st.add_argument("--steps", type=int, help="equal samples instead: GRPO steps per RL run (continued SFT keeps --seconds)")

@@ -42,6 +42,7 @@ VARIANTS = {
     "rule-outcome": RULE,
     "orm-outcome": {"reward_weights": {"orm": 1.0}, "supervision": "outcome"},
     "prm-process": {"reward_weights": {"prm": 1.0}, "supervision": "process"},
+    "prm-process-min-credit": {"reward_weights": {"prm": 1.0}, "supervision": "process", "process_credit": "min"},
     "rule+prm-process": {"reward_weights": {"rule": 1.0, "prm": 1.0}, "supervision": "process"},
     # The paper's §5 algorithms on the same reward (``--variants continued-sft,rft,online-rft,ppo,rule-outcome``).
     "rft": {**RULE, "algorithm": "rft"},

@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 from pathlib import Path
 
-from grpo_core.stages.reward_model import QUALITY_KEY
+from grpo_core.stages.reward_model import KINDS
 from grpo_core.tracking import MODEL_TRAINING_VIEW
 
 # The pipeline run's description in MLflow (its Overview page): where a newcomer clicks.
@@ -42,7 +42,7 @@ def round_report(summary: dict, champion: dict, link: str) -> str:
             ("reward, last 10 steps", f"{g.get('reward_mean', float('nan')):.4f}"),
             ("KL, last 10 steps", f"{g.get('kl', float('nan')):.5f}")]
     for kind, rm in summary["reward_models"].items():
-        key = QUALITY_KEY[kind]
+        key = KINDS[kind].gate_metric
         rows.append((f"{kind.upper()} {key} on fresh samples: before -> after retraining",
                      f"{rm['before'].get(key, float('nan')):.4f} -> {rm['after'].get(key, float('nan')):.4f} "
                      f"(replay share {rm['replay'].get('share', 0.0):.3f}; the SFT model's own likelihood, untrained: "
@@ -84,7 +84,7 @@ def pipeline_report(manifest: dict, exp_id: str, gains: dict[int, dict], figures
         lines += ["", "| reward model | round | held-out, before -> after retraining | zero-training verifier | "
                       "replay share | quality gate |", "|---|---|---|---|---|---|"]
         for k, kind, rm in rms:
-            key, gate = QUALITY_KEY[kind], rm.get("quality_gate") or {}
+            key, gate = KINDS[kind].gate_metric, rm.get("quality_gate") or {}
             verdict = (("passed" if gate["passed"] else "**FAILED**") + f" (>= {gate['threshold']}"
                        + (", above the verifier" if "baseline" in gate else "") + ")") if gate else "none"
             lines.append(f"| {kind.upper()} | {k} | {key} {rm['before'].get(key, float('nan')):.4f} -> "

@@ -9,7 +9,8 @@ steps x questions_per_step x G completions; continued SFT keeps the time budget)
   ppo                    a value model, GAE, the KL penalty in the per-token reward
   rule-outcome           GRPO on the answer checker
   orm-outcome            GRPO on the run's round-1 outcome reward model
-  prm-process            GRPO with process supervision by the run's round-1 PRM
+  prm-process            GRPO with process supervision by the run's round-1 PRM (the paper's sum credit)
+  prm-process-min-credit the same with PURE's min-form credit (``grpo.process_credit: min``)
   prm-process-2-rounds   two iterations of prm-process, half the budget each; between them the PRM is
                          retrained on the policy's fresh samples plus a 10% replay (that time is outside
                          the budget and reported as ``extra_s``), and the reference is reset
@@ -46,7 +47,8 @@ from grpo_core.tracking import MlflowLogger, experiment_id, finishing, start_run
 from tasks.stage_tasks import eval_task, grpo_task, run_stage, sft_task
 
 ONE_ROUND, TWO_ROUNDS = "prm-process", "prm-process-2-rounds"
-STUDY_VARIANTS = (BASELINE, "rft", "online-rft", "ppo", "rule-outcome", "orm-outcome", ONE_ROUND, TWO_ROUNDS)
+STUDY_VARIANTS = (BASELINE, "rft", "online-rft", "ppo", "rule-outcome", "orm-outcome", ONE_ROUND, "prm-process-min-credit",
+                  TWO_ROUNDS)
 
 
 class Budget(BaseModel):
@@ -79,17 +81,19 @@ class StudyRun(BaseModel):
     extra_s: float = 0.0             # outside the budget: the reward-model retraining between rounds
     peak_memory: dict[str, float]    # the largest of its stages' peaks
     curve: list[tuple[float, float]]  # (training seconds, validation accuracy) at every evaluation
+    rewards: list[dict] = []         # every GRPO step: elapsed_s, the checker's accuracy, the learned rewards' means
 
     @classmethod
     def of(cls, seed: int, stages: list[dict], extra_s: float = 0.0) -> "StudyRun":
         """From the manifests of its training stages, in order (the curves joined end to end)."""
-        curve, offset = [], 0.0
+        curve, rewards, offset = [], [], 0.0
         for st in stages:
             curve += [(offset + p["elapsed_s"], p["val/accuracy"]) for p in st.get("curve", [])]
+            rewards += [{**r, "elapsed_s": offset + r["elapsed_s"]} for r in st.get("rewards", [])]
             offset += st["train_s"]
         peaks = [st.get("peak_memory", {}) for st in stages]
         return cls(seed=seed, model=Ref.model(stages[-1]), train_s=round(offset, 1),
-                   steps=sum(st["steps"] for st in stages), extra_s=round(extra_s, 1), curve=curve,
+                   steps=sum(st["steps"] for st in stages), extra_s=round(extra_s, 1), curve=curve, rewards=rewards,
                    peak_memory={k: max(p[k] for p in peaks if k in p) for k in {k for p in peaks for k in p}})
 
 

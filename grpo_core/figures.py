@@ -110,14 +110,14 @@ def grpo_figure(manifest: dict):
 
 def reward_model_figure(manifest: dict):
     """None when no round trained a reward model."""
-    from grpo_core.stages.reward_model import QUALITY_KEY
+    from grpo_core.stages.reward_model import KINDS
 
     kinds = sorted({kind for r in manifest["rounds"] for kind in r.get("reward_models", {})})
     if not kinds:
         return None
     fig, axes = _pyplot().subplots(1, len(kinds), figsize=(5 * len(kinds), 3.8), squeeze=False)
     for ax, kind in zip(axes[0], kinds):
-        key = QUALITY_KEY[kind]
+        key = KINDS[kind].gate_metric
         rounds = [r for r in manifest["rounds"] if kind in r.get("reward_models", {})]
         bars = (("before", -0.25, "tab:grey", "before retraining"), ("after", 0.0, "tab:green", "after retraining"),
                 ("baseline", 0.25, "tab:orange", "SFT model's own likelihood (untrained)"))
@@ -174,9 +174,28 @@ def draw_accuracy_over_time(ax, study: dict) -> None:
     ax.legend(fontsize=7, ncol=2, loc="lower right")
 
 
+def draw_learned_against_checked(ax, name: str, runs: list[dict], learned: str) -> None:
+    """One variant's rollouts over training time, mean over seeds: the answer checker's accuracy and
+    the learned reward's mean (a probability), both in %. A learned reward that climbs while the
+    checker's accuracy does not is being hacked."""
+    import numpy as np
+
+    end = max(r["rewards"][-1]["elapsed_s"] for r in runs)
+    grid = list(np.linspace(0, end, 60))
+    for key, label, style in (("accuracy", "answer checker: accuracy of the rollouts", "-"),
+                              (learned, f"learned reward: mean {learned}", "--")):
+        values = np.array([_at([(p["elapsed_s"], p.get(key, math.nan)) for p in r["rewards"]], grid) for r in runs]) * 100
+        ax.plot(grid, np.nanmean(values, 0), ls=style, lw=1.4, label=label)
+    ax.set_title(name, fontsize=9)
+    ax.set_xlabel("training seconds")
+    ax.legend(fontsize=7, loc="lower right")
+
+
 def study_figures(study: dict) -> dict:
     """The §5 study's figures: ``accuracy_over_time``, ``sampling`` (maj@K / pass@K, Figure 7's question:
-    does RL raise maj@K and leave pass@K flat?) and ``memory`` (peak memory and steps per second)."""
+    does RL raise maj@K and leave pass@K flat?), ``memory`` (peak memory and steps per second) and,
+    where a variant trains on a learned reward, ``reward_hacking`` (the checker against the learned
+    reward on the rollouts)."""
     plt = _pyplot()
     rows, k = study["rows"], study["samples"]
     what = f"{study['budget']['steps']} GRPO steps" if study["budget"]["steps"] else f"{study['budget']['seconds']:.0f} s"
@@ -215,6 +234,16 @@ def study_figures(study: dict) -> dict:
     fig.suptitle("memory and speed per variant (mean over seeds)", fontsize=10)
     fig.tight_layout()
     out["memory"] = fig
+    learned = {name: key for name, runs in study["runs"].items() for key in ("orm_mean", "prm_lowest_mean")
+               if runs and all(r.get("rewards") and key in r["rewards"][-1] for r in runs)}
+    if learned:
+        fig, axes = plt.subplots(1, len(learned), figsize=(4 * len(learned), 3.6), squeeze=False, sharey=True)
+        for ax, (name, key) in zip(axes[0], learned.items()):
+            draw_learned_against_checked(ax, name, study["runs"][name], key)
+        axes[0][0].set_ylabel("% (mean over seeds)")
+        fig.suptitle("reward hacking: the learned reward against the answer checker on GRPO's own rollouts", fontsize=10)
+        fig.tight_layout()
+        out["reward_hacking"] = fig
     return out
 
 

@@ -80,9 +80,10 @@ def main() -> None:
 
         run_sft(cfg, Path(spec["data_dir"]), out, logger)
     elif stage.split("-")[0] in ("orm", "prm"):  # e.g. prm-likelihood: a PRM with the overrides of that entry
+        from grpo_core.stages.inputs import reward_datasets
         from grpo_core.stages.reward_model import run_reward_model
 
-        run_reward_model(cfg, stage.split("-")[0], spec["reward_data"], spec["model_dir"], out, logger)
+        run_reward_model(cfg, stage.split("-")[0], reward_datasets(spec["reward_data"]), spec["model_dir"], out, logger)
     elif stage == "grpo":
         import grpo_core.rewards.scorer as rewards
 

@@ -8,6 +8,7 @@ import torch
 from safetensors.torch import load_file
 
 from grpo_core.stages.grpo import run_grpo
+from grpo_core.stages.inputs import reward_datasets
 from grpo_core.stages.prepare import run_prepare
 from grpo_core.stages.reward_data import run_reward_data
 from grpo_core.stages.reward_model import run_reward_model
@@ -26,7 +27,7 @@ def _run_all(cfg, root: Path) -> tuple[dict, dict]:
     data = run_prepare(cfg, root / "data")
     sft = run_sft(cfg, Path(data["dir"]), root / "sft", logs["sft"])
     reward_data = run_reward_data(cfg, Path(data["dir"]), sft["model"], root / "reward_data", logs["reward_data"])
-    orm = run_reward_model(cfg, "orm", reward_data, sft["model"], root / "orm", logs["orm"])
+    orm = run_reward_model(cfg, "orm", reward_datasets(reward_data), sft["model"], root / "orm", logs["orm"])
     grpo = run_grpo(cfg, Path(data["dir"]), sft["model"], root / "grpo", logs["grpo"],
                     reward_models={"orm": orm["model"]})
     models = {name: load_file(str(next(Path(m["model"]).glob("*.safetensors"))))

@@ -168,7 +168,7 @@ def test_reward_models_on_two_processes_take_the_steps_of_one(kind, tiny_cfg, ti
         lines = [f"{a} + {b} = {a + b + (0 if right else 1)}"] + [f"{a + b} - 0 = {a + b}"] * (steps - 1)
         return "\n".join(lines + [f"#### {a + b + (0 if right else 1)}"])
     data = {
-        "outcome": [{"prompt": prompt_text(f"What is {a} + {b}?"), "chosen": solution(a, b, True, 1 + i % 3),
+        "pairs": [{"prompt": prompt_text(f"What is {a} + {b}?"), "chosen": solution(a, b, True, 1 + i % 3),
                      "rejected": solution(a, b, False, 1 + (i + 1) % 3)} for i, (a, b) in enumerate(sums)],
         "solutions": [{"prompt": prompt_text(f"What is {a} + {b}?"), "completion": solution(a, b, i % 2 == 0, 2),
                        "correct": i % 2 == 0} for i, (a, b) in enumerate(sums)],

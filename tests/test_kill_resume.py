@@ -53,7 +53,7 @@ def reward_data(tmp_path_factory) -> dict:
                       {"prompt": q, "completion": wrong, "correct": False}]
         steps += [step_row(q, right, [True] * 3), step_row(q, wrong, [False] * 3)]
     out = {}
-    for name, train, test in (("outcome", pairs[:4], pairs[4:]), ("solutions", solutions[:8], solutions[8:]),
+    for name, train, test in (("pairs", pairs[:4], pairs[4:]), ("solutions", solutions[:8], solutions[8:]),
                               ("steps", steps[:4], steps[8:])):
         DatasetDict({"train": Dataset.from_list(train), "test": Dataset.from_list(test)}).save_to_disk(str(root / name))
         out[f"{name}_dir"], out[f"{name}_digest"] = str(root / name), digest_dir(root / name, "*.arrow")

@@ -79,7 +79,7 @@ def test_the_likelihood_head_is_the_calibrated_zero_training_reading_and_survive
     from grpo_core.rewards.heads import load_reward_model, orm_logits, prm_step_logits
     from grpo_core.rewards.likelihood import LikelihoodHead
     from grpo_core.rewards.scorer import rollout_step_ends
-    from grpo_core.rewards.scoring import reward_model_kind, score
+    from grpo_core.rewards.score_command import reward_model_kind, score
 
     lm, tok = load_model(tiny_model_dir)
     head = LikelihoodHead(lm, "prm", scale=1.5, bias=0.5).eval()

@@ -194,9 +194,9 @@ def test_pipeline_with_reward_models_and_process_supervision(prefect_harness, tm
         stage = manifest["rounds"][0]["stages"][kind]
         assert Path(stage["model"]) == run_dir / "round-1" / kind / "model" and stage["epochs"] == 1
         assert stage["replay"]["replay"] == 0 and stage["replay"]["share"] == 0.0  # round 1 has no history
-    outcome = load_from_disk(str(run_dir / "round-1" / "reward_data" / "outcome"))
+    pairs = load_from_disk(str(run_dir / "round-1" / "reward_data" / "pairs"))
     steps = load_from_disk(str(run_dir / "round-1" / "reward_data" / "steps"))
-    assert set(outcome) == {"train", "test"} and outcome["train"].column_names == ["prompt", "chosen", "rejected", "origin_round"]
+    assert set(pairs) == {"train", "test"} and pairs["train"].column_names == ["prompt", "chosen", "rejected", "origin_round"]
     assert {"prompt", "completions", "labels"} <= set(steps["train"].column_names)
 
     round_run = mlflow_client.get_run(manifest["rounds"][0]["mlflow_run_id"])

@@ -69,20 +69,20 @@ def test_a_short_history_is_replayed_whole_and_the_shortfall_reported():
     assert stats["share"] == pytest.approx(40 / 940)
 
 
-COLUMNS = {"outcome": ("prompt",), "steps": ("prompt",)}
+COLUMNS = {"pairs": ("prompt",), "steps": ("prompt",)}
 
 
 def test_versions_accumulate_rounds_and_are_never_changed(tmp_path):
-    v1 = write_version(None, {"outcome": _rows(3, 1, "o"), "steps": _rows(2, 1, "s")}, 1, tmp_path / "v1", COLUMNS)
-    assert v1 == {"outcome": {"rows": 3, "by_round": {1: 3}}, "steps": {"rows": 2, "by_round": {1: 2}}}
+    v1 = write_version(None, {"pairs": _rows(3, 1, "o"), "steps": _rows(2, 1, "s")}, 1, tmp_path / "v1", COLUMNS)
+    assert v1 == {"pairs": {"rows": 3, "by_round": {1: 3}}, "steps": {"rows": 2, "by_round": {1: 2}}}
     # Fresh rows arrive untagged from the reward-data stage; the version tags them.
-    fresh = {"outcome": [{"prompt": "o2-0"}], "steps": []}
+    fresh = {"pairs": [{"prompt": "o2-0"}], "steps": []}
     v2 = write_version(tmp_path / "v1", fresh, 2, tmp_path / "v2", COLUMNS)
-    assert v2["outcome"] == {"rows": 4, "by_round": {1: 3, 2: 1}}
+    assert v2["pairs"] == {"rows": 4, "by_round": {1: 3, 2: 1}}
     assert v2["steps"] == {"rows": 2, "by_round": {1: 2}}
-    assert load_version(tmp_path / "v2", "outcome")[-1] == {"prompt": "o2-0", ORIGIN: 2}
-    assert len(load_version(tmp_path / "v1", "outcome")) == 3  # version 1 untouched
+    assert load_version(tmp_path / "v2", "pairs")[-1] == {"prompt": "o2-0", ORIGIN: 2}
+    assert len(load_version(tmp_path / "v1", "pairs")) == 3  # version 1 untouched
     assert not (tmp_path / "v2.tmp").exists()
     empty = write_version(None, {}, 1, tmp_path / "e1", COLUMNS)
-    assert empty["outcome"]["rows"] == 0 and load_version(tmp_path / "e1", "steps") == []
-    assert load_version(None, "outcome") == []
+    assert empty["pairs"]["rows"] == 0 and load_version(tmp_path / "e1", "steps") == []
+    assert load_version(None, "pairs") == []

@@ -12,7 +12,7 @@ import pytest
 from datasets import Dataset, DatasetDict
 
 from grpo_core.data import prompt_text
-from grpo_core.stages.common import digest_dir
+from grpo_core.stages.common import Ref, digest_dir
 from grpo_core.stages.reward_model import run_reward_model
 
 Q = prompt_text("What is 7 + 5 - 9?")
@@ -37,12 +37,13 @@ def reward_data(tmp_path) -> dict:
     sol = [{"prompt": Q, "completion": RIGHT, "correct": True}, {"prompt": Q, "completion": WRONG, "correct": False}]
     out: dict = {}
     for name, train, test in (
-        ("outcome", [pair] * 4, [pair]),
+        ("pairs", [pair] * 4, [pair]),
         ("solutions", sol * 2, sol),
         # Held-out steps all labelled right: one class, so the step AUC is undefined.
         ("steps", [_step_row(RIGHT, [True] * 3), _step_row(WRONG, [False] * 3)] * 2, [_step_row(RIGHT, [True] * 3)]),
     ):
-        out[f"{name}_dir"], out[f"{name}_digest"] = _save(tmp_path / "rd", name, train, test)
+        path, digest = _save(tmp_path / "rd", name, train, test)
+        out[name] = Ref(path=path, digest=digest)
     return out
 
 
@@ -75,7 +76,7 @@ def test_empty_heldout_split_is_a_clear_error(tmp_path, tiny_cfg, tiny_model_dir
     DatasetDict({"train": Dataset.from_list([sol]),
                  "test": Dataset.from_dict({"prompt": [], "completion": [], "correct": []})}).save_to_disk(
         str(path), num_shards={"train": 1, "test": 1})
-    data = {**reward_data, "solutions_dir": str(path), "solutions_digest": digest_dir(path, "*.arrow")}
+    data = {**reward_data, "solutions": Ref(path=str(path), digest=digest_dir(path, "*.arrow"))}
     with pytest.raises(ValueError, match="no held-out rows .*solutions_empty"):
         run_reward_model(tiny_cfg(tmp_path), "orm", data, tiny_model_dir, tmp_path / "orm")
 
@@ -106,7 +107,7 @@ def test_every_reward_model_is_measured_against_the_zero_training_verifier(tmp_p
     held_out = "solutions" if kind == "orm" else "steps"
     from datasets import load_from_disk
 
-    rows = load_from_disk(reward_data[f"{held_out}_dir"])["test"].to_list()
+    rows = load_from_disk(reward_data[held_out].path)["test"].to_list()
     assert baseline == pytest.approx(evaluate_likelihood(tiny_model_dir, kind, rows, "\n", 4), nan_ok=True)
     value = manifest["heldout"]["within_question_auc"]
     assert gate["baseline"] == pytest.approx(baseline["within_question_auc"], nan_ok=True)
@@ -154,7 +155,7 @@ def test_reward_data_stage_writes_reloadable_splits_even_when_empty(tmp_path, ti
         data = load_from_disk(manifest[f"{name}_dir"])
         assert set(data) == {"train", "test"}
         assert len(data["train"]) + len(data["test"]) == manifest["metrics"][f"train/n_{name}"] + manifest["metrics"][f"test/n_{name}"]
-    assert manifest["metrics"]["train/n_outcome"] == 0 and manifest["metrics"]["train/n_solutions"] == 4 * 2
+    assert manifest["metrics"]["train/n_pairs"] == 0 and manifest["metrics"]["train/n_solutions"] == 4 * 2
 
 
 def test_planted_errors_join_the_training_split_only(tmp_path, tiny_cfg, tiny_model_dir, tiny_data_dir):
@@ -187,7 +188,7 @@ def test_a_likelihood_head_trains_the_models_own_token_probabilities(tmp_path, t
     from grpo_core.lm.policy import encode
     from grpo_core.rewards.likelihood import LikelihoodHead
     from grpo_core.rewards.scorer import RewardScorer
-    from grpo_core.rewards.scoring import reward_model_kind
+    from grpo_core.rewards.score_command import reward_model_kind
 
     cfg = tiny_cfg(tmp_path, **{f"{kind}__batch_size": 2, f"{kind}__epochs": 1, f"{kind}__head": "likelihood",
                                 f"{kind}__lr": 1e-3})

@@ -84,7 +84,7 @@ def test_three_rounds_chain_policies_reward_models_and_replay(prefect_harness, t
     # Held-out questions are the same share of the pool in every round: never trained on, in any round.
     trained, heldout = set(), set()
     for k in (1, 2, 3):
-        for name in ("outcome", "steps", "solutions"):
+        for name in ("pairs", "steps", "solutions"):
             data = load_from_disk(str(run_dir / f"round-{k}" / "reward_data" / name))
             trained |= set(data["train"]["prompt"])
             heldout |= set(data["test"]["prompt"])
@@ -93,11 +93,11 @@ def test_three_rounds_chain_policies_reward_models_and_replay(prefect_harness, t
     # ---- the buffer: version k holds the training rows of rounds 1..k, tagged with their round
     for k in (1, 2, 3):
         version = run_dir / "replay" / f"v{k}"
-        outcome = load_from_disk(str(version / "outcome"))
-        fresh = [len(load_from_disk(str(run_dir / f"round-{j}" / "reward_data" / "outcome"))["train"])
+        pairs = load_from_disk(str(version / "pairs"))
+        fresh = [len(load_from_disk(str(run_dir / f"round-{j}" / "reward_data" / "pairs"))["train"])
                  for j in range(1, k + 1)]
-        assert len(outcome) == sum(fresh)
-        assert set(outcome[ORIGIN]) <= set(range(1, k + 1))
+        assert len(pairs) == sum(fresh)
+        assert set(pairs[ORIGIN]) <= set(range(1, k + 1))
         assert json.loads((version / "manifest.json").read_text())["round"] == k
 
     # ---- MLflow: round runs under the parent with their stages nested; registry and champion

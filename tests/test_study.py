@@ -67,7 +67,9 @@ def test_study_flow_two_seeds(prefect_harness, tmp_path, tiny_cfg, monkeypatch):
     assert g2["steps"] == 1 and 0 < g2["train_s"] <= g2["wall_s"]  # evaluations are not training time
     # The report: manifest, figures, MLflow run, Prefect artifact.
     assert json.loads((Path(out["dir"]) / "manifest.json").read_text())["rows"] == out["rows"]
-    assert set(out["figures"]) == {"accuracy_over_time", "sampling", "memory"}
+    # Where a learned reward drives GRPO, every step records it beside the checker's accuracy.
+    assert all({"accuracy", "prm_lowest_mean"} <= set(p) for p in two["rewards"]) and len(two["rewards"]) == 2
+    assert set(out["figures"]) == {"accuracy_over_time", "sampling", "memory", "reward_hacking"}
     for path in out["figures"].values():
         assert Path(path).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     client = MlflowClient(manifest["tracking_uri"])
@@ -77,7 +79,7 @@ def test_study_flow_two_seeds(prefect_harness, tmp_path, tiny_cfg, monkeypatch):
         f"figures/{n}.png" for n in out["figures"]}
     with get_client(sync_client=True) as prefect:
         [artifact] = prefect.read_latest_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["study-st"])))
-    assert "| prm-process-2-rounds | 2 |" in artifact.data and artifact.data.count("data:image/png;base64,") == 3
+    assert "| prm-process-2-rounds | 2 |" in artifact.data and artifact.data.count("data:image/png;base64,") == 4
     table = json.loads(Path(client.download_artifacts(run.info.run_id, "study.json", str(tmp_path))).read_text())
     assert {"gain_over_one_round", "peak_rss_mib_mean"} <= set(table["columns"])  # not just the SFT row's
     with pytest.raises(ValueError, match="unknown study variant"):
@@ -103,6 +105,15 @@ def test_study_figures_from_a_manifest(tmp_path):
     assert figures._at([(2.0, 0.5)], [1.0])[0] != figures._at([(2.0, 0.5)], [1.0])[0]  # NaN before the first
     paths = figures.save(figures.study_figures(study), tmp_path)
     assert set(paths) == {"accuracy_over_time", "sampling", "memory"} and all(p.stat().st_size > 1000 for p in paths.values())
+    # A variant on a learned reward adds the checker against that reward; rule-only steps have none.
+    rewards = [{"elapsed_s": t, "accuracy": 0.5 + t / 100, "orm_mean": 0.6 + t / 50} for t in (0.0, 3.0, 7.0)]
+    study["runs"]["orm"] = [run | {"rewards": rewards}, short | {"rewards": rewards[:2]}]
+    study["runs"]["grpo"] = [r | {"rewards": [{"elapsed_s": 0.0, "accuracy": 0.5}]} for r in study["runs"]["grpo"]]
+    study["rows"].append(row | {"variant": "orm"})
+    drawn = figures.study_figures(study)
+    assert set(drawn) == {"accuracy_over_time", "sampling", "memory", "reward_hacking"}
+    assert [ax.get_title() for ax in drawn["reward_hacking"].axes] == ["orm"]
+    figures.save(drawn, tmp_path)
 
 
 @pytest.mark.parametrize("args, message", [

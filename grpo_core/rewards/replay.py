@@ -2,7 +2,7 @@
 reward model with a replay mechanism that incorporates 10% of historical data").
 
 No framework ships this, so it is ours. The buffer is versioned on disk: version ``k`` is a Hugging
-Face dataset per kind (``outcome`` pairs, ``steps`` rows, checked ``solutions``) holding the training rows of rounds
+Face dataset per kind (``pairs``, ``steps`` rows, checked ``solutions``) holding the training rows of rounds
 1..k, each tagged with ``origin_round``. Round k retrains on its fresh rows plus a sample of
 version k-1, drawn reproducibly from (seed, round). A version is written to a temporary folder and
 renamed, and never changed afterwards, so a crashed round loses nothing already in the buffer.
@@ -16,7 +16,6 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-KINDS = ("outcome", "steps", "solutions")
 ORIGIN = "origin_round"
 
 

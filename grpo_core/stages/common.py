@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from pydantic import BaseModel, ConfigDict
 
 from grpo_core.data import Example, load_jsonl
 from grpo_core.training.distributed import Dist
@@ -18,6 +19,24 @@ SINGLE = Dist()  # one process
 
 # The library and the task wrappers: a change to either can change what a stage produces.
 CODE_ROOTS = [Path(__file__).resolve().parents[1], Path(__file__).resolve().parents[2] / "tasks"]
+
+
+class Ref(BaseModel):
+    """A folder another stage wrote (a model, a dataset), with the digest of its contents."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    path: str
+    digest: str
+
+    @classmethod
+    def model(cls, manifest: dict) -> "Ref":
+        """A stage's published model, from its manifest."""
+        return cls(path=manifest["model"], digest=manifest["digest"])
+
+    @classmethod
+    def folder(cls, manifest: dict) -> "Ref":
+        """A stage's output folder (the data, a replay buffer version), from its manifest."""
+        return cls(path=manifest["dir"], digest=manifest["digest"])
 
 
 def read_split(data_dir: Path, split: str) -> list[Example]:

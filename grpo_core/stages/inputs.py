@@ -11,29 +11,12 @@ from typing import ClassVar
 from pydantic import BaseModel, ConfigDict
 
 from grpo_core.config import PipelineConfig
+from grpo_core.stages.common import Ref
 from grpo_core.tracking import MetricLogger
 
 
-class Ref(BaseModel):
-    """A folder another stage wrote (a model, a dataset), with the digest of its contents."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    path: str
-    digest: str
-
-    @classmethod
-    def model(cls, manifest: dict) -> "Ref":
-        """A stage's published model, from its manifest."""
-        return cls(path=manifest["model"], digest=manifest["digest"])
-
-    @classmethod
-    def folder(cls, manifest: dict) -> "Ref":
-        """A stage's output folder (the data, a replay buffer version), from its manifest."""
-        return cls(path=manifest["dir"], digest=manifest["digest"])
-
-
 def reward_datasets(manifest: dict) -> dict[str, Ref]:
-    """The reward-data stage's datasets by name (``outcome``, ``steps``, ``solutions``, ...)."""
+    """The reward-data stage's datasets by name (``pairs``, ``steps``, ``solutions``), from its manifest."""
     return {k.removesuffix("_dir"): Ref(path=v, digest=manifest[k.replace("_dir", "_digest")])
             for k, v in manifest.items() if k.endswith("_dir") and k != "dir"}
 
@@ -131,12 +114,8 @@ class RewardModelInputs(StageInputs):
     def run(self, cfg, out_dir, logger=None):
         from grpo_core.stages.reward_model import run_reward_model
 
-        datasets = {f"{name}_{field}": value for name, r in self.reward_data.items()
-                    for field, value in (("dir", r.path), ("digest", r.digest))}
-        replay = {"round": self.round, "dir": self.replay and self.replay.path,
-                  "digest": self.replay and self.replay.digest}
-        return run_reward_model(cfg, self.stage, datasets, self.init.path, out_dir, logger, replay=replay,
-                                baseline=self.baseline and self.baseline.path)
+        return run_reward_model(cfg, self.stage, self.reward_data, self.init.path, out_dir, logger, self.round,
+                                self.replay, baseline=self.baseline and self.baseline.path)
 
 
 class ORMInputs(RewardModelInputs):

@@ -1,7 +1,7 @@
 """Reward-model data stage: sample solutions from the SFT policy, label outcomes and steps.
 
 Writes three Hugging Face ``DatasetDict`` folders (``train`` / ``test`` split by question) that
-other tools read: ``outcome`` (TRL ``prompt``/``chosen``/``rejected``), ``steps`` (TRL stepwise
+other tools read: ``pairs`` (TRL ``prompt``/``chosen``/``rejected``), ``steps`` (TRL stepwise
 ``prompt``/``completions``/``labels`` plus ``soft_labels`` and ``exact_labels``) and
 ``solutions`` (``prompt``/``completion``/``correct``: the ORM's pointwise data and its AUC), every row
 tagged with its round of origin. The training split also holds the previous round's GRPO rollouts.
@@ -25,8 +25,8 @@ from grpo_core.training.trainer import Stopwatch
 from grpo_core.lm.runtime import place
 from grpo_core.tracking import MetricLogger, NullLogger
 
-DATASETS = ("outcome", "steps", "solutions")
-COLUMNS = {"outcome": ("prompt", "chosen", "rejected", ORIGIN),
+DATASETS = ("pairs", "steps", "solutions")
+COLUMNS = {"pairs": ("prompt", "chosen", "rejected", ORIGIN),
            "steps": ("prompt", "completions", "labels", "soft_labels", "exact_labels", "completion", ORIGIN),
            "solutions": ("prompt", "completion", "correct", ORIGIN)}
 
@@ -105,7 +105,7 @@ def training_extras(rc: RewardDataConfig, examples: list[Example], earlier: list
         out["steps"] += tag_rows(step_rows(planted, None, 0, rc.step_separator), round_)
         metrics["train/planted_solutions"] = sum(len(s.completions) for s in planted)
     if earlier:
-        out["outcome"] += tag_rows(outcome_pairs(earlier, rc.max_pairs_per_question, seed), round_ - 1)
+        out["pairs"] += tag_rows(outcome_pairs(earlier, rc.max_pairs_per_question, seed), round_ - 1)
         out["solutions"] += tag_rows(solution_rows(earlier, rc.distinct_solutions), round_ - 1)
         if rc.labeler == "exact":
             out["steps"] += tag_rows(step_rows(earlier, None, 0, rc.step_separator), round_ - 1)
@@ -156,7 +156,7 @@ def run_reward_data(cfg: PipelineConfig, data_dir: Path, policy_dir: str | Path,
         metrics[f"{split}/frac_questions_mixed"] = sum(0 < sum(s.correct) < len(s.correct) for s in samples) / len(samples)
         if rc.labeler == "mc":  # (exact labels agree with themselves)
             metrics.update({f"{split}/{k}": v for k, v in label_agreement(steps).items()})
-        tables["outcome"][split] = tag_rows(pairs, round_)
+        tables["pairs"][split] = tag_rows(pairs, round_)
         tables["steps"][split] = tag_rows(steps, round_)
         tables["solutions"][split] = tag_rows(solutions, round_)
         if split == "train":
@@ -188,10 +188,10 @@ def run_replay(reward_data: dict[str, str], previous: str | None, round_: int, o
     of each dataset in ``reward_data`` (name -> the reward-data stage's folder)."""
     from datasets import load_from_disk
 
-    from grpo_core.rewards.replay import KINDS, write_version
+    from grpo_core.rewards.replay import write_version
 
     logger = logger or NullLogger()
-    fresh = {kind: load_from_disk(reward_data[kind])["train"].to_list() for kind in KINDS}
+    fresh = {name: load_from_disk(path)["train"].to_list() for name, path in reward_data.items()}
     contents = write_version(previous, fresh, round_, Path(out_dir), COLUMNS)
     digest = digest_dir(Path(out_dir), "*.arrow")
     for kind, c in contents.items():

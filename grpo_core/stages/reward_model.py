@@ -1,8 +1,9 @@
 """Reward-model training stage: the ORM (``orm.objective``: BCE on every checked solution,
 Bradley-Terry on chosen/rejected pairs, or both) or the PRM (BCE on step labels), keeping the epoch
-with the best held-out AUC (ORM: of the solution score against correctness; PRM: of the step
-score against the step labels), on the shared training loop (``trainer.py``). Checkpoints at every
-epoch end; a rerun resumes there.
+whose held-out ranking of one question's solutions is best (``within_question_auc``: what GRPO's
+group-normalised reward sees), on the shared training loop (``trainer.py``). What differs between
+the two kinds is one ``RewardModelKind`` each (``KINDS``). Checkpoints at every epoch end; a rerun
+resumes there.
 
 Round 1 starts from ``orm.init`` / ``prm.init`` (the SFT checkpoint by default). A later RL round
 continues the previous round's reward model on the fresh samples of the current policy plus a
@@ -15,7 +16,9 @@ from __future__ import annotations
 import functools
 import random
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -27,7 +30,7 @@ from grpo_core.rewards.heads import (ScoreHead, bradley_terry_loss, first_wrong_
                                      is_likelihood, pointwise_bce_loss, prm_step_logits, reward_model_from, roc_auc,
                                      step_bce_loss, within_question_auc)
 from grpo_core.rewards.likelihood import likelihood_scores
-from grpo_core.stages.common import digest_dir, run_identity, set_threads, write_manifest
+from grpo_core.stages.common import Ref, digest_dir, run_identity, set_threads, write_manifest
 from grpo_core.training.trainer import Plan, Trainer, TrainState
 from grpo_core.lm.runtime import autocast, model_device, place
 from grpo_core.rewards.replay import load_version, retraining_set
@@ -57,24 +60,10 @@ def step_batch(tokenizer, rows: list[dict], separator: str, label: str):
     return rollout, ends, labels, mask
 
 
-def pair_logits(model, tokenizer, rows: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
-    """[B] ORM logits of the chosen and of the rejected solutions of ``rows``, in one forward pass."""
-    prompts = [r["prompt"] for r in rows]
-    scores = orm_logits(model, encode(tokenizer, prompts + prompts,
-                                      [r["chosen"] for r in rows] + [r["rejected"] for r in rows]))
-    return scores[: len(rows)], scores[len(rows) :]
-
-
-# The reward-data datasets each model trains on.
-TRAINING_DATA = {("orm", "pointwise"): ("solutions",), ("orm", "pairwise"): ("outcome",),
-                 ("orm", "both"): ("solutions", "outcome"), ("prm", None): ("steps",)}
-
-
-def orm_loss_terms(model, tokenizer, rows: list[dict]) -> list[tuple[torch.Tensor, int]]:
-    """(mean loss, rows) of the batch's checked solutions (pointwise BCE) and of its pairs
+def orm_loss_terms(model, tokenizer, batch: dict[str, list[dict]], cfg: PipelineConfig) -> list[tuple[torch.Tensor, int]]:
+    """(mean loss, rows) of the batch's checked ``solutions`` (pointwise BCE) and of its ``pairs``
     (Bradley-Terry), from one forward pass; a term with no rows is (0, 0)."""
-    pairs = [r for r in rows if "chosen" in r]
-    solutions = [r for r in rows if "chosen" not in r]
+    pairs, solutions = batch.get("pairs", []), batch.get("solutions", [])
     prompts = [r["prompt"] for r in pairs] * 2 + [r["prompt"] for r in solutions]
     texts = [r["chosen"] for r in pairs] + [r["rejected"] for r in pairs] + [r["completion"] for r in solutions]
     scores = orm_logits(model, encode(tokenizer, prompts, texts))
@@ -84,6 +73,12 @@ def orm_loss_terms(model, tokenizer, rows: list[dict]) -> list[tuple[torch.Tenso
                  if solutions else zero)
     pairwise = bradley_terry_loss(scores[:n], scores[n : 2 * n]) if pairs else zero
     return [(pointwise, len(solutions)), (pairwise, n)]
+
+
+def prm_loss_terms(model, tokenizer, batch: dict[str, list[dict]], cfg: PipelineConfig) -> list[tuple[torch.Tensor, float]]:
+    """(mean step BCE, steps) of the batch's ``steps`` rows against their ``prm.label`` labels."""
+    rollout, ends, labels, mask = step_batch(tokenizer, batch["steps"], cfg.reward_data.step_separator, cfg.prm.label)
+    return [(step_bce_loss(prm_step_logits(model, rollout, ends), labels, mask), float(mask.sum()))]
 
 
 def solution_metrics(scores: list[float], rows: list[dict]) -> dict[str, float]:
@@ -117,13 +112,16 @@ def step_metrics(probs: list[list[float]], rows: list[dict]) -> dict[str, float]
 
 
 @torch.no_grad()
-def evaluate_orm(model, tokenizer, pairs: list[dict], solutions: list[dict], batch: int) -> dict[str, float]:
-    """``solution_metrics`` of the ORM's scores, and its held-out pairwise accuracy."""
+def evaluate_orm(model, tokenizer, held_out: dict[str, list[dict]], separator: str, batch: int) -> dict[str, float]:
+    """``solution_metrics`` of the ORM's scores of the held-out ``solutions``, and its accuracy on
+    the held-out ``pairs`` (chosen above rejected)."""
     model.eval()
-    wins, scores = 0, []
+    pairs, solutions, wins, scores = held_out["pairs"], held_out["solutions"], 0, []
     for s in range(0, len(pairs), batch):
-        chosen, rejected = pair_logits(model, tokenizer, pairs[s : s + batch])
-        wins += int((chosen > rejected).sum())
+        rows = pairs[s : s + batch]
+        both = orm_logits(model, encode(tokenizer, [r["prompt"] for r in rows] * 2,
+                                        [r["chosen"] for r in rows] + [r["rejected"] for r in rows]))
+        wins += int((both[: len(rows)] > both[len(rows) :]).sum())
     for s in range(0, len(solutions), batch):
         rows = solutions[s : s + batch]
         scores += orm_logits(model, encode(tokenizer, [r["prompt"] for r in rows], [r["completion"] for r in rows])).tolist()
@@ -132,10 +130,10 @@ def evaluate_orm(model, tokenizer, pairs: list[dict], solutions: list[dict], bat
 
 
 @torch.no_grad()
-def evaluate_prm(model, tokenizer, rows: list[dict], separator: str, batch: int) -> dict[str, float]:
-    """``step_metrics`` of the PRM's step probabilities."""
+def evaluate_prm(model, tokenizer, held_out: dict[str, list[dict]], separator: str, batch: int) -> dict[str, float]:
+    """``step_metrics`` of the PRM's step probabilities on the held-out ``steps``."""
     model.eval()
-    probs: list[list[float]] = []
+    rows, probs = held_out["steps"], []
     for s in range(0, len(rows), batch):
         part = rows[s : s + batch]
         rollout, ends, _, mask = step_batch(tokenizer, part, separator, "hard")
@@ -143,6 +141,33 @@ def evaluate_prm(model, tokenizer, rows: list[dict], separator: str, batch: int)
         probs += [p[i, : int(mask[i].sum())].tolist() for i in range(len(part))]
     model.train()
     return step_metrics(probs, rows)
+
+
+@dataclass(frozen=True)
+class RewardModelKind:
+    """What differs between the ORM and the PRM, in one place: the datasets it trains on (an ORM's
+    chosen by ``orm.objective``) and the loss of a batch of them, the held-out datasets it is
+    measured on (the first holds the rows the zero-training verifier is measured on too) and how,
+    which of the verifier's scores that measure reads, and the metric its quality gate and
+    keep-best read: the ranking within a question, what GRPO's group-normalised reward sees."""
+
+    datasets: Callable[[PipelineConfig], tuple[str, ...]]
+    loss_terms: Callable[..., list[tuple[torch.Tensor, float]]]
+    held_out: tuple[str, ...]
+    evaluate: Callable[..., dict[str, float]]
+    verifier_metrics: Callable[[list[float], list[list[float]], list[dict]], dict[str, float]]
+    gate_metric: str = "within_question_auc"
+
+
+ORM_DATASETS = {"pointwise": ("solutions",), "pairwise": ("pairs",), "both": ("solutions", "pairs")}  # orm.objective ->
+KINDS = {
+    "orm": RewardModelKind(lambda cfg: ORM_DATASETS[cfg.orm.objective], orm_loss_terms, ("solutions", "pairs"),
+                           evaluate_orm, lambda solution, steps, rows: solution_metrics(solution, rows)),
+    "prm": RewardModelKind(lambda cfg: ("steps",), prm_loss_terms, ("steps",), evaluate_prm,
+                           lambda solution, steps, rows: step_metrics(steps, rows)),
+}
+EMPTY = {"pairs": "no question had both a right and a wrong sample", "solutions": "no solution was sampled",
+         "steps": "no sample had a step"}  # why a dataset can be empty
 
 
 @torch.no_grad()
@@ -162,12 +187,7 @@ def evaluate_likelihood(lm_dir: str | Path, kind: str, rows: list[dict], separat
                                                 separator)
         solutions += whole.tolist()
         steps += [step_p[i, : int(mask[i].sum())].tolist() for i in range(len(part))]
-    return solution_metrics(solutions, rows) if kind == "orm" else step_metrics(steps, rows)
-
-
-# The held-out metric that says how good a reward model is, for what GRPO uses of it (a ranking of
-# one question's solutions): training keeps the epoch with the best, and the quality gate reads it.
-QUALITY_KEY = {"orm": "within_question_auc", "prm": "within_question_auc"}
+    return KINDS[kind].verifier_metrics(solutions, steps, rows)
 
 
 def combined_mix(mixes: list[dict]) -> dict:
@@ -203,13 +223,14 @@ def resume_or_init(resume, init_dir: str | Path, kind: str, cfg: PipelineConfig,
     return model
 
 
-def run_reward_model(cfg: PipelineConfig, kind: str, reward_data: dict, init_dir: str | Path, out_dir: Path,
-                     logger: MetricLogger | None = None, replay: dict | None = None,
+def run_reward_model(cfg: PipelineConfig, kind: str, reward_data: dict[str, Ref], init_dir: str | Path, out_dir: Path,
+                     logger: MetricLogger | None = None, round_: int = 1, replay: Ref | None = None,
                      baseline: str | Path | None = None) -> dict:
-    """Train the ``kind`` ("orm" or "prm") reward model on the reward-data stage's datasets.
+    """Train the ``kind`` ("orm" or "prm") reward model on the reward-data stage's datasets
+    (``reward_data``: by name, as ``inputs.reward_datasets`` reads them from its manifest).
 
-    ``replay`` (later RL rounds): ``{"round": k, "dir": buffer version k-1, "digest": its digest}``;
-    ``rounds.replay_fraction`` of the training set is then drawn from that version.
+    ``replay`` (rounds after the first): the replay buffer's version ``round_ - 1``;
+    ``rounds.replay_fraction`` of the training set is then drawn from it.
     ``baseline``: a causal LM (the SFT model) whose own likelihood, untrained, is measured on the
     same held-out rows (``baseline`` in the manifest): a reward model that does not beat it is a
     defect the quality gate reports.
@@ -221,55 +242,48 @@ def run_reward_model(cfg: PipelineConfig, kind: str, reward_data: dict, init_dir
 
     d = distributed.init(cfg.launch)
     logger = (logger or NullLogger()) if d.main else NullLogger()
-    rc = getattr(cfg, kind)
+    spec, rc = KINDS[kind], getattr(cfg, kind)
     sep = cfg.reward_data.step_separator
     set_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
-    replay = replay or {"round": 1, "dir": None, "digest": None}
-    names = TRAINING_DATA[kind, getattr(rc, "objective", None)]
-    train, mixes = [], []
+    names = spec.datasets(cfg)
+    train: list[tuple[str, dict]] = []  # (dataset, row): the loss of a row is its dataset's
+    mixes = []
     for name in names:  # each dataset's fresh rows plus its replay share
-        fresh = load_from_disk(reward_data[f"{name}_dir"])["train"].to_list()
-        rows, mix = retraining_set(fresh, load_version(replay["dir"], name), cfg.rounds.replay_fraction, cfg.seed,
-                                   replay["round"])
-        train += rows
+        fresh = load_from_disk(reward_data[name].path)["train"].to_list()
+        rows, mix = retraining_set(fresh, load_version(replay and replay.path, name), cfg.rounds.replay_fraction,
+                                   cfg.seed, round_)
+        train += [(name, r) for r in rows]
         mixes.append(mix)
-        logger.log_input(name=f"reward_data/{name}", digest=reward_data[f"{name}_digest"],
-                         source=reward_data[f"{name}_dir"], rows={"train": len(fresh)})
-        if replay["dir"] is not None:
-            logger.log_input(name=f"replay/{Path(replay['dir']).name}/{name}", digest=replay["digest"],
-                             source=str(Path(replay["dir"]) / name),
+        logger.log_input(name=f"reward_data/{name}", digest=reward_data[name].digest, source=reward_data[name].path,
+                         rows={"train": len(fresh)})
+        if replay is not None:
+            logger.log_input(name=f"replay/{Path(replay.path).name}/{name}", digest=replay.digest,
+                             source=str(Path(replay.path) / name),
                              rows={"replayed": mix["replay"], **{f"from_round_{r}": n for r, n in mix["by_round"].items()}})
     mix = combined_mix(mixes)
-    test_name = "outcome" if kind == "orm" else "steps"
-    test = load_from_disk(reward_data[f"{test_name}_dir"])["test"].to_list()
-    solutions = load_from_disk(reward_data["solutions_dir"])["test"].to_list() if kind == "orm" else []
-    held_out = solutions if kind == "orm" else test
-    if not mix["fresh"] or not held_out:
-        source = reward_data[f"{names[0]}_dir"]
-        raise ValueError(
-            f"{kind}: no {'training' if not mix['fresh'] else 'held-out'} rows in {source}: " + (
-                "no question had both a right and a wrong sample" if names == ("outcome",) else
-                "no solution was sampled" if kind == "orm" else "no sample had a step")
-            + "; raise reward_data.questions or reward_data.samples_per_question, or train the policy further")
+    held_out = {name: load_from_disk(reward_data[name].path)["test"].to_list() for name in spec.held_out}
+    empty = names[0] if not mix["fresh"] else spec.held_out[0] if not held_out[spec.held_out[0]] else None
+    if empty is not None:
+        raise ValueError(f"{kind}: no {'training' if not mix['fresh'] else 'held-out'} rows in "
+                         f"{reward_data[empty].path}: {EMPTY[empty]}; raise reward_data.questions or "
+                         "reward_data.samples_per_question, or train the policy further")
     logger.log_metrics({"replay/share": mix["share"], "replay/rows": mix["replay"], "replay/fresh_rows": mix["fresh"],
                         **{f"replay/from_round_{r}": n for r, n in mix["by_round"].items()}})
     identity = run_identity(cfg, kind, init=digest_dir(Path(init_dir)), separator=sep,
-                            reward_data={n: reward_data[f"{n}_digest"] for n in names}, round=replay["round"],
-                            **({"replay": replay["digest"], "replay_fraction": cfg.rounds.replay_fraction}
-                               if replay["dir"] is not None else {}))  # round 1 has no history to replay
+                            reward_data={n: reward_data[n].digest for n in names}, round=round_,
+                            **({"replay": replay.digest, "replay_fraction": cfg.rounds.replay_fraction}
+                               if replay is not None else {}))  # round 1 has no history to replay
     trainer = Trainer(cfg, kind, out_dir, identity, d, logger)
-    model = place(resume_or_init(trainer.resume, init_dir, kind, cfg, replay["round"]), cfg.launch, train=True)
+    model = place(resume_or_init(trainer.resume, init_dir, kind, cfg, round_), cfg.launch, train=True)
     model.config.step_separator = sep  # saved with the model: `grpo-pipeline score` splits steps as we do
     amp = functools.partial(autocast, cfg.launch, model_device(model))
     tokenizer = load_tokenizer(trainer.resume or init_dir)
-    quality = f"heldout/{QUALITY_KEY[kind]}"
-    st = trainer.start(model, tokenizer, Plan(max_epochs=rc.epochs, per_epoch=True, eval_last=True, keep_best=quality))
+    st = trainer.start(model, tokenizer, Plan(max_epochs=rc.epochs, per_epoch=True, eval_last=True,
+                                              keep_best=f"heldout/{spec.gate_metric}"))
 
     def evaluate(st: TrainState) -> dict:
-        metrics = (evaluate_orm(model, tokenizer, test, solutions, rc.batch_size) if kind == "orm"
-                   else evaluate_prm(model, tokenizer, test, sep, rc.batch_size))
-        return {f"heldout/{k}": v for k, v in metrics.items()}
+        return {f"heldout/{k}": v for k, v in spec.evaluate(model, tokenizer, held_out, sep, rc.batch_size).items()}
 
     if trainer.resume is None:
         if d.main:
@@ -279,7 +293,7 @@ def run_reward_model(cfg: PipelineConfig, kind: str, reward_data: dict, init_dir
         st.extra["before_metrics"] = {k.removeprefix("heldout/"): v for k, v in before.items()}
         logger.log_metrics({f"heldout_before/{k}": v for k, v in st.extra["before_metrics"].items()}, step=0)
         if baseline is not None and d.main:
-            st.extra["baseline"] = evaluate_likelihood(baseline, kind, held_out, sep, rc.batch_size)
+            st.extra["baseline"] = evaluate_likelihood(baseline, kind, held_out[spec.held_out[0]], sep, rc.batch_size)
             logger.log_metrics({f"baseline/{k}": v for k, v in st.extra["baseline"].items()}, step=0)
     model.train()
     trained = d.wrap(model if is_likelihood(model) else ScoreHead(model))  # one module whose forward is the whole computation
@@ -299,12 +313,11 @@ def run_reward_model(cfg: PipelineConfig, kind: str, reward_data: dict, init_dir
         if len(batch) < d.world:
             return None
         rows = [train[i] for i in batch[d.split(len(batch))]]
+        by_dataset: dict[str, list[dict]] = {}
+        for name, row in rows:
+            by_dataset.setdefault(name, []).append(row)
         with amp():
-            if kind == "orm":
-                terms = orm_loss_terms(trained, tokenizer, rows)
-            else:
-                rollout, ends, labels, mask = step_batch(tokenizer, rows, sep, cfg.prm.label)
-                terms = [(step_bce_loss(prm_step_logits(trained, rollout, ends), labels, mask), float(mask.sum()))]
+            terms = spec.loss_terms(trained, tokenizer, by_dataset, cfg)
         # Each local mean re-weighted into this process's share of the global batch's mean.
         share = sum(local * (n / max(float(d.sum(n)), 1.0)) for local, n in terms)
         grad_norm = trainer.update(share, d.world)  # DDP averages the processes' gradients
@@ -316,19 +329,19 @@ def run_reward_model(cfg: PipelineConfig, kind: str, reward_data: dict, init_dir
         return None
     final_dir = trainer.publish()
     best = {k.removeprefix("heldout/"): v for k, v in st.best_metrics.items()}
-    value = best.get(QUALITY_KEY[kind], float("nan"))
-    gate = {"metric": QUALITY_KEY[kind], "value": value, "threshold": rc.min_auc,
+    value = best.get(spec.gate_metric, float("nan"))
+    gate = {"metric": spec.gate_metric, "value": value, "threshold": rc.min_auc,
             "passed": bool(value >= rc.min_auc)}  # NaN (one class only) fails
     if "baseline" in st.extra:  # the zero-training verifier of the same held-out rows
-        gate["baseline"] = st.extra["baseline"].get(QUALITY_KEY[kind], float("nan"))
+        gate["baseline"] = st.extra["baseline"].get(spec.gate_metric, float("nan"))
         gate["beats_baseline"] = bool(value > gate["baseline"])
         gate["passed"] = gate["passed"] and gate["beats_baseline"]
     logger.log_metrics({"quality_gate/passed": float(gate["passed"])})
     return write_manifest(out_dir, {"stage": kind, "model": str(final_dir), "init": str(init_dir),
-                                    "init_from": rc.init if replay["round"] == 1 else "previous round",
+                                    "init_from": rc.init if round_ == 1 else "previous round",
                                     "quality_gate": gate,
-                                    "round": replay["round"], "heldout_before": st.extra.get("before_metrics", {}),
+                                    "round": round_, "heldout_before": st.extra.get("before_metrics", {}),
                                     "baseline": st.extra.get("baseline", {}),
                                     "heldout": best, "best_epoch_step": st.best_step,
                                     "steps": st.step, "epochs": st.epoch, "n_train": len(train),
-                                    "n_test": len(held_out), "replay": mix, "wall_s": round(st.elapsed, 1)})
+                                    "n_test": len(held_out[spec.held_out[0]]), "replay": mix, "wall_s": round(st.elapsed, 1)})
