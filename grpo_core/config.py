@@ -286,13 +286,21 @@ class RewardModelConfig(Training):
     # ORM); likelihood: the starting model's own token probabilities, calibrated (rewards/likelihood.py):
     # measured on the demo's round-1 data, it keeps and improves what the SFT model knows where a
     # fresh head fine-tuned on a few thousand solutions learns length and operand cues instead.
-    head: Literal["linear", "likelihood"] = Field("linear", description="linear (a fresh score head on the hidden states) or likelihood (the model's own token probabilities, calibrated: a step scores its least likely token)")
+    # lm: Math-Shepherd's format, for a starting model that was trained to verify.
+    head: Literal["linear", "likelihood", "lm"] = Field("linear", description="linear (a fresh score head on the hidden states), likelihood (the model's own token probabilities, calibrated: a step scores its least likely token so far) or lm (Math-Shepherd: the logit of lm_tokens[0] minus lm_tokens[1] after a step)")
+    lm_tokens: tuple[str, str] = Field(("+", "-"), description="head=lm: the tokens that read as a step being right and wrong (Math-Shepherd: + and -); each one token of the model's tokenizer")
     tiny: dict[Literal["hidden_size", "intermediate_size", "num_layers", "num_heads"], int] = Field(
         {}, description="init=tiny: changes to the `model` section's shape, e.g. {hidden_size: 256}")
     min_auc: float = Field(0.6, ge=0, le=1, description="quality gate: a reward model that drives GRPO with a held-out AUC within questions (what GRPO's group-normalised reward sees) below this, or no better than the SFT model's own likelihood, is reported loudly (log, MLflow tag, Prefect artifact)")
     epochs: int = Field(1, ge=1, description="passes over the training data")
     batch_size: int = Field(32, ge=1, description="pairs (ORM) or solutions (PRM) per step")
     checkpoint_every: int | None = Field(None, ge=1, description="also checkpoint every N steps within an epoch (None: at each epoch's end only)")
+
+    @model_validator(mode="after")
+    def _tokens_only_for_lm(self):
+        if self.lm_tokens != ("+", "-") and self.head != "lm":
+            raise ValueError(f"lm_tokens={list(self.lm_tokens)} applies to head=lm only (head is {self.head})")
+        return self
 
 
 class ORMConfig(RewardModelConfig):

@@ -77,12 +77,12 @@ def test_the_likelihood_head_is_the_calibrated_zero_training_reading_and_survive
     from grpo_core.lm.modeling import load_model
     from grpo_core.lm.policy import encode, token_logprobs
     from grpo_core.rewards.heads import load_reward_model, orm_logits, prm_step_logits
-    from grpo_core.rewards.likelihood import LikelihoodHead
+    from grpo_core.rewards.likelihood import VerifierHead
     from grpo_core.rewards.scorer import rollout_step_ends
     from grpo_core.rewards.score_command import reward_model_kind, score
 
     lm, tok = load_model(tiny_model_dir)
-    head = LikelihoodHead(lm, "prm", scale=1.5, bias=0.5).eval()
+    head = VerifierHead(lm, "prm", scale=1.5, bias=0.5).eval()
     prompts, texts = ["What is 2 + 3 - 1?\n"], ["2 + 3 = 5\n5 - 1 = 4\n#### 4"]
     rollout = encode(tok, prompts, texts)
     ends, mask = rollout_step_ends(tok, rollout, "\n")
@@ -98,7 +98,7 @@ def test_the_likelihood_head_is_the_calibrated_zero_training_reading_and_survive
     head.save_pretrained(tmp_path / "prm")
     tok.save_pretrained(tmp_path / "prm")
     again = load_reward_model(tmp_path / "prm", "prm")
-    assert isinstance(again, LikelihoodHead) and (again.scale.item(), again.bias.item()) == (1.5, 0.5)
+    assert isinstance(again, VerifierHead) and (again.scale.item(), again.bias.item()) == (1.5, 0.5)
     assert reward_model_kind(tmp_path / "prm") == "prm"
     [row] = score(tmp_path / "prm", list(zip(prompts, texts)))
     assert row["step_scores"] == pytest.approx(torch.sigmoid(expected[0]).tolist(), rel=1e-4)
@@ -119,3 +119,52 @@ def test_step_metrics_rank_a_prm_by_its_lowest_step_within_a_question():
     assert (m["within_question_auc"], m["mixed_questions"]) == (0.5, 2)
     # b's wrong solution is not caught (0.6 >= 0.5): 1 of the 2 with an error.
     assert m["first_wrong_step_detected"] == 0.5 and m["n_steps"] == 6
+
+
+def test_the_lm_reading_is_math_shepherds_plus_against_minus(tmp_path, tiny_model_dir):
+    """head: lm. A step's logit is the LM's logit of "+" minus that of "-" as the token after the
+    step's last token (computed here from the full output), the solution's after its last token;
+    with the starting calibration (1, 0) that is Math-Shepherd's P(+) / (P(+) + P(-)). Saved and
+    loaded back with its reading and tokens."""
+    from grpo_core.lm.modeling import load_model
+    from grpo_core.lm.policy import encode, position_ids
+    from grpo_core.rewards.heads import load_reward_model, orm_logits, prm_step_logits
+    from grpo_core.rewards.likelihood import VerifierHead
+    from grpo_core.rewards.scorer import rollout_step_ends
+
+    head = load_reward_model(tiny_model_dir, "prm", "lm").eval()
+    lm, tok = load_model(tiny_model_dir)
+    plus, minus = tok("+", add_special_tokens=False).input_ids[0], tok("-", add_special_tokens=False).input_ids[0]
+    assert isinstance(head, VerifierHead) and head.token_ids == (plus, minus) and (head.scale.item(), head.bias.item()) == (1, 0)
+    rollout = encode(tok, ["What is 2 + 3 - 1?\n", "What is 9 - 4?\n"], ["2 + 3 = 5\n5 - 1 = 4\n#### 4", "#### 5"])
+    ends, mask = rollout_step_ends(tok, rollout, "\n")
+    with torch.no_grad():
+        steps, whole = prm_step_logits(head, rollout, ends), orm_logits(head, rollout)
+        logits = lm(input_ids=rollout.input_ids, attention_mask=rollout.attention_mask,
+                    position_ids=position_ids(rollout.attention_mask)).logits
+    p = rollout.prompt_len
+    for i in range(2):
+        for k in range(int(mask[i].sum())):
+            at = logits[i, p + int(ends[i, k])]
+            assert steps[i, k].item() == pytest.approx((at[plus] - at[minus]).item(), abs=1e-4)
+            two = at[[plus, minus]].softmax(-1)[0].item()
+            assert torch.sigmoid(steps[i, k]).item() == pytest.approx(two, abs=1e-5)
+        last = logits[i, p + int(rollout.completion_mask[i].sum()) - 1]
+        assert whole[i].item() == pytest.approx((last[plus] - last[minus]).item(), abs=1e-4)
+
+    head.config.step_separator = "\n"
+    head.save_pretrained(tmp_path / "prm")
+    tok.save_pretrained(tmp_path / "prm")
+    again = load_reward_model(tmp_path / "prm", "prm")  # no head named: the folder says which
+    assert (again.reading, again.tokens, again.token_ids) == ("lm", ("+", "-"), (plus, minus))
+
+
+def test_the_lm_reading_needs_two_single_tokens(tiny_model_dir, tiny_cfg, tmp_path):
+    from grpo_core.config import ConfigError
+    from grpo_core.lm.modeling import ModelError
+    from grpo_core.rewards.heads import load_reward_model
+
+    with pytest.raises(ModelError, match="'good' is 4 tokens"):
+        load_reward_model(tiny_model_dir, "prm", "lm", ("good", "-"))
+    with pytest.raises((ConfigError, ValueError), match="lm_tokens=.*applies to head=lm only"):
+        tiny_cfg(tmp_path, prm__lm_tokens=["y", "n"])

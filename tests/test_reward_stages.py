@@ -177,20 +177,20 @@ def test_planted_errors_join_the_training_split_only(tmp_path, tiny_cfg, tiny_mo
     assert len(solutions["test"]) == 2 * 2  # held-out: the policy's own samples only
 
 
+@pytest.mark.parametrize("head", ["likelihood", "lm"])
 @pytest.mark.parametrize("kind", ["orm", "prm"])
-def test_a_likelihood_head_trains_the_models_own_token_probabilities(tmp_path, tiny_cfg, tiny_model_dir, reward_data,
-                                                                      kind):
-    """<kind>.head: likelihood: the stage trains the SFT model's token probabilities and two
-    calibration numbers, publishes a causal-LM folder, and GRPO's scorer reads it."""
+def test_a_verifier_head_trains_the_models_own_weights(tmp_path, tiny_cfg, tiny_model_dir, reward_data, kind, head):
+    """<kind>.head: likelihood or lm: the stage trains the SFT model itself and two calibration
+    numbers, publishes a causal-LM folder, and GRPO's scorer reads it."""
     import torch
 
     from grpo_core.lm.modeling import load_model, load_tokenizer
     from grpo_core.lm.policy import encode
-    from grpo_core.rewards.likelihood import LikelihoodHead
+    from grpo_core.rewards.likelihood import VerifierHead
     from grpo_core.rewards.scorer import RewardScorer
     from grpo_core.rewards.score_command import reward_model_kind
 
-    cfg = tiny_cfg(tmp_path, **{f"{kind}__batch_size": 2, f"{kind}__epochs": 1, f"{kind}__head": "likelihood",
+    cfg = tiny_cfg(tmp_path, **{f"{kind}__batch_size": 2, f"{kind}__epochs": 1, f"{kind}__head": head,
                                 f"{kind}__lr": 1e-3})
     manifest = run_reward_model(cfg, kind, reward_data, tiny_model_dir, tmp_path / kind)
     assert reward_model_kind(manifest["model"]) == kind and manifest["steps"] == 2
@@ -199,10 +199,11 @@ def test_a_likelihood_head_trains_the_models_own_token_probabilities(tmp_path, t
     assert moved  # the model's own weights learnt (no fresh head)
     # The calibration learns at 100x the lr: Adam's first step alone moves it by that lr (0.1), at
     # the model's lr it could not pass 0.002 in two steps.
-    calibration = trained.config.reward_head
-    assert max(abs(calibration["scale"] - 1.0), abs(calibration["bias"] - 2.0)) > 0.02
+    calibration, (scale, bias) = trained.config.reward_head, VerifierHead.START[head]
+    assert calibration["reading"] == head
+    assert max(abs(calibration["scale"] - scale), abs(calibration["bias"] - bias)) > 0.02
     tok = load_tokenizer(tiny_model_dir)
     scorer = RewardScorer.from_paths({kind: 1.0}, "outcome", tok, "\n", {kind: manifest["model"]})
-    assert isinstance(getattr(scorer, kind), LikelihoodHead)
+    assert isinstance(getattr(scorer, kind), VerifierHead)
     scored = scorer(encode(tok, [Q, Q], [RIGHT, WRONG]), ["3", "3"])
     assert scored.outcome.shape == (2,) and bool(torch.isfinite(scored.outcome).all())

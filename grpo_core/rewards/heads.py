@@ -82,24 +82,24 @@ def first_wrong_step(flags: list[bool]) -> int | None:
 
 # ------------------------------------------------------------------------------- models
 
-def load_reward_model(path: str | Path, kind: str, head: str = "linear"):
+def load_reward_model(path: str | Path, kind: str, head: str = "linear", lm_tokens: tuple[str, str] = ("+", "-")):
     """An ORM (``kind="orm"``) or PRM (``"prm"``) from a causal-LM or RM folder: a trained
-    ``LikelihoodHead`` where the folder holds one, else with ``head="likelihood"`` a fresh one on the
-    folder's causal LM, else a classification model with one output (a fresh ``score`` head on a
-    causal LM's body)."""
+    ``VerifierHead`` where the folder holds one, else with ``head="likelihood"`` or ``"lm"`` a fresh
+    one reading the folder's causal LM that way (``lm``: through ``lm_tokens``), else a
+    classification model with one output (a fresh ``score`` head on a causal LM's body)."""
     import json
 
     from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification
 
     from grpo_core.lm.modeling import ModelError
-    from grpo_core.rewards.likelihood import LikelihoodHead, reward_head_kind
+    from grpo_core.rewards.likelihood import VerifierHead, reward_head_kind
 
     try:
         config = json.loads((Path(path) / "config.json").read_text())
     except (OSError, ValueError):
         config = {}
-    if head == "likelihood" or reward_head_kind(config):
-        return LikelihoodHead.from_folder(path, kind)
+    if head != "linear" or reward_head_kind(config):
+        return VerifierHead.from_folder(path, kind, "likelihood" if head == "linear" else head, lm_tokens)
 
     cls = AutoModelForSequenceClassification if kind == "orm" else AutoModelForTokenClassification
     try:
@@ -114,13 +114,16 @@ def load_reward_model(path: str | Path, kind: str, head: str = "linear"):
     return model
 
 
-def reward_model_from(lm, kind: str, head: str = "linear"):
-    """An ORM / PRM on the causal LM ``lm`` (in memory; a fresh head)."""
+def reward_model_from(lm, kind: str, head: str = "linear", tokenizer=None, lm_tokens: tuple[str, str] = ("+", "-")):
+    """An ORM / PRM on the causal LM ``lm`` (in memory; a fresh head). A ``VerifierHead`` needs the
+    LM's ``tokenizer``."""
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
         lm.save_pretrained(tmp)
-        return load_reward_model(tmp, kind, head)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        return load_reward_model(tmp, kind, head, lm_tokens)
 
 
 class ScoreHead(torch.nn.Module):
@@ -154,17 +157,17 @@ def last_token_index(completion_mask: torch.Tensor) -> torch.Tensor:
     return (completion_mask.sum(dim=1).long() - 1).clamp(min=0)
 
 
-def is_likelihood(model) -> bool:
-    """A ``LikelihoodHead`` (also inside a DDP wrapper)."""
-    from grpo_core.rewards.likelihood import LikelihoodHead
+def is_verifier_head(model) -> bool:
+    """A ``VerifierHead`` (also inside a DDP wrapper)."""
+    from grpo_core.rewards.likelihood import VerifierHead
 
-    return isinstance(getattr(model, "module", model), LikelihoodHead)
+    return isinstance(getattr(model, "module", model), VerifierHead)
 
 
 def orm_logits(orm, rollout: Rollout) -> torch.Tensor:
     """[B] ORM logit of each whole solution, read at its last token (EOS when it finished); a
-    ``LikelihoodHead`` reads the lowest probability of its tokens."""
-    if is_likelihood(orm):
+    ``VerifierHead`` reads its causal LM (``rewards.likelihood``)."""
+    if is_verifier_head(orm):
         return orm(rollout.input_ids, rollout.attention_mask, rollout.prompt_len,
                    rollout.completion_mask).to(rollout.input_ids.device)
     scores = token_scores(orm, rollout)
@@ -173,8 +176,8 @@ def orm_logits(orm, rollout: Rollout) -> torch.Tensor:
 
 def prm_step_logits(prm, rollout: Rollout, step_ends: torch.Tensor) -> torch.Tensor:
     """[B, K] PRM logit at each step's last token; step_ends [B, K] long (padding: any index). A
-    ``LikelihoodHead`` reads the lowest probability of the tokens up to each step's end."""
-    if is_likelihood(prm):
+    ``VerifierHead`` reads its causal LM (``rewards.likelihood``)."""
+    if is_verifier_head(prm):
         return prm(rollout.input_ids, rollout.attention_mask, rollout.prompt_len, rollout.completion_mask,
                    step_ends).to(rollout.input_ids.device)
     scores = token_scores(prm, rollout)

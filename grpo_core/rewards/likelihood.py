@@ -52,28 +52,57 @@ def likelihood_scores(model, tokenizer, rollout: Rollout, separator: str):
             mask)
 
 
-class LikelihoodHead(torch.nn.Module):
-    """A reward model that keeps what the SFT model knows (``orm.head`` / ``prm.head: likelihood``):
-    the causal LM itself, read as the zero-training verifier reads it, with a calibration
-    ``logit = scale * (lowest token log-probability) + bias``. Training moves the model's token
-    probabilities (and the two numbers), not a fresh head on its hidden states. Measured on the
-    demo's round-1 data (2026-11-24, ``bench/verifier_designs.py``): within-question AUC on
-    held-out questions, ORM 0.81 -> 0.88 and PRM 0.85 -> 0.91 after one epoch, where a fresh linear
-    head trained on the same data reached 0.69 and 0.69. Saved as a causal-LM folder whose config
-    holds ``reward_head`` (kind, scale, bias); ``grpo-pipeline score`` reads it as an ORM or PRM."""
+def lm_verdicts(lm, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int, at: torch.Tensor,
+                tokens: tuple[int, int]) -> torch.Tensor:
+    """[B, K] the Math-Shepherd reading of a causal LM: the logit of the "good" token minus that of
+    the "bad" one, as the LM predicts the token after completion token ``at`` ([B, K] long, 0-based).
+    Only the two output rows are computed, not the whole vocabulary."""
+    from grpo_core.lm.policy import position_ids
 
-    def __init__(self, lm, kind: str, scale: float = 1.0, bias: float = 2.0) -> None:
-        super().__init__()
-        # Initial calibration: sigmoid(log p + 2) for a step whose least likely token has probability
-        # p; fitted on the demo's round-1 labels the two numbers came out near 1.3-1.5 and 1.5-1.7.
-        self.lm, self.kind = lm, kind
-        self.scale = torch.nn.Parameter(torch.tensor(float(scale)))
-        self.bias = torch.nn.Parameter(torch.tensor(float(bias)))
+    hidden = lm.base_model(input_ids=input_ids, attention_mask=attention_mask,
+                           position_ids=position_ids(attention_mask)).last_hidden_state[:, prompt_len:]  # [B, T, H]
+    at = at.clamp(0, hidden.shape[1] - 1)
+    picked = hidden.gather(1, at[..., None].expand(-1, -1, hidden.shape[-1]))  # [B, K, H]
+    good, bad = (picked @ lm.get_output_embeddings().weight[list(tokens)].T).float().unbind(-1)
+    return good - bad
 
+
+class VerifierHead(torch.nn.Module):
+    """A reward model that keeps what the SFT model knows (``orm.head`` / ``prm.head``): the causal LM
+    itself, read one of two ways, with a calibration ``logit = scale * reading + bias``:
+
+    - ``likelihood``: the lowest log-probability it gives a written token (of the solution; of a step
+      and those before it), as the zero-training verifier reads it. Measured on the demo's round-1
+      data (2026-11-24, ``bench/verifier_designs.py``): within-question AUC on held-out questions,
+      ORM 0.81 -> 0.88 and PRM 0.85 -> 0.91 after one epoch, where a fresh linear head trained on the
+      same data reached 0.69 and 0.69.
+    - ``lm`` (Math-Shepherd's format, for models trained to verify): the logit of ``lm_tokens[0]``
+      ("+") minus that of ``lm_tokens[1]`` ("-") as the next token after a step's last token (the
+      solution's last token for an ORM); with the initial calibration (1, 0) exactly Math-Shepherd's
+      P(+) / (P(+) + P(-)).
+
+    Training moves the model's own weights and the two numbers, not a fresh head on its hidden
+    states. Saved as a causal-LM folder whose config holds ``reward_head`` (kind, reading, scale,
+    bias, tokens); ``grpo-pipeline score`` reads it as an ORM or PRM."""
+
+    # Initial (scale, bias). likelihood: sigmoid(log p + 2) for a step whose least likely token has
+    # probability p; fitted on the demo's round-1 labels the two numbers came out near 1.3-1.5 and
+    # 1.5-1.7. lm: Math-Shepherd's probability.
+    START = {"likelihood": (1.0, 2.0), "lm": (1.0, 0.0)}
     # Adam moves a parameter about lr per step: the LM's weights must move by little, the two
     # calibration numbers by about 1 within the ~100 steps of a demo round (at lr 1e-4 they stayed
     # within 0.01 of their start, measured 2026-11-24), so they learn 100x faster, without decay.
     CALIBRATION_LR_SCALE = 100.0
+
+    def __init__(self, lm, kind: str, reading: str = "likelihood", scale: float | None = None,
+                 bias: float | None = None, tokens: tuple[str, str] = ("+", "-"), token_ids: tuple[int, int] = (-1, -1)):
+        super().__init__()
+        if reading not in self.START:
+            raise ValueError(f"reward head reading {reading!r}: choose from {', '.join(self.START)}")
+        self.lm, self.kind, self.reading, self.tokens, self.token_ids = lm, kind, reading, tuple(tokens), tuple(token_ids)
+        start = self.START[reading]
+        self.scale = torch.nn.Parameter(torch.tensor(float(start[0] if scale is None else scale)))
+        self.bias = torch.nn.Parameter(torch.tensor(float(start[1] if bias is None else bias)))
 
     def optimizer_groups(self, weight_decay: float) -> list[dict]:
         """The trainer's AdamW groups: the LM's weights, and the calibration at its own pace."""
@@ -89,32 +118,50 @@ class LikelihoodHead(torch.nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int,
                 completion_mask: torch.Tensor, ends: torch.Tensor | None = None) -> torch.Tensor:
-        """[B] solution logits (its lowest token log-probability, EOS included), or with ``ends``
-        ([B, K] long, step ends; padding: any index) [B, K] step logits, on the inputs' device."""
+        """[B] solution logits, or with ``ends`` ([B, K] long, step ends; padding: any index) [B, K]
+        step logits, on the model's device."""
         from grpo_core.lm.policy import CompletionLogprobs
 
-        logp = CompletionLogprobs(self.lm)(input_ids, attention_mask, prompt_len)[0].float()
-        if ends is None:
-            lowest = lowest_logprob(logp, completion_mask.to(logp.device))
+        device = self.scale.device
+        completion_mask = completion_mask.to(device)
+        if self.reading == "lm":
+            at = ends if ends is not None else (completion_mask.sum(1).long() - 1).clamp(min=0)[:, None]
+            reading = lm_verdicts(self.lm, input_ids.to(device), attention_mask.to(device), prompt_len, at.to(device),
+                                  self.token_ids)
+            reading = reading if ends is not None else reading[:, 0]
+        elif ends is None:
+            logp = CompletionLogprobs(self.lm)(input_ids, attention_mask, prompt_len)[0].float()
+            reading = lowest_logprob(logp, completion_mask)
         else:
-            lowest = step_lowest_logprobs(logp, ends.to(logp.device), torch.ones_like(ends, dtype=torch.bool))
-        return self.scale * lowest + self.bias
+            logp = CompletionLogprobs(self.lm)(input_ids, attention_mask, prompt_len)[0].float()
+            reading = step_lowest_logprobs(logp, ends.to(device), torch.ones_like(ends, dtype=torch.bool, device=device))
+        return self.scale * reading + self.bias
 
     def save_pretrained(self, path) -> None:
-        self.lm.config.reward_head = {"kind": self.kind, "scale": self.scale.item(), "bias": self.bias.item()}
+        self.lm.config.reward_head = {"kind": self.kind, "reading": self.reading, "scale": self.scale.item(),
+                                      "bias": self.bias.item(), **({"tokens": list(self.tokens)} if self.reading == "lm" else {})}
         self.lm.save_pretrained(path)
 
     @classmethod
-    def from_folder(cls, path, kind: str) -> "LikelihoodHead":
-        """From a causal-LM folder: its saved calibration when it is one of ours, else a fresh one."""
-        from grpo_core.lm.modeling import load_model
+    def from_folder(cls, path, kind: str, reading: str = "likelihood", tokens: tuple[str, str] = ("+", "-")) -> "VerifierHead":
+        """From a causal-LM folder: its saved reading and calibration when it is one of ours, else a
+        fresh ``reading`` (``lm``: ``tokens`` must each be one token of the folder's tokenizer)."""
+        from grpo_core.lm.modeling import ModelError, load_model
 
-        lm = load_model(path)[0]
+        lm, tokenizer = load_model(path)
         saved = getattr(lm.config, "reward_head", None) or {}
-        return cls(lm, kind, saved.get("scale", 1.0), saved.get("bias", 2.0))
+        reading, tokens = saved.get("reading", "likelihood") if saved else reading, tuple(saved.get("tokens", tokens))
+        ids = []
+        for t in tokens if reading == "lm" else ():
+            encoded = tokenizer(t, add_special_tokens=False).input_ids
+            if len(encoded) != 1:
+                raise ModelError(f"{path}: the reward head's token {t!r} is {len(encoded)} tokens of this tokenizer; "
+                                 f"<kind>.lm_tokens must name two single tokens (Math-Shepherd: '+' and '-')")
+            ids += encoded
+        return cls(lm, kind, reading, saved.get("scale"), saved.get("bias"), tokens, tuple(ids) or (-1, -1))
 
 
 def reward_head_kind(config: dict) -> str | None:
-    """``orm`` / ``prm`` for a causal-LM folder's config that holds a trained ``LikelihoodHead``."""
+    """``orm`` / ``prm`` for a causal-LM folder's config that holds a trained ``VerifierHead``."""
     head = config.get("reward_head")
     return head.get("kind") if isinstance(head, dict) else None

@@ -7,7 +7,7 @@ pipeline splits them (``steps.split_steps`` on the separator saved with the mode
 A causal-LM folder is the zero-training verifier (``likelihood``): each step's score is the lowest
 probability the model gives a token of it or of a step before it, the solution's the lowest over all
 its tokens; it gives
-both fields. A trained ``LikelihoodHead`` (a causal-LM folder whose config holds ``reward_head``) is
+both fields. A trained ``VerifierHead`` (a causal-LM folder whose config holds ``reward_head``) is
 an ORM or PRM like the others. Solutions are untrusted text: they are only tokenized.
 """
 from __future__ import annotations
@@ -39,7 +39,7 @@ def reward_model_kind(model_dir: str | Path) -> str:
         return "orm"
     if arch.endswith("ForTokenClassification"):
         return "prm"
-    if arch.endswith("ForCausalLM"):  # a trained LikelihoodHead says which it is
+    if arch.endswith("ForCausalLM"):  # a trained VerifierHead says which it is
         return reward_head_kind(config) or "lm"
     raise ScoreInputError(f"{model_dir}: a {arch or 'model of unknown architecture'} is not a reward model; pass an "
                           f"ORM or PRM folder (runs/<run>/round-<k>/orm/model or .../prm/model) or a causal LM")

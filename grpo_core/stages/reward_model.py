@@ -27,7 +27,7 @@ from grpo_core.config import PipelineConfig
 from grpo_core.lm.modeling import load_tokenizer, tiny_llama
 from grpo_core.lm.policy import encode
 from grpo_core.rewards.heads import (ScoreHead, bradley_terry_loss, first_wrong_step, load_reward_model, orm_logits,
-                                     is_likelihood, pointwise_bce_loss, prm_step_logits, reward_model_from, roc_auc,
+                                     is_verifier_head, pointwise_bce_loss, prm_step_logits, reward_model_from, roc_auc,
                                      step_bce_loss, within_question_auc)
 from grpo_core.rewards.likelihood import likelihood_scores
 from grpo_core.stages.common import Ref, digest_dir, run_identity, set_threads, write_manifest
@@ -211,12 +211,12 @@ def resume_or_init(resume, init_dir: str | Path, kind: str, cfg: PipelineConfig,
     if round_ > 1:
         return load_reward_model(init_dir, kind)
     if rc.init == "sft":
-        return load_reward_model(init_dir, kind, rc.head)
+        return load_reward_model(init_dir, kind, rc.head, rc.lm_tokens)
     tokenizer = load_tokenizer(init_dir)
     if rc.init == "tiny":
         shape = cfg.model.model_copy(update=dict(rc.tiny))
-        return reward_model_from(tiny_llama(shape, tokenizer, cfg.seed), kind, rc.head)
-    model = load_reward_model(rc.init, kind, rc.head)
+        return reward_model_from(tiny_llama(shape, tokenizer, cfg.seed), kind, rc.head, tokenizer, rc.lm_tokens)
+    model = load_reward_model(rc.init, kind, rc.head, rc.lm_tokens)
     if load_tokenizer(rc.init).get_vocab() != tokenizer.get_vocab():
         raise ValueError(f"{kind}.init = {rc.init}: its tokenizer differs from the policy's ({init_dir}); a reward "
                          f"model must read the policy's tokens")
@@ -296,7 +296,7 @@ def run_reward_model(cfg: PipelineConfig, kind: str, reward_data: dict[str, Ref]
             st.extra["baseline"] = evaluate_likelihood(baseline, kind, held_out[spec.held_out[0]], sep, rc.batch_size)
             logger.log_metrics({f"baseline/{k}": v for k, v in st.extra["baseline"].items()}, step=0)
     model.train()
-    trained = d.wrap(model if is_likelihood(model) else ScoreHead(model))  # one module whose forward is the whole computation
+    trained = d.wrap(model if is_verifier_head(model) else ScoreHead(model))  # one module whose forward is the whole computation
 
     @functools.lru_cache(maxsize=1)
     def batches_of(epoch: int) -> list[list[int]]:  # the epoch's order: the same on resume
