@@ -159,12 +159,13 @@ class RewardModelKind:
     gate_metric: str = "within_question_auc"
 
 
-ORM_DATASETS = {"pointwise": ("solutions",), "pairwise": ("pairs",), "both": ("solutions", "pairs")}  # orm.objective ->
+ORM_DATASETS = {"pointwise": ("solutions",), "pairwise": ("pairs",), "both": ("solutions", "pairs")}  # by orm.objective
 KINDS = {
-    "orm": RewardModelKind(lambda cfg: ORM_DATASETS[cfg.orm.objective], orm_loss_terms, ("solutions", "pairs"),
-                           evaluate_orm, lambda solution, steps, rows: solution_metrics(solution, rows)),
-    "prm": RewardModelKind(lambda cfg: ("steps",), prm_loss_terms, ("steps",), evaluate_prm,
-                           lambda solution, steps, rows: step_metrics(steps, rows)),
+    "orm": RewardModelKind(datasets=lambda cfg: ORM_DATASETS[cfg.orm.objective], loss_terms=orm_loss_terms,
+                           held_out=("solutions", "pairs"), evaluate=evaluate_orm,
+                           verifier_metrics=lambda solution, steps, rows: solution_metrics(solution, rows)),
+    "prm": RewardModelKind(datasets=lambda cfg: ("steps",), loss_terms=prm_loss_terms, held_out=("steps",),
+                           evaluate=evaluate_prm, verifier_metrics=lambda solution, steps, rows: step_metrics(steps, rows)),
 }
 EMPTY = {"pairs": "no question had both a right and a wrong sample", "solutions": "no solution was sampled",
          "steps": "no sample had a step"}  # why a dataset can be empty
