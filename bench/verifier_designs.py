@@ -24,7 +24,7 @@ import torch
 import grpo_core  # noqa: F401  (first: the numerics settings)
 from grpo_core.lm.modeling import load_model
 from grpo_core.lm.policy import encode, token_logprobs
-from grpo_core.rewards.scorer import rollout_step_ends
+from grpo_core.rewards.steps import rollout_step_ends
 from grpo_core.rewards.score_command import score
 from grpo_core.stages.reward_model import solution_metrics, solution_text, step_metrics
 

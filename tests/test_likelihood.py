@@ -49,7 +49,7 @@ def test_the_likelihood_verifier_reads_the_models_own_token_probabilities(tiny_m
     tokens and those of the steps before it, computed independently here from the model's logits."""
     from grpo_core.lm.modeling import load_model
     from grpo_core.lm.policy import encode
-    from grpo_core.rewards.scorer import rollout_step_ends
+    from grpo_core.rewards.steps import rollout_step_ends
 
     model, tok = load_model(tiny_model_dir)
     model.eval()
@@ -78,7 +78,7 @@ def test_the_likelihood_head_is_the_calibrated_zero_training_reading_and_survive
     from grpo_core.lm.policy import encode, token_logprobs
     from grpo_core.rewards.heads import load_reward_model, orm_logits, prm_step_logits
     from grpo_core.rewards.likelihood import VerifierHead
-    from grpo_core.rewards.scorer import rollout_step_ends
+    from grpo_core.rewards.steps import rollout_step_ends
     from grpo_core.rewards.score_command import reward_model_kind, score
 
     lm, tok = load_model(tiny_model_dir)
@@ -130,7 +130,7 @@ def test_the_lm_reading_is_math_shepherds_plus_against_minus(tmp_path, tiny_mode
     from grpo_core.lm.policy import encode, position_ids
     from grpo_core.rewards.heads import load_reward_model, orm_logits, prm_step_logits
     from grpo_core.rewards.likelihood import VerifierHead
-    from grpo_core.rewards.scorer import rollout_step_ends
+    from grpo_core.rewards.steps import rollout_step_ends
 
     head = load_reward_model(tiny_model_dir, "prm", "lm").eval()
     lm, tok = load_model(tiny_model_dir)

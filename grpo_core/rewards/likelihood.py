@@ -17,7 +17,7 @@ def step_lowest_logprobs(logp: torch.Tensor, ends: torch.Tensor, mask: torch.Ten
     """[B, K] the lowest log-probability of any token up to the end of each step (the lowest so far).
 
     logp: [B, T] log-probability of each completion token; ends: [B, K] long, the token where each
-    step ends (0-based, inclusive; ``scorer.rollout_step_ends``); mask: [B, K] bool, real steps.
+    step ends (0-based, inclusive; ``steps.rollout_step_ends``); mask: [B, K] bool, real steps.
     Step k holds tokens ``ends[k-1] + 1 .. ends[k]`` (step 0 from token 0), so the separator before
     a step counts with it. A step's score is the lowest over its tokens *and those of every step
     before it*: a step label says whether the solution so far can still reach the answer (nothing
@@ -44,7 +44,7 @@ def likelihood_scores(model, tokenizer, rollout: Rollout, separator: str):
     """The causal LM ``model`` as a verifier of ``rollout``'s completions: [B] solution scores (the
     lowest token probability of the completion), [B, K] step scores (of each step, so far) and the [B, K]
     bool mask of real steps."""
-    from grpo_core.rewards.scorer import rollout_step_ends
+    from grpo_core.rewards.steps import rollout_step_ends
 
     ends, mask = rollout_step_ends(tokenizer, rollout, separator)
     logp = token_logprobs(model, rollout).float()

@@ -72,7 +72,7 @@ def score(model_dir: str | Path, rows: list[tuple[str, str]], batch_size: int = 
     """One result per (prompt, completion), in order (see the module docstring)."""
     from grpo_core.lm.modeling import load_tokenizer
     from grpo_core.rewards.heads import load_reward_model, orm_logits, prm_step_logits
-    from grpo_core.rewards.scorer import rollout_step_ends
+    from grpo_core.rewards.steps import rollout_step_ends
 
     kind = reward_model_kind(model_dir)
     if kind == "lm":

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from grpo_core.lm.policy import Rollout
-from grpo_core.rewards.steps import char_ends_of_tokens, split_steps, step_end_tokens
+from grpo_core.rewards.steps import rollout_step_ends
 from grpo_core.verify import is_correct
 
 
@@ -34,23 +34,6 @@ def rule_reward(completions: list[str], golds: list[str]) -> torch.Tensor:
     verdict: counted, and no advantage) where the checker raised on a completion: one hostile
     completion must not stop a long run."""
     return torch.tensor([_checked(c, g) for c, g in zip(completions, golds)])
-
-
-def rollout_step_ends(tokenizer, rollout: Rollout, separator: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """[B, K] token index where each step of each completion ends, and [B, K] bool mask of real
-    steps (a row with no step is all False)."""
-    per_row = []
-    for i, text in enumerate(rollout.texts):
-        n = int(rollout.completion_mask[i].sum()) - (0 if bool(rollout.truncated[i]) else 1)
-        char_ends = char_ends_of_tokens(tokenizer, rollout.completion_ids[i, : max(n, 0)].tolist())
-        per_row.append(step_end_tokens(char_ends, split_steps(text, separator)))
-    k = max(1, max(len(r) for r in per_row))
-    ends = torch.zeros(len(per_row), k, dtype=torch.long)
-    mask = torch.zeros(len(per_row), k, dtype=torch.bool)
-    for i, idx in enumerate(per_row):
-        ends[i, : len(idx)] = torch.tensor(idx, dtype=torch.long)
-        mask[i, : len(idx)] = True
-    return ends, mask
 
 
 # Scored.stats that are counts: summed over processes (the others are means).

@@ -9,8 +9,14 @@ from __future__ import annotations
 import re
 from bisect import bisect_left
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
 
 from grpo_core.verify import answers_match, extract_answer
+
+if TYPE_CHECKING:
+    from grpo_core.lm.policy import Rollout
 
 
 def split_steps(text: str, separator: str = "\n") -> list[tuple[int, int]]:
@@ -143,3 +149,20 @@ def planted_error(question: str, rng) -> str | None:
         lines.append(f"{value} {op} {b} = {new}")
         value = new
     return "\n".join(lines + [f"#### {value}"])
+
+
+def rollout_step_ends(tokenizer, rollout: Rollout, separator: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, K] token index where each step of each completion ends, and [B, K] bool mask of real
+    steps (a row with no step is all False)."""
+    per_row = []
+    for i, text in enumerate(rollout.texts):
+        n = int(rollout.completion_mask[i].sum()) - (0 if bool(rollout.truncated[i]) else 1)
+        char_ends = char_ends_of_tokens(tokenizer, rollout.completion_ids[i, : max(n, 0)].tolist())
+        per_row.append(step_end_tokens(char_ends, split_steps(text, separator)))
+    k = max(1, max(len(r) for r in per_row))
+    ends = torch.zeros(len(per_row), k, dtype=torch.long)
+    mask = torch.zeros(len(per_row), k, dtype=torch.bool)
+    for i, idx in enumerate(per_row):
+        ends[i, : len(idx)] = torch.tensor(idx, dtype=torch.long)
+        mask[i, : len(idx)] = True
+    return ends, mask

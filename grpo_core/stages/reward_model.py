@@ -34,7 +34,7 @@ from grpo_core.stages.common import Ref, digest_dir, run_identity, set_threads, 
 from grpo_core.training.trainer import Plan, Trainer, TrainState
 from grpo_core.lm.runtime import autocast, model_device, place
 from grpo_core.rewards.replay import load_version, retraining_set
-from grpo_core.rewards.scorer import rollout_step_ends
+from grpo_core.rewards.steps import rollout_step_ends
 from grpo_core.tracking import MetricLogger, NullLogger
 
 
