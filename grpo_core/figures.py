@@ -175,19 +175,26 @@ def draw_accuracy_over_time(ax, study: dict) -> None:
 
 
 def draw_learned_against_checked(ax, name: str, runs: list[dict], learned: str) -> None:
-    """One variant's rollouts over training time, mean over seeds: the answer checker's accuracy and
-    the learned reward's mean (a probability), both in %. A learned reward that climbs while the
-    checker's accuracy does not is being hacked."""
+    """One variant's rollouts over training time, mean over seeds of each step's mean over its last
+    ``window`` steps: the answer checker's accuracy and the learned reward's mean (a probability),
+    both in %. A learned reward that climbs while the checker's accuracy does not is being hacked."""
     import numpy as np
 
+    window = 10
     end = max(r["rewards"][-1]["elapsed_s"] for r in runs)
     grid = list(np.linspace(0, end, 60))
+
+    def smoothed(rewards: list[dict], key: str) -> list[tuple[float, float]]:
+        values = [p.get(key, math.nan) for p in rewards]
+        return [(p["elapsed_s"], float(np.nanmean(values[max(0, i + 1 - window) : i + 1])))
+                for i, p in enumerate(rewards)]
+
     for key, label, style in (("accuracy", "answer checker: accuracy of the rollouts", "-"),
                               (learned, f"learned reward: mean {learned}", "--")):
-        values = np.array([_at([(p["elapsed_s"], p.get(key, math.nan)) for p in r["rewards"]], grid) for r in runs]) * 100
+        values = np.array([_at(smoothed(r["rewards"], key), grid) for r in runs]) * 100
         ax.plot(grid, np.nanmean(values, 0), ls=style, lw=1.4, label=label)
     ax.set_title(name, fontsize=9)
-    ax.set_xlabel("training seconds")
+    ax.set_xlabel(f"training seconds (each step: the mean of the last {window})")
     ax.legend(fontsize=7, loc="lower right")
 
 

@@ -69,6 +69,8 @@ def test_study_flow_two_seeds(prefect_harness, tmp_path, tiny_cfg, monkeypatch):
     assert json.loads((Path(out["dir"]) / "manifest.json").read_text())["rows"] == out["rows"]
     # Where a learned reward drives GRPO, every step records it beside the checker's accuracy.
     assert all({"accuracy", "prm_lowest_mean"} <= set(p) for p in two["rewards"]) and len(two["rewards"]) == 2
+    reward_times = [p["elapsed_s"] for p in two["rewards"]]  # each step's end, round 2's after round 1's
+    assert 0 < reward_times[0] < reward_times[1] <= two["train_s"] + 0.01
     assert set(out["figures"]) == {"accuracy_over_time", "sampling", "memory", "reward_hacking"}
     for path in out["figures"].values():
         assert Path(path).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -228,7 +228,9 @@ def step_metrics(sums: dict[str, float], n_updates: int, scored: Scored, rewards
 # Training metrics averaged over the last steps for the stage's summary (a round's report).
 SUMMARY_METRICS = ("train/reward_mean", "train/kl", "train/accuracy")
 SUMMARY_WINDOW = 10
-LEARNED_REWARDS = ("reward/orm_mean", "reward/prm_lowest_mean")  # the learned rewards' means over a step's rollouts
+# Kept at every step (the manifest's ``rewards``): the answer checker's accuracy on the rollouts beside
+# the learned rewards' means (a gap that widens is the policy hacking a reward model); the study draws it.
+RECORDED = ("train/accuracy", "reward/orm_mean", "reward/prm_lowest_mean")
 
 
 def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir: Path,
@@ -273,7 +275,7 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
     pool = read_split(data_dir, "rl")
     val = read_split(data_dir, "val")
     st = trainer.start(policy, tokenizer, Plan(max_steps=gc.steps, eval_every=gc.eval_every, eval_first=True,
-                                               eval_last=True, keep_best="val/accuracy"), companions)
+                                               eval_last=True, keep_best="val/accuracy", record=RECORDED), companions)
     if trainer.resume is not None:
         print(f"grpo: resumed from {trainer.resume} (step {st.step})", flush=True)
     rollouts = rollout_log.log_path(out_dir, d.rank)
@@ -301,11 +303,6 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
             rollout_log.append(rollouts, st.step + 1, record)
         recent = st.extra.get("recent", []) + [{k: metrics[k] for k in SUMMARY_METRICS if k in metrics}]
         st.extra["recent"] = recent[-SUMMARY_WINDOW:]
-        # Every step: what the answer checker says of the rollouts beside what a learned reward says
-        # (a gap that widens is the policy hacking the reward model); the study draws it.
-        st.extra.setdefault("rewards", []).append(
-            {"elapsed_s": round(st.train_s, 2), "accuracy": metrics["train/accuracy"],  # (at the step's start)
-             **{k.removeprefix("reward/"): metrics[k] for k in LEARNED_REWARDS if k in metrics}})
         return metrics
 
     def evaluate(st: TrainState) -> dict:
@@ -322,7 +319,8 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
     summary = {"best_val_accuracy": st.best_acc, "best_step": st.best_step, "steps": st.step,
                "wall_s": round(st.elapsed, 2), "train_s": round(st.train_s, 2), "stopped": trainer.stop_reason(),
                "resumed_from_step": resumed_from, "round": round_,
-               f"last_{SUMMARY_WINDOW}_steps": last, "curve": st.curve, "rewards": st.extra.get("rewards", [])}
+               f"last_{SUMMARY_WINDOW}_steps": last, "curve": st.curve,
+               "rewards": [{k.split("/")[-1]: v for k, v in h.items()} for h in st.history]}
     logger.log_metrics({"val/best_accuracy": st.best_acc, "time/wall_s": st.elapsed}, step=st.step)
     return write_manifest(out_dir, {"stage": "grpo", "model": str(final_dir), "init": str(init_dir), **summary,
                                     "rollouts": str(out_dir) if gc.save_rollouts else None})

@@ -42,6 +42,7 @@ class TrainState:
     stopped: str = ""        # "", "steps", "epochs", "time" or "patience"
     extra: dict = field(default_factory=dict)  # a stage's own counters (GRPO's recent metrics, ...)
     curve: list = field(default_factory=list)  # every evaluation: {step, elapsed_s (training seconds), metrics...}
+    history: list = field(default_factory=list)  # every step: {step, elapsed_s, the Plan's ``record`` metrics}
 
     @property
     def train_s(self) -> float:
@@ -61,6 +62,7 @@ class Plan:
     eval_first: bool = False       # the starting model is a candidate (GRPO never returns a worse one)
     eval_last: bool = False        # evaluate the final model even off the grid (otherwise only if none was)
     keep_best: str | None = None   # the metric whose best model is published; None: the last model
+    record: tuple[str, ...] = ()   # step metrics kept at every step with its training time (``TrainState.history``)
     patience: int = 0              # stop after this many regular evaluations without improvement
     decay_patience: int = 1        # plateau schedule: lower the lr after this many
     decay_factor: float = 0.5
@@ -175,6 +177,9 @@ class Trainer:
             if metrics is not None:
                 st.step += 1
                 st.elapsed = clock.elapsed
+                if plan.record:
+                    st.history.append({"step": st.step, "elapsed_s": round(st.train_s, 2),
+                                       **{k: metrics[k] for k in plan.record if k in metrics}})
                 if st.step % plan.log_every == 0:  # a tracking call per step can cost more than the step
                     rate = {"perf/tokens_per_s": st.tokens / max(st.elapsed, 1e-9)} if st.tokens else {}
                     self.logger.log_metrics({"train/lr": lr} | metrics | rate, step=st.step)
