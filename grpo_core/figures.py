@@ -181,8 +181,8 @@ def draw_learned_against_checked(ax, name: str, runs: list[dict], learned: str) 
     import numpy as np
 
     window = 10
-    end = max(r["rewards"][-1]["elapsed_s"] for r in runs)
-    grid = list(np.linspace(0, end, 60))
+    start, end = max(r["rewards"][0]["elapsed_s"] for r in runs), max(r["rewards"][-1]["elapsed_s"] for r in runs)
+    grid = list(np.linspace(start, end, 60))  # from the time every seed has a step
 
     def smoothed(rewards: list[dict], key: str) -> list[tuple[float, float]]:
         values = [p.get(key, math.nan) for p in rewards]
