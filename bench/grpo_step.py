@@ -82,7 +82,7 @@ def run_ours(model_dir: str, prompts: str, steps: int, threads: int, value_model
     times, tokens, parts = [], [], []
     # Our step formats questions itself, so the prompt text is passed as a question whose prompt
     # wrapper is the identity: Example(question=prompt) with prompt_text patched out.
-    import grpo_core.stages.grpo as g
+    import grpo_core.stages.rl as g  # where the step samples and formats its prompts
 
     g.prompt_text = lambda q: q
     rollouts = []  # the step's rollout, for the value model of the PPO setting

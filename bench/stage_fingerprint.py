@@ -50,9 +50,11 @@ def weights(model_dir: str) -> str:
 
 
 def timeless(value):
-    """``value`` without wall-time entries (``wall_s``, ``time/...``, ``perf/...``), at any depth."""
+    """``value`` without wall-time entries (``wall_s``, ``train_s``, ``elapsed_s``, ``time/...``,
+    ``perf/...``), at any depth."""
     if isinstance(value, dict):
-        return {k: timeless(v) for k, v in value.items() if k != "wall_s" and not k.startswith(("time/", "perf/"))}
+        return {k: timeless(v) for k, v in value.items()
+                if k not in ("wall_s", "train_s", "elapsed_s") and not k.startswith(("time/", "perf/"))}
     return [timeless(v) for v in value] if isinstance(value, list) else value
 
 

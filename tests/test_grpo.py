@@ -13,13 +13,14 @@ import pytest
 import torch
 
 import grpo_core.rewards.scorer as rewards_mod
-import grpo_core.stages.grpo as grpo_mod
+import grpo_core.stages.rl as rl_mod
 from grpo_core.training.checkpoint import latest_checkpoint, load_state
 from grpo_core.losses import aggregate, kl_k3
 from grpo_core.lm.modeling import load_model
 from grpo_core.lm.policy import token_logprobs
 from grpo_core.stages.common import read_split
-from grpo_core.stages.grpo import grpo_step, run_grpo, step_questions
+from grpo_core.stages.grpo import grpo_step, run_grpo
+from grpo_core.stages.rl import step_questions
 from grpo_core.tracking import NullLogger
 
 FIELD_METRICS = ["train/reward_mean", "train/reward_std", "train/frac_reward_zero_std", "train/kl",
@@ -226,13 +227,13 @@ def test_zero_spread_groups_only_kl_gradient(tmp_path, tiny_cfg, tiny_data_dir, 
     that of beta * KL (the policy-gradient term contributes nothing)."""
     monkeypatch.setattr(rewards_mod, "rule_reward", lambda c, g: torch.zeros(len(c)))
     seen = {}
-    real_generate = grpo_mod.generate
+    real_generate = rl_mod.generate
 
     def recording_generate(*args, **kwargs):
         seen["rollout"] = real_generate(*args, **kwargs)
         return seen["rollout"]
 
-    monkeypatch.setattr(grpo_mod, "generate", recording_generate)
+    monkeypatch.setattr(rl_mod, "generate", recording_generate)
     beta = 0.5
     cfg, policy, ref, tok, opt, questions = _grpo_setup(tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir,
                                                         grpo__beta=beta, grpo__loss_agg="token-mean")

@@ -1,7 +1,7 @@
 """PPO for LLMs (DeepSeekMath §4.1.1, eq. 1-2), the baseline GRPO replaces: ``grpo.algorithm: ppo``.
 
-Each step (``ppo_step``) shares GRPO's exploration (rollout + reward: ``grpo.explore``) and its
-clipped policy update (``grpo.update``), and differs in the advantage: a value model, initialised
+Each step (``ppo_step``) shares GRPO's exploration (rollout + reward: ``rl.explore``) and its
+clipped policy update (``rl.update``), and differs in the advantage: a value model, initialised
 from the policy with a fresh one-output head, estimates each state's value; the per-token reward is
 the KL penalty to the reference on every token plus the solution's reward on its last
 (``advantages.kl_penalised_rewards``, the InstructGPT form); GAE with ``grpo.gae_gamma`` /
@@ -26,7 +26,7 @@ from grpo_core.lm.policy import Rollout, token_logprobs
 from grpo_core.rewards.heads import ScoreHead, reward_model_from
 from grpo_core.rewards.scorer import RewardScorer
 from grpo_core.stages.common import SINGLE
-from grpo_core.stages.grpo import explore, step_metrics, update
+from grpo_core.stages.rl import explore, step_metrics, update
 from grpo_core.training.distributed import Dist
 from grpo_core.training.trainer import optimizer_step
 

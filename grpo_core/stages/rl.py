@@ -1,0 +1,155 @@
+"""What every RL algorithm of the GRPO stage shares (``grpo.algorithm``: GRPO, online RFT, RFT, PPO):
+the step's questions and sampling seed, the exploration stage (rollout + reward), the clipped
+policy update and the step's metrics. ``grpo.py`` and ``ppo.py`` build their steps from these, so
+neither algorithm imports the other."""
+from __future__ import annotations
+
+import contextlib
+import random
+import time
+from typing import NamedTuple
+
+import torch
+
+from grpo_core.config import GRPOConfig
+from grpo_core.data import Example, prompt_text
+from grpo_core.losses import BatchSize, grpo_loss
+from grpo_core.lm.policy import Rollout, generate, token_logprobs
+from grpo_core.rewards.scorer import COUNT_STATS, RewardError, RewardScorer, Scored
+from grpo_core.stages.common import SINGLE
+from grpo_core.training.distributed import Dist
+from grpo_core.training.trainer import optimizer_step
+
+
+def step_seed(seed: int, step: int) -> int:
+    """Sampling seed of a step: rollouts depend only on (seed, step), so a resume redraws them."""
+    return (seed * 1_000_003 + step * 7919) % (2**31)
+
+
+def step_questions(pool: list[Example], n: int, seed: int, step: int) -> list[Example]:
+    return random.Random(step_seed(seed, step)).sample(pool, min(n, len(pool)))
+
+
+def row_temperatures(gc: GRPOConfig, n_questions: int) -> list[float]:
+    """Sample i of every group uses temperatures[i % len] (or the single temperature)."""
+    temps = gc.temperatures or (gc.temperature,)
+    return [temps[i % len(temps)] for _ in range(n_questions) for i in range(gc.group_size)]
+
+
+class Exploration(NamedTuple):
+    """A step's samples, scored: this process's share of the questions, the rollout of their
+    groups, the scores, one reward per completion (NaN where none could be given) and when
+    sampling ended."""
+
+    questions: list[Example]
+    rollout: Rollout
+    scored: Scored
+    rewards: torch.Tensor
+    sampled_at: float
+
+
+def explore(policy, tokenizer, questions: list[Example], gc: GRPOConfig, seed: int, scorer: RewardScorer | None,
+            d: Dist = SINGLE, amp=contextlib.nullcontext, record: list[dict] | None = None) -> Exploration:
+    """Sample G completions of this process's share of ``questions`` and score them (GRPO's and
+    PPO's exploration stage); raises ``RewardError`` when no completion got a finite reward."""
+    g = gc.group_size
+    scorer = scorer or RewardScorer({"rule": 1.0}, "outcome", tokenizer)
+    n_global = len(questions)
+    mine = d.shard(n_global, "grpo.questions_per_step")
+    questions = questions[mine]
+    prompts = [prompt_text(q.question) for q in questions for _ in range(g)]
+    with amp():
+        rollout = generate(policy, tokenizer, prompts, max_new_tokens=gc.max_new_tokens,
+                           temperatures=row_temperatures(gc, len(questions)), seed=seed,
+                           row_ids=list(range(mine.start * g, mine.stop * g)))
+    sampled_at = time.perf_counter()
+    scored = scorer(rollout, [q.gold for q in questions for _ in range(g)])
+    if record is not None:
+        record += [{"question": q.question, "gold": q.gold, "completion": text, "correct": bool(ok)}
+                   for q, text, ok in zip((q for q in questions for _ in range(g)), rollout.texts, scored.correct)]
+    rewards = scored.outcome
+    if scored.step_rewards is not None:  # process: a completion's reward is its mean step reward
+        rewards = torch.where(scored.step_mask, scored.step_rewards, 0.0).sum(1) / scored.step_mask.sum(1)
+    if float(d.sum(torch.isfinite(rewards).sum())) == 0:  # before any update: nothing to learn from
+        errors = float(d.sum((scored.stats or {}).get("reward/rule_errors", 0.0)))
+        raise RewardError(f"none of the step's {n_global * g} completions got a finite reward (rule checker "
+                          f"errors: {errors:.0f}; the others had NaN or inf scores): the reward is broken")
+    return Exploration(questions, rollout, scored, rewards, sampled_at)
+
+
+def update(policy, ref, trained, opt, rollout: Rollout, advantages: torch.Tensor, gc: GRPOConfig,
+           n_global: int, d: Dist, amp, clock: list[float]) -> tuple[dict[str, float], int]:
+    """The step's optimizer updates; returns this process's summed loss terms and the update count.
+    Appends to ``clock`` when pi_old's and the reference's log-probs are ready and when it is done."""
+    batch = rollout.completion_mask.shape[0]
+    # A minibatch is minibatch_size rows of the global batch: each process's share of it.
+    if gc.minibatch_size and gc.minibatch_size % d.world:
+        raise ValueError(f"grpo.minibatch_size = {gc.minibatch_size} does not split evenly over {d.world} processes")
+    mb = (gc.minibatch_size or n_global * gc.group_size) // d.world
+    width = d.max(rollout.completion_mask.shape[1])
+    # With a single update on the whole batch pi_old is the current policy: its log-probs are the
+    # update's own (detached), which saves a forward pass. Otherwise they are fixed up front.
+    single_update = gc.inner_updates == 1 and mb == batch
+    with torch.no_grad(), amp():
+        old_logp = None if single_update else token_logprobs(policy, rollout)
+        ref_logp = token_logprobs(ref, rollout) if gc.beta > 0 else None
+    clock.append(time.perf_counter())
+    sums: dict[str, float] = {}
+    n_updates = 0
+    for _ in range(gc.inner_updates):
+        for s in range(0, batch, mb):
+            part = rollout.rows(s, s + mb)
+            with amp():
+                logp, entropy = token_logprobs(trained, part, with_entropy=True)
+            old = logp.detach() if old_logp is None else old_logp[s : s + mb]
+            global_mb = BatchSize(mb * d.world, float(d.sum(part.completion_mask.sum())), width)
+            loss, m = grpo_loss(logp, old, None if ref_logp is None else ref_logp[s : s + mb],
+                                advantages[s : s + mb], part.completion_mask, clip_eps=gc.clip_eps,
+                                clip_eps_high=gc.clip_eps_high, beta=gc.beta, agg=gc.loss_agg, batch=global_mb)
+            # This process's share of the global loss, times the world size: DDP averages.
+            grad_norm = optimizer_step(policy, opt, loss, d.world, gc.max_grad_norm)
+            mask = part.completion_mask
+            m.update(entropy=float((entropy * mask).sum() / mask.sum().clamp(min=1)))
+            # Token means (kl, clip_ratio, ratio_mean, entropy) weighted by this process's share of
+            # the minibatch's tokens: summed over the processes they are the global token means,
+            # as the loss terms (already shares) sum to the global loss.
+            share = float(mask.sum()) / max(global_mb.tokens, 1.0)
+            m = {k: v if k == "pg_loss" else v * share for k, v in m.items()} | {"loss": loss.item()}
+            for k, v in m.items():
+                sums[k] = sums.get(k, 0.0) + v
+            sums["grad_norm"] = sums.get("grad_norm", 0.0) + grad_norm  # the same on every process
+            n_updates += 1
+    clock.append(time.perf_counter())
+    return sums, n_updates
+
+
+def step_metrics(sums: dict[str, float], n_updates: int, scored: Scored, rewards: torch.Tensor,
+                 advantages: torch.Tensor, reward_stats: dict[str, float], rollout: Rollout,
+                 n_questions: int, g: int, opt, d: Dist, clock: list[float]) -> dict[str, float]:
+    """The step's metrics over the global batch: loss terms summed over processes, timings and
+    rates averaged, counts summed, per-completion statistics gathered. ``clock``: the times at the
+    step's start, after rollout, scoring, log-probs and updates."""
+    t0, t1, t2, t3, t4 = clock
+    metrics = {f"train/{k}": (v if k == "grad_norm" else float(d.sum(v))) / n_updates for k, v in sums.items()}
+    stats = scored.stats or {}
+    metrics |= d.mean({k: v for k, v in stats.items() if k not in COUNT_STATS}
+                      | {"time/rollout_s": t1 - t0, "time/reward_s": t2 - t1, "time/logprob_s": t3 - t2,
+                         "time/update_s": t4 - t3})
+    metrics |= {k: float(d.sum(v)) for k, v in stats.items() if k in COUNT_STATS}
+    # Per-completion statistics over the global batch.
+    rewards, correct = d.gather(rewards.double()), d.gather(scored.correct.double())
+    lengths, truncated = d.gather(rollout.completion_mask.sum(1).double()), d.gather(rollout.truncated.double())
+    zero_std = d.gather((advantages.view(n_questions, g, -1) == 0).all(-1).all(-1).double())
+    finite = torch.isfinite(rewards)
+    metrics.update({k: float(d.sum(v)) for k, v in reward_stats.items()})
+    metrics.update({
+        "train/accuracy": float(correct.mean()),
+        "train/reward_mean": float(rewards.nanmean()),
+        "train/reward_std": float(rewards[finite].std(unbiased=False)) if finite.sum() > 1 else 0.0,
+        "train/frac_reward_zero_std": float(zero_std.mean()),
+        "train/completion_len": float(lengths.mean()),
+        "train/frac_truncated": float(truncated.mean()),
+        "train/lr": opt.param_groups[0]["lr"],
+        "perf/tokens_per_s": float(lengths.sum()) / (t1 - t0),
+    })
+    return metrics
