@@ -129,12 +129,10 @@ class VerifierHead(torch.nn.Module):
             reading = lm_verdicts(self.lm, input_ids.to(device), attention_mask.to(device), prompt_len, at.to(device),
                                   self.token_ids)
             reading = reading if ends is not None else reading[:, 0]
-        elif ends is None:
-            logp = CompletionLogprobs(self.lm)(input_ids, attention_mask, prompt_len)[0].float()
-            reading = lowest_logprob(logp, completion_mask)
         else:
             logp = CompletionLogprobs(self.lm)(input_ids, attention_mask, prompt_len)[0].float()
-            reading = step_lowest_logprobs(logp, ends.to(device), torch.ones_like(ends, dtype=torch.bool, device=device))
+            reading = (lowest_logprob(logp, completion_mask) if ends is None else
+                       step_lowest_logprobs(logp, ends.to(device), torch.ones_like(ends, dtype=torch.bool, device=device)))
         return self.scale * reading + self.bias
 
     def save_pretrained(self, path) -> None:
