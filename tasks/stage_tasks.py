@@ -43,35 +43,21 @@ class StageLogger(MlflowLogger):
 
 
 @contextmanager
-def child_run(uri: str, parent_id: str, stage: str, params: dict | None = None) -> Iterator[MlflowLogger]:
-    """A nested run for one stage, marked FAILED if the stage raises; named ``round-<k>/<stage>``
-    under a round's run, so that two rounds' runs differ in a comparison."""
+def child_run(uri: str, parent_id: str, stage: str, params: dict | None = None,
+              name: str | None = None) -> Iterator[MlflowLogger]:
+    """A nested run for one stage, marked FAILED if the stage raises; named ``name`` (default: the
+    stage), ``round-<k>/<name>`` under a round's run, so that two rounds' runs differ in a comparison."""
     from mlflow.tracking import MlflowClient
 
     parent = MlflowClient(uri).get_run(parent_id)
     k = parent.data.tags.get("round")
-    run_id = start_run(uri, parent.info.experiment_id, f"round-{k}/{stage}" if k else stage, parent_id)
+    name = name or stage
+    run_id = start_run(uri, parent.info.experiment_id, f"round-{k}/{name}" if k else name, parent_id)
     logger = StageLogger(uri, run_id, stage)
     with finishing(uri, [run_id]):
         if params:
             logger.log_params(params)
         yield logger
-
-
-# Which config sections decide each stage's output (besides its upstream digests).
-STAGE_SECTIONS = {
-    "data": ("seed", "data"),
-    "corpus": ("seed", "corpus"),
-    "pretrain": ("seed", "model", "pretrain"),
-    "sft": ("seed", "model", "sft", "eval.max_new_tokens"),
-    "reward_data": ("seed", "reward_data"),
-    "replay": (),
-    # rounds.replay_fraction too, for rounds with a history to replay (``stage_key``).
-    "orm": ("seed", "orm", "reward_data.step_separator"),
-    "prm": ("seed", "prm", "reward_data.step_separator"),
-    "grpo": ("seed", "grpo", "eval.max_new_tokens", "reward_data.step_separator"),
-    "eval": ("eval",),
-}
 
 
 def _select(cfg: PipelineConfig, keys: tuple[str, ...]) -> dict[str, Any]:
@@ -86,7 +72,8 @@ def _select(cfg: PipelineConfig, keys: tuple[str, ...]) -> dict[str, Any]:
 
 
 def stage_key(stage: str, cfg: PipelineConfig, inputs: StageInputs, out_dir: Path) -> str:
-    sections = STAGE_SECTIONS[stage] + (("rounds.replay_fraction",) if getattr(inputs, "replay", None) else ())
+    # A round with a history to replay: rounds.replay_fraction decides its reward models too.
+    sections = inputs.sections + (("rounds.replay_fraction",) if getattr(inputs, "replay", None) else ())
     payload = {"stage": stage, "config": _select(cfg, sections), "upstream": inputs.model_dump(mode="json"),
                "code": code_version(), "out": str(out_dir.resolve())}
     return f"{stage}-{hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()}"
@@ -122,8 +109,8 @@ def _cache_key(stage: str):
     return key_fn
 
 
-def _stage_params(cfg: PipelineConfig, stage: str) -> dict[str, str]:
-    return {k: v for k, v in flatten(cfg).items() if any(k == s or k.startswith(s + ".") for s in STAGE_SECTIONS[stage])}
+def _stage_params(cfg: PipelineConfig, inputs: StageInputs) -> dict[str, str]:
+    return {k: v for k, v in flatten(cfg).items() if any(k == s or k.startswith(s + ".") for s in inputs.sections)}
 
 
 def stage_task(stage: str):
@@ -132,7 +119,7 @@ def stage_task(stage: str):
     digest, the cache key and the stage's MLflow run."""
     @task(name=stage, cache_key_fn=_cache_key(stage), persist_result=True)
     def run(cfg: PipelineConfig, out_dir: str, inputs: StageInputs, uri: str, parent_id: str) -> dict:
-        with child_run(uri, parent_id, stage, _stage_params(cfg, stage)) as log:
+        with child_run(uri, parent_id, stage, _stage_params(cfg, inputs), inputs.run_name(cfg)) as log:
             if cfg.launch.launched and stage in LAUNCHABLE:
                 manifest = run_launched(stage, cfg, out_dir, inputs, uri, log.run_id)
             else:

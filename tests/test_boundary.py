@@ -71,4 +71,4 @@ def test_no_import_cycle_anywhere():
 
     cycles = [c for n in sorted(graph) if (c := cycle_from(n, []))]
     assert cycles == [], " -> ".join(cycles[0])
-    assert {"grpo_core.stages.grpo", "flows.study", "tasks.stage_tasks"} <= set(graph)  # the walk saw them
+    assert {"grpo_core.stages.grpo", "flows.experiment", "tasks.stage_tasks"} <= set(graph)  # the walk saw them

@@ -243,9 +243,10 @@ def _prefect_summary(key: str) -> tuple[str, set[str]]:
 
 def test_compare_flow_reuses_the_runs_grpo_and_tabulates(prefect_harness, tmp_path, tiny_cfg, mlflow_client,
                                                           monkeypatch):
-    """compare: the variant equal to the run's GRPO is reused, the others train, one eval covers all."""
+    """compare: the variant equal to the run's GRPO is reused, the others train for the seconds it
+    trained, one eval covers all."""
     import grpo_core.rewards.labels as reward_data_mod
-    from flows.compare import compare
+    from flows.experiment import experiment
     from flows.pipeline import pipeline
 
     monkeypatch.setattr(reward_data_mod, "is_correct", lambda text, gold: sum(map(ord, text)) % 2 == 1)
@@ -253,12 +254,14 @@ def test_compare_flow_reuses_the_runs_grpo_and_tabulates(prefect_harness, tmp_pa
                    orm__train=True, reward_data__questions=8, reward_data__samples_per_question=3,
                    reward_data__max_new_tokens=12, reward_data__mc_rollouts=2, reward_data__heldout_fraction=0.25)
     manifest = pipeline(cfg)
-    rows = compare(str(tmp_path / "runs" / "cmp"), seeds=2)  # the PRM variants are skipped: no PRM was trained
-    by_variant = {r["variant"]: r for r in rows}
+    out = experiment(str(tmp_path / "runs" / "cmp"), "compare", seeds=2)  # the PRM variants are skipped: no PRM was trained
+    by_variant = {r["variant"]: r for r in out["rows"]}
     assert list(by_variant) == ["sft", "continued-sft", "rule-outcome", "orm-outcome"]
-    root = tmp_path / "runs" / "cmp" / "compare"
-    runs = json.loads((root / "manifest.json").read_text())["runs"]
-    assert runs["orm-outcome"][0]["wall_s"] == manifest["rounds"][0]["grpo"]["wall_s"]  # seed 0 reused
+    grpo = manifest["rounds"][0]["stages"]["grpo"]
+    root = Path(out["dir"])
+    assert out["budget"] == {"seconds": grpo["train_s"], "steps": None} and root.parent == tmp_path / "runs" / "cmp" / "compare"
+    runs = out["runs"]
+    assert runs["orm-outcome"][0]["model"]["path"] == grpo["model"]  # seed 0 reused
     assert [r["seed"] for r in runs["orm-outcome"]] == [cfg.seed, cfg.seed + 1]
     assert not (root / "orm-outcome" / "seed-0").exists() and (root / "orm-outcome" / "seed-1" / "model").is_dir()
     assert (root / "rule-outcome" / "seed-0" / "model").is_dir() and (root / "continued-sft" / "seed-1" / "model").is_dir()
@@ -271,18 +274,19 @@ def test_compare_flow_reuses_the_runs_grpo_and_tabulates(prefect_harness, tmp_pa
         assert low <= row["gain_over_sft"] <= high
     assert "gain_over_continued-sft" in by_variant["rule-outcome"] and "gain_over_continued-sft" not in by_variant["continued-sft"]
     # The paper's §5 algorithms on request, one seed each, at the same budget.
-    section5 = {r["variant"]: r for r in compare(str(tmp_path / "runs" / "cmp"), ["rft", "online-rft", "ppo"], seeds=1,
-                                                 samples=2)}
+    section5 = {r["variant"]: r for r in experiment(str(tmp_path / "runs" / "cmp"), "compare", ["rft", "online-rft", "ppo"],
+                                                    seeds=1, samples=2)["rows"]}
     assert list(section5) == ["sft", "rft", "online-rft", "ppo"]
     for row in section5.values():  # maj@K and pass@K of every model (pass@K >= maj@K: any correct of K)
         assert 0 <= row["maj@2_mean"] <= row["pass@2_mean"] <= 1
     assert "maj@2_mean" not in by_variant["rule-outcome"]  # K = 1: greedy only
     exp_id = mlflow_client.get_run(manifest["mlflow_run_id"]).info.experiment_id
-    for algorithm in ("rft", "online_rft", "ppo"):
+    for algorithm in ("rft", "online_rft", "ppo"):  # each stage's run is named after its algorithm
         [stage_run] = mlflow_client.search_runs([exp_id], filter_string=f"params.`grpo.algorithm` = '{algorithm}'")
         assert ("train/value_loss" in stage_run.data.metrics) == (algorithm == "ppo")
+        assert stage_run.info.run_name == algorithm
     with pytest.raises(ValueError, match="unknown compare variant"):
-        compare(str(tmp_path / "runs" / "cmp"), ["reinforce"], seeds=1)
+        experiment(str(tmp_path / "runs" / "cmp"), "compare", ["reinforce"], seeds=1)
     compare_run = mlflow_client.search_runs(
         [mlflow_client.get_run(manifest["mlflow_run_id"]).info.experiment_id],
         filter_string="tags.mlflow.runName = 'compare-cmp'")[0]

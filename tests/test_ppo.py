@@ -30,31 +30,73 @@ def test_ppo_trains_the_policy_and_the_value_model(tmp_path, tiny_cfg, tiny_data
     assert states[1]["optimizer"]["state"]
 
 
-def test_ppo_refuses_process_supervision(tiny_cfg, tmp_path):
+def test_the_value_model_is_trained_on_the_trainers_schedule(tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir,
+                                                              parity, monkeypatch):
+    """The value model's optimizer is the trainer's: it warms up with the policy's, at
+    ``grpo.ppo.value_lr`` / ``grpo.lr`` times its lr (before, it kept value_lr from step 1)."""
+    import grpo_core.stages.ppo as ppo
+
+    seen, real = [], ppo.value_updates
+
+    def recording(value_model, value_opt, *args, **kwargs):
+        seen.append(value_opt.param_groups[0]["lr"])
+        return real(value_model, value_opt, *args, **kwargs)
+
+    monkeypatch.setattr(ppo, "value_updates", recording)
+    cfg = tiny_cfg(tmp_path, grpo__steps=3, grpo__lr=1e-3, grpo__warmup_steps=2,
+                   grpo__ppo={"value_lr": 3e-3}, grpo__algorithm="ppo")
+    run_grpo(cfg, tiny_data_dir, tiny_model_dir, tmp_path / "ppo")
+    assert seen == pytest.approx([1e-3, 2e-3, 3e-3])  # linear warm-up over steps 1-2, then value_lr
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"grpo.reward_weights": "{prm: 1.0}", "grpo.supervision": "process", "grpo.algorithm": "ppo"},
+     "algorithm=ppo takes outcome supervision"),
+    ({"grpo.algorithm": "rft", "grpo.beta": 0.04}, r"algorithm=rft has no KL term: beta must be 0 \(got 0.04\)"),
+    ({"grpo.algorithm": "online_rft", "grpo.reward_weights": "{orm: 1.0}"}, "algorithm=online_rft learns from the answer checker"),
+    ({"grpo.ppo": "{gae_lambda: 0.9}"}, "the ppo section applies to algorithm=ppo only"),
+])
+def test_settings_an_algorithm_would_ignore_are_refused(tiny_cfg, tmp_path, settings, message):
     from grpo_core.config import ConfigError
 
-    with pytest.raises(ConfigError, match="algorithm=ppo takes outcome supervision"):
-        tiny_cfg(tmp_path, "grpo.reward_weights={prm: 1.0}", grpo__supervision="process", grpo__algorithm="ppo")
+    with pytest.raises(ConfigError, match=message):
+        tiny_cfg(tmp_path, *[f"{k}={v}" for k, v in settings.items()])
+
+
+def test_algorithm_defaults(tiny_cfg, tmp_path):
+    """Where an algorithm has no KL term beta defaults to 0; PPO gets its section's defaults."""
+    assert tiny_cfg(tmp_path, grpo__algorithm="rft").grpo.beta == 0.0
+    assert tiny_cfg(tmp_path, grpo__algorithm="ppo").grpo.ppo.gae_lambda == 1.0
+    assert tiny_cfg(tmp_path).grpo.ppo is None
 
 
 def test_online_rft_fine_tunes_on_correct_samples_and_rft_samples_the_start(tmp_path, tiny_cfg, tiny_data_dir,
-                                                                           tiny_model_dir, parity):
+                                                                           tiny_model_dir, parity, monkeypatch):
     """The paper's unified paradigm: gradient coefficient 1[correct], no KL. Online RFT samples the
-    current policy, RFT the frozen starting model: its step-2 samples do not depend on step 1's update."""
+    current policy (and loads no reference), RFT the frozen starting model: its step-2 samples do
+    not depend on step 1's update."""
+    import grpo_core.stages.grpo as grpo
     from test_grpo import _assert_moved
+
+    loaded, real_load = [], grpo.load_model
+    monkeypatch.setattr(grpo, "load_model", lambda path: loaded.append(path) or real_load(path))
 
     def run(name: str, algorithm: str, lr: float) -> dict[int, dict[str, float]]:
         log = NullLogger()
-        cfg = tiny_cfg(tmp_path, grpo__steps=2, grpo__algorithm=algorithm, grpo__lr=lr, grpo__beta=0.04)
+        loaded.clear()
+        cfg = tiny_cfg(tmp_path, grpo__steps=2, grpo__algorithm=algorithm, grpo__lr=lr)
         run_grpo(cfg, tiny_data_dir, tiny_model_dir, tmp_path / name, log)
         return _train_metrics(log)
 
     online = run("online", "online_rft", 1e-2)
-    assert sorted(online) == [1, 2] and "train/kl" not in online[1]  # no KL term, whatever beta says
+    assert len(loaded) == 1  # the policy only: no reference
+    assert sorted(online) == [1, 2] and "train/kl" not in online[1]  # no KL term
     assert online[1]["train/accuracy"] > 0 and online[1]["train/grad_norm"] > 0
     _assert_moved(tiny_model_dir, tmp_path / "online" / "checkpoints" / "step-00000002")
     still = run("online-still", "online_rft", 1e-12)
     assert online[2]["train/reward_mean"] != still[2]["train/reward_mean"]  # it samples the moved policy
-    rft, rft_still = run("rft", "rft", 1e-2), run("rft-still", "rft", 1e-12)
+    rft = run("rft", "rft", 1e-2)
+    assert len(loaded) == 2  # the policy and the reference it samples
+    rft_still = run("rft-still", "rft", 1e-12)
     for k in ("train/reward_mean", "train/accuracy", "train/frac_truncated"):
         assert rft[2][k] == rft_still[2][k], k  # the same samples of the starting model

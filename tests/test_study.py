@@ -22,7 +22,7 @@ def test_study_flow_two_seeds(prefect_harness, tmp_path, tiny_cfg, monkeypatch):
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
     from flows.pipeline import pipeline
-    from flows.study import study
+    from flows.experiment import experiment
     from grpo_core.stages.sft import continued
 
     monkeypatch.setattr(reward_data_mod, "is_correct", lambda text, gold: sum(map(ord, text)) % 2 == 1)
@@ -30,7 +30,8 @@ def test_study_flow_two_seeds(prefect_harness, tmp_path, tiny_cfg, monkeypatch):
                    **REWARD_MODELS)
     manifest = pipeline(cfg)
     run_dir = tmp_path / "runs" / "st"
-    out = study(str(run_dir), VARIANTS, seeds=2, seconds=3, steps=2, samples=2, sample_questions=4, eval_every=1)
+    out = experiment(str(run_dir), "study", VARIANTS, seeds=2, seconds=3, steps=2, samples=2, sample_questions=4,
+                     eval_every=1)
 
     # Continued SFT goes on at the lr SFT ended with (from the manifest, or its last checkpoint).
     sft = manifest["stages"]["sft"]
@@ -85,9 +86,9 @@ def test_study_flow_two_seeds(prefect_harness, tmp_path, tiny_cfg, monkeypatch):
     table = json.loads(Path(client.download_artifacts(run.info.run_id, "study.json", str(tmp_path))).read_text())
     assert {"gain_over_one_round", "peak_rss_mib_mean"} <= set(table["columns"])  # not just the SFT row's
     with pytest.raises(ValueError, match="unknown study variant"):
-        study(str(run_dir), ["reinforce"], seeds=1)
+        experiment(str(run_dir), "study", ["reinforce"], seeds=1)
     with pytest.raises(ValueError, match="at least 2 GRPO steps"):
-        study(str(run_dir), ["prm-process-2-rounds"], seeds=1, steps=1)
+        experiment(str(run_dir), "study", ["prm-process-2-rounds"], seeds=1, steps=1)
 
 
 def test_study_figures_from_a_manifest(tmp_path):

@@ -128,18 +128,18 @@ def benchmark_index(cc: CorpusConfig, extra: dict[str, Path] | None = None) -> B
     return index
 
 
-def train_classifier(data: str | list[str], out_dir: Path, label_field: str = "label", positive_label: str = "math",
-                     val_fraction: float = 0.1, seed: int = 0, **settings) -> dict:
-    """Train the classifier on labelled pages (paper settings unless given), measure it on the pages
-    held out by URL hash, save ``classifier.bin`` and ``metrics.json`` in ``out_dir``."""
-    cc = CorpusConfig(label_field=label_field, positive_label=positive_label, val_fraction=val_fraction, **settings)
+def train_classifier(data: str | list[str], out_dir: Path, seed: int = 0, **settings) -> dict:
+    """Train the classifier on labelled pages (``settings``: ``CorpusConfig`` fields, the paper's
+    unless given), measure it on the pages held out by URL hash, save ``classifier.bin`` and
+    ``metrics.json`` in ``out_dir``."""
+    cc = CorpusConfig(**settings)
     pos, neg, val = seed_docs(cc, [data] if isinstance(data, str) else data)
     counts = classifier.write_training_file(out_dir / "train.txt", pos, neg, seed)
     model = classifier.train(out_dir / "train.txt", seed=seed, **classifier_settings(cc))
     model.save_model(str(out_dir / "classifier.bin"))
     (out_dir / "train.txt").unlink()
     metrics = {**counts, "heldout": len(val), **classifier.precision_recall_f1(
-        classifier.math_scores(model, [d.text for d in val]), [d.label == positive_label for d in val], cc.threshold)}
+        classifier.math_scores(model, [d.text for d in val]), [d.label == cc.positive_label for d in val], cc.threshold)}
     (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=1))
     return {"model": str(out_dir / "classifier.bin"), **metrics}
 
@@ -155,20 +155,19 @@ def recipe_and_baseline(cc: CorpusConfig) -> dict:
     return evaluate.project_and_baseline(classifier_settings(cc), classifier_settings(CorpusConfig(bucket=cc.bucket)))
 
 
-def evaluate_classifier(data: str | list[str], test: str | list[str] | None = None, label_field: str = "label",
-                        positive_label: str = "math", seed: int = 0, target_precision: float | None = None,
+def evaluate_classifier(data: str | list[str], test: str | list[str] | None = None, seed: int = 0,
                         out: Path | None = None, **settings) -> dict:
     """Leave-one-source-out over ``data``'s sources for the project's classifier and bare fastText
     (``grpo_core.corpus.evaluate``); with ``test``, both also trained on all of ``data`` and scored on
-    it per source. Written to ``out`` (JSON) when given."""
-    cc = CorpusConfig(label_field=label_field, positive_label=positive_label, **settings)
-    docs = list(read_docs(data, label_field=label_field))
+    it per source. ``settings``: ``CorpusConfig`` fields. Written to ``out`` (JSON) when given."""
+    cc = CorpusConfig(**settings)
+    docs = list(read_docs(data, label_field=cc.label_field))
     classifiers = recipe_and_baseline(cc)
     report = {"data": data, "pages": len(docs),
-              "leave_one_source_out": evaluate.leave_one_source_out(docs, positive_label, classifiers, seed,
-                                                                     cc.threshold, target_precision)}
+              "leave_one_source_out": evaluate.leave_one_source_out(docs, cc.positive_label, classifiers, seed,
+                                                                     cc.threshold, cc.target_precision)}
     if test:
-        report["test"] = evaluate.on_test_set(docs, list(read_docs(test, label_field=label_field)), positive_label,
+        report["test"] = evaluate.on_test_set(docs, list(read_docs(test, label_field=cc.label_field)), cc.positive_label,
                                               classifiers, seed, cc.threshold)
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict
 
+from grpo_core.config import budget_fields
 from grpo_core.data import Example, load_jsonl
 from grpo_core.training.distributed import Dist
 from grpo_core.lm.runtime import model_device
@@ -124,19 +125,14 @@ def set_threads(threads: int | None) -> None:
         torch.set_num_threads(threads)
 
 
-# Fields that only set how long or how often a stage runs: changing them keeps a resume valid
-# (extending a run is the point of resuming); any other change means the checkpoints are stale.
-BUDGET_FIELDS = {"steps", "max_steps", "epochs", "max_seconds", "log_every", "eval_every", "checkpoint_every",
-                 "keep_checkpoints"}
-
-
 def run_identity(cfg, section: str, **extra) -> dict:
-    """What makes a stage's checkpoints valid: the recipe minus budget fields, plus e.g. the digest
-    of the model it started from."""
+    """What makes a stage's checkpoints valid: the recipe minus the section's budget fields
+    (``config.BudgetField``: changing them keeps a resume valid, any other change means the
+    checkpoints are stale), plus e.g. the digest of the model it started from."""
     cfg_json = cfg.model_dump(mode="json")
     # The lr schedule's shape follows max_steps for the cosine and multi-step schedules.
     shaped = cfg_json[section].get("schedule") in ("cosine", "multistep")
-    budget = BUDGET_FIELDS - ({"max_steps"} if shaped else set())
+    budget = budget_fields(type(getattr(cfg, section))) - ({"max_steps"} if shaped else set())
     stage = {k: v for k, v in cfg_json[section].items() if k not in budget}
     return {"seed": cfg_json["seed"], "model": cfg_json["model"], "data": cfg_json["data"],
             section: stage, **extra}

@@ -1,15 +1,17 @@
-"""GRPO with outcome supervision (DeepSeekMath §4.1; the nanochat ``chat_rl.py`` loop shape).
+"""The RL stage: GRPO (DeepSeekMath §4.1) and its §5 peers (the nanochat ``chat_rl.py`` loop shape).
 
-Each step (``grpo_step``): rollout (B questions x G samples from pi_old) -> score (rule reward,
-ORM, PRM) -> advantages (group z-score, or process) -> update (mu passes of the clipped objective
-with k3 KL to the frozen reference) -> metrics. ``run_grpo`` runs it on the shared training loop
-(``trainer.py``: log, validate with keep-best, checkpoint, resume). ``grpo.algorithm`` also runs the
-paper's §5 comparisons on the same rollout, reward and update: online RFT and RFT (advantage
-1[correct], no KL; RFT samples the frozen starting model) here, PPO in ``ppo.py``.
+Each step (``rl_step``): rollout (B questions x G samples from pi_old) -> score (rule reward, ORM,
+PRM) -> advantages (the algorithm's estimator from ``ADVANTAGES``: group z-score or process credit
+for GRPO, 1[correct] for RFT and online RFT, GAE for PPO in ``ppo.py``) -> update (mu passes of the
+clipped objective, with the k3 KL to the frozen reference where the algorithm has it in the loss)
+-> metrics. Which model samples, which estimator, where ``grpo.beta`` goes and which models are
+loaded all come from the algorithm's row of ``algorithms.ALGORITHMS``. ``run_grpo`` runs the step
+on the shared training loop (``trainer.py``: log, validate with keep-best, checkpoint, resume).
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import time
 from pathlib import Path
@@ -19,6 +21,7 @@ import torch
 from grpo_core.training import distributed
 from grpo_core.rewards import rollout_log
 from grpo_core.advantages import outcome_advantages, process_advantages
+from grpo_core.algorithms import ALGORITHMS
 from grpo_core.training.distributed import Dist
 from grpo_core.config import GRPOConfig, PipelineConfig
 from grpo_core.data import Example
@@ -28,7 +31,8 @@ from grpo_core.lm.policy import CompletionLogprobs
 from grpo_core.lm.runtime import autocast, model_device, place
 from grpo_core.rewards.scorer import RewardError, RewardScorer, Scored
 from grpo_core.stages.common import SINGLE, digest_dir, read_split, round_seed, run_identity, set_threads, write_manifest
-from grpo_core.stages.rl import explore, step_metrics, step_questions, step_seed, update
+from grpo_core.stages.ppo import gae_advantages, value_model_from
+from grpo_core.stages.rl import Advantages, Exploration, Models, explore, step_metrics, step_questions, step_seed, update
 from grpo_core.training.trainer import Plan, Trainer, TrainState
 from grpo_core.tracking import MetricLogger, NullLogger
 
@@ -49,11 +53,28 @@ def rollout_advantages(scored: Scored, n_questions: int, g: int, seq_len: int,
     return adv.view(n_questions * g, seq_len), {}
 
 
-def grpo_step(policy, ref, tokenizer, opt, questions: list[Example], gc: GRPOConfig, seed: int,
-              scorer: RewardScorer | None = None, d: Dist = SINGLE, trained=None,
-              amp=contextlib.nullcontext, record: list[dict] | None = None) -> dict[str, float]:
-    """One exploration stage and its mu updates on the step's ``questions`` (the global batch);
-    returns the step's metrics (rule reward by default).
+def group_advantages(ex: Exploration, models: Models, gc: GRPOConfig, amp=None) -> Advantages:
+    """GRPO's estimator (§4.1.2-4.1.3): ``rollout_advantages`` of the group's scores."""
+    mask = ex.rollout.completion_mask
+    values, stats = rollout_advantages(ex.scored, len(ex.questions), gc.group_size, mask.shape[1], gc.process_credit)
+    return Advantages(values, mask, stats)
+
+
+def correct_advantages(ex: Exploration, models: Models, gc: GRPOConfig, amp=None) -> Advantages:
+    """RFT's and online RFT's gradient coefficient (§5.2.1): 1 on a correct solution's tokens, else 0."""
+    mask = ex.rollout.completion_mask
+    return Advantages(ex.scored.correct.float()[:, None].expand(-1, mask.shape[1]), mask, {})
+
+
+# The registry of advantage estimators (verl's ``core_algos`` shape), named by ``algorithms.ALGORITHMS``.
+ADVANTAGES = {"group": group_advantages, "correct": correct_advantages, "gae": gae_advantages}
+
+
+def rl_step(models: Models, tokenizer, opt, questions: list[Example], gc: GRPOConfig, seed: int,
+            scorer: RewardScorer | None = None, d: Dist = SINGLE, trained=None,
+            amp=contextlib.nullcontext, record: list[dict] | None = None) -> dict[str, float]:
+    """One exploration stage and its mu updates on the step's ``questions`` (the global batch) by
+    ``grpo.algorithm``'s row of ``ALGORITHMS``; returns the step's metrics (rule reward by default).
 
     Under torchrun each process samples, scores and trains on a contiguous share of the questions,
     whole groups, so advantages need no communication; the loss is normalised by the global batch
@@ -61,32 +82,30 @@ def grpo_step(policy, ref, tokenizer, opt, questions: list[Example], gc: GRPOCon
     seeded by global row, so N processes draw the rollouts one process would. ``amp``: the forward
     passes' precision context (``runtime.autocast``). ``record``: this process's checked
     completions are appended to it (reward-model data for the next round)."""
-    g = gc.group_size
+    alg = ALGORITHMS[gc.algorithm]
     clock = [time.perf_counter()]
 
-    # Rollout and score: G samples per question from pi_old (the current policy), seeded by global
-    # row; the reward sources (answer checker, ORM, PRM); process supervision scores every step.
-    # (RFT samples the frozen starting model instead.)
-    ex = explore(ref if gc.algorithm == "rft" else policy, tokenizer, questions, gc, seed, scorer, d, amp, record)
+    # Rollout and score: G samples per question from pi_old (the current policy; RFT: the frozen
+    # starting model), seeded by global row; the reward sources (answer checker, ORM, PRM);
+    # process supervision scores every step.
+    ex = explore(models.ref if alg.samples == "reference" else models.policy, tokenizer, questions, gc, seed,
+                 scorer, d, amp, record)
     clock.append(ex.sampled_at)
 
-    # Advantages: group z-scores (outcome) or normalised step rewards summed (or their min) (process);
-    # for RFT and online RFT the paper's gradient coefficient 1[correct], with no KL term.
-    if gc.algorithm in ("rft", "online_rft"):
-        advantages = ex.scored.correct.float()[:, None].expand(-1, ex.rollout.completion_mask.shape[1])
-        reward_stats, gc = {}, gc.model_copy(update={"beta": 0.0})
-    else:
-        advantages, reward_stats = rollout_advantages(ex.scored, len(ex.questions), g,
-                                                      ex.rollout.completion_mask.shape[1], gc.process_credit)
+    # Advantages: the algorithm's estimator (group z-scores or process credit; 1[correct]; GAE).
+    adv = ADVANTAGES[alg.advantage](ex, models, gc, amp)
     clock.append(time.perf_counter())
 
-    # Update: mu passes of clipped-ratio minibatch updates with the k3 KL to the reference.
-    sums, n_updates = update(policy, ref, trained or policy, opt, ex.rollout, advantages, gc, len(questions), d, amp,
-                             clock)
+    # Update: mu passes of clipped-ratio minibatch updates, with the k3 KL to the reference where
+    # the algorithm puts it in the loss; then what it trains beside the policy (PPO's values).
+    rollout = dataclasses.replace(ex.rollout, completion_mask=adv.mask)
+    sums, n_updates = update(models.policy, models.ref if alg.kl == "loss" else None, trained or models.policy, opt,
+                             rollout, adv.values, gc, len(questions), d, amp, clock)
+    after = adv.then() if adv.then else {}
 
     # Metrics: every cross-process reduction of the step in one place.
-    return step_metrics(sums, n_updates, ex.scored, ex.rewards, advantages, reward_stats, ex.rollout,
-                        len(ex.questions), g, opt, d, clock)
+    return step_metrics(sums, n_updates, ex.scored, ex.rewards, adv.values, adv.stats, ex.rollout,
+                        len(ex.questions), gc.group_size, opt, d, clock) | after
 
 
 # Training metrics averaged over the last steps for the stage's summary (a round's report).
@@ -125,17 +144,20 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
     scorer = RewardScorer.from_paths(gc.reward_weights, gc.supervision, tokenizer,
                                      cfg.reward_data.step_separator, used, device=model_device(policy))
     amp = functools.partial(autocast, cfg.launch, model_device(policy))
+    # The models the algorithm uses: the frozen reference where it samples it or weighs a KL to it;
+    # PPO's value model from the policy (on resume its weights come from the checkpoint).
+    alg = ALGORITHMS[gc.algorithm]
     ref = None
-    if gc.beta > 0 or gc.algorithm in ("ppo", "rft"):  # the reference; RFT samples it
+    if alg.samples == "reference" or (alg.kl != "none" and gc.beta > 0):
         ref, _ = load_model(init_dir)
         place(ref, cfg.launch).eval().requires_grad_(False)
     companions = {}
-    if gc.algorithm == "ppo":  # the value model, from the policy (on resume its weights come from the checkpoint)
-        from grpo_core.stages.ppo import ppo_step, value_model_from
-
+    if "value" in alg.trains:
+        if d.world > 1:
+            raise ValueError(f"grpo.algorithm={gc.algorithm} runs in one process (its value model has no "
+                             f"data-parallel wrapper)")
         value = place(value_model_from(policy, seed), cfg.launch, train=True)
-        companions["value"] = (value, torch.optim.AdamW(value.parameters(), lr=gc.value_lr or gc.lr, betas=gc.betas,
-                                                         weight_decay=gc.weight_decay))
+        companions["value"] = (value, (gc.ppo.value_lr or gc.lr) / gc.lr)
     pool = read_split(data_dir, "rl")
     val = read_split(data_dir, "val")
     st = trainer.start(policy, tokenizer, Plan(max_steps=gc.steps, eval_every=gc.eval_every, eval_first=True,
@@ -154,14 +176,11 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
         questions = step_questions(pool, gc.questions_per_step, seed, st.step)
         record: list[dict] = []
         try:
-            if gc.algorithm == "ppo":
-                metrics = ppo_step(policy, ref, *companions["value"], tokenizer, trainer.opt, questions, gc,
-                                   step_seed(seed, st.step), scorer, d, trained, amp, record)
-            else:
-                metrics = grpo_step(policy, ref, tokenizer, trainer.opt, questions, gc, step_seed(seed, st.step),
-                                    scorer, d, trained, amp, record)
+            value, value_opt = trainer.companions.get("value", (None, None))
+            metrics = rl_step(Models(policy, ref, value, value_opt), tokenizer, trainer.opt, questions, gc,
+                              step_seed(seed, st.step), scorer, d, trained, amp, record)
         except RewardError as e:
-            raise RewardError(f"GRPO step {st.step + 1} of {out_dir}: {e}; the stage stops, and its last "
+            raise RewardError(f"{gc.algorithm} step {st.step + 1} of {out_dir}: {e}; the stage stops, and its last "
                               f"checkpoint is where a re-run resumes") from None
         if gc.save_rollouts:
             rollout_log.append(rollouts, st.step + 1, record)
@@ -172,7 +191,7 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
     def evaluate(st: TrainState) -> dict:
         return {"val/accuracy": greedy_accuracy(policy, tokenizer, val, cfg.eval.max_new_tokens)}
 
-    # The loop: [validate the start] -> (GRPO step -> log -> [validate -> keep best] -> checkpoint)*.
+    # The loop: [validate the start] -> (RL step -> log -> [validate -> keep best] -> checkpoint)*.
     st = trainer.fit(step, evaluate)
     if not d.main:
         return None
@@ -186,5 +205,6 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
                f"last_{SUMMARY_WINDOW}_steps": last, "curve": st.curve,
                "rewards": [{k.split("/")[-1]: v for k, v in h.items()} for h in st.history]}
     logger.log_metrics({"val/best_accuracy": st.best_acc, "time/wall_s": st.elapsed}, step=st.step)
-    return write_manifest(out_dir, {"stage": "grpo", "model": str(final_dir), "init": str(init_dir), **summary,
+    return write_manifest(out_dir, {"stage": "grpo", "algorithm": gc.algorithm, "model": str(final_dir),
+                                    "init": str(init_dir), **summary,
                                     "rollouts": str(out_dir) if gc.save_rollouts else None})

@@ -22,15 +22,24 @@ def reward_datasets(manifest: dict) -> dict[str, Ref]:
 
 
 class StageInputs(BaseModel):
+    """A stage's inputs; ``sections``: the recipe's sections (or keys) that decide its output, beside
+    the inputs' digests (its cache key and the parameters of its MLflow run)."""
+
     model_config = ConfigDict(frozen=True, extra="forbid")
     stage: ClassVar[str]
+    sections: ClassVar[tuple[str, ...]]
 
     def run(self, cfg: PipelineConfig, out_dir: Path, logger: MetricLogger | None = None) -> dict | None:
         raise NotImplementedError
 
+    def run_name(self, cfg: PipelineConfig) -> str:
+        """The stage's MLflow run: its stage, or what it runs (``GRPOInputs``: the algorithm)."""
+        return self.stage
+
 
 class DataInputs(StageInputs):
     stage: ClassVar[str] = "data"
+    sections: ClassVar[tuple[str, ...]] = ("seed", "data")
 
     def run(self, cfg, out_dir, logger=None):
         from grpo_core.stages.prepare import run_prepare
@@ -43,6 +52,7 @@ class DataInputs(StageInputs):
 
 class CorpusInputs(StageInputs):
     stage: ClassVar[str] = "corpus"
+    sections: ClassVar[tuple[str, ...]] = ("seed", "corpus")
     data: Ref  # the pipeline's data: its test and validation questions are benchmarks to decontaminate
 
     def benchmarks(self) -> dict[str, str]:
@@ -56,6 +66,7 @@ class CorpusInputs(StageInputs):
 
 class PretrainInputs(StageInputs):
     stage: ClassVar[str] = "pretrain"
+    sections: ClassVar[tuple[str, ...]] = ("seed", "model", "pretrain")
     corpus: Ref
 
     def run(self, cfg, out_dir, logger=None):
@@ -66,6 +77,7 @@ class PretrainInputs(StageInputs):
 
 class SFTInputs(StageInputs):
     stage: ClassVar[str] = "sft"
+    sections: ClassVar[tuple[str, ...]] = ("seed", "model", "sft", "eval.max_new_tokens")
     data: Ref
     init: Ref | None = None  # the continued-pretraining model; None: the recipe's model
 
@@ -77,6 +89,7 @@ class SFTInputs(StageInputs):
 
 class RewardDataInputs(StageInputs):
     stage: ClassVar[str] = "reward_data"
+    sections: ClassVar[tuple[str, ...]] = ("seed", "reward_data")
     data: Ref
     policy: Ref
     round: int = 1
@@ -91,6 +104,7 @@ class RewardDataInputs(StageInputs):
 
 class ReplayInputs(StageInputs):
     stage: ClassVar[str] = "replay"
+    sections: ClassVar[tuple[str, ...]] = ()
     reward_data: dict[str, Ref]
     previous: Ref | None = None  # buffer version k-1
     round: int = 1
@@ -120,14 +134,17 @@ class RewardModelInputs(StageInputs):
 
 class ORMInputs(RewardModelInputs):
     stage: ClassVar[str] = "orm"
+    sections: ClassVar[tuple[str, ...]] = ("seed", "orm", "reward_data.step_separator")
 
 
 class PRMInputs(RewardModelInputs):
     stage: ClassVar[str] = "prm"
+    sections: ClassVar[tuple[str, ...]] = ("seed", "prm", "reward_data.step_separator")
 
 
 class GRPOInputs(StageInputs):
     stage: ClassVar[str] = "grpo"
+    sections: ClassVar[tuple[str, ...]] = ("seed", "grpo", "eval.max_new_tokens", "reward_data.step_separator")
     data: Ref
     init: Ref  # the policy to start from (and the reference): the SFT model in round 1
     reward_models: dict[str, Ref] = {}  # only those grpo.reward_weights uses
@@ -139,9 +156,13 @@ class GRPOInputs(StageInputs):
         return run_grpo(cfg, Path(self.data.path), self.init.path, out_dir, logger,
                         reward_models={k: r.path for k, r in self.reward_models.items()}, round_=self.round)
 
+    def run_name(self, cfg):
+        return cfg.grpo.algorithm  # grpo, ppo, rft, online_rft
+
 
 class EvalInputs(StageInputs):
     stage: ClassVar[str] = "eval"
+    sections: ClassVar[tuple[str, ...]] = ("eval",)
     data: Ref
     models: dict[str, Ref]
 

@@ -1,39 +1,35 @@
 """PPO for LLMs (DeepSeekMath §4.1.1, eq. 1-2), the baseline GRPO replaces: ``grpo.algorithm: ppo``.
 
-Each step (``ppo_step``) shares GRPO's exploration (rollout + reward: ``rl.explore``) and its
-clipped policy update (``rl.update``), and differs in the advantage: a value model, initialised
-from the policy with a fresh one-output head, estimates each state's value; the per-token reward is
+PPO shares GRPO's step (``rl.rl_step``: exploration, the clipped policy update, the metrics) and
+differs in its advantage estimator (``gae_advantages``): a value model, initialised from the policy
+with a fresh one-output head at every token, estimates each state's value; the per-token reward is
 the KL penalty to the reference on every token plus the solution's reward on its last
-(``advantages.kl_penalised_rewards``, the InstructGPT form); GAE with ``grpo.gae_gamma`` /
-``grpo.gae_lambda`` turns them into advantages (whitened over the batch's tokens) and returns;
-the value model then takes the clipped value loss (``losses.value_loss``). The KL lives in the
-reward, so the policy loss has none (beta 0 there). One process only: the value model has no
-data-parallel wrapper.
+(``advantages.kl_penalised_rewards``, the InstructGPT form); GAE with ``grpo.ppo.gae_gamma`` /
+``gae_lambda`` turns them into advantages (whitened over the batch's tokens) and returns; the value
+model then takes the clipped value loss (``losses.value_loss``) with the optimizer the trainer built
+for it. The KL lives in the reward (``algorithms.ALGORITHMS``), so the policy loss has none. One
+process only: the value model has no data-parallel wrapper.
 """
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import time
+import functools
 
 import torch
 
 from grpo_core.advantages import gae, kl_penalised_rewards, whiten
 from grpo_core.config import GRPOConfig
-from grpo_core.data import Example
 from grpo_core.losses import kl_k3, value_loss
 from grpo_core.lm.policy import Rollout, token_logprobs
 from grpo_core.rewards.heads import ScoreHead, reward_model_from
-from grpo_core.rewards.scorer import RewardScorer
-from grpo_core.stages.common import SINGLE
-from grpo_core.stages.rl import explore, step_metrics, update
-from grpo_core.training.distributed import Dist
+from grpo_core.stages.rl import Advantages, Exploration, Models
 from grpo_core.training.trainer import optimizer_step
 
 
 def value_model_from(policy, seed: int):
-    """A value model: the policy's body with a fresh one-output head at every token, drawn from
-    ``seed`` (the same on every run of a recipe; the global random state is left as it was)."""
+    """A value model: the policy's body with a fresh one-output head at every token (a token
+    classifier, the PRM's shape), drawn from ``seed`` (the same on every run of a recipe; the global
+    random state is left as it was)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return reward_model_from(policy, "prm")
@@ -46,46 +42,26 @@ def state_values(value_model, rollout: Rollout) -> torch.Tensor:
     return head(rollout.input_ids, rollout.attention_mask, rollout.prompt_len - 1)[:, :-1]
 
 
-def ppo_step(policy, ref, value_model, value_opt, tokenizer, opt, questions: list[Example], gc: GRPOConfig,
-             seed: int, scorer: RewardScorer | None = None, d: Dist = SINGLE, trained=None,
-             amp=contextlib.nullcontext, record: list[dict] | None = None) -> dict[str, float]:
-    """One exploration stage, its mu policy updates and its mu value updates; returns the step's
-    metrics (GRPO's, plus ``train/value_loss``, ``train/value_clip_ratio``, ``train/value_mean``,
-    ``train/return_mean``). ``trained``: the policy's log-prob reader, as in ``grpo_step``."""
-    if d.world > 1:
-        raise ValueError("grpo.algorithm=ppo runs in one process (its value model has no data-parallel wrapper)")
-    clock = [time.perf_counter()]
-
-    # Rollout and score, as GRPO.
-    ex = explore(policy, tokenizer, questions, gc, seed, scorer, d, amp, record)
-    clock.append(ex.sampled_at)
-    rollout = ex.rollout
-
-    # Advantages: per-token KL-penalised rewards, the value model's estimates, GAE. A completion
-    # without a finite reward is left out of both losses.
+def gae_advantages(ex: Exploration, models: Models, gc: GRPOConfig, amp=contextlib.nullcontext) -> Advantages:
+    """PPO's estimator (``ADVANTAGES["gae"]``): per-token KL-penalised rewards, the value model's
+    estimates, GAE, whitened; the value model's mu passes of the clipped value loss come after the
+    policy's update (``Advantages.then``). A completion without a finite reward is left out of both
+    losses. Metrics: ``train/kl``, ``train/value_mean``, ``train/return_mean`` and the value loss's."""
+    pc, rollout = gc.ppo, ex.rollout
     valid = torch.isfinite(ex.rewards)
     mask = rollout.completion_mask * valid[:, None].to(rollout.completion_mask.dtype)
     with torch.no_grad(), amp():
-        old_logp = token_logprobs(policy, rollout)
-        ref_logp = token_logprobs(ref, rollout)
-        old_values = state_values(value_model, rollout)
+        old_logp = token_logprobs(models.policy, rollout)
+        ref_logp = old_logp if models.ref is None else token_logprobs(models.ref, rollout)  # beta 0: no reference
+        old_values = state_values(models.value, rollout)
     rewards = kl_penalised_rewards(torch.where(valid, ex.rewards, 0.0), old_logp, ref_logp, mask, gc.beta)
-    advantages, returns = gae(rewards, old_values, mask, gc.gae_gamma, gc.gae_lambda)
-    advantages = whiten(advantages, mask)
-    clock.append(time.perf_counter())
-
-    # Update: the policy with GRPO's clipped objective (the KL is in the reward), then the values.
-    policy_gc = gc.model_copy(update={"beta": 0.0})
-    sums, n_updates = update(policy, None, trained or policy, opt, dataclasses.replace(rollout, completion_mask=mask),
-                             advantages, policy_gc, len(questions), d, amp, clock)
-    value_metrics = value_updates(value_model, value_opt, rollout, mask, old_values, returns, gc, amp)
-
-    metrics = step_metrics(sums, n_updates, ex.scored, ex.rewards, advantages, {}, rollout, len(ex.questions),
-                           gc.group_size, opt, d, clock)
+    advantages, returns = gae(rewards, old_values, mask, pc.gae_gamma, pc.gae_lambda)
     m = mask.bool()
-    return metrics | value_metrics | {"train/kl": float(kl_k3(old_logp, ref_logp)[m].mean()) if m.any() else 0.0,
-                                      "train/value_mean": float(old_values[m].mean()) if m.any() else 0.0,
-                                      "train/return_mean": float(returns[m].mean()) if m.any() else 0.0}
+    stats = {"train/kl": float(kl_k3(old_logp, ref_logp)[m].mean()) if m.any() else 0.0,
+             "train/value_mean": float(old_values[m].mean()) if m.any() else 0.0,
+             "train/return_mean": float(returns[m].mean()) if m.any() else 0.0}
+    then = functools.partial(value_updates, models.value, models.value_opt, rollout, mask, old_values, returns, gc, amp)
+    return Advantages(whiten(advantages, mask), mask, stats, then)
 
 
 def value_updates(value_model, value_opt, rollout: Rollout, mask: torch.Tensor, old_values: torch.Tensor,
@@ -100,7 +76,8 @@ def value_updates(value_model, value_opt, rollout: Rollout, mask: torch.Tensor, 
             part = rollout.rows(s, s + mb)
             with amp():
                 values = state_values(value_model, part)
-            loss, m = value_loss(values, old_values[s : s + mb], returns[s : s + mb], mask[s : s + mb], clip=gc.value_clip)
+            loss, m = value_loss(values, old_values[s : s + mb], returns[s : s + mb], mask[s : s + mb],
+                                 clip=gc.ppo.value_clip)
             optimizer_step(value_model, value_opt, loss, 1.0, gc.max_grad_norm)
             for k in sums:
                 sums[k] += m[k]

@@ -1,13 +1,14 @@
-"""What every RL algorithm of the GRPO stage shares (``grpo.algorithm``: GRPO, online RFT, RFT, PPO):
-the step's questions and sampling seed, the exploration stage (rollout + reward), the clipped
-policy update and the step's metrics. ``grpo.py`` and ``ppo.py`` build their steps from these, so
-neither algorithm imports the other."""
+"""What every RL algorithm of the GRPO stage shares (``grpo.algorithm``: GRPO, online RFT, RFT, PPO;
+``algorithms.ALGORITHMS``): the models a step uses, the step's questions and sampling seed, the
+exploration stage (rollout + reward), what an advantage estimator returns, the clipped policy update
+and the step's metrics. ``grpo.py`` runs the step and ``ppo.py`` adds PPO's estimator, both from
+these, so no algorithm imports another."""
 from __future__ import annotations
 
 import contextlib
 import random
 import time
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -19,6 +20,27 @@ from grpo_core.rewards.scorer import COUNT_STATS, RewardError, RewardScorer, Sco
 from grpo_core.stages.common import SINGLE
 from grpo_core.training.distributed import Dist
 from grpo_core.training.trainer import optimizer_step
+
+
+class Models(NamedTuple):
+    """The models of a step: the policy (trained), the frozen reference (None where the algorithm
+    neither samples it nor weighs a KL to it), PPO's value model and its optimizer."""
+
+    policy: torch.nn.Module
+    ref: torch.nn.Module | None = None
+    value: torch.nn.Module | None = None
+    value_opt: torch.optim.Optimizer | None = None
+
+
+class Advantages(NamedTuple):
+    """An advantage estimator's output: [B, T] advantages, the [B, T] tokens that learn (the
+    completions' tokens, less any the estimator leaves out), metrics summed over processes, and
+    what the algorithm trains after the policy's update (PPO's value model; returns its metrics)."""
+
+    values: torch.Tensor
+    mask: torch.Tensor
+    stats: dict[str, float]
+    then: Callable[[], dict[str, float]] | None = None
 
 
 def step_seed(seed: int, step: int) -> int:
@@ -80,7 +102,10 @@ def explore(policy, tokenizer, questions: list[Example], gc: GRPOConfig, seed: i
 def update(policy, ref, trained, opt, rollout: Rollout, advantages: torch.Tensor, gc: GRPOConfig,
            n_global: int, d: Dist, amp, clock: list[float]) -> tuple[dict[str, float], int]:
     """The step's optimizer updates; returns this process's summed loss terms and the update count.
-    Appends to ``clock`` when pi_old's and the reference's log-probs are ready and when it is done."""
+    The loss has ``gc.beta``'s k3 KL to ``ref`` where one is given (GRPO), none without (PPO puts
+    it in the reward, RFT has none). Appends to ``clock`` when pi_old's and the reference's
+    log-probs are ready and when it is done."""
+    beta = gc.beta if ref is not None else 0.0
     batch = rollout.completion_mask.shape[0]
     # A minibatch is minibatch_size rows of the global batch: each process's share of it.
     if gc.minibatch_size and gc.minibatch_size % d.world:
@@ -92,7 +117,7 @@ def update(policy, ref, trained, opt, rollout: Rollout, advantages: torch.Tensor
     single_update = gc.inner_updates == 1 and mb == batch
     with torch.no_grad(), amp():
         old_logp = None if single_update else token_logprobs(policy, rollout)
-        ref_logp = token_logprobs(ref, rollout) if gc.beta > 0 else None
+        ref_logp = token_logprobs(ref, rollout) if beta > 0 else None
     clock.append(time.perf_counter())
     sums: dict[str, float] = {}
     n_updates = 0
@@ -105,7 +130,7 @@ def update(policy, ref, trained, opt, rollout: Rollout, advantages: torch.Tensor
             global_mb = BatchSize(mb * d.world, float(d.sum(part.completion_mask.sum())), width)
             loss, m = grpo_loss(logp, old, None if ref_logp is None else ref_logp[s : s + mb],
                                 advantages[s : s + mb], part.completion_mask, clip_eps=gc.clip_eps,
-                                clip_eps_high=gc.clip_eps_high, beta=gc.beta, agg=gc.loss_agg, batch=global_mb)
+                                clip_eps_high=gc.clip_eps_high, beta=beta, agg=gc.loss_agg, batch=global_mb)
             # This process's share of the global loss, times the world size: DDP averages.
             grad_norm = optimizer_step(policy, opt, loss, d.world, gc.max_grad_norm)
             mask = part.completion_mask

@@ -126,15 +126,21 @@ class Trainer:
     def start(self, model, tokenizer, plan: Plan, companions: dict | None = None) -> TrainState:
         """AdamW over ``model``'s parameters with the section's settings; counters, optimizer and
         RNG from the checkpoint being resumed. ``companions``: other modules the stage trains beside
-        the model, each with its optimizer (PPO's value model), ``{name: (module, optimizer)}``:
-        checkpointed with it and restored on resume."""
+        the model (PPO's value model), ``{name: (module, lr_scale)}``: each gets an AdamW of its own
+        (``self.companions[name]``: (module, optimizer)) on the same schedule, its lr ``lr_scale``
+        times the model's, checkpointed with the model and restored on resume."""
         self.model, self.tokenizer, self.plan = model, tokenizer, plan
-        self.companions = companions or {}
         sc = self.sc
+
+        def adamw(groups):
+            return torch.optim.AdamW(groups, lr=sc.lr, betas=sc.betas, weight_decay=sc.weight_decay)
+
         # A model may ask for its own parameter groups (minGPT's ``configure_optimizers``): a group's
         # ``lr_scale`` multiplies the scheduled learning rate.
-        groups = model.optimizer_groups(sc.weight_decay) if hasattr(model, "optimizer_groups") else model.parameters()
-        self.opt = torch.optim.AdamW(groups, lr=sc.lr, betas=sc.betas, weight_decay=sc.weight_decay)
+        self.opt = adamw(model.optimizer_groups(sc.weight_decay) if hasattr(model, "optimizer_groups")
+                         else model.parameters())
+        self.companions = {name: (module, adamw([{"params": list(module.parameters()), "lr_scale": scale}]))
+                           for name, (module, scale) in (companions or {}).items()}
         self.state = TrainState(plateau_lr=sc.lr)
         if self._saved is not None:
             self.opt.load_state_dict(self._saved["optimizer"])
@@ -167,8 +173,9 @@ class Trainer:
                 st.stopped = "epochs"
                 break
             lr = learning_rate(sc, st.step, st.plateau_lr)
-            for group in self.opt.param_groups:
-                group["lr"] = lr * group.get("lr_scale", 1.0)
+            for opt in [self.opt] + [o for _, o in self.companions.values()]:
+                for group in opt.param_groups:
+                    group["lr"] = lr * group.get("lr_scale", 1.0)
             epoch = st.epoch
             metrics = step(st)
             epoch_end = plan.per_epoch and st.epoch > epoch

@@ -1,0 +1,324 @@
+"""The ``experiment`` flow: variants from one finished run's SFT model, N seeds each, at one training
+budget, side by side; ``compare``, ``study`` (the paper's §5, its Figures 5-7) and ``baseline`` are
+its presets (``PRESETS``), and the CLI commands of those names run them.
+
+Variants (``flows/variants.py:VARIANTS``, each with what it is) start from the run's SFT model;
+seed s is the recipe's seed + s. Continued SFT is the no-RL baseline; the GRPO variants differ in
+their reward, supervision and algorithm (the paper's §5: RFT, online RFT, PPO); the two-round variant
+retrains its PRM between halves of the budget (that time is outside it, reported as ``extra_s``).
+
+The budget: every variant trains for the same seconds, ``seconds`` or by default what the run's GRPO
+trained (``train_s`` of round 1; for the baseline, of every round): evaluations are measurement,
+outside the budget and the curves' time. ``steps`` gives every RL variant that many GRPO steps
+instead (equal samples; continued SFT keeps the seconds). Seed 0 of a GRPO variant whose settings
+are the run's own, at the run's own budget, is the run's round-1 GRPO stage, reused.
+
+Measured per run: validation accuracy against training time, final greedy test accuracy, maj@K and
+pass@K on the first ``sample_questions`` test questions (K = ``samples`` > 1), peak memory (each
+training stage in a process of its own where the preset says), steps per second. Reported per
+variant: mean ± std over seeds and paired differences (seed by seed, same questions) to the SFT model
+and to continued SFT with 95% Student-t intervals; the two-round variant also against one round.
+Outputs: ``runs/<run>/<preset>/<budget>/`` (manifest, figures), an MLflow run ``<preset>-<run_name>``
+(table and figures), a Prefect Markdown artifact of the same name.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_markdown_artifact
+from pydantic import BaseModel, ConfigDict
+
+from flows import artifact_key, numbered_run_name, parameter
+from flows.variants import BASELINE, ONE_ROUND, PRESETS, TWO_ROUNDS, VARIANTS, Budget, Preset
+from flows.reports import figure_source, mlflow_link
+from flows.rounds import RoundStart, reward_stages
+from grpo_core import figures
+from grpo_core.config import PipelineConfig
+from grpo_core.stages.common import digest_dir, run_identity, write_manifest
+from grpo_core.stages.inputs import EvalInputs, GRPOInputs, Ref, SFTInputs
+from grpo_core.stages.sft import continued
+from grpo_core.stats import mean_std, seed_interval
+from grpo_core.tracking import MlflowLogger, experiment_id, finishing, start_run, tracking_uri
+from tasks.stage_tasks import eval_task, grpo_task, run_stage, sft_task
+
+
+class Run(BaseModel):
+    """One (variant, seed): its final model and what its training stages measured."""
+
+    model_config = ConfigDict(frozen=True)
+    seed: int
+    model: Ref
+    train_s: float                   # training seconds, evaluations not counted (two rounds: both GRPO stages)
+    steps: int
+    extra_s: float = 0.0             # outside the budget: the reward-model retraining between rounds
+    peak_memory: dict[str, float]    # the largest of its stages' peaks
+    curve: list[tuple[float, float]]  # (training seconds, validation accuracy) at every evaluation
+    rewards: list[dict] = []         # every GRPO step: elapsed_s, the checker's accuracy, the learned rewards' means
+
+    @classmethod
+    def of(cls, seed: int, stages: list[dict], extra_s: float = 0.0) -> "Run":
+        """From the manifests of its training stages, in order (the curves joined end to end)."""
+        curve, rewards, offset = [], [], 0.0
+        for st in stages:
+            curve += [(offset + p["elapsed_s"], p["val/accuracy"]) for p in st.get("curve", [])]
+            rewards += [{**r, "elapsed_s": offset + r["elapsed_s"]} for r in st.get("rewards", [])]
+            offset += st["train_s"]
+        peaks = [st.get("peak_memory", {}) for st in stages]
+        return cls(seed=seed, model=Ref.model(stages[-1]), train_s=round(offset, 1),
+                   steps=sum(st["steps"] for st in stages), extra_s=round(extra_s, 1), curve=curve, rewards=rewards,
+                   peak_memory={k: max(p[k] for p in peaks if k in p) for k in {k for p in peaks for k in p}})
+
+
+class Setup(BaseModel):
+    """An experiment's fixed parts: the finished run, its recipe (``sft.lr`` where SFT ended), the
+    preset, the budget and the evaluation schedule."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+    root: Path
+    manifest: dict
+    cfg: PipelineConfig
+    preset: Preset
+    budget: Budget
+    eval_every: int
+
+    @property
+    def first(self) -> dict:
+        """Round 1's stage manifests (its GRPO, reward data and reward models, from the SFT model)."""
+        return self.manifest["rounds"][0]["stages"]
+
+    def config(self, name: str, seed: int, k: int = 1) -> PipelineConfig:
+        """The recipe of one (variant, seed), of its round ``k``: the variant's settings and budget."""
+        variant, cfg = VARIANTS[name], self.cfg
+        launch = cfg.launch.model_copy(update={"own_process": self.preset.own_process or cfg.launch.own_process})
+        if variant.grpo is None:
+            sft = cfg.sft.model_copy(update={"max_seconds": self.budget.seconds, "max_steps": 10**9, "patience": 0})
+            return cfg.model_copy(update={"sft": sft, "seed": seed, "launch": launch})
+        grpo = cfg.grpo.model_validate({**cfg.grpo.model_dump(), **variant.grpo, **self.budget.grpo(variant.rounds, k),
+                                        "eval_every": self.eval_every})
+        return cfg.model_copy(update={"grpo": grpo, "seed": seed, "launch": launch})
+
+    def is_the_runs_grpo(self, vcfg: PipelineConfig) -> bool:
+        """Whether a variant's run would be the run's own round-1 GRPO: the same training (its
+        checkpoints would resume it), evaluations and budget, in the same process."""
+        return (run_identity(vcfg, "grpo") == run_identity(self.cfg, "grpo") and not self.budget.steps
+                and self.budget.seconds == self.first["grpo"]["train_s"] and vcfg.grpo.eval_every == self.cfg.grpo.eval_every
+                and not self.preset.own_process)
+
+
+def setup(run_dir: str, preset: str, variants: list[str] | None, seconds: float | None, steps: int | None,
+          eval_every: int | None) -> Setup:
+    """The finished run's parts and the budget; unknown variants and impossible budgets fail here."""
+    unknown = [v for v in variants or () if v not in VARIANTS]
+    if unknown:
+        raise ValueError(f"unknown {preset} variant(s) {', '.join(unknown)}; known: {', '.join(VARIANTS)}")
+    if steps is not None and steps < 2 and TWO_ROUNDS in (variants or PRESETS[preset].variants):
+        raise ValueError(f"steps = {steps}: {TWO_ROUNDS} needs at least 2 GRPO steps (one per round)")
+    root = Path(run_dir).resolve()
+    manifest = json.loads((root / "manifest.json").read_text())
+    cfg = PipelineConfig.model_validate(yaml.safe_load((root / "config.yaml").read_text()))
+    p = PRESETS[preset]
+    rounds = manifest["rounds"] if p.all_rounds else manifest["rounds"][:1]
+    trained = sum(r["stages"]["grpo"]["train_s"] for r in rounds)  # training seconds, evaluations not counted
+    return Setup(root=root, manifest=manifest, cfg=continued(cfg, manifest["stages"]["sft"]), preset=p,
+                 budget=Budget(seconds=seconds or trained, steps=steps),
+                 eval_every=eval_every or p.eval_every or cfg.grpo.eval_every)
+
+
+def train_variant(s: Setup, name: str, seed: int, out: Path, data: Ref, sft: Ref, common: dict) -> Run:
+    vcfg = s.config(name, s.cfg.seed + seed)
+    if VARIANTS[name].grpo is None:
+        return Run.of(vcfg.seed, [run_stage(sft_task, vcfg, str(out), SFTInputs(data=data, init=sft), **common).manifest])
+    if VARIANTS[name].rounds == 2:
+        return Run.of(vcfg.seed, *two_rounds(s, (vcfg, s.config(name, s.cfg.seed + seed, k=2)), out, data, sft, common))
+    if s.is_the_runs_grpo(vcfg):
+        return Run.of(vcfg.seed, [s.first["grpo"]])
+    rms = {k: Ref.model(s.first[k]) for k in vcfg.grpo.reward_models_used}
+    return Run.of(vcfg.seed, [run_stage(grpo_task, vcfg, str(out), GRPOInputs(
+        data=data, init=sft, reward_models=rms), **common).manifest])
+
+
+def two_rounds(s: Setup, cfgs: tuple[PipelineConfig, PipelineConfig], out: Path, data: Ref, sft: Ref,
+               common: dict) -> tuple[list[dict], float]:
+    """Iterative RL from the SFT model: GRPO round 1 with the run's round-1 PRM; sample the new policy,
+    retrain the PRM on those samples (and GRPO's rollouts) plus a replay of the run's round-1 data;
+    GRPO round 2 from round 1's policy (the new reference). ``cfgs``: each round's recipe. Returns the
+    GRPO manifests and the retraining seconds."""
+    vcfg, vcfg2 = cfgs
+    prm = Ref.model(s.first["prm"])
+    g1 = run_stage(grpo_task, vcfg, str(out / "round-1" / "grpo"),
+                   GRPOInputs(data=data, init=sft, reward_models={"prm": prm}, round=1), **common).manifest
+    buffer = s.manifest["rounds"][0].get("buffer")
+    start = RoundStart(policy=Ref.model(g1), reward_models={"prm": prm},
+                       buffer=buffer and Ref(path=buffer["dir"], digest=buffer["digest"]),
+                       rollouts=Ref(path=g1["rollouts"], digest=g1["digest"]) if g1.get("rollouts") else None)
+    prm_only = vcfg.model_copy(update={"orm": vcfg.orm.model_copy(update={"train": False})})
+    retrain = reward_stages(prm_only, 2, out / "round-2", out, data, sft, start, common)
+    g2 = run_stage(grpo_task, vcfg2, str(out / "round-2" / "grpo"), GRPOInputs(
+        data=data, init=Ref.model(g1), reward_models={"prm": Ref.model(retrain["prm"].manifest)}, round=2),
+        **common).manifest
+    return [g1, g2], sum(r.manifest.get("wall_s", 0.0) for r in retrain.values())  # the stages' own time (cached or not)
+
+
+def reward_model_quality(first: dict, uses: tuple[str, ...]) -> str:
+    """The held-out quality of the reward models a variant trains on, as a short string."""
+    parts = []
+    for kind, pooled, name in (("orm", "auc", "AUC"), ("prm", "step_auc", "step AUC")):
+        if kind in uses:
+            held_out = first[kind]["heldout"]
+            parts.append(f"{kind.upper()} within-question AUC {held_out.get('within_question_auc', float('nan')):.3f} "
+                         f"(pooled {name} {held_out.get(pooled, float('nan')):.3f})")
+    return ", ".join(parts) or "-"
+
+
+def summarise(name: str, accs: list[float], sft_acc: float, baseline: list[float] | None) -> dict:
+    """A table row: accuracy over seeds, and the paired differences to SFT and to continued SFT."""
+    mean, std = mean_std(accs)
+    row = {"variant": name, "seeds": len(accs), "test_accuracy_mean": round(mean, 4), "test_accuracy_std": round(std, 4)}
+    for label, ref in (("sft", [sft_acc] * len(accs)), (BASELINE, baseline)):
+        if ref is None or name in ("sft", "policy", label) or len(ref) != len(accs):
+            continue
+        d = seed_interval(accs, ref)
+        row[f"gain_over_{label}"] = round(d["mean"], 4)
+        row[f"gain_over_{label}_95ci"] = [round(d["low"], 4), round(d["high"], 4)]
+    return row
+
+
+def variant_row(s: Setup, name: str, runs: list[Run], sampled: dict, sft_acc: float, accs: dict[str, list[float]],
+                k: int) -> dict:
+    """A table row: test accuracy with its paired gains, maj@K / pass@K, the reward models' quality,
+    memory and speed, all mean over seeds."""
+    row = summarise(name, accs[name], sft_acc, accs.get(BASELINE))
+    if name == TWO_ROUNDS and ONE_ROUND in accs:
+        d = seed_interval(accs[name], accs[ONE_ROUND])
+        row |= {"gain_over_one_round": round(d["mean"], 4), "gain_over_one_round_95ci": [round(d["low"], 4), round(d["high"], 4)]}
+    for key in [f"{m}@{k}" for m in ("maj", "pass")] if k > 1 else []:
+        mean, std = mean_std([sampled[f"{name}/seed-{i}"][key] for i in range(len(runs))])
+        row |= {f"{key}_mean": round(mean, 4), f"{key}_std": round(std, 4)}
+    peaks = {m: [r.peak_memory[m] for r in runs if m in r.peak_memory] for m in ("rss_mib", "cuda_mib")}
+    row |= {f"peak_{m}_mean": round(mean_std(v)[0], 1) for m, v in peaks.items() if v}
+    uses = () if VARIANTS[name].grpo is None else s.config(name, s.cfg.seed).grpo.reward_models_used
+    return row | {"reward_model": reward_model_quality(s.first, uses),
+                  "steps_mean": mean_std([r.steps for r in runs])[0],
+                  "steps_per_s_mean": round(mean_std([r.steps / max(r.train_s, 1e-9) for r in runs])[0], 3),
+                  "train_s_mean": round(mean_std([r.train_s for r in runs])[0], 1),
+                  "extra_s_mean": round(mean_std([r.extra_s for r in runs])[0], 1),
+                  "per_seed": [round(a, 4) for a in accs[name]]}
+
+
+@flow(name="experiment", flow_run_name=lambda: numbered_run_name(
+    f"{parameter('preset')}-{Path(parameter('run_dir')).name}"))
+def experiment(run_dir: str, preset: str = "compare", variants: list[str] | None = None, seeds: int | None = None,
+               seconds: float | None = None, steps: int | None = None, samples: int | None = None,
+               sample_questions: int | None = None, eval_every: int | None = None) -> dict:
+    """Run ``preset`` (module docstring) on ``run_dir``, with any of its defaults overridden; returns
+    the experiment's manifest (rows, runs, figures)."""
+    log = get_run_logger()
+    s = setup(run_dir, preset, variants, seconds, steps, eval_every)
+    seeds = seeds or s.preset.seeds
+    samples = samples or s.preset.samples
+    cfg, out_root = s.cfg, s.root / preset / s.budget.tag(s.eval_every)
+    uri = tracking_uri(cfg)
+    exp_id = experiment_id(uri, cfg.tracking.experiment)
+    parent = start_run(uri, exp_id, f"{preset}-{cfg.run_name}",
+                       tags={"pipeline": "deepseekmath-grpo", f"{preset}_of": s.manifest["mlflow_run_id"]})
+    common = {"uri": uri, "parent_id": parent}
+    with finishing(uri, [parent]):
+        data, sft = Ref.folder(s.manifest["stages"]["data"]), Ref.model(s.manifest["stages"]["sft"])
+        runs: dict[str, list[Run]] = {}
+        for name in variants or s.preset.variants:
+            uses = () if VARIANTS[name].grpo is None else s.config(name, cfg.seed).grpo.reward_models_used
+            missing = [m for m in uses if m not in s.first]
+            if missing:
+                log.warning("skipping %s: the run trained no %s", name, ", ".join(missing))
+            else:
+                runs[name] = []
+        if not runs:
+            raise ValueError(f"nothing to run: {run_dir} trained none of the reward models the variants need")
+        # Seed by seed, every variant in turn: a slow spell of a shared host hits all variants alike.
+        for i in range(seeds):
+            for name, done in runs.items():
+                done.append(train_variant(s, name, i, out_root / name / f"seed-{i}", data, sft, common))
+
+        # Evaluation: greedy on every test question; K samples on the first sample_questions. The
+        # baseline also evaluates the run's final policy (the GRPO it is the baseline of).
+        models = {"sft": sft} | ({"policy": Ref(path=s.manifest["policy"], digest=digest_dir(Path(s.manifest["policy"])))}
+                                 if s.preset.all_rounds else {})
+        models |= {f"{n}/seed-{i}": r.model for n, rs in runs.items() for i, r in enumerate(rs)}
+        results = run_stage(eval_task, cfg, str(out_root / "eval"), EvalInputs(data=data, models=models),
+                            **common).manifest["results"]
+        sampled = {}
+        if samples > 1:
+            ecfg = cfg.model_copy(update={"eval": cfg.eval.model_copy(update={
+                "samples": samples, "n_questions": sample_questions or s.preset.sample_questions})})
+            sampled = run_stage(eval_task, ecfg, str(out_root / f"eval-k{samples}"), EvalInputs(data=data, models=models),
+                                **common).manifest["results"]
+        sft_acc = results["sft"]["accuracy"]
+        accs = {n: [results[f"{n}/seed-{i}"]["accuracy"] for i in range(len(rs))] for n, rs in runs.items()}
+        rows = []
+        for ref in [m for m in ("sft", "policy") if m in models]:
+            rows.append(summarise(ref, [results[ref]["accuracy"]], sft_acc, None)
+                        | ({f"{m}@{samples}_mean": sampled[ref][f"{m}@{samples}"] for m in ("maj", "pass")} if sampled else {}))
+        rows += [variant_row(s, n, rs, sampled, sft_acc, accs, samples) for n, rs in runs.items()]
+
+        # Report: manifest, figures, MLflow, Prefect.
+        out = {"preset": preset, "rows": rows, "runs": {n: [r.model_dump(mode="json") for r in rs] for n, rs in runs.items()},
+               "budget": s.budget.model_dump(), "seeds": seeds, "samples": samples, "eval_every": s.eval_every,
+               "n_test": results["sft"]["n"], "n_sampled": sampled["sft"]["n"] if sampled else 0,
+               "sft_val_accuracy": s.manifest["stages"]["sft"]["best_val_accuracy"],
+               "run_name": cfg.run_name, "dir": str(out_root), "mlflow_run_id": parent}
+        out["figures"] = {k: str(v) for k, v in figures.save(figures.study_figures(out), out_root / "figures").items()}
+        tracker = MlflowLogger(uri, parent)
+        tracker.log_table(rows, f"{preset}.json")
+        tracker.log_artifacts(out_root / "figures", "figures")
+        tracker.log_metrics({f"{preset}/{r['variant']}/test_accuracy_mean": r["test_accuracy_mean"] for r in rows})
+        create_markdown_artifact(key=artifact_key(f"{preset}-{cfg.run_name}"), markdown=report(out, mlflow_link(uri, exp_id, parent)),
+                                 description=f"{preset} of {s.root}, {seeds} seed(s) per variant")
+        write_manifest(out_root, out)
+    log.info("%s:\n%s", preset, format_table(out))
+    return out
+
+
+def format_table(result: dict) -> str:
+    """The experiment's table in Markdown: accuracies and gains in points, memory in MiB."""
+    def pts(r: dict, key: str) -> str:
+        if key not in r:
+            return "-"
+        low, high = r[f"{key}_95ci"]
+        return f"{100 * r[key]:+.1f} [{100 * low:+.1f}, {100 * high:+.1f}]"
+
+    k = result["samples"]
+    sampled = [f"maj@{k}", f"pass@{k}"] if k > 1 else []
+    lines = ["| variant | seeds | test accuracy | vs SFT (95% CI) | vs continued SFT (95% CI) | "
+             + "".join(f"{s} | " for s in sampled) + "steps/s | peak RSS (MiB) | training s | reward model |",
+             "|---" * (9 + len(sampled)) + "|"]
+    for r in result["rows"]:
+        cells = [r["variant"], str(r["seeds"]), f"{100 * r['test_accuracy_mean']:.1f} ± {100 * r['test_accuracy_std']:.1f}",
+                 pts(r, "gain_over_sft"), pts(r, "gain_over_continued-sft")]
+        cells += [f"{100 * r[f'{s}_mean']:.1f}" + (f" ± {100 * r[f'{s}_std']:.1f}" if f"{s}_std" in r else "")
+                  for s in sampled]
+        extra = f" (+{r['extra_s_mean']:.0f} retraining)" if r.get("extra_s_mean") else ""
+        cells += [f"{r['steps_per_s_mean']:.2f}" if "steps_per_s_mean" in r else "-",
+                  f"{r['peak_rss_mib_mean']:.0f}" if "peak_rss_mib_mean" in r else "-",
+                  f"{r['train_s_mean']:.0f}{extra}" if "train_s_mean" in r else "-", r.get("reward_model", "-")]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def report(result: dict, link: str) -> str:
+    """The Prefect artifact: what was run, the table, the two-round comparison, the figures inline."""
+    b = result["budget"]
+    what = f"{b['steps']} GRPO steps each" if b["steps"] else f"{b['seconds']:.0f} s of training each"
+    lines = [f"# {result['preset']} of `{result['run_name']}`", "",
+             f"Every variant from the SFT model, {result['seeds']} seed(s), {what}; greedy test accuracy on "
+             f"{result['n_test']} questions" + (f", maj@K / pass@K on {result['n_sampled']}" if result["n_sampled"] else "")
+             + f". [MLflow run]({link})", "", format_table(result), ""]
+    two = next((r for r in result["rows"] if "gain_over_one_round" in r), None)
+    if two:
+        low, high = two["gain_over_one_round_95ci"]
+        lines += [f"Two rounds against one (same GRPO time): {100 * two['gain_over_one_round']:+.1f} points "
+                  f"[{100 * low:+.1f}, {100 * high:+.1f}].", ""]
+    lines += [f"![{name}]({figure_source(Path(path))})" for name, path in result["figures"].items()]
+    return "\n".join(lines)

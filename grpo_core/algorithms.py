@@ -1,0 +1,28 @@
+"""The RL algorithms of the ``grpo`` stage as peers (``grpo.algorithm``), one row each.
+
+The paper's unified paradigm (§5.2.1) sets them apart by data source, reward function and gradient
+coefficient; here each row says which model samples the rollouts, which advantage estimator gives the
+coefficient (``stages/grpo.ADVANTAGES``, a registry as verl's ``core_algos``), where ``grpo.beta``'s
+KL to the reference goes, and which models it trains beside the policy. The rollout, the reward
+sources, the clipped policy update and the step's metrics are shared (``stages/rl.py``). The recipe
+validator (``config.GRPOConfig``) reads this table to refuse settings an algorithm would ignore;
+the stage reads it to pick the sampler, the estimator and the models it loads.
+"""
+from __future__ import annotations
+
+from typing import Literal, NamedTuple
+
+
+class Algorithm(NamedTuple):
+    samples: Literal["policy", "reference"]   # the rollouts' model: pi_old, or the frozen starting model
+    advantage: Literal["group", "correct", "gae"]  # group z-scores / process credit; 1[correct]; GAE on values
+    kl: Literal["loss", "reward", "none"]     # grpo.beta: k3 KL term in the loss, per-token penalty in the reward, none
+    trains: tuple[str, ...] = ()              # models trained beside the policy
+
+
+ALGORITHMS: dict[str, Algorithm] = {
+    "grpo": Algorithm("policy", "group", "loss"),                  # §4.1: group-normalised rewards, KL in the loss
+    "ppo": Algorithm("policy", "gae", "reward", ("value",)),       # §4.1.1 (eq. 1-2): value model, GAE, KL in the reward
+    "online_rft": Algorithm("policy", "correct", "none"),          # §5.2.1: the policy's correct samples
+    "rft": Algorithm("reference", "correct", "none"),              # §5.2.1: the starting model's correct samples
+}

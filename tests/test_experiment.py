@@ -1,0 +1,52 @@
+"""The experiment flow's presets (``compare``, ``study``, ``baseline``) give every variant the same
+training seconds: what the run's GRPO trained (``train_s``), not its wall time (which counts its
+evaluations); the baseline the sum over every round. Checked on each variant's recipe, without training."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from flows.variants import PRESETS, VARIANTS
+
+
+def _finished_run(tmp_path, tiny_cfg):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text(yaml.safe_dump(tiny_cfg(tmp_path).model_dump(mode="json")))
+    grpo = [{"train_s": 10.0, "wall_s": 15.0}, {"train_s": 12.5, "wall_s": 19.0}]  # wall time includes evaluations
+    manifest = {"stages": {"sft": {"final_lr": 1e-4}},
+                "rounds": [{"stages": {"grpo": g, "orm": {}, "prm": {}}} for g in grpo]}
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    return run
+
+
+@pytest.mark.parametrize("preset, seconds", [("compare", 10.0), ("study", 10.0), ("baseline", 22.5)])
+def test_every_variant_trains_for_the_seconds_grpo_trained(tmp_path, tiny_cfg, preset, seconds):
+    from flows.experiment import setup  # imports prefect: after the test environment is set
+
+    s = setup(str(_finished_run(tmp_path, tiny_cfg)), preset, list(VARIANTS), None, None, None)
+    assert s.budget.seconds == seconds
+    for name, variant in VARIANTS.items():
+        if variant.grpo is None:  # continued SFT: its time budget, no early stop
+            cfg = s.config(name, 0)
+            assert (cfg.sft.max_seconds, cfg.sft.patience, cfg.sft.lr) == (seconds, 0, 1e-4), name
+            continue
+        rounds = [s.config(name, 0, k) for k in range(1, variant.rounds + 1)]
+        assert sum(c.grpo.max_seconds for c in rounds) == pytest.approx(seconds), name  # two rounds share it
+        assert all(c.grpo.steps >= 10**9 for c in rounds), name  # time decides, not steps
+        assert rounds[0].launch.own_process == PRESETS[preset].own_process
+
+
+def test_equal_samples_and_an_explicit_time(tmp_path, tiny_cfg):
+    from flows.experiment import setup
+
+    run = str(_finished_run(tmp_path, tiny_cfg))
+    s = setup(run, "study", None, None, 5, None)
+    assert [s.config("ppo", 0).grpo.steps] == [5] and [s.config("prm-process-2-rounds", 0, k).grpo.steps
+                                                        for k in (1, 2)] == [2, 3]
+    assert s.config("continued-sft", 0).sft.max_seconds == 10.0  # continued SFT keeps the time
+    assert setup(run, "compare", None, 7.0, None, None).config("rule-outcome", 0).grpo.max_seconds == 7.0
+    with pytest.raises(ValueError, match="unknown baseline variant"):
+        setup(run, "baseline", ["reinforce"], None, None, None)
