@@ -38,7 +38,8 @@ from flows.rounds import RoundStart, reward_stages
 from grpo_core import figures
 from grpo_core.config import PipelineConfig
 from grpo_core.stages.common import digest_dir, run_identity, write_manifest
-from grpo_core.stages.inputs import EvalInputs, GRPOInputs, Ref, SFTInputs
+from grpo_core.stages.inputs import INPUTS, EvalInputs, GRPOInputs, Ref, SFTInputs
+from grpo_core.stages.outputs import GRPOOutput, StageOutput, TrainedOutput
 from grpo_core.stages.sft import continued
 from grpo_core.stats import mean_std, seed_interval
 from grpo_core.tracking import MlflowLogger, experiment_id, finishing, start_run, tracking_uri
@@ -59,16 +60,16 @@ class Run(BaseModel):
     rewards: list[dict] = []         # every GRPO step: elapsed_s, the checker's accuracy, the learned rewards' means
 
     @classmethod
-    def of(cls, seed: int, stages: list[dict], extra_s: float = 0.0) -> "Run":
-        """From the manifests of its training stages, in order (the curves joined end to end)."""
+    def of(cls, seed: int, stages: list[TrainedOutput], extra_s: float = 0.0) -> "Run":
+        """From the outputs of its training stages, in order (the curves joined end to end)."""
         curve, rewards, offset = [], [], 0.0
         for st in stages:
-            curve += [(offset + p["elapsed_s"], p["val/accuracy"]) for p in st.get("curve", [])]
-            rewards += [{**r, "elapsed_s": offset + r["elapsed_s"]} for r in st.get("rewards", [])]
-            offset += st["train_s"]
-        peaks = [st.get("peak_memory", {}) for st in stages]
-        return cls(seed=seed, model=Ref.model(stages[-1]), train_s=round(offset, 1),
-                   steps=sum(st["steps"] for st in stages), extra_s=round(extra_s, 1), curve=curve, rewards=rewards,
+            curve += [(offset + p["elapsed_s"], p["val/accuracy"]) for p in st.curve]
+            rewards += [{**r, "elapsed_s": offset + r["elapsed_s"]} for r in getattr(st, "rewards", [])]
+            offset += st.train_s
+        peaks = [st.peak_memory for st in stages]
+        return cls(seed=seed, model=stages[-1].ref, train_s=round(offset, 1),
+                   steps=sum(st.steps for st in stages), extra_s=round(extra_s, 1), curve=curve, rewards=rewards,
                    peak_memory={k: max(p[k] for p in peaks if k in p) for k in {k for p in peaks for k in p}})
 
 
@@ -85,9 +86,13 @@ class Setup(BaseModel):
     eval_every: int
 
     @property
-    def first(self) -> dict:
-        """Round 1's stage manifests (its GRPO, reward data and reward models, from the SFT model)."""
-        return self.manifest["rounds"][0]["stages"]
+    def first(self) -> dict[str, StageOutput]:
+        """Round 1's stages (its GRPO, reward data and reward models, from the SFT model), typed."""
+        return {name: INPUTS[name].output.model_validate(m) for name, m in self.manifest["rounds"][0]["stages"].items()}
+
+    def stage(self, name: str) -> StageOutput:
+        """One of the run's stages outside the rounds (``data``, ``sft``), typed."""
+        return INPUTS[name].output.model_validate(self.manifest["stages"][name])
 
     def config(self, name: str, seed: int, k: int = 1) -> PipelineConfig:
         """The recipe of one (variant, seed), of its round ``k``: the variant's settings and budget."""
@@ -104,7 +109,7 @@ class Setup(BaseModel):
         """Whether a variant's run would be the run's own round-1 GRPO: the same training (its
         checkpoints would resume it), evaluations and budget, in the same process."""
         return (run_identity(vcfg, "grpo") == run_identity(self.cfg, "grpo") and not self.budget.steps
-                and self.budget.seconds == self.first["grpo"]["train_s"] and vcfg.grpo.eval_every == self.cfg.grpo.eval_every
+                and self.budget.seconds == self.first["grpo"].train_s and vcfg.grpo.eval_every == self.cfg.grpo.eval_every
                 and not self.preset.own_process)
 
 
@@ -121,7 +126,7 @@ def setup(run_dir: str, preset: str, variants: list[str] | None, seconds: float 
     cfg = PipelineConfig.model_validate(yaml.safe_load((root / "config.yaml").read_text()))
     p = PRESETS[preset]
     rounds = manifest["rounds"] if p.all_rounds else manifest["rounds"][:1]
-    trained = sum(r["stages"]["grpo"]["train_s"] for r in rounds)  # training seconds, evaluations not counted
+    trained = sum(GRPOOutput.model_validate(r["stages"]["grpo"]).train_s for r in rounds)  # evaluations not counted
     return Setup(root=root, manifest=manifest, cfg=continued(cfg, manifest["stages"]["sft"]), preset=p,
                  budget=Budget(seconds=seconds or trained, steps=steps),
                  eval_every=eval_every or p.eval_every or cfg.grpo.eval_every)
@@ -130,44 +135,42 @@ def setup(run_dir: str, preset: str, variants: list[str] | None, seconds: float 
 def train_variant(s: Setup, name: str, seed: int, out: Path, data: Ref, sft: Ref, common: dict) -> Run:
     vcfg = s.config(name, s.cfg.seed + seed)
     if VARIANTS[name].grpo is None:
-        return Run.of(vcfg.seed, [run_stage(sft_task, vcfg, str(out), SFTInputs(data=data, init=sft), **common).manifest])
+        return Run.of(vcfg.seed, [run_stage(sft_task, vcfg, str(out), SFTInputs(data=data, init=sft), **common).output])
     if VARIANTS[name].rounds == 2:
         return Run.of(vcfg.seed, *two_rounds(s, (vcfg, s.config(name, s.cfg.seed + seed, k=2)), out, data, sft, common))
     if s.is_the_runs_grpo(vcfg):
         return Run.of(vcfg.seed, [s.first["grpo"]])
-    rms = {k: Ref.model(s.first[k]) for k in vcfg.grpo.reward_models_used}
+    rms = {k: s.first[k].ref for k in vcfg.grpo.reward_models_used}
     return Run.of(vcfg.seed, [run_stage(grpo_task, vcfg, str(out), GRPOInputs(
-        data=data, init=sft, reward_models=rms), **common).manifest])
+        data=data, init=sft, reward_models=rms), **common).output])
 
 
 def two_rounds(s: Setup, cfgs: tuple[PipelineConfig, PipelineConfig], out: Path, data: Ref, sft: Ref,
-               common: dict) -> tuple[list[dict], float]:
+               common: dict) -> tuple[list[GRPOOutput], float]:
     """Iterative RL from the SFT model: GRPO round 1 with the run's round-1 PRM; sample the new policy,
     retrain the PRM on those samples (and GRPO's rollouts) plus a replay of the run's round-1 data;
     GRPO round 2 from round 1's policy (the new reference). ``cfgs``: each round's recipe. Returns the
-    GRPO manifests and the retraining seconds."""
+    GRPO outputs and the retraining seconds."""
     vcfg, vcfg2 = cfgs
-    prm = Ref.model(s.first["prm"])
+    first = s.first
+    prm = first["prm"].ref
     g1 = run_stage(grpo_task, vcfg, str(out / "round-1" / "grpo"),
-                   GRPOInputs(data=data, init=sft, reward_models={"prm": prm}, round=1), **common).manifest
-    buffer = s.manifest["rounds"][0].get("buffer")
-    start = RoundStart(policy=Ref.model(g1), reward_models={"prm": prm},
-                       buffer=buffer and Ref(path=buffer["dir"], digest=buffer["digest"]),
-                       rollouts=Ref(path=g1["rollouts"], digest=g1["digest"]) if g1.get("rollouts") else None)
+                   GRPOInputs(data=data, init=sft, reward_models={"prm": prm}, round=1), **common).output
+    start = RoundStart(policy=g1.ref, reward_models={"prm": prm}, buffer=first["replay"].ref if "replay" in first else None,
+                       rollouts=Ref(path=g1.rollouts, digest=g1.digest) if g1.rollouts else None)
     prm_only = vcfg.model_copy(update={"orm": vcfg.orm.model_copy(update={"train": False})})
     retrain = reward_stages(prm_only, 2, out / "round-2", out, data, sft, start, common)
     g2 = run_stage(grpo_task, vcfg2, str(out / "round-2" / "grpo"), GRPOInputs(
-        data=data, init=Ref.model(g1), reward_models={"prm": Ref.model(retrain["prm"].manifest)}, round=2),
-        **common).manifest
-    return [g1, g2], sum(r.manifest.get("wall_s", 0.0) for r in retrain.values())  # the stages' own time (cached or not)
+        data=data, init=g1.ref, reward_models={"prm": retrain["prm"].output.ref}, round=2), **common).output
+    return [g1, g2], sum(r.output.wall_s for r in retrain.values())  # the stages' own time (cached or not)
 
 
-def reward_model_quality(first: dict, uses: tuple[str, ...]) -> str:
+def reward_model_quality(first: dict[str, StageOutput], uses: tuple[str, ...]) -> str:
     """The held-out quality of the reward models a variant trains on, as a short string."""
     parts = []
     for kind, pooled, name in (("orm", "auc", "AUC"), ("prm", "step_auc", "step AUC")):
         if kind in uses:
-            held_out = first[kind]["heldout"]
+            held_out = first[kind].heldout
             parts.append(f"{kind.upper()} within-question AUC {held_out.get('within_question_auc', float('nan')):.3f} "
                          f"(pooled {name} {held_out.get(pooled, float('nan')):.3f})")
     return ", ".join(parts) or "-"
@@ -226,7 +229,7 @@ def experiment(run_dir: str, preset: str = "compare", variants: list[str] | None
                        tags={"pipeline": "deepseekmath-grpo", f"{preset}_of": s.manifest["mlflow_run_id"]})
     common = {"uri": uri, "parent_id": parent}
     with finishing(uri, [parent]):
-        data, sft = Ref.folder(s.manifest["stages"]["data"]), Ref.model(s.manifest["stages"]["sft"])
+        data, sft = s.stage("data").ref, s.stage("sft").ref
         runs: dict[str, list[Run]] = {}
         for name in variants or s.preset.variants:
             uses = () if VARIANTS[name].grpo is None else s.config(name, cfg.seed).grpo.reward_models_used
@@ -248,13 +251,13 @@ def experiment(run_dir: str, preset: str = "compare", variants: list[str] | None
                                  if s.preset.all_rounds else {})
         models |= {f"{n}/seed-{i}": r.model for n, rs in runs.items() for i, r in enumerate(rs)}
         results = run_stage(eval_task, cfg, str(out_root / "eval"), EvalInputs(data=data, models=models),
-                            **common).manifest["results"]
+                            **common).output.results
         sampled = {}
         if samples > 1:
             ecfg = cfg.model_copy(update={"eval": cfg.eval.model_copy(update={
                 "samples": samples, "n_questions": sample_questions or s.preset.sample_questions})})
             sampled = run_stage(eval_task, ecfg, str(out_root / f"eval-k{samples}"), EvalInputs(data=data, models=models),
-                                **common).manifest["results"]
+                                **common).output.results
         sft_acc = results["sft"]["accuracy"]
         accs = {n: [results[f"{n}/seed-{i}"]["accuracy"] for i in range(len(rs))] for n, rs in runs.items()}
         rows = []
@@ -267,7 +270,7 @@ def experiment(run_dir: str, preset: str = "compare", variants: list[str] | None
         out = {"preset": preset, "rows": rows, "runs": {n: [r.model_dump(mode="json") for r in rs] for n, rs in runs.items()},
                "budget": s.budget.model_dump(), "seeds": seeds, "samples": samples, "eval_every": s.eval_every,
                "n_test": results["sft"]["n"], "n_sampled": sampled["sft"]["n"] if sampled else 0,
-               "sft_val_accuracy": s.manifest["stages"]["sft"]["best_val_accuracy"],
+               "sft_val_accuracy": s.stage("sft").best_val_accuracy,
                "run_name": cfg.run_name, "dir": str(out_root), "mlflow_run_id": parent}
         out["figures"] = {k: str(v) for k, v in figures.save(figures.study_figures(out), out_root / "figures").items()}
         tracker = MlflowLogger(uri, parent)

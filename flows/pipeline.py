@@ -30,7 +30,7 @@ from grpo_core.tracking import (MlflowLogger, check_tracking, experiment_id, fin
 from tasks.stage_tasks import StageRun, data_task, eval_task, run_stage, sft_task
 
 
-def pretraining_stages(config: PipelineConfig, run_dir, data: dict, common: dict) -> dict[str, StageRun]:
+def pretraining_stages(config: PipelineConfig, run_dir, data: Ref, common: dict) -> dict[str, StageRun]:
     """corpus (a subflow: a scoring task per iteration) -> continued pretraining, whose model SFT starts
     from. The corpus subflow is skipped when its manifest carries the same content key."""
     from flows.corpus import corpus
@@ -40,7 +40,7 @@ def pretraining_stages(config: PipelineConfig, run_dir, data: dict, common: dict
 
     clock = time.perf_counter()
     out = run_dir / "corpus"
-    inputs = CorpusInputs(data=Ref.folder(data))
+    inputs = CorpusInputs(data=data)
     key = stage_key("corpus", config, inputs, out)
     manifest_path = out / "manifest.json"
     done = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
@@ -49,8 +49,8 @@ def pretraining_stages(config: PipelineConfig, run_dir, data: dict, common: dict
         done = corpus(config, own_benchmarks=inputs.benchmarks(), parent_run_id=common["parent_id"])
         done.update(cache_key=key, digest=digest_dir(Path(done["corpus_dir"])))
         write_manifest(out, done)
-    pre = run_stage(pretrain_task, config, str(run_dir / "pretrain"),
-                    PretrainInputs(corpus=Ref(path=done["corpus_dir"], digest=done["digest"])), **common)
+    done = inputs.output.model_validate(done)
+    pre = run_stage(pretrain_task, config, str(run_dir / "pretrain"), PretrainInputs(corpus=done.ref), **common)
     return {"corpus": StageRun(done, hit, time.perf_counter() - clock - pre.seconds), "pretrain": pre}
 
 
@@ -111,27 +111,25 @@ def pipeline(config: PipelineConfig) -> dict:
         tracker.set_tags({"numerics.mkl_mode": str(process_numerics["mkl_mode"]),
                           "numerics.cpu_capability": process_numerics["cpu_capability"]})
         runs = {"data": run_stage(data_task, config, str(run_dir / "data"), DataInputs(), **common)}
-        data = runs["data"].manifest
-        runs |= pretraining_stages(config, run_dir, data, common) if config.pretrain.train else {}
-        init = Ref.model(runs["pretrain"].manifest) if "pretrain" in runs else None
-        runs["sft"] = run_stage(sft_task, config, str(run_dir / "sft"), SFTInputs(data=Ref.folder(data), init=init),
-                                **common)
-        sft = runs["sft"].manifest
-        start = RoundStart(policy=Ref.model(sft))
+        data = runs["data"].output
+        runs |= pretraining_stages(config, run_dir, data.ref, common) if config.pretrain.train else {}
+        init = runs["pretrain"].output.ref if "pretrain" in runs else None
+        runs["sft"] = run_stage(sft_task, config, str(run_dir / "sft"), SFTInputs(data=data.ref, init=init), **common)
+        sft = runs["sft"].output
+        start = RoundStart(policy=sft.ref)
         rounds = []
         for k in range(1, config.rounds.count + 1):
-            rounds.append(rl_round(config, k, Ref.folder(data), Ref.model(sft), start, uri, parent))
+            rounds.append(rl_round(config, k, data.ref, sft.ref, start, uri, parent))
             start = next_start(rounds[-1], start.versions)
             tracker.log_metrics(round_metrics(rounds[-1]), step=k)  # per-round curves on the parent
         policy = rounds[-1]
         # The SFT model's test accuracy; each round's eval already measured its policy on the same questions.
         runs["eval"] = run_stage(eval_task, config, str(run_dir / "eval"),
-                                 EvalInputs(data=Ref.folder(data), models={"sft": Ref.model(sft)}), **common)
-        ev = runs["eval"].manifest
+                                 EvalInputs(data=data.ref, models={"sft": sft.ref}), **common)
         cached = [name for name, r in runs.items() if r.cached] + [f"round-{r['round']}/{s}" for r in rounds
                                                                    for s in r["cached_stages"]]
         stages = {name: r.manifest for name, r in runs.items()}
-        eval_results = {**ev["results"], "policy": policy["stages"]["eval"]["results"]["policy"]}
+        eval_results = {**runs["eval"].output.results, "policy": policy["stages"]["eval"]["results"]["policy"]}
         tracker.log_metrics({f"eval/{name}/accuracy": r["accuracy"] for name, r in eval_results.items()})
         gain = gain_over_sft(eval_results["policy"], eval_results["sft"])
         if gain:
@@ -147,8 +145,8 @@ def pipeline(config: PipelineConfig) -> dict:
         manifest = {
             "run_name": config.run_name,
             "policy": policy["policy"],
-            "sft_model": sft["model"],
-            "data_dir": data["dir"],
+            "sft_model": sft.model,
+            "data_dir": data.dir,
             "eval": eval_results,
             "gain_over_sft": gain,
             "reward_models": {kind: rm["model"] for kind, rm in policy["reward_models"].items()},

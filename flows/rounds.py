@@ -28,7 +28,7 @@ from flows import artifact_key
 from flows.reports import mlflow_link, round_report
 from grpo_core.config import PipelineConfig
 from tasks.registry import promote_champion, register_policy, registered_name
-from grpo_core.stages.inputs import INPUTS, EvalInputs, GRPOInputs, Ref, ReplayInputs, RewardDataInputs, reward_datasets
+from grpo_core.stages.inputs import INPUTS, EvalInputs, GRPOInputs, Ref, ReplayInputs, RewardDataInputs
 from grpo_core.tracking import MlflowLogger
 from tasks.stage_tasks import (StageRun, eval_task, grpo_task, orm_task, prm_task, replay_task, reward_data_task,
                                run_stage)
@@ -55,7 +55,7 @@ def reward_stages(cfg: PipelineConfig, k: int, round_dir: Path, run_dir: Path, d
         return {}
     out = {"reward_data": run_stage(reward_data_task, cfg, str(round_dir / "reward_data"), RewardDataInputs(
         data=data, policy=start.policy, round=k, rollouts=start.rollouts), **common)}
-    datasets = reward_datasets(out["reward_data"].manifest)
+    datasets = out["reward_data"].output.datasets
     out["replay"] = run_stage(replay_task, cfg, str(run_dir / "replay" / f"v{k}"),
                               ReplayInputs(reward_data=datasets, previous=start.buffer, round=k), **common)
     for kind in wanted:
@@ -66,24 +66,25 @@ def reward_stages(cfg: PipelineConfig, k: int, round_dir: Path, run_dir: Path, d
     return out
 
 
-def round_summary(k: int, stages: dict[str, dict], cached: list[str], test: dict) -> dict:
+def round_summary(k: int, runs: dict[str, StageRun], test: dict) -> dict:
     """What a round produced and measured (the manifest's ``rounds`` entries)."""
-    grpo = stages["grpo"]
-    rms = {kind: {"model": stages[kind]["model"], "digest": stages[kind]["digest"], "before": stages[kind].get("heldout_before", {}),
-                  "after": stages[kind].get("heldout", {}), "replay": stages[kind].get("replay", {}),
-                  "baseline": stages[kind].get("baseline", {}), "quality_gate": stages[kind].get("quality_gate", {})}
-           for kind in ("orm", "prm") if kind in stages}
+    out = {name: r.output for name, r in runs.items()}
+    grpo = out["grpo"]
+    rms = {kind: {"model": rm.model, "digest": rm.digest, "before": rm.heldout_before, "after": rm.heldout,
+                  "replay": rm.replay, "baseline": rm.baseline, "quality_gate": rm.quality_gate}
+           for kind, rm in out.items() if kind in ("orm", "prm")}
     return {
         "round": k,
-        "policy": grpo["model"], "policy_digest": grpo["digest"],
-        "test_accuracy": test["accuracy"], "val_accuracy": grpo["best_val_accuracy"],
-        "grpo": {"steps": grpo["steps"], "wall_s": grpo["wall_s"], "best_step": grpo["best_step"],
-                 "resumed_from_step": grpo.get("resumed_from_step", 0), **grpo.get("last_10_steps", {})},
+        "policy": grpo.model, "policy_digest": grpo.digest,
+        "test_accuracy": test["accuracy"], "val_accuracy": grpo.best_val_accuracy,
+        "grpo": {"steps": grpo.steps, "wall_s": grpo.wall_s, "train_s": grpo.train_s, "best_step": grpo.best_step,
+                 "resumed_from_step": grpo.resumed_from_step, **grpo.last_10_steps},
         "reward_models": rms,
-        "buffer": {"dir": stages["replay"]["dir"], "digest": stages["replay"]["digest"]} if "replay" in stages else None,
+        "buffer": {"dir": out["replay"].dir, "digest": out["replay"].digest} if "replay" in out else None,
         # The rollouts are determined by the stage that wrote them: its policy's digest names them.
-        "rollouts": {"dir": grpo["rollouts"], "digest": grpo["digest"]} if grpo.get("rollouts") else None,
-        "stages": stages, "cached_stages": cached,
+        "rollouts": {"dir": grpo.rollouts, "digest": grpo.digest} if grpo.rollouts else None,
+        "stages": {name: r.manifest for name, r in runs.items()},
+        "cached_stages": [name for name, r in runs.items() if r.cached],
     }
 
 
@@ -144,30 +145,28 @@ def rl_round(cfg: PipelineConfig, k: int, data: Ref, sft: Ref, start: RoundStart
     common = {"uri": uri, "parent_id": run_id}
     with finishing(uri, [run_id]):
         results = reward_stages(cfg, k, round_dir, run_dir, data, sft, start, common)
-        rms = {kind: results[kind].manifest for kind in ("orm", "prm") if kind in results}
+        rms = {kind: results[kind].output for kind in ("orm", "prm") if kind in results}
         used, excluded = cfg.grpo.reward_models_used, []
         for kind in used:
-            failure = gate_failure(kind, rms[kind].get("quality_gate") or {})
+            failure = gate_failure(kind, rms[kind].quality_gate)
             if failure:
                 log.warning("round %d: QUALITY GATE FAILED: %s%s", k, failure, "; kept out of GRPO's reward"
                             if cfg.rounds.on_gate_failure == "exclude" else "")
                 excluded += [kind] if cfg.rounds.on_gate_failure == "exclude" else []
         gcfg = without_reward_models(cfg, excluded)
         results["grpo"] = run_stage(grpo_task, gcfg, str(round_dir / "grpo"), GRPOInputs(
-            data=data, init=start.policy, reward_models={m: Ref.model(rms[m]) for m in gcfg.grpo.reward_models_used},
+            data=data, init=start.policy, reward_models={m: rms[m].ref for m in gcfg.grpo.reward_models_used},
             round=k), **common)
-        grpo = results["grpo"].manifest
+        grpo = results["grpo"].output
         results["eval"] = run_stage(eval_task, cfg, str(round_dir / "eval"),
-                                    EvalInputs(data=data, models={"policy": Ref.model(grpo)}), **common)
-        stages = {name: r.manifest for name, r in results.items()}
-        cached = [name for name, r in results.items() if r.cached]
-        summary = round_summary(k, stages, cached, stages["eval"]["results"]["policy"])
+                                    EvalInputs(data=data, models={"policy": grpo.ref}), **common)
+        summary = round_summary(k, results, results["eval"].output.results["policy"])
+        cached, stages = summary["cached_stages"], summary["stages"]
         summary["quality_warnings"] = gate_failures(summary, used)
         summary["excluded_reward_models"] = excluded
         clock = time.perf_counter()
         name = registered_name(cfg)
-        summary["model_version"] = register_policy(uri, name, run_id, grpo["model"], k, summary["val_accuracy"],
-                                                   grpo["digest"])
+        summary["model_version"] = register_policy(uri, name, run_id, grpo.model, k, summary["val_accuracy"], grpo.digest)
         champion = promote_champion(uri, name, [*start.versions, summary["model_version"]])
         # Where the round's time went: each stage as the flow waited for it, and the model registry.
         summary["profile"] = {s: r.seconds for s, r in results.items()} | {"register": time.perf_counter() - clock}

@@ -19,6 +19,7 @@ from prefect import task
 from grpo_core.config import PipelineConfig, flatten
 from grpo_core.stages.common import code_version, digest_dir, write_manifest
 from grpo_core.stages.inputs import StageInputs
+from grpo_core.stages.outputs import StageOutput
 from grpo_core.tracking import MlflowLogger, finishing, start_run
 from tasks.launch import LAUNCHABLE, run_launched
 
@@ -80,14 +81,19 @@ def stage_key(stage: str, cfg: PipelineConfig, inputs: StageInputs, out_dir: Pat
 
 
 class StageRun(NamedTuple):
-    manifest: dict
+    output: StageOutput  # what the stage produced, typed (``stages/outputs.py``)
     cached: bool
     seconds: float  # how long the flow waited for the stage in this run (a cache hit: about none)
+
+    @property
+    def manifest(self) -> dict:
+        """The stage's manifest as JSON (for a run's manifest and reports)."""
+        return self.output.model_dump(mode="json")
 
 
 def run_stage(stage_task, cfg: PipelineConfig, out_dir: str, inputs: StageInputs, uri: str,
               parent_id: str) -> StageRun:
-    """Run a stage task; returns its manifest, whether it came from the cache, and its wall time.
+    """Run a stage task; returns its output (typed), whether it came from the cache, and its wall time.
 
     A cached result is trusted only while the outputs on disk are the ones it describes: the
     manifest must exist and carry the same cache key (another recipe under the same run name may
@@ -100,7 +106,7 @@ def run_stage(stage_task, cfg: PipelineConfig, out_dir: str, inputs: StageInputs
     on_disk = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
     state = stage_task.with_options(refresh_cache=on_disk.get("cache_key") != key)(
         cfg=cfg, out_dir=out_dir, inputs=inputs, uri=uri, parent_id=parent_id, return_state=True)
-    return StageRun(state.result(), state.name == "Cached", time.perf_counter() - start)
+    return StageRun(type(inputs).output.model_validate(state.result()), state.name == "Cached", time.perf_counter() - start)
 
 
 def _cache_key(stage: str):

@@ -15,9 +15,11 @@ def _finished_run(tmp_path, tiny_cfg):
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.yaml").write_text(yaml.safe_dump(tiny_cfg(tmp_path).model_dump(mode="json")))
-    grpo = [{"train_s": 10.0, "wall_s": 15.0}, {"train_s": 12.5, "wall_s": 19.0}]  # wall time includes evaluations
-    manifest = {"stages": {"sft": {"final_lr": 1e-4}},
-                "rounds": [{"stages": {"grpo": g, "orm": {}, "prm": {}}} for g in grpo]}
+    model = {"model": str(run / "model"), "digest": "d"}
+    grpo = [{"stage": "grpo", **model, "best_val_accuracy": 0.5, "best_step": 3, "train_s": t, "wall_s": w}
+            for t, w in ((10.0, 15.0), (12.5, 19.0))]  # wall time includes evaluations
+    rms = {kind: {"stage": kind, **model} for kind in ("orm", "prm")}
+    manifest = {"stages": {"sft": {"final_lr": 1e-4}}, "rounds": [{"stages": {"grpo": g, **rms}} for g in grpo]}
     (run / "manifest.json").write_text(json.dumps(manifest))
     return run
 
@@ -50,3 +52,20 @@ def test_equal_samples_and_an_explicit_time(tmp_path, tiny_cfg):
     assert setup(run, "compare", None, 7.0, None, None).config("rule-outcome", 0).grpo.max_seconds == 7.0
     with pytest.raises(ValueError, match="unknown baseline variant"):
         setup(run, "baseline", ["reinforce"], None, None, None)
+
+
+def test_stage_outputs_are_typed_and_name_a_missing_field():
+    """Every stage's inputs class names its output class; a manifest read back as it is checked
+    field by field, and keeps the stage's further metrics as extra fields."""
+    from pydantic import ValidationError
+
+    from grpo_core.stages.inputs import INPUTS
+    from grpo_core.stages.outputs import GRPOOutput, StageOutput
+
+    assert all(issubclass(cls.output, StageOutput) for cls in INPUTS.values())
+    manifest = {"stage": "grpo", "model": "m", "digest": "d", "best_val_accuracy": 0.9, "best_step": 4,
+                "train_s": 12.0, "wall_s": 15.0, "steps": 8, "n_custom": 3}
+    out = INPUTS["grpo"].output.model_validate(manifest)
+    assert (out.ref.path, out.train_s, out.algorithm, out.model_extra) == ("m", 12.0, "grpo", {"n_custom": 3})
+    with pytest.raises(ValidationError, match="train_s"):
+        GRPOOutput.model_validate({k: v for k, v in manifest.items() if k != "train_s"})

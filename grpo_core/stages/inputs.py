@@ -12,22 +12,19 @@ from pydantic import BaseModel, ConfigDict
 
 from grpo_core.config import PipelineConfig
 from grpo_core.stages.common import Ref
+from grpo_core.stages.outputs import (CorpusOutput, EvalOutput, FolderOutput, GRPOOutput, ModelOutput, ReplayOutput,
+                                      RewardDataOutput, RewardModelOutput, SFTOutput, StageOutput, reward_datasets)
 from grpo_core.tracking import MetricLogger
-
-
-def reward_datasets(manifest: dict) -> dict[str, Ref]:
-    """The reward-data stage's datasets by name (``pairs``, ``steps``, ``solutions``), from its manifest."""
-    return {k.removesuffix("_dir"): Ref(path=v, digest=manifest[k.replace("_dir", "_digest")])
-            for k, v in manifest.items() if k.endswith("_dir") and k != "dir"}
 
 
 class StageInputs(BaseModel):
     """A stage's inputs; ``sections``: the recipe's sections (or keys) that decide its output, beside
-    the inputs' digests (its cache key and the parameters of its MLflow run)."""
+    the inputs' digests (its cache key and the parameters of its MLflow run); ``output``: its class."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     stage: ClassVar[str]
     sections: ClassVar[tuple[str, ...]]
+    output: ClassVar[type[StageOutput]]  # what it produces (``outputs.py``), read back from its manifest
 
     def run(self, cfg: PipelineConfig, out_dir: Path, logger: MetricLogger | None = None) -> dict | None:
         raise NotImplementedError
@@ -39,6 +36,7 @@ class StageInputs(BaseModel):
 
 class DataInputs(StageInputs):
     stage: ClassVar[str] = "data"
+    output: ClassVar[type[StageOutput]] = FolderOutput
     sections: ClassVar[tuple[str, ...]] = ("seed", "data")
 
     def run(self, cfg, out_dir, logger=None):
@@ -52,6 +50,7 @@ class DataInputs(StageInputs):
 
 class CorpusInputs(StageInputs):
     stage: ClassVar[str] = "corpus"
+    output: ClassVar[type[StageOutput]] = CorpusOutput
     sections: ClassVar[tuple[str, ...]] = ("seed", "corpus")
     data: Ref  # the pipeline's data: its test and validation questions are benchmarks to decontaminate
 
@@ -66,6 +65,7 @@ class CorpusInputs(StageInputs):
 
 class PretrainInputs(StageInputs):
     stage: ClassVar[str] = "pretrain"
+    output: ClassVar[type[StageOutput]] = ModelOutput
     sections: ClassVar[tuple[str, ...]] = ("seed", "model", "pretrain")
     corpus: Ref
 
@@ -77,6 +77,7 @@ class PretrainInputs(StageInputs):
 
 class SFTInputs(StageInputs):
     stage: ClassVar[str] = "sft"
+    output: ClassVar[type[StageOutput]] = SFTOutput
     sections: ClassVar[tuple[str, ...]] = ("seed", "model", "sft", "eval.max_new_tokens")
     data: Ref
     init: Ref | None = None  # the continued-pretraining model; None: the recipe's model
@@ -89,6 +90,7 @@ class SFTInputs(StageInputs):
 
 class RewardDataInputs(StageInputs):
     stage: ClassVar[str] = "reward_data"
+    output: ClassVar[type[StageOutput]] = RewardDataOutput
     sections: ClassVar[tuple[str, ...]] = ("seed", "reward_data")
     data: Ref
     policy: Ref
@@ -104,6 +106,7 @@ class RewardDataInputs(StageInputs):
 
 class ReplayInputs(StageInputs):
     stage: ClassVar[str] = "replay"
+    output: ClassVar[type[StageOutput]] = ReplayOutput
     sections: ClassVar[tuple[str, ...]] = ()
     reward_data: dict[str, Ref]
     previous: Ref | None = None  # buffer version k-1
@@ -134,16 +137,19 @@ class RewardModelInputs(StageInputs):
 
 class ORMInputs(RewardModelInputs):
     stage: ClassVar[str] = "orm"
+    output: ClassVar[type[StageOutput]] = RewardModelOutput
     sections: ClassVar[tuple[str, ...]] = ("seed", "orm", "reward_data.step_separator")
 
 
 class PRMInputs(RewardModelInputs):
     stage: ClassVar[str] = "prm"
+    output: ClassVar[type[StageOutput]] = RewardModelOutput
     sections: ClassVar[tuple[str, ...]] = ("seed", "prm", "reward_data.step_separator")
 
 
 class GRPOInputs(StageInputs):
     stage: ClassVar[str] = "grpo"
+    output: ClassVar[type[StageOutput]] = GRPOOutput
     sections: ClassVar[tuple[str, ...]] = ("seed", "grpo", "eval.max_new_tokens", "reward_data.step_separator")
     data: Ref
     init: Ref  # the policy to start from (and the reference): the SFT model in round 1
@@ -162,6 +168,7 @@ class GRPOInputs(StageInputs):
 
 class EvalInputs(StageInputs):
     stage: ClassVar[str] = "eval"
+    output: ClassVar[type[StageOutput]] = EvalOutput
     sections: ClassVar[tuple[str, ...]] = ("eval",)
     data: Ref
     models: dict[str, Ref]

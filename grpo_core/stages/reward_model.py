@@ -228,7 +228,7 @@ def run_reward_model(cfg: PipelineConfig, kind: str, reward_data: dict[str, Ref]
                      logger: MetricLogger | None = None, round_: int = 1, replay: Ref | None = None,
                      baseline: str | Path | None = None) -> dict:
     """Train the ``kind`` ("orm" or "prm") reward model on the reward-data stage's datasets
-    (``reward_data``: by name, as ``inputs.reward_datasets`` reads them from its manifest).
+    (``reward_data``: by name, as ``outputs.reward_datasets`` reads them from its manifest).
 
     ``replay`` (rounds after the first): the replay buffer's version ``round_ - 1``;
     ``rounds.replay_fraction`` of the training set is then drawn from it.

@@ -1,0 +1,112 @@
+"""What each stage produces, typed: the ``manifest.json`` a stage writes (completed by its task with
+the cache key, the model's digest and the MLflow run), read back as one class per stage beside its
+inputs class (``StageInputs.output``). Flows read these fields, not a dict's keys; a manifest that
+lacks one fails here, naming it. A stage's further measurements (its metrics) ride along as extra
+fields (``model_extra``) for the reports."""
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+from grpo_core.stages.common import Ref
+
+
+class StageOutput(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="allow")
+    stage: str
+    mlflow_run_id: str = ""
+    cache_key: str = ""
+    wall_s: float = 0.0                  # the stage's own time, evaluations included
+    peak_memory: dict[str, float] = {}   # a stage in a process of its own: its peak RSS (CUDA on a GPU)
+
+
+class FolderOutput(StageOutput):
+    """A dataset folder (the data splits, a replay buffer version) with its digest."""
+
+    dir: str
+    digest: str
+
+    @property
+    def ref(self) -> Ref:
+        return Ref(path=self.dir, digest=self.digest)
+
+
+class CorpusOutput(StageOutput):
+    """The decontaminated math corpus (the corpus flow's manifest)."""
+
+    corpus_dir: str
+    digest: str = ""                     # set by the flow that ran it
+    pages: int = 0
+
+    @property
+    def ref(self) -> Ref:
+        return Ref(path=self.corpus_dir, digest=self.digest)
+
+
+class ReplayOutput(FolderOutput):
+    round: int
+    contents: dict = {}
+
+
+class RewardDataOutput(StageOutput):
+    """The reward-model datasets (``pairs``, ``steps``, ``solutions``) as ``<name>_dir`` / ``<name>_digest``."""
+
+    dir: str
+    round: int = 1
+
+    @property
+    def datasets(self) -> dict[str, Ref]:
+        return reward_datasets(self.model_extra or {})
+
+
+def reward_datasets(fields: dict) -> dict[str, Ref]:
+    """The reward-data datasets by name, from a manifest's ``<name>_dir`` / ``<name>_digest`` fields."""
+    return {k.removesuffix("_dir"): Ref(path=v, digest=fields[k.replace("_dir", "_digest")])
+            for k, v in fields.items() if k.endswith("_dir") and k != "dir"}
+
+
+class ModelOutput(StageOutput):
+    """A published model folder with its digest and the steps that trained it."""
+
+    model: str
+    digest: str
+    steps: int = 0
+
+    @property
+    def ref(self) -> Ref:
+        return Ref(path=self.model, digest=self.digest)
+
+
+class TrainedOutput(ModelOutput):
+    """A model kept by validation accuracy, with its curve against training time."""
+
+    best_val_accuracy: float
+    best_step: int
+    train_s: float                       # training seconds: evaluations not counted
+    stopped: str = ""
+    curve: list[dict] = []               # every evaluation: step, elapsed_s (training seconds), metrics
+
+
+class SFTOutput(TrainedOutput):
+    final_lr: float | None = None        # where continued SFT goes on (``sft.continued``)
+
+
+class RewardModelOutput(ModelOutput):
+    round: int = 1
+    heldout: dict[str, float] = {}       # held-out metrics after training, before (``heldout_before``)
+    heldout_before: dict[str, float] = {}
+    baseline: dict[str, float] = {}      # the zero-training verifier on the same rows
+    quality_gate: dict = {}
+    replay: dict = {}
+
+
+class GRPOOutput(TrainedOutput):
+    algorithm: str = "grpo"
+    round: int = 1
+    rollouts: str | None = None          # the folder of its checked rollouts (the next round's data)
+    resumed_from_step: int = 0
+    rewards: list[dict] = []             # every step: elapsed_s, the checker's accuracy, the learned rewards
+    last_10_steps: dict[str, float] = {}
+
+
+class EvalOutput(StageOutput):
+    results: dict[str, dict]             # per model: n, accuracy (maj@K, pass@K), per_question
