@@ -100,3 +100,16 @@ def test_online_rft_fine_tunes_on_correct_samples_and_rft_samples_the_start(tmp_
     rft_still = run("rft-still", "rft", 1e-12)
     for k in ("train/reward_mean", "train/accuracy", "train/frac_truncated"):
         assert rft[2][k] == rft_still[2][k], k  # the same samples of the starting model
+
+
+def test_a_recipe_from_before_the_ppo_section_still_loads(tiny_cfg, tmp_path):
+    """A finished run's resolved config.yaml has PPO's keys under grpo with their defaults: it loads;
+    for algorithm=ppo they move to grpo.ppo; a non-default one elsewhere is refused, naming it."""
+    from grpo_core.config import ConfigError
+
+    old = {"gae_gamma": 1.0, "gae_lambda": 1.0, "value_clip": 0.2, "value_lr": None}
+    assert tiny_cfg(tmp_path, *[f"grpo.{k}={'null' if v is None else v}" for k, v in old.items()]).grpo.ppo is None
+    ppo = tiny_cfg(tmp_path, "grpo.gae_lambda=0.9", grpo__algorithm="ppo").grpo.ppo
+    assert (ppo.gae_lambda, ppo.gae_gamma) == (0.9, 1.0)
+    with pytest.raises(ConfigError, match="gae_lambda: PPO's settings are now grpo.ppo"):
+        tiny_cfg(tmp_path, "grpo.gae_lambda=0.9")
