@@ -16,9 +16,8 @@ from prefect.input import RunInput
 from flows import artifact_key
 from grpo_core.config import PipelineConfig
 from grpo_core.corpus.stage import run_corpus
-from grpo_core.tracking import MlflowLogger
+from grpo_core.tracking import MlflowLogger, check_tracking, experiment_id, finishing, start_run, tracking_uri
 from tasks.corpus import score_pool_task
-from grpo_core.tracking import check_tracking, experiment_id, finishing, start_run, tracking_uri
 
 
 class PrefixApproval(RunInput):

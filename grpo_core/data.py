@@ -49,11 +49,14 @@ def arithmetic_solution(operands: list[int], ops: list[str]) -> tuple[str, int]:
     return "\n".join(lines), value
 
 
-def _draw_question(rng: random.Random, task: ArithmeticTask) -> tuple[list[int], list[str]]:
+def draw_arithmetic(rng: random.Random, task: ArithmeticTask) -> tuple[str, str, int]:
+    """A random chain of the task: (question, worked solution, final value)."""
     n = rng.choice(task.operand_counts)
     operands = [rng.randint(task.min_operand, task.max_operand) for _ in range(n)]
     ops = [rng.choice("+-") for _ in range(n - 1)]
-    return operands, ops
+    expr = " ".join([str(operands[0])] + [f"{o} {x}" for o, x in zip(ops, operands[1:])])
+    solution, value = arithmetic_solution(operands, ops)
+    return f"What is {expr}?", solution, value
 
 
 def generate_arithmetic(task: ArithmeticTask, seed: int) -> dict[str, list[Example]]:
@@ -78,13 +81,10 @@ def generate_arithmetic(task: ArithmeticTask, seed: int) -> dict[str, list[Examp
                     f"data.arithmetic: cannot draw {size} distinct {split} questions; the operand "
                     f"range and counts allow too few (raise max_operand or lower the split sizes)"
                 )
-            operands, ops = _draw_question(rng, task)
-            expr = " ".join([str(operands[0])] + [f"{o} {x}" for o, x in zip(ops, operands[1:])])
-            question = f"What is {expr}?"
+            question, solution, value = draw_arithmetic(rng, task)
             if question in seen and not (split == "rl" and seen[question] == "rl"):
                 continue
             seen[question] = split
-            solution, value = arithmetic_solution(operands, ops)
             out.append(Example(question=question, gold=str(value), solution=solution))
         splits[split] = out
     # RL questions carry only their final answer: worked solutions are the scarce resource.
@@ -189,4 +189,3 @@ def write_jsonl(examples: list[Example], path: Path) -> None:
         for e in examples:
             answer = e.solution if e.solution else f"#### {e.gold}"
             f.write(json.dumps({"question": e.question, "answer": answer}) + "\n")
-

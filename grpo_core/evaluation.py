@@ -39,28 +39,24 @@ def evaluate(
         batch = examples[start : start + batch_size]
         prompts = [prompt_text(e.question) for e in batch]
         greedy = generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens)
-        sampled_texts: list[list[str]] = [[] for _ in batch]
         if samples > 1:
             rep = [p for p in prompts for _ in range(samples)]
             out = generate(model, tokenizer, rep, max_new_tokens=max_new_tokens,
                            temperatures=[temperature] * len(rep), seed=seed + start)
-            for i in range(len(batch)):
-                sampled_texts[i] = out.texts[i * samples : (i + 1) * samples]
         for i, e in enumerate(batch):
             ok = is_correct(greedy.texts[i], e.gold)
             greedy_correct += ok
-            row = {"question": e.question, "gold": e.gold, "completion": greedy.texts[i],
-                   "predicted": extract_answer(greedy.texts[i]) or "", "correct": bool(ok)}
+            rows.append({"question": e.question, "gold": e.gold, "completion": greedy.texts[i],
+                         "predicted": extract_answer(greedy.texts[i]) or "", "correct": bool(ok)})
             if samples > 1:
-                answers = [extract_answer(t) for t in sampled_texts[i]]
+                sampled = out.texts[i * samples : (i + 1) * samples]
+                answers = [extract_answer(t) for t in sampled]
                 votes = Counter(k for k in map(_vote_key, answers) if k is not None)
-                correct_flags = [is_correct(t, e.gold) for t in sampled_texts[i]]
                 if votes:
                     top = votes.most_common(1)[0][0]
                     winner = next(a for a in answers if _vote_key(a) == top)
                     maj_correct += is_correct(f"#### {winner}", e.gold)
-                pass_correct += any(correct_flags)
-            rows.append(row)
+                pass_correct += any(is_correct(t, e.gold) for t in sampled)
     n = len(examples)
     metrics: dict[str, float] = {"n": n, "accuracy": greedy_correct / max(n, 1)}
     if samples > 1:

@@ -82,8 +82,7 @@ def draw_test_accuracy(ax, manifest: dict, run_dir: Path | None = None) -> None:
     low, high = 100 * min(a for a, _ in spans), 100 * max(b for _, b in spans)
     ax.set_ylim(low - 0.45 * (high - low) - 0.5, None)  # room for the legend below the points
     ax.legend(fontsize=8, loc="lower right")
-    gain = manifest.get("gain_over_sft") or {}
-    if gain:
+    if gain := manifest.get("gain_over_sft"):
         ax.set_title(f"last round - SFT, paired over the questions: {100 * gain['mean']:+.2f} points "
                      f"[{100 * gain['low']:+.1f}, {100 * gain['high']:+.1f}]", fontsize=9)
 

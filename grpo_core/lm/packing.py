@@ -36,11 +36,8 @@ def pack(encoded: list[tuple[list[int], list[int]]], context_length: int, pad_id
     order = list(range(len(encoded)))
     if rng is not None:
         rng.shuffle(order)
-    ids: list[int] = []
-    labels: list[int] = []
-    for i in order:
-        ids += encoded[i][0]
-        labels += encoded[i][1]
+    ids = [t for i in order for t in encoded[i][0]]
+    labels = [t for i in order for t in encoded[i][1]]
     rows = max(1, -(-len(ids) // context_length))
     pad = rows * context_length - len(ids)
     ids += [pad_id] * pad

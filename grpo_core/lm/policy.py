@@ -56,6 +56,14 @@ def right_pad(rows: list, pad_id: int) -> torch.Tensor:
     return out
 
 
+def _after_prompts(enc, completion: torch.Tensor, cmask: torch.Tensor, texts: list[str],
+                   truncated: torch.Tensor) -> Rollout:
+    """The Rollout of the encoded prompts ``enc`` ([B, P]) followed by ``completion`` [B, T] (mask ``cmask``)."""
+    return Rollout(input_ids=torch.cat([enc.input_ids, completion], dim=1),
+                   attention_mask=torch.cat([enc.attention_mask, cmask.long()], dim=1),
+                   completion_mask=cmask, prompt_len=enc.input_ids.shape[1], texts=texts, truncated=truncated)
+
+
 def completion_mask_from(ids: torch.Tensor, eos_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """[B, T] mask of tokens up to and including the first EOS, and [B] truncated flags.
 
@@ -156,14 +164,7 @@ def generate(
     cmask, truncated = completion_mask_from(completion, tokenizer.eos_token_id)
     texts = tokenizer.batch_decode(completion * cmask.long() + tokenizer.pad_token_id * (1 - cmask.long()),
                                    skip_special_tokens=True)
-    return Rollout(
-        input_ids=torch.cat([enc.input_ids, completion], dim=1),
-        attention_mask=torch.cat([enc.attention_mask, cmask.long()], dim=1),
-        completion_mask=cmask,
-        prompt_len=prompt_len,
-        texts=texts,
-        truncated=truncated,
-    )
+    return _after_prompts(enc, completion, cmask, texts, truncated)
 
 
 def encode(tokenizer, prompts: list[str], completions: list[str], *, add_eos: bool = True,
@@ -183,14 +184,7 @@ def encode(tokenizer, prompts: list[str], completions: list[str], *, add_eos: bo
     completion = right_pad(rows, tokenizer.pad_token_id)
     lengths = torch.tensor([len(r) for r in rows])
     cmask = (torch.arange(completion.shape[1])[None, :] < lengths[:, None]).float()
-    return Rollout(
-        input_ids=torch.cat([enc.input_ids, completion], dim=1),
-        attention_mask=torch.cat([enc.attention_mask, cmask.long()], dim=1),
-        completion_mask=cmask,
-        prompt_len=enc.input_ids.shape[1],
-        texts=list(completions),
-        truncated=torch.tensor([not add_eos] * len(rows)),
-    )
+    return _after_prompts(enc, completion, cmask, list(completions), torch.tensor([not add_eos] * len(rows)))
 
 
 def _attention_only(cache) -> bool:
