@@ -290,7 +290,7 @@ def format_table(result: dict) -> str:
         if key not in r:
             return "-"
         low, high = r[f"{key}_95ci"]
-        return f"{100 * r[key]:+.1f} [{100 * low:+.1f}, {100 * high:+.1f}]"
+        return f"{100 * r[key]:+.1f} " + (f"[{100 * low:+.1f}, {100 * high:+.1f}]" if low == low else "(one seed: no interval)")
 
     k = result["samples"]
     sampled = [f"maj@{k}", f"pass@{k}"] if k > 1 else []
