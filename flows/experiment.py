@@ -80,15 +80,11 @@ class Setup(BaseModel):
     model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
     root: Path
     manifest: dict
+    first: dict[str, StageOutput]  # round 1's stages (GRPO, reward data, reward models from the SFT model), typed
     cfg: PipelineConfig
     preset: Preset
     budget: Budget
     eval_every: int
-
-    @property
-    def first(self) -> dict[str, StageOutput]:
-        """Round 1's stages (its GRPO, reward data and reward models, from the SFT model), typed."""
-        return {name: INPUTS[name].output.model_validate(m) for name, m in self.manifest["rounds"][0]["stages"].items()}
 
     def stage(self, name: str) -> StageOutput:
         """One of the run's stages outside the rounds (``data``, ``sft``), typed."""
@@ -127,7 +123,8 @@ def setup(run_dir: str, preset: str, variants: list[str] | None, seconds: float 
     p = PRESETS[preset]
     rounds = manifest["rounds"] if p.all_rounds else manifest["rounds"][:1]
     trained = sum(GRPOOutput.model_validate(r["stages"]["grpo"]).train_s for r in rounds)  # evaluations not counted
-    return Setup(root=root, manifest=manifest, cfg=continued(cfg, manifest["stages"]["sft"]), preset=p,
+    first = {name: INPUTS[name].output.model_validate(m) for name, m in manifest["rounds"][0]["stages"].items()}
+    return Setup(root=root, manifest=manifest, first=first, cfg=continued(cfg, manifest["stages"]["sft"]), preset=p,
                  budget=Budget(seconds=seconds or trained, steps=steps),
                  eval_every=eval_every or p.eval_every or cfg.grpo.eval_every)
 
@@ -152,11 +149,11 @@ def two_rounds(s: Setup, cfgs: tuple[PipelineConfig, PipelineConfig], out: Path,
     GRPO round 2 from round 1's policy (the new reference). ``cfgs``: each round's recipe. Returns the
     GRPO outputs and the retraining seconds."""
     vcfg, vcfg2 = cfgs
-    first = s.first
-    prm = first["prm"].ref
+    prm = s.first["prm"].ref
     g1 = run_stage(grpo_task, vcfg, str(out / "round-1" / "grpo"),
                    GRPOInputs(data=data, init=sft, reward_models={"prm": prm}, round=1), **common).output
-    start = RoundStart(policy=g1.ref, reward_models={"prm": prm}, buffer=first["replay"].ref if "replay" in first else None,
+    start = RoundStart(policy=g1.ref, reward_models={"prm": prm},
+                       buffer=s.first["replay"].ref if "replay" in s.first else None,
                        rollouts=Ref(path=g1.rollouts, digest=g1.digest) if g1.rollouts else None)
     prm_only = vcfg.model_copy(update={"orm": vcfg.orm.model_copy(update={"train": False})})
     retrain = reward_stages(prm_only, 2, out / "round-2", out, data, sft, start, common)

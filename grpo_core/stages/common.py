@@ -23,21 +23,12 @@ CODE_ROOTS = [Path(__file__).resolve().parents[1], Path(__file__).resolve().pare
 
 
 class Ref(BaseModel):
-    """A folder another stage wrote (a model, a dataset), with the digest of its contents."""
+    """A folder another stage wrote (a model, a dataset), with the digest of its contents (a stage's
+    typed output gives its own: ``outputs.ModelOutput.ref``, ``FolderOutput.ref``)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     path: str
     digest: str
-
-    @classmethod
-    def model(cls, manifest: dict) -> "Ref":
-        """A stage's published model, from its manifest."""
-        return cls(path=manifest["model"], digest=manifest["digest"])
-
-    @classmethod
-    def folder(cls, manifest: dict) -> "Ref":
-        """A stage's output folder (the data, a replay buffer version), from its manifest."""
-        return cls(path=manifest["dir"], digest=manifest["digest"])
 
 
 def read_split(data_dir: Path, split: str) -> list[Example]:

@@ -180,8 +180,8 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
             metrics = rl_step(Models(policy, ref, value, value_opt), tokenizer, trainer.opt, questions, gc,
                               step_seed(seed, st.step), scorer, d, trained, amp, record)
         except RewardError as e:
-            raise RewardError(f"{gc.algorithm.upper()} step {st.step + 1} of {out_dir}: {e}; the stage stops, and its last "
-                              f"checkpoint is where a re-run resumes") from None
+            raise RewardError(f"{gc.algorithm.upper()} step {st.step + 1} of {out_dir}: {e}; the stage stops, and "
+                              f"its last checkpoint is where a re-run resumes") from None
         if gc.save_rollouts:
             rollout_log.append(rollouts, st.step + 1, record)
         recent = st.extra.get("recent", []) + [{k: metrics[k] for k in SUMMARY_METRICS if k in metrics}]
