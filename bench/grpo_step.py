@@ -14,6 +14,10 @@ peak RSS is its own), alternating, ``--rounds`` times. Prints one JSON object: m
 after ``--warmup`` steps, completion tokens per second, peak RSS (and for ours / PPO the peak over
 the RSS before the models were loaded), and for ``--compare`` the ratios, the machine's matmul rate
 and the step's arithmetic limit (its useful matmul FLOPs at that rate; ``step_flops``).
+
+``--device cuda --precision bf16``: the same on a GPU, the forward passes under bf16 autocast (the
+stages' ``launch.precision: bf16``); each run then also reports its peak CUDA allocation and its MFU
+(the step's useful FLOPs per second over the GPU's bf16 matmul rate, measured in the same run).
 """
 from __future__ import annotations
 
@@ -63,7 +67,27 @@ def _rss_mib() -> float:
     return int(open("/proc/self/statm").read().split()[1]) * resource.getpagesize() / 2**20
 
 
-def run_ours(model_dir: str, prompts: str, steps: int, threads: int, value_model: bool = False) -> dict:
+def _device_memory(device: str) -> dict:
+    """The run's peak CUDA allocation (MiB) when it ran on a GPU."""
+    import torch
+
+    return {"peak_cuda_mib": round(torch.cuda.max_memory_allocated() / 2**20, 1)} if device == "cuda" else {}
+
+
+def _amp(device: str, precision: str):
+    """The forward passes' precision context, as the stages build it (``runtime.autocast``)."""
+    import functools
+
+    import torch
+
+    from grpo_core.config import LaunchConfig
+    from grpo_core.lm.runtime import autocast
+
+    return functools.partial(autocast, LaunchConfig(precision=precision), torch.device(device))
+
+
+def run_ours(model_dir: str, prompts: str, steps: int, threads: int, device: str = "cpu", precision: str = "fp32",
+             value_model: bool = False) -> dict:
     import torch
 
     from grpo_core.config import GRPOConfig
@@ -76,9 +100,11 @@ def run_ours(model_dir: str, prompts: str, steps: int, threads: int, value_model
     before_models = _rss_mib()
     policy, tok = load_model(model_dir)
     ref, _ = load_model(model_dir)
-    ref.eval().requires_grad_(False)
+    policy.to(device)
+    ref.to(device).eval().requires_grad_(False)
     opt = torch.optim.AdamW(policy.parameters(), lr=LR, betas=(0.9, 0.95), weight_decay=0.0)
-    value = _ValueModel(model_dir) if value_model else None
+    amp = _amp(device, precision)
+    value = _ValueModel(model_dir, device, amp) if value_model else None
     gc = GRPOConfig(questions_per_step=PROMPTS, group_size=GROUP, max_new_tokens=MAX_NEW, beta=BETA, lr=LR)
     times, tokens, parts = [], [], []
     # Our step formats questions itself, so the prompt text is passed as a question whose prompt
@@ -92,14 +118,16 @@ def run_ours(model_dir: str, prompts: str, steps: int, threads: int, value_model
     for s, batch in enumerate(_batches(_questions(prompts), steps)):
         questions = [Example(question=p, gold=gold) for p, gold in batch]
         t0 = time.perf_counter()
-        m = rl_step(Models(policy, ref), tok, opt, questions, gc, seed=s)
+        m = rl_step(Models(policy, ref), tok, opt, questions, gc, seed=s, amp=amp)
         if value is not None:
             value.step(rollouts[-1], [gold for _, gold in batch for _ in range(GROUP)])
+        if device == "cuda":
+            torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
         tokens.append(m["train/completion_len"] * PROMPTS * GROUP)
         parts.append({k.removeprefix("time/"): m[k] for k in m if k.startswith("time/")})
     return {"step_s": times, "tokens": tokens, "parts": parts, "peak_rss_mib": _peak_rss_mib(), "threads": threads,
-            "rss_before_models_mib": before_models}
+            "rss_before_models_mib": before_models, **_device_memory(device)}
 
 
 class _ValueModel:
@@ -108,13 +136,14 @@ class _ValueModel:
     forward/backward and AdamW step on the squared error to the returns (here the outcome reward at
     every token, undiscounted: gamma = lambda = 1, as in DeepSeekMath's PPO baseline)."""
 
-    def __init__(self, model_dir: str) -> None:
+    def __init__(self, model_dir: str, device: str, amp) -> None:
         import torch
 
         from grpo_core.rewards.heads import ScoreHead, load_reward_model
 
-        self.model = load_reward_model(model_dir, "prm")
+        self.model = load_reward_model(model_dir, "prm").to(device)
         self.head = ScoreHead(self.model)
+        self.amp = amp
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=LR, betas=(0.9, 0.95), weight_decay=0.0)
 
     def step(self, rollout, golds: list[str]) -> None:
@@ -123,10 +152,11 @@ class _ValueModel:
         from grpo_core.rewards.scorer import rule_reward
 
         args = (rollout.input_ids, rollout.attention_mask, rollout.prompt_len - 1)
-        with torch.no_grad():
-            old_values = self.head(*args)[:, :-1]  # [B, T]: the advantage baseline PPO subtracts
-        returns = rule_reward(rollout.texts, golds).float()[:, None].expand_as(old_values)
-        values = self.head(*args)[:, :-1]
+        with torch.no_grad(), self.amp():
+            old_values = self.head(*args)[:, :-1].float()  # [B, T]: the advantage baseline PPO subtracts
+        returns = rule_reward(rollout.texts, golds).float().to(old_values.device)[:, None].expand_as(old_values)
+        with self.amp():
+            values = self.head(*args)[:, :-1].float()
         mask = rollout.completion_mask
         clipped = old_values + (values - old_values).clamp(-0.2, 0.2)  # PPO's clipped value loss
         error = torch.maximum((values - returns) ** 2, (clipped - returns) ** 2)
@@ -136,7 +166,7 @@ class _ValueModel:
         self.opt.step()
 
 
-def run_trl(model_dir: str, prompts: str, steps: int, threads: int) -> dict:
+def run_trl(model_dir: str, prompts: str, steps: int, threads: int, device: str = "cpu", precision: str = "fp32") -> dict:
     import torch
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
@@ -156,7 +186,7 @@ def run_trl(model_dir: str, prompts: str, steps: int, threads: int) -> dict:
         args = GRPOConfig(output_dir=out, per_device_train_batch_size=PROMPTS * GROUP, num_generations=GROUP,
                           gradient_accumulation_steps=1, max_completion_length=MAX_NEW, temperature=1.0,
                           loss_type="grpo", beta=BETA, num_iterations=1, learning_rate=LR, max_steps=steps,
-                          use_cpu=True, bf16=False, fp16=False, report_to=[], save_strategy="no", logging_steps=1,
+                          use_cpu=device == "cpu", bf16=precision == "bf16", fp16=False, report_to=[], save_strategy="no", logging_steps=1,
                           shuffle_dataset=False, seed=0, dataloader_num_workers=0, lr_scheduler_type="constant")
         clock = step_clock()
         trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data,
@@ -164,10 +194,10 @@ def run_trl(model_dir: str, prompts: str, steps: int, threads: int) -> dict:
         trainer.train()
         lengths = [h["completions/mean_length"] for h in trainer.state.log_history if "completions/mean_length" in h]
     return {"step_s": clock.times, "tokens": [x * PROMPTS * GROUP for x in lengths], "peak_rss_mib": _peak_rss_mib(),
-            "threads": threads}
+            "threads": threads, **_device_memory(device)}
 
 
-def run_bare(model_dir: str, prompts: str, steps: int, threads: int) -> dict:
+def run_bare(model_dir: str, prompts: str, steps: int, threads: int, device: str = "cpu", precision: str = "fp32") -> dict:
     """The same work without a framework: sample 64 completions, one forward/backward of the policy,
     one no-grad reference forward, an AdamW step."""
     import torch
@@ -177,42 +207,56 @@ def run_bare(model_dir: str, prompts: str, steps: int, threads: int) -> dict:
     torch.set_num_threads(threads)
     policy, tok = load_model(model_dir)
     ref, _ = load_model(model_dir)
+    policy.to(device)
+    ref.to(device)
     opt = torch.optim.AdamW(policy.parameters(), lr=LR)
+    amp = _amp(device, precision)
     times, tokens = [], []
     for batch in _batches(_questions(prompts), steps):
         enc = tok.pad({"input_ids": [tok(p, add_special_tokens=False).input_ids for p, _ in batch for _ in range(GROUP)]},
-                      return_tensors="pt", padding_side="left")
+                      return_tensors="pt", padding_side="left").to(device)
         t0 = time.perf_counter()
-        with torch.no_grad():
+        with torch.no_grad(), amp():
             out = policy.generate(**enc, max_new_tokens=MAX_NEW, do_sample=True, top_k=0, top_p=1.0,
                                   pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
             ref(out).logits.sum()
-        loss = policy(out).logits.float().logsumexp(-1).mean()
+        with amp():
+            loss = policy(out).logits.float().logsumexp(-1).mean()
         opt.zero_grad()
         loss.backward()
         opt.step()
+        if device == "cuda":
+            torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
         tokens.append(float((out[:, enc.input_ids.shape[1]:] != tok.pad_token_id).sum()))
-    return {"step_s": times, "tokens": tokens, "peak_rss_mib": _peak_rss_mib(), "threads": threads}
+    return {"step_s": times, "tokens": tokens, "peak_rss_mib": _peak_rss_mib(), "threads": threads,
+            **_device_memory(device)}
 
 
-def run_ppo(model_dir: str, prompts: str, steps: int, threads: int) -> dict:
+def run_ppo(model_dir: str, prompts: str, steps: int, threads: int, device: str = "cpu", precision: str = "fp32") -> dict:
     """Our step plus the value model PPO needs (``_ValueModel``): the memory GRPO saves."""
-    return run_ours(model_dir, prompts, steps, threads, value_model=True)
+    return run_ours(model_dir, prompts, steps, threads, device, precision, value_model=True)
 
 
 WORKERS = {"ours": run_ours, "trl": run_trl, "bare": run_bare, "ppo": run_ppo}
 
 
-def matmul_gflops(n: int = 1024, threads: int = 1) -> float:
+def matmul_gflops(n: int = 1024, threads: int = 1, device: str = "cpu") -> float:
+    """The machine's matmul rate: fp32 n x n products on the CPU, bf16 8192 x 8192 on a GPU (the
+    rate MFU is taken against, measured rather than read off a data sheet)."""
     import torch
 
     torch.set_num_threads(threads)
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    a @ b
+    n, dtype = (8192, torch.bfloat16) if device == "cuda" else (n, torch.float32)
+    a, b = torch.randn(n, n, dtype=dtype, device=device), torch.randn(n, n, dtype=dtype, device=device)
+    for _ in range(3):
+        a @ b
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    sync()
     t0 = time.perf_counter()
     for _ in range(10):
         a @ b
+    sync()
     return 10 * 2 * n**3 / (time.perf_counter() - t0) / 1e9
 
 
@@ -286,6 +330,8 @@ def _summary(runs: list[dict], warmup: int) -> dict:
            "peak_rss_mib": round(max(r["peak_rss_mib"] for r in runs), 1), "threads": runs[0]["threads"]}
     if "rss_before_models_mib" in runs[0]:  # what the models, optimizers and activations added
         out["peak_rss_over_start_mib"] = round(max(r["peak_rss_mib"] - r["rss_before_models_mib"] for r in runs), 1)
+    if "peak_cuda_mib" in runs[0]:
+        out["peak_cuda_mib"] = max(r["peak_cuda_mib"] for r in runs)
     if runs[0].get("parts"):
         parts = [p for r in runs for p in r["parts"][warmup:]]
         out["median_parts_s"] = {k: round(statistics.median(p[k] for p in parts), 4) for k in parts[0]}
@@ -301,11 +347,14 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2, help="--compare: alternating runs per implementation")
     p.add_argument("--threads", type=int, help="torch threads of every implementation (default: torch's, what a TRL user gets)")
     p.add_argument("--compare", action="store_true")
+    p.add_argument("--only", help="--compare: a comma-separated subset of ours,trl,bare,ppo (e.g. where TRL is absent)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="bf16: autocast forward passes")
     p.add_argument("--json", action="store_true", help="print one JSON object (the only output form)")
     p.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.worker:
-        print(json.dumps(WORKERS[a.worker](a.model, a.prompts, a.steps, a.threads)))
+        print(json.dumps(WORKERS[a.worker](a.model, a.prompts, a.steps, a.threads, a.device, a.precision)))
         return
     from grpo_core.env import setup_environment
 
@@ -315,27 +364,38 @@ def main() -> None:
     import torch
 
     default_threads = a.threads or torch.get_num_threads()
-    names = ["ours", "trl", "bare", "ppo"] if a.compare else ["ours"]
-    runs = alternate(__file__, names, a.rounds if a.compare else 1, ["--model", model, "--prompts", prompts,
-                                                                    "--steps", str(a.steps), "--threads", str(default_threads)])
+    names = (a.only.split(",") if a.only else ["ours", "trl", "bare", "ppo"]) if a.compare else ["ours"]
+    if unknown := set(names) - set(WORKERS):
+        raise SystemExit(f"--only: unknown {sorted(unknown)}; choose from {sorted(WORKERS)}")
+    runs = alternate(__file__, names, a.rounds if a.compare else 1, [
+        "--model", model, "--prompts", prompts, "--steps", str(a.steps), "--threads", str(default_threads),
+        "--device", a.device, "--precision", a.precision])
     result = {"work": {"prompts": PROMPTS, "completions_per_prompt": GROUP, "max_new_tokens": MAX_NEW,
-                       "beta": BETA, "lr": LR}, "model": model, "prompts": prompts}
+                       "beta": BETA, "lr": LR}, "model": model, "prompts": prompts, "device": a.device,
+              "precision": a.precision}
+    if a.device == "cuda":
+        result["gpu"] = torch.cuda.get_device_name()
     result.update({name: _summary(r, a.warmup) for name, r in runs.items()})
     if a.compare:
-        result["trl_over_ours"] = round(result["trl"]["median_step_s"] / result["ours"]["median_step_s"], 3)
-        result["bare_over_ours"] = round(result["bare"]["median_step_s"] / result["ours"]["median_step_s"], 3)
-        # Memory: GRPO (policy + reference) against the PPO setting it replaces (+ a value model).
-        result["memory_ppo_over_grpo"] = round(result["ppo"]["peak_rss_over_start_mib"]
-                                               / result["ours"]["peak_rss_over_start_mib"], 3)
-        result["matmul_gflops_1_thread"] = round(matmul_gflops(threads=1), 1)
-        rate = matmul_gflops(threads=default_threads)
-        result["matmul_gflops_default_threads"] = round(rate, 1)
-        tokens = statistics.median(t for r in runs["ours"] for t in r["tokens"][a.warmup:])
-        limit = step_flops(model, prompts, tokens) / (rate * 1e9)
+        for name in ("trl", "bare"):
+            if name in names and "ours" in names:
+                result[f"{name}_over_ours"] = round(result[name]["median_step_s"] / result["ours"]["median_step_s"], 3)
+        if "ppo" in names and "ours" in names:
+            # Memory: GRPO (policy + reference) against the PPO setting it replaces (+ a value model).
+            memory = "peak_cuda_mib" if a.device == "cuda" else "peak_rss_over_start_mib"
+            result["memory_ppo_over_grpo"] = round(result["ppo"][memory] / result["ours"][memory], 3)
+        if a.device == "cpu":
+            result["matmul_gflops_1_thread"] = round(matmul_gflops(threads=1), 1)
+        rate = matmul_gflops(threads=default_threads, device=a.device)
+        result["matmul_gflops_bf16_gpu" if a.device == "cuda" else "matmul_gflops_default_threads"] = round(rate, 1)
+        tokens = statistics.median(t for r in runs[names[0]] for t in r["tokens"][a.warmup:])
+        flops = step_flops(model, prompts, tokens)
+        limit = flops / (rate * 1e9)
         result["arithmetic_limit_s"] = round(limit, 4)
         result["arithmetic_limit_shared_prompts_s"] = round(step_flops(model, prompts, tokens, True) / (rate * 1e9), 4)
         for name in names:
             result[name]["over_arithmetic_limit"] = round(result[name]["median_step_s"] / limit, 2)
+            result[name]["mfu"] = round(limit / result[name]["median_step_s"], 5)  # useful FLOPs / s over the rate
     print(json.dumps(result))
 
 
