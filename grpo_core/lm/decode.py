@@ -15,6 +15,11 @@ import torch
 import torch.nn.functional as F
 
 
+# Whether ``generate`` replays decode steps as CUDA graphs on a GPU: ``launch.cuda_graphs``, set for the
+# process by ``runtime.place`` (a process runs one stage of one recipe).
+CUDA_GRAPHS = True
+
+
 def supports(model) -> bool:
     """True for a plain (un-wrapped) ``LlamaForCausalLM`` whose layers are the stock ones."""
     from transformers import LlamaForCausalLM
@@ -39,10 +44,11 @@ def distinct_prompts(input_ids: torch.Tensor, attention_mask: torch.Tensor, prom
     return distinct[:, :prompt_len], distinct[:, prompt_len:], inverse
 
 
-def _attention(layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: tuple, start: int,
-               mask: torch.Tensor) -> torch.Tensor:
+def _attention(layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: tuple,
+               start: int | torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """x [B, S, E] at cache positions [start, start + S) -> [B, S, E]; writes this layer's keys and
-    values there. ``mask`` [B, 1, S, start + S] bool, True where a query may attend."""
+    values there. ``mask`` [B, 1, S, start + S] bool, True where a query may attend. A tensor
+    ``start`` ([1], S = 1) reads the whole cache instead, ``mask`` [B, 1, 1, P + T] (static shapes)."""
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
     attn = layer.self_attn
@@ -53,15 +59,20 @@ def _attention(layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cac
     v = attn.v_proj(x).view(b, s, -1, d).transpose(1, 2)
     q, k = apply_rotary_pos_emb(q, k, cos, sin)
     keys, values = cache
-    keys[:, :, start : start + s] = k
-    values[:, :, start : start + s] = v
-    k, v = keys[:, :, : start + s], values[:, :, : start + s]
+    if isinstance(start, torch.Tensor):  # static shapes (``StaticStep``): write at a tensor index, read it all
+        keys.index_copy_(2, start, k.to(keys.dtype))
+        values.index_copy_(2, start, v.to(values.dtype))
+        k, v = keys, values
+    else:
+        keys[:, :, start : start + s] = k
+        values[:, :, start : start + s] = v
+        k, v = keys[:, :, : start + s], values[:, :, : start + s]
     out = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask, scale=attn.scaling,
                                          enable_gqa=k.shape[1] != q.shape[1])
     return attn.o_proj(out.transpose(1, 2).reshape(b, s, -1))
 
 
-def _forward(model, ids: torch.Tensor, positions: torch.Tensor, caches: list, start: int,
+def _forward(model, ids: torch.Tensor, positions: torch.Tensor, caches: list, start: int | torch.Tensor,
              mask: torch.Tensor) -> torch.Tensor:
     """ids / positions [B, S] at cache positions [start, start + S) -> next-token logits [B, V] of
     the last position."""
@@ -74,19 +85,80 @@ def _forward(model, ids: torch.Tensor, positions: torch.Tensor, caches: list, st
     return model.lm_head(inner.norm(h[:, -1])).float()
 
 
+class StaticStep:
+    """One decode step with the same shapes at every token, so that a GPU can replay it as a CUDA
+    graph: the step's index is a tensor, keys and values are written at a tensor index and the whole
+    [P + T] cache is attended under a precomputed per-step mask. On a GPU the eager loop is bound
+    by launching ~15 kernels per layer and token (measured on an H100: 552 ms of CPU against 26 ms
+    of GPU for 64 rows x 8 tokens of SmolLM2-135M), and cuDNN's attention re-plans at every new key
+    length; one graph replay per token removes both. ``graph``: capture it (CUDA only), else run
+    the same static computation eagerly (what the CPU test compares with the plain loop)."""
+
+    def __init__(self, model, caches: list, attended: torch.Tensor, positions: torch.Tensor, p: int,
+                 graph: bool) -> None:
+        b, length = attended.shape
+        steps = torch.arange(length - p, device=attended.device)
+        # [T, B, 1, 1, P + T]: step t's query (at p + t) sees the attended keys at positions <= p + t.
+        visible = torch.arange(length, device=attended.device)[None, :] <= (p + steps)[:, None]
+        self.masks = attended[None, :, None, None, :] & visible[:, None, None, None, :]
+        self.positions = positions[:, p:].T.contiguous()  # [T, B]
+        self.model, self.caches, self.p = model, caches, p
+        self.token = torch.zeros(b, 1, dtype=torch.long, device=attended.device)
+        self.t = torch.zeros(1, dtype=torch.long, device=attended.device)
+        self.graph = None
+        if graph:
+            with torch.cuda.device(attended.device):  # the model's GPU, whichever is current
+                self.graph, self.scores = _capture(self._step)
+
+    def _step(self) -> torch.Tensor:
+        mask = self.masks.index_select(0, self.t)[0]
+        positions = self.positions.index_select(0, self.t).T  # [B, 1]
+        return _forward(self.model, self.token, positions, self.caches, self.t + self.p, mask)
+
+    def __call__(self, token: torch.Tensor, t: int) -> torch.Tensor:
+        """The [B, V] scores after ``token`` [B], the completion's token ``t``."""
+        self.token.copy_(token[:, None])
+        self.t.fill_(t)
+        if self.graph is None:
+            return self._step()
+        self.graph.replay()
+        return self.scores
+
+
+def _capture(step):
+    """(a CUDA graph of ``step()``, its output buffer). Warm-up on a side stream first, as torch
+    asks; autocast's weight cache is off while capturing (cached casts would be baked in)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    amp = {"device_type": "cuda", "dtype": torch.get_autocast_dtype("cuda"),
+           "enabled": torch.is_autocast_enabled("cuda"), "cache_enabled": False}
+    with torch.cuda.stream(side), torch.autocast(**amp):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph), torch.autocast(**amp):
+        out = step()
+    return graph, out
+
+
 @torch.no_grad()
 def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, max_new_tokens: int,
-           eos_id: int, pad_id: int, choose) -> torch.Tensor:
+           eos_id: int, pad_id: int, choose, static: bool = False, graph: bool = False) -> torch.Tensor:
     """Left-padded prompts ``input_ids`` / ``attention_mask`` [B, P] -> completions [B, T <= max_new_tokens]:
     each step's token is ``choose(scores [B, V]).argmax(-1)``; a row that has emitted EOS gets
-    ``pad_id`` from then on, and decoding stops once every row has (as ``generate`` does)."""
+    ``pad_id`` from then on, and decoding stops once every row has (as ``generate`` does).
+    ``static``: every step the same shapes (``StaticStep``), with ``graph`` replayed as a CUDA graph."""
     cfg = model.config
     b, p = input_ids.shape
     device = input_ids.device
     dtype = model.model.embed_tokens.weight.dtype
     heads_kv, d = cfg.num_key_value_heads, model.model.layers[0].self_attn.head_dim
-    caches = [(torch.empty(b, heads_kv, p + max_new_tokens, d, dtype=dtype, device=device),
-               torch.empty(b, heads_kv, p + max_new_tokens, d, dtype=dtype, device=device))
+    # A static step reads the whole cache: unwritten entries must be finite (a masked key's weight is
+    # 0, but 0 x NaN is NaN).
+    alloc = torch.zeros if static else torch.empty
+    caches = [(alloc(b, heads_kv, p + max_new_tokens, d, dtype=dtype, device=device),
+               alloc(b, heads_kv, p + max_new_tokens, d, dtype=dtype, device=device))
               for _ in model.model.layers]
     attended = torch.cat([attention_mask.bool(), torch.ones(b, max_new_tokens, dtype=torch.bool, device=device)], 1)
     positions = position_ids(attended)  # [B, P + T]
@@ -106,6 +178,7 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, max_
             values[:, :, :p] = values[inverse, :, :p]
     out = torch.full((b, max_new_tokens), pad_id, dtype=torch.long, device=device)
     done = torch.zeros(b, dtype=torch.bool, device=device)
+    step = StaticStep(model, caches, attended, positions, p, graph) if static else None
     for t in range(max_new_tokens):
         token = choose(scores).argmax(-1).masked_fill(done, pad_id)
         out[:, t] = token
@@ -113,6 +186,6 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, max_
         if t + 1 == max_new_tokens or bool(done.all()):
             return out[:, : t + 1]
         here = p + t
-        scores = _forward(model, token[:, None], positions[:, here : here + 1], caches, here,
-                          attended[:, None, None, : here + 1])
+        scores = step(token, t) if step else _forward(model, token[:, None], positions[:, here : here + 1], caches,
+                                                      here, attended[:, None, None, : here + 1])
     return out

@@ -146,9 +146,11 @@ def generate(
     ids, mask = enc.input_ids.to(device), enc.attention_mask.to(device)
     if fast_decode.supports(model):
         sampler = processors[0] if processors else None
+        graphs = device.type == "cuda" and fast_decode.CUDA_GRAPHS
         chosen = fast_decode.decode(model, ids, mask, max_new_tokens=max_new_tokens, eos_id=tokenizer.eos_token_id,
                                     pad_id=tokenizer.pad_token_id,
-                                    choose=(lambda scores: sampler(None, scores)) if sampler else (lambda scores: scores))
+                                    choose=(lambda scores: sampler(None, scores)) if sampler else (lambda scores: scores),
+                                    static=graphs, graph=graphs)
     else:
         from transformers import GenerationConfig
 

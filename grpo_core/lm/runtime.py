@@ -23,7 +23,11 @@ def device_for(launch: LaunchConfig) -> torch.device:
 
 
 def place(model, launch: LaunchConfig, train: bool = False):
-    """``model`` on the stage's device; with gradient checkpointing when it is trained and asked for."""
+    """``model`` on the stage's device; with gradient checkpointing when it is trained and asked for.
+    Also where the process takes ``launch.cuda_graphs`` (how ``generate`` decodes on a GPU)."""
+    from grpo_core.lm import decode
+
+    decode.CUDA_GRAPHS = launch.cuda_graphs
     model.to(device_for(launch))
     if train and launch.gradient_checkpointing:
         model.activation_checkpointing_enable()  # transformers 5: the new name of gradient checkpointing

@@ -1,0 +1,81 @@
+"""The decode loop on a GPU: the eager loop (``decode``), the same step with static shapes, and that
+step replayed as a CUDA graph (``decode.StaticStep``), on randomly initialised Llamas of the demo's
+shape and SmolLM2-135M's (no files needed), in fp32 and under bf16 autocast. Rows x new tokens as a
+GRPO rollout; every row runs to the end (no EOS). Prints one JSON object: median seconds per
+rollout, tokens per second, and whether each path chose the same greedy tokens as the eager loop.
+
+    python bench/cuda_decode.py [--rows 64] [--new 32] [--repeat 3]      (on a machine with CUDA)
+    python bench/cuda_decode.py --device cpu                               (eager and static only)
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import time
+
+import torch
+
+SHAPES = {  # LlamaConfig fields
+    "demo": dict(vocab_size=64, hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
+                 num_key_value_heads=4),
+    "smollm2-135m": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                         num_attention_heads=9, num_key_value_heads=3, tie_word_embeddings=True),
+}
+
+
+def main() -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from grpo_core.lm.decode import decode
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--rows", type=int, default=64)
+    p.add_argument("--new", type=int, default=32)
+    p.add_argument("--prompt", type=int, default=48, help="prompt tokens (the first rows left-padded by up to 8)")
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--device", default="cuda")
+    a = p.parse_args()
+    sync = torch.cuda.synchronize if a.device == "cuda" else (lambda: None)
+    paths = {"eager": {}, "static": {"static": True}}
+    if a.device == "cuda":
+        paths["graph"] = {"static": True, "graph": True}
+    result = {"rows": a.rows, "new_tokens": a.new, "prompt_tokens": a.prompt, "device": a.device,
+              "gpu": torch.cuda.get_device_name() if a.device == "cuda" else None, "models": {}}
+    for name, shape in SHAPES.items():
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(LlamaConfig(max_position_embeddings=1024, **shape)).to(a.device).eval()
+        g = torch.Generator().manual_seed(0)
+        ids = torch.randint(3, shape["vocab_size"], (a.rows, a.prompt), generator=g).to(a.device)
+        mask = torch.ones_like(ids)
+        for r in range(min(8, a.rows)):  # some left padding, as a batch of different prompts has
+            mask[r, : r + 1] = 0
+        for precision in ("fp32", "bf16"):
+            amp = (torch.autocast(a.device, dtype=torch.bfloat16) if precision == "bf16"
+                   else contextlib.nullcontext())
+            runs = {}
+            for path, kw in paths.items():
+                times = []
+                for _ in range(a.repeat + 1):  # the first is a warm-up (and the graph's capture)
+                    sync()
+                    t0 = time.perf_counter()
+                    with amp:
+                        out = decode(model, ids, mask, max_new_tokens=a.new, eos_id=-1, pad_id=0,
+                                     choose=lambda s: s, **kw)
+                    sync()
+                    times.append(time.perf_counter() - t0)
+                runs[path] = {"median_s": round(statistics.median(times[1:]), 4), "first_s": round(times[0], 4),
+                              "tokens_per_s": round(a.rows * a.new / statistics.median(times[1:]), 1),
+                              "tokens": out.cpu()}
+            eager = runs["eager"]["tokens"]
+            for path, r in runs.items():
+                r["same_tokens_as_eager"] = round(float((r.pop("tokens") == eager).float().mean()), 4)
+                r["speedup_over_eager"] = round(runs["eager"]["median_s"] / r["median_s"], 2)
+            result["models"][f"{name}/{precision}"] = runs
+            print(json.dumps({f"{name}/{precision}": runs}), flush=True)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
