@@ -31,6 +31,11 @@ VARIANTS = {
     "rule-outcome": Variant(about="GRPO on the answer checker", grpo=RULE),
     "orm-outcome": Variant(about="GRPO on the run's round-1 ORM", grpo={"reward_weights": {"orm": 1.0}, "supervision": "outcome"}),
     ONE_ROUND: Variant(about="GRPO with process supervision by the run's round-1 PRM, the paper's sum credit", grpo=PRM),
+    # Separates the two things process supervision changes: the reward model (a PRM may rank better
+    # than the ORM) and the credit (per step, not per solution).
+    "prm-outcome": Variant(about="GRPO on the run's round-1 PRM read as one reward per solution (its lowest step "
+                                 "score): the PRM without process credit", grpo={"reward_weights": {"prm": 1.0},
+                                                                                 "supervision": "outcome"}),
     "prm-process-min-credit": Variant(about="the same with PURE's min-form credit", grpo=PRM | {"process_credit": "min"}),
     TWO_ROUNDS: Variant(about="two iterations of prm-process, half the budget each, the PRM retrained between them",
                         grpo=PRM, rounds=2),
