@@ -174,7 +174,8 @@ def test_static_step_scores_the_plain_loop(tiny_model_dir, kind):
                       pad_id=tok.pad_token_id, choose=choose, static=static)
 
     for sampled in (False, True):
-        seen[False].clear(), seen[True].clear()
+        seen[False].clear()
+        seen[True].clear()
         plain, static = run(False, sampled), run(True, sampled)
         assert torch.equal(plain, static)
         assert len(seen[False]) == len(seen[True]) > 1
