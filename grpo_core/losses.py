@@ -23,7 +23,7 @@ def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
 
 
 def aggregate(per_token: torch.Tensor, mask: torch.Tensor, agg: Aggregation,
-              batch: BatchSize | None = None) -> torch.Tensor:
+              batch: BatchSize | None = None, weights: torch.Tensor | None = None) -> torch.Tensor:
     """Reduce a [B, T] per-token loss to a scalar.
 
     seq-mean-token-mean (paper):  mean_i  1/|o_i| sum_t    (a completion with no tokens adds 0)
@@ -33,17 +33,22 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, agg: Aggregation,
     ``batch``: the sizes of the global batch when these rows are one process's share of it (rows,
     loss tokens, padded length); the result is then this share's part of the global aggregate, and
     the parts of all processes sum to it. Default: the rows given are the whole batch.
+    ``weights`` [B]: how many rows of the batch each row stands for, where repeated rows were
+    passed once (``Rollout.distinct``'s counts); ``batch`` then counts every row. Default 1 each.
     """
     mask = mask.to(per_token.dtype)
-    batch = batch or BatchSize(per_token.shape[0], float(mask.sum()), per_token.shape[1])
+    if weights is None:
+        weights = torch.ones(per_token.shape[0], dtype=per_token.dtype, device=per_token.device)
+    weights = weights.to(per_token.dtype)
+    batch = batch or BatchSize(float(weights.sum()), float((mask * weights[:, None]).sum()), per_token.shape[1])
     # where, not multiply: padding may hold -inf log-probs, and nan * 0 is nan.
     masked = torch.where(mask > 0, per_token, 0.0)
     if agg == "seq-mean-token-mean":
-        return (masked.sum(dim=1) / mask.sum(dim=1).clamp(min=1)).sum() / batch.rows
+        return (masked.sum(dim=1) / mask.sum(dim=1).clamp(min=1) * weights).sum() / batch.rows
     if agg == "token-mean":
-        return masked.sum() / max(batch.tokens, 1.0)
+        return (masked * weights[:, None]).sum() / max(batch.tokens, 1.0)
     if agg == "seq-mean-token-sum-norm":
-        return (masked.sum(dim=1) / batch.width).sum() / batch.rows
+        return (masked.sum(dim=1) / batch.width * weights).sum() / batch.rows
     raise ValueError(f"unknown aggregation {agg!r}")
 
 
@@ -51,7 +56,7 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, agg: Aggregation,
 class BatchSize:
     """The global batch an aggregate normalises by: completions, completion tokens, padded length."""
 
-    rows: int
+    rows: float
     tokens: float
     width: int
 
@@ -68,37 +73,41 @@ def grpo_loss(
     beta: float = 0.04,
     agg: Aggregation = "seq-mean-token-mean",
     batch: BatchSize | None = None,
+    weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped surrogate with the k3 KL penalty inside the loss (not in the reward).
 
     logp, old_logp, ref_logp, advantages, mask: [B, T]. ``clip_eps_high`` (DAPO clip-higher) sets the
     upper clip bound 1 + clip_eps_high; ``beta = 0`` ignores ``ref_logp`` (may be None). ``batch``:
-    the global batch's sizes when these rows are one process's share (see ``aggregate``).
-    Returns the scalar loss to minimise and detached metrics (token means over the mask).
+    the global batch's sizes when these rows are one process's share; ``weights`` [B]: the rows each
+    row stands for (see ``aggregate``). Returns the scalar loss to minimise and detached metrics (token means over the mask).
     """
     high = clip_eps if clip_eps_high is None else clip_eps_high
     ratio = torch.exp(logp - old_logp)
     unclipped = ratio * advantages
     clipped = torch.clamp(ratio, 1 - clip_eps, 1 + high) * advantages
     per_token = -torch.minimum(unclipped, clipped)
-    pg_loss = aggregate(per_token, mask, agg, batch)
+    pg_loss = aggregate(per_token, mask, agg, batch, weights)
+    # The metrics' token means count a row's tokens once per row it stands for.
+    counted = mask if weights is None else mask * weights.to(mask.dtype)[:, None]
     metrics: dict[str, float] = {}
     if beta > 0:
         if ref_logp is None:
             raise ValueError("beta > 0 needs ref_logp")
         kl = kl_k3(logp, ref_logp)
         per_token = per_token + beta * kl
-        metrics["kl"] = _masked_mean(kl, mask)
-    loss = aggregate(per_token, mask, agg, batch)
+        metrics["kl"] = _masked_mean(kl, counted)
+    loss = aggregate(per_token, mask, agg, batch, weights)
     metrics["pg_loss"] = float(pg_loss.detach())
-    metrics["clip_ratio"] = _masked_mean((clipped < unclipped).to(logp.dtype), mask)
-    metrics["ratio_mean"] = _masked_mean(ratio, mask)
+    metrics["clip_ratio"] = _masked_mean((clipped < unclipped).to(logp.dtype), counted)
+    metrics["ratio_mean"] = _masked_mean(ratio, counted)
     return loss, metrics
 
 
 def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
+    """The mean of ``x`` over the mask, each token weighted by its mask value (0/1, or a row's count)."""
     m = mask.to(x.dtype)
-    return float(torch.where(m > 0, x.detach(), 0.0).sum() / m.sum().clamp(min=1))
+    return float((torch.where(m > 0, x.detach(), 0.0) * m).sum() / m.sum().clamp(min=1))
 
 
 def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, *,

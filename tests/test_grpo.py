@@ -5,6 +5,7 @@ a deterministic function of the completion text: groups then have a spread and t
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 from pathlib import Path
@@ -278,3 +279,37 @@ def test_rerunning_a_finished_grpo_does_not_train_again(tmp_path, tiny_cfg, tiny
     trained = sorted(_train_metrics(log))
     assert trained == [], f"the re-run trained steps {trained}"
     assert again["steps"] == first["steps"]
+
+
+def test_repeated_rollouts_are_trained_once_with_the_same_gradient(tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir):
+    """``update`` passes a group's repeated solutions once, weighted by their count: the gradient is
+    the one of the loss over every row (computed here directly on the full batch), and the step's
+    metrics count every row."""
+    from grpo_core.lm.policy import generate
+    from grpo_core.losses import grpo_loss
+    from grpo_core.stages.common import SINGLE
+
+    cfg, policy, ref, tok, opt, questions = _grpo_setup(tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir,
+                                                        grpo__group_size=4)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.05)
+    prompts = [q.question for q in questions[:2] for _ in range(4)]
+    rollout = generate(policy, tok, prompts, max_new_tokens=8, temperatures=[1.0] * 8, seed=3)
+    same = torch.tensor([0, 0, 0, 3, 4, 4, 6, 7])  # rows 1, 2 repeat row 0; row 5 repeats row 4
+    rollout = rollout.select(same)
+    adv = torch.tensor([1.0, 1.0, 1.0, -3.0, 0.5, 0.5, -0.5, 0.5])[:, None].expand(-1, rollout.completion_mask.shape[1])
+    assert len(rollout.distinct(adv).index) == 5
+    start = copy.deepcopy(policy)
+    policy.train()
+    sums, n = rl_mod.update(policy, ref, policy, opt, rollout, adv, cfg.grpo, 2, SINGLE, contextlib.nullcontext, [])
+    logp = token_logprobs(start, rollout)
+    with torch.no_grad():
+        ref_logp = token_logprobs(ref, rollout)
+    loss, m = grpo_loss(logp, logp.detach(), ref_logp, adv, rollout.completion_mask, beta=cfg.grpo.beta)
+    loss.backward()
+    for got, want in zip(opt.grads, [p.grad for p in start.parameters()]):
+        torch.testing.assert_close(got, want, atol=1e-7, rtol=1e-5)
+    assert n == 1 and sums["loss"] == pytest.approx(loss.item(), rel=1e-6)
+    assert sums["kl"] == pytest.approx(m["kl"], rel=1e-5) and sums["ratio_mean"] == pytest.approx(1.0)

@@ -205,3 +205,27 @@ def test_gradient_at_ratio_one_is_paper_weighting(seed):
     loss.backward()
     expected = -adv / (lengths[:, None].double() * b) * mask
     torch.testing.assert_close(logp.grad, expected)
+
+
+# ---------------------------------------------------------------------------- repeated rows
+
+
+@pytest.mark.parametrize("agg", sorted(EXPECTED))
+def test_weighted_rows_equal_the_rows_repeated(agg):
+    """A row passed once with weight 2 is the row passed twice: the loss, its gradient (per distinct
+    row, summed over the copies) and the metrics. Hand example: row 0 twice, row 1 once:
+    seq-mean-token-mean = (2 * ROW0 / 2 - 1.2) / 3; token-mean = (2 * ROW0 - 1.2) / 5."""
+    logp, old, ref, adv, mask = _hand_inputs()
+    repeat = torch.tensor([0, 0, 1])
+    full = logp[repeat].clone().requires_grad_(True)
+    loss_full, m_full = grpo_loss(full, old[repeat], ref[repeat], adv[repeat], mask[repeat], agg=agg)
+    once = logp.clone().requires_grad_(True)
+    loss_once, m_once = grpo_loss(once, old, ref, adv, mask, agg=agg, weights=torch.tensor([2.0, 1.0]))
+    hand = {"seq-mean-token-mean": (2 * ROW0 / 2 - 1.2) / 3, "token-mean": (2 * ROW0 - 1.2) / 5,
+            "seq-mean-token-sum-norm": (2 * ROW0 / 2 - 1.2 / 2) / 3}
+    assert loss_once.item() == pytest.approx(hand[agg], abs=1e-9)
+    assert loss_full.item() == pytest.approx(hand[agg], abs=1e-9)
+    loss_full.backward()
+    loss_once.backward()
+    torch.testing.assert_close(once.grad, torch.stack([full.grad[0] + full.grad[1], full.grad[2]]))
+    assert m_once == pytest.approx(m_full)

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from grpo_core.data import prompt_text
 from grpo_core.lm.modeling import load_model
-from grpo_core.lm.policy import completion_mask_from, generate, position_ids, token_logprobs
+from grpo_core.lm.policy import Rollout, completion_mask_from, generate, position_ids, token_logprobs
 
 # Prompts of different lengths, so that the batch is left-padded.
 PROMPTS = [prompt_text(q) for q in ("What is 1 + 2?", "What is 13 - 4 + 7 - 2?", "What is 5 + 5 + 5?", "2+2")]
@@ -167,3 +167,22 @@ def test_gumbel_sampler_draws_from_softmax_of_logits_over_temperature(temperatur
     # Binomial standard error <= sqrt(0.25 / 20000) = 0.0035: 5 of them is a 1-in-a-million miss.
     assert torch.allclose(freq, expected, atol=0.018), (freq, expected)
     assert freq[4] == 0  # a masked token is never drawn
+
+
+# ---------------------------------------------------------------------------- Rollout.distinct
+
+
+def test_distinct_rows_in_first_occurrence_order():
+    """Rows 0 and 2 are one solution, 1 and 4 another; with a key (advantages) that tells 0 from 2
+    they stay apart; NaN equals NaN (a row without a reward is still one row)."""
+    ids = torch.tensor([[1, 2, 3], [1, 2, 4], [1, 2, 3], [5, 5, 5], [1, 2, 4]])
+    rollout = Rollout(ids, torch.ones_like(ids), torch.ones(5, 1), 2, list("abcde"), torch.zeros(5, dtype=torch.bool))
+    rows = rollout.distinct()
+    assert rows.index.tolist() == [0, 1, 3] and rows.inverse.tolist() == [0, 1, 0, 2, 1]
+    assert rows.counts.tolist() == [2, 2, 1] and rows.repeats
+    assert rollout.select(rows.index).texts == ["a", "b", "d"]
+    assert torch.equal(rollout.select(rows.index).input_ids[rows.inverse], ids)
+    keyed = rollout.distinct(torch.tensor([0.5, float("nan"), 0.7, 0.0, float("nan")]))
+    assert keyed.index.tolist() == [0, 1, 2, 3] and keyed.counts.tolist() == [1, 2, 1, 1]
+    alone = rollout.select(torch.tensor([0, 1, 3])).distinct()
+    assert alone.index.tolist() == [0, 1, 2] and not alone.repeats

@@ -406,3 +406,24 @@ def test_process_nonfinite_step_drops_the_whole_completion(tok, reward_models, m
     assert not scored.step_mask[0].any()
     adv, _ = rollout_advantages(scored, 1, 3, rollout.completion_mask.shape[1])
     assert torch.equal(adv[0], torch.zeros_like(adv[0])) and adv[1].abs().sum() > 0
+
+
+@pytest.mark.parametrize("supervision", ["outcome", "process"])
+def test_repeated_completions_are_scored_once_and_alike(tok, reward_models, supervision, monkeypatch):
+    """A group that repeats its solutions is read once per distinct solution: the reward models see
+    the distinct rows only, and every row gets what scoring it alone gives."""
+    orm, prm = reward_models
+    seen = []
+    real = rm.token_scores
+    monkeypatch.setattr(rm, "token_scores", lambda model, rollout: seen.append(len(rollout.texts)) or real(model, rollout))
+    rows = [RIGHT, WRONG, RIGHT, RIGHT, WRONG, EMPTY]
+    scorer = RewardScorer({"rule": 1.0, "orm": 0.5, "prm": 1.0}, supervision, tok, orm=orm, prm=prm)
+    together = scorer(group_rollout(tok, rows), [GOLD] * 6)
+    assert seen == [3, 3]  # ORM and PRM, 3 distinct solutions each
+    for i, text in enumerate(rows):
+        alone = scorer(group_rollout(tok, [text]), [GOLD])
+        torch.testing.assert_close(together.outcome[i : i + 1], alone.outcome, equal_nan=True)
+        if supervision == "process":
+            k = alone.step_mask.shape[1]
+            torch.testing.assert_close(together.step_rewards[i : i + 1, :k], alone.step_rewards, equal_nan=True)
+            assert together.step_mask[i : i + 1, :k].tolist() == alone.step_mask.tolist()

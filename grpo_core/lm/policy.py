@@ -34,6 +34,42 @@ class Rollout:
                        self.completion_mask[start:stop], self.prompt_len, self.texts[start:stop],
                        self.truncated[start:stop])
 
+    def select(self, index: torch.Tensor) -> "Rollout":
+        """The rows ``index`` [U] (long), in that order."""
+        return Rollout(self.input_ids[index], self.attention_mask[index], self.completion_mask[index], self.prompt_len,
+                       [self.texts[i] for i in index.tolist()], self.truncated[index])
+
+    def distinct(self, *keys: torch.Tensor) -> "Distinct":
+        """The rows that differ in their tokens or in any of ``keys`` ([B, ...] per row, e.g. their
+        advantages): a GRPO group of a model that has learnt its task repeats its likeliest solution
+        (83% of the demo's rollouts were repeats), and a pass over a repeat computes nothing new."""
+        # Floats compared by their bits (exact: NaN equals itself), every key as one long row.
+        bits = [k.reshape(len(k), -1) for k in (self.input_ids, self.attention_mask, *keys)]
+        rows = torch.cat([k.double().view(torch.int64) if k.is_floating_point() else k.long() for k in bits], 1)
+        _, inverse, counts = torch.unique(rows, dim=0, return_inverse=True, return_counts=True)
+        b = len(rows)
+        at = torch.arange(b, device=rows.device)
+        first = torch.full((len(counts),), b, device=rows.device).scatter_reduce_(0, inverse, at, "amin")
+        order = first.argsort()  # distinct rows in the order of their first occurrence
+        rank = torch.empty_like(order)
+        rank[order] = at[: len(order)]
+        return Distinct(first[order], rank[inverse], counts[order])
+
+
+@dataclass(frozen=True)
+class Distinct:
+    """Rows of a batch without repeats: ``index`` [U] of each distinct row's first occurrence (in
+    batch order), ``inverse`` [B] each row's distinct row (``scores[inverse]`` spreads them back),
+    ``counts`` [U] how many rows each stands for. No repeats: ``index`` is 0..B-1, counts all 1."""
+
+    index: torch.Tensor
+    inverse: torch.Tensor
+    counts: torch.Tensor
+
+    @property
+    def repeats(self) -> bool:
+        return len(self.index) < len(self.inverse)
+
 
 def text_ids(tokenizer, text: str) -> list[int]:
     """Token ids of untrusted text: a string that spells a special token (``<eos>``) stays text."""

@@ -83,18 +83,22 @@ class RewardScorer:
     def __call__(self, rollout: Rollout, golds: list[str]) -> Scored:
         from grpo_core.rewards.heads import last_token_index, orm_logits, prm_step_logits
 
+        # The reward models read each distinct completion once (a group repeats its likeliest one).
+        rows = rollout.distinct()
+        once = rollout.select(rows.index) if rows.repeats else rollout
         rule = rule_reward(rollout.texts, golds)
         correct = rule.nan_to_num(0.0)
         stats: dict[str, float] = {"reward/rule_errors": float(rule.isnan().sum())}
         outcome = self.weights["rule"] * rule if "rule" in self.weights else torch.zeros_like(rule)
         if "orm" in self.weights:
-            orm = torch.sigmoid(orm_logits(self.orm, rollout))
+            orm = torch.sigmoid(orm_logits(self.orm, once))[rows.inverse]
             stats["reward/orm_mean"] = float(orm[torch.isfinite(orm)].mean()) if torch.isfinite(orm).any() else float("nan")
             outcome = outcome + self.weights["orm"] * orm
         if "prm" not in self.weights:
             return Scored(outcome, correct, stats=stats)
-        ends, mask = rollout_step_ends(self.tokenizer, rollout, self.separator)
-        steps = torch.sigmoid(prm_step_logits(self.prm, rollout, ends))
+        ends, mask = rollout_step_ends(self.tokenizer, once, self.separator)
+        steps = torch.sigmoid(prm_step_logits(self.prm, once, ends))[rows.inverse]
+        ends, mask = ends[rows.inverse.to(ends.device)], mask[rows.inverse.to(mask.device)]
         steps = torch.where(mask, steps, torch.nan)
         no_steps = ~mask.any(dim=1)
         # A completion with no step has no PRM verdict: NaN here, counted and neutralised later.

@@ -115,25 +115,32 @@ def update(policy, ref, trained, opt, rollout: Rollout, advantages: torch.Tensor
     # With a single update on the whole batch pi_old is the current policy: its log-probs are the
     # update's own (detached), which saves a forward pass. Otherwise they are fixed up front.
     single_update = gc.inner_updates == 1 and mb == batch
+    # A minibatch's repeated rows (a group's solutions sampled alike, with equal advantages) are
+    # passed once, weighted by their count: every pass below costs its distinct rows only, and the
+    # loss and its gradient are those of all the rows.
+    parts = []
+    for s in range(0, batch, mb):
+        part, adv = rollout.rows(s, s + mb), advantages[s : s + mb]
+        rows = part.distinct(adv, part.completion_mask)
+        tokens = float(d.sum(part.completion_mask.sum()))
+        parts.append((part.select(rows.index), adv[rows.index], rows.counts, BatchSize(mb * d.world, tokens, width)))
     with torch.no_grad(), amp():
-        old_logp = None if single_update else token_logprobs(policy, rollout)
-        ref_logp = token_logprobs(ref, rollout) if beta > 0 else None
+        old_logp = None if single_update else [token_logprobs(policy, part) for part, *_ in parts]
+        ref_logp = [token_logprobs(ref, part) for part, *_ in parts] if beta > 0 else None
     clock.append(time.perf_counter())
     sums: dict[str, float] = {}
     n_updates = 0
     for _ in range(gc.inner_updates):
-        for s in range(0, batch, mb):
-            part = rollout.rows(s, s + mb)
+        for i, (part, adv, counts, global_mb) in enumerate(parts):
             with amp():
                 logp, entropy = token_logprobs(trained, part, with_entropy=True)
-            old = logp.detach() if old_logp is None else old_logp[s : s + mb]
-            global_mb = BatchSize(mb * d.world, float(d.sum(part.completion_mask.sum())), width)
-            loss, m = grpo_loss(logp, old, None if ref_logp is None else ref_logp[s : s + mb],
-                                advantages[s : s + mb], part.completion_mask, clip_eps=gc.clip_eps,
-                                clip_eps_high=gc.clip_eps_high, beta=beta, agg=gc.loss_agg, batch=global_mb)
+            old = logp.detach() if old_logp is None else old_logp[i]
+            loss, m = grpo_loss(logp, old, None if ref_logp is None else ref_logp[i], adv, part.completion_mask,
+                                clip_eps=gc.clip_eps, clip_eps_high=gc.clip_eps_high, beta=beta, agg=gc.loss_agg,
+                                batch=global_mb, weights=counts)
             # This process's share of the global loss, times the world size: DDP averages.
             grad_norm = optimizer_step(policy, opt, loss, d.world, gc.max_grad_norm)
-            mask = part.completion_mask
+            mask = part.completion_mask * counts[:, None]  # each distinct row's tokens, once per row it stands for
             m.update(entropy=float((entropy * mask).sum() / mask.sum().clamp(min=1)))
             # Token means (kl, clip_ratio, ratio_mean, entropy) weighted by this process's share of
             # the minibatch's tokens: summed over the processes they are the global token means,
