@@ -35,6 +35,7 @@ bench: venv
 	$(BIN)/pip install $(PIP_FLAGS) trl==1.16.0 $(QUIET)
 	$(BIN)/python bench/grpo_step.py --compare --json
 	$(BIN)/python bench/sft_step.py --json
+	$(BIN)/python bench/sampling.py --json
 	$(BIN)/python bench/reward_model_step.py --json
 	$(BIN)/python bench/numerics.py --json
 	if test -f ../shared/data/corpus/docs.jsonl.gz; then $(BIN)/python bench/corpus_scoring.py; \

@@ -68,8 +68,9 @@ def test_sampling_bench_times_ours_and_generate():
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
     for case in ("greedy", "grouped"):
-        assert out[case]["rows"] == 128 and out[case]["generate_over_ours"] > 0
-        assert out[case]["ours"]["tokens_per_s"] > 0 and out[case]["generate"]["tokens_per_s"] > 0
+        assert out[case]["rows"] == 128 and out[case]["generate_over_ours"] > 0 and out[case]["arithmetic_limit_s"] > 0
+        for name in ("ours", "generate", "generate_static_compiled"):
+            assert out[case][name]["tokens_per_s"] > 0 and out[case][name]["over_arithmetic_limit"] > 1
 
 
 CORPUS = BENCH.parents[2] / "shared" / "data" / "corpus" / "docs.jsonl.gz"
