@@ -171,6 +171,9 @@ class SFTConfig(Training):
     min_lr: float = Field(0.0, ge=0, description="floor of the cosine / plateau schedules")
     batch_size: int = Field(256, ge=1, description="packed sequences per optimizer step")
     context_length: int = Field(4096, ge=16, description="packed row length (paper: 4k)")
+    packing: Literal["concatenate", "documents"] = Field(
+        "concatenate", description="concatenate: a token sees the earlier examples of its row (the paper's "
+        "random concatenation); documents: the same rows, each example sees itself only, positions from 0")
     max_steps: int = BudgetField(500, ge=1, description="optimizer steps (paper: 500)")
     loss_on_prompt: bool = Field(True, description="also train on question tokens")
     log_every: int = BudgetField(10, ge=1, description="steps between logged training metrics")

@@ -328,3 +328,38 @@ def test_plateau_decays_only_after_decay_patience_evaluations(tmp_path, tiny_cfg
     assert accs == [0.0] * 6
     lrs = {step: m["train/lr"] for step, m in log.history if "train/lr" in m}
     assert [lrs[s] for s in range(1, 7)] == pytest.approx([1e-3, 1e-3, 1e-3, 5e-4, 5e-4, 2.5e-4])
+
+
+# ---------------------------------------------------------------------------- packing: documents
+
+
+def test_document_positions_restart_after_each_end_token():
+    from grpo_core.stages.common import document_positions
+
+    eos = 9
+    ids = torch.tensor([[5, 6, 9, 7, 7, 7, 9, 0], [7, 9, 9, 5, 5, 5, 5, 5]])
+    assert document_positions(ids, eos).tolist() == [[0, 1, 2, 0, 1, 2, 3, 0], [0, 1, 0, 0, 1, 2, 3, 4]]
+
+
+def test_documents_packing_reads_each_example_as_if_alone(tiny_model_dir):
+    """packing: documents - the loss of a packed row is the sum of its examples' losses each in a row
+    of its own (attention within the example, positions from 0); concatenate differs (the second
+    example sees the first)."""
+    from grpo_core.stages.common import lm_loss
+
+    model, tok = load_model(tiny_model_dir)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.3)
+    examples = [Example("What is 2 + 3?", "5", "2 + 3 = 5\n#### 5"), Example("What is 9 - 4 - 1?", "4", "9 - 4 = 5\n5 - 1 = 4\n#### 4")]
+    encoded = encode_examples(examples, tok, loss_on_prompt=True)
+    ids, labels = pack(encoded, 128, tok.pad_token_id, rng=None)
+    assert len(ids) == 1  # both in one row
+    alone = [pack([e], 128, tok.pad_token_id, rng=None) for e in encoded]
+    with torch.no_grad():
+        separate = sum(float(lm_loss(model, i, l)[0]) for i, l in alone)
+        documents = float(lm_loss(model, ids, labels, eos_id=tok.eos_token_id)[0])
+        concatenated = float(lm_loss(model, ids, labels)[0])
+    assert documents == pytest.approx(separate, rel=1e-5)
+    assert abs(concatenated - separate) > 1e-3

@@ -18,7 +18,7 @@ from grpo_core.evaluation import greedy_accuracy
 from grpo_core.lm.modeling import init_model, load_model
 from grpo_core.lm.runtime import autocast, model_device, place
 from grpo_core.lm.packing import encode_examples, pack
-from grpo_core.stages.common import digest_dir, packed_lm_step, read_split, run_identity, set_threads, write_manifest
+from grpo_core.stages.common import digest_dir, lm_loss, packed_lm_step, read_split, run_identity, set_threads, write_manifest
 from grpo_core.training.checkpoint import latest_checkpoint, load_state
 from grpo_core.training.schedules import learning_rate
 from grpo_core.training.trainer import Plan, Trainer, TrainState
@@ -26,16 +26,14 @@ from grpo_core.tracking import MetricLogger, NullLogger
 
 
 @torch.no_grad()
-def validation_loss(model, val_ids: torch.Tensor, val_labels: torch.Tensor, batch: int = 32) -> float:
-    total, count = 0.0, 0
-    device = model_device(model)
+def validation_loss(model, val_ids: torch.Tensor, val_labels: torch.Tensor, batch: int = 32,
+                    eos_id: int | None = None) -> float:
+    """The mean loss per loss token of packed rows, read as training reads them (``lm_loss``)."""
+    total, count = 0.0, 0.0
     for i in range(0, len(val_ids), batch):
-        labels = val_labels[i : i + batch]
-        n = int((labels[:, 1:] != -100).sum())
-        if n:
-            total += float(model(input_ids=val_ids[i : i + batch].to(device), labels=labels.to(device)).loss) * n
-            count += n
-    return total / max(count, 1)
+        total += float(lm_loss(model, val_ids[i : i + batch], val_labels[i : i + batch], eos_id=eos_id)[0])
+        count += float((val_labels[i : i + batch, 1:] != -100).sum())
+    return total / max(count, 1.0)
 
 
 def run_sft(cfg: PipelineConfig, data_dir: Path, out_dir: Path, logger: MetricLogger | None = None,
@@ -75,12 +73,13 @@ def run_sft(cfg: PipelineConfig, data_dir: Path, out_dir: Path, logger: MetricLo
     model.train()
     trained = d.wrap(model)
 
-    step = packed_lm_step(trainer, rows_of, sc.batch_size, trained, d, amp)
+    eos_id = tokenizer.eos_token_id if sc.packing == "documents" else None
+    step = packed_lm_step(trainer, rows_of, sc.batch_size, trained, d, amp, eos_id)
 
     def evaluate(st: TrainState) -> dict:
         model.eval()
         acc = greedy_accuracy(model, tokenizer, val_examples, cfg.eval.max_new_tokens)
-        metrics = {"val/accuracy": acc, "val/loss": validation_loss(model, val_ids, val_labels)}
+        metrics = {"val/accuracy": acc, "val/loss": validation_loss(model, val_ids, val_labels, eos_id=eos_id)}
         model.train()
         return metrics
 
