@@ -5,7 +5,10 @@ GRPO rollout; every row runs to the end (no EOS). Prints one JSON object: median
 rollout, tokens per second, and whether each path chose the same greedy tokens as the eager loop.
 
     python bench/cuda_decode.py [--rows 64] [--new 32] [--repeat 3]      (on a machine with CUDA)
-    python bench/cuda_decode.py --device cpu                               (eager and static only)
+    python bench/cuda_decode.py --device cpu [--compile]                   (eager and static only)
+
+``--compile``: also the static step compiled by ``torch.compile`` (inductor; on the CPU its C++
+backend), the path the CPU would take instead of a graph; its first call compiles (``first_s``).
 """
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ SHAPES = {  # LlamaConfig fields
 def main() -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    from grpo_core.lm import decode as decoding
     from grpo_core.lm.decode import decode
 
     p = argparse.ArgumentParser()
@@ -36,14 +40,20 @@ def main() -> None:
     p.add_argument("--prompt", type=int, default=48, help="prompt tokens (the first rows left-padded by up to 8)")
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--device", default="cuda")
+    p.add_argument("--compile", action="store_true", help="also the static step under torch.compile")
+    p.add_argument("--shapes", default=",".join(SHAPES), help="model shapes, comma-separated")
     a = p.parse_args()
     sync = torch.cuda.synchronize if a.device == "cuda" else (lambda: None)
     paths = {"eager": {}, "static": {"static": True}}
     if a.device == "cuda":
         paths["graph"] = {"static": True, "graph": True}
+    if a.compile:
+        paths["compiled"] = {"static": True}
+    eager_step = decoding.StaticStep._step
     result = {"rows": a.rows, "new_tokens": a.new, "prompt_tokens": a.prompt, "device": a.device,
               "gpu": torch.cuda.get_device_name() if a.device == "cuda" else None, "models": {}}
-    for name, shape in SHAPES.items():
+    for name in a.shapes.split(","):
+        shape = SHAPES[name]
         torch.manual_seed(0)
         model = LlamaForCausalLM(LlamaConfig(max_position_embeddings=1024, **shape)).to(a.device).eval()
         g = torch.Generator().manual_seed(0)
@@ -56,6 +66,8 @@ def main() -> None:
                    else contextlib.nullcontext())
             runs = {}
             for path, kw in paths.items():
+                # Compiled once per model and precision (dynamo's guards): its cost is in the first call.
+                decoding.StaticStep._step = torch.compile(eager_step, dynamic=False) if path == "compiled" else eager_step
                 times = []
                 for _ in range(a.repeat + 1):  # the first is a warm-up (and the graph's capture)
                     sync()
@@ -68,6 +80,7 @@ def main() -> None:
                 runs[path] = {"median_s": round(statistics.median(times[1:]), 4), "first_s": round(times[0], 4),
                               "tokens_per_s": round(a.rows * a.new / statistics.median(times[1:]), 1),
                               "tokens": out.cpu()}
+            decoding.StaticStep._step = eager_step
             eager = runs["eager"]["tokens"]
             for path, r in runs.items():
                 r["same_tokens_as_eager"] = round(float((r.pop("tokens") == eager).float().mean()), 4)

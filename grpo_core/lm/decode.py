@@ -180,13 +180,27 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, max_
     out = torch.full((b, max_new_tokens), pad_id, dtype=torch.long, device=device)
     done = torch.zeros(b, dtype=torch.bool, device=device)
     step = StaticStep(model, caches, attended, positions, p, graph) if static else None
+    # The eager loop computes the rows still decoding only (``live``, in the caches' order): the rows
+    # that have ended leave the batch once they are a quarter of it (a copy of the caches' live rows).
+    # ``choose`` still sees every row's scores (an ended row's are stale, and its token is padding),
+    # so a sampler's per-row noise is drawn as without the compaction.
+    live, every = torch.arange(b, device=device), scores
     for t in range(max_new_tokens):
-        token = choose(scores).argmax(-1).masked_fill(done, pad_id)
+        every = scores if len(live) == b else every.index_copy_(0, live, scores)
+        token = choose(every).argmax(-1).masked_fill(done, pad_id)
         out[:, t] = token
         done |= token == eos_id
         if t + 1 == max_new_tokens or bool(done.all()):
             return out[:, : t + 1]
+        if step:
+            scores = step(token, t)
+            continue
+        ended = done[live]
+        if 4 * int(ended.sum()) >= len(live):
+            live, kept = live[~ended], ~ended
+            caches = [(keys[kept], values[kept]) for keys, values in caches]
+            attended, positions = attended[kept], positions[kept]
         here = p + t
-        scores = step(token, t) if step else _forward(model, token[:, None], positions[:, here : here + 1], caches,
-                                                      here, attended[:, None, None, : here + 1])
+        scores = _forward(model, token[live, None], positions[:, here : here + 1], caches, here,
+                          attended[:, None, None, : here + 1])
     return out
