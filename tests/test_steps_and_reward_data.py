@@ -17,12 +17,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grpo_core.data import Example, prompt_text
+from grpo_core.config import ArithmeticTask
+from grpo_core.data import Example, generate_arithmetic, prompt_text
 from grpo_core.lm.modeling import char_tokenizer
 from grpo_core.rewards.labels import (Sampled, label_agreement, mc_step_labels, mc_step_labels_batch,
                                    outcome_pairs, sample_solutions, step_rows)
-from grpo_core.rewards.steps import (char_ends_of_tokens, exact_step_labels, reference_steps, split_steps,
-                             step_end_tokens, step_texts)
+from grpo_core.rewards.steps import (char_ends_of_tokens, exact_step_labels, planted_error, reference_steps,
+                                    split_steps, step_end_tokens, step_texts)
 from grpo_core.verify import is_correct
 
 QUESTION = "What is 7 + 5 - 9?"
@@ -442,3 +443,45 @@ def test_step_ends_decode_only_a_logarithmic_number_of_prefixes(tok):
     ends = char_ends_of_tokens(tok, ids_of(tok, text))
     step_end_tokens(ends, split_steps(text))
     assert len(ends.cache) <= 3 * (math.log2(len(ends)) + 1)
+
+
+def chain_continuer(success: float, seed: int = 0):
+    """A policy on the arithmetic task that finishes a solution from its prefix: on track (the
+    prefix is the reference chain's first lines) it writes the rest and the right answer with
+    probability ``success``, else a wrong answer; after an error it never recovers."""
+    rng = random.Random(seed)
+
+    def complete(prompts: list[str]) -> list[str]:
+        out = []
+        for prompt in prompts:
+            head, prefix = prompt.split("\nAnswer:\n", 1)
+            chain = reference_steps(head.removeprefix("Question: "))
+            reference = [f"{a} {op} {b} = {c}" for a, op, b, c in chain]
+            lines = prefix.split("\n")[:-1]
+            on_track = lines == reference[: len(lines)]
+            answer = chain[-1][3]
+            out.append("\n".join(reference[len(lines):] + [f"#### {answer}"]) if on_track and rng.random() < success
+                       else f"#### {answer + 1}")
+        return out
+
+    return complete
+
+
+@pytest.mark.parametrize(("success", "n", "floor"), [(1.0, 1, 1.0), (0.6, 8, 0.99)])
+def test_mc_labels_agree_with_the_exact_labeller(success, n, floor):
+    """Monte-Carlo labels from a policy that never recovers from an error are the exact labels (a
+    step is right while the chain is): all of them with a sure continuer, at least 99% with one that
+    finishes a right prefix 60% of the time (a right step is missed with probability 0.4^8).
+    Questions of 3-6 operands; per question its worked solution and three with a planted error;
+    solutions of one question share their common prefixes' rollouts."""
+    task = ArithmeticTask(operand_counts=(3, 4, 5, 6), n_sft=60, n_rl=1, n_val=1, n_test=1)
+    rng = random.Random(0)
+    samples = [Sampled(e, [e.solution] + [planted_error(e.question, rng) for _ in range(3)], [True, False, False, False])
+               for e in generate_arithmetic(task, seed=0)["sft"]]
+    calls = []
+    continuer = chain_continuer(success)
+    rows = step_rows(samples, lambda prompts: calls.append(len(prompts)) or continuer(prompts), n, "\n")
+    agreement = label_agreement(rows)
+    assert agreement["steps_compared"] > 500 and agreement["mc_exact_agreement"] >= floor
+    prefixes = {(r["prompt"], "\n".join(r["completions"][: k + 1])) for r in rows for k in range(len(r["completions"]) - 1)}
+    assert calls == [n * len(prefixes)] and len(prefixes) < sum(len(r["completions"]) - 1 for r in rows)

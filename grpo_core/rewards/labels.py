@@ -66,17 +66,20 @@ def mc_step_labels(complete: Completer, prompt: str, steps: list[str], gold: str
 
 def mc_step_labels_batch(complete: Completer, items: list[tuple[str, list[str], str]], n: int,
                          separator: str = "\n") -> list[tuple[list[bool], list[float]]]:
-    """``mc_step_labels`` for many solutions with one call to ``complete`` (batched generation)."""
-    prompts, owners = [], []
+    """``mc_step_labels`` for many solutions with one call to ``complete`` (batched generation).
+    Solutions of one question that begin alike share the rollouts of their common prefixes: a
+    prefix is rolled out ``n`` times once, however many solutions it begins (the same estimate)."""
+    owners: dict[str, list[tuple[int, int, str]]] = {}  # prompt + prefix -> the (solution, step)s it ends
     for i, (prompt, steps, _) in enumerate(items):
         for k in range(len(steps) - 1):
             prefix = separator.join(steps[: k + 1]) + separator
-            prompts += [prompt + prefix] * n
-            owners += [(i, k, prefix)] * n
-    texts = complete(prompts) if prompts else []
+            owners.setdefault(prompt + prefix, []).append((i, k, prefix))
+    texts = complete([start for start in owners for _ in range(n)]) if owners else []
     wins: dict[tuple[int, int], int] = {}
-    for (i, k, prefix), text in zip(owners, texts):
-        wins[(i, k)] = wins.get((i, k), 0) + is_correct(prefix + text, items[i][2])
+    for j, ends in enumerate(owners.values()):
+        for text in texts[j * n : (j + 1) * n]:
+            for i, k, prefix in ends:
+                wins[(i, k)] = wins.get((i, k), 0) + is_correct(prefix + text, items[i][2])
     out = []
     for i, (_, steps, gold) in enumerate(items):
         soft = [wins.get((i, k), 0) / n for k in range(len(steps) - 1)]

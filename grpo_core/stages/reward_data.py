@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import time
 from pathlib import Path
 
 from grpo_core.config import PipelineConfig, RewardDataConfig
@@ -147,7 +148,10 @@ def run_reward_data(cfg: PipelineConfig, data_dir: Path, policy_dir: str | Path,
         samples = sample_solutions(complete, examples, rc.samples_per_question)
         share = 1.0 if rc.step_questions is None else min(1.0, rc.step_questions / len(questions))
         labelled = samples[: max(1, round(len(samples) * share))]
+        started = time.perf_counter()
         steps = step_rows(labelled, complete if rc.labeler == "mc" else None, rc.mc_rollouts, rc.step_separator)
+        labels = sum(len(r["labels"]) for r in steps)  # what labelling costs: Monte-Carlo rollouts or none
+        metrics[f"{split}/step_labels_per_s"] = labels / max(time.perf_counter() - started, 1e-9)
         pairs = outcome_pairs(samples, rc.max_pairs_per_question, seed)
         # Held-out rows keep every sample: the AUC is over what the policy actually samples.
         solutions = solution_rows(samples, distinct=rc.distinct_solutions and split == "train")
