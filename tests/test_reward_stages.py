@@ -156,7 +156,8 @@ def test_reward_data_stage_writes_reloadable_splits_even_when_empty(tmp_path, ti
         assert set(data) == {"train", "test"}
         assert len(data["train"]) + len(data["test"]) == manifest["metrics"][f"train/n_{name}"] + manifest["metrics"][f"test/n_{name}"]
     assert manifest["metrics"]["train/n_pairs"] == 0 and manifest["metrics"]["train/n_solutions"] == 4 * 2
-    assert manifest["metrics"]["train/step_labels_per_s"] > 0  # Monte-Carlo labels, what they cost
+    assert manifest["metrics"]["perf/train/step_labels_per_s"] > 0  # Monte-Carlo labels, what they cost
+    assert manifest["metrics"]["train/mc_rollouts"] % cfg.reward_data.mc_rollouts == 0
 
 
 def test_planted_errors_join_the_training_split_only(tmp_path, tiny_cfg, tiny_model_dir, tiny_data_dir):

@@ -70,7 +70,7 @@ def test_smollm2_gsm8k_whole_recipe_runs_every_stage_on_cpu(prefect_harness, tmp
         for kind in ("orm", "prm"):
             assert Path(r["stages"][kind]["model"]) == run_dir / f"round-{r['round']}" / kind / "model"
         data = json.loads((run_dir / f"round-{r['round']}" / "reward_data" / "manifest.json").read_text())
-        assert data["labeler"] == "mc" and data["metrics"]["train/step_labels_per_s"] > 0
+        assert data["labeler"] == "mc" and data["metrics"]["perf/train/step_labels_per_s"] > 0
     replay = manifest["rounds"][1]["stages"]["orm"]["replay"]
     assert replay["replay"] == replay["replay_wanted"]  # round 2 retrains on fresh data plus its replay
     assert set(manifest["reward_models"]) == {"orm", "prm"}

@@ -148,10 +148,17 @@ def run_reward_data(cfg: PipelineConfig, data_dir: Path, policy_dir: str | Path,
         samples = sample_solutions(complete, examples, rc.samples_per_question)
         share = 1.0 if rc.step_questions is None else min(1.0, rc.step_questions / len(questions))
         labelled = samples[: max(1, round(len(samples) * share))]
-        started = time.perf_counter()
-        steps = step_rows(labelled, complete if rc.labeler == "mc" else None, rc.mc_rollouts, rc.step_separator)
-        labels = sum(len(r["labels"]) for r in steps)  # what labelling costs: Monte-Carlo rollouts or none
-        metrics[f"{split}/step_labels_per_s"] = labels / max(time.perf_counter() - started, 1e-9)
+        # What the step labels cost: Monte-Carlo rollouts (none where no solution has a second step).
+        rolled, started = [0], time.perf_counter()
+
+        def counted(prompts: list[str]) -> list[str]:
+            rolled[0] += len(prompts)
+            return complete(prompts)
+
+        steps = step_rows(labelled, counted if rc.labeler == "mc" else None, rc.mc_rollouts, rc.step_separator)
+        metrics[f"{split}/mc_rollouts"] = rolled[0]
+        metrics[f"perf/{split}/step_labels_per_s"] = (sum(len(r["labels"]) for r in steps)
+                                                      / max(time.perf_counter() - started, 1e-9))
         pairs = outcome_pairs(samples, rc.max_pairs_per_question, seed)
         # Held-out rows keep every sample: the AUC is over what the policy actually samples.
         solutions = solution_rows(samples, distinct=rc.distinct_solutions and split == "train")
