@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 
 from grpo_core.config import load_config
 
@@ -42,11 +43,21 @@ def test_smollm2_gsm8k_recipe_trains_a_few_steps_on_cpu(tmp_path):
     assert grpo["steps"] == 1 and math.isfinite(grpo["last_10_steps"]["kl"])
 
 
-def test_smollm2_gsm8k_whole_recipe_runs_every_stage_on_cpu(prefect_harness, tmp_path):
-    """The recipe as shipped (SFT, Monte-Carlo reward data, ORM and PRM, GRPO with process
-    supervision, two rounds with replay, evaluation) on the real model and data, with CPU budgets:
-    the manifest names the reward models of both rounds, MLflow holds the rounds' nested runs, and
-    the Monte-Carlo labeller reports its labels per second."""
+# CPU budgets of the whole recipe: every stage, a few examples each.
+CPU_BUDGETS = [
+    "data.max_examples=40", "threads=2",
+    "sft.max_steps=2", "sft.batch_size=2", "sft.context_length=128", "sft.eval_every=2", "sft.log_every=1",
+    "reward_data.questions=8", "reward_data.samples_per_question=2", "reward_data.max_new_tokens=32",
+    "reward_data.step_questions=4", "reward_data.mc_rollouts=2", "reward_data.heldout_fraction=0.25",
+    "reward_data.batch_size=32", "orm.batch_size=4", "prm.batch_size=4", "orm.epochs=1", "prm.epochs=1",
+    "grpo.steps=1", "grpo.questions_per_step=2", "grpo.group_size=2", "grpo.max_new_tokens=32",
+    "grpo.eval_every=1", "eval.max_new_tokens=32", "eval.batch_size=8", "eval.n_questions=8"]
+
+
+def _whole_recipe(tmp_path, overrides: list[str], n_eval: int) -> None:
+    """Run configs/smollm2-gsm8k.yaml through the pipeline flow with ``overrides`` and check what
+    every stage left: both rounds' reward models, round 2's replay, the Monte-Carlo labeller's
+    cost, evaluation, and the rounds' nested MLflow runs."""
     from mlflow.tracking import MlflowClient
 
     from flows.pipeline import pipeline
@@ -55,16 +66,10 @@ def test_smollm2_gsm8k_whole_recipe_runs_every_stage_on_cpu(prefect_harness, tmp
     model = MODEL if (MODEL / "config.json").exists() else convert_smollm2(tmp_path / "smollm2")
     cfg = load_config(ROOT / "configs" / "smollm2-gsm8k.yaml", [
         f"model.path={model}", f"output_dir={tmp_path}/runs", f"tracking.tracking_uri=sqlite:///{tmp_path}/mlflow.db",
-        "run_name=smollm2-cpu", "data.max_examples=40", "threads=2",
-        "sft.max_steps=2", "sft.batch_size=2", "sft.context_length=128", "sft.eval_every=2", "sft.log_every=1",
-        "reward_data.questions=8", "reward_data.samples_per_question=2", "reward_data.max_new_tokens=32",
-        "reward_data.step_questions=4", "reward_data.mc_rollouts=2", "reward_data.heldout_fraction=0.25",
-        "reward_data.batch_size=32", "orm.batch_size=4", "prm.batch_size=4", "orm.epochs=1", "prm.epochs=1",
-        "grpo.steps=1", "grpo.questions_per_step=2", "grpo.group_size=2", "grpo.max_new_tokens=32",
-        "grpo.eval_every=1", "eval.max_new_tokens=32", "eval.batch_size=8", "eval.n_questions=8"])
+        "run_name=smollm2", *overrides])
     assert cfg.rounds.count == 2 and cfg.grpo.supervision == "process" and cfg.reward_data.labeler == "mc"
     manifest = pipeline(cfg)
-    run_dir = tmp_path / "runs" / "smollm2-cpu"
+    run_dir = tmp_path / "runs" / "smollm2"
     assert [r["round"] for r in manifest["rounds"]] == [1, 2]
     for r in manifest["rounds"]:
         for kind in ("orm", "prm"):
@@ -74,10 +79,28 @@ def test_smollm2_gsm8k_whole_recipe_runs_every_stage_on_cpu(prefect_harness, tmp
     replay = manifest["rounds"][1]["stages"]["orm"]["replay"]
     assert replay["replay"] == replay["replay_wanted"]  # round 2 retrains on fresh data plus its replay
     assert set(manifest["reward_models"]) == {"orm", "prm"}
-    assert set(manifest["eval"]) >= {"sft", "policy"} and manifest["eval"]["policy"]["n"] == 8
+    assert set(manifest["eval"]) >= {"sft", "policy"} and manifest["eval"]["policy"]["n"] == n_eval
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     for r in manifest["rounds"]:
         run = client.get_run(r["mlflow_run_id"])
         children = {c.info.run_name for c in client.search_runs(
             [run.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{run.info.run_id}'")}
         assert {f"round-{r['round']}/{s}" for s in ("reward_data", "orm", "prm", "grpo")} <= children
+
+
+def test_smollm2_gsm8k_whole_recipe_runs_every_stage_on_cpu(prefect_harness, tmp_path):
+    """The recipe as shipped (SFT, Monte-Carlo reward data, ORM and PRM, GRPO with process
+    supervision, two rounds with replay, evaluation) on the real model and data, with CPU budgets."""
+    _whole_recipe(tmp_path, CPU_BUDGETS, n_eval=8)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_smollm2_gsm8k_whole_recipe_in_bf16_on_a_gpu(prefect_harness, tmp_path):
+    """The same on a GPU in bf16 with budgets a GPU gets through in minutes (the recipe's own sizes:
+    ``grpo-pipeline run configs/smollm2-gsm8k.yaml --set launch.precision=bf16``)."""
+    _whole_recipe(tmp_path, [
+        "launch.device=cuda", "launch.precision=bf16", "data.max_examples=400",
+        "sft.max_steps=50", "sft.eval_every=25", "reward_data.questions=32", "reward_data.mc_rollouts=4",
+        "reward_data.max_new_tokens=256", "grpo.steps=5", "grpo.questions_per_step=4", "grpo.group_size=8",
+        "grpo.max_new_tokens=256", "grpo.eval_every=5", "eval.max_new_tokens=256", "eval.n_questions=64"], n_eval=64)
