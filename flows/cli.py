@@ -55,6 +55,11 @@ def _tracking_ready(cfg) -> None:
         _fail(str(e))
 
 
+def _measured(result: dict) -> dict:
+    """An eval result without its file paths (``model``, ``per_question``), held-out sets included."""
+    return {k: (_measured(v) if isinstance(v, dict) else v) for k, v in result.items() if k not in ("model", "per_question")}
+
+
 def cmd_run(a: argparse.Namespace) -> None:
     cfg = _recipe(a)
     _tracking_ready(cfg)
@@ -63,8 +68,9 @@ def cmd_run(a: argparse.Namespace) -> None:
     manifest = pipeline(cfg)
     summary = {
         "run_dir": str(cfg.run_dir),
-        "eval": {k: {m: v[m] for m in v if m not in ("model", "per_question")} for k, v in manifest["eval"].items()},
+        "eval": {k: _measured(v) for k, v in manifest["eval"].items()},
         "gain_over_sft": manifest["gain_over_sft"],
+        "held_out": manifest["held_out"],
         "cached_stages": manifest["cached_stages"],
         "mlflow_run_id": manifest["mlflow_run_id"],
         "tracking_uri": manifest["tracking_uri"],
@@ -76,13 +82,13 @@ def cmd_eval(a: argparse.Namespace) -> None:
     from pydantic import ValidationError
 
     from grpo_core.config import EvalConfig
-    from grpo_core.data import DataError, load_jsonl
+    from grpo_core.data import DataError, load_held_out
     from grpo_core.evaluation import evaluate
     from grpo_core.lm.modeling import ModelError, load_model
 
     try:
         ec = EvalConfig(**_given(a, EVAL_FLAGS))
-        examples = load_jsonl(a.data, limit=a.n)
+        examples = load_held_out(a.data, a.format, limit=a.n)
         model, tokenizer = load_model(a.model)
     except (DataError, ModelError, ValidationError) as e:
         _fail(str(e))
@@ -158,7 +164,7 @@ def cmd_rounds(a: argparse.Namespace) -> None:
 
     _tracking_ready(load_config(run_dir / "config.yaml"))
     manifest = rl_rounds(str(run_dir), a.rounds)
-    print(json.dumps({"rounds": [{k: r[k] for k in ("round", "test_accuracy", "val_accuracy", "model_version",
+    print(json.dumps({"rounds": [{k: r.get(k) for k in ("round", "test_accuracy", "held_out_accuracy", "val_accuracy", "model_version",
                                                       "cached_stages")} for r in manifest["rounds"]],
                       "champion": manifest["champion"], "mlflow_run_id": manifest["mlflow_run_id"]}, indent=2))
 
@@ -238,16 +244,19 @@ def _recipe_arguments(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from grpo_core.config import CorpusConfig, EvalConfig
+    from grpo_core.data import HELD_OUT_FORMATS
 
     p = argparse.ArgumentParser(prog="grpo-pipeline", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="run the pipeline flow on a YAML recipe")
     _recipe_arguments(r)
     r.set_defaults(func=cmd_run)
-    e = sub.add_parser("eval", help="accuracy of a model folder on a GSM8K-form JSONL file")
+    e = sub.add_parser("eval", help="accuracy of a model folder on a JSONL file of questions (GSM8K form or --format)")
     e.add_argument("--model", required=True)
     e.add_argument("--data", required=True)
     _config_flags(e, EvalConfig, *EVAL_FLAGS)
+    e.add_argument("--format", default="gsm8k", choices=["gsm8k", *HELD_OUT_FORMATS],
+                   help="the file's form: GSM8K (question, answer ending in '#### N') or another benchmark's")
     e.add_argument("--n", type=int, default=None, help="only the first N questions")
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--per-question", help="also write each question's greedy correctness (a JSON list of 0/1) here")

@@ -66,6 +66,15 @@ def gain_over_sft(policy: dict, sft: dict) -> dict:
     return question_interval(*(json.loads(Path(p).read_text()) for p in paths))
 
 
+def held_out_gains(policy: dict, sft: dict) -> dict[str, dict]:
+    """Each further held-out set (``data.held_out``): its size, the SFT model's and the policy's
+    accuracy, and the policy's paired gain over SFT with its 95% interval (``gain_over_sft``)."""
+    both = [name for name in policy.get("held_out", {}) if name in sft.get("held_out", {})]
+    return {name: {"n": policy["held_out"][name]["n"], "sft": sft["held_out"][name]["accuracy"],
+                   "policy": policy["held_out"][name]["accuracy"],
+                   "gain_over_sft": gain_over_sft(policy["held_out"][name], sft["held_out"][name])} for name in both}
+
+
 def summarise(manifest: dict, run_dir: Path, exp_id: str, tracker: MlflowLogger) -> dict[str, str]:
     """The run's figures, saved under ``run_dir/figures``, logged as images on its MLflow run, and
     shown with its tables in a Prefect summary artifact; returns the figures' paths."""
@@ -73,11 +82,12 @@ def summarise(manifest: dict, run_dir: Path, exp_id: str, tracker: MlflowLogger)
 
     paths = figures.save(figures.pipeline_figures(manifest, run_dir), run_dir / "figures")
     tracker.log_artifacts(run_dir / "figures", "figures")
-    gains = {r["round"]: gain_over_sft(r["stages"]["eval"]["results"]["policy"], manifest["eval"]["sft"])
-             for r in manifest["rounds"]}
+    sft = manifest["eval"]["sft"]
+    gains = {r["round"]: {"test": gain_over_sft(policy, sft)} | {k: g["gain_over_sft"] for k, g in held_out_gains(policy, sft).items()}
+             for r in manifest["rounds"] for policy in [r["stages"]["eval"]["results"]["policy"]]}
     shown = {name: figure_source(path) for name, path in paths.items()}
     create_markdown_artifact(key=artifact_key(f"{manifest['run_name']}-summary"),
-                             markdown=pipeline_report(manifest, exp_id, {k: g for k, g in gains.items() if g}, shown),
+                             markdown=pipeline_report(manifest, exp_id, gains, shown),
                              description=f"pipeline run {manifest['run_name']}: results, reward models, figures")
     return {name: str(path) for name, path in paths.items()}
 
@@ -132,9 +142,12 @@ def pipeline(config: PipelineConfig) -> dict:
         eval_results = {**runs["eval"].output.results, "policy": policy["stages"]["eval"]["results"]["policy"]}
         tracker.log_metrics({f"eval/{name}/accuracy": r["accuracy"] for name, r in eval_results.items()})
         gain = gain_over_sft(eval_results["policy"], eval_results["sft"])
-        if gain:
-            tracker.log_metrics({"eval/gain_over_sft": gain["mean"], "eval/gain_over_sft_low": gain["low"],
-                                 "eval/gain_over_sft_high": gain["high"]})
+        held_out = held_out_gains(eval_results["policy"], eval_results["sft"])
+        for where, g in [("", gain)] + [(f"{name}/", h["gain_over_sft"]) for name, h in held_out.items()]:
+            if g:
+                tracker.log_metrics({f"eval/{where}gain_over_sft": g["mean"], f"eval/{where}gain_over_sft_low": g["low"],
+                                     f"eval/{where}gain_over_sft_high": g["high"]})
+        tracker.log_metrics({f"eval/{name}/{model}/accuracy": h[model] for name, h in held_out.items() for model in ("sft", "policy")})
         tracker.set_tags({"cached_stages": ",".join(cached) or "none",
                           "champion_version": rounds[-1]["champion"]["version"],
                           **{f"stage_run.{s}": m["mlflow_run_id"] for s, m in stages.items()},
@@ -149,6 +162,7 @@ def pipeline(config: PipelineConfig) -> dict:
             "data_dir": data.dir,
             "eval": eval_results,
             "gain_over_sft": gain,
+            "held_out": held_out,
             "reward_models": {kind: rm["model"] for kind, rm in policy["reward_models"].items()},
             "rounds": rounds,
             "champion": rounds[-1]["champion"],

@@ -61,24 +61,28 @@ def _points(gain: dict) -> str:
     return f"{100 * gain['mean']:+.2f} points [{100 * gain['low']:+.1f}, {100 * gain['high']:+.1f}]"
 
 
-def pipeline_report(manifest: dict, exp_id: str, gains: dict[int, dict], figures: dict[str, str]) -> str:
-    """The pipeline run's Prefect summary: test accuracy of SFT and of each round's policy (paired
-    differences to SFT over the test questions, ``gains`` by round), each reward model's held-out
+def pipeline_report(manifest: dict, exp_id: str, gains: dict[int, dict[str, dict]], figures: dict[str, str]) -> str:
+    """The pipeline run's Prefect summary: test accuracy of SFT and of each round's policy on the test
+    split and each further held-out set (paired differences to SFT, ``gains`` by round, then set), each reward model's held-out
     quality before and after its retraining, the champion, where the time went, links to the MLflow
     runs, and ``figures`` (name -> an image address Prefect can show)."""
     uri = manifest["tracking_uri"]
     link = lambda run_id: mlflow_link(uri, exp_id, run_id)  # noqa: E731
     sft, rounds = manifest["eval"]["sft"], manifest["rounds"]
+    sets = {"test": sft} | sft.get("held_out", {})  # the test split, then each further held-out set
     lines = [f"## Pipeline run `{manifest['run_name']}`", ""]
     lines += [f"> **Warning (round {r['round']}): {w}.**" for r in rounds for w in r.get("quality_warnings", [])]
-    lines += ["", f"| model | test accuracy ({sft['n']} questions) | minus SFT, paired (95% interval) | MLflow run |",
-              "|---|---|---|---|",
-              f"| SFT | {100 * sft['accuracy']:.2f}% | | [sft]({link(manifest['stages']['sft']['mlflow_run_id'])}) |"]
+    lines += ["", "| model | " + " | ".join(f"{name} accuracy ({s['n']} questions) | minus SFT, paired (95% interval)"
+                                              for name, s in sets.items()) + " | MLflow run |",
+              "|---|" + "---|---|" * len(sets) + "---|",
+              "| SFT | " + " | ".join(f"{100 * s['accuracy']:.2f}% | " for s in sets.values())
+              + f" | [sft]({link(manifest['stages']['sft']['mlflow_run_id'])}) |"]
     for r in rounds:
         final = " (final)" if r is rounds[-1] else ""
-        gain = _points(gains[r["round"]]) if r["round"] in gains else ""
-        lines.append(f"| round {r['round']} policy{final} | {100 * r['test_accuracy']:.2f}% | {gain} | "
-                     f"[round-{r['round']}]({link(r['mlflow_run_id'])}) |")
+        accuracy = {"test": r["test_accuracy"]} | r.get("held_out_accuracy", {})
+        gain = gains.get(r["round"], {})
+        cells = [f"{100 * accuracy[name]:.2f}% | {_points(gain[name]) if gain.get(name) else ''}" for name in sets]
+        lines.append(f"| round {r['round']} policy{final} | " + " | ".join(cells) + f" | [round-{r['round']}]({link(r['mlflow_run_id'])}) |")
     rms = [(r["round"], kind, rm) for r in rounds for kind, rm in r["reward_models"].items()]
     if rms:
         lines += ["", "| reward model | round | held-out, before -> after retraining | zero-training verifier | "

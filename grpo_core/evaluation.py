@@ -70,10 +70,16 @@ def greedy_accuracy(model, tokenizer, examples: list[Example], max_new_tokens: i
     return evaluate(model, tokenizer, examples, max_new_tokens=max_new_tokens, batch_size=batch_size)[0]["accuracy"]
 
 
+def test_sets(data_dir: Path) -> dict[str, Path]:
+    """The data stage's test split and its further held-out sets (``held_out/<name>.jsonl``), by name."""
+    held_out = sorted((Path(data_dir) / "held_out").glob("*.jsonl"))
+    return {"test": Path(data_dir) / "test.jsonl"} | {p.stem: p for p in held_out}
+
+
 def run_eval(cfg, data_dir: Path, models: dict[str, str], out_dir: Path, logger=None) -> dict:
     """The eval stage: greedy pass@1 (and maj@K / pass@K) of every model in ``models`` on the test
-    split, with per-question correctness (``per_question/<name>.json``) for paired differences
-    between models (``grpo_core.stats``)."""
+    split, and on each further held-out set under ``held_out/<set>``, with per-question correctness
+    (``per_question/[<set>/]<name>.json``) for paired differences between models (``grpo_core.stats``)."""
     import json
 
     from grpo_core.data import load_jsonl
@@ -83,18 +89,23 @@ def run_eval(cfg, data_dir: Path, models: dict[str, str], out_dir: Path, logger=
 
     ec = cfg.eval
     set_threads(cfg.threads)
-    test = load_jsonl(str(Path(data_dir) / "test.jsonl"), limit=ec.n_questions)
+    sets = {name: load_jsonl(str(path), limit=ec.n_questions) for name, path in test_sets(data_dir).items()}
     results: dict[str, dict] = {}
     for name, model_dir in models.items():
         model, tokenizer = load_model(model_dir)
         place(model, cfg.launch)
-        metrics, rows = evaluate(model, tokenizer, test, max_new_tokens=ec.max_new_tokens, batch_size=ec.batch_size,
-                                 samples=ec.samples, temperature=ec.temperature, seed=cfg.seed)
-        per_question = Path(out_dir) / "per_question" / f"{name}.json"
-        per_question.parent.mkdir(parents=True, exist_ok=True)
-        per_question.write_text(json.dumps([int(r["correct"]) for r in rows]))
-        results[name] = {**metrics, "model": model_dir, "per_question": str(per_question)}
-        if logger:
-            logger.log_metrics({f"eval/{name}/{k}": v for k, v in metrics.items()})
-            logger.log_table(rows[: ec.log_examples], f"eval/{name}_samples.json")
+        measured: dict[str, dict] = {}
+        for set_name, examples in sets.items():
+            metrics, rows = evaluate(model, tokenizer, examples, max_new_tokens=ec.max_new_tokens, batch_size=ec.batch_size,
+                                     samples=ec.samples, temperature=ec.temperature, seed=cfg.seed)
+            folder = Path(out_dir) / "per_question" / ("" if set_name == "test" else set_name)
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / f"{name}.json").write_text(json.dumps([int(r["correct"]) for r in rows]))
+            measured[set_name] = {**metrics, "per_question": str(folder / f"{name}.json")}
+            if logger:
+                where = name if set_name == "test" else f"{name}/{set_name}"
+                logger.log_metrics({f"eval/{where}/{k}": v for k, v in metrics.items()})
+                logger.log_table(rows[: ec.log_examples], f"eval/{where.replace('/', '_')}_samples.json")
+        test = measured.pop("test")
+        results[name] = {**test, "model": model_dir} | ({"held_out": measured} if measured else {})
     return write_manifest(Path(out_dir), {"stage": "eval", "results": results})

@@ -91,6 +91,17 @@ def test_eval_greedy_only_without_samples(tmp_path, capsys, tiny_model_dir):
     assert sum(per_question) / 2 == metrics["accuracy"]
 
 
+def test_eval_reads_another_benchmarks_form(tmp_path, capsys, tiny_model_dir):
+    """``--format svamp``: SVAMP's Body / Question / Answer; a malformed row is named by file and line."""
+    rows = [{"Body": "Sam has 2 apples.", "Question": "What is 2 + 1?", "Answer": 3.0}] * 2
+    data = _jsonl(tmp_path / "svamp.jsonl", rows + [{"Body": "B.", "Question": "Q?"}])
+    assert _exit_code(["eval", "--model", str(tiny_model_dir), "--data", str(data), "--format", "svamp"]) == 2
+    assert f"{data}:3: field 'Answer' must be a finite number" in capsys.readouterr().err
+    main(["eval", "--model", str(tiny_model_dir), "--data", str(data), "--format", "svamp", "--n", "2",
+          "--max-new-tokens", "4"])
+    assert json.loads(capsys.readouterr().out)["n"] == 2
+
+
 def test_eval_missing_model_folder(tmp_path, capsys):
     data = _jsonl(tmp_path / "test.jsonl", QUESTIONS)
     missing = tmp_path / "no_such_model"

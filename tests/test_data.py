@@ -167,3 +167,79 @@ def test_write_then_load_round_trip(tmp_path, splits):
         path = tmp_path / "out" / f"{name}.jsonl"
         write_jsonl(splits[name], path)
         assert load_jsonl(str(path)) == splits[name]
+
+
+# ---------------------------------------------------------------------------- further held-out sets
+
+
+def _svamp_file(tmp_path: Path, rows: list[dict]) -> Path:
+    return _write_bytes(tmp_path, "".join(json.dumps(r) + "\n" for r in rows).encode())
+
+
+def test_held_out_formats_give_question_and_numeric_gold(tmp_path):
+    """SVAMP's Body and Question join as the evaluation harnesses join them (a full stop added where
+    the Body lacks one); a float answer is compared as the number it is (145.0 -> 145, 11.5 stays)."""
+    from grpo_core.data import HELD_OUT_FORMATS, load_held_out
+
+    svamp = _svamp_file(tmp_path, [
+        {"Body": "There are 290 bananas. If they are organized into 2 groups", "Question": "How big is each group?",
+         "Answer": 145.0},
+        {"Body": "Marco picked 11 pounds.", "Question": " How much did he pick? ", "Answer": 11.5}])
+    a, b = load_held_out(str(svamp), "svamp")
+    assert a == Example("There are 290 bananas. If they are organized into 2 groups. How big is each group?", "145")
+    assert b == Example("Marco picked 11 pounds. How much did he pick?", "11.5")
+    mawps = tmp_path / "mawps.jsonl"
+    mawps.write_text(json.dumps({"input": " Joan had 70 shells. ", "target": 43.0}) + "\n")
+    assert load_held_out(str(mawps), "mawps") == [Example("Joan had 70 shells.", "43")]
+    # The recipe's choices are exactly the readers there are (GSM8K form through load_jsonl).
+    from typing import get_args
+
+    from grpo_core.config import HeldOutSet
+    assert set(get_args(HeldOutSet.model_fields["format"].annotation)) == {"gsm8k", *HELD_OUT_FORMATS}
+
+
+@pytest.mark.parametrize("row, reason", [
+    ({"Question": "Q?", "Answer": 1.0}, r":2: field 'Body' is missing or empty \(format svamp\)"),
+    ({"Body": "B.", "Question": "Q?", "Answer": "one"}, r":2: field 'Answer' must be a finite number \(format svamp\), got 'one'"),
+    ({"Body": "B.", "Question": "Q?", "Answer": float("nan")}, r":2: field 'Answer' must be a finite number"),
+    ({"Body": "B.", "Question": "Q?", "Answer": True}, r":2: field 'Answer' must be a finite number"),
+])
+def test_held_out_errors_name_file_line_and_field(tmp_path, row, reason):
+    from grpo_core.data import load_held_out
+
+    good = {"Body": "B.", "Question": "Q?", "Answer": 2.0}
+    path = _write_bytes(tmp_path, (json.dumps(good) + "\n" + json.dumps(row) + "\n").encode())
+    with pytest.raises(DataError, match=re.escape(str(path)) + reason):
+        load_held_out(str(path), "svamp")
+
+
+def test_held_out_set_names_are_checked():
+    from grpo_core.config import ConfigError, load_config
+
+    for bad in ("test", "a/b", "x y"):
+        with pytest.raises(ConfigError, match=re.escape(f"held_out: {bad!r} cannot name a set")):
+            load_config(None, [f"data.held_out={{{json.dumps(bad)}: {{file: f.jsonl}}}}"])
+    with pytest.raises(ConfigError, match=r"data.held_out.svamp.format"):
+        load_config(None, ["data.held_out.svamp.file=f.jsonl", "data.held_out.svamp.format=svmap"])
+
+
+def test_the_data_stage_writes_held_out_sets_and_trains_on_none_of_their_questions(tmp_path, tiny_cfg):
+    """``held_out/<name>.jsonl`` in GSM8K form (the eval stage reads it as it reads test.jsonl); an SFT
+    or RL question that a held-out set asks is dropped from training; a set the recipe no longer
+    names is gone after the next data stage."""
+    from grpo_core.stages.prepare import run_prepare
+
+    out = tmp_path / "data"
+    run_prepare(tiny_cfg(tmp_path), out)
+    rl = load_jsonl(str(out / "rl.jsonl"))
+    svamp = _svamp_file(tmp_path, [{"Body": "Sam counts.", "Question": "What is 100 + 1?", "Answer": 101.0}])
+    again = tmp_path / "again.jsonl"  # a GSM8K-form held-out set that asks an RL question verbatim
+    write_jsonl([Example(rl[0].question, rl[0].gold)], again)
+    cfg = tiny_cfg(tmp_path, f"data.held_out={{svamp: {{file: {svamp}, format: svamp}}, again: {{file: {again}}}}}")
+    manifest = run_prepare(cfg, out)
+    assert manifest["held_out"] == {"svamp": 1, "again": 1}
+    assert load_jsonl(str(out / "held_out" / "svamp.jsonl")) == [Example("Sam counts. What is 100 + 1?", "101")]
+    assert load_jsonl(str(out / "held_out" / "again.jsonl")) == [Example(rl[0].question, rl[0].gold)]
+    assert rl[0].question not in {e.question for e in load_jsonl(str(out / "rl.jsonl"))}
+    run_prepare(tiny_cfg(tmp_path), out)
+    assert not (out / "held_out").exists()

@@ -158,17 +158,35 @@ def test_cli_run_prints_summary(prefect_harness, tmp_path, tiny_cfg, capsys):
     cfg = tiny_cfg(tmp_path, run_name="viacli", sft__max_steps=2, grpo__steps=1)
     recipe = tmp_path / "tiny.yaml"
     recipe.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
-    main(["run", str(recipe), "--set", "grpo.steps=2", "--set", "run_name=viacli2"])
+    svamp = tmp_path / "svamp.jsonl"  # a further held-out set in SVAMP's form, named on the command line
+    svamp.write_text("".join(json.dumps({"Body": f"Sam has {i} apples.", "Question": f"What is {i} + 2?",
+                                         "Answer": float(i + 2)}) + "\n" for i in range(7)))
+    main(["run", str(recipe), "--set", "grpo.steps=2", "--set", "run_name=viacli2",
+          "--set", f"data.held_out.svamp.file={svamp}", "--set", "data.held_out.svamp.format=svamp"])
     summary = json.loads(capsys.readouterr().out)
     run_dir = Path(cfg.output_dir) / "viacli2"
     assert summary["run_dir"] == str(run_dir)
     assert set(summary["eval"]) == {"sft", "policy"} and "accuracy" in summary["eval"]["policy"]
+    # ---- the held-out set: every model measured on it beside the test split, the gain with its interval
+    held_out = summary["held_out"]["svamp"]
+    assert held_out["n"] == 7 and set(held_out["gain_over_sft"]) == {"mean", "low", "high", "n"}
+    assert held_out["policy"] - held_out["sft"] == pytest.approx(held_out["gain_over_sft"]["mean"])
+    assert summary["eval"]["sft"]["held_out"]["svamp"] == {"n": 7, "accuracy": held_out["sft"]}  # no file paths
     assert summary["cached_stages"] == []
     assert summary["tracking_uri"] == f"sqlite:///{tmp_path}/mlflow.db"
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["mlflow_run_id"] == summary["mlflow_run_id"]
     assert manifest["rounds"][0]["grpo"]["steps"] == 2  # the --set override was applied
     assert yaml.safe_load((run_dir / "config.yaml").read_text())["grpo"]["steps"] == 2
+    per_question = json.loads(Path(manifest["eval"]["policy"]["held_out"]["svamp"]["per_question"]).read_text())
+    assert len(per_question) == 7 and sum(per_question) / 7 == held_out["policy"]
+    assert manifest["rounds"][0]["held_out_accuracy"] == {"svamp": held_out["policy"]}
+    from mlflow.tracking import MlflowClient
+
+    metrics = MlflowClient(summary["tracking_uri"]).get_run(manifest["mlflow_run_id"]).data.metrics
+    assert metrics["eval/svamp/policy/accuracy"] == held_out["policy"] and "eval/svamp/gain_over_sft_low" in metrics
+    summary_md, _ = _prefect_summary("viacli2-summary")
+    assert "| model | test accuracy (10 questions) | minus SFT, paired (95% interval) | svamp accuracy (7 questions) |" in summary_md
 
 
 def test_pipeline_with_reward_models_and_process_supervision(prefect_harness, tmp_path, tiny_cfg,

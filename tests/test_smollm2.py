@@ -80,6 +80,9 @@ def _whole_recipe(tmp_path, overrides: list[str], n_eval: int) -> None:
     assert replay["replay"] == replay["replay_wanted"]  # round 2 retrains on fresh data plus its replay
     assert set(manifest["reward_models"]) == {"orm", "prm"}
     assert set(manifest["eval"]) >= {"sft", "policy"} and manifest["eval"]["policy"]["n"] == n_eval
+    svamp = manifest["held_out"]["svamp"]  # the second held-out set, with its interval over the questions
+    assert svamp["n"] == n_eval and svamp["gain_over_sft"]["low"] <= svamp["gain_over_sft"]["mean"]
+    assert [set(r["held_out_accuracy"]) for r in manifest["rounds"]] == [{"svamp"}, {"svamp"}]
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     for r in manifest["rounds"]:
         run = client.get_run(r["mlflow_run_id"])

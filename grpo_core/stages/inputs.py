@@ -44,7 +44,8 @@ class DataInputs(StageInputs):
 
         manifest = run_prepare(cfg, out_dir)
         if logger:
-            logger.log_metrics({k: v for k, v in manifest.items() if k.startswith("n_")})
+            logger.log_metrics({k: v for k, v in manifest.items() if k.startswith("n_")}
+                               | {f"n_held_out/{k}": v for k, v in manifest["held_out"].items()})
         return manifest
 
 

@@ -1,11 +1,13 @@
 """Data stage: write the splits (SFT worked solutions, RL answer-only questions, validation, test)
-as GSM8K-form JSONL, checking that no question is shared between splits."""
+and the further held-out test sets (``held_out/<name>.jsonl``) as GSM8K-form JSONL, checking that no
+question is shared between splits and that no test question is trained on."""
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from grpo_core.config import PipelineConfig
-from grpo_core.data import SPLITS, DataError, load_splits, write_jsonl
+from grpo_core.data import SPLITS, DataError, load_held_out, load_splits, write_jsonl
 from grpo_core.stages.common import digest_dir, write_manifest
 
 
@@ -18,14 +20,19 @@ def run_prepare(cfg: PipelineConfig, out_dir: Path) -> dict:
                 if cfg.data.source == "arithmetic":  # generated splits are disjoint by construction
                     raise DataError(f"question shared by {seen[e.question]} and {split}: {e.question!r}")
             seen.setdefault(e.question, split)
+    dc = cfg.data
+    held_out = {name: load_held_out(h.file, h.format, dc.max_examples, dc.max_chars) for name, h in dc.held_out.items()}
     # Real datasets may repeat a question across files; drop such repeats from training splits.
-    test_val = {e.question for s in ("val", "test") for e in splits[s]}
+    tested = {e.question for s in ("val", "test") for e in splits[s]} | {e.question for v in held_out.values() for e in v}
     for split in ("sft", "rl"):
-        splits[split] = [e for e in splits[split] if e.question not in test_val]
+        splits[split] = [e for e in splits[split] if e.question not in tested]
         if not splits[split]:
-            raise DataError(f"split {split!r} is empty after removing questions shared with val/test")
+            raise DataError(f"split {split!r} is empty after removing questions shared with val/test/held-out sets")
     for split in SPLITS:
         write_jsonl(splits[split], out_dir / f"{split}.jsonl")
-    counts = {f"n_{s}": len(splits[s]) for s in SPLITS}
+    shutil.rmtree(out_dir / "held_out", ignore_errors=True)  # a set an earlier recipe named is not evaluated
+    for name, examples in held_out.items():
+        write_jsonl(examples, out_dir / "held_out" / f"{name}.jsonl")
+    counts = {f"n_{s}": len(splits[s]) for s in SPLITS} | {"held_out": {k: len(v) for k, v in held_out.items()}}
     digest = digest_dir(out_dir, pattern="*.jsonl")  # the splits only, not an older manifest
     return write_manifest(out_dir, {"stage": "data", "dir": str(out_dir), "digest": digest, **counts})
