@@ -6,6 +6,11 @@ classifier settings. Prints one JSON object with pages/s and the ratios to the b
 
     .venv/bin/python bench/corpus_scoring.py [--repeat 8] [--pages N] [--bucket B]
 
+``--dask N`` (default 2; 0: skip) also scores the pool as the corpus flow does with
+``corpus.runner: dask``: tasks of ``--shards-per-task`` shards on a local Dask cluster of N worker
+processes started by Prefect's ``DaskTaskRunner`` (``dask_*``; the cluster's start apart), and
+times ``--noop-tasks`` empty tasks through the same runner: what scheduling costs per task.
+
 ``--repeat`` copies the pages (new URLs) to make a bigger pool. The scoring process allocates the
 classifier on transparent huge pages; so that the reader can tell that gain from the parallelism,
 bare ``predict`` is also timed in a process started with the same setting (``bare_huge_pages_*``),
@@ -40,6 +45,31 @@ def _bare_rate(model_path: Path, shards: list[Path]) -> float:
     return len(texts) / (time.perf_counter() - t0)
 
 
+def noop(i: int) -> int:
+    return i
+
+
+def _on_dask(model_path: Path, shards: list[Path], out_dir: Path, workers: int, per_task: int, noops: int) -> dict:
+    """Start a local Dask cluster through Prefect, score the pool on it, then time empty tasks."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    from grpo_core.config import CorpusConfig
+    from grpo_core.corpus.score import score_in_groups
+    from tasks.corpus import passes, submit_all
+
+    cc = CorpusConfig(runner="dask", workers=workers, shards_per_task=per_task)
+    with prefect_test_harness():  # a throw-away Prefect API for the task runs
+        t0 = time.perf_counter()
+        with passes(cc) as where:
+            runner = where["map_tasks"].args[0]
+            t1 = time.perf_counter()
+            score_in_groups(model_path, shards, out_dir, where["map_tasks"], per_task)
+            t2 = time.perf_counter()
+            submit_all(runner, noop, [(i,) for i in range(noops)])
+            t3 = time.perf_counter()
+    return {"start_s": t1 - t0, "score_s": t2 - t1, "per_task_ms": 1000 * (t3 - t2) / max(noops, 1)}
+
+
 def main() -> None:
     import argparse
 
@@ -47,6 +77,9 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=8)
     p.add_argument("--pages", type=int, help="only the corpus's first N pages (a quick check)")
     p.add_argument("--bucket", type=int, default=2_000_000, help="n-gram buckets (the paper's classifier: 2M, 2 GB)")
+    p.add_argument("--dask", type=int, default=2, help="workers of the local Dask cluster (0: no Dask run)")
+    p.add_argument("--shards-per-task", type=int, default=2)
+    p.add_argument("--noop-tasks", type=int, default=64)
     a = p.parse_args()
     repeat = a.repeat
     setup_environment()
@@ -80,14 +113,19 @@ def main() -> None:
     one = run_scorer(model_path, shards, work / "one", workers=1)
     cores = len(os.sched_getaffinity(0))
     full = run_scorer(model_path, shards, work / "all", workers=cores)
+    dask = _on_dask(model_path, shards, work / "dask", a.dask, a.shards_per_task, a.noop_tasks) if a.dask else None
+    same = dask is None or all((work / "dask" / o.name).read_text() == o.read_text() for o in full["outputs"])
     shutil.rmtree(work)  # the classifier alone is 2 GB
     rate = {"bare_predict": bare, "bare_huge_pages": bare_huge, "score_pool_1_worker": n / one["wall_s"],
-            "score_pool": n / full["wall_s"]}
+            "score_pool": n / full["wall_s"]} | ({"dask": n / dask["score_s"]} if dask else {})
     print(json.dumps({"pages": n, "repeat": repeat, "bucket": a.bucket, "cores": cores,
                       **{f"{k}_pages_per_s": round(v) for k, v in rate.items()},
                       **{f"{k}_vs_bare": round(v / bare, 3) for k, v in rate.items() if k != "bare_predict"},
                       "score_pool_s": round(full["wall_s"], 2), "score_pool_load_s": round(full["load_s"], 2),
-                      "score_pool_startup_s": round(full["wall_s"] - full["score_s"], 2)}))
+                      "score_pool_startup_s": round(full["wall_s"] - full["score_s"], 2),
+                      **({"dask_workers": a.dask, "dask_shards_per_task": a.shards_per_task,
+                          "dask_cluster_start_s": round(dask["start_s"], 2), "dask_score_s": round(dask["score_s"], 2),
+                          "dask_per_task_ms": round(dask["per_task_ms"], 1), "dask_same_scores": same} if dask else {})}))
 
 
 if __name__ == "__main__":

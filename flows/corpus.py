@@ -1,6 +1,7 @@
 """The ``corpus`` flow: the recall loop of ``grpo_core.corpus.stage`` with each pass over the pool a
 ``score-pool`` task (one scoring process that loads the classifier once and forks a worker per core:
-``grpo_core.corpus.score``), URL prefixes approved by a person in the Prefect UI
+``grpo_core.corpus.score``) or, with ``corpus.runner: dask | ray``, tasks of a few shards each on that
+cluster (``tasks.corpus``), URL prefixes approved by a person in the Prefect UI
 (``corpus.interactive``) or read from ``corpus.annotations``, and an MLflow run
 ``corpus-<run_name>`` with a child run per iteration.
 """
@@ -17,7 +18,7 @@ from flows import artifact_key
 from grpo_core.config import PipelineConfig
 from grpo_core.corpus.stage import run_corpus
 from grpo_core.tracking import MlflowLogger, check_tracking, experiment_id, finishing, start_run, tracking_uri
-from tasks.corpus import score_pool_task
+from tasks.corpus import passes
 
 
 class PrefixApproval(RunInput):
@@ -66,10 +67,9 @@ def corpus(config: PipelineConfig, own_benchmarks: dict[str, str] | None = None,
         return MlflowLogger(uri, runs[-1])
 
     approve = approve_in_ui if config.corpus.interactive else None  # None: the annotations file
-    with finishing(uri, runs):
-        manifest = run_corpus(config, out_dir, MlflowLogger(uri, parent), score_shards=score_pool_task,
-                              approve=approve, iteration_logger=iteration_logger,
-                              own_benchmarks={k: Path(v) for k, v in (own_benchmarks or {}).items()})
+    with finishing(uri, runs), passes(config.corpus) as where:
+        manifest = run_corpus(config, out_dir, MlflowLogger(uri, parent), approve=approve, iteration_logger=iteration_logger,
+                              own_benchmarks={k: Path(v) for k, v in (own_benchmarks or {}).items()}, **where)
     manifest["mlflow_run_id"] = parent
     check = manifest.get("seed_check") or {}
     if check.get("leave_one_source_out"):

