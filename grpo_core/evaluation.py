@@ -98,10 +98,10 @@ def run_eval(cfg, data_dir: Path, models: dict[str, str], out_dir: Path, logger=
         for set_name, examples in sets.items():
             metrics, rows = evaluate(model, tokenizer, examples, max_new_tokens=ec.max_new_tokens, batch_size=ec.batch_size,
                                      samples=ec.samples, temperature=ec.temperature, seed=cfg.seed)
-            folder = Path(out_dir) / "per_question" / ("" if set_name == "test" else set_name)
-            folder.mkdir(parents=True, exist_ok=True)
-            (folder / f"{name}.json").write_text(json.dumps([int(r["correct"]) for r in rows]))
-            measured[set_name] = {**metrics, "per_question": str(folder / f"{name}.json")}
+            per_question = Path(out_dir) / "per_question" / ("" if set_name == "test" else set_name) / f"{name}.json"
+            per_question.parent.mkdir(parents=True, exist_ok=True)  # a model's name may hold a folder: variant/seed-0
+            per_question.write_text(json.dumps([int(r["correct"]) for r in rows]))
+            measured[set_name] = {**metrics, "per_question": str(per_question)}
             if logger:
                 where = name if set_name == "test" else f"{name}/{set_name}"
                 logger.log_metrics({f"eval/{where}/{k}": v for k, v in metrics.items()})
