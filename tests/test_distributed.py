@@ -45,9 +45,19 @@ def test_launch_commands():
         LaunchConfig(nnodes=2)
 
 
-def _run(cfg, inputs, out: Path, nproc: int, tmp_path: Path, name: str) -> dict[str, list[float]]:
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run(cfg, inputs, out: Path, nproc: int, tmp_path: Path, name: str, machines: int = 1) -> dict[str, list[float]]:
     """Run a stage's CLI on ``inputs`` in ``nproc`` processes into a fresh MLflow run; returns its
-    metric histories by the names the stage logs (the run's carry the stage's prefix)."""
+    metric histories by the names the stage logs (the run's carry the stage's prefix). ``machines``
+    > 1: that many torchrun agents of ``nproc`` processes each, joined by a c10d rendezvous on
+    127.0.0.1 as agents on several machines are (each runs the same command, as each machine would)."""
     from grpo_core.stages.inputs import write_inputs
     from tasks.launch import launch_command, write_resolved
 
@@ -60,10 +70,15 @@ def _run(cfg, inputs, out: Path, nproc: int, tmp_path: Path, name: str) -> dict[
     resolved = write_resolved(cfg, tmp_path / f"{name}.yaml")
     args = ["--inputs", str(write_inputs(inputs, tmp_path / f"{name}.json")), "--out", str(out)]
     # One process: the stage's own CLI, without torchrun (launch.own_process).
-    cmd = launch_command(LaunchConfig(nproc=nproc), inputs.stage, ["--config", str(resolved), *args])
+    launch = (LaunchConfig(nproc=nproc, nnodes=machines, rdzv_endpoint=f"127.0.0.1:{_free_port()}") if machines > 1
+              else LaunchConfig(nproc=nproc))
+    cmd = launch_command(launch, inputs.stage, ["--config", str(resolved), *args])
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "MLFLOW_RUN_ID": run_id, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    agents = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+              for _ in range(machines)]
+    for agent in agents:
+        stdout, stderr = agent.communicate(timeout=600)
+        assert agent.returncode == 0, stdout[-3000:] + stderr[-3000:]
     keys = client.get_run(run_id).data.metrics
     prefix = stage_prefix(inputs.stage)
     assert all(k.startswith(prefix) for k in keys), keys
@@ -90,6 +105,22 @@ def test_sft_on_two_processes_takes_the_steps_of_one(tiny_cfg, tiny_data_dir, tm
     # the tokens counted are the global batch's.
     assert len(two["train/loss"]) == 4 and two["perf/tokens_per_s"]
     assert (tmp_path / "two" / "model").is_dir() and (tmp_path / "two" / "manifest.json").exists()
+
+
+@pytest.mark.slow
+def test_sft_on_two_torchrun_agents_as_two_machines_takes_the_steps_of_one(tiny_cfg, tiny_data_dir, tmp_path):
+    """The several-machine launch rehearsed on one: two torchrun agents started with ``--nnodes 2`` and
+    a c10d rendezvous on 127.0.0.1 (``launch.nnodes: 2``, ``launch.rdzv_endpoint``), one process
+    each, sharing the output folder as machines share a file system; rank 0 alone logs and writes."""
+    from grpo_core.stages.inputs import Ref, SFTInputs
+
+    cfg = tiny_cfg(tmp_path, sft__max_steps=4, sft__eval_every=4)
+    inputs = SFTInputs(data=Ref(path=str(tiny_data_dir), digest="-"))
+    one = _run(cfg, inputs, tmp_path / "one", 1, tmp_path, "sft-1")
+    two = _run(cfg, inputs, tmp_path / "two", 1, tmp_path, "sft-2x1", machines=2)
+    _assert_same_curve(one["train/loss"], two["train/loss"])
+    _assert_same_curve(one["train/grad_norm"], two["train/grad_norm"])
+    assert len(two["train/loss"]) == 4 and (tmp_path / "two" / "model").is_dir()
 
 
 def test_grpo_on_two_processes_takes_the_steps_of_one(tiny_cfg, tiny_data_dir, tiny_model_dir, tmp_path):
