@@ -152,6 +152,19 @@ def cmd_experiment(a: argparse.Namespace) -> None:
     print(f"{result['dir']}/manifest.json; figures:", *result["figures"].values(), sep="\n  ")
 
 
+def cmd_join(a: argparse.Namespace) -> None:
+    import logging
+
+    from tasks.launch import join
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    try:
+        stages = join(Path(a.run_dir), a.timeout)
+    except (RuntimeError, TimeoutError) as e:
+        _fail(str(e))
+    print(json.dumps({"run_dir": a.run_dir, "joined": stages}))
+
+
 def cmd_rounds(a: argparse.Namespace) -> None:
     from flows.pipeline import rl_rounds
 
@@ -286,6 +299,11 @@ def build_parser() -> argparse.ArgumentParser:
     rr.add_argument("run_dir", help="a finished run, e.g. runs/demo")
     rr.add_argument("--rounds", type=int, default=1, help="how many more rounds")
     rr.set_defaults(func=cmd_rounds)
+    j = sub.add_parser("join", help="on each other machine of a launch.nnodes > 1 run: start the training stages' "
+                                    "processes here as the flow launches them (docs/scaling.md)")
+    j.add_argument("run_dir", help="the run's folder, at the same path on every machine (a shared file system)")
+    j.add_argument("--timeout", type=float, default=24 * 3600, help="seconds to wait for the run to finish")
+    j.set_defaults(func=cmd_join)
     cp = sub.add_parser("corpus", help="the math corpus: fastText classifier, scoring, decontamination, the loop")
     csub = cp.add_subparsers(dest="corpus_command", required=True)
     crun = csub.add_parser("run", help="the recall loop and decontamination on a recipe (the corpus flow)")

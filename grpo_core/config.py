@@ -419,7 +419,7 @@ class LaunchConfig(Section):
     nproc: int = Field(1, ge=1, description="processes per machine (one per GPU); > 1 launches torchrun / accelerate")
     launcher: Literal["torchrun", "accelerate"] = Field("torchrun", description="torchrun, or accelerate launch with accelerate_config")
     accelerate_config: str | None = Field(None, description="accelerate config file (configs/accelerate/) for launcher accelerate")
-    nnodes: int = Field(1, ge=1, description="machines; > 1 needs rdzv_endpoint, and the same flow started on each")
+    nnodes: int = Field(1, ge=1, description="machines; > 1 needs rdzv_endpoint: the flow runs on one, `grpo-pipeline join RUN_DIR` on each other (docs/scaling.md)")
     rdzv_endpoint: str | None = Field(None, pattern=r"^[A-Za-z0-9_.-]+:[0-9]+$", description="host:port of the torchrun rendezvous (nnodes > 1)")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: the process's GPU (cuda:LOCAL_RANK) when there is one, else the CPU")
     precision: Literal["fp32", "bf16"] = Field("fp32", description="bf16: autocast forward passes to bfloat16 (weights and optimizer stay fp32)")

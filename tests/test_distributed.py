@@ -2,6 +2,7 @@
 as 1 process with batch B, and only one MLflow run (the launcher's) receives the metrics."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -222,3 +223,39 @@ def test_reward_models_on_two_processes_take_the_steps_of_one(kind, tiny_cfg, ti
     assert len(one["train/loss"]) == 3
     _assert_same_curve(one["train/loss"], two["train/loss"])
     _assert_same_curve(one["train/grad_norm"], two["train/grad_norm"])
+
+
+@pytest.mark.slow
+def test_a_run_on_two_machines_rehearsed_with_join(prefect_harness, tiny_cfg, tmp_path):
+    """docs/scaling.md's several-machine recipe on one machine: the pipeline flow with
+    ``launch.nnodes: 2`` ("machine 0") and ``grpo-pipeline join RUN_DIR`` in another process
+    ("machine 1") that starts each training stage's agent as the flow announces it. SFT and GRPO run
+    as 2 ranks over the c10d rendezvous and take the steps of the one-machine run."""
+    from mlflow.tracking import MlflowClient
+
+    from flows.pipeline import pipeline
+
+    alone = pipeline(tiny_cfg(tmp_path, run_name="alone", sft__max_steps=3, grpo__steps=2))
+    cfg = tiny_cfg(tmp_path, "launch.nnodes=2", f"launch.rdzv_endpoint=127.0.0.1:{_free_port()}", run_name="two",
+                   sft__max_steps=3, grpo__steps=2)
+    run_dir = tmp_path / "runs" / "two"
+    machine_1 = subprocess.Popen([sys.executable, "-m", "flows.cli", "join", str(run_dir), "--timeout", "600"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        two = pipeline(cfg)
+        out, err = machine_1.communicate(timeout=120)
+    finally:
+        machine_1.kill()
+    assert machine_1.returncode == 0, err[-3000:]
+    assert json.loads(out.splitlines()[-1])["joined"] == ["sft", "grpo"]
+    client = MlflowClient(cfg.tracking.tracking_uri)
+
+    def losses(manifest, stage):
+        info = manifest["stages"]["sft"] if stage == "sft" else manifest["rounds"][0]["stages"]["grpo"]
+        key = stage_prefix(stage) + "train/loss"
+        return [m.value for m in sorted(client.get_metric_history(info["mlflow_run_id"], key), key=lambda m: m.step)]
+
+    for stage in ("sft", "grpo"):
+        _assert_same_curve(losses(alone, stage), losses(two, stage))
+    assert (run_dir / "sft" / "launch.json").exists() and two["eval"]["policy"]["n"] == alone["eval"]["policy"]["n"]
