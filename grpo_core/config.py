@@ -419,6 +419,7 @@ class LaunchConfig(Section):
     nproc: int = Field(1, ge=1, description="processes per machine (one per GPU); > 1 launches torchrun / accelerate")
     launcher: Literal["torchrun", "accelerate"] = Field("torchrun", description="torchrun, or accelerate launch with accelerate_config")
     accelerate_config: str | None = Field(None, description="accelerate config file (configs/accelerate/) for launcher accelerate")
+    strategy: Literal["ddp", "fsdp"] = Field("ddp", description="ddp: every process holds the whole model; fsdp: parameters, gradients and optimizer state sharded over the processes (FSDP2), gathered for sampling, evaluation and saving")
     nnodes: int = Field(1, ge=1, description="machines; > 1 needs rdzv_endpoint: the flow runs on one, `grpo-pipeline join RUN_DIR` on each other (docs/scaling.md)")
     rdzv_endpoint: str | None = Field(None, pattern=r"^[A-Za-z0-9_.-]+:[0-9]+$", description="host:port of the torchrun rendezvous (nnodes > 1)")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: the process's GPU (cuda:LOCAL_RANK) when there is one, else the CPU")
@@ -439,6 +440,8 @@ class LaunchConfig(Section):
 
     @model_validator(mode="after")
     def _endpoint_for_several_machines(self) -> "LaunchConfig":
+        if self.strategy == "fsdp" and not self.distributed:
+            raise ValueError("launch.strategy=fsdp shards the model over processes: set launch.nproc (or nnodes) above 1")
         if self.nnodes > 1 and not self.rdzv_endpoint:
             raise ValueError("launch.nnodes > 1 needs launch.rdzv_endpoint (host:port reachable from every machine)")
         return self

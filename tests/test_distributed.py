@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from grpo_core.config import LaunchConfig, load_config
 from grpo_core.tracking import stage_prefix
@@ -54,7 +55,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run(cfg, inputs, out: Path, nproc: int, tmp_path: Path, name: str, machines: int = 1) -> dict[str, list[float]]:
+def _run(cfg, inputs, out: Path, nproc: int, tmp_path: Path, name: str, machines: int = 1,
+         strategy: str = "ddp") -> dict[str, list[float]]:
     """Run a stage's CLI on ``inputs`` in ``nproc`` processes into a fresh MLflow run; returns its
     metric histories by the names the stage logs (the run's carry the stage's prefix). ``machines``
     > 1: that many torchrun agents of ``nproc`` processes each, joined by a c10d rendezvous on
@@ -68,11 +70,11 @@ def _run(cfg, inputs, out: Path, nproc: int, tmp_path: Path, name: str, machines
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name("dist") or client.get_experiment(client.create_experiment("dist"))
     run_id = client.create_run(exp.experiment_id, run_name=name).info.run_id
-    resolved = write_resolved(cfg, tmp_path / f"{name}.yaml")
-    args = ["--inputs", str(write_inputs(inputs, tmp_path / f"{name}.json")), "--out", str(out)]
     # One process: the stage's own CLI, without torchrun (launch.own_process).
-    launch = (LaunchConfig(nproc=nproc, nnodes=machines, rdzv_endpoint=f"127.0.0.1:{_free_port()}") if machines > 1
-              else LaunchConfig(nproc=nproc))
+    launch = (LaunchConfig(nproc=nproc, nnodes=machines, rdzv_endpoint=f"127.0.0.1:{_free_port()}", strategy=strategy)
+              if machines > 1 else LaunchConfig(nproc=nproc, strategy=strategy) if nproc > 1 else LaunchConfig())
+    resolved = write_resolved(cfg.model_copy(update={"launch": launch}), tmp_path / f"{name}.yaml")
+    args = ["--inputs", str(write_inputs(inputs, tmp_path / f"{name}.json")), "--out", str(out)]
     cmd = launch_command(launch, inputs.stage, ["--config", str(resolved), *args])
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "MLFLOW_RUN_ID": run_id, "OMP_NUM_THREADS": "1"}
     agents = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -108,6 +110,22 @@ def test_sft_on_two_processes_takes_the_steps_of_one(tiny_cfg, tiny_data_dir, tm
     assert (tmp_path / "two" / "model").is_dir() and (tmp_path / "two" / "manifest.json").exists()
 
 
+def test_sft_sharded_over_two_processes_takes_the_steps_of_one(tiny_cfg, tiny_data_dir, tmp_path):
+    """``launch.strategy: fsdp`` (FSDP2 on gloo): the steps of one process; rank 0's validation and the
+    saved models on gathered weights (the published model is the one-process run's)."""
+    from grpo_core.lm.modeling import load_model
+    from grpo_core.stages.inputs import Ref, SFTInputs
+
+    cfg = tiny_cfg(tmp_path, sft__max_steps=4, sft__eval_every=2)
+    inputs = SFTInputs(data=Ref(path=str(tiny_data_dir), digest="-"))
+    one = _run(cfg, inputs, tmp_path / "one", 1, tmp_path, "sft-1")
+    two = _run(cfg, inputs, tmp_path / "two", 2, tmp_path, "sft-fsdp", strategy="fsdp")
+    for key in ("train/loss", "train/grad_norm", "val/loss", "val/accuracy"):
+        _assert_same_curve(one[key], two[key])
+    a, b = (load_model(tmp_path / run / "model")[0].state_dict() for run in ("one", "two"))
+    assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], rtol=1e-4, atol=1e-6) for k in a)
+
+
 @pytest.mark.slow
 def test_sft_on_two_torchrun_agents_as_two_machines_takes_the_steps_of_one(tiny_cfg, tiny_data_dir, tmp_path):
     """The several-machine launch rehearsed on one: two torchrun agents started with ``--nnodes 2`` and
@@ -124,7 +142,11 @@ def test_sft_on_two_torchrun_agents_as_two_machines_takes_the_steps_of_one(tiny_
     assert len(two["train/loss"]) == 4 and (tmp_path / "two" / "model").is_dir()
 
 
-def test_grpo_on_two_processes_takes_the_steps_of_one(tiny_cfg, tiny_data_dir, tiny_model_dir, tmp_path):
+STRATEGIES = ["ddp", pytest.param("fsdp", marks=pytest.mark.slow)]  # FSDP's fast check is the SFT test's
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_grpo_on_two_processes_takes_the_steps_of_one(strategy, tiny_cfg, tiny_data_dir, tiny_model_dir, tmp_path):
     import torch
 
     from grpo_core.rewards.heads import load_reward_model
@@ -139,7 +161,7 @@ def test_grpo_on_two_processes_takes_the_steps_of_one(tiny_cfg, tiny_data_dir, t
     ref = lambda path: Ref(path=str(path), digest="-")  # noqa: E731
     inputs = GRPOInputs(data=ref(tiny_data_dir), init=ref(tiny_model_dir), reward_models={"orm": ref(tmp_path / "orm")})
     one = _run(cfg, inputs, tmp_path / "one", 1, tmp_path, "grpo-1")
-    two = _run(cfg, inputs, tmp_path / "two", 2, tmp_path, "grpo-2")
+    two = _run(cfg, inputs, tmp_path / "two", 2, tmp_path, "grpo-2", strategy=strategy)
     # Same rollouts (samples seeded by global row), same rewards, same updates.
     for key in ("train/reward_mean", "train/reward_std", "train/completion_len", "train/loss", "train/kl",
                 "train/grad_norm"):
@@ -186,8 +208,9 @@ def test_the_pipeline_launches_its_training_stages_as_two_processes(prefect_harn
     assert set(manifest["eval"]) == {"sft", "policy"}
 
 
+@pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("kind", ["orm", "prm"])
-def test_reward_models_on_two_processes_take_the_steps_of_one(kind, tiny_cfg, tiny_model_dir, tmp_path):
+def test_reward_models_on_two_processes_take_the_steps_of_one(kind, strategy, tiny_cfg, tiny_model_dir, tmp_path):
     """Rows of different lengths and step counts, so that a per-process mean would weigh them wrongly."""
     from datasets import Dataset, DatasetDict
 
@@ -218,7 +241,7 @@ def test_reward_models_on_two_processes_take_the_steps_of_one(kind, tiny_cfg, ti
     cfg = tiny_cfg(tmp_path, **{f"{kind}__batch_size": 6, f"{kind}__epochs": 1, f"{kind}__lr": 1e-3})
     inputs = INPUTS[kind](reward_data=reward_datasets(reward_data), init=Ref(path=str(tiny_model_dir), digest="-"))
     one = _run(cfg, inputs, tmp_path / "one", 1, tmp_path, f"{kind}-1")
-    two = _run(cfg, inputs, tmp_path / "two", 2, tmp_path, f"{kind}-2")
+    two = _run(cfg, inputs, tmp_path / "two", 2, tmp_path, f"{kind}-2", strategy=strategy)
     # 16 rows in batches of 6: 6, 6 and 4 (3 per process).
     assert len(one["train/loss"]) == 3
     _assert_same_curve(one["train/loss"], two["train/loss"])
@@ -259,3 +282,54 @@ def test_a_run_on_two_machines_rehearsed_with_join(prefect_harness, tiny_cfg, tm
     for stage in ("sft", "grpo"):
         _assert_same_curve(losses(alone, stage), losses(two, stage))
     assert (run_dir / "sft" / "launch.json").exists() and two["eval"]["policy"]["n"] == alone["eval"]["policy"]["n"]
+
+
+def _launch_and_kill_after(cmd: list[str], env: dict, checkpoints: Path, step: int) -> None:
+    """Start ``cmd`` and SIGKILL its whole process tree (torchrun and its ranks, which torchrun puts in
+    sessions of their own: no handler, no cleanup) once checkpoint ``step`` is complete."""
+    import time
+
+    import psutil  # accelerate's dependency
+
+    from grpo_core.training.checkpoint import complete_checkpoints
+
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while not any(p.name == f"step-{step:08d}" for p in complete_checkpoints(checkpoints)):
+        assert proc.poll() is None and time.time() < deadline, proc.stderr.read()[-3000:] if proc.stderr else ""
+        time.sleep(0.02)
+    tree = psutil.Process(proc.pid)
+    for p in [*tree.children(recursive=True), tree]:
+        p.kill()
+    psutil.wait_procs([*tree.children(recursive=True), tree], timeout=30)
+    proc.wait()
+
+
+@pytest.mark.slow
+def test_a_sharded_run_killed_resumes_on_two_processes_and_on_one(tiny_cfg, tiny_data_dir, tmp_path):
+    """FSDP's checkpoints hold the whole weights and optimizer state (gathered at each save), so a
+    2-process FSDP run SIGKILLed after checkpoint 2 resumes from its last checkpoint, on 2 processes
+    or on 1, to the weights of a straight run."""
+    from grpo_core.lm.modeling import load_model
+    from grpo_core.stages.inputs import Ref, SFTInputs, write_inputs
+    from grpo_core.training.checkpoint import latest_checkpoint
+    from tasks.launch import launch_command, write_resolved
+
+    # Batches of 2 rows: 8 steps stay within the first epoch (1 and 2 processes split an epoch's
+    # short last batch differently, tests above).
+    cfg = tiny_cfg(tmp_path, sft__max_steps=8, sft__batch_size=2, sft__checkpoint_every=1, sft__eval_every=8)
+    inputs = SFTInputs(data=Ref(path=str(tiny_data_dir), digest="-"))
+    _run(cfg, inputs, tmp_path / "straight", 2, tmp_path, "straight", strategy="fsdp")
+    fsdp = cfg.model_copy(update={"launch": LaunchConfig(nproc=2, strategy="fsdp")})
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for resumed_on in (2, 1):
+        out = tmp_path / f"killed-{resumed_on}"
+        args = ["--config", str(write_resolved(fsdp, tmp_path / "fsdp.yaml")),
+                "--inputs", str(write_inputs(inputs, tmp_path / "inputs.json")), "--out", str(out)]
+        _launch_and_kill_after(launch_command(fsdp.launch, "sft", args), env, out / "checkpoints", 2)
+        done = int(latest_checkpoint(out / "checkpoints").name.removeprefix("step-"))  # 2, or a little past it
+        assert not (out / "manifest.json").exists() and done < 8
+        resumed = _run(cfg, inputs, out, resumed_on, tmp_path, f"resumed-on-{resumed_on}", strategy="fsdp")
+        assert len(resumed.get("train/loss", [])) == 8 - done, (done, resumed)  # it went on from its last checkpoint
+        a, b = (load_model(p / "model")[0].state_dict() for p in (tmp_path / "straight", out))
+        assert all(torch.allclose(a[k], b[k], rtol=1e-4, atol=1e-6) for k in a), resumed_on

@@ -108,8 +108,9 @@ def init_model(cfg: ModelConfig, seed: int) -> tuple[PreTrainedModel, PreTrained
     return tiny_llama(cfg, tokenizer, seed), tokenizer
 
 
-def save_model(model: PreTrainedModel, tokenizer, path: str | Path) -> Path:
+def save_model(model: PreTrainedModel, tokenizer, path: str | Path, weights: dict | None = None) -> Path:
+    """``weights``: the whole state dict of a sharded (FSDP) model; None: the model's own."""
     path = Path(path)
-    model.save_pretrained(path)
+    model.save_pretrained(path, **({} if weights is None else {"state_dict": weights}))
     tokenizer.save_pretrained(path)
     return path

@@ -194,8 +194,10 @@ def generate(
         # tokens, ...) would make the samples' distribution differ from the log-probs trained on.
         bare = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id,
                                 eos_token_id=tokenizer.eos_token_id)
+        # synced_gpus off: transformers turns it on for an FSDP-managed model and then steps every
+        # rank together; ours sample on gathered weights, each process its own rows (Dist.gathered).
         chosen = model.generate(input_ids=ids, attention_mask=mask, generation_config=bare,
-                                logits_processor=processors)[:, prompt_len:]
+                                logits_processor=processors, synced_gpus=False)[:, prompt_len:]
     chosen = chosen.cpu()  # rollouts live on the CPU; forward passes move their inputs to the model (token_logprobs)
     model.train(was_training)
     completion = right_pad(list(chosen), tokenizer.pad_token_id)

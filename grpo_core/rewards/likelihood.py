@@ -135,10 +135,14 @@ class VerifierHead(torch.nn.Module):
                        step_lowest_logprobs(logp, ends.to(device), torch.ones_like(ends, dtype=torch.bool, device=device)))
         return self.scale * reading + self.bias
 
-    def save_pretrained(self, path) -> None:
-        self.lm.config.reward_head = {"kind": self.kind, "reading": self.reading, "scale": self.scale.item(),
-                                      "bias": self.bias.item(), **({"tokens": list(self.tokens)} if self.reading == "lm" else {})}
-        self.lm.save_pretrained(path)
+    def save_pretrained(self, path, state_dict: dict | None = None) -> None:
+        """The language model's folder with the head in its config; ``state_dict``: the head's whole
+        state where it is sharded (FSDP)."""
+        whole = state_dict or {"scale": self.scale, "bias": self.bias}
+        self.lm.config.reward_head = {"kind": self.kind, "reading": self.reading, "scale": float(whole["scale"]),
+                                      "bias": float(whole["bias"]), **({"tokens": list(self.tokens)} if self.reading == "lm" else {})}
+        self.lm.save_pretrained(path, state_dict=state_dict and {k.removeprefix("lm."): v for k, v in state_dict.items()
+                                                                  if k.startswith("lm.")})
 
     @classmethod
     def from_folder(cls, path, kind: str, reading: str = "likelihood", tokens: tuple[str, str] = ("+", "-")) -> "VerifierHead":

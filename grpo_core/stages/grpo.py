@@ -88,8 +88,9 @@ def rl_step(models: Models, tokenizer, opt, questions: list[Example], gc: GRPOCo
     # Rollout and score: G samples per question from pi_old (the current policy; RFT: the frozen
     # starting model), seeded by global row; the reward sources (answer checker, ORM, PRM);
     # process supervision scores every step.
-    ex = explore(models.ref if alg.samples == "reference" else models.policy, tokenizer, questions, gc, seed,
-                 scorer, d, amp, record)
+    with d.gathered(trained):  # FSDP: each process samples its share on the whole policy
+        ex = explore(models.ref if alg.samples == "reference" else models.policy, tokenizer, questions, gc, seed,
+                     scorer, d, amp, record)
     clock.append(ex.sampled_at)
 
     # Advantages: the algorithm's estimator (group z-scores or process credit; 1[correct]; GAE).
@@ -160,6 +161,8 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
         companions["value"] = (value, (gc.ppo.value_lr or gc.lr) / gc.lr)
     pool = read_split(data_dir, "rl")
     val = read_split(data_dir, "val")
+    policy.train()
+    trained = trainer.wrap(CompletionLogprobs(policy))
     st = trainer.start(policy, tokenizer, Plan(max_steps=gc.steps, eval_every=gc.eval_every, eval_first=True,
                                                eval_last=True, keep_best="val/accuracy", record=RECORDED), companions)
     if trainer.resume is not None:
@@ -169,8 +172,6 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
         out_dir.mkdir(parents=True, exist_ok=True)
         rollout_log.truncate_after(rollouts, st.step)  # steps past the checkpoint are sampled again
     resumed_from = st.step
-    policy.train()
-    trained = d.wrap(CompletionLogprobs(policy))
 
     def step(st: TrainState) -> dict:
         questions = step_questions(pool, gc.questions_per_step, seed, st.step)
@@ -193,9 +194,9 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
 
     # The loop: [validate the start] -> (RL step -> log -> [validate -> keep best] -> checkpoint)*.
     st = trainer.fit(step, evaluate)
+    final_dir = trainer.publish()
     if not d.main:
         return None
-    final_dir = trainer.publish()
     recent = st.extra.get("recent", [])
     last = {k.removeprefix("train/"): sum(m[k] for m in recent) / len(recent)
             for k in SUMMARY_METRICS if recent and all(k in m for m in recent)}

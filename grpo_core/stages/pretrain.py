@@ -61,15 +61,14 @@ def run_pretrain(cfg: PipelineConfig, corpus_dir: Path, out_dir: Path, logger: M
     place(model, cfg.launch, train=True)
     amp = functools.partial(autocast, cfg.launch, model_device(model))
     pages = encode_pages(corpus_texts(corpus_dir), tokenizer)
+    model.train()
+    trained = trainer.wrap(model)
     trainer.start(model, tokenizer, Plan(max_steps=pc.max_steps, log_every=pc.log_every))
 
     @functools.lru_cache(maxsize=1)
     def rows_of(epoch: int) -> tuple[torch.Tensor, torch.Tensor]:  # a fresh random concatenation per epoch
         ids = pack(pages, pc.context_length, tokenizer.pad_token_id, random.Random(cfg.seed * 1000 + epoch))[0]
         return ids, ids.masked_fill(ids == tokenizer.pad_token_id, -100)
-
-    model.train()
-    trained = d.wrap(model)
 
     lm_step = packed_lm_step(trainer, rows_of, pc.batch_size, trained, d, amp)
 
@@ -81,9 +80,9 @@ def run_pretrain(cfg: PipelineConfig, corpus_dir: Path, out_dir: Path, logger: M
 
     # The loop: update -> log -> checkpoint; the last model is published.
     st = trainer.fit(step)
+    final_dir = trainer.publish()
     if not d.main:
         return None
-    final_dir = trainer.publish()
     return write_manifest(out_dir, {"stage": "pretrain", "model": str(final_dir), "corpus": str(corpus_dir),
                                     "pages": len(pages), "steps": st.step, "epochs": st.epoch,
                                     "tokens": st.tokens, "last_loss": st.extra.get("last_loss", float("nan")),

@@ -280,6 +280,7 @@ def run_reward_model(cfg: PipelineConfig, kind: str, reward_data: dict[str, Ref]
     model.config.step_separator = sep  # saved with the model: `grpo-pipeline score` splits steps as we do
     amp = functools.partial(autocast, cfg.launch, model_device(model))
     tokenizer = load_tokenizer(trainer.resume or init_dir)
+    trained = trainer.wrap(model if is_verifier_head(model) else ScoreHead(model))  # one module whose forward is the whole computation
     st = trainer.start(model, tokenizer, Plan(max_epochs=rc.epochs, per_epoch=True, eval_last=True,
                                               keep_best=f"heldout/{spec.gate_metric}"))
 
@@ -290,14 +291,14 @@ def run_reward_model(cfg: PipelineConfig, kind: str, reward_data: dict[str, Ref]
         if d.main:
             shutil.rmtree(out_dir / "best", ignore_errors=True)  # never publish another run's model
         # Staleness: the starting model (last round's, or the SFT model's fresh head) on the fresh samples.
-        before = d.broadcast(evaluate(st) if d.main else None)
+        with d.gathered(trained):
+            before = d.broadcast(evaluate(st) if d.main else None)
         st.extra["before_metrics"] = {k.removeprefix("heldout/"): v for k, v in before.items()}
         logger.log_metrics({f"heldout_before/{k}": v for k, v in st.extra["before_metrics"].items()}, step=0)
         if baseline is not None and d.main:
             st.extra["baseline"] = evaluate_likelihood(baseline, kind, held_out[spec.held_out[0]], sep, rc.batch_size)
             logger.log_metrics({f"baseline/{k}": v for k, v in st.extra["baseline"].items()}, step=0)
     model.train()
-    trained = d.wrap(model if is_verifier_head(model) else ScoreHead(model))  # one module whose forward is the whole computation
 
     @functools.lru_cache(maxsize=1)
     def batches_of(epoch: int) -> list[list[int]]:  # the epoch's order: the same on resume
@@ -326,9 +327,9 @@ def run_reward_model(cfg: PipelineConfig, kind: str, reward_data: dict[str, Ref]
 
     # The loop: (batch -> update -> log -> [epoch end: evaluate -> keep best -> checkpoint])*.
     st = trainer.fit(step, evaluate)
+    final_dir = trainer.publish()
     if not d.main:
         return None
-    final_dir = trainer.publish()
     best = {k.removeprefix("heldout/"): v for k, v in st.best_metrics.items()}
     value = best.get(spec.gate_metric, float("nan"))
     gate = {"metric": spec.gate_metric, "value": value, "threshold": rc.min_auc,

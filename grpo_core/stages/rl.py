@@ -124,7 +124,7 @@ def update(policy, ref, trained, opt, rollout: Rollout, advantages: torch.Tensor
         rows = part.distinct(adv, part.completion_mask)
         tokens = float(d.sum(part.completion_mask.sum()))
         parts.append((part.select(rows.index), adv[rows.index], rows.counts, BatchSize(mb * d.world, tokens, width)))
-    with torch.no_grad(), amp():
+    with d.gathered(trained), torch.no_grad(), amp():  # FSDP: on the whole policy, as many passes as a process has
         old_logp = None if single_update else [token_logprobs(policy, part) for part, *_ in parts]
         ref_logp = [token_logprobs(ref, part) for part, *_ in parts] if beta > 0 else None
     clock.append(time.perf_counter())

@@ -59,6 +59,8 @@ def run_sft(cfg: PipelineConfig, data_dir: Path, out_dir: Path, logger: MetricLo
     val_examples = read_split(data_dir, "val")
     val_ids, val_labels = pack(encode_examples(val_examples, tokenizer, sc.loss_on_prompt),
                                sc.context_length, tokenizer.pad_token_id, rng=None)
+    model.train()
+    trained = trainer.wrap(model)
     # SFT continued from a trained model (the no-RL baseline) has it as its step-0 candidate, as GRPO
     # has: neither returns a model worse on validation than the one it started from.
     trainer.start(model, tokenizer, Plan(
@@ -69,9 +71,6 @@ def run_sft(cfg: PipelineConfig, data_dir: Path, out_dir: Path, logger: MetricLo
     @functools.lru_cache(maxsize=1)
     def rows_of(epoch: int) -> tuple[torch.Tensor, torch.Tensor]:  # a fresh random concatenation per epoch
         return pack(train, sc.context_length, tokenizer.pad_token_id, random.Random(cfg.seed * 1000 + epoch))
-
-    model.train()
-    trained = d.wrap(model)
 
     eos_id = tokenizer.eos_token_id if sc.packing == "documents" else None
     step = packed_lm_step(trainer, rows_of, sc.batch_size, trained, d, amp, eos_id)
@@ -85,9 +84,9 @@ def run_sft(cfg: PipelineConfig, data_dir: Path, out_dir: Path, logger: MetricLo
 
     # The loop: update -> log -> [validate -> keep best / decay lr / stop] -> checkpoint.
     st = trainer.fit(step, evaluate)
+    final_dir = trainer.publish()
     if not d.main:
         return None
-    final_dir = trainer.publish()
     summary = {"best_val_accuracy": st.best_acc, "best_step": st.best_step, "steps": st.step,
                "epochs": st.epoch, "wall_s": round(st.elapsed, 2), "train_s": round(st.train_s, 2), "stopped": trainer.stop_reason(),
                "final_lr": learning_rate(sc, st.step, st.plateau_lr),

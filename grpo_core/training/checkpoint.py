@@ -55,16 +55,18 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_checkpoint(root: Path, step: int, model, tokenizer, state: dict[str, Any], keep: int) -> Path:
+def save_checkpoint(root: Path, step: int, model, tokenizer, state: dict[str, Any], keep: int,
+                    weights: dict | None = None) -> Path:
     """Write ``root/step-<step>`` atomically; keep the newest ``keep`` complete checkpoints.
 
     ``state`` holds everything else a resume needs: optimizer, scheduler, counters, RNG, data order.
+    ``weights``: the model's whole state dict where the model is sharded (FSDP), else None.
     """
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step:08d}"
     tmp = root / f".tmp-step-{step:08d}"
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
+    model.save_pretrained(tmp, **({} if weights is None else {"state_dict": weights}))
     tokenizer.save_pretrained(tmp)
     torch.save(state, tmp / STATE)
     (tmp / MARKER).write_text(str(step))

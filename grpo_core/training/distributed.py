@@ -3,13 +3,20 @@ one process per device, told its place by RANK / WORLD_SIZE / LOCAL_RANK / MASTE
 those variables ``init()`` returns the single-process ``Dist`` and every method here is the
 identity, so a stage's code is the same on a laptop and on N GPUs.
 
-Data parallelism (DDP) only: every rank holds the whole model, takes a contiguous shard of each
-global batch, and the gradients are averaged. Rank 0 alone logs, evaluates and writes files.
+Data parallelism: every rank takes a contiguous shard of each global batch, and the gradients are
+averaged. ``launch.strategy``: ``ddp`` keeps the whole model on every rank (DistributedDataParallel);
+``fsdp`` shards parameters, gradients and optimizer state over the ranks (FSDP2's ``fully_shard`` on
+each transformer block and the root), and gathers the whole parameters for the work whose forward
+passes differ between ranks (sampling, rank 0's evaluation: ``gathered``) and for saving
+(``full_state``), as DeepSpeed ZeRO-3 gathers them for generation. Rank 0 alone logs, evaluates and
+writes files.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -25,6 +32,11 @@ class Dist:
     rank: int = 0
     world: int = 1
     comm: str = "cpu"  # where collectives run: NCCL only moves CUDA tensors, gloo CPU ones
+    strategy: str = "ddp"  # launch.strategy
+
+    @property
+    def sharded(self) -> bool:
+        return self.world > 1 and self.strategy == "fsdp"
 
     @property
     def main(self) -> bool:
@@ -97,14 +109,94 @@ class Dist:
             dist.barrier()
 
     def wrap(self, model):
-        """The model to train: DDP-wrapped across ranks (gradients averaged in backward)."""
+        """The model to train: DDP-wrapped across ranks (gradients averaged in backward), or with FSDP
+        its parameters sharded in place (the same module returned)."""
         if self.world == 1:
             return model
+        if self.strategy == "fsdp":
+            return _fully_shard(model)
         from torch.nn.parallel import DistributedDataParallel
 
         device = model_device(model)
         device_ids = [device.index] if device.type == "cuda" else None
         return DistributedDataParallel(model, device_ids=device_ids)
+
+    @contextlib.contextmanager
+    def gathered(self, root) -> Iterator[None]:
+        """With FSDP, every parameter group of ``root`` (what ``wrap`` returned) whole on every rank
+        for the block, kept whole across forward passes: every rank enters (an all-gather), then
+        each may run its own number of forward passes (a rank's rollouts, rank 0's evaluation)
+        with no collective; resharded on leaving. Otherwise nothing to do."""
+        if not self.sharded or root is None:
+            yield
+            return
+        from torch.distributed.fsdp import FSDPModule
+
+        groups = [m for m in root.modules() if isinstance(m, FSDPModule)]
+        for m in groups:
+            m.set_reshard_after_forward(False, recurse=False)
+            m.unshard()
+        try:
+            yield
+        finally:
+            for m in groups:
+                m.reshard()
+                m.set_reshard_after_forward(m is not root, recurse=False)  # FSDP keeps the root whole after forward
+
+    def full_state(self, model) -> dict | None:
+        """With FSDP, ``model``'s whole state dict on CPU for rank 0 to save (every rank calls: an
+        all-gather per tensor; the others get an empty dict). None otherwise: the model is whole."""
+        if not self.sharded:
+            return None
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    def optimizer_state(self, model, opt) -> dict:
+        """The optimizer's state to checkpoint (every rank calls). With FSDP the whole state, keyed by
+        parameter name (``"fqn": True``), so that any number of processes can resume it."""
+        if not self.sharded:
+            return opt.state_dict()
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        whole = get_optimizer_state_dict(model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return {**whole, "fqn": True}
+
+    def load_optimizer_state(self, model, opt, state: dict) -> None:
+        """``optimizer_state``'s output from a checkpoint written by any number of processes."""
+        if not self.sharded and not state.get("fqn"):
+            opt.load_state_dict(state)
+            return
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        state = {k: v for k, v in state.items() if k != "fqn"} if state.get("fqn") else _by_name(model, opt, state)
+        set_optimizer_state_dict(model, opt, state, options=StateDictOptions(full_state_dict=True))
+
+
+def _fully_shard(model):
+    """FSDP2: each transformer block (the classes a Hugging Face model lists in ``_no_split_modules``)
+    a parameter group of its own, the rest (embeddings, final norm, head) the root's."""
+    from torch.distributed.fsdp import fully_shard
+
+    blocks = {name for m in model.modules() for name in (getattr(m, "_no_split_modules", None) or ())}
+    for m in list(model.modules()):
+        if type(m).__name__ in blocks:
+            fully_shard(m)
+    root = fully_shard(model)
+    # FSDP sets up its root at the root's first forward; a gathered pass that calls a submodule first
+    # (rank 0's evaluation of the model inside ScoreHead) would make that submodule a root instead.
+    # FSDP2 has no public call for this set-up, so the root's own is called here.
+    root._get_fsdp_state()._lazy_init()
+    return root
+
+
+def _by_name(model, opt, state: dict) -> dict:
+    """A ``torch.optim`` state dict keyed by parameter index (one process, DDP) keyed by parameter
+    name instead, as the distributed state-dict functions read it."""
+    name_of = {id(p): n for n, p in model.named_parameters()}
+    names = [name_of[id(p)] for g in opt.param_groups for p in g["params"]]
+    return {"state": {names[i]: v for i, v in state["state"].items()},
+            "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]]}
 
 
 # Rank 0 validates and writes checkpoints while the others wait in a collective: far longer than
@@ -124,7 +216,7 @@ def init(launch: LaunchConfig | None = None) -> Dist:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group("nccl" if cuda else "gloo", timeout=COLLECTIVE_TIMEOUT)
     comm = f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
-    return Dist(dist.get_rank(), dist.get_world_size(), comm)
+    return Dist(dist.get_rank(), dist.get_world_size(), comm, (launch or LaunchConfig()).strategy)
 
 
 def finish() -> None:

@@ -92,7 +92,7 @@ def optimizer_step(model, opt, loss: torch.Tensor, scale: float, max_grad_norm: 
     (loss * scale).backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
     opt.step()
-    return float(grad_norm)
+    return float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)  # FSDP: a DTensor
 
 
 def find_resume(ckpt_root: Path, identity: dict):
@@ -122,6 +122,14 @@ class Trainer:
             cfg, getattr(cfg, section), out_dir, identity, d, logger)
         self.root = out_dir / "checkpoints"
         self.resume, self._saved = d.main_first(lambda: find_resume(self.root, identity))
+        self.wrapped = None
+
+    def wrap(self, module):
+        """The module the steps train through (``Dist.wrap``: DDP, or FSDP's shards), before ``start``:
+        FSDP replaces the parameters the optimizer is built on. Rank 0's evaluations and the saves
+        gather it whole (``Dist.gathered``, ``Dist.full_state``)."""
+        self.wrapped = self.d.wrap(module)
+        return self.wrapped
 
     def start(self, model, tokenizer, plan: Plan, companions: dict | None = None) -> TrainState:
         """AdamW over ``model``'s parameters with the section's settings; counters, optimizer and
@@ -143,7 +151,7 @@ class Trainer:
                            for name, (module, scale) in (companions or {}).items()}
         self.state = TrainState(plateau_lr=sc.lr)
         if self._saved is not None:
-            self.opt.load_state_dict(self._saved["optimizer"])
+            self.d.load_optimizer_state(model, self.opt, self._saved["optimizer"])
             self.state = TrainState(**self._saved["counters"])
             set_rng_state(self._saved["rng"])
             for name, (module, opt) in self.companions.items():
@@ -201,13 +209,15 @@ class Trainer:
             grid = metrics is not None and sc.checkpoint_every and st.step % sc.checkpoint_every == 0
             if grid or last or epoch_end or st.stopped:  # (an evaluation may have stopped it)
                 st.elapsed = clock.elapsed
+                weights, optimizer = d.full_state(self.model), d.optimizer_state(self.model, self.opt)  # every rank
                 if d.main:
                     save_checkpoint(self.root, st.step, self.model, self.tokenizer,
-                                    {"optimizer": self.opt.state_dict(), "counters": dataclasses.asdict(st),
+                                    {"optimizer": optimizer, "counters": dataclasses.asdict(st),
                                      "companions": {name: {"module": m.state_dict(), "optimizer": o.state_dict()}
                                                     for name, (m, o) in self.companions.items()},
                                      "rng": rng_state(), "identity": self.identity,
-                                     "config": self.cfg.model_dump(mode="json")}, keep=sc.keep_checkpoints)
+                                     "config": self.cfg.model_dump(mode="json")}, keep=sc.keep_checkpoints,
+                                    weights=weights)
         st.elapsed = clock.elapsed
         return st
 
@@ -216,7 +226,8 @@ class Trainer:
         only, so that a resumed or extended run sees the same ones) run the plateau controller."""
         st, plan, d = self.state, self.plan, self.d
         start = time.perf_counter()
-        metrics = d.broadcast(evaluate(st) if d.main else None)
+        with d.gathered(self.wrapped):
+            metrics = d.broadcast(evaluate(st) if d.main else None)
         self.logger.log_metrics(metrics, step=st.step)
         # Against training time too (the study's accuracy-over-time figure); the evaluation's own
         # time is not training time (nor in the budget), whatever the evaluation schedule.
@@ -228,9 +239,10 @@ class Trainer:
         score = score if score == score else -1.0  # an undefined score (an AUC of one class) never wins
         if score > st.best_acc:
             st.best_acc, st.best_step, st.best_metrics, st.bad_evals = score, st.step, metrics, 0
+            weights = d.full_state(self.model)  # every rank
             if d.main:
                 shutil.rmtree(self.out_dir / "best", ignore_errors=True)
-                save_model(self.model, self.tokenizer, self.out_dir / "best")
+                save_model(self.model, self.tokenizer, self.out_dir / "best", weights)
         elif regular:
             st.bad_evals += 1
             if st.bad_evals % plan.decay_patience == 0:
@@ -241,12 +253,16 @@ class Trainer:
     def stop_reason(self) -> str:
         return STOP_REASONS[self.state.stopped].format(sc=self.sc, plan=self.plan)
 
-    def publish(self) -> Path:
+    def publish(self) -> Path | None:
         """``model/``: the best-evaluated model (a copy of ``best/``), or the last one when nothing
-        is kept by score."""
+        is kept by score. Every rank calls it (FSDP gathers the weights); rank 0 writes and gets
+        the folder, the others None."""
         final_dir = self.out_dir / "model"
+        weights = self.d.full_state(self.model) if self.plan.keep_best is None else None
+        if not self.d.main:
+            return None
         if self.plan.keep_best is None:
-            return save_model(self.model, self.tokenizer, final_dir)
+            return save_model(self.model, self.tokenizer, final_dir, weights)
         shutil.rmtree(final_dir, ignore_errors=True)
         shutil.copytree(self.out_dir / "best", final_dir)
         return final_dir
