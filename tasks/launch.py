@@ -106,6 +106,7 @@ def announce(out_dir: Path, stage: str, launch: LaunchConfig, args: list[str]) -
     import uuid
 
     path = Path(out_dir) / ANNOUNCE
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps({"id": uuid.uuid4().hex, "stage": stage, "launch": launch.model_dump(mode="json"),
                                "args": args}))

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -167,6 +168,26 @@ def test_grpo_on_two_processes_takes_the_steps_of_one(strategy, tiny_cfg, tiny_d
                 "train/grad_norm"):
         _assert_same_curve(one[key], two[key])
     assert len(two["train/loss"]) == 3 and min(one["train/grad_norm"]) > 0 and max(one["train/reward_std"]) > 0
+
+
+def test_join_starts_each_announced_launch_once_and_no_finished_one(tmp_path):
+    """What ``grpo-pipeline join`` picks up: an announced stage once (by its launch id), not a stage
+    whose manifest was written after its announcement, and a relaunch of it again."""
+    from tasks.launch import announce, pending_launches
+
+    launch = LaunchConfig(nproc=1, nnodes=2, rdzv_endpoint="node0:29400")
+    announce(tmp_path / "round-1" / "grpo", "grpo", launch, ["--out", "o"])
+    [spec] = pending_launches(tmp_path, set())
+    assert spec["stage"] == "grpo" and spec["args"] == ["--out", "o"] and LaunchConfig(**spec["launch"]) == launch
+    assert pending_launches(tmp_path, {spec["id"]}) == []
+    done = tmp_path / "round-1" / "grpo" / "manifest.json"
+    done.write_text("{}")
+    os.utime(done, ns=(time.time_ns() + 10**9,) * 2)  # written after the announcement
+    assert pending_launches(tmp_path, set()) == []
+    again = announce(tmp_path / "round-1" / "grpo", "grpo", launch, ["--out", "o"])  # a relaunch after a failure
+    os.utime(again, ns=(time.time_ns() + 2 * 10**9,) * 2)
+    [relaunch] = pending_launches(tmp_path, {spec["id"]})
+    assert relaunch["id"] != spec["id"]
 
 
 def test_a_failing_launch_fails_with_the_processes_last_lines(tiny_cfg, tmp_path):
