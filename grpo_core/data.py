@@ -131,25 +131,36 @@ def json_lines(path: Path, error: type[Exception] = ValueError) -> Iterator[tupl
                 raise error(f"{path}:{lineno}: malformed JSON: {e.msg}") from None
 
 
+def records(name: str, fields: tuple[str, ...], limit: int | None, max_chars: int, form: str = "") -> Iterator[tuple[Path, int, dict]]:
+    """(path, line, object) of the first ``limit`` records of a JSONL file, each a JSON object whose
+    text ``fields`` are non-empty strings of at most ``max_chars``; anything else stops with the
+    file, the line and the field named (``form``: the format, for the message)."""
+    path, n = resolve_path(name), 0
+    if not path.exists():
+        raise DataError(f"{path}: file not found")
+    for lineno, obj in json_lines(path, DataError):
+        if limit is not None and n >= limit:
+            return
+        if not isinstance(obj, dict):
+            raise DataError(f"{path}:{lineno}: expected a JSON object")
+        for field in fields:
+            if not isinstance(obj.get(field), str) or not obj[field].strip():
+                raise DataError(f"{path}:{lineno}: field {field!r} is missing or empty{form}")
+            if len(obj[field]) > max_chars:
+                raise DataError(f"{path}:{lineno}: field {field!r} is {len(obj[field]):,} characters, over the "
+                                f"limit of {max_chars:,} (data.max_chars)")
+        n += 1
+        yield path, lineno, obj
+    if n == 0:
+        raise DataError(f"{path}: no examples")
+
+
 def load_jsonl(name: str, limit: int | None = None, max_chars: int = 20_000) -> list[Example]:
     """Read GSM8K form (``question``, ``answer`` ending in ``#### <final>``), failing clearly: the
     message names the file, the line and the field. A field longer than ``max_chars`` is rejected
     (``data.max_chars``), as is a final answer too long for the checker ever to compare."""
-    path = resolve_path(name)
-    if not path.exists():
-        raise DataError(f"{path}: file not found")
     out: list[Example] = []
-    for lineno, obj in json_lines(path, DataError):
-        if limit is not None and len(out) >= limit:
-            break
-        if not isinstance(obj, dict):
-            raise DataError(f"{path}:{lineno}: expected a JSON object")
-        for field in ("question", "answer"):
-            if not isinstance(obj.get(field), str) or not obj[field].strip():
-                raise DataError(f"{path}:{lineno}: field {field!r} is missing or empty")
-            if len(obj[field]) > max_chars:
-                raise DataError(f"{path}:{lineno}: field {field!r} is {len(obj[field]):,} characters, over the "
-                                f"limit of {max_chars:,} (data.max_chars)")
+    for path, lineno, obj in records(name, ("question", "answer"), limit, max_chars):
         gold = gold_from_solution(obj["answer"])
         if gold is None:
             raise DataError(f"{path}:{lineno}: field 'answer' has no '#### <final answer>'")
@@ -160,8 +171,6 @@ def load_jsonl(name: str, limit: int | None = None, max_chars: int = 20_000) -> 
         worked = obj["answer"].split("####")[0].strip()
         solution = obj["answer"].strip() if worked else None
         out.append(Example(question=obj["question"].strip(), gold=gold, solution=solution))
-    if not out:
-        raise DataError(f"{path}: no examples")
     return out
 
 
@@ -202,28 +211,13 @@ def load_held_out(name: str, fmt: str, limit: int | None = None, max_chars: int 
     ``HELD_OUT_FORMATS``; a missing or malformed field is named with the file and line."""
     if fmt == "gsm8k":
         return load_jsonl(name, limit, max_chars)
-    spec, path = HELD_OUT_FORMATS[fmt], resolve_path(name)
-    if not path.exists():
-        raise DataError(f"{path}: file not found")
-    out: list[Example] = []
-    for lineno, obj in json_lines(path, DataError):
-        if limit is not None and len(out) >= limit:
-            break
-        if not isinstance(obj, dict):
-            raise DataError(f"{path}:{lineno}: expected a JSON object")
-        for field in spec.text_fields:
-            if not isinstance(obj.get(field), str) or not obj[field].strip():
-                raise DataError(f"{path}:{lineno}: field {field!r} is missing or empty (format {fmt})")
-            if len(obj[field]) > max_chars:
-                raise DataError(f"{path}:{lineno}: field {field!r} is {len(obj[field]):,} characters, over the "
-                                f"limit of {max_chars:,} (data.max_chars)")
+    spec, out = HELD_OUT_FORMATS[fmt], []
+    for path, lineno, obj in records(name, spec.text_fields, limit, max_chars, f" (format {fmt})"):
         gold = number_text(obj.get(spec.answer_field))
         if gold is None:
             raise DataError(f"{path}:{lineno}: field {spec.answer_field!r} must be a finite number (format {fmt}), "
                             f"got {obj.get(spec.answer_field)!r}")
         out.append(Example(question=spec.question(obj), gold=gold))
-    if not out:
-        raise DataError(f"{path}: no examples")
     return out
 
 
