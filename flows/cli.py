@@ -159,10 +159,12 @@ def cmd_join(a: argparse.Namespace) -> None:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     try:
-        stages = join(Path(a.run_dir), a.timeout)
-    except (RuntimeError, TimeoutError) as e:
+        done = join(Path(a.run_dir), a.timeout)
+    except TimeoutError as e:
         _fail(str(e))
-    print(json.dumps({"run_dir": a.run_dir, "joined": stages}))
+    print(json.dumps({"run_dir": a.run_dir, **done}))
+    if done["failed"]:
+        _fail(f"this machine's agent failed in: {', '.join(done['failed'])} (its last lines are logged above)")
 
 
 def cmd_rounds(a: argparse.Namespace) -> None:

@@ -16,5 +16,5 @@ from tasks.launch import join as join_launches
 
 
 @flow(name="join", flow_run_name="join-{run_dir}")
-def join(run_dir: str, timeout_s: float = 24 * 3600) -> list[str]:
+def join(run_dir: str, timeout_s: float = 24 * 3600) -> dict[str, list[str]]:
     return join_launches(Path(run_dir), timeout_s, log=get_run_logger())

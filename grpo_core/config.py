@@ -442,6 +442,9 @@ class LaunchConfig(Section):
     def _endpoint_for_several_machines(self) -> "LaunchConfig":
         if self.strategy == "fsdp" and not self.distributed:
             raise ValueError("launch.strategy=fsdp shards the model over processes: set launch.nproc (or nnodes) above 1")
+        if self.nnodes > 1 and self.launcher == "accelerate":
+            raise ValueError("launch.nnodes > 1 runs torchrun's rendezvous (grpo-pipeline join starts the other machines' "
+                             "agents): set launch.launcher to torchrun")
         if self.nnodes > 1 and not self.rdzv_endpoint:
             raise ValueError("launch.nnodes > 1 needs launch.rdzv_endpoint (host:port reachable from every machine)")
         return self

@@ -72,8 +72,9 @@ def greedy_accuracy(model, tokenizer, examples: list[Example], max_new_tokens: i
 
 def test_sets(data_dir: Path) -> dict[str, Path]:
     """The data stage's test split and its further held-out sets (``held_out/<name>.jsonl``), by name."""
-    held_out = sorted((Path(data_dir) / "held_out").glob("*.jsonl"))
-    return {"test": Path(data_dir) / "test.jsonl"} | {p.stem: p for p in held_out}
+    from grpo_core.stages.inputs import held_out_sets
+
+    return {"test": Path(data_dir) / "test.jsonl"} | held_out_sets(Path(data_dir))
 
 
 def run_eval(cfg, data_dir: Path, models: dict[str, str], out_dir: Path, logger=None) -> dict:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from prefect import task
+from prefect.cache_policies import NO_CACHE
 
 from grpo_core.config import CorpusConfig
 from grpo_core.corpus.score import score_in_groups, score_pool
@@ -26,7 +27,11 @@ def score_pool_task(model_path: Path, pool: list[Path], out_dir: Path, workers: 
 
 
 def _dask(cc: CorpusConfig):
-    from prefect_dask import DaskTaskRunner
+    try:
+        from prefect_dask import DaskTaskRunner
+    except ImportError:
+        raise RuntimeError("corpus.runner=dask needs prefect-dask (in requirements.txt: make, or "
+                           "pip install -e \".[cluster]\")") from None
 
     if cc.address:
         return DaskTaskRunner(address=cc.address)
@@ -54,7 +59,8 @@ def submit_all(runner, fn: Callable[..., Any], calls: list[tuple]) -> list[Any]:
     """``MapTasks`` on a started Prefect task runner: each call a task named after the core function
     (``score-jobs``, ``decontaminate-shards``), all submitted before any result is awaited; the
     first failure raises its own error (a bad page: its file and line)."""
-    as_task = task(fn, name=fn.__name__.replace("_", "-"))
+    # No result cache: a task's inputs (a group's collected URLs) are large and its outputs are files.
+    as_task = task(fn, name=fn.__name__.replace("_", "-"), cache_policy=NO_CACHE)
     signature = inspect.signature(fn)
     futures = [runner.submit(as_task, parameters=signature.bind(*call).arguments) for call in calls]
     return [f.result() for f in futures]

@@ -33,9 +33,10 @@ def write_resolved(cfg: PipelineConfig, path: Path) -> Path:
     return path
 
 
-def launch_command(launch: LaunchConfig, stage: str, args: list[str]) -> list[str]:
+def launch_command(launch: LaunchConfig, stage: str, args: list[str], rdzv_id: str | None = None) -> list[str]:
     """``torchrun ... -m grpo_core.stages ARGS`` (or ``accelerate launch``), with the interpreter
-    of this process so that the processes see the same environment."""
+    of this process so that the processes see the same environment. ``rdzv_id``: the launch's id on
+    several machines, so that only the agents of one launch of one stage meet."""
     if stage not in LAUNCHABLE:
         raise ValueError(f"stage {stage!r} cannot be launched as processes; launchable: {', '.join(LAUNCHABLE)}")
     if not launch.distributed:  # launch.own_process: one plain process, no rendezvous
@@ -52,6 +53,7 @@ def launch_command(launch: LaunchConfig, stage: str, args: list[str]) -> list[st
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(launch.nproc)]
     if launch.nnodes > 1:
         cmd += ["--nnodes", str(launch.nnodes), "--rdzv_backend", "c10d", "--rdzv_endpoint", launch.rdzv_endpoint]
+        cmd += ["--rdzv_id", rdzv_id] if rdzv_id else []
     else:
         cmd += ["--standalone"]  # a local rendezvous on a free port
     return cmd + ["-m", MODULE, *args]
@@ -60,98 +62,115 @@ def launch_command(launch: LaunchConfig, stage: str, args: list[str]) -> list[st
 TAIL_LINES = 40
 
 
-def run_launched(stage: str, cfg: PipelineConfig, out_dir: str, inputs: StageInputs, uri: str, run_id: str) -> dict:
-    """Run ``stage`` on ``inputs`` as ``cfg.launch`` says (the resolved recipe and the inputs are
-    written beside its outputs); returns its manifest. A failing launch fails the task with the
-    processes' last lines."""
-    try:
-        log = get_run_logger()
-    except MissingContextError:  # called outside a flow (a script, a test)
-        log = logging.getLogger("grpo_pipeline.launch")
-    resolved = write_resolved(cfg, Path(out_dir) / "resolved.yaml")
-    args = ["--inputs", str(write_inputs(inputs, Path(out_dir) / "inputs.json")), "--out", out_dir]
-    cmd = launch_command(cfg.launch, stage, ["--config", str(resolved), *args])
-    if cfg.launch.nnodes > 1:  # what `grpo-pipeline join` on the other machines runs
-        announce(Path(out_dir), stage, cfg.launch, ["--config", str(resolved), *args])
-    log.info("launching %s: %s", stage, " ".join(cmd))
-    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "MLFLOW_RUN_ID": run_id, "PYTHONUNBUFFERED": "1"}
+def stream(cmd: list[str], env: dict, log, label: str) -> tuple[int, list[str]]:
+    """Run ``cmd`` with its output sent to ``log`` line by line; returns its exit status and last
+    lines. It runs in a session of its own: a cancelled or failing caller takes the whole torchrun
+    tree down with it."""
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
-    # A session of its own: a cancelled or failing task takes the whole torchrun tree down with it.
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                           start_new_session=True) as proc:
         try:
             for line in proc.stdout:
                 tail.append(line.rstrip())
-                log.info("[%s] %s", stage, tail[-1])
+                log.info("[%s] %s", label, tail[-1])
         except BaseException:
             os.killpg(proc.pid, signal.SIGTERM)
             raise
-    if proc.returncode != 0:
-        raise RuntimeError(f"{stage}: {' '.join(cmd)} exited with {proc.returncode}; last lines:\n" + "\n".join(tail))
+    return proc.returncode, list(tail)
+
+
+def run_launched(stage: str, cfg: PipelineConfig, out_dir: str, inputs: StageInputs, uri: str, run_id: str) -> dict:
+    """Run ``stage`` on ``inputs`` as ``cfg.launch`` says (the resolved recipe and the inputs are
+    written beside its outputs); returns its manifest. A failing launch fails the task with the
+    processes' last lines. On several machines the launch is announced for ``join`` while it runs."""
+    import uuid
+
+    try:
+        log = get_run_logger()
+    except MissingContextError:  # called outside a flow (a script, a test)
+        log = logging.getLogger("grpo_pipeline.launch")
+    resolved = write_resolved(cfg, Path(out_dir) / "resolved.yaml")
+    args = ["--config", str(resolved), "--inputs", str(write_inputs(inputs, Path(out_dir) / "inputs.json")),
+            "--out", out_dir]
+    launch_id = uuid.uuid4().hex if cfg.launch.nnodes > 1 else None
+    cmd = launch_command(cfg.launch, stage, args, launch_id)
+    tracking = {"MLFLOW_TRACKING_URI": uri, "MLFLOW_RUN_ID": run_id}
+    announced = announce(Path(out_dir), launch_id, stage, cfg.launch, args, tracking) if launch_id else None
+    log.info("launching %s: %s", stage, " ".join(cmd))
+    try:
+        code, last = stream(cmd, {**os.environ, **tracking, "PYTHONUNBUFFERED": "1"}, log, stage)
+    finally:
+        if announced:
+            announced.unlink(missing_ok=True)  # over: no machine joins it any more
+    if code != 0:
+        raise RuntimeError(f"{stage}: {' '.join(cmd)} exited with {code}; last lines:\n" + "\n".join(last))
     return json.loads((Path(out_dir) / "manifest.json").read_text())
 
 
 # ---------------------------------------------------------------------------- several machines
 # The flow runs on one machine and starts each launched stage's torchrun agent there; every other
-# machine runs `grpo-pipeline join RUN_DIR`, which starts the same stage's agent on that machine when
-# the flow announces it (`launch.json` in the stage's folder, on the file system the machines share).
-# torchrun's c10d rendezvous at launch.rdzv_endpoint then joins the agents into one process group.
+# machine runs `grpo-pipeline join RUN_DIR`, which starts the same stage's agent on that machine
+# while the flow announces it (`launch.json` in the stage's folder, on the file system the machines
+# share, removed when the flow's agent exits). torchrun's c10d rendezvous at launch.rdzv_endpoint,
+# under the launch's own id, joins the agents into one process group; whichever machine gets rank 0
+# logs to the stage's MLflow run and writes the stage's outputs.
 
 ANNOUNCE = "launch.json"
 
 
-def announce(out_dir: Path, stage: str, launch: LaunchConfig, args: list[str]) -> Path:
-    """Tell the joining machines to start ``stage``'s agent: each launch has an id of its own (a
-    relaunch after a failure is joined again)."""
-    import uuid
+def announce(out_dir: Path, launch_id: str, stage: str, launch: LaunchConfig, args: list[str],
+             tracking: dict[str, str]) -> Path:
+    """Tell the joining machines to start ``stage``'s agent (``launch_id``: this launch; a relaunch
+    after a failure has another). ``tracking``: the stage's MLflow run, for rank 0 wherever it lands;
+    a tracking URI that holds credentials is left out (set MLFLOW_TRACKING_URI on those machines)."""
+    from grpo_core.tracking import redact
 
+    env = {k: v for k, v in tracking.items() if k != "MLFLOW_TRACKING_URI" or redact(v) == v}
     path = Path(out_dir) / ANNOUNCE
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"id": uuid.uuid4().hex, "stage": stage, "launch": launch.model_dump(mode="json"),
-                               "args": args}))
+    tmp.write_text(json.dumps({"id": launch_id, "stage": stage, "launch": launch.model_dump(mode="json"),
+                               "args": args, "env": env}))
     tmp.replace(path)
     return path
 
 
 def pending_launches(run_dir: Path, joined: set[str]) -> list[dict]:
-    """Announced launches under ``run_dir`` that this machine has not joined and that have not
-    finished (a manifest newer than the announcement)."""
+    """Announced launches under ``run_dir`` that this machine has not joined."""
     out = []
     for path in sorted(Path(run_dir).rglob(ANNOUNCE)):
         try:
             spec = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError):
-            continue  # being replaced: seen on the next look
-        done = path.parent / "manifest.json"
-        if spec["id"] in joined or (done.exists() and done.stat().st_mtime_ns >= path.stat().st_mtime_ns):
-            continue
-        out.append(spec)
+            continue  # removed or being replaced: seen on the next look
+        if spec["id"] not in joined:
+            out.append(spec)
     return out
 
 
-def join(run_dir: Path, timeout_s: float = 24 * 3600, poll_s: float = 2.0, log=None) -> list[str]:
+def join(run_dir: Path, timeout_s: float = 24 * 3600, poll_s: float = 2.0, log=None) -> dict[str, list[str]]:
     """This machine's part of a several-machine run: start the agent of every stage the flow launches
-    under ``run_dir`` (one at a time, as the flow runs them) until the run's manifest is written after
-    this call began, or ``timeout_s``. Returns the stages joined. A failing agent raises, naming
-    the stage and its last lines, as the flow's own launch does."""
+    under ``run_dir`` (one at a time, as the flow runs them), its output to ``log``, until the run's
+    manifest is (re)written, or ``timeout_s``. A failing agent is logged and the loop goes on (the
+    flow's own launch fails the stage, and its relaunch is announced again). Returns the stages
+    joined and those whose agent failed here."""
     import time
 
     log = log or logging.getLogger("grpo_pipeline.join")
-    start, joined, stages = time.time(), set(), []
     finished = Path(run_dir) / "manifest.json"
-    while time.time() - start < timeout_s:
+    stamp = lambda: finished.stat().st_mtime_ns if finished.exists() else None  # noqa: E731 (this file system's clock only)
+    before, start, joined = stamp(), time.monotonic(), set()
+    out: dict[str, list[str]] = {"joined": [], "failed": []}
+    while time.monotonic() - start < timeout_s:
         for spec in pending_launches(Path(run_dir), joined):
             joined.add(spec["id"])
-            cmd = launch_command(LaunchConfig(**spec["launch"]), spec["stage"], spec["args"])
+            cmd = launch_command(LaunchConfig(**spec["launch"]), spec["stage"], spec["args"], spec["id"])
             log.info("joining %s: %s", spec["stage"], " ".join(cmd))
-            done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                  env={**os.environ, "PYTHONUNBUFFERED": "1"})
-            if done.returncode != 0:
-                tail = "\n".join(done.stdout.splitlines()[-TAIL_LINES:])
-                raise RuntimeError(f"{spec['stage']}: {' '.join(cmd)} exited with {done.returncode}; last lines:\n{tail}")
-            stages.append(spec["stage"])
-        if finished.exists() and finished.stat().st_mtime >= start:
-            return stages
+            code, last = stream(cmd, {**os.environ, **spec["env"], "PYTHONUNBUFFERED": "1"}, log, spec["stage"])
+            if code != 0:
+                log.warning("%s: this machine's agent exited with %d; last lines:\n%s", spec["stage"], code, "\n".join(last))
+            out["failed" if code else "joined"].append(spec["stage"])
+        if stamp() != before:
+            return out
         time.sleep(poll_s)
     raise TimeoutError(f"{run_dir}: the run did not finish within {timeout_s:.0f} s of joining")

@@ -76,7 +76,7 @@ def stage_key(stage: str, cfg: PipelineConfig, inputs: StageInputs, out_dir: Pat
     # A round with a history to replay: rounds.replay_fraction decides its reward models too.
     sections = inputs.sections + (("rounds.replay_fraction",) if getattr(inputs, "replay", None) else ())
     payload = {"stage": stage, "config": _select(cfg, sections), "upstream": inputs.model_dump(mode="json"),
-               "code": code_version(), "out": str(out_dir.resolve())}
+               "code": code_version(), "out": str(out_dir.resolve())} | ({"also": also} if (also := inputs.also_reads()) else {})
     return f"{stage}-{hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()}"
 
 

@@ -229,10 +229,25 @@ def test_the_data_stage_writes_held_out_sets_and_trains_on_none_of_their_questio
     names is gone after the next data stage."""
     from grpo_core.stages.prepare import run_prepare
 
+    from grpo_core.stages.common import Ref
+    from grpo_core.stages.inputs import EvalInputs, SFTInputs
+    from tasks.stage_tasks import stage_key
+
     out = tmp_path / "data"
-    run_prepare(tiny_cfg(tmp_path), out)
+    plain = run_prepare(tiny_cfg(tmp_path), out)
     rl = load_jsonl(str(out / "rl.jsonl"))
     svamp = _svamp_file(tmp_path, [{"Body": "Sam counts.", "Question": "What is 100 + 1?", "Answer": 101.0}])
+    # A held-out set that asks no training question: the splits' digest (what training stages key
+    # on) is unchanged, and only the stages that read the held-out sets run again.
+    cfg = tiny_cfg(tmp_path, f"data.held_out={{svamp: {{file: {svamp}, format: svamp}}}}")
+    keys = lambda manifest: {i.stage: stage_key(i.stage, cfg, i, tmp_path / i.stage) for i in (  # noqa: E731
+        SFTInputs(data=Ref(path=str(out), digest=manifest["digest"])),
+        EvalInputs(data=Ref(path=str(out), digest=manifest["digest"]), models={}))}
+    before = keys(plain)
+    with_svamp = run_prepare(cfg, out)
+    assert with_svamp["digest"] == plain["digest"]
+    after = keys(with_svamp)
+    assert after["sft"] == before["sft"] and after["eval"] != before["eval"]
     again = tmp_path / "again.jsonl"  # a GSM8K-form held-out set that asks an RL question verbatim
     write_jsonl([Example(rl[0].question, rl[0].gold)], again)
     cfg = tiny_cfg(tmp_path, f"data.held_out={{svamp: {{file: {svamp}, format: svamp}}, again: {{file: {again}}}}}")

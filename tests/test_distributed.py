@@ -170,24 +170,25 @@ def test_grpo_on_two_processes_takes_the_steps_of_one(strategy, tiny_cfg, tiny_d
     assert len(two["train/loss"]) == 3 and min(one["train/grad_norm"]) > 0 and max(one["train/reward_std"]) > 0
 
 
-def test_join_starts_each_announced_launch_once_and_no_finished_one(tmp_path):
-    """What ``grpo-pipeline join`` picks up: an announced stage once (by its launch id), not a stage
-    whose manifest was written after its announcement, and a relaunch of it again."""
-    from tasks.launch import announce, pending_launches
+def test_join_starts_each_announced_launch_once_with_its_own_rendezvous(tmp_path):
+    """What ``grpo-pipeline join`` picks up: an announced stage once (by its launch id, which is also
+    the rendezvous id, so agents of different launches never meet), a relaunch again; and the
+    stage's MLflow run for rank 0, unless the tracking URI holds credentials."""
+    from tasks.launch import announce, launch_command, pending_launches
 
     launch = LaunchConfig(nproc=1, nnodes=2, rdzv_endpoint="node0:29400")
-    announce(tmp_path / "round-1" / "grpo", "grpo", launch, ["--out", "o"])
+    tracking = {"MLFLOW_TRACKING_URI": "http://127.0.0.1:5000", "MLFLOW_RUN_ID": "r1"}
+    announce(tmp_path / "round-1" / "grpo", "a1", "grpo", launch, ["--out", "o"], tracking)
     [spec] = pending_launches(tmp_path, set())
     assert spec["stage"] == "grpo" and spec["args"] == ["--out", "o"] and LaunchConfig(**spec["launch"]) == launch
-    assert pending_launches(tmp_path, {spec["id"]}) == []
-    done = tmp_path / "round-1" / "grpo" / "manifest.json"
-    done.write_text("{}")
-    os.utime(done, ns=(time.time_ns() + 10**9,) * 2)  # written after the announcement
-    assert pending_launches(tmp_path, set()) == []
-    again = announce(tmp_path / "round-1" / "grpo", "grpo", launch, ["--out", "o"])  # a relaunch after a failure
-    os.utime(again, ns=(time.time_ns() + 2 * 10**9,) * 2)
-    [relaunch] = pending_launches(tmp_path, {spec["id"]})
-    assert relaunch["id"] != spec["id"]
+    assert spec["env"] == tracking and pending_launches(tmp_path, {"a1"}) == []
+    assert launch_command(launch, "grpo", [], "a1")[-4:] == ["--rdzv_id", "a1", "-m", "grpo_core.stages"]
+    secret = {"MLFLOW_TRACKING_URI": "https://user:pw@mlflow.example", "MLFLOW_RUN_ID": "r2"}
+    announce(tmp_path / "round-1" / "grpo", "a2", "grpo", launch, ["--out", "o"], secret)  # the relaunch
+    [relaunch] = pending_launches(tmp_path, {"a1"})
+    assert relaunch["id"] == "a2" and relaunch["env"] == {"MLFLOW_RUN_ID": "r2"}
+    with pytest.raises(ValueError, match="set launch.launcher to torchrun"):
+        LaunchConfig(nproc=1, nnodes=2, rdzv_endpoint="node0:29400", launcher="accelerate")
 
 
 def test_a_failing_launch_fails_with_the_processes_last_lines(tiny_cfg, tmp_path):
@@ -293,6 +294,7 @@ def test_a_run_on_two_machines_rehearsed_with_join(prefect_harness, tiny_cfg, tm
         machine_1.kill()
     assert machine_1.returncode == 0, err[-3000:]
     assert json.loads(out.splitlines()[-1])["joined"] == ["sft", "grpo"]
+    assert not list(run_dir.rglob("launch.json"))  # each announcement removed when its launch ended
     client = MlflowClient(cfg.tracking.tracking_uri)
 
     def losses(manifest, stage):
@@ -302,7 +304,7 @@ def test_a_run_on_two_machines_rehearsed_with_join(prefect_harness, tiny_cfg, tm
 
     for stage in ("sft", "grpo"):
         _assert_same_curve(losses(alone, stage), losses(two, stage))
-    assert (run_dir / "sft" / "launch.json").exists() and two["eval"]["policy"]["n"] == alone["eval"]["policy"]["n"]
+    assert two["eval"]["policy"]["n"] == alone["eval"]["policy"]["n"]
 
 
 def _launch_and_kill_after(cmd: list[str], env: dict, checkpoints: Path, step: int) -> None:

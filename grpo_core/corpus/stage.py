@@ -199,16 +199,21 @@ def without_benchmarks(docs: Iterable[Doc], index: BenchmarkIndex, removed: list
 
 
 def process_index(benchmarks: tuple[str, ...], ngram: int, extra: dict[str, str]) -> BenchmarkIndex:
-    """``benchmark_index``, built once per process for the same files (their modification times
-    included: a rewritten benchmark file is read again)."""
-    stamped = tuple((name, path, Path(path).stat().st_mtime_ns if Path(path).exists() else 0)
-                    for name, path in sorted(extra.items()))
-    return _index(tuple(benchmarks), ngram, stamped)
+    """``benchmark_index``, built once per process for the same files (their sizes and modification
+    times included: a rewritten benchmark file is read again, here or in a long-lived worker)."""
+    def stamp(path: Path) -> tuple[int, int]:
+        return (path.stat().st_size, path.stat().st_mtime_ns) if path.exists() else (-1, -1)
+
+    files = tuple((spec, stamp(resolve_path(spec))) for spec in benchmarks)
+    own = tuple((name, path, stamp(Path(path))) for name, path in sorted(extra.items()))
+    return _index(files, ngram, own)
 
 
 @functools.lru_cache(maxsize=2)
-def _index(benchmarks: tuple[str, ...], ngram: int, extra: tuple[tuple[str, str, int], ...]) -> BenchmarkIndex:
-    return benchmark_index(CorpusConfig(benchmarks=benchmarks, ngram=ngram), {name: Path(path) for name, path, _ in extra})
+def _index(benchmarks: tuple[tuple[str, tuple[int, int]], ...], ngram: int,
+           extra: tuple[tuple[str, str, tuple[int, int]], ...]) -> BenchmarkIndex:
+    return benchmark_index(CorpusConfig(benchmarks=tuple(spec for spec, _ in benchmarks), ngram=ngram),
+                           {name: Path(path) for name, path, _ in extra})
 
 
 def decontaminate_shards(shards: list[str], keep: list[str], benchmarks: tuple[str, ...], ngram: int,

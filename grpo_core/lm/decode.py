@@ -21,11 +21,14 @@ CUDA_GRAPHS = True
 
 
 def supports(model) -> bool:
-    """True for a plain (un-wrapped) ``LlamaForCausalLM`` whose layers are the stock ones."""
+    """True for a plain ``LlamaForCausalLM`` whose layers are the stock ones (or FSDP's class of one,
+    which ``Dist.gathered`` makes whole for sampling)."""
+    from torch.distributed.fsdp import FSDPModule
     from transformers import LlamaForCausalLM
 
     cfg = model.config
-    return (type(model) is LlamaForCausalLM and cfg.hidden_act == "silu"
+    plain = type(model) is LlamaForCausalLM or type(model).__bases__ == (FSDPModule, LlamaForCausalLM)
+    return (plain and cfg.hidden_act == "silu"
             and getattr(cfg, "pretraining_tp", 1) == 1 and not getattr(cfg, "sliding_window", None))
 
 

@@ -101,8 +101,9 @@ class VerifierHead(torch.nn.Module):
             raise ValueError(f"reward head reading {reading!r}: choose from {', '.join(self.START)}")
         self.lm, self.kind, self.reading, self.tokens, self.token_ids = lm, kind, reading, tuple(tokens), tuple(token_ids)
         start = self.START[reading]
-        self.scale = torch.nn.Parameter(torch.tensor(float(start[0] if scale is None else scale)))
-        self.bias = torch.nn.Parameter(torch.tensor(float(start[1] if bias is None else bias)))
+        # One-element vectors, not scalars: FSDP shards every parameter along its first dimension.
+        self.scale = torch.nn.Parameter(torch.tensor([float(start[0] if scale is None else scale)]))
+        self.bias = torch.nn.Parameter(torch.tensor([float(start[1] if bias is None else bias)]))
 
     def optimizer_groups(self, weight_decay: float) -> list[dict]:
         """The trainer's AdamW groups: the LM's weights, and the calibration at its own pace."""

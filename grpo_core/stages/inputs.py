@@ -11,7 +11,7 @@ from typing import ClassVar
 from pydantic import BaseModel, ConfigDict
 
 from grpo_core.config import CorpusConfig, PipelineConfig
-from grpo_core.stages.common import Ref
+from grpo_core.stages.common import Ref, digest_files
 from grpo_core.stages.outputs import (CorpusOutput, EvalOutput, FolderOutput, GRPOOutput, ModelOutput, ReplayOutput,
                                       RewardDataOutput, RewardModelOutput, SFTOutput, StageOutput, reward_datasets)
 from grpo_core.tracking import MetricLogger
@@ -32,6 +32,21 @@ class StageInputs(BaseModel):
     def run_name(self, cfg: PipelineConfig) -> str:
         """The stage's MLflow run: its stage, or what it runs (``GRPOInputs``: the algorithm)."""
         return self.stage
+
+    def also_reads(self) -> dict[str, str]:
+        """Digests of what the stage reads beyond its inputs' own (part of its cache key when any)."""
+        return {}
+
+
+def held_out_sets(data_dir: Path) -> dict[str, Path]:
+    """The data stage's further held-out test sets (``held_out/<name>.jsonl``), by name."""
+    return {f.stem: f for f in sorted((Path(data_dir) / "held_out").glob("*.jsonl"))}
+
+
+def held_out_digest(data: Ref) -> dict[str, str]:
+    """The held-out sets' digest: not in the data's own (training stages do not read them)."""
+    sets = held_out_sets(Path(data.path))
+    return {"held_out": digest_files(Path(data.path), sets.values())} if sets else {}
 
 
 class DataInputs(StageInputs):
@@ -59,8 +74,11 @@ class CorpusInputs(StageInputs):
 
     def benchmarks(self) -> dict[str, str]:
         own = {f"own-{split}": Path(self.data.path) / f"{split}.jsonl" for split in ("test", "val")}
-        held_out = {f"own-held_out-{f.stem}": f for f in sorted((Path(self.data.path) / "held_out").glob("*.jsonl"))}
+        held_out = {f"own-held_out-{name}": f for name, f in held_out_sets(Path(self.data.path)).items()}
         return {k: str(v) for k, v in (own | held_out).items()}
+
+    def also_reads(self) -> dict[str, str]:
+        return held_out_digest(self.data)
 
     def run(self, cfg, out_dir, logger=None):
         from grpo_core.corpus.stage import run_corpus
@@ -182,6 +200,9 @@ class EvalInputs(StageInputs):
         from grpo_core.evaluation import run_eval
 
         return run_eval(cfg, Path(self.data.path), {k: r.path for k, r in self.models.items()}, out_dir, logger)
+
+    def also_reads(self) -> dict[str, str]:
+        return held_out_digest(self.data)
 
 
 INPUTS = {cls.stage: cls for cls in (DataInputs, CorpusInputs, PretrainInputs, SFTInputs, RewardDataInputs, ReplayInputs,

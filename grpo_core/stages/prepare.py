@@ -8,7 +8,7 @@ from pathlib import Path
 
 from grpo_core.config import PipelineConfig
 from grpo_core.data import SPLITS, DataError, load_held_out, load_splits, write_jsonl
-from grpo_core.stages.common import digest_dir, write_manifest
+from grpo_core.stages.common import digest_files, write_manifest
 
 
 def run_prepare(cfg: PipelineConfig, out_dir: Path) -> dict:
@@ -34,5 +34,7 @@ def run_prepare(cfg: PipelineConfig, out_dir: Path) -> dict:
     for name, examples in held_out.items():
         write_jsonl(examples, out_dir / "held_out" / f"{name}.jsonl")
     counts = {f"n_{s}": len(splits[s]) for s in SPLITS} | {"held_out": {k: len(v) for k, v in held_out.items()}}
-    digest = digest_dir(out_dir, pattern="*.jsonl")  # the splits only, not an older manifest
+    # The splits' digest is what the training stages' keys hold; the held-out sets have their own, in
+    # the keys of the stages that read them (evaluation, the corpus's decontamination) only.
+    digest = digest_files(out_dir, [out_dir / f"{split}.jsonl" for split in SPLITS])
     return write_manifest(out_dir, {"stage": "data", "dir": str(out_dir), "digest": digest, **counts})

@@ -137,6 +137,9 @@ class Trainer:
         the model (PPO's value model), ``{name: (module, lr_scale)}``: each gets an AdamW of its own
         (``self.companions[name]``: (module, optimizer)) on the same schedule, its lr ``lr_scale``
         times the model's, checkpointed with the model and restored on resume."""
+        if self.d.sharded and self.wrapped is None:
+            raise RuntimeError("launch.strategy=fsdp: call Trainer.wrap before Trainer.start (FSDP replaces the "
+                               "parameters the optimizer is built on)")
         self.model, self.tokenizer, self.plan = model, tokenizer, plan
         sc = self.sc
 
