@@ -230,9 +230,10 @@ def test_the_pipeline_launches_its_training_stages_as_two_processes(prefect_harn
     assert set(manifest["eval"]) == {"sft", "policy"}
 
 
+@pytest.mark.parametrize("head", ["linear", pytest.param("likelihood", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("kind", ["orm", "prm"])
-def test_reward_models_on_two_processes_take_the_steps_of_one(kind, strategy, tiny_cfg, tiny_model_dir, tmp_path):
+def test_reward_models_on_two_processes_take_the_steps_of_one(kind, strategy, head, tiny_cfg, tiny_model_dir, tmp_path):
     """Rows of different lengths and step counts, so that a per-process mean would weigh them wrongly."""
     from datasets import Dataset, DatasetDict
 
@@ -260,7 +261,7 @@ def test_reward_models_on_two_processes_take_the_steps_of_one(kind, strategy, ti
         path = tmp_path / "rd" / name
         DatasetDict({"train": Dataset.from_list(rows[:16]), "test": Dataset.from_list(rows[16:])}).save_to_disk(str(path))
         reward_data[f"{name}_dir"], reward_data[f"{name}_digest"] = str(path), digest_dir(path, "*.arrow")
-    cfg = tiny_cfg(tmp_path, **{f"{kind}__batch_size": 6, f"{kind}__epochs": 1, f"{kind}__lr": 1e-3})
+    cfg = tiny_cfg(tmp_path, **{f"{kind}__batch_size": 6, f"{kind}__epochs": 1, f"{kind}__lr": 1e-3, f"{kind}__head": head})
     inputs = INPUTS[kind](reward_data=reward_datasets(reward_data), init=Ref(path=str(tiny_model_dir), digest="-"))
     one = _run(cfg, inputs, tmp_path / "one", 1, tmp_path, f"{kind}-1")
     two = _run(cfg, inputs, tmp_path / "two", 2, tmp_path, f"{kind}-2", strategy=strategy)
