@@ -345,9 +345,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from tasks.run_lock import RunInUse
+
     args = build_parser().parse_args(argv)
     setup_environment()
-    args.func(args)
+    try:
+        args.func(args)
+    except RunInUse as e:  # run, rounds, compare, study, baseline on a run folder another process writes
+        _fail(str(e))
 
 
 if __name__ == "__main__":

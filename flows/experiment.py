@@ -43,6 +43,7 @@ from grpo_core.stages.outputs import GRPOOutput, StageOutput, TrainedOutput
 from grpo_core.stages.sft import continued
 from grpo_core.stats import mean_std, seed_interval
 from grpo_core.tracking import MlflowLogger, experiment_id, finishing, start_run, tracking_uri
+from tasks.run_lock import run_lock
 from tasks.stage_tasks import eval_task, grpo_task, run_stage, sft_task
 
 
@@ -214,7 +215,13 @@ def experiment(run_dir: str, preset: str = "compare", variants: list[str] | None
                seconds: float | None = None, steps: int | None = None, samples: int | None = None,
                sample_questions: int | None = None, eval_every: int | None = None) -> dict:
     """Run ``preset`` (module docstring) on ``run_dir``, with any of its defaults overridden; returns
-    the experiment's manifest (rows, runs, figures)."""
+    the experiment's manifest (rows, runs, figures). One writer per run folder (tasks/run_lock.py)."""
+    with run_lock(Path(run_dir), f"{preset} {Path(run_dir).name}", get_run_logger()):
+        return _experiment(run_dir, preset, variants, seeds, seconds, steps, samples, sample_questions, eval_every)
+
+
+def _experiment(run_dir: str, preset: str, variants: list[str] | None, seeds: int | None, seconds: float | None,
+                steps: int | None, samples: int | None, sample_questions: int | None, eval_every: int | None) -> dict:
     log = get_run_logger()
     s = setup(run_dir, preset, variants, seconds, steps, eval_every)
     seeds = seeds or s.preset.seeds

@@ -27,6 +27,7 @@ from grpo_core.stages.common import write_manifest
 from grpo_core.stages.inputs import DataInputs, EvalInputs, Ref, SFTInputs
 from grpo_core.tracking import (MlflowLogger, check_tracking, experiment_id, finishing, redact, run_params,
                                 start_run, tracking_uri)
+from tasks.run_lock import run_lock
 from tasks.stage_tasks import StageRun, data_task, eval_task, run_stage, sft_task
 
 
@@ -104,6 +105,12 @@ def time_profile(runs: dict[str, StageRun], rounds: list[dict], wall_s: float) -
 
 @flow(name="pipeline", flow_run_name=lambda: numbered_run_name(parameter("config").run_name))
 def pipeline(config: PipelineConfig) -> dict:
+    # One writer per run folder: a second run on it refuses at once, naming the first (tasks/run_lock.py).
+    with run_lock(config.run_dir, f"pipeline {config.run_name}", get_run_logger()):
+        return _pipeline(config)
+
+
+def _pipeline(config: PipelineConfig) -> dict:
     log = get_run_logger()
     clock = time.perf_counter()
     process_numerics = numerics()  # warns before any work where MKL ignores the reproducibility setting

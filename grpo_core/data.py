@@ -240,6 +240,11 @@ def load_splits(cfg: DataConfig, seed: int) -> dict[str, list[Example]]:
     return {k: splits[k] for k in SPLITS}
 
 
+def held_out_sets(data_dir: Path) -> dict[str, Path]:
+    """The data stage's further held-out test sets (``held_out/<name>.jsonl``), by name."""
+    return {f.stem: f for f in sorted((Path(data_dir) / "held_out").glob("*.jsonl"))}
+
+
 def write_jsonl(examples: list[Example], path: Path) -> None:
     """GSM8K form, so ``grpo-pipeline eval --data`` and other tools read the split directly."""
     path.parent.mkdir(parents=True, exist_ok=True)

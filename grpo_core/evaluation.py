@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from grpo_core.data import Example, prompt_text
+from grpo_core.data import Example, held_out_sets, prompt_text
 from grpo_core.lm.policy import generate
 from grpo_core.verify import _clean, extract_answer, is_correct, to_number
 
@@ -72,8 +72,6 @@ def greedy_accuracy(model, tokenizer, examples: list[Example], max_new_tokens: i
 
 def test_sets(data_dir: Path) -> dict[str, Path]:
     """The data stage's test split and its further held-out sets (``held_out/<name>.jsonl``), by name."""
-    from grpo_core.stages.inputs import held_out_sets
-
     return {"test": Path(data_dir) / "test.jsonl"} | held_out_sets(Path(data_dir))
 
 

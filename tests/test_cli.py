@@ -3,6 +3,8 @@ prints one JSON object (GUIDE §3)."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -130,3 +132,42 @@ def test_eval_missing_data_file(tmp_path, capsys, tiny_model_dir):
     missing = tmp_path / "absent.jsonl"
     assert _exit_code(["eval", "--model", str(tiny_model_dir), "--data", str(missing)]) == 2
     assert str(missing) in capsys.readouterr().err
+
+
+def test_a_run_folder_has_one_writer(prefect_harness, tiny_cfg, tmp_path, capsys):
+    """A second run on a folder another process holds refuses at once, naming that process; once the
+    holder is gone (SIGKILL: no cleanup) the next run takes the folder over and says whose lock it found."""
+    import signal
+    import time
+
+    from tasks.run_lock import LOCK, RunInUse, run_lock
+
+    run_dir = tmp_path / "runs" / "demo"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from tasks.run_lock import run_lock\n"
+                               f"with run_lock({str(run_dir)!r}, 'pipeline demo'):\n"
+                               "    print('held', flush=True); time.sleep(60)"],
+                              stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1])
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(RunInUse, match=rf"{run_dir} is in use by process {holder.pid} on .* \(pipeline demo, since"):
+            with run_lock(run_dir, "pipeline demo"):
+                pass
+        # `grpo-pipeline run` on that folder says the same and exits 2 before any stage runs.
+        import yaml
+
+        recipe = tmp_path / "tiny.yaml"
+        recipe.write_text(yaml.safe_dump(tiny_cfg(tmp_path, run_name="demo").model_dump(mode="json")))
+        assert _exit_code(["run", str(recipe)]) == 2
+        assert f"is in use by process {holder.pid}" in capsys.readouterr().err
+        assert not (run_dir / "data").exists()
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    with run_lock(run_dir, "pipeline demo") as note:
+        assert f"taking over the lock left by process {holder.pid}" in note
+        with run_lock(run_dir, "rl-rounds demo"):  # the same process again: re-entrant
+            assert json.loads((run_dir / LOCK).read_text())["command"] == "pipeline demo"
+    assert (run_dir / LOCK).read_text() == ""  # released cleanly: nothing to report next time
+    start = time.time()
+    with run_lock(run_dir, "pipeline demo"):
+        assert time.time() - start < 1

@@ -11,6 +11,7 @@ from typing import ClassVar
 from pydantic import BaseModel, ConfigDict
 
 from grpo_core.config import CorpusConfig, PipelineConfig
+from grpo_core.data import held_out_sets
 from grpo_core.stages.common import Ref, digest_files
 from grpo_core.stages.outputs import (CorpusOutput, EvalOutput, FolderOutput, GRPOOutput, ModelOutput, ReplayOutput,
                                       RewardDataOutput, RewardModelOutput, SFTOutput, StageOutput, reward_datasets)
@@ -36,11 +37,6 @@ class StageInputs(BaseModel):
     def also_reads(self) -> dict[str, str]:
         """Digests of what the stage reads beyond its inputs' own (part of its cache key when any)."""
         return {}
-
-
-def held_out_sets(data_dir: Path) -> dict[str, Path]:
-    """The data stage's further held-out test sets (``held_out/<name>.jsonl``), by name."""
-    return {f.stem: f for f in sorted((Path(data_dir) / "held_out").glob("*.jsonl"))}
 
 
 def held_out_digest(data: Ref) -> dict[str, str]:
