@@ -44,12 +44,12 @@ def _ray(cc: CorpusConfig):
     try:
         from prefect_ray import RayTaskRunner
     except ImportError:
-        raise RuntimeError("corpus.runner=ray needs prefect-ray (pip install prefect-ray ray); it is not in the "
-                           "project's pinned set") from None
+        raise RuntimeError("corpus.runner=ray needs prefect-ray and ray (pip install -e \".[ray]\"); they are not "
+                           "in the project's pinned set") from None
     if cc.address:
         return RayTaskRunner(address=cc.address)
     return RayTaskRunner(init_kwargs={"num_cpus": cc.workers or len(os.sched_getaffinity(0)), "include_dashboard": False,
-                                      "_node_ip_address": "127.0.0.1"})  # the node's servers on loopback
+                                      "_node_ip_address": "127.0.0.1"})  # some ports still bind every interface (docs/scaling.md)
 
 
 TASK_RUNNERS = {"dask": _dask, "ray": _ray}  # corpus.runner -> its Prefect task runner

@@ -121,7 +121,7 @@ def test_dask_workers_bind_to_loopback_and_a_bad_page_is_named(prefect_harness, 
 
 
 @pytest.mark.skipif(importlib.util.find_spec("prefect_ray") is None,
-                    reason="prefect-ray is not installed: Ray is optional (pip install prefect-ray ray)")
+                    reason="prefect-ray is not installed: Ray is optional (pip install -e \".[ray]\")")
 def test_ray_runner_gives_the_local_runners_corpus(prefect_harness, tmp_path, tiny_cfg):
     from flows.corpus import corpus
 
