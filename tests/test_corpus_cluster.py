@@ -49,7 +49,7 @@ def _corpus_cfg(tmp_path, tiny_cfg, runner: str, *extra: str):
     (tmp_path / "annotations.yaml").write_text("approved: []\n")
     return tiny_cfg(tmp_path, f"corpus.pool=[{tmp_path / 'pool'}]", f"corpus.seed=[{_seed(tmp_path / 'seed.jsonl')}]",
                     f"corpus.annotations={tmp_path / 'annotations.yaml'}", f"corpus.benchmarks=[{bench}]",
-                    f"corpus.runner={runner}", "corpus.shards_per_task=2", "corpus.iterations=2", "corpus.evaluate=false",
+                    f"corpus.runner={runner}", "corpus.shards_per_task=2", "corpus.iterations=1", "corpus.evaluate=false",
                     *extra, run_name=f"corpus-{runner}", corpus__dim=8, corpus__epochs=20, corpus__min_count=1,
                     corpus__word_ngrams=1, corpus__bucket=1000, corpus__val_fraction=0.2)
 

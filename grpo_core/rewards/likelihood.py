@@ -140,8 +140,8 @@ class VerifierHead(torch.nn.Module):
         """The language model's folder with the head in its config; ``state_dict``: the head's whole
         state where it is sharded (FSDP)."""
         whole = state_dict or {"scale": self.scale, "bias": self.bias}
-        self.lm.config.reward_head = {"kind": self.kind, "reading": self.reading, "scale": float(whole["scale"]),
-                                      "bias": float(whole["bias"]), **({"tokens": list(self.tokens)} if self.reading == "lm" else {})}
+        self.lm.config.reward_head = {"kind": self.kind, "reading": self.reading, "scale": whole["scale"].detach().item(),
+                                      "bias": whole["bias"].detach().item(), **({"tokens": list(self.tokens)} if self.reading == "lm" else {})}
         self.lm.save_pretrained(path, state_dict=state_dict and {k.removeprefix("lm."): v for k, v in state_dict.items()
                                                                   if k.startswith("lm.")})
 
