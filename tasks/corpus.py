@@ -7,6 +7,7 @@ both passes are tasks of ``corpus.shards_per_task`` shards each, submitted throu
 from __future__ import annotations
 
 import contextlib
+import importlib
 import inspect
 import os
 from collections.abc import Iterator
@@ -26,33 +27,34 @@ def score_pool_task(model_path: Path, pool: list[Path], out_dir: Path, workers: 
     return score_pool(model_path, pool, out_dir, workers)
 
 
-def _dask(cc: CorpusConfig):
-    try:
-        from prefect_dask import DaskTaskRunner
-    except ImportError:
-        raise RuntimeError("corpus.runner=dask needs prefect-dask (in requirements.txt: make, or "
-                           "pip install -e \".[cluster]\")") from None
-
-    if cc.address:
-        return DaskTaskRunner(address=cc.address)
+def _local_dask(cc: CorpusConfig) -> dict:
     # One single-threaded worker process per core, every socket on loopback, no dashboard server.
-    return DaskTaskRunner(cluster_kwargs={"n_workers": cc.workers or len(os.sched_getaffinity(0)), "threads_per_worker": 1,
-                                          "processes": True, "host": "127.0.0.1", "dashboard_address": None})
+    return {"cluster_kwargs": {"n_workers": cc.workers or len(os.sched_getaffinity(0)), "threads_per_worker": 1,
+                               "processes": True, "host": "127.0.0.1", "dashboard_address": None}}
 
 
-def _ray(cc: CorpusConfig):
+def _local_ray(cc: CorpusConfig) -> dict:
+    # Some of Ray's ports still bind every interface with this address (docs/scaling.md).
+    return {"init_kwargs": {"num_cpus": cc.workers or len(os.sched_getaffinity(0)), "include_dashboard": False,
+                            "_node_ip_address": "127.0.0.1"}}
+
+
+# corpus.runner -> (module, its Prefect task runner, the runner's settings for a cluster the flow starts, what to install)
+TASK_RUNNERS = {
+    "dask": ("prefect_dask", "DaskTaskRunner", _local_dask, 'prefect-dask (in requirements.txt: make, or pip install -e ".[cluster]")'),
+    "ray": ("prefect_ray", "RayTaskRunner", _local_ray, 'prefect-ray and ray (pip install -e ".[ray]"; not in the pinned set)'),
+}
+
+
+def task_runner(cc: CorpusConfig):
+    """The Prefect task runner for ``corpus.runner``: on the cluster at ``corpus.address``, or on one
+    it starts on this machine."""
+    module, name, local, install = TASK_RUNNERS[cc.runner]
     try:
-        from prefect_ray import RayTaskRunner
+        runner = getattr(importlib.import_module(module), name)
     except ImportError:
-        raise RuntimeError("corpus.runner=ray needs prefect-ray and ray (pip install -e \".[ray]\"); they are not "
-                           "in the project's pinned set") from None
-    if cc.address:
-        return RayTaskRunner(address=cc.address)
-    return RayTaskRunner(init_kwargs={"num_cpus": cc.workers or len(os.sched_getaffinity(0)), "include_dashboard": False,
-                                      "_node_ip_address": "127.0.0.1"})  # some ports still bind every interface (docs/scaling.md)
-
-
-TASK_RUNNERS = {"dask": _dask, "ray": _ray}  # corpus.runner -> its Prefect task runner
+        raise RuntimeError(f"corpus.runner={cc.runner} needs {install}") from None
+    return runner(address=cc.address) if cc.address else runner(**local(cc))
 
 
 def submit_all(runner, fn: Callable[..., Any], calls: list[tuple]) -> list[Any]:
@@ -73,7 +75,7 @@ def passes(cc: CorpusConfig) -> Iterator[dict[str, Callable]]:
     if cc.runner == "local":
         yield {"score_shards": partial(score_pool_task, workers=cc.workers)}
         return
-    with TASK_RUNNERS[cc.runner](cc) as runner:
+    with task_runner(cc) as runner:
         map_tasks = partial(submit_all, runner)
         yield {"score_shards": partial(score_in_groups, map_tasks=map_tasks, per_task=cc.shards_per_task),
                "map_tasks": map_tasks}
