@@ -245,9 +245,16 @@ def cmd_corpus_decontaminate(a: argparse.Namespace) -> None:
         _fail(str(e))
 
 
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
 def cmd_ui(a: argparse.Namespace) -> None:
     from flows.ui import serve_uis
 
+    if a.host not in LOOPBACK and not a.expose:
+        _fail(f"--host {a.host}: the MLflow and Prefect servers have no login; on {a.host} anyone who reaches this "
+              "machine can read every run, metric and model and start or cancel flows. Add --expose to serve them "
+              "there anyway (behind a firewall or an authenticating proxy; MLflow's basic-auth app: docs/reliability.md)")
     serve_uis(host=a.host, mlflow_port=a.mlflow_port, prefect_port=a.prefect_port)
 
 
@@ -337,7 +344,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help=CorpusConfig.model_fields["ngram"].description)
     cdec.set_defaults(func=cmd_corpus_decontaminate)
     u = sub.add_parser("ui", help="start the MLflow and Prefect UIs (127.0.0.1 by default)")
-    u.add_argument("--host", default="127.0.0.1")
+    u.add_argument("--host", default="127.0.0.1", help="address to serve on; other than loopback needs --expose")
+    u.add_argument("--expose", action="store_true", help="serve on a --host other than loopback (the servers have no login)")
     u.add_argument("--mlflow-port", type=int, default=5000)
     u.add_argument("--prefect-port", type=int, default=4200)
     u.set_defaults(func=cmd_ui)

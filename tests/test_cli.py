@@ -171,3 +171,11 @@ def test_a_run_folder_has_one_writer(prefect_harness, tiny_cfg, tmp_path, capsys
     start = time.time()
     with run_lock(run_dir, "pipeline demo"):
         assert time.time() - start < 1
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "192.0.2.10"])
+def test_ui_on_an_address_other_than_loopback_needs_expose(host, capsys):
+    """The UIs have no login: serving them beyond loopback is refused unless asked for, saying why."""
+    assert _exit_code(["ui", "--host", host]) == 2
+    err = capsys.readouterr().err
+    assert f"--host {host}" in err and "--expose" in err and "no login" in err
