@@ -81,6 +81,7 @@ def test_one_process_loads_the_classifier_once_a_pass(tmp_path, monkeypatch):
     assert len(loads) == 2
 
 
+@pytest.mark.slow  # ~20 s; the fast suite keeps the Dask pass of the test below
 @needs_dask
 def test_dask_runner_gives_the_local_runners_corpus(prefect_harness, tmp_path, tiny_cfg):
     from flows.corpus import corpus
