@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from grpo_core.lm.modeling import save_model
+
 MARKER = "COMPLETE"
 STATE = "trainer_state.pt"
 
@@ -66,8 +68,7 @@ def save_checkpoint(root: Path, step: int, model, tokenizer, state: dict[str, An
     final = root / f"step-{step:08d}"
     tmp = root / f".tmp-step-{step:08d}"
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, **({} if weights is None else {"state_dict": weights}))
-    tokenizer.save_pretrained(tmp)
+    save_model(model, tokenizer, tmp, weights)
     torch.save(state, tmp / STATE)
     (tmp / MARKER).write_text(str(step))
     _fsync_tree(tmp)
