@@ -296,8 +296,8 @@ def run_corpus(cfg: PipelineConfig, out_dir: Path, logger: MetricLogger | None =
             if cut is not None:
                 threshold, chosen_on = cut, "held-out seed pages (the seed's own sources)"
         quality = classifier.precision_recall_f1(val_scores, val_math, threshold)
-        score_files = score_shards(it_dir / "classifier.bin", pool, it_dir / "scores")
-        scored = read_scores(score_files)
+        per_shard = [read_scores([f]) for f in score_shards(it_dir / "classifier.bin", pool, it_dir / "scores")]
+        scored = [s for shard in per_shard for s in shard]
         collected = select(scored, threshold, cc.top_n)
         urls = [u for u, _ in scored]
         stats = domain_stats(urls, collected)
@@ -330,7 +330,7 @@ def run_corpus(cfg: PipelineConfig, out_dir: Path, logger: MetricLogger | None =
     extra = {name: str(path) for name, path in (own_benchmarks or {}).items()}
     process_index(cc.benchmarks, cc.ngram, extra)  # a missing or malformed benchmark file stops the stage here
     per = cc.shards_per_task
-    calls = [([str(p) for p in pool[i:i + per]], [u for u, _ in read_scores(score_files[i:i + per]) if u in previous],
+    calls = [([str(p) for p in pool[i:i + per]], [u for shard in per_shard[i:i + per] for u, _ in shard if u in previous],
               cc.benchmarks, cc.ngram, extra, str(out_dir / "corpus" / f"part-{i // per:05d}.jsonl.gz"))
              for i in range(0, len(pool), per)]
     shutil.rmtree(out_dir / "corpus", ignore_errors=True)  # parts of an earlier grouping
