@@ -4,7 +4,9 @@ continue a run for more RL rounds, open the UIs."""
 from __future__ import annotations
 
 import argparse
+import errno
 import json
+import os
 import sys
 import typing
 from pathlib import Path
@@ -64,6 +66,7 @@ def cmd_run(a: argparse.Namespace) -> None:
     cfg = _recipe(a)
     _tracking_ready(cfg)
     from flows.pipeline import pipeline
+    from grpo_core.tracking import unsent_count, unsent_dir
 
     manifest = pipeline(cfg)
     summary = {
@@ -74,6 +77,7 @@ def cmd_run(a: argparse.Namespace) -> None:
         "cached_stages": manifest["cached_stages"],
         "mlflow_run_id": manifest["mlflow_run_id"],
         "tracking_uri": manifest["tracking_uri"],
+        "tracking_unsent": unsent_count(unsent_dir(cfg.run_dir)),
     }
     print(json.dumps(summary, indent=2))
 
@@ -167,6 +171,25 @@ def cmd_join(a: argparse.Namespace) -> None:
         _fail(f"this machine's agent failed in: {', '.join(done['failed'])} (its last lines are logged above)")
 
 
+def cmd_sync(a: argparse.Namespace) -> None:
+    """Send what a run's loggers kept while the tracking store did not answer (``<run>/mlflow-unsent``)."""
+    from grpo_core.config import load_config
+    from grpo_core.env import default_tracking_uri
+    from grpo_core.tracking import TrackingError, check_tracking, redact, send_unsent, tracking_uri, unsent_dir
+
+    recipe = Path(a.run_dir) / "config.yaml"  # a finished run's; else the environment's store
+    uri = a.tracking_uri or (tracking_uri(load_config(recipe, [])) if recipe.exists() else None)
+    uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri()
+    try:
+        check_tracking(uri)
+    except TrackingError as e:
+        _fail(str(e))
+    sent, kept = send_unsent(uri, unsent_dir(a.run_dir))
+    print(json.dumps({"run_dir": a.run_dir, "tracking_uri": redact(uri), "sent": sent, "kept": kept}))
+    if kept:
+        _fail(f"{kept} records are still kept in {unsent_dir(a.run_dir)}: the store at {redact(uri)} did not take them")
+
+
 def cmd_rounds(a: argparse.Namespace) -> None:
     from flows.pipeline import rl_rounds
 
@@ -176,6 +199,12 @@ def cmd_rounds(a: argparse.Namespace) -> None:
     if a.rounds < 1:
         _fail(f"--rounds {a.rounds}: must be at least 1")
     from grpo_core.config import load_config
+    from grpo_core.stages.common import read_manifest
+
+    try:
+        read_manifest(run_dir / "manifest.json")
+    except ValueError as e:
+        _fail(str(e))
 
     _tracking_ready(load_config(run_dir / "config.yaml"))
     manifest = rl_rounds(str(run_dir), a.rounds)
@@ -313,6 +342,10 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("run_dir", help="the run's folder, at the same path on every machine (a shared file system)")
     j.add_argument("--timeout", type=float, default=24 * 3600, help="seconds to wait for the run to finish")
     j.set_defaults(func=cmd_join)
+    sy = sub.add_parser("sync", help="send to MLflow what a run kept while its tracking server did not answer")
+    sy.add_argument("run_dir", help="the run's folder, e.g. runs/demo")
+    sy.add_argument("--tracking-uri", help="default: the run's recipe, else $MLFLOW_TRACKING_URI, else the project's sqlite")
+    sy.set_defaults(func=cmd_sync)
     cp = sub.add_parser("corpus", help="the math corpus: fastText classifier, scoring, decontamination, the loop")
     csub = cp.add_subparsers(dest="corpus_command", required=True)
     crun = csub.add_parser("run", help="the recall loop and decontamination on a recipe (the corpus flow)")
@@ -353,6 +386,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from grpo_core.tracking import TrackingError
     from tasks.run_lock import RunInUse
 
     args = build_parser().parse_args(argv)
@@ -360,6 +394,12 @@ def main(argv: list[str] | None = None) -> None:
     try:
         args.func(args)
     except RunInUse as e:  # run, rounds, compare, study, baseline on a run folder another process writes
+        _fail(str(e))
+    except TrackingError as e:  # the tracking store stopped answering mid-run for longer than tracking.wait_s
+        _fail(str(e))
+    except OSError as e:  # a full disk (checkpoint.DiskFull names the folder and the space needed)
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
         _fail(str(e))
 
 

@@ -17,7 +17,7 @@ from prefect.input import RunInput
 from flows import artifact_key
 from grpo_core.config import PipelineConfig
 from grpo_core.corpus.stage import run_corpus
-from grpo_core.tracking import MlflowLogger, check_tracking, experiment_id, finishing, start_run, tracking_uri
+from grpo_core.tracking import MlflowLogger, check_tracking, experiment_id, finishing, start_run, tracking_uri, unsent_dir
 from tasks.corpus import passes
 
 
@@ -62,13 +62,15 @@ def corpus(config: PipelineConfig, own_benchmarks: dict[str, str] | None = None,
                        tags={"pipeline": "deepseekmath-corpus"})
     runs = [parent]  # and a run per iteration, as the loop starts them
 
+    unsent, wait_s = unsent_dir(config.run_dir.resolve()), config.tracking.wait_s
+
     def iteration_logger(k: int) -> MlflowLogger:
-        runs.append(start_run(uri, exp, f"iteration-{k}", parent_id=parent))
-        return MlflowLogger(uri, runs[-1])
+        runs.append(start_run(uri, exp, f"iteration-{k}", parent_id=parent, wait_s=wait_s))
+        return MlflowLogger(uri, runs[-1], unsent=unsent)
 
     approve = approve_in_ui if config.corpus.interactive else None  # None: the annotations file
-    with finishing(uri, runs), passes(config.corpus) as where:
-        manifest = run_corpus(config, out_dir, MlflowLogger(uri, parent), approve=approve, iteration_logger=iteration_logger,
+    with finishing(uri, runs, unsent), passes(config.corpus) as where:
+        manifest = run_corpus(config, out_dir, MlflowLogger(uri, parent, unsent=unsent), approve=approve, iteration_logger=iteration_logger,
                               own_benchmarks={k: Path(v) for k, v in (own_benchmarks or {}).items()}, **where)
     manifest["mlflow_run_id"] = parent
     check = manifest.get("seed_check") or {}

@@ -23,7 +23,6 @@ Outputs: ``runs/<run>/<preset>/<budget>/`` (manifest, figures), an MLflow run ``
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import yaml
@@ -37,12 +36,12 @@ from flows.reports import figure_source, mlflow_link
 from flows.rounds import RoundStart, reward_stages
 from grpo_core import figures
 from grpo_core.config import PipelineConfig
-from grpo_core.stages.common import digest_dir, run_identity, write_manifest
+from grpo_core.stages.common import digest_dir, read_manifest, run_identity, write_manifest
 from grpo_core.stages.inputs import INPUTS, EvalInputs, GRPOInputs, Ref, SFTInputs
 from grpo_core.stages.outputs import GRPOOutput, StageOutput, TrainedOutput
 from grpo_core.stages.sft import continued
 from grpo_core.stats import mean_std, seed_interval
-from grpo_core.tracking import MlflowLogger, experiment_id, finishing, start_run, tracking_uri
+from grpo_core.tracking import MlflowLogger, experiment_id, finishing, start_run, tracking_uri, unsent_dir
 from tasks.run_lock import run_lock
 from tasks.stage_tasks import eval_task, grpo_task, run_stage, sft_task
 
@@ -119,7 +118,7 @@ def setup(run_dir: str, preset: str, variants: list[str] | None, seconds: float 
     if steps is not None and steps < 2 and TWO_ROUNDS in (variants or PRESETS[preset].variants):
         raise ValueError(f"steps = {steps}: {TWO_ROUNDS} needs at least 2 GRPO steps (one per round)")
     root = Path(run_dir).resolve()
-    manifest = json.loads((root / "manifest.json").read_text())
+    manifest = read_manifest(root / "manifest.json")
     cfg = PipelineConfig.model_validate(yaml.safe_load((root / "config.yaml").read_text()))
     p = PRESETS[preset]
     rounds = manifest["rounds"] if p.all_rounds else manifest["rounds"][:1]
@@ -228,11 +227,12 @@ def _experiment(run_dir: str, preset: str, variants: list[str] | None, seeds: in
     samples = samples or s.preset.samples
     cfg, out_root = s.cfg, s.root / preset / s.budget.tag(s.eval_every)
     uri = tracking_uri(cfg)
+    unsent = unsent_dir(s.root)
     exp_id = experiment_id(uri, cfg.tracking.experiment)
     parent = start_run(uri, exp_id, f"{preset}-{cfg.run_name}",
                        tags={"pipeline": "deepseekmath-grpo", f"{preset}_of": s.manifest["mlflow_run_id"]})
     common = {"uri": uri, "parent_id": parent}
-    with finishing(uri, [parent]):
+    with finishing(uri, [parent], unsent):
         data, sft = s.stage("data").ref, s.stage("sft").ref
         runs: dict[str, list[Run]] = {}
         for name in variants or s.preset.variants:
@@ -277,7 +277,7 @@ def _experiment(run_dir: str, preset: str, variants: list[str] | None, seeds: in
                "sft_val_accuracy": s.stage("sft").best_val_accuracy,
                "run_name": cfg.run_name, "dir": str(out_root), "mlflow_run_id": parent}
         out["figures"] = {k: str(v) for k, v in figures.save(figures.study_figures(out), out_root / "figures").items()}
-        tracker = MlflowLogger(uri, parent)
+        tracker = MlflowLogger(uri, parent, unsent=unsent)
         tracker.log_table(rows, f"{preset}.json")
         tracker.log_artifacts(out_root / "figures", "figures")
         tracker.log_metrics({f"{preset}/{r['variant']}/test_accuracy_mean": r["test_accuracy_mean"] for r in rows})

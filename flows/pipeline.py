@@ -23,10 +23,10 @@ from flows.reports import PARENT_NOTE, figure_source, pipeline_report
 from flows.rounds import RoundStart, next_start, rl_round, round_metrics
 from grpo_core.config import ConfigError, PipelineConfig, load_config
 from grpo_core.lm.runtime import numerics
-from grpo_core.stages.common import write_manifest
+from grpo_core.stages.common import read_manifest, write_manifest
 from grpo_core.stages.inputs import DataInputs, EvalInputs, Ref, SFTInputs
 from grpo_core.tracking import (MlflowLogger, check_tracking, experiment_id, finishing, redact, run_params,
-                                start_run, tracking_uri)
+                                send_unsent, start_run, tracking_uri, unsent_count, unsent_dir)
 from tasks.run_lock import run_lock
 from tasks.stage_tasks import StageRun, data_task, eval_task, run_stage, sft_task
 
@@ -37,15 +37,18 @@ def pretraining_stages(config: PipelineConfig, run_dir, data: Ref, common: dict)
     from flows.corpus import corpus
     from grpo_core.stages.common import digest_dir
     from grpo_core.stages.inputs import CorpusInputs, PretrainInputs
-    from tasks.stage_tasks import pretrain_task, stage_key
+    from tasks.stage_tasks import pretrain_task, stage_key, trusted
 
     clock = time.perf_counter()
     out = run_dir / "corpus"
     inputs = CorpusInputs(data=data)
     key = stage_key("corpus", config, inputs, out)
     manifest_path = out / "manifest.json"
-    done = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
-    hit = done.get("cache_key") == key
+    why = trusted(manifest_path, key, inputs.output)
+    if why:
+        get_run_logger().warning("corpus: %s: running it again", why)
+    hit = why is None
+    done = json.loads(manifest_path.read_text()) if hit else {}
     if not hit:
         done = corpus(config, own_benchmarks=inputs.benchmarks(), parent_run_id=common["parent_id"])
         done.update(cache_key=key, digest=digest_dir(Path(done["corpus_dir"])))
@@ -118,12 +121,16 @@ def _pipeline(config: PipelineConfig) -> dict:
     run_dir.mkdir(parents=True, exist_ok=True)
     uri = tracking_uri(config)
     check_tracking(uri)  # an unreachable server fails here, not at the first stage's first metric
+    unsent = unsent_dir(run_dir)
+    sent, kept = send_unsent(uri, unsent)  # what an earlier run of this folder could not log
+    if sent or kept:
+        log.info("tracking: sent %d records kept by an earlier run (%d still kept in %s)", sent, kept, unsent)
     exp_id = experiment_id(uri, config.tracking.experiment)
     parent = start_run(uri, exp_id, config.run_name, tags={"pipeline": "deepseekmath-grpo",
                                                            "mlflow.note.content": PARENT_NOTE})
     common = {"uri": uri, "parent_id": parent}
-    with finishing(uri, [parent]):
-        tracker = MlflowLogger(uri, parent)
+    with finishing(uri, [parent], unsent):
+        tracker = MlflowLogger(uri, parent, unsent=unsent)
         tracker.log_params(run_params(config))
         tracker.set_tags({"numerics.mkl_mode": str(process_numerics["mkl_mode"]),
                           "numerics.cpu_capability": process_numerics["cpu_capability"]})
@@ -180,6 +187,7 @@ def _pipeline(config: PipelineConfig) -> dict:
             "tracking_uri": redact(uri),
             "experiment": config.tracking.experiment,
             "numerics": process_numerics,
+            "tracking_unsent": unsent_count(unsent),
         }
         manifest["figures"] = summarise(manifest, run_dir, exp_id, tracker)
         # The resolved recipe goes beside the manifest it produced (``baseline`` reads both).
@@ -187,6 +195,9 @@ def _pipeline(config: PipelineConfig) -> dict:
         write_manifest(run_dir, manifest)
     log.info("pipeline %s finished: %s", config.run_name,
              json.dumps({k: round(v["accuracy"], 4) for k, v in eval_results.items()}))
+    if kept := unsent_count(unsent):
+        log.warning("tracking: %d records the MLflow store did not take are kept in %s: the next run of this "
+                    "recipe sends them (or: grpo-pipeline sync %s)", kept, unsent, run_dir)
     return manifest
 
 
@@ -212,7 +223,7 @@ def rl_rounds(run_dir: str = "runs/demo", rounds: Annotated[int, Field(ge=1, le=
     manifest_path = root / "manifest.json"
     if not manifest_path.exists():
         raise FileNotFoundError(f"{manifest_path}: not a finished run; run the pipeline first (grpo-pipeline run ...)")
-    done = len(json.loads(manifest_path.read_text()).get("rounds", []))
+    done = len(read_manifest(manifest_path).get("rounds", []))
     cfg = load_config(root / "config.yaml", [f"rounds.count={done + rounds}"])
     if cfg.run_dir.resolve() != root.resolve():
         raise ValueError(f"{root / 'config.yaml'} writes to {cfg.run_dir.resolve()}, not {root.resolve()}: run "

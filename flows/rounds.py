@@ -27,12 +27,11 @@ from pydantic import BaseModel, ConfigDict
 from flows import artifact_key
 from flows.reports import mlflow_link, round_report
 from grpo_core.config import PipelineConfig
-from tasks.registry import promote_champion, register_policy, registered_name
 from grpo_core.stages.inputs import INPUTS, EvalInputs, GRPOInputs, Ref, ReplayInputs, RewardDataInputs
-from grpo_core.tracking import MlflowLogger
+from grpo_core.tracking import MlflowLogger, experiment_id, finishing, patiently, start_run, unsent_dir
+from tasks.registry import promote_champion, register_policy, registered_name
 from tasks.stage_tasks import (StageRun, eval_task, grpo_task, orm_task, prm_task, replay_task, reward_data_task,
                                run_stage)
-from grpo_core.tracking import experiment_id, finishing, start_run
 
 
 class RoundStart(BaseModel):
@@ -142,10 +141,11 @@ def rl_round(cfg: PipelineConfig, k: int, data: Ref, sft: Ref, start: RoundStart
     log = get_run_logger()
     run_dir = cfg.run_dir.resolve()
     round_dir = run_dir / f"round-{k}"
-    exp_id = experiment_id(uri, cfg.tracking.experiment)
-    run_id = start_run(uri, exp_id, f"round-{k}", parent_id=parent_id, tags={"round": str(k)})
+    wait_s, unsent = cfg.tracking.wait_s, unsent_dir(run_dir)
+    exp_id = experiment_id(uri, cfg.tracking.experiment, wait_s)
+    run_id = start_run(uri, exp_id, f"round-{k}", parent_id=parent_id, tags={"round": str(k)}, wait_s=wait_s)
     common = {"uri": uri, "parent_id": run_id}
-    with finishing(uri, [run_id]):
+    with finishing(uri, [run_id], unsent):
         results = reward_stages(cfg, k, round_dir, run_dir, data, sft, start, common)
         rms = {kind: results[kind].output for kind in ("orm", "prm") if kind in results}
         used, excluded = cfg.grpo.reward_models_used, []
@@ -168,11 +168,13 @@ def rl_round(cfg: PipelineConfig, k: int, data: Ref, sft: Ref, start: RoundStart
         summary["excluded_reward_models"] = excluded
         clock = time.perf_counter()
         name = registered_name(cfg)
-        summary["model_version"] = register_policy(uri, name, run_id, grpo.model, k, summary["val_accuracy"], grpo.digest)
-        champion = promote_champion(uri, name, [*start.versions, summary["model_version"]])
+        summary["model_version"] = patiently(lambda: register_policy(
+            uri, name, run_id, grpo.model, k, summary["val_accuracy"], grpo.digest), uri, wait_s, f"register round {k}'s policy")
+        champion = patiently(lambda: promote_champion(uri, name, [*start.versions, summary["model_version"]]),
+                             uri, wait_s, "move the champion alias")
         # Where the round's time went: each stage as the flow waited for it, and the model registry.
         summary["profile"] = {s: r.seconds for s, r in results.items()} | {"register": time.perf_counter() - clock}
-        tracker = MlflowLogger(uri, run_id)
+        tracker = MlflowLogger(uri, run_id, unsent=unsent)
         tracker.log_metrics(round_metrics(summary))
         tracker.set_tags({"cached_stages": ",".join(cached) or "none", "model_version": summary["model_version"],
                           "quality_gate": "FAILED: " + "; ".join(summary["quality_warnings"])

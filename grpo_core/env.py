@@ -62,8 +62,14 @@ def setup_environment(root: Path | None = None) -> None:
         "PREFECT_LOGGING_LEVEL": "WARNING",
         "PREFECT_LOGGING_LOGGERS_PREFECT_FLOW_RUNS_LEVEL": "INFO",
         "PREFECT_LOGGING_LOGGERS_PREFECT_TASK_RUNS_LEVEL": "INFO",
+        # The project's own warnings (tracking kept for later, a run folder taken over) in Prefect's log too.
+        "PREFECT_LOGGING_EXTRA_LOGGERS": "grpo_pipeline",
         # MLflow: no telemetry; tracking defaults to sqlite in the project (TrackingConfig may override).
         "MLFLOW_DISABLE_TELEMETRY": "true",
+        # MLflow's client retries a request 7 times over ~4 minutes by default, and a training step
+        # would wait that long for a dead server; the loggers keep what fails and try again later.
+        "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+        "MLFLOW_HTTP_REQUEST_TIMEOUT": "30",
         # Hugging Face: nothing is downloaded at run time.
         "HF_HUB_OFFLINE": "1",
         "HF_DATASETS_OFFLINE": "1",

@@ -8,6 +8,7 @@ explicit ids work from any thread or subprocess). ``NullLogger`` is for tests an
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import re
@@ -58,62 +59,214 @@ def stage_prefix(stage: str | None) -> str:
     return "" if stage in (None, "grpo") else f"{stage}/"
 
 
+# Tracking-store errors that mean "not now" (a server that stopped answering, a busy database), as
+# opposed to a request the store refuses (a changed param value), which still raises.
+OUTAGE_CODES = {"INTERNAL_ERROR", "TEMPORARILY_UNAVAILABLE", "REQUEST_LIMIT_EXCEEDED", "ENDPOINT_NOT_FOUND"}
+UNSENT = "mlflow-unsent"  # under a run folder: what the tracking store did not take, per MLflow run
+UNSENT_ENV = "GRPO_MLFLOW_UNSENT"  # that folder, for a launched stage process
+log = logging.getLogger("grpo_pipeline.tracking")
+
+
+def unsent_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / UNSENT
+
+
+def is_outage(error: BaseException) -> bool:
+    from mlflow.exceptions import MlflowException
+
+    if isinstance(error, MlflowException):
+        return error.error_code in OUTAGE_CODES
+    return isinstance(error, OSError) or type(error).__module__.startswith(("requests", "urllib3", "sqlalchemy"))
+
+
+class Journal:
+    """Records (JSON objects) the tracking store did not take, one per line, in order. Appended and
+    sent under an exclusive ``flock`` on the file, so the flow and a stage process can share one; a
+    sent prefix is cut from the file (never unlinked: a waiting writer would append to a lost file)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self._lines()) if self.path.exists() else 0
+
+    def pending(self) -> bool:
+        return self.path.exists() and self.path.stat().st_size > 0
+
+    @contextmanager
+    def _locked(self) -> Iterator[Any]:
+        import fcntl
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a+", encoding="utf-8") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            yield f
+
+    def _lines(self) -> list[str]:
+        return [line for line in self.path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+    def append(self, record: dict) -> None:
+        with self._locked() as f:
+            f.write(json.dumps(record, default=str) + "\n")  # one write: a crash leaves at most a torn last line
+            f.flush()
+            os.fsync(f.fileno())
+
+    def send(self, send_one) -> int:
+        """``send_one`` each record in order; returns how many were sent. Stops at the first failure,
+        which propagates, keeping that record and the rest; a torn line (a crash mid-append) is skipped."""
+        with self._locked() as f:
+            f.seek(0)
+            lines = [line for line in f.read().splitlines() if line.strip()]
+            done = sent = 0
+            try:
+                for line in lines:
+                    try:
+                        record = json.loads(line)
+                    except json.JSONDecodeError:
+                        log.warning("%s: skipped a torn record: %.80s", self.path, line)
+                    else:
+                        send_one(record)
+                        sent += 1
+                    done += 1
+            finally:
+                f.seek(0)
+                f.truncate()
+                f.writelines(line + "\n" for line in lines[done:])
+                f.flush()
+        return sent
+
+
+def _send(client, run_id: str, record: dict) -> None:
+    """One journal record to the store: the one place that maps records to MLflow calls."""
+    from mlflow.entities import Dataset, DatasetInput, Metric, Param
+
+    op = record["op"]
+    if op == "metrics":
+        client.log_batch(run_id, metrics=[Metric(*m) for m in record["metrics"]], synchronous=True)
+    elif op == "params":
+        items = [Param(k, v) for k, v in record["params"].items()]
+        for i in range(0, len(items), 100):  # log_batch accepts at most 100 params per call
+            client.log_batch(run_id, params=items[i : i + 100], synchronous=True)
+    elif op == "tags":
+        for k, v in record["tags"].items():
+            client.set_tag(run_id, k, v)
+    elif op == "table":
+        client.log_table(run_id, data=record["columns"], artifact_file=record["artifact_file"])
+    elif op == "artifacts":
+        if Path(record["local_dir"]).exists():
+            client.log_artifacts(run_id, record["local_dir"], record["artifact_path"])
+        else:
+            log.warning("%s is gone: not logged to run %s", record["local_dir"], run_id)
+    elif op == "input":
+        client.log_inputs(run_id, datasets=[DatasetInput(Dataset(**record["dataset"]))])
+    elif op == "terminate":
+        client.set_terminated(run_id, record["status"], end_time=record["end_time"])
+    else:
+        raise ValueError(f"unknown tracking record {op!r}")
+
+
 class MlflowLogger:
-    def __init__(self, tracking_uri: str, run_id: str, stage: str | None = None) -> None:
+    """Logs to one MLflow run. With ``unsent`` (a run folder's ``mlflow-unsent``), a tracking store that
+    stops answering does not stop the caller: what it did not take is kept, in order, in
+    ``unsent/<run_id>.jsonl`` (metrics with their steps and times), the first failure is logged, the
+    store is tried again every ``retry_s``, and when it answers the kept records go first
+    (``send_unsent`` sends a folder's records later). Without ``unsent``, errors raise."""
+
+    def __init__(self, tracking_uri: str, run_id: str, stage: str | None = None, unsent: Path | None = None,
+                 retry_s: float = 30.0) -> None:
         from mlflow.tracking import MlflowClient
 
         self.client = MlflowClient(tracking_uri)
-        self.run_id = run_id
+        self.uri, self.run_id = tracking_uri, run_id
         self.stage, self.prefix = stage, stage_prefix(stage)
+        self.journal = Journal(Path(unsent) / f"{run_id}.jsonl") if unsent else None
+        self.retry_s, self.retry_at, self.down = retry_s, 0.0, False
+
+    def _record(self, record: dict) -> None:
+        if self.journal is None:
+            return _send(self.client, self.run_id, record)
+        if self.down and time.monotonic() < self.retry_at:
+            return self.journal.append(record)
+        try:
+            if self.down:  # a quick look first: MLflow's client spends seconds on its retries
+                check_tracking(self.uri, timeout_s=2.0)
+            if self.journal.pending():
+                self.journal.send(lambda r: _send(self.client, self.run_id, r))
+            _send(self.client, self.run_id, record)
+        except Exception as e:
+            if not (is_outage(e) or isinstance(e, TrackingError)):
+                raise
+            if not self.down:
+                log.warning("MLflow tracking at %s failed (%s): going on; what it misses is kept in %s and sent "
+                            "when it answers again", redact(self.uri), str(e)[:200], self.journal.path)
+            self.down, self.retry_at = True, time.monotonic() + self.retry_s
+            return self.journal.append(record)
+        if self.down:
+            log.warning("MLflow tracking at %s answers again: the kept records were sent", redact(self.uri))
+        self.down = False
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        from mlflow.entities import Metric
-
         now = int(time.time() * 1000)
         named = {k if k.startswith(self.prefix) else self.prefix + k: v for k, v in metrics.items()}
-        batch = [Metric(metric_name(k), float(v), now, step or 0)
-                 for k, v in named.items() if math.isfinite(float(v))]
+        batch = [[metric_name(k), float(v), now, step or 0] for k, v in named.items() if math.isfinite(float(v))]
         if batch:
-            self.client.log_batch(self.run_id, metrics=batch, synchronous=True)
+            self._record({"op": "metrics", "metrics": batch})
 
     def log_params(self, params: dict[str, Any]) -> None:
-        from mlflow.entities import Param
-
-        items = [Param(k, str(v)[:6000]) for k, v in params.items()]
-        for i in range(0, len(items), 100):  # log_batch accepts at most 100 params per call
-            self.client.log_batch(self.run_id, params=items[i : i + 100], synchronous=True)
+        self._record({"op": "params", "params": {k: str(v)[:6000] for k, v in params.items()}})
 
     def set_tags(self, tags: dict[str, str]) -> None:
-        for k, v in tags.items():
-            self.client.set_tag(self.run_id, k, v)
+        self._record({"op": "tags", "tags": {k: str(v) for k, v in tags.items()}})
 
     def log_table(self, rows: list[dict[str, Any]], artifact_file: str) -> None:
         if rows:
             keys = list(dict.fromkeys(k for r in rows for k in r))  # every row's, first seen first
-            columns = {k: [r.get(k) for r in rows] for k in keys}
-            self.client.log_table(self.run_id, data=columns, artifact_file=artifact_file)
+            self._record({"op": "table", "columns": {k: [r.get(k) for r in rows] for k in keys},
+                          "artifact_file": artifact_file})
 
     def log_artifacts(self, local_dir: str | Path, artifact_path: str) -> None:
-        self.client.log_artifacts(self.run_id, str(local_dir), artifact_path)
+        self._record({"op": "artifacts", "local_dir": str(Path(local_dir).resolve()), "artifact_path": artifact_path})
 
     def log_input(self, name: str, digest: str, source: str, rows: dict[str, int]) -> None:
         """Record a dataset the stage read or wrote as an MLflow run input (name, digest, rows)."""
-        from mlflow.entities import Dataset, DatasetInput
+        self._record({"op": "input", "dataset": {
+            "name": name, "digest": digest[:36], "source_type": "local", "source": json.dumps({"uri": source}),
+            "profile": json.dumps({"rows": rows})}})
 
-        dataset = Dataset(name=name, digest=digest[:36], source_type="local", source=json.dumps({"uri": source}),
-                          profile=json.dumps({"rows": rows}))
-        self.client.log_inputs(self.run_id, datasets=[DatasetInput(dataset)])
+    def terminate(self, status: str = "FINISHED") -> None:
+        self._record({"op": "terminate", "status": status, "end_time": int(time.time() * 1000)})
+
+
+def send_unsent(uri: str, folder: Path) -> tuple[int, int]:
+    """Send the records a run's loggers kept (``folder``: its ``mlflow-unsent``), run by run; returns
+    (sent, still kept). A store that fails again keeps the rest for the next try."""
+    from mlflow.tracking import MlflowClient
+
+    client, sent, kept = MlflowClient(uri), 0, 0
+    for path in sorted(Path(folder).glob("*.jsonl")):
+        journal = Journal(path)
+        try:
+            sent += journal.send(lambda r: _send(client, path.stem, r))
+        except Exception as e:
+            if not is_outage(e):
+                raise
+        kept += len(journal)
+    return sent, kept
+
+
+def unsent_count(folder: Path) -> int:
+    return sum(len(Journal(p)) for p in Path(folder).glob("*.jsonl"))
 
 
 def logger_from_env(stage: str | None = None) -> MetricLogger:
     """The MLflow run a launcher handed to this process (``MLFLOW_RUN_ID`` and
-    ``MLFLOW_TRACKING_URI``, set by ``tasks.launch``) for ``stage``'s metrics, or no tracking. The
-    stages log on rank 0 only."""
+    ``MLFLOW_TRACKING_URI``, set by ``tasks.launch``, and where to keep what the store misses,
+    ``UNSENT_ENV``) for ``stage``'s metrics, or no tracking. The stages log on rank 0 only."""
     run_id = os.environ.get("MLFLOW_RUN_ID")
     # Other ranks never open the store: N clients creating one sqlite database at once collide.
     if not run_id or int(os.environ.get("RANK", "0")) != 0:
         return NullLogger()
-    return MlflowLogger(os.environ.get("MLFLOW_TRACKING_URI", ""), run_id, stage)
+    return MlflowLogger(os.environ.get("MLFLOW_TRACKING_URI", ""), run_id, stage, os.environ.get(UNSENT_ENV) or None)
 
 
 # ------------------------------------------------------------------ the pipeline's runs
@@ -184,52 +337,78 @@ EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 MODEL_TRAINING_VIEW = "workflowType=machine_learning"
 
 
-def experiment_id(uri: str, name: str) -> str:
-    """Get or create the experiment (of the model-training kind); fails at start (not mid-run) when
-    the server is unreachable."""
+def experiment_id(uri: str, name: str, wait_s: float = 0.0) -> str:
+    """Get or create the experiment (of the model-training kind), waiting up to ``wait_s`` for a
+    store that does not answer (``patiently``)."""
     from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(uri)
     try:
-        exp = client.get_experiment_by_name(name)
-        if exp is not None:
-            if not set(EXPERIMENT_KIND) & set(exp.tags):  # made before the kind was set; a user's choice stays
-                for key, value in EXPERIMENT_KIND.items():
-                    client.set_experiment_tag(exp.experiment_id, key, value)
-            return exp.experiment_id
-        artifacts = None
-        if uri.startswith("sqlite:///"):  # keep artifacts beside the database, not in the cwd
-            artifacts = (Path(uri.removeprefix("sqlite:///")).resolve().parent / "mlartifacts").as_uri()
-        return client.create_experiment(name, artifact_location=artifacts, tags=EXPERIMENT_KIND)
+        return patiently(lambda: _experiment_id(uri, name), uri, wait_s, f"find its MLflow experiment {name!r}")
     except MlflowException as e:
         raise TrackingError(f"MLflow tracking at {redact(uri)} is not usable: {e}") from None
 
 
-def start_run(uri: str, exp_id: str, name: str, parent_id: str | None = None, tags: dict | None = None) -> str:
+def _experiment_id(uri: str, name: str) -> str:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(name)
+    if exp is not None:
+        if not set(EXPERIMENT_KIND) & set(exp.tags):  # made before the kind was set; a user's choice stays
+            for key, value in EXPERIMENT_KIND.items():
+                client.set_experiment_tag(exp.experiment_id, key, value)
+        return exp.experiment_id
+    artifacts = None
+    if uri.startswith("sqlite:///"):  # keep artifacts beside the database, not in the cwd
+        artifacts = (Path(uri.removeprefix("sqlite:///")).resolve().parent / "mlartifacts").as_uri()
+    return client.create_experiment(name, artifact_location=artifacts, tags=EXPERIMENT_KIND)
+
+
+def patiently(call, uri: str, wait_s: float, what: str):
+    """``call()``; while the tracking store does not answer, try again every 5 s for up to ``wait_s``
+    (what cannot be deferred, such as starting a run whose id a stage needs), then stop saying what
+    is kept and how to go on."""
+    deadline, warned = time.monotonic() + wait_s, False
+    while True:
+        try:
+            return call()
+        except Exception as e:
+            if not is_outage(e):
+                raise
+            if time.monotonic() >= deadline:
+                raise TrackingError(
+                    f"MLflow tracking at {redact(uri)} does not answer ({str(e)[:160]}), so the run could not {what}"
+                    f"{f' within tracking.wait_s ({wait_s:g} s)' if wait_s else ''}. Nothing finished is lost: the "
+                    f"stages' folders and checkpoints are kept, and what tracking missed waits in the run folder's "
+                    f"{UNSENT}/. Run the same command once the server answers: finished stages come from the cache "
+                    f"and the kept records are sent") from None
+            if not warned:
+                log.warning("MLflow tracking at %s does not answer: waiting up to %g s to %s", redact(uri), wait_s, what)
+                warned = True
+            time.sleep(max(0.0, min(5.0, deadline - time.monotonic())))
+
+
+def start_run(uri: str, exp_id: str, name: str, parent_id: str | None = None, tags: dict | None = None,
+              wait_s: float = 0.0) -> str:
     from mlflow.tracking import MlflowClient
 
     all_tags = {"mlflow.runName": name, **(tags or {})}
     if parent_id:
         all_tags["mlflow.parentRunId"] = parent_id
-    return MlflowClient(uri).create_run(exp_id, tags=all_tags, run_name=name).info.run_id
-
-
-def end_run(uri: str, run_id: str, status: str = "FINISHED") -> None:
-    from mlflow.tracking import MlflowClient
-
-    MlflowClient(uri).set_terminated(run_id, status)
+    return patiently(lambda: MlflowClient(uri).create_run(exp_id, tags=all_tags, run_name=name).info.run_id,
+                     uri, wait_s, f"start its MLflow run {name!r}")
 
 
 @contextmanager
-def finishing(uri: str, run_ids: list[str]) -> Iterator[None]:
+def finishing(uri: str, run_ids: list[str], unsent: Path | None = None) -> Iterator[None]:
     """Marks the MLflow runs FINISHED when the block completes, FAILED when it raises: the one place
-    where a flow's runs end. ``run_ids`` is read on exit, so runs the block starts can join it."""
+    where a flow's runs end (kept in ``unsent`` when the store does not answer). ``run_ids`` is read on
+    exit, so runs the block starts can join it."""
     try:
         yield
     except BaseException:
         for run_id in run_ids:
-            end_run(uri, run_id, "FAILED")
+            MlflowLogger(uri, run_id, unsent=unsent).terminate("FAILED")
         raise
     for run_id in run_ids:
-        end_run(uri, run_id, "FINISHED")
+        MlflowLogger(uri, run_id, unsent=unsent).terminate("FINISHED")

@@ -20,6 +20,7 @@ from prefect.exceptions import MissingContextError
 
 from grpo_core.config import LaunchConfig, PipelineConfig
 from grpo_core.stages.inputs import StageInputs, write_inputs
+from grpo_core.tracking import UNSENT_ENV, redact, unsent_dir
 
 # The stages whose work is data-parallel training; the others run in the task's own process.
 LAUNCHABLE = ("sft", "grpo", "pretrain", "orm", "prm")
@@ -94,7 +95,7 @@ def run_launched(stage: str, cfg: PipelineConfig, out_dir: str, inputs: StageInp
             "--out", out_dir]
     launch_id = uuid.uuid4().hex if cfg.launch.nnodes > 1 else None
     cmd = launch_command(cfg.launch, stage, args, launch_id)
-    tracking = {"MLFLOW_TRACKING_URI": uri, "MLFLOW_RUN_ID": run_id}
+    tracking = {"MLFLOW_TRACKING_URI": uri, "MLFLOW_RUN_ID": run_id, UNSENT_ENV: str(unsent_dir(cfg.run_dir.resolve()))}
     announced = announce(Path(out_dir), launch_id, stage, cfg.launch, args, tracking) if launch_id else None
     log.info("launching %s: %s", stage, " ".join(cmd))
     try:
@@ -123,8 +124,6 @@ def announce(out_dir: Path, launch_id: str, stage: str, launch: LaunchConfig, ar
     """Tell the joining machines to start ``stage``'s agent (``launch_id``: this launch; a relaunch
     after a failure has another). ``tracking``: the stage's MLflow run, for rank 0 wherever it lands;
     a tracking URI that holds credentials is left out (set MLFLOW_TRACKING_URI on those machines)."""
-    from grpo_core.tracking import redact
-
     env = {k: v for k, v in tracking.items() if k != "MLFLOW_TRACKING_URI" or redact(v) == v}
     path = Path(out_dir) / ANNOUNCE
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,10 +18,10 @@ from typing import Any, Iterator, NamedTuple
 from prefect import task
 
 from grpo_core.config import PipelineConfig, flatten
-from grpo_core.stages.common import code_version, digest_dir, write_manifest
+from grpo_core.stages.common import code_version, digest_dir, read_manifest, write_manifest
 from grpo_core.stages.inputs import StageInputs
 from grpo_core.stages.outputs import StageOutput
-from grpo_core.tracking import MlflowLogger, finishing, start_run
+from grpo_core.tracking import MlflowLogger, finishing, patiently, start_run, unsent_dir
 from tasks.launch import LAUNCHABLE, run_launched
 
 class StageLogger(MlflowLogger):
@@ -44,18 +45,21 @@ class StageLogger(MlflowLogger):
 
 
 @contextmanager
-def child_run(uri: str, parent_id: str, stage: str, params: dict | None = None,
+def child_run(uri: str, parent_id: str, stage: str, cfg: PipelineConfig, params: dict | None = None,
               name: str | None = None) -> Iterator[MlflowLogger]:
     """A nested run for one stage, marked FAILED if the stage raises; named ``name`` (default: the
-    stage), ``round-<k>/<name>`` under a round's run, so that two rounds' runs differ in a comparison."""
+    stage), ``round-<k>/<name>`` under a round's run, so that two rounds' runs differ in a comparison.
+    Starting it waits up to ``tracking.wait_s`` for a store that stopped answering; what the stage
+    logs while it is down is kept in the run folder (``MlflowLogger``)."""
     from mlflow.tracking import MlflowClient
 
-    parent = MlflowClient(uri).get_run(parent_id)
+    wait_s, unsent = cfg.tracking.wait_s, unsent_dir(cfg.run_dir.resolve())
+    parent = patiently(lambda: MlflowClient(uri).get_run(parent_id), uri, wait_s, f"start {stage}'s MLflow run")
     k = parent.data.tags.get("round")
     name = name or stage
-    run_id = start_run(uri, parent.info.experiment_id, f"round-{k}/{name}" if k else name, parent_id)
-    logger = StageLogger(uri, run_id, stage)
-    with finishing(uri, [run_id]):
+    run_id = start_run(uri, parent.info.experiment_id, f"round-{k}/{name}" if k else name, parent_id, wait_s=wait_s)
+    logger = StageLogger(uri, run_id, stage, unsent)
+    with finishing(uri, [run_id], unsent):
         if params:
             logger.log_params(params)
         yield logger
@@ -96,17 +100,35 @@ def run_stage(stage_task, cfg: PipelineConfig, out_dir: str, inputs: StageInputs
     """Run a stage task; returns its output (typed), whether it came from the cache, and its wall time.
 
     A cached result is trusted only while the outputs on disk are the ones it describes: the
-    manifest must exist and carry the same cache key (another recipe under the same run name may
-    have overwritten the folder). Otherwise the task runs again, resuming from its checkpoints,
-    and refreshes the cache entry.
+    manifest must be readable and carry the same cache key (another recipe under the same run name
+    may have overwritten the folder), and the folders it names must still have their digests (a
+    file truncated, removed or changed since). Otherwise the task runs again, resuming from its
+    checkpoints, and refreshes the cache entry.
     """
     start = time.perf_counter()
     key = stage_key(stage_task.name, cfg, inputs, Path(out_dir))
-    manifest_path = Path(out_dir) / "manifest.json"
-    on_disk = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
-    state = stage_task.with_options(refresh_cache=on_disk.get("cache_key") != key)(
+    why = trusted(Path(out_dir) / "manifest.json", key, type(inputs).output)
+    if why:
+        log = logging.getLogger("grpo_pipeline.cache")
+        log.warning("%s: %s: running the stage again (from its last complete checkpoint, if any)", stage_task.name, why)
+    state = stage_task.with_options(refresh_cache=why is not None)(
         cfg=cfg, out_dir=out_dir, inputs=inputs, uri=uri, parent_id=parent_id, return_state=True)
     return StageRun(type(inputs).output.model_validate(state.result()), state.name == "Cached", time.perf_counter() - start)
+
+
+def trusted(manifest_path: Path, key: str, output: type[StageOutput]) -> str | None:
+    """None when the stage's cached result can be served; else why not ("" when there is nothing to
+    say: it never ran here, or ran with another key)."""
+    if not manifest_path.exists():
+        return ""
+    try:
+        on_disk = read_manifest(manifest_path)
+        done = output.model_validate(on_disk)
+    except ValueError as e:  # pydantic's ValidationError is one too
+        return str(e).splitlines()[0][:300]
+    if on_disk.get("cache_key") != key:
+        return ""
+    return done.damaged()
 
 
 def _cache_key(stage: str):
@@ -125,7 +147,7 @@ def stage_task(stage: str):
     digest, the cache key and the stage's MLflow run."""
     @task(name=stage, cache_key_fn=_cache_key(stage), persist_result=True)
     def run(cfg: PipelineConfig, out_dir: str, inputs: StageInputs, uri: str, parent_id: str) -> dict:
-        with child_run(uri, parent_id, stage, _stage_params(cfg, inputs), inputs.run_name(cfg)) as log:
+        with child_run(uri, parent_id, stage, cfg, _stage_params(cfg, inputs), inputs.run_name(cfg)) as log:
             if cfg.launch.launched and stage in LAUNCHABLE:
                 manifest = run_launched(stage, cfg, out_dir, inputs, uri, log.run_id)
             else:

@@ -128,6 +128,19 @@ def test_pipeline_end_to_end_and_cached_rerun(prefect_harness, tmp_path, tiny_cf
         [exp_id], filter_string=f"tags.mlflow.parentRunId = '{third['mlflow_run_id']}'")
     assert sorted(r.info.run_name for r in children3) == ["eval", "round-1"]
 
+    # ---- damaged outputs (docs/reliability.md): SFT's published weights cut short, a manifest that
+    # is not JSON. Those stages run again (SFT from its last checkpoint: the same weights, so the
+    # stages after it keep their cache); nothing damaged is served.
+    sft_weights = run_dir / "sft" / "model" / "model.safetensors"
+    with open(sft_weights, "r+b") as f:
+        f.truncate(100)
+    (run_dir / "round-1" / "eval" / "manifest.json").write_text('{"stage": "eval", "res')
+    pipeline(cfg)
+    manifest4 = _manifest(cfg)
+    assert sorted(manifest4["cached_stages"]) == ["data", "eval", "round-1/grpo"]
+    assert manifest4["stages"]["sft"]["digest"] == manifest["stages"]["sft"]["digest"]
+    assert manifest4["eval"] == manifest["eval"]
+
 
 def test_failed_stage_marks_runs_failed(prefect_harness, tmp_path, tiny_cfg, mlflow_client):
     """A stage that raises fails the flow and marks both its child run and the parent FAILED."""

@@ -35,6 +35,17 @@ def read_split(data_dir: Path, split: str) -> list[Example]:
     return load_jsonl(str(Path(data_dir) / f"{split}.jsonl"))
 
 
+def read_manifest(path: Path) -> dict[str, Any]:
+    """A manifest, or a ValueError naming the file when it is not a JSON object (damaged, cut short)."""
+    try:
+        manifest = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not a readable manifest ({e}); the command that wrote it writes it again") from None
+    if not isinstance(manifest, dict):
+        raise ValueError(f"{path}: not a readable manifest (a JSON {type(manifest).__name__}, not an object)")
+    return manifest
+
+
 def write_manifest(out_dir: Path, manifest: dict[str, Any]) -> dict[str, Any]:
     """Write ``manifest.json`` last, atomically: its presence means the stage finished."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -57,6 +68,14 @@ def digest_files(root: Path, files) -> str:
             h.update(str(p.relative_to(root)).encode())
             h.update(hashlib.sha256(p.read_bytes()).digest())
     return h.hexdigest()
+
+
+def splits_digest(data_dir: Path) -> str:
+    """The data stage's digest: its training splits only (held-out sets have their own, in the keys
+    of the stages that read them)."""
+    from grpo_core.data import SPLITS
+
+    return digest_files(Path(data_dir), [Path(data_dir) / f"{split}.jsonl" for split in SPLITS])
 
 
 def code_version() -> str:

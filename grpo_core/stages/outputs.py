@@ -5,9 +5,19 @@ lacks one fails here, naming it. A stage's further measurements (its metrics) ri
 fields (``model_extra``) for the reports."""
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Callable
+
 from pydantic import BaseModel, ConfigDict
 
-from grpo_core.stages.common import Ref
+from grpo_core.stages.common import Ref, digest_dir, splits_digest
+
+Digest = Callable[[Path], str]  # how a folder's digest was computed
+
+
+def arrow_digest(folder: Path) -> str:
+    """A datasets folder's digest: its Arrow files (reward data, replay buffer versions)."""
+    return digest_dir(folder, "*.arrow")
 
 
 class StageOutput(BaseModel):
@@ -17,6 +27,20 @@ class StageOutput(BaseModel):
     cache_key: str = ""
     wall_s: float = 0.0                  # the stage's own time, evaluations included
     peak_memory: dict[str, float] = {}   # a stage in a process of its own: its peak RSS (CUDA on a GPU)
+
+    def written(self) -> list[tuple[Ref, Digest]]:
+        """The folders the stage wrote, with how their digests were computed."""
+        return []
+
+    def damaged(self) -> str | None:
+        """Why the folders this output names no longer hold what the stage wrote (one removed, a file
+        truncated, missing or changed since: its digest differs), or None."""
+        for ref, digest in self.written():
+            if not Path(ref.path).is_dir():
+                return f"{ref.path} is missing"
+            if digest(Path(ref.path)) != ref.digest:
+                return f"{ref.path} is not what the stage wrote (its digest differs from the manifest's)"
+        return None
 
 
 class FolderOutput(StageOutput):
@@ -28,6 +52,9 @@ class FolderOutput(StageOutput):
     @property
     def ref(self) -> Ref:
         return Ref(path=self.dir, digest=self.digest)
+
+    def written(self) -> list[tuple[Ref, Digest]]:
+        return [(self.ref, splits_digest)]
 
 
 class CorpusOutput(StageOutput):
@@ -41,10 +68,16 @@ class CorpusOutput(StageOutput):
     def ref(self) -> Ref:
         return Ref(path=self.corpus_dir, digest=self.digest)
 
+    def written(self) -> list[tuple[Ref, Digest]]:
+        return [(self.ref, digest_dir)] if self.digest else []
+
 
 class ReplayOutput(FolderOutput):
     round: int
     contents: dict = {}
+
+    def written(self) -> list[tuple[Ref, Digest]]:
+        return [(self.ref, arrow_digest)]
 
 
 class RewardDataOutput(StageOutput):
@@ -56,6 +89,9 @@ class RewardDataOutput(StageOutput):
     @property
     def datasets(self) -> dict[str, Ref]:
         return reward_datasets(self.model_extra or {})
+
+    def written(self) -> list[tuple[Ref, Digest]]:
+        return [(ref, arrow_digest) for ref in self.datasets.values()]
 
 
 def reward_datasets(fields: dict) -> dict[str, Ref]:
@@ -74,6 +110,9 @@ class ModelOutput(StageOutput):
     @property
     def ref(self) -> Ref:
         return Ref(path=self.model, digest=self.digest)
+
+    def written(self) -> list[tuple[Ref, Digest]]:
+        return [(self.ref, digest_dir)]
 
 
 class TrainedOutput(ModelOutput):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from grpo_core.config import PipelineConfig
 from grpo_core.data import SPLITS, DataError, load_held_out, load_splits, write_jsonl
-from grpo_core.stages.common import digest_files, write_manifest
+from grpo_core.stages.common import splits_digest, write_manifest
 
 
 def run_prepare(cfg: PipelineConfig, out_dir: Path) -> dict:
@@ -36,5 +36,4 @@ def run_prepare(cfg: PipelineConfig, out_dir: Path) -> dict:
     counts = {f"n_{s}": len(splits[s]) for s in SPLITS} | {"held_out": {k: len(v) for k, v in held_out.items()}}
     # The splits' digest is what the training stages' keys hold; the held-out sets have their own, in
     # the keys of the stages that read them (evaluation, the corpus's decontamination) only.
-    digest = digest_files(out_dir, [out_dir / f"{split}.jsonl" for split in SPLITS])
-    return write_manifest(out_dir, {"stage": "data", "dir": str(out_dir), "digest": digest, **counts})
+    return write_manifest(out_dir, {"stage": "data", "dir": str(out_dir), "digest": splits_digest(out_dir), **counts})

@@ -21,7 +21,8 @@ from grpo_core.rewards.replay import ORIGIN, tag_rows
 from grpo_core.rewards.labels import Completer, Sampled, label_agreement, outcome_pairs, sample_solutions, step_rows
 from grpo_core.data import Example, prompt_text
 from grpo_core.rewards.steps import planted_error
-from grpo_core.stages.common import digest_dir, read_split, round_seed, set_threads, write_manifest
+from grpo_core.stages.common import read_split, round_seed, set_threads, write_manifest
+from grpo_core.stages.outputs import arrow_digest
 from grpo_core.training.trainer import Stopwatch
 from grpo_core.lm.runtime import place
 from grpo_core.tracking import MetricLogger, NullLogger
@@ -183,7 +184,7 @@ def run_reward_data(cfg: PipelineConfig, data_dir: Path, policy_dir: str | Path,
                      for s, rows in tables[name].items()}).save_to_disk(
             str(path), num_shards={s: 1 for s in tables[name]})  # datasets cannot reload an empty split saved in 0 shards
         manifest[f"{name}_dir"] = str(path)
-        manifest[f"{name}_digest"] = digest_dir(path, "*.arrow")
+        manifest[f"{name}_digest"] = arrow_digest(path)
     metrics["time/wall_s"] = clock.elapsed
     logger.log_metrics(metrics)
     for name in DATASETS:
@@ -204,7 +205,7 @@ def run_replay(reward_data: dict[str, str], previous: str | None, round_: int, o
     logger = logger or NullLogger()
     fresh = {name: load_from_disk(path)["train"].to_list() for name, path in reward_data.items()}
     contents = write_version(previous, fresh, round_, Path(out_dir), COLUMNS)
-    digest = digest_dir(Path(out_dir), "*.arrow")
+    digest = arrow_digest(Path(out_dir))
     for kind, c in contents.items():
         logger.log_input(name=f"replay/{Path(out_dir).name}/{kind}", digest=digest, source=str(Path(out_dir) / kind),
                          rows={"total": c["rows"], **{f"from_round_{r}": n for r, n in c["by_round"].items()}})

@@ -1,17 +1,23 @@
-"""Crash-safe checkpoints: written to a temporary folder, marked complete, fsynced, then renamed.
+"""Crash-safe checkpoints: written to a temporary folder, marked complete, fsynced, then renamed
+(``write_whole``, which also writes the published ``best/`` and ``model/`` folders).
 
 A ``step-*`` folder therefore appears whole or not at all; one without the ``COMPLETE`` marker
 (written by an older version, or damaged) is never loaded, and a leftover temporary folder is
 replaced when the same step is written again. Rewriting a step moves the old folder aside first,
-so a crash at any moment leaves at least the previous complete checkpoints.
+so a crash at any moment leaves at least the previous complete checkpoints. The marker records
+every file's size: a checkpoint damaged later (a file truncated or removed, a state that does not
+load) is set aside and the one before it resumed (``resume_point``). A full disk removes the partial
+copy and says how much space is needed (``DiskFull``).
 """
 from __future__ import annotations
 
+import errno
+import json
 import os
 import random
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -57,31 +63,104 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+class DiskFull(OSError):
+    """No space left for a folder being written: the partial copy is gone, the previous one is kept."""
+
+
+def _size(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
+
+
+def write_whole(final: Path, write: Callable[[Path], Any], marker: str | None = None) -> Path:
+    """Write the folder ``final`` so that it appears whole or not at all: ``write(tmp)`` fills
+    ``.tmp-<name>`` beside it; ``marker`` (a file name) then records every file's size; the folder is
+    fsynced and renamed into place, an older copy moved aside until the new one is there.
+
+    A full disk (ENOSPC, EDQUOT) removes the partial copy and raises ``DiskFull`` naming the folder,
+    the free space and about what is needed (the size of the copy it replaces, else of what was written
+    before the disk filled: a lower bound); the previous copy and older checkpoints are untouched."""
+    tmp, aside = final.with_name(f".tmp-{final.name}"), final.with_name(f".old-{final.name}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        write(tmp)
+        if marker:
+            files = {str(f.relative_to(tmp)): f.stat().st_size for f in sorted(tmp.rglob("*")) if f.is_file()}
+            (tmp / marker).write_text(json.dumps({"files": files}))
+        _fsync_tree(tmp)
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        written = _size(tmp)
+        shutil.rmtree(tmp, ignore_errors=True)
+        previous = max([_size(final)] + ([_size(p) for p in complete_checkpoints(final.parent)] if marker else []))
+        need = f"about {previous / 2**20:,.1f} MiB, as the last complete copy" if previous else \
+            f"more than {written / 2**20:,.1f} MiB (written before the disk filled)"
+        free = shutil.disk_usage(final.parent).free
+        raise DiskFull(e.errno, f"{final}: no space left on the device while writing it ({free / 2**20:,.1f} MiB "
+                                f"free there; it needs {need}). The partial copy was removed and what was there "
+                                f"before is kept: free some space and run the same command, which resumes from "
+                                f"the last complete checkpoint") from None
+    if final.exists():  # written again: keep the old one until the new one is in place
+        shutil.rmtree(aside, ignore_errors=True)
+        os.replace(final, aside)
+    os.replace(tmp, final)
+    _fsync_dir(final.parent)  # the rename itself is durable
+    shutil.rmtree(aside, ignore_errors=True)
+    return final
+
+
 def save_checkpoint(root: Path, step: int, model, tokenizer, state: dict[str, Any], keep: int,
                     weights: dict | None = None) -> Path:
-    """Write ``root/step-<step>`` atomically; keep the newest ``keep`` complete checkpoints.
+    """Write ``root/step-<step>`` atomically (``write_whole``); keep the newest ``keep`` complete checkpoints.
 
     ``state`` holds everything else a resume needs: optimizer, scheduler, counters, RNG, data order.
     ``weights``: the model's whole state dict where the model is sharded (FSDP), else None.
     """
     root.mkdir(parents=True, exist_ok=True)
-    final = root / f"step-{step:08d}"
-    tmp = root / f".tmp-step-{step:08d}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    save_model(model, tokenizer, tmp, weights)
-    torch.save(state, tmp / STATE)
-    (tmp / MARKER).write_text(str(step))
-    _fsync_tree(tmp)
-    aside = root / f".old-step-{step:08d}"
-    if final.exists():  # the same step written again: keep the old one until the new one is in place
-        shutil.rmtree(aside, ignore_errors=True)
-        os.replace(final, aside)
-    os.replace(tmp, final)
-    _fsync_dir(root)  # the rename itself is durable
-    shutil.rmtree(aside, ignore_errors=True)
+
+    def write(tmp: Path) -> None:
+        save_model(model, tokenizer, tmp, weights)
+        torch.save(state, tmp / STATE)
+
+    final = write_whole(root / f"step-{step:08d}", write, marker=MARKER)
     for old in complete_checkpoints(root)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def damage(checkpoint: Path) -> str | None:
+    """Why a complete checkpoint cannot be trusted (a file missing or not the size it was written
+    with), or None. Checkpoints of earlier versions record no sizes: only their state file is checked."""
+    try:
+        written = json.loads((checkpoint / MARKER).read_text())["files"]
+    except (ValueError, KeyError, TypeError):
+        written = {STATE: None}
+    for name, size in written.items():
+        path = checkpoint / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if size is not None and path.stat().st_size != size:
+            return f"{name} is {path.stat().st_size:,} bytes, written as {size:,}"
+    return None
+
+
+def resume_point(root: Path) -> tuple[Path | None, dict[str, Any] | None]:
+    """The newest checkpoint that is whole and whose state loads, with its state; (None, None) if none.
+    A damaged one (``damage``, or a state file that does not load) is moved to ``damaged-step-N``
+    beside it, kept for inspection, with a warning naming it and why, and the one before it is tried."""
+    for checkpoint in reversed(complete_checkpoints(root)):
+        why = damage(checkpoint)
+        if why is None:
+            try:
+                return checkpoint, load_state(checkpoint)
+            except Exception as e:  # a truncated or garbled pickle: torch raises several kinds
+                why = f"{STATE} does not load ({type(e).__name__}: {str(e)[:120]})"
+        aside = checkpoint.with_name(f"damaged-{checkpoint.name}")
+        shutil.rmtree(aside, ignore_errors=True)
+        os.replace(checkpoint, aside)
+        print(f"warning: checkpoint {checkpoint} is damaged ({why}): moved to {aside}; resuming from the one "
+              f"before it, if any", flush=True)
+    return None, None
 
 
 def _finish_interrupted_rewrite(root: Path) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from grpo_core.training.checkpoint import latest_checkpoint, load_state, rng_state, save_checkpoint, set_rng_state
+from grpo_core.training.checkpoint import resume_point, rng_state, save_checkpoint, set_rng_state, write_whole
 from grpo_core.training.distributed import Dist
 from grpo_core.lm.modeling import save_model
 from grpo_core.training.schedules import learning_rate
@@ -98,10 +98,9 @@ def optimizer_step(model, opt, loss: torch.Tensor, scale: float, max_grad_norm: 
 def find_resume(ckpt_root: Path, identity: dict):
     """(checkpoint, state) to resume from, or (None, None) for a fresh start. Checkpoints written
     under another identity are moved aside to ``<root>.stale-<n>``, never resumed or lost."""
-    latest = latest_checkpoint(ckpt_root)
+    latest, state = resume_point(ckpt_root)
     if latest is None:
         return None, None
-    state = load_state(latest)
     if state.get("identity") != identity:
         n = 0
         while (stale := ckpt_root.with_name(f"{ckpt_root.name}.stale-{n}")).exists():
@@ -244,8 +243,7 @@ class Trainer:
             st.best_acc, st.best_step, st.best_metrics, st.bad_evals = score, st.step, metrics, 0
             weights = d.full_state(self.model)  # every rank
             if d.main:
-                shutil.rmtree(self.out_dir / "best", ignore_errors=True)
-                save_model(self.model, self.tokenizer, self.out_dir / "best", weights)
+                write_whole(self.out_dir / "best", lambda tmp: save_model(self.model, self.tokenizer, tmp, weights))
         elif regular:
             st.bad_evals += 1
             if st.bad_evals % plan.decay_patience == 0:
@@ -265,7 +263,5 @@ class Trainer:
         if not self.d.main:
             return None
         if self.plan.keep_best is None:
-            return save_model(self.model, self.tokenizer, final_dir, weights)
-        shutil.rmtree(final_dir, ignore_errors=True)
-        shutil.copytree(self.out_dir / "best", final_dir)
-        return final_dir
+            return write_whole(final_dir, lambda tmp: save_model(self.model, self.tokenizer, tmp, weights))
+        return write_whole(final_dir, lambda tmp: shutil.copytree(self.out_dir / "best", tmp))

@@ -1,0 +1,263 @@
+"""Faults of the infrastructure during a run, each injected for real (docs/reliability.md, "Faults
+during a run"): a tracking server that stops answering (a closed port; a real ``mlflow server`` on
+127.0.0.1 killed during GRPO), ... Nothing finished is lost and the message says what to do."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _free_port() -> int:
+    """A local port nothing listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ------------------------------------------------------------------ the tracking store stops answering
+
+def test_a_tracking_store_that_stops_answering_loses_nothing(tmp_path):
+    """A logger whose server is gone (connections refused) keeps every record, in order, with its step
+    and time, after one failed try; ``send_unsent`` later delivers them all, and the run ends as it
+    would have. A request the store refuses (not an outage) still raises."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    from grpo_core.tracking import Journal, MlflowLogger, experiment_id, send_unsent, start_run, unsent_count
+
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    run = start_run(store, experiment_id(store, "faults"), "grpo")
+    unsent = tmp_path / "mlflow-unsent"
+    gone = MlflowLogger(f"http://127.0.0.1:{_free_port()}", run, "grpo", unsent=unsent)
+    t0 = time.perf_counter()
+    for step in range(1, 31):
+        gone.log_metrics({"train/kl": step / 100}, step=step)
+    gone.log_params({"grpo.beta": 0.04})
+    gone.set_tags({"phase": "down"})
+    gone.log_table([{"question": "1+1", "correct": True}], "samples.json")
+    gone.terminate("FINISHED")
+    logged_by_ms = int(time.time() * 1000)
+    assert time.perf_counter() - t0 < 20  # one failed try (MLflow's client: 2 retries), then kept at once
+    assert unsent_count(unsent) == 34
+    with open(Journal(unsent / f"{run}.jsonl").path, "a") as f:
+        f.write('{"op": "metrics", "metr')  # a crash in the middle of an append
+
+    assert send_unsent(store, unsent) == (34, 0)
+    client = MlflowClient(store)
+    history = client.get_metric_history(run, "train/kl")
+    assert [(m.step, m.value) for m in history] == [(s, s / 100) for s in range(1, 31)]
+    assert all(m.timestamp <= logged_by_ms for m in history)  # the time of the step, not of the sending
+    done = client.get_run(run)
+    assert done.data.params == {"grpo.beta": "0.04"} and done.data.tags["phase"] == "down"
+    assert done.info.status == "FINISHED" and done.info.end_time <= logged_by_ms
+    assert "samples.json" in [a.path for a in client.list_artifacts(run)]
+    assert unsent_count(unsent) == 0
+
+    live = MlflowLogger(store, run, "grpo", unsent=unsent)
+    with pytest.raises(MlflowException, match="[Cc]hang"):  # a refused request is a bug, not an outage
+        live.log_params({"grpo.beta": 0.08})
+    assert unsent_count(unsent) == 0
+
+
+@contextmanager
+def mlflow_server(root: Path, port: int):
+    """A real MLflow tracking server on 127.0.0.1:``port`` (sqlite store under ``root``); yields a
+    function that kills it (SIGKILL, its whole process group) and one that starts it again."""
+    procs: list[subprocess.Popen] = []
+
+    def start() -> None:
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{root}/server.db",
+             "--default-artifact-root", str(root / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
+             "--workers", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True))
+        from grpo_core.tracking import TrackingError, check_tracking
+
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                return check_tracking(f"http://127.0.0.1:{port}", timeout_s=2)
+            except TrackingError:
+                assert time.monotonic() < deadline and procs[-1].poll() is None, "the MLflow server did not start"
+                time.sleep(0.5)
+
+    def kill() -> None:
+        os.killpg(procs[-1].pid, signal.SIGKILL)
+        procs[-1].wait()
+
+    start()
+    try:
+        yield kill, start
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+
+
+def _pipeline(recipe: Path, env: dict) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "flows.cli", "run", str(recipe)], env=env, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+@pytest.mark.slow
+def test_mlflow_server_killed_during_grpo(tmp_path):
+    """The tracking server is SIGKILLed while GRPO trains: GRPO finishes (its model and manifest whole)
+    with its metrics kept in the run folder; the flow waits ``tracking.wait_s`` for the next stage's
+    run, then stops (exit 2) saying what is kept and what to do. With the server back, the same
+    command serves the finished stages from the cache and sends the kept metrics: MLflow ends with
+    every GRPO step."""
+    from mlflow.tracking import MlflowClient
+
+    from grpo_core.training.checkpoint import complete_checkpoints
+    from tests.conftest import make_tiny_cfg
+
+    port = _free_port()
+    uri = f"http://127.0.0.1:{port}"
+    cfg = make_tiny_cfg(tmp_path, run_name="faults", grpo__steps=40, grpo__checkpoint_every=5,
+                        grpo__eval_every=1000, sft__max_steps=2, tracking__tracking_uri=uri, tracking__wait_s=15)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect")}
+    env.pop("PREFECT_API_URL", None)  # each run starts its own temporary Prefect server
+    run_dir = tmp_path / "runs" / "faults"
+    grpo = run_dir / "round-1" / "grpo"
+
+    with mlflow_server(tmp_path / "mlflow", port) as (kill, start):
+        proc = _pipeline(recipe, env)
+        deadline = time.monotonic() + 600
+        while not ((grpo / "checkpoints").is_dir() and complete_checkpoints(grpo / "checkpoints")):
+            assert proc.poll() is None, f"the run ended before GRPO checkpointed:\n{proc.stdout.read()[-3000:]}"
+            assert time.monotonic() < deadline, "GRPO never checkpointed"
+            time.sleep(0.1)
+        kill()
+        out, _ = proc.communicate(timeout=600)
+        assert proc.returncode == 2, out[-3000:]
+        assert "does not answer" in out and "Run the same command once the server answers" in out, out[-3000:]
+        manifest = json.loads((grpo / "manifest.json").read_text())  # GRPO finished while the server was down
+        assert manifest["steps"] == 40 and (Path(manifest["model"]) / "config.json").exists()
+        kept = {p.stem: len(p.read_text().splitlines()) for p in (run_dir / "mlflow-unsent").glob("*.jsonl")}
+        assert kept.get(manifest["mlflow_run_id"], 0) > 0, kept
+
+        start()
+        again = _pipeline(recipe, env)
+        out, _ = again.communicate(timeout=600)
+        assert again.returncode == 0, out[-3000:]
+        summary = json.loads(out[out.index("{\n"):])
+        assert summary["tracking_unsent"] == 0
+        final = json.loads((run_dir / "manifest.json").read_text())
+        assert "grpo" in final["rounds"][0]["cached_stages"]
+        client = MlflowClient(uri)
+        steps = [m.step for m in client.get_metric_history(manifest["mlflow_run_id"], "train/lr")]
+        assert steps == list(range(1, 41))  # every step, those logged while the server was down included
+        assert client.get_run(manifest["mlflow_run_id"]).info.status == "FINISHED"
+
+
+# ------------------------------------------------------------------ the disk fills
+
+def _can_mount_tmpfs(tmp_path: Path) -> str | None:
+    """Why a private tmpfs cannot be mounted here (``unshare``: a user and mount namespace), or None."""
+    import shutil
+
+    if shutil.which("unshare") is None:
+        return "no unshare command (util-linux)"
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    done = subprocess.run(["unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o size=64k tmpfs {probe}"],
+                          capture_output=True, text=True)
+    return None if done.returncode == 0 else f"cannot mount a tmpfs in a user namespace: {done.stderr.strip()}"
+
+
+def test_a_full_disk_during_a_checkpoint_keeps_the_last_one(tmp_path):
+    """SFT checkpoints every step onto a 700 KiB tmpfs (a real ENOSPC from the kernel): the write
+    that does not fit fails with the folder, the free space and the space needed named; its partial
+    copy is gone, the complete checkpoints before it load; once the disk has room the same stage
+    resumes from the last of them and finishes."""
+    why = _can_mount_tmpfs(tmp_path)
+    if why:
+        pytest.skip(why)
+    out, report = tmp_path / "disk", tmp_path / "report.json"
+    out.mkdir()
+    worker = f"{sys.executable} {ROOT / 'tests' / 'disk_full_worker.py'} {tmp_path / 'root'} {out} {report}"
+    done = subprocess.run(["unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o size=700k tmpfs {out} && exec {worker}"],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(report.read_text())
+    error = seen["error"]
+    assert error is not None, "the run fit on the disk: make the tmpfs smaller"
+    assert "no space left on the device" in error and "MiB free" in error and "needs about" in error, error
+    failed = int(error.split("step-")[1][:8])  # the checkpoint that did not fit, named by its folder
+    assert not [name for name in seen["left"] if name.startswith(".")], seen["left"]  # no partial copy
+    assert seen["left"] and all(int(name.split("-")[1]) < failed for name in seen["left"]), seen
+    assert seen["resume_point"] == [seen["left"][-1], failed - 1]  # the last complete one loads
+    assert seen["again"]["steps"] == 12 and seen["again"]["first_logged_step"] == failed
+    assert "model.safetensors" in seen["again"]["model"]
+
+
+# ------------------------------------------------------------------ corrupted artefacts
+
+def _garble(path: Path, how: str) -> None:
+    if how == "truncated":
+        with open(path, "r+b") as f:
+            f.truncate(path.stat().st_size // 2)
+    elif how == "removed":
+        path.unlink()
+    else:  # the same size, other bytes: only reading it can tell
+        path.write_bytes(b"\0" * path.stat().st_size)
+
+
+@pytest.mark.parametrize("file, how", [("model.safetensors", "truncated"), ("trainer_state.pt", "removed"),
+                                       ("trainer_state.pt", "zeroed")])
+def test_a_damaged_checkpoint_is_set_aside_and_the_one_before_resumed(tmp_path, tiny_model_dir, file, how):
+    from grpo_core.lm.modeling import load_model
+    from grpo_core.training.checkpoint import complete_checkpoints, resume_point, save_checkpoint
+
+    model, tokenizer = load_model(tiny_model_dir)
+    root = tmp_path / "checkpoints"
+    for step in (1, 2):
+        save_checkpoint(root, step, model, tokenizer, {"counters": {"step": step}}, keep=2)
+    _garble(root / "step-00000002" / file, how)
+
+    checkpoint, state = resume_point(root)
+    assert checkpoint == root / "step-00000001" and state["counters"]["step"] == 1
+    assert (root / "damaged-step-00000002" / "COMPLETE").exists()  # kept for a look, never loaded again
+    assert complete_checkpoints(root) == [root / "step-00000001"]
+    _garble(root / "step-00000001" / "model.safetensors", "truncated")
+    assert resume_point(root) == (None, None)  # nothing whole is left: a fresh start, not garbage
+
+
+def test_a_cached_stage_whose_output_changed_is_not_served(tmp_path):
+    """A replay buffer version with a shard gone, a manifest that is not JSON: ``trusted`` says why
+    and the flow runs the stage again; untouched, the cache is served."""
+    from grpo_core.rewards.replay import write_version
+    from grpo_core.stages.common import write_manifest
+    from grpo_core.stages.outputs import FolderOutput, ReplayOutput, arrow_digest
+    from grpo_core.stages.reward_data import COLUMNS
+    from tasks.stage_tasks import trusted
+
+    version = tmp_path / "replay" / "v1"
+    rows = [{"prompt": f"q{i}", "completion": "a", "correct": i % 2 == 0} for i in range(6)]
+    write_version(None, {"solutions": rows}, 1, version, {"solutions": COLUMNS["solutions"]})
+    write_manifest(version, {"stage": "replay", "dir": str(version), "round": 1, "digest": arrow_digest(version),
+                             "cache_key": "k"})
+    assert trusted(version / "manifest.json", "k", ReplayOutput) is None
+    assert trusted(version / "manifest.json", "other", ReplayOutput) == ""  # another recipe's: nothing to say
+    next(version.rglob("*.arrow")).unlink()
+    assert "is not what the stage wrote" in trusted(version / "manifest.json", "k", ReplayOutput)
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "manifest.json").write_text('{"stage": "data", "dir": ')  # cut short
+    why = trusted(data / "manifest.json", "k", FolderOutput)
+    assert str(data / "manifest.json") in why and "not a readable manifest" in why
