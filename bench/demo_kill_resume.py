@@ -1,12 +1,19 @@
-"""The demo pipeline killed at random points and restarted, against an uninterrupted run.
+"""The demo pipeline, its tracking server and its Prefect server killed at random points, against an
+uninterrupted run.
 
-    .venv/bin/python bench/demo_kill_resume.py --json            # ~2 demo runs of CPU time
+    .venv/bin/python bench/demo_kill_resume.py --json                      # ~2 demo runs of CPU time
+    .venv/bin/python bench/demo_kill_resume.py --faults pipeline --json    # the pipeline alone, as before
 
-Runs ``configs/demo.yaml`` twice, in parallel, each in its own output folder, MLflow database and
-Prefect home: once straight through, and once SIGKILLed (the whole process group: no handler, no
-cleanup) ``--kills`` times after a random number of seconds (uniform in ``--window``), restarted
-each time with the same command, then left to finish. Prints one JSON object: where each kill
-landed (the last stage logged), the final metrics of both runs, and whether they are equal.
+Runs ``configs/demo.yaml`` twice, in parallel, each in its own output folder and Prefect home: once
+straight through (sqlite tracking, Prefect's temporary server), and once against a real MLflow
+server and a real Prefect server on 127.0.0.1, with ``--kills`` faults at random moments (after a
+uniform draw from ``--window`` seconds each), each one of ``--faults`` drawn at random:
+``pipeline`` SIGKILLs the run (its whole process group: no handler, no cleanup) and restarts the same
+command; ``mlflow`` and ``prefect`` SIGKILL that server and start it again after ``--down`` seconds
+(the run goes on, waits for it, or stops saying so; a run that stopped is started again with the
+same command once its server is back). Prints one JSON object: where each fault landed (the last
+stage logged), the final metrics of both runs, whether they are equal, and how many tracking
+records were still unsent at the end.
 
 The demo's GRPO stops on a wall-time budget (``grpo.max_seconds``), which no two runs spend on
 the same number of steps; both runs here use a step budget instead (``--grpo-steps`` per round),
@@ -20,11 +27,13 @@ import json
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,15 +45,60 @@ def _command(work: Path, name: str, grpo_steps: int, threads: int) -> list[str]:
             "--set", "grpo.max_seconds=null", "--set", f"grpo.steps={grpo_steps}", "--set", f"threads={threads}"]
 
 
-def _env(work: Path, name: str) -> dict:
+def _env(work: Path, name: str, servers: dict | None = None) -> dict:
     env = {**os.environ, "PREFECT_HOME": str(work / f"prefect-{name}")}
-    env.pop("PREFECT_API_URL", None)  # each process starts its own temporary server
+    env.pop("PREFECT_API_URL", None)  # without a Prefect server: each process starts its own temporary one
+    if servers and "prefect" in servers:
+        env["PREFECT_API_URL"] = servers["prefect"].url
     return env
 
 
-def _start(work: Path, name: str, a: argparse.Namespace, log) -> subprocess.Popen:
-    return subprocess.Popen(_command(work, name, a.grpo_steps, a.threads), env=_env(work, name), cwd=ROOT, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+def _start(work: Path, name: str, a: argparse.Namespace, log, servers: dict | None = None) -> subprocess.Popen:
+    command = _command(work, name, a.grpo_steps, a.threads)
+    if servers and "mlflow" in servers:
+        command += ["--set", f"tracking.tracking_uri={servers['mlflow'].url}"]
+    return subprocess.Popen(command, env=_env(work, name, servers), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """A real MLflow or Prefect server on 127.0.0.1 that the soak kills and starts again."""
+
+    def __init__(self, kind: str, work: Path) -> None:
+        port = _free_port()
+        bin_dir = Path(sys.executable).parent
+        if kind == "mlflow":
+            self.url, health = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port}/health"
+            self.command = [str(bin_dir / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{work / 'mlflow-server.db'}",
+                            "--default-artifact-root", str(work / "mlflow-artifacts"), "--host", "127.0.0.1",
+                            "--port", str(port), "--workers", "1"]
+        else:
+            self.url, health = f"http://127.0.0.1:{port}/api", f"http://127.0.0.1:{port}/api/health"
+            self.command = [str(bin_dir / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port), "--no-ui"]
+        self.health, self.proc = health, None
+        self.env = {**os.environ, "PREFECT_HOME": str(work / "prefect-server")}
+        self.env.pop("PREFECT_API_URL", None)
+        self.start()
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(self.command, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     start_new_session=True)
+        for _ in range(360):
+            try:
+                return urllib.request.urlopen(self.health, timeout=2).close()
+            except OSError:
+                time.sleep(0.5)
+        raise RuntimeError(f"{self.command[:3]} did not start")
+
+    def kill(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
 
 
 def _last_stage(log_path: Path) -> str:
@@ -76,6 +130,8 @@ def _final(work: Path, name: str) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--kills", type=int, default=3)
+    p.add_argument("--faults", default="pipeline,mlflow,prefect", help="what the kills may strike, comma-separated")
+    p.add_argument("--down", type=float, nargs=2, default=(10.0, 120.0), help="seconds a killed server stays down")
     p.add_argument("--window", type=float, nargs=2, default=(150.0, 500.0), help="seconds before each kill")
     p.add_argument("--grpo-steps", type=int, default=40, help="GRPO steps per round (instead of the time budget)")
     p.add_argument("--threads", type=int, default=1, help="torch threads of each run (the two share the machine)")
@@ -98,28 +154,48 @@ def main() -> None:
     reference = threading.Thread(target=run_straight)
     reference.start()
 
-    kills = []
+    faults = a.faults.split(",")
+    servers = {kind: Server(kind, work) for kind in ("mlflow", "prefect") if kind in faults}
+    kills, restarts = [], 0
     with open(work / "killed.log", "w") as log:
+        proc = _start(work, "killed", a, log, servers)
         for k in range(a.kills):
-            proc = _start(work, "killed", a, log)
-            wait = rng.uniform(*a.window)
-            try:
-                proc.wait(timeout=wait)
-                kills.append({"kill": k + 1, "after_s": None, "note": "the run finished before the kill"})
+            deadline = time.monotonic() + rng.uniform(*a.window)
+            while time.monotonic() < deadline and not (proc.poll() == 0):
+                if proc.poll() is not None:  # stopped by a server fault: the same command again
+                    restarts += 1
+                    proc = _start(work, "killed", a, log, servers)
+                time.sleep(1)
+            if proc.poll() == 0:
+                kills.append({"kill": k + 1, "note": "the run finished before this fault"})
                 break
-            except subprocess.TimeoutExpired:
+            target, started = rng.choice(faults), time.monotonic() - t0
+            log.flush()
+            fault = {"kill": k + 1, "target": target, "after_s": round(started), "during": _last_stage(work / "killed.log")}
+            if target == "pipeline":
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-                log.flush()
-                kills.append({"kill": k + 1, "after_s": round(wait), "during": _last_stage(work / "killed.log")})
-        rc = _start(work, "killed", a, log).wait()
+                proc = _start(work, "killed", a, log, servers)
+            else:
+                servers[target].kill()
+                fault["down_s"] = round(rng.uniform(*a.down))
+                time.sleep(fault["down_s"])
+                servers[target].start()
+            kills.append(fault)
+        while (rc := proc.wait()) != 0 and restarts < 10:  # a run a server fault stopped: again, as a user would
+            restarts += 1
+            proc = _start(work, "killed", a, log, servers)
+    for server in servers.values():
+        server.kill()
     reference.join()
     result = {"work": str(work), "grpo_steps_per_round": a.grpo_steps, "kills": kills,
-              "killed_run_rc": rc, "straight_run_rc": straight["rc"], "straight_run_s": straight.get("s"),
+              "killed_run_rc": rc, "restarts_after_a_server_fault": restarts,
+              "straight_run_rc": straight["rc"], "straight_run_s": straight.get("s"),
               "total_s": round(time.monotonic() - t0)}
     if rc == 0 and straight["rc"] == 0:
         result["straight"], result["killed"] = _final(work, "straight"), _final(work, "killed")
         result["same_final_metrics"] = result["straight"] == result["killed"]
+        result["tracking_unsent"] = sum(len(f.read_text().splitlines()) for f in (work / "killed" / "demo").glob("mlflow-unsent/*.jsonl"))
     print(json.dumps(result, indent=None if a.json else 2))
     if not result.get("same_final_metrics"):
         raise SystemExit(1)

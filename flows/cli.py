@@ -386,6 +386,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
+    import httpx
+
     from grpo_core.tracking import TrackingError
     from tasks.run_lock import RunInUse
 
@@ -397,6 +399,11 @@ def main(argv: list[str] | None = None) -> None:
         _fail(str(e))
     except TrackingError as e:  # the tracking store stopped answering mid-run for longer than tracking.wait_s
         _fail(str(e))
+    except httpx.TransportError as e:  # Prefect's API (only Prefect's client speaks httpx here) went away
+        _fail(f"the Prefect API at {os.environ.get('PREFECT_API_URL') or 'its temporary server'} stopped answering "
+              f"({e}). Nothing finished is lost: the stages' folders, checkpoints and cache are kept. Start the "
+              f"server again and run the same command: finished stages come from the cache, an interrupted one "
+              f"resumes from its last checkpoint")
     except OSError as e:  # a full disk (checkpoint.DiskFull names the folder and the space needed)
         if e.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise

@@ -286,8 +286,10 @@ def tracking_uri(cfg: PipelineConfig) -> str:
 
 def check_tracking(uri: str, timeout_s: float = 5.0) -> None:
     """Fail at start, within ``timeout_s``, when the tracking store cannot be used: a server that
-    does not answer, or a sqlite database whose folder cannot be created. MLflow's own client
-    retries an unreachable server for minutes, and would do so at the first stage's first metric."""
+    does not answer or refuses this client's login (MLflow's basic-auth app: ``user:password@`` in
+    the URI, or ``MLFLOW_TRACKING_USERNAME`` / ``MLFLOW_TRACKING_PASSWORD``, or a bearer
+    ``MLFLOW_TRACKING_TOKEN``), or a sqlite database whose folder cannot be created. MLflow's own
+    client retries an unreachable server for minutes, and would do so at the first stage's first metric."""
     import urllib.error
     import urllib.request
 
@@ -298,19 +300,27 @@ def check_tracking(uri: str, timeout_s: float = 5.0) -> None:
         # urllib does not read user:password@ from a URL (MLflow's client does): send it as a header.
         parts = urllib.parse.urlsplit(uri)
         host = f"[{parts.hostname}]" if ":" in (parts.hostname or "") else parts.hostname or ""
-        netloc = host + (f":{parts.port}" if parts.port else "")
-        request = urllib.request.Request(urllib.parse.urlunsplit(parts._replace(netloc=netloc)).rstrip("/") + "/health")
-        if parts.username is not None:
-            token = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
-            request.add_header("Authorization", "Basic " + base64.b64encode(token.encode()).decode())
-        try:
-            urllib.request.urlopen(request, timeout=timeout_s).close()
-        except urllib.error.HTTPError:
-            pass  # it answered (an auth proxy may refuse /health): reachable
-        except (OSError, ValueError) as e:
-            raise TrackingError(
-                f"MLflow tracking server {redact(uri)} is unreachable ({getattr(e, 'reason', e)}): start it, or "
-                f"point tracking.tracking_uri / MLFLOW_TRACKING_URI at a running server or a sqlite:/// file") from None
+        base = urllib.parse.urlunsplit(parts._replace(netloc=host + (f":{parts.port}" if parts.port else ""))).rstrip("/")
+        login = (f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
+                 if parts.username is not None else None)
+        if login is None and os.environ.get("MLFLOW_TRACKING_USERNAME"):
+            login = f"{os.environ['MLFLOW_TRACKING_USERNAME']}:{os.environ.get('MLFLOW_TRACKING_PASSWORD', '')}"
+        token = os.environ.get("MLFLOW_TRACKING_TOKEN")
+        headers = ({"Authorization": "Basic " + base64.b64encode(login.encode()).decode()} if login is not None
+                   else {"Authorization": f"Bearer {token}"} if token else {})
+        for path in ("/health", "/api/2.0/mlflow/experiments/search?max_results=1"):
+            try:
+                urllib.request.urlopen(urllib.request.Request(base + path, headers=headers), timeout=timeout_s).close()
+            except urllib.error.HTTPError as e:
+                if e.code in (401, 403) and path != "/health":  # (an auth proxy may refuse /health alone)
+                    raise TrackingError(
+                        f"MLflow tracking server {redact(uri)} refused this client's login (HTTP {e.code}): set "
+                        f"MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN) to an "
+                        f"account of its basic-auth app") from None
+            except (OSError, ValueError) as e:
+                raise TrackingError(
+                    f"MLflow tracking server {redact(uri)} is unreachable ({getattr(e, 'reason', e)}): start it, or "
+                    f"point tracking.tracking_uri / MLFLOW_TRACKING_URI at a running server or a sqlite:/// file") from None
     elif uri.startswith("sqlite:///"):
         folder = Path(uri.removeprefix("sqlite:///")).parent
         try:

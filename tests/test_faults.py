@@ -28,7 +28,7 @@ def _free_port() -> int:
 
 # ------------------------------------------------------------------ the tracking store stops answering
 
-def test_a_tracking_store_that_stops_answering_loses_nothing(tmp_path):
+def test_a_tracking_store_that_stops_answering_loses_nothing(tmp_path, monkeypatch):
     """A logger whose server is gone (connections refused) keeps every record, in order, with its step
     and time, after one failed try; ``send_unsent`` later delivers them all, and the run ends as it
     would have. A request the store refuses (not an outage) still raises."""
@@ -37,6 +37,7 @@ def test_a_tracking_store_that_stops_answering_loses_nothing(tmp_path):
 
     from grpo_core.tracking import Journal, MlflowLogger, experiment_id, send_unsent, start_run, unsent_count
 
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # the project's 2 retries cost ~4 s here
     store = f"sqlite:///{tmp_path}/mlflow.db"
     run = start_run(store, experiment_id(store, "faults"), "grpo")
     unsent = tmp_path / "mlflow-unsent"
@@ -72,24 +73,22 @@ def test_a_tracking_store_that_stops_answering_loses_nothing(tmp_path):
 
 
 @contextmanager
-def mlflow_server(root: Path, port: int):
-    """A real MLflow tracking server on 127.0.0.1:``port`` (sqlite store under ``root``); yields a
-    function that kills it (SIGKILL, its whole process group) and one that starts it again."""
+def server(command: list[str], health: str, env: dict | None = None):
+    """A real server process (``command``, listening on 127.0.0.1) that answers ``health`` once up;
+    yields a function that kills it (SIGKILL, its whole process group) and one that starts it again."""
+    import urllib.request
+
     procs: list[subprocess.Popen] = []
 
     def start() -> None:
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{root}/server.db",
-             "--default-artifact-root", str(root / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
-             "--workers", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True))
-        from grpo_core.tracking import TrackingError, check_tracking
-
-        deadline = time.monotonic() + 120
+        procs.append(subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+                                      start_new_session=True))
+        deadline = time.monotonic() + 180
         while True:
             try:
-                return check_tracking(f"http://127.0.0.1:{port}", timeout_s=2)
-            except TrackingError:
-                assert time.monotonic() < deadline and procs[-1].poll() is None, "the MLflow server did not start"
+                return urllib.request.urlopen(health, timeout=2).close()
+            except OSError:
+                assert time.monotonic() < deadline and procs[-1].poll() is None, f"{command[:4]} did not start"
                 time.sleep(0.5)
 
     def kill() -> None:
@@ -104,6 +103,13 @@ def mlflow_server(root: Path, port: int):
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
+
+
+def mlflow_server(root: Path, port: int):
+    """A real MLflow tracking server on 127.0.0.1:``port`` with a sqlite store under ``root``."""
+    return server([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{root}/server.db",
+                   "--default-artifact-root", str(root / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
+                   "--workers", "1"], f"http://127.0.0.1:{port}/health")
 
 
 def _pipeline(recipe: Path, env: dict) -> subprocess.Popen:
@@ -261,3 +267,99 @@ def test_a_cached_stage_whose_output_changed_is_not_served(tmp_path):
     (data / "manifest.json").write_text('{"stage": "data", "dir": ')  # cut short
     why = trusted(data / "manifest.json", "k", FolderOutput)
     assert str(data / "manifest.json") in why and "not a readable manifest" in why
+
+
+# ------------------------------------------------------------------ the study and compare flows killed
+
+@pytest.mark.slow
+def test_compare_killed_part_way_resumes_where_it_stopped(tmp_path):
+    """``grpo-pipeline compare`` SIGKILLed in its last (variant, seed), mid-GRPO, and run again: the
+    finished variants and seeds are served from the cache (their models untouched), the interrupted
+    GRPO resumes from its last complete checkpoint, and the table is made."""
+    from grpo_core.training.checkpoint import complete_checkpoints
+    from tests.conftest import make_tiny_cfg
+
+    cfg = make_tiny_cfg(tmp_path, run_name="cmp", sft__max_steps=2, grpo__steps=2, grpo__checkpoint_every=1,
+                        grpo__eval_every=1000)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect")}
+    env.pop("PREFECT_API_URL", None)
+    done = subprocess.run([sys.executable, "-m", "flows.cli", "run", str(recipe)], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    run_dir = tmp_path / "runs" / "cmp"
+    compare = [sys.executable, "-m", "flows.cli", "compare", str(run_dir), "--variants", "continued-sft,rule-outcome",
+               "--seeds", "2", "--steps", "60"]
+
+    proc = subprocess.Popen(compare, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    deadline = time.monotonic() + 600
+    while not [c for c in run_dir.glob("compare/*/rule-outcome/seed-1/checkpoints") if complete_checkpoints(c)]:
+        assert proc.poll() is None, f"compare ended before its last seed checkpointed:\n{proc.stdout.read()[-3000:]}"
+        assert time.monotonic() < deadline, "the last seed never checkpointed"
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    [root] = run_dir.glob("compare/*/rule-outcome/..")
+    finished = {f"{v}/seed-{i}": root / v / f"seed-{i}" / "model" / "model.safetensors"
+                for v, i in (("continued-sft", 0), ("rule-outcome", 0), ("continued-sft", 1))}
+    written = {name: path.stat().st_mtime_ns for name, path in finished.items()}
+    assert not (root / "rule-outcome" / "seed-1" / "manifest.json").exists()
+
+    again = subprocess.run(compare, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    assert {name: path.stat().st_mtime_ns for name, path in finished.items()} == written  # not trained again
+    last = json.loads((root / "rule-outcome" / "seed-1" / "manifest.json").read_text())
+    assert 1 <= last["resumed_from_step"] < 60 and last["steps"] == 60
+    table = json.loads((root / "manifest.json").read_text())
+    assert [r["variant"] for r in table["rows"]] == ["sft", "continued-sft", "rule-outcome"]
+    assert all(r["seeds"] == 2 for r in table["rows"][1:])
+
+
+# ------------------------------------------------------------------ the Prefect server goes away
+
+@pytest.mark.slow
+def test_prefect_server_killed_mid_flow(tmp_path):
+    """The flow's Prefect API server (a real ``prefect server start`` on 127.0.0.1) is SIGKILLed while
+    GRPO trains: the run stops saying so, and what had finished stays finished (manifests,
+    checkpoints). With the server back, the same command serves the finished stages from the cache
+    and GRPO resumes from its last checkpoint."""
+    from grpo_core.training.checkpoint import complete_checkpoints
+    from tests.conftest import make_tiny_cfg
+
+    port = _free_port()
+    api = f"http://127.0.0.1:{port}/api"
+    cfg = make_tiny_cfg(tmp_path, run_name="prefect", grpo__steps=60, grpo__checkpoint_every=1, grpo__eval_every=1000,
+                        sft__max_steps=2)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_API_URL": api}
+    server_env = {**env, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    server_env.pop("PREFECT_API_URL")
+    grpo = tmp_path / "runs" / "prefect" / "round-1" / "grpo"
+    command = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port),
+               "--no-ui", "--no-services"]
+
+    with server(command, f"{api}/health", server_env) as (kill, start):
+        proc = _pipeline(recipe, env)
+        deadline = time.monotonic() + 600
+        while not ((grpo / "checkpoints").is_dir() and complete_checkpoints(grpo / "checkpoints")):
+            assert proc.poll() is None, f"the run ended before GRPO checkpointed:\n{proc.stdout.read()[-3000:]}"
+            assert time.monotonic() < deadline, "GRPO never checkpointed"
+            time.sleep(0.1)
+        kill()
+        out, _ = proc.communicate(timeout=600)
+        assert proc.returncode == 2, out[-3000:]
+        assert f"the Prefect API at {api} stopped answering" in out and "run the same command" in out, out[-3000:]
+        assert (tmp_path / "runs" / "prefect" / "sft" / "manifest.json").exists()
+        assert complete_checkpoints(grpo / "checkpoints")
+
+        start()
+        again = _pipeline(recipe, env)
+        out, _ = again.communicate(timeout=600)
+        assert again.returncode == 0, out[-3000:]
+        final = json.loads((tmp_path / "runs" / "prefect" / "manifest.json").read_text())
+        assert {"data", "sft"} <= set(final["cached_stages"])
+        grpo_done = final["rounds"][0]["stages"]["grpo"]
+        assert grpo_done["steps"] == 60 and (grpo_done["resumed_from_step"] >= 1 or "grpo" in final["rounds"][0]["cached_stages"])

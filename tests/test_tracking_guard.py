@@ -3,7 +3,9 @@ written), credentials and environment values never reach the logged params, and 
 127.0.0.1 unless told otherwise."""
 from __future__ import annotations
 
+import os
 import socket
+import sys
 import time
 
 import pytest
@@ -58,7 +60,8 @@ def test_a_live_server_with_credentials_in_its_uri_passes(tmp_path):
         check_tracking(f"http://alice:s3cret%40pw@127.0.0.1:{server.server_port}/")
     finally:
         server.shutdown()
-    assert seen == [("/health", "Basic " + base64.b64encode(b"alice:s3cret@pw").decode())]
+    login = "Basic " + base64.b64encode(b"alice:s3cret@pw").decode()
+    assert seen == [("/health", login), ("/api/2.0/mlflow/experiments/search?max_results=1", login)]
 
 
 def test_a_tracking_folder_that_cannot_be_created_fails_at_start(tmp_path, capsys):
@@ -119,3 +122,44 @@ def test_metric_names_are_made_valid_for_mlflow():
 
     assert metric_name("eval/rule+prm-process/seed-0/maj@8") == "eval/rule_prm-process/seed-0/maj_at_8"
     assert metric_name("train/kl") == "train/kl"
+
+
+@pytest.mark.slow
+def test_a_shared_server_behind_mlflows_basic_auth(tmp_path, monkeypatch):
+    """``mlflow server --app-name basic-auth`` (a real one, on 127.0.0.1): without a login the run
+    fails at start naming what to set; with ``MLFLOW_TRACKING_USERNAME`` / ``_PASSWORD`` it logs, and
+    the password reaches no param, tag or log line."""
+    from mlflow.tracking import MlflowClient
+
+    from grpo_core.tracking import MlflowLogger, TrackingError, check_tracking, experiment_id, start_run
+    from tests.test_faults import _free_port, server
+
+    password = "s3cret-Adm1n-pw"
+    (tmp_path / "auth.ini").write_text(
+        f"[mlflow]\ndefault_permission = READ\ndatabase_uri = sqlite:///{tmp_path}/users.db\nadmin_username = admin\n"
+        f"admin_password = {password}\nauthorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
+    port = _free_port()
+    uri = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "MLFLOW_AUTH_CONFIG_PATH": str(tmp_path / "auth.ini"), "MLFLOW_FLASK_SERVER_SECRET_KEY": "test-only"}
+    command = [sys.executable, "-m", "mlflow", "server", "--app-name", "basic-auth", "--backend-store-uri",
+               f"sqlite:///{tmp_path}/store.db", "--default-artifact-root", str(tmp_path / "artifacts"),
+               "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    with server(command, f"{uri}/health", env):
+        monkeypatch.delenv("MLFLOW_TRACKING_USERNAME", raising=False)
+        with pytest.raises(TrackingError, match="refused this client's login .*MLFLOW_TRACKING_USERNAME"):
+            check_tracking(uri)
+        with pytest.raises(SystemExit) as exc:  # the command line: exit 2, nothing started
+            main(["run", "configs/demo.yaml", "--set", f"output_dir={tmp_path / 'runs'}", "--set", f"tracking.tracking_uri={uri}"])
+        assert exc.value.code == 2 and not (tmp_path / "runs").exists()
+
+        monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "admin")
+        monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "wrong")
+        with pytest.raises(TrackingError, match="HTTP 401"):
+            check_tracking(uri)
+        monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", password)
+        check_tracking(uri)
+        run = start_run(uri, experiment_id(uri, "shared"), "grpo")
+        MlflowLogger(uri, run, "grpo").log_metrics({"train/kl": 0.5}, step=1)
+        logged = MlflowClient(uri).get_run(run)
+        assert logged.data.metrics == {"train/kl": 0.5}
+        assert not any(password in v for v in [*logged.data.params.values(), *logged.data.tags.values()])
