@@ -175,10 +175,12 @@ def cmd_sync(a: argparse.Namespace) -> None:
     """Send what a run's loggers kept while the tracking store did not answer (``<run>/mlflow-unsent``)."""
     from grpo_core.config import load_config
     from grpo_core.env import default_tracking_uri
-    from grpo_core.tracking import TrackingError, check_tracking, redact, send_unsent, tracking_uri, unsent_dir
+    from grpo_core.tracking import STORE, TrackingError, check_tracking, redact, send_unsent, tracking_uri, unsent_dir
 
-    recipe = Path(a.run_dir) / "config.yaml"  # a finished run's; else the environment's store
-    uri = a.tracking_uri or (tracking_uri(load_config(recipe, [])) if recipe.exists() else None)
+    kept_for = unsent_dir(a.run_dir) / STORE  # the store the records are for (a URI without credentials)
+    recipe = Path(a.run_dir) / "config.yaml"  # a finished run's
+    uri = a.tracking_uri or (kept_for.read_text().strip() if kept_for.exists() else None)
+    uri = uri or (tracking_uri(load_config(recipe, [])) if recipe.exists() else None)
     uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri()
     try:
         check_tracking(uri)
@@ -344,7 +346,8 @@ def build_parser() -> argparse.ArgumentParser:
     j.set_defaults(func=cmd_join)
     sy = sub.add_parser("sync", help="send to MLflow what a run kept while its tracking server did not answer")
     sy.add_argument("run_dir", help="the run's folder, e.g. runs/demo")
-    sy.add_argument("--tracking-uri", help="default: the run's recipe, else $MLFLOW_TRACKING_URI, else the project's sqlite")
+    sy.add_argument("--tracking-uri", help="default: the store the records were for, else the run's recipe, else "
+                                           "$MLFLOW_TRACKING_URI, else the project's sqlite")
     sy.set_defaults(func=cmd_sync)
     cp = sub.add_parser("corpus", help="the math corpus: fastText classifier, scoring, decontamination, the loop")
     csub = cp.add_subparsers(dest="corpus_command", required=True)

@@ -56,13 +56,13 @@ def corpus(config: PipelineConfig, own_benchmarks: dict[str, str] | None = None,
     log = get_run_logger()
     out_dir = (config.run_dir / "corpus").resolve()
     uri = tracking_uri(config)
-    check_tracking(uri)  # an unreachable server fails here, not at the first stage's first metric
-    exp = experiment_id(uri, config.tracking.experiment)
-    parent = start_run(uri, exp, "corpus" if parent_run_id else f"corpus-{config.run_name}", parent_id=parent_run_id,
-                       tags={"pipeline": "deepseekmath-corpus"})
-    runs = [parent]  # and a run per iteration, as the loop starts them
-
     unsent, wait_s = unsent_dir(config.run_dir.resolve()), config.tracking.wait_s
+    if parent_run_id is None:  # on its own: an unreachable server fails here (in a pipeline: it waits)
+        check_tracking(uri)
+    exp = experiment_id(uri, config.tracking.experiment, wait_s)
+    parent = start_run(uri, exp, "corpus" if parent_run_id else f"corpus-{config.run_name}", parent_id=parent_run_id,
+                       tags={"pipeline": "deepseekmath-corpus"}, wait_s=wait_s)
+    runs = [parent]  # and a run per iteration, as the loop starts them
 
     def iteration_logger(k: int) -> MlflowLogger:
         runs.append(start_run(uri, exp, f"iteration-{k}", parent_id=parent, wait_s=wait_s))

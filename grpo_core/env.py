@@ -64,6 +64,7 @@ def setup_environment(root: Path | None = None) -> None:
         "PREFECT_LOGGING_LOGGERS_PREFECT_TASK_RUNS_LEVEL": "INFO",
         # The project's own warnings (tracking kept for later, a run folder taken over) in Prefect's log too.
         "PREFECT_LOGGING_EXTRA_LOGGERS": "grpo_pipeline",
+        "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW": "ignore",  # (those loggers are used outside flows too)
         # MLflow: no telemetry; tracking defaults to sqlite in the project (TrackingConfig may override).
         "MLFLOW_DISABLE_TELEMETRY": "true",
         # MLflow's client retries a request 7 times over ~4 minutes by default, and a training step

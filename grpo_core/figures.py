@@ -40,14 +40,15 @@ def _accuracy_with_interval(per_question: str) -> tuple[float, float]:
 
 
 def _histories(manifest: dict, key: str) -> list[tuple[int, list[int], list[float]]]:
-    """(round, steps, values) of ``key`` in each round's GRPO run, from MLflow."""
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(manifest["tracking_uri"])
+    """(round, steps, values) of ``key`` in each round's GRPO stage, from the run's manifest (not from
+    MLflow, which may not have them yet): its evaluations (``curve``) for a ``val/`` metric, else the
+    metrics it recorded at every step (``rewards``, names without their ``train/``)."""
     out = []
     for r in manifest["rounds"]:
-        history = sorted(client.get_metric_history(r["stages"]["grpo"]["mlflow_run_id"], key), key=lambda m: m.step)
-        out.append((r["round"], [m.step for m in history], [m.value for m in history]))
+        grpo = r["stages"]["grpo"]
+        points, name = (grpo.get("curve", []), key) if key.startswith("val/") else (grpo.get("rewards", []), key.split("/")[-1])
+        kept = sorted((p["step"], p[name]) for p in points if name in p)
+        out.append((r["round"], [s for s, _ in kept], [v for _, v in kept]))
     return out
 
 

@@ -15,7 +15,7 @@ import re
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Protocol
+from typing import Any, Callable, Iterator, Protocol
 
 from grpo_core.config import PipelineConfig
 from grpo_core.env import default_tracking_uri
@@ -64,6 +64,9 @@ def stage_prefix(stage: str | None) -> str:
 OUTAGE_CODES = {"INTERNAL_ERROR", "TEMPORARILY_UNAVAILABLE", "REQUEST_LIMIT_EXCEEDED", "ENDPOINT_NOT_FOUND"}
 UNSENT = "mlflow-unsent"  # under a run folder: what the tracking store did not take, per MLflow run
 UNSENT_ENV = "GRPO_MLFLOW_UNSENT"  # that folder, for a launched stage process
+STORE = "tracking_uri"  # in that folder: the store its records are for (``grpo-pipeline sync``)
+RETRY_S = 30.0  # how often a logger looks at a store that stopped answering
+DOWN: dict[str, float] = {}  # tracking URI -> when to look at it again (a store that stopped answering)
 log = logging.getLogger("grpo_pipeline.tracking")
 
 
@@ -80,59 +83,71 @@ def is_outage(error: BaseException) -> bool:
 
 
 class Journal:
-    """Records (JSON objects) the tracking store did not take, one per line, in order. Appended and
-    sent under an exclusive ``flock`` on the file, so the flow and a stage process can share one; a
-    sent prefix is cut from the file (never unlinked: a waiting writer would append to a lost file)."""
+    """Records (JSON objects) the tracking store did not take, one per line, in order, in ``path``.
+    Appended and sent under an exclusive ``flock`` on ``<path>.lock``, so the flow and a stage process
+    can share one; after a send, what is left replaces the file atomically. A record the store
+    refuses (not an outage: its run deleted, say) moves to ``<run>.refused.jsonl``, named in a
+    warning, so that it never blocks the ones after it."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self.lock = path.with_name(path.name + ".lock")
 
     def __len__(self) -> int:
-        return sum(1 for _ in self._lines()) if self.path.exists() else 0
+        return len(self._lines()) if self.path.exists() else 0
 
     def pending(self) -> bool:
         return self.path.exists() and self.path.stat().st_size > 0
 
     @contextmanager
-    def _locked(self) -> Iterator[Any]:
+    def _locked(self) -> Iterator[None]:
         import fcntl
 
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a+", encoding="utf-8") as f:
+        with open(self.lock, "a") as f:
             fcntl.flock(f, fcntl.LOCK_EX)
-            yield f
+            yield
 
     def _lines(self) -> list[str]:
         return [line for line in self.path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
     def append(self, record: dict) -> None:
-        with self._locked() as f:
-            f.write(json.dumps(record, default=str) + "\n")  # one write: a crash leaves at most a torn last line
+        line = (json.dumps(record, default=str) + "\n").encode()
+        with self._locked(), open(self.path, "a+b") as f:
+            if f.tell():  # a crash mid-append left a torn line: never glue a whole record to it
+                f.seek(-1, os.SEEK_END)
+                line = line if f.read(1) == b"\n" else b"\n" + line
+            f.write(line)  # one write
             f.flush()
             os.fsync(f.fileno())
 
-    def send(self, send_one) -> int:
-        """``send_one`` each record in order; returns how many were sent. Stops at the first failure,
-        which propagates, keeping that record and the rest; a torn line (a crash mid-append) is skipped."""
-        with self._locked() as f:
-            f.seek(0)
-            lines = [line for line in f.read().splitlines() if line.strip()]
+    def send(self, send_one: Callable[[dict], None]) -> int:
+        """``send_one`` each record in order; returns how many the store took. An outage stops it (and
+        propagates) keeping that record and the rest; a torn line (a crash mid-append) is skipped."""
+        with self._locked():
+            lines = self._lines() if self.path.exists() else []
             done = sent = 0
             try:
                 for line in lines:
                     try:
-                        record = json.loads(line)
+                        send_one(json.loads(line))
+                        sent += 1
                     except json.JSONDecodeError:
                         log.warning("%s: skipped a torn record: %.80s", self.path, line)
-                    else:
-                        send_one(record)
-                        sent += 1
+                    except Exception as e:
+                        if is_outage(e):
+                            raise
+                        refused = self.path.with_name(self.path.stem + ".refused.jsonl")
+                        with open(refused, "a", encoding="utf-8") as f:
+                            f.write(line + "\n")
+                        log.warning("%s: the tracking store refused a kept record (%s): moved to %s",
+                                    self.path, str(e)[:200], refused)
                     done += 1
             finally:
-                f.seek(0)
-                f.truncate()
-                f.writelines(line + "\n" for line in lines[done:])
-                f.flush()
+                if done:
+                    tmp = self.path.with_name(self.path.name + ".tmp")
+                    tmp.write_text("".join(line + "\n" for line in lines[done:]), encoding="utf-8")
+                    os.replace(tmp, self.path)
         return sent
 
 
@@ -169,26 +184,26 @@ class MlflowLogger:
     """Logs to one MLflow run. With ``unsent`` (a run folder's ``mlflow-unsent``), a tracking store that
     stops answering does not stop the caller: what it did not take is kept, in order, in
     ``unsent/<run_id>.jsonl`` (metrics with their steps and times), the first failure is logged, the
-    store is tried again every ``retry_s``, and when it answers the kept records go first
-    (``send_unsent`` sends a folder's records later). Without ``unsent``, errors raise."""
+    store is tried again every ``RETRY_S`` (one state per store for the process, ``DOWN``, so that
+    the next logger does not pay MLflow's retries again), and when it answers the kept records go
+    first (``send_unsent`` sends a folder's records later). Without ``unsent``, errors raise."""
 
-    def __init__(self, tracking_uri: str, run_id: str, stage: str | None = None, unsent: Path | None = None,
-                 retry_s: float = 30.0) -> None:
+    def __init__(self, tracking_uri: str, run_id: str, stage: str | None = None, unsent: str | Path | None = None) -> None:
         from mlflow.tracking import MlflowClient
 
         self.client = MlflowClient(tracking_uri)
         self.uri, self.run_id = tracking_uri, run_id
         self.stage, self.prefix = stage, stage_prefix(stage)
         self.journal = Journal(Path(unsent) / f"{run_id}.jsonl") if unsent else None
-        self.retry_s, self.retry_at, self.down = retry_s, 0.0, False
 
     def _record(self, record: dict) -> None:
         if self.journal is None:
             return _send(self.client, self.run_id, record)
-        if self.down and time.monotonic() < self.retry_at:
-            return self.journal.append(record)
+        retry_at = DOWN.get(self.uri)
+        if retry_at is not None and time.monotonic() < retry_at:
+            return self._keep(record)
         try:
-            if self.down:  # a quick look first: MLflow's client spends seconds on its retries
+            if retry_at is not None:  # a quick look first: MLflow's client spends seconds on its retries
                 check_tracking(self.uri, timeout_s=2.0)
             if self.journal.pending():
                 self.journal.send(lambda r: _send(self.client, self.run_id, r))
@@ -196,14 +211,19 @@ class MlflowLogger:
         except Exception as e:
             if not (is_outage(e) or isinstance(e, TrackingError)):
                 raise
-            if not self.down:
+            if retry_at is None:
                 log.warning("MLflow tracking at %s failed (%s): going on; what it misses is kept in %s and sent "
-                            "when it answers again", redact(self.uri), str(e)[:200], self.journal.path)
-            self.down, self.retry_at = True, time.monotonic() + self.retry_s
-            return self.journal.append(record)
-        if self.down:
+                            "when it answers again", redact(self.uri), str(e)[:200], self.journal.path.parent)
+            DOWN[self.uri] = time.monotonic() + RETRY_S
+            return self._keep(record)
+        if DOWN.pop(self.uri, None) is not None:
             log.warning("MLflow tracking at %s answers again: the kept records were sent", redact(self.uri))
-        self.down = False
+
+    def _keep(self, record: dict) -> None:
+        self.journal.append(record)
+        where = self.journal.path.parent / STORE
+        if not where.exists() and redact(self.uri) == self.uri:  # for ``sync`` (never a URI with credentials)
+            where.write_text(self.uri)
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         now = int(time.time() * 1000)
@@ -237,25 +257,27 @@ class MlflowLogger:
         self._record({"op": "terminate", "status": status, "end_time": int(time.time() * 1000)})
 
 
+def _journals(folder: Path) -> list[Journal]:
+    return [Journal(p) for p in sorted(Path(folder).glob("*.jsonl")) if not p.name.endswith(".refused.jsonl")]
+
+
 def send_unsent(uri: str, folder: Path) -> tuple[int, int]:
     """Send the records a run's loggers kept (``folder``: its ``mlflow-unsent``), run by run; returns
     (sent, still kept). A store that fails again keeps the rest for the next try."""
     from mlflow.tracking import MlflowClient
 
-    client, sent, kept = MlflowClient(uri), 0, 0
-    for path in sorted(Path(folder).glob("*.jsonl")):
-        journal = Journal(path)
+    client, sent = MlflowClient(uri), 0
+    for journal in _journals(folder):
         try:
-            sent += journal.send(lambda r: _send(client, path.stem, r))
+            sent += journal.send(lambda r: _send(client, journal.path.stem, r))
         except Exception as e:
             if not is_outage(e):
                 raise
-        kept += len(journal)
-    return sent, kept
+    return sent, unsent_count(folder)
 
 
 def unsent_count(folder: Path) -> int:
-    return sum(len(Journal(p)) for p in Path(folder).glob("*.jsonl"))
+    return sum(len(j) for j in _journals(folder))
 
 
 def logger_from_env(stage: str | None = None) -> MetricLogger:
@@ -418,7 +440,10 @@ def finishing(uri: str, run_ids: list[str], unsent: Path | None = None) -> Itera
         yield
     except BaseException:
         for run_id in run_ids:
-            MlflowLogger(uri, run_id, unsent=unsent).terminate("FAILED")
+            try:  # the block's error is the one to see, not a failure to record it
+                MlflowLogger(uri, run_id, unsent=unsent).terminate("FAILED")
+            except Exception as e:
+                log.warning("could not mark MLflow run %s FAILED: %s", run_id, e)
         raise
     for run_id in run_ids:
         MlflowLogger(uri, run_id, unsent=unsent).terminate("FINISHED")

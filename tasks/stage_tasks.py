@@ -123,12 +123,11 @@ def trusted(manifest_path: Path, key: str, output: type[StageOutput]) -> str | N
         return ""
     try:
         on_disk = read_manifest(manifest_path)
-        done = output.model_validate(on_disk)
+        if on_disk.get("cache_key") != key:
+            return ""
+        return output.model_validate(on_disk).damaged()
     except ValueError as e:  # pydantic's ValidationError is one too
         return str(e).splitlines()[0][:300]
-    if on_disk.get("cache_key") != key:
-        return ""
-    return done.damaged()
 
 
 def _cache_key(stage: str):

@@ -54,11 +54,15 @@ def test_a_tracking_store_that_stops_answering_loses_nothing(tmp_path, monkeypat
     assert unsent_count(unsent) == 34
     with open(Journal(unsent / f"{run}.jsonl").path, "a") as f:
         f.write('{"op": "metrics", "metr')  # a crash in the middle of an append
+    gone.log_metrics({"train/kl": 0.31}, step=31)  # kept on a line of its own
+    logged_by_ms = int(time.time() * 1000)
+    Journal(unsent / "0123456789abcdef.jsonl").append({"op": "tags", "tags": {"a": "b"}})  # a run the store lacks
 
-    assert send_unsent(store, unsent) == (34, 0)
+    assert send_unsent(store, unsent) == (35, 0)
+    assert len((unsent / "0123456789abcdef.refused.jsonl").read_text().splitlines()) == 1  # set aside, named
     client = MlflowClient(store)
     history = client.get_metric_history(run, "train/kl")
-    assert [(m.step, m.value) for m in history] == [(s, s / 100) for s in range(1, 31)]
+    assert [(m.step, m.value) for m in history] == [(s, s / 100) for s in range(1, 32)]
     assert all(m.timestamp <= logged_by_ms for m in history)  # the time of the step, not of the sending
     done = client.get_run(run)
     assert done.data.params == {"grpo.beta": "0.04"} and done.data.tags["phase"] == "down"
@@ -150,7 +154,8 @@ def test_mlflow_server_killed_during_grpo(tmp_path):
         kill()
         out, _ = proc.communicate(timeout=600)
         assert proc.returncode == 2, out[-3000:]
-        assert "does not answer" in out and "Run the same command once the server answers" in out, out[-3000:]
+        assert "could not start eval's MLflow run within tracking.wait_s (15 s)" in out, out[-3000:]
+        assert "Run the same command once the server answers" in out, out[-3000:]
         manifest = json.loads((grpo / "manifest.json").read_text())  # GRPO finished while the server was down
         assert manifest["steps"] == 40 and (Path(manifest["model"]) / "config.json").exists()
         kept = {p.stem: len(p.read_text().splitlines()) for p in (run_dir / "mlflow-unsent").glob("*.jsonl")}
@@ -363,3 +368,23 @@ def test_prefect_server_killed_mid_flow(tmp_path):
         assert {"data", "sft"} <= set(final["cached_stages"])
         grpo_done = final["rounds"][0]["stages"]["grpo"]
         assert grpo_done["steps"] == 60 and (grpo_done["resumed_from_step"] >= 1 or "grpo" in final["rounds"][0]["cached_stages"])
+
+
+def test_sync_sends_what_a_run_kept(tmp_path, monkeypatch, capsys):
+    """``grpo-pipeline sync RUN_DIR`` sends a run's kept records; a store that does not answer exits 2
+    and keeps them."""
+    from flows.cli import main
+    from grpo_core.tracking import MlflowLogger, experiment_id, start_run, unsent_count, unsent_dir
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    run = start_run(store, experiment_id(store, "faults"), "grpo")
+    run_dir = tmp_path / "runs" / "demo"
+    gone = f"http://127.0.0.1:{_free_port()}"
+    MlflowLogger(gone, run, unsent=unsent_dir(run_dir)).log_metrics({"train/kl": 0.1}, step=1)
+    with pytest.raises(SystemExit) as exc:
+        main(["sync", str(run_dir), "--tracking-uri", gone])
+    assert exc.value.code == 2 and "unreachable" in capsys.readouterr().err
+    assert unsent_count(unsent_dir(run_dir)) == 1
+    main(["sync", str(run_dir), "--tracking-uri", store])
+    assert json.loads(capsys.readouterr().out) == {"run_dir": str(run_dir), "tracking_uri": store, "sent": 1, "kept": 0}

@@ -1,33 +1,26 @@
-"""The run's figures: drawn from a run's manifest, per-question results and MLflow histories."""
+"""The run's figures: drawn from a run's manifest (GRPO's recorded steps and evaluations) and
+per-question results."""
 from __future__ import annotations
 
 import json
 
 
 def _run(tmp_path, reward_models: bool) -> dict:
-    """A two-round run's manifest with GRPO histories in MLflow and per-question results on disk."""
-    from mlflow.tracking import MlflowClient
-
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    client = MlflowClient(uri)
-    exp = client.create_experiment("figure")
+    """A two-round run's manifest with GRPO histories and per-question results on disk."""
     rounds = []
     for k in (1, 2):
-        run_id = client.create_run(exp).info.run_id
-        for step, acc in ((0, 0.5 + 0.1 * k), (10, 0.6 + 0.1 * k)):
-            client.log_metric(run_id, "val/accuracy", acc, step=step)
-            client.log_metric(run_id, "train/reward_mean", acc - 0.1, step=step)
-            client.log_metric(run_id, "train/kl", 0.001 * step, step=step)
+        curve = [{"step": step, "val/accuracy": 0.5 + 0.1 * k + step / 100} for step in (0, 10)]
+        rewards = [{"step": step, "reward_mean": 0.4 + 0.1 * k + step / 100, "kl": 0.001 * step} for step in range(1, 11)]
         per_question = tmp_path / f"round{k}.json"
         per_question.write_text(json.dumps([1] * (5 + k) + [0] * (5 - k)))
         rms = {"orm": {"before": {"auc": 0.55}, "after": {"auc": 0.7},
                        "quality_gate": {"metric": "auc", "value": 0.7, "threshold": 0.6, "passed": True}},
                "prm": {"before": {"step_auc": 0.2}, "after": {"step_auc": 0.65}}} if reward_models else {}
         rounds.append({"round": k, "reward_models": rms,
-                       "stages": {"grpo": {"mlflow_run_id": run_id},
+                       "stages": {"grpo": {"curve": curve, "rewards": rewards},
                                   "eval": {"results": {"policy": {"per_question": str(per_question)}}}}})
     (tmp_path / "sft.json").write_text(json.dumps([1] * 5 + [0] * 5))
-    manifest = {"run_name": "t", "tracking_uri": uri, "rounds": rounds,
+    manifest = {"run_name": "t", "rounds": rounds,
                 "gain_over_sft": {"mean": 0.2, "low": 0.0, "high": 0.4},
                 "eval": {"sft": {"n": 10, "per_question": str(tmp_path / "sft.json")}}}
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))

@@ -128,7 +128,7 @@ def test_metric_names_are_made_valid_for_mlflow():
 def test_a_shared_server_behind_mlflows_basic_auth(tmp_path, monkeypatch):
     """``mlflow server --app-name basic-auth`` (a real one, on 127.0.0.1): without a login the run
     fails at start naming what to set; with ``MLFLOW_TRACKING_USERNAME`` / ``_PASSWORD`` it logs, and
-    the password reaches no param, tag or log line."""
+    the password reaches no param or tag."""
     from mlflow.tracking import MlflowClient
 
     from grpo_core.tracking import MlflowLogger, TrackingError, check_tracking, experiment_id, start_run

@@ -12,7 +12,7 @@ import torch
 from pydantic import BaseModel, ConfigDict
 
 from grpo_core.config import budget_fields
-from grpo_core.data import Example, load_jsonl
+from grpo_core.data import SPLITS, Example, load_jsonl
 from grpo_core.training.distributed import Dist
 from grpo_core.lm.runtime import model_device
 
@@ -73,8 +73,6 @@ def digest_files(root: Path, files) -> str:
 def splits_digest(data_dir: Path) -> str:
     """The data stage's digest: its training splits only (held-out sets have their own, in the keys
     of the stages that read them)."""
-    from grpo_core.data import SPLITS
-
     return digest_files(Path(data_dir), [Path(data_dir) / f"{split}.jsonl" for split in SPLITS])
 
 

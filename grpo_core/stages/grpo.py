@@ -114,7 +114,7 @@ SUMMARY_METRICS = ("train/reward_mean", "train/kl", "train/accuracy")
 SUMMARY_WINDOW = 10
 # Kept at every step (the manifest's ``rewards``): the answer checker's accuracy on the rollouts beside
 # the learned rewards' means (a gap that widens is the policy hacking a reward model); the study draws it.
-RECORDED = ("train/accuracy", "reward/orm_mean", "reward/prm_lowest_mean")
+RECORDED = ("train/accuracy", "train/reward_mean", "train/kl", "reward/orm_mean", "reward/prm_lowest_mean")
 
 
 def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir: Path,

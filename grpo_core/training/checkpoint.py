@@ -71,15 +71,25 @@ def _size(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
 
 
+def _no_space(error: Exception, folder: Path) -> bool:
+    """Whether a failed write ran out of disk: Python's own writes say ENOSPC / EDQUOT, safetensors
+    "No space left on device (os error 28)" in its message, ``shutil.copytree`` lists them, and
+    ``torch.save`` only "unexpected pos": then the file system's free space (under 1 MiB) says it."""
+    text = str(error)
+    return (getattr(error, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "No space left" in text
+            or "Disk quota exceeded" in text or shutil.disk_usage(folder).free < 2**20)
+
+
 def write_whole(final: Path, write: Callable[[Path], Any], marker: str | None = None) -> Path:
     """Write the folder ``final`` so that it appears whole or not at all: ``write(tmp)`` fills
     ``.tmp-<name>`` beside it; ``marker`` (a file name) then records every file's size; the folder is
     fsynced and renamed into place, an older copy moved aside until the new one is there.
 
-    A full disk (ENOSPC, EDQUOT) removes the partial copy and raises ``DiskFull`` naming the folder,
+    A full disk (``_no_space``) removes the partial copy and raises ``DiskFull`` naming the folder,
     the free space and about what is needed (the size of the copy it replaces, else of what was written
     before the disk filled: a lower bound); the previous copy and older checkpoints are untouched."""
     tmp, aside = final.with_name(f".tmp-{final.name}"), final.with_name(f".old-{final.name}")
+    finish_interrupted_rewrites(final.parent)
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         write(tmp)
@@ -87,8 +97,8 @@ def write_whole(final: Path, write: Callable[[Path], Any], marker: str | None = 
             files = {str(f.relative_to(tmp)): f.stat().st_size for f in sorted(tmp.rglob("*")) if f.is_file()}
             (tmp / marker).write_text(json.dumps({"files": files}))
         _fsync_tree(tmp)
-    except OSError as e:
-        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+    except Exception as e:
+        if not _no_space(e, final.parent):
             raise
         written = _size(tmp)
         shutil.rmtree(tmp, ignore_errors=True)
@@ -96,7 +106,7 @@ def write_whole(final: Path, write: Callable[[Path], Any], marker: str | None = 
         need = f"about {previous / 2**20:,.1f} MiB, as the last complete copy" if previous else \
             f"more than {written / 2**20:,.1f} MiB (written before the disk filled)"
         free = shutil.disk_usage(final.parent).free
-        raise DiskFull(e.errno, f"{final}: no space left on the device while writing it ({free / 2**20:,.1f} MiB "
+        raise DiskFull(errno.ENOSPC, f"{final}: no space left on the device while writing it ({free / 2**20:,.1f} MiB "
                                 f"free there; it needs {need}). The partial copy was removed and what was there "
                                 f"before is kept: free some space and run the same command, which resumes from "
                                 f"the last complete checkpoint") from None
@@ -153,6 +163,8 @@ def resume_point(root: Path) -> tuple[Path | None, dict[str, Any] | None]:
         if why is None:
             try:
                 return checkpoint, load_state(checkpoint)
+            except MemoryError:
+                raise
             except Exception as e:  # a truncated or garbled pickle: torch raises several kinds
                 why = f"{STATE} does not load ({type(e).__name__}: {str(e)[:120]})"
         aside = checkpoint.with_name(f"damaged-{checkpoint.name}")
@@ -163,16 +175,16 @@ def resume_point(root: Path) -> tuple[Path | None, dict[str, Any] | None]:
     return None, None
 
 
-def _finish_interrupted_rewrite(root: Path) -> None:
-    """A same-step rewrite stopped between its two renames left ``step-N`` missing: put the new copy
-    in place if it was complete (its marker is written before the renames), else the old one."""
-    for aside in root.glob(".old-step-*"):
-        final = root / aside.name.removeprefix(".old-")
-        if final.exists():
-            shutil.rmtree(aside, ignore_errors=True)
-            continue
-        new = root / aside.name.replace(".old-", ".tmp-", 1)
-        os.replace(new if (new / MARKER).exists() else aside, final)
+def finish_interrupted_rewrites(folder: Path) -> None:
+    """A rewrite (``write_whole``) stopped between its two renames left ``X`` missing beside
+    ``.old-X``: put the new copy in place if it was whole (written and fsynced before the renames; a
+    checkpoint's marker says so), else the old one."""
+    for aside in folder.glob(".old-*"):
+        final = folder / aside.name.removeprefix(".old-")
+        if not final.exists():
+            new = final.with_name(f".tmp-{final.name}")
+            whole = new.is_dir() and (not final.name.startswith("step-") or (new / MARKER).exists())
+            os.replace(new if whole else aside, final)
         shutil.rmtree(aside, ignore_errors=True)  # gone already if it was the one restored
 
 
@@ -180,7 +192,7 @@ def complete_checkpoints(root: Path) -> list[Path]:
     """Complete checkpoints, oldest first; half-written temporary folders are ignored."""
     if not root.is_dir():
         return []
-    _finish_interrupted_rewrite(root)
+    finish_interrupted_rewrites(root)
     return sorted(p for p in root.glob("step-*") if (p / MARKER).exists())
 
 
