@@ -15,7 +15,7 @@ import re
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Callable, Iterator, Protocol, TypeVar
 
 from grpo_core.config import PipelineConfig
 from grpo_core.env import default_tracking_uri
@@ -68,6 +68,7 @@ STORE = "tracking_uri"  # in that folder: the store its records are for (``grpo-
 RETRY_S = 30.0  # how often a logger looks at a store that stopped answering
 DOWN: dict[str, float] = {}  # tracking URI -> when to look at it again (a store that stopped answering)
 log = logging.getLogger("grpo_pipeline.tracking")
+T = TypeVar("T")
 
 
 def unsent_dir(run_dir: str | Path) -> Path:
@@ -396,7 +397,7 @@ def _experiment_id(uri: str, name: str) -> str:
     return client.create_experiment(name, artifact_location=artifacts, tags=EXPERIMENT_KIND)
 
 
-def patiently(call, uri: str, wait_s: float, what: str):
+def patiently(call: Callable[[], T], uri: str, wait_s: float, what: str) -> T:
     """``call()``; while the tracking store does not answer, try again every 5 s for up to ``wait_s``
     (what cannot be deferred, such as starting a run whose id a stage needs), then stop saying what
     is kept and how to go on."""
