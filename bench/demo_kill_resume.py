@@ -13,7 +13,7 @@ command; ``mlflow`` and ``prefect`` SIGKILL that server and start it again after
 (the run goes on, waits for it, or stops saying so; a run that stopped is started again with the
 same command once its server is back). Prints one JSON object: where each fault landed (the last
 stage logged), the final metrics of both runs, whether they are equal, and how many tracking
-records were still unsent at the end.
+records the run still kept at its end (a fault near the end) and after ``grpo-pipeline sync``.
 
 The demo's GRPO stops on a wall-time budget (``grpo.max_seconds``), which no two runs spend on
 the same number of steps; both runs here use a step budget instead (``--grpo-steps`` per round),
@@ -37,6 +37,7 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
 
 def _command(work: Path, name: str, grpo_steps: int, threads: int) -> list[str]:
@@ -112,6 +113,13 @@ def _last_stage(log_path: Path) -> str:
     return f"in the stage after {task}" if said.startswith("Finished in state") else f"{task}: {said[:100]}"
 
 
+def _unsent(work: Path) -> int:
+    """Tracking records the killed run still keeps (its servers were down when it logged them)."""
+    from grpo_core.tracking import unsent_count, unsent_dir
+
+    return unsent_count(unsent_dir(work / "killed" / "demo"))
+
+
 def _final(work: Path, name: str) -> dict:
     """The run's final metrics: evaluations, and each round's GRPO summary, reward-model held-out
     metrics and the digests of its policy and reward-model weights (equal digests: equal weights)."""
@@ -185,6 +193,11 @@ def main() -> None:
         while (rc := proc.wait()) != 0 and restarts < 10:  # a run a server fault stopped: again, as a user would
             restarts += 1
             proc = _start(work, "killed", a, log, servers)
+    unsent = {"at_end": _unsent(work)}
+    if unsent["at_end"]:  # a fault near the end: what the run said to do, with the server back
+        subprocess.run([str(Path(sys.executable).parent / "grpo-pipeline"), "sync", str(work / "killed" / "demo")],
+                       env=_env(work, "killed"), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        unsent["after_sync"] = _unsent(work)
     for server in servers.values():
         server.kill()
     reference.join()
@@ -195,7 +208,7 @@ def main() -> None:
     if rc == 0 and straight["rc"] == 0:
         result["straight"], result["killed"] = _final(work, "straight"), _final(work, "killed")
         result["same_final_metrics"] = result["straight"] == result["killed"]
-        result["tracking_unsent"] = sum(len(f.read_text().splitlines()) for f in (work / "killed" / "demo").glob("mlflow-unsent/*.jsonl"))
+        result["tracking_unsent"] = unsent
     print(json.dumps(result, indent=None if a.json else 2))
     if not result.get("same_final_metrics"):
         raise SystemExit(1)

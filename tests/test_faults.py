@@ -116,6 +116,17 @@ def mlflow_server(root: Path, port: int):
                    "--workers", "1"], f"http://127.0.0.1:{port}/health")
 
 
+def _until_checkpointed(proc: subprocess.Popen, root: Path, pattern: str) -> None:
+    """Wait, ``proc`` running, until a checkpoint folder ``root.glob(pattern)`` holds a complete checkpoint."""
+    from grpo_core.training.checkpoint import complete_checkpoints
+
+    deadline = time.monotonic() + 600
+    while not any(complete_checkpoints(folder) for folder in root.glob(pattern)):
+        assert proc.poll() is None, f"the process ended before it checkpointed:\n{proc.stdout.read()[-3000:]}"
+        assert time.monotonic() < deadline, "no checkpoint in 10 minutes"
+        time.sleep(0.1)
+
+
 def _pipeline(recipe: Path, env: dict) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "flows.cli", "run", str(recipe)], env=env, cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
@@ -130,7 +141,6 @@ def test_mlflow_server_killed_during_grpo(tmp_path):
     every GRPO step."""
     from mlflow.tracking import MlflowClient
 
-    from grpo_core.training.checkpoint import complete_checkpoints
     from tests.conftest import make_tiny_cfg
 
     port = _free_port()
@@ -146,11 +156,7 @@ def test_mlflow_server_killed_during_grpo(tmp_path):
 
     with mlflow_server(tmp_path / "mlflow", port) as (kill, start):
         proc = _pipeline(recipe, env)
-        deadline = time.monotonic() + 600
-        while not ((grpo / "checkpoints").is_dir() and complete_checkpoints(grpo / "checkpoints")):
-            assert proc.poll() is None, f"the run ended before GRPO checkpointed:\n{proc.stdout.read()[-3000:]}"
-            assert time.monotonic() < deadline, "GRPO never checkpointed"
-            time.sleep(0.1)
+        _until_checkpointed(proc, grpo, "checkpoints")
         kill()
         out, _ = proc.communicate(timeout=600)
         assert proc.returncode == 2, out[-3000:]
@@ -281,7 +287,6 @@ def test_compare_killed_part_way_resumes_where_it_stopped(tmp_path):
     """``grpo-pipeline compare`` SIGKILLed in its last (variant, seed), mid-GRPO, and run again: the
     finished variants and seeds are served from the cache (their models untouched), the interrupted
     GRPO resumes from its last complete checkpoint, and the table is made."""
-    from grpo_core.training.checkpoint import complete_checkpoints
     from tests.conftest import make_tiny_cfg
 
     cfg = make_tiny_cfg(tmp_path, run_name="cmp", sft__max_steps=2, grpo__steps=2, grpo__checkpoint_every=1,
@@ -299,11 +304,7 @@ def test_compare_killed_part_way_resumes_where_it_stopped(tmp_path):
 
     proc = subprocess.Popen(compare, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
-    deadline = time.monotonic() + 600
-    while not [c for c in run_dir.glob("compare/*/rule-outcome/seed-1/checkpoints") if complete_checkpoints(c)]:
-        assert proc.poll() is None, f"compare ended before its last seed checkpointed:\n{proc.stdout.read()[-3000:]}"
-        assert time.monotonic() < deadline, "the last seed never checkpointed"
-        time.sleep(0.1)
+    _until_checkpointed(proc, run_dir, "compare/*/rule-outcome/seed-1/checkpoints")
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     [root] = run_dir.glob("compare/*/rule-outcome/..")
@@ -348,11 +349,7 @@ def test_prefect_server_killed_mid_flow(tmp_path):
 
     with server(command, f"{api}/health", server_env) as (kill, start):
         proc = _pipeline(recipe, env)
-        deadline = time.monotonic() + 600
-        while not ((grpo / "checkpoints").is_dir() and complete_checkpoints(grpo / "checkpoints")):
-            assert proc.poll() is None, f"the run ended before GRPO checkpointed:\n{proc.stdout.read()[-3000:]}"
-            assert time.monotonic() < deadline, "GRPO never checkpointed"
-            time.sleep(0.1)
+        _until_checkpointed(proc, grpo, "checkpoints")
         kill()
         out, _ = proc.communicate(timeout=600)
         assert proc.returncode == 2, out[-3000:]
