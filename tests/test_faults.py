@@ -76,6 +76,19 @@ def test_a_tracking_store_that_stops_answering_loses_nothing(tmp_path, monkeypat
     assert unsent_count(unsent) == 0
 
 
+def test_kept_metrics_are_sent_in_batches():
+    """Consecutive kept metric records go in one call of at most 1000 metrics (MLflow's limit); any
+    other record, or a torn line, alone and in order."""
+    from grpo_core.tracking import batches
+
+    def metrics(n: int) -> str:
+        return json.dumps({"op": "metrics", "metrics": [["train/kl", 0.1, 0, i] for i in range(n)]})
+
+    lines = [metrics(600), metrics(300), metrics(200), '{"op": "tags", "tags": {"a": "b"}}', '{"op": "metr', metrics(1)]
+    got = [(len(lines_), record and len(record.get("metrics", []))) for lines_, record in batches(lines)]
+    assert got == [(2, 900), (1, 200), (1, 0), (1, None), (1, 1)]
+
+
 @contextmanager
 def server(command: list[str], health: str, env: dict | None = None):
     """A real server process (``command``, listening on 127.0.0.1) that answers ``health`` once up;
