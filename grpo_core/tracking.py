@@ -353,10 +353,10 @@ def check_tracking(uri: str, timeout_s: float = 5.0) -> None:
         parts = urllib.parse.urlsplit(uri)
         host = f"[{parts.hostname}]" if ":" in (parts.hostname or "") else parts.hostname or ""
         base = urllib.parse.urlunsplit(parts._replace(netloc=host + (f":{parts.port}" if parts.port else ""))).rstrip("/")
-        login = (f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
-                 if parts.username is not None else None)
-        if login is None and os.environ.get("MLFLOW_TRACKING_USERNAME"):
-            login = f"{os.environ['MLFLOW_TRACKING_USERNAME']}:{os.environ.get('MLFLOW_TRACKING_PASSWORD', '')}"
+        login = (f"{os.environ['MLFLOW_TRACKING_USERNAME']}:{os.environ.get('MLFLOW_TRACKING_PASSWORD', '')}"
+                 if os.environ.get("MLFLOW_TRACKING_USERNAME") else None)  # first, as MLflow's client
+        if login is None and parts.username is not None:
+            login = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
         token = os.environ.get("MLFLOW_TRACKING_TOKEN")
         headers = ({"Authorization": "Basic " + base64.b64encode(login.encode()).decode()} if login is not None
                    else {"Authorization": f"Bearer {token}"} if token else {})

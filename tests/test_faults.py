@@ -235,6 +235,24 @@ def test_a_full_disk_during_a_checkpoint_keeps_the_last_one(tmp_path):
     assert "model.safetensors" in seen["again"]["model"]
 
 
+def test_a_full_disk_stops_the_command_with_exit_2(tmp_path, monkeypatch, capsys):
+    """What ``DiskFull`` says reaches the command line as its error, exit 2 (the real ENOSPC is above)."""
+    import errno
+
+    import flows.pipeline
+    from flows.cli import main
+    from grpo_core.training.checkpoint import DiskFull
+
+    def full(config):
+        raise DiskFull(errno.ENOSPC, "runs/demo/sft/checkpoints/step-00000004: no space left on the device ...")
+
+    monkeypatch.setattr(flows.pipeline, "pipeline", full)
+    with pytest.raises(SystemExit) as exc:
+        main(["run", "configs/demo.yaml", "--set", f"output_dir={tmp_path / 'runs'}",
+              "--set", f"tracking.tracking_uri=sqlite:///{tmp_path}/mlflow.db"])
+    assert exc.value.code == 2 and "step-00000004: no space left on the device" in capsys.readouterr().err
+
+
 # ------------------------------------------------------------------ corrupted artefacts
 
 def _garble(path: Path, how: str) -> None:
