@@ -178,7 +178,8 @@ def resume_point(root: Path) -> tuple[Path | None, dict[str, Any] | None]:
 def finish_interrupted_rewrites(folder: Path) -> None:
     """A rewrite (``write_whole``) stopped between its two renames left ``X`` missing beside
     ``.old-X``: put the new copy in place if it was whole (written and fsynced before the renames; a
-    checkpoint's marker says so), else the old one."""
+    checkpoint's marker says so), else the old one. Run before every listing of checkpoints and every
+    ``write_whole`` (so also before ``publish`` copies ``best/``)."""
     for aside in folder.glob(".old-*"):
         final = folder / aside.name.removeprefix(".old-")
         if not final.exists():

@@ -18,8 +18,7 @@ from pathlib import Path
 
 import torch
 
-from grpo_core.training.checkpoint import (finish_interrupted_rewrites, resume_point, rng_state, save_checkpoint,
-                                          set_rng_state, write_whole)
+from grpo_core.training.checkpoint import resume_point, rng_state, save_checkpoint, set_rng_state, write_whole
 from grpo_core.training.distributed import Dist
 from grpo_core.lm.modeling import save_model
 from grpo_core.training.schedules import learning_rate
@@ -121,8 +120,6 @@ class Trainer:
         self.cfg, self.sc, self.out_dir, self.identity, self.d, self.logger = (
             cfg, getattr(cfg, section), out_dir, identity, d, logger)
         self.root = out_dir / "checkpoints"
-        if d.main and out_dir.is_dir():
-            finish_interrupted_rewrites(out_dir)  # best/ or model/ caught between two renames by a crash
         self.resume, self._saved = d.main_first(lambda: find_resume(self.root, identity))
         self.wrapped = None
 
