@@ -37,7 +37,8 @@ def main() -> None:
     from grpo_core.rewards.scorer import RewardScorer
     from grpo_core.stages.common import read_split, set_threads
     from grpo_core.stages.grpo import rl_step
-    from grpo_core.stages.rl import Models, step_questions
+    from grpo_core.stages.questions import QuestionSampler
+    from grpo_core.stages.rl import Models
 
     setup_environment()
     run = Path(a.run)
@@ -69,7 +70,7 @@ def main() -> None:
             opt = torch.optim.AdamW(model.parameters(), lr=gc.lr, betas=(0.9, 0.95), weight_decay=0.0)
             scorer = RewardScorer.from_paths(gc.reward_weights, gc.supervision, tok, cfg.reward_data.step_separator, models)
             for step in range(a.steps):
-                m = rl_step(Models(model, ref), tok, opt, step_questions(pool, gc.questions_per_step, cfg.seed, step),
+                m = rl_step(Models(model, ref), tok, opt, QuestionSampler(pool, cfg.seed).step(step, gc.questions_per_step),
                             gc, step, scorer)
                 if step:
                     for k in (*PARTS, "train/loss"):

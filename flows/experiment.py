@@ -138,8 +138,9 @@ def train_variant(s: Setup, name: str, seed: int, out: Path, data: Ref, sft: Ref
     if s.is_the_runs_grpo(vcfg):
         return Run.of(vcfg.seed, [s.first["grpo"]])
     rms = {k: s.first[k].ref for k in vcfg.grpo.reward_models_used}
+    rates = s.first["reward_data"].pass_rates_ref if vcfg.grpo.curriculum else None
     return Run.of(vcfg.seed, [run_stage(grpo_task, vcfg, str(out), GRPOInputs(
-        data=data, init=sft, reward_models=rms), **common).output])
+        data=data, init=sft, reward_models=rms, pass_rates=rates), **common).output])
 
 
 def two_rounds(s: Setup, cfgs: tuple[PipelineConfig, PipelineConfig], out: Path, data: Ref, sft: Ref,
@@ -150,15 +151,17 @@ def two_rounds(s: Setup, cfgs: tuple[PipelineConfig, PipelineConfig], out: Path,
     GRPO outputs and the retraining seconds."""
     vcfg, vcfg2 = cfgs
     prm = s.first["prm"].ref
-    g1 = run_stage(grpo_task, vcfg, str(out / "round-1" / "grpo"),
-                   GRPOInputs(data=data, init=sft, reward_models={"prm": prm}, round=1), **common).output
+    rates = (lambda stage: stage.pass_rates_ref if vcfg.grpo.curriculum else None)  # noqa: E731
+    g1 = run_stage(grpo_task, vcfg, str(out / "round-1" / "grpo"), GRPOInputs(
+        data=data, init=sft, reward_models={"prm": prm}, round=1, pass_rates=rates(s.first["reward_data"])), **common).output
     start = RoundStart(policy=g1.ref, reward_models={"prm": prm},
                        buffer=s.first["replay"].ref if "replay" in s.first else None,
                        rollouts=Ref(path=g1.rollouts, digest=g1.digest) if g1.rollouts else None)
     prm_only = vcfg.model_copy(update={"orm": vcfg.orm.model_copy(update={"train": False})})
     retrain = reward_stages(prm_only, 2, out / "round-2", out, data, sft, start, common)
     g2 = run_stage(grpo_task, vcfg2, str(out / "round-2" / "grpo"), GRPOInputs(
-        data=data, init=g1.ref, reward_models={"prm": retrain["prm"].output.ref}, round=2), **common).output
+        data=data, init=g1.ref, reward_models={"prm": retrain["prm"].output.ref}, round=2,
+        pass_rates=rates(retrain["reward_data"].output)), **common).output
     return [g1, g2], sum(r.output.wall_s for r in retrain.values())  # the stages' own time (cached or not)
 
 
@@ -236,8 +239,10 @@ def _experiment(run_dir: str, preset: str, variants: list[str] | None, seeds: in
         data, sft = s.stage("data").ref, s.stage("sft").ref
         runs: dict[str, list[Run]] = {}
         for name in variants or s.preset.variants:
-            uses = () if VARIANTS[name].grpo is None else s.config(name, cfg.seed).grpo.reward_models_used
-            missing = [m for m in uses if m not in s.first]
+            vgrpo = None if VARIANTS[name].grpo is None else s.config(name, cfg.seed).grpo
+            missing = [m for m in (vgrpo.reward_models_used if vgrpo else ()) if m not in s.first]
+            if vgrpo and vgrpo.curriculum and not getattr(s.first.get("reward_data"), "pass_rates", None):
+                missing.append("reward data with pass rates (for its curriculum)")
             if missing:
                 log.warning("skipping %s: the run trained no %s", name, ", ".join(missing))
             else:

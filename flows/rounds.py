@@ -10,7 +10,8 @@ Round k starts from policy k-1 (the SFT model for k = 1) and the reward models o
   grpo         from policy k-1, reference reset to it, with the retrained reward models
   eval         the new policy's test accuracy
 then the policy is registered in MLflow (alias ``champion`` on the best by validation accuracy) and
-the round publishes a Prefect artifact. A recipe that trains no reward model runs grpo and eval only.
+the round publishes a Prefect artifact. A recipe that trains no reward model runs grpo and eval only
+(and reward_data first where ``grpo.curriculum`` draws GRPO's questions by the policy's pass rates).
 
 Every stage is a cached task under ``runs/<run>/round-<k>/``: re-running a flow skips finished
 rounds, and a killed round resumes each stage from its last complete checkpoint.
@@ -48,12 +49,15 @@ class RoundStart(BaseModel):
 
 def reward_stages(cfg: PipelineConfig, k: int, round_dir: Path, run_dir: Path, data: Ref, sft: Ref,
                   start: RoundStart, common: dict) -> dict[str, StageRun]:
-    """reward_data -> replay -> orm / prm for round ``k``, by stage."""
+    """reward_data -> replay -> orm / prm for round ``k``, by stage (reward_data alone where only
+    GRPO's curriculum needs the policy's pass rates)."""
     wanted = [kind for kind in ("orm", "prm") if getattr(cfg, kind).train]
-    if not wanted:
+    if not wanted and not cfg.grpo.curriculum:
         return {}
     out = {"reward_data": run_stage(reward_data_task, cfg, str(round_dir / "reward_data"), RewardDataInputs(
         data=data, policy=start.policy, round=k, rollouts=start.rollouts), **common)}
+    if not wanted:
+        return out
     datasets = out["reward_data"].output.datasets
     out["replay"] = run_stage(replay_task, cfg, str(run_dir / "replay" / f"v{k}"),
                               ReplayInputs(reward_data=datasets, previous=start.buffer, round=k), **common)
@@ -158,7 +162,8 @@ def rl_round(cfg: PipelineConfig, k: int, data: Ref, sft: Ref, start: RoundStart
         gcfg = without_reward_models(cfg, excluded)
         results["grpo"] = run_stage(grpo_task, gcfg, str(round_dir / "grpo"), GRPOInputs(
             data=data, init=start.policy, reward_models={m: rms[m].ref for m in gcfg.grpo.reward_models_used},
-            round=k), **common)
+            round=k, pass_rates=results["reward_data"].output.pass_rates_ref if cfg.grpo.curriculum else None),
+            **common)
         grpo = results["grpo"].output
         results["eval"] = run_stage(eval_task, cfg, str(round_dir / "eval"),
                                     EvalInputs(data=data, models={"policy": grpo.ref}), **common)

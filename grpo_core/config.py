@@ -252,6 +252,9 @@ class GRPOConfig(Training):
     # A token's process credit from the normalised rewards of the steps at or after it: their sum
     # (the paper) or their minimum (PURE, arXiv 2504.15275: the sum form collapsed training early).
     process_credit: Literal["sum", "min"] = Field("sum", description="supervision=process: a token's advantage is the sum (paper) or the min (PURE) of the normalised rewards of the steps at or after it")
+    # Sparse rewards (stages/questions.py): a group whose rewards are all equal gives no gradient.
+    curriculum: float = Field(0.0, ge=0, le=1, description="share of each step's questions drawn from those the policy solved sometimes (0 < right < samples) in the round's reward-data samples, the rest uniformly (open-r1's pass-rate filter, softened); 0 = uniform (paper)")
+    redraws: int = Field(0, ge=0, description="dynamic sampling (DAPO §3.2): a question whose group has no reward spread gives its place to another question's group, up to this many more groups per place (the bound on extra sampling); 0 = keep every group (paper)")
     # The §5 comparison: the table of algorithms (``algorithms.ALGORITHMS``) says what each one
     # samples, its advantage, where the KL goes and what it trains beside the policy.
     algorithm: Literal["grpo", "ppo", "rft", "online_rft"] = Field(
@@ -314,6 +317,9 @@ class GRPOConfig(Training):
                              f"reward_weights must be {{rule: ...}} with supervision=outcome")
         if alg.advantage == "gae" and self.supervision == "process":
             raise ValueError(f"{name} takes outcome supervision (one reward per solution)")
+        if self.redraws and alg.advantage != "group":
+            raise ValueError(f"redraws (dynamic sampling) keeps groups whose GRPO advantages have spread; {name} "
+                             f"has no group advantage: set redraws to 0")
         if self.ppo is not None and "value" not in alg.trains:
             raise ValueError(f"the ppo section applies to algorithm=ppo only ({name})")
         return self

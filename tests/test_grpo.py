@@ -22,7 +22,7 @@ from grpo_core.lm.policy import token_logprobs
 from grpo_core.stages.common import read_split
 from grpo_core.stages.grpo import rl_step, run_grpo
 from grpo_core.stages.rl import Models
-from grpo_core.stages.rl import step_questions
+from grpo_core.stages.questions import QuestionSampler
 from grpo_core.tracking import NullLogger
 
 FIELD_METRICS = ["train/reward_mean", "train/reward_std", "train/frac_reward_zero_std", "train/kl",
@@ -86,9 +86,10 @@ def test_run_grpo_logs_field_metrics(tmp_path, tiny_cfg, tiny_data_dir, tiny_mod
 
 def test_rollout_questions_depend_on_seed_and_step_only(tiny_data_dir):
     pool = read_split(tiny_data_dir, "rl")
-    assert step_questions(pool, 4, 0, 3) == step_questions(pool, 4, 0, 3)
-    assert step_questions(pool, 4, 0, 3) != step_questions(pool, 4, 0, 4)
-    assert len(step_questions(pool, 1000, 0, 0)) == len(pool)
+    draws = QuestionSampler(pool, 0)
+    assert draws.step(3, 4) == QuestionSampler(pool, 0).step(3, 4)
+    assert draws.step(3, 4) != draws.step(4, 4)
+    assert len(draws.step(0, 1000)) == len(pool)
 
 
 def _resume_check(tmp_path, log_a, log_b1, log_b2, n, stop):
@@ -201,7 +202,7 @@ def _grpo_setup(tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir, **overrides):
     ref, _ = load_model(tiny_model_dir)
     ref.eval().requires_grad_(False)
     opt = RecordingAdamW(policy.parameters(), lr=cfg.grpo.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    questions = step_questions(read_split(tiny_data_dir, "rl"), cfg.grpo.questions_per_step, 0, 0)
+    questions = QuestionSampler(read_split(tiny_data_dir, "rl"), 0).step(0, cfg.grpo.questions_per_step)
     return cfg, policy, ref, tok, opt, questions
 
 

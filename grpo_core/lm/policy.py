@@ -39,6 +39,22 @@ class Rollout:
         return Rollout(self.input_ids[index], self.attention_mask[index], self.completion_mask[index], self.prompt_len,
                        [self.texts[i] for i in index.tolist()], self.truncated[index])
 
+    @staticmethod
+    def cat(parts: list["Rollout"], pad_id: int) -> "Rollout":
+        """The rows of ``parts`` in order, as one batch: prompts left-padded to the longest prompt and
+        completions right-padded to the widest (padding is masked, and positions follow the mask, so
+        every row reads as it did in its own batch). Dynamic sampling joins the groups of its draws."""
+        p, t = max(r.prompt_len for r in parts), max(r.completion_mask.shape[1] for r in parts)
+
+        def widen(x: torch.Tensor, r: "Rollout", fill) -> torch.Tensor:
+            left, right = p - r.prompt_len, t - (x.shape[1] - r.prompt_len)
+            return F.pad(x, (left, right), value=fill)
+
+        return Rollout(torch.cat([widen(r.input_ids, r, pad_id) for r in parts]),
+                       torch.cat([widen(r.attention_mask, r, 0) for r in parts]),
+                       torch.cat([F.pad(r.completion_mask, (0, t - r.completion_mask.shape[1])) for r in parts]),
+                       p, [text for r in parts for text in r.texts], torch.cat([r.truncated for r in parts]))
+
     def distinct(self, *keys: torch.Tensor) -> "Distinct":
         """The rows that differ in their tokens or in any of ``keys`` ([B, ...] per row, e.g. their
         advantages): a GRPO group of a model that has learnt its task repeats its likeliest solution

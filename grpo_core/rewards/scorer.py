@@ -51,6 +51,26 @@ class Scored:
     step_mask: torch.Tensor | None = None  # [B, K] steps that count (none for dropped completions)
     stats: dict[str, float] | None = None
 
+    def select(self, index: torch.Tensor) -> "Scored":
+        """The completions ``index`` [U] (long), in that order; ``stats`` stay those of the whole batch."""
+        pick = lambda x: None if x is None else x[index]  # noqa: E731
+        return Scored(self.outcome[index], self.correct[index], pick(self.step_rewards), pick(self.step_ends),
+                      pick(self.step_mask), self.stats)
+
+    @staticmethod
+    def cat(parts: list["Scored"]) -> "Scored":
+        """The completions of ``parts`` in order (steps padded to the most, as absent steps);
+        ``stats`` are the first part's."""
+        out = Scored(torch.cat([s.outcome for s in parts]), torch.cat([s.correct for s in parts]), stats=parts[0].stats)
+        if parts[0].step_rewards is None:
+            return out
+        k = max(s.step_rewards.shape[1] for s in parts)
+        widen = lambda x, fill: torch.nn.functional.pad(x, (0, k - x.shape[1]), value=fill)  # noqa: E731
+        out.step_rewards = torch.cat([widen(s.step_rewards, torch.nan) for s in parts])
+        out.step_ends = torch.cat([widen(s.step_ends, 0) for s in parts])
+        out.step_mask = torch.cat([widen(s.step_mask, False) for s in parts])
+        return out
+
 
 class RewardScorer:
     """Scores rollouts with ``weights`` over ``rule`` / ``orm`` / ``prm``.

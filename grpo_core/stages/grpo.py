@@ -15,6 +15,7 @@ import dataclasses
 import functools
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -32,7 +33,8 @@ from grpo_core.lm.runtime import autocast, model_device, place
 from grpo_core.rewards.scorer import RewardError, RewardScorer, Scored
 from grpo_core.stages.common import SINGLE, digest_dir, read_split, round_seed, run_identity, set_threads, write_manifest
 from grpo_core.stages.ppo import gae_advantages, value_model_from
-from grpo_core.stages.rl import Advantages, Exploration, Models, explore, step_metrics, step_questions, step_seed, update
+from grpo_core.stages.questions import QuestionSampler, draw_seed, fill, read_pass_rates
+from grpo_core.stages.rl import Advantages, Exploration, Models, explore, sample_groups, step_metrics, step_seed, update
 from grpo_core.training.trainer import Plan, Trainer, TrainState
 from grpo_core.tracking import MetricLogger, NullLogger
 
@@ -70,9 +72,17 @@ def correct_advantages(ex: Exploration, models: Models, gc: GRPOConfig, amp=None
 ADVANTAGES = {"group": group_advantages, "correct": correct_advantages, "gae": gae_advantages}
 
 
+def has_spread(ex: Exploration, gc: GRPOConfig) -> torch.Tensor:
+    """[N] bool: the groups whose GRPO advantages are not all zero (those that carry a gradient)."""
+    n, width = len(ex.questions), ex.rollout.completion_mask.shape[1]
+    adv, _ = rollout_advantages(ex.scored, n, gc.group_size, width, gc.process_credit)
+    return adv.view(n, gc.group_size, width).ne(0).any(-1).any(-1)
+
+
 def rl_step(models: Models, tokenizer, opt, questions: list[Example], gc: GRPOConfig, seed: int,
             scorer: RewardScorer | None = None, d: Dist = SINGLE, trained=None,
-            amp=contextlib.nullcontext, record: list[dict] | None = None) -> dict[str, float]:
+            amp=contextlib.nullcontext, record: list[dict] | None = None,
+            redraw: Callable[[int, int], Example] | None = None) -> dict[str, float]:
     """One exploration stage and its mu updates on the step's ``questions`` (the global batch) by
     ``grpo.algorithm``'s row of ``ALGORITHMS``; returns the step's metrics (rule reward by default).
 
@@ -81,16 +91,28 @@ def rl_step(models: Models, tokenizer, opt, questions: list[Example], gc: GRPOCo
     (``BatchSize``) and DDP (``trained``: the wrapped policy) averages the gradients. Samples are
     seeded by global row, so N processes draw the rollouts one process would. ``amp``: the forward
     passes' precision context (``runtime.autocast``). ``record``: this process's checked
-    completions are appended to it (reward-model data for the next round)."""
+    completions are appended to it (reward-model data for the next round). ``redraw(slot, k)``:
+    the question of a slot's k-th redraw (``grpo.redraws`` > 0: dynamic sampling)."""
     alg = ALGORITHMS[gc.algorithm]
+    scorer = scorer or RewardScorer({"rule": 1.0}, "outcome", tokenizer)
+    sampler = models.ref if alg.samples == "reference" else models.policy
     clock = [time.perf_counter()]
 
     # Rollout and score: G samples per question from pi_old (the current policy; RFT: the frozen
     # starting model), seeded by global row; the reward sources (answer checker, ORM, PRM);
-    # process supervision scores every step.
+    # process supervision scores every step. Dynamic sampling: a slot whose group has no reward
+    # spread samples another question's group, up to grpo.redraws times (questions.fill).
     with d.gathered(trained):  # FSDP: each process samples its share on the whole policy
-        ex = explore(models.ref if alg.samples == "reference" else models.policy, tokenizer, questions, gc, seed,
-                     scorer, d, amp, record)
+        first = explore(sampler, tokenizer, questions, gc, seed, scorer, d, amp, record)
+        ex, drawn = first, None
+        if gc.redraws:
+            if redraw is None:
+                raise ValueError("grpo.redraws > 0 needs the questions to redraw from (rl_step's redraw)")
+            mine = d.shard(len(questions), "grpo.questions_per_step")
+            ex, drawn = fill(first, list(range(mine.start, mine.stop)), gc.redraws, lambda e: has_spread(e, gc),
+                             lambda qs, slots, k: sample_groups(sampler, tokenizer, qs, slots, gc, draw_seed(seed, k),
+                                                                scorer, amp, record),
+                             redraw, tokenizer.pad_token_id)
     clock.append(ex.sampled_at)
 
     # Advantages: the algorithm's estimator (group z-scores or process credit; 1[correct]; GAE).
@@ -105,8 +127,7 @@ def rl_step(models: Models, tokenizer, opt, questions: list[Example], gc: GRPOCo
     after = adv.then() if adv.then else {}
 
     # Metrics: every cross-process reduction of the step in one place.
-    return step_metrics(sums, n_updates, ex.scored, ex.rewards, adv.values, adv.stats, ex.rollout,
-                        len(ex.questions), gc.group_size, opt, d, clock) | after
+    return step_metrics(sums, n_updates, first, ex, adv.values, adv.stats, gc.group_size, opt, d, clock, drawn) | after
 
 
 # Training metrics averaged over the last steps for the stage's summary (a round's report).
@@ -114,17 +135,19 @@ SUMMARY_METRICS = ("train/reward_mean", "train/kl", "train/accuracy")
 SUMMARY_WINDOW = 10
 # Kept at every step (the manifest's ``rewards``): the answer checker's accuracy on the rollouts beside
 # the learned rewards' means (a gap that widens is the policy hacking a reward model); the study draws it.
-RECORDED = ("train/accuracy", "train/reward_mean", "train/kl", "reward/orm_mean", "reward/prm_lowest_mean")
+RECORDED = ("train/accuracy", "train/reward_mean", "train/kl", "reward/orm_mean", "reward/prm_lowest_mean",
+            "train/frac_reward_zero_std", "train/frac_batch_zero_std", "sampling/groups_drawn")
 
 
 def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir: Path,
              logger: MetricLogger | None = None, reward_models: dict[str, str] | None = None,
-             round_: int = 1) -> dict:
+             round_: int = 1, pass_rates: str | Path | None = None) -> dict:
     """Train from ``init_dir`` (the SFT policy in round 1, the previous round's policy later; also
     the frozen reference), resuming if possible.
 
     ``reward_models`` maps ``orm`` / ``prm`` to model folders, needed when ``grpo.reward_weights``
     uses them. ``round_`` seeds the questions and rollouts, so each RL round sees other ones.
+    ``pass_rates``: the round's reward-data pass rates (a folder), which ``grpo.curriculum`` draws by.
     Under torchrun rank 0 validates, logs, checkpoints and returns the manifest (others: None)."""
     d = distributed.init(cfg.launch)
     logger = (logger or NullLogger()) if d.main else NullLogger()
@@ -133,12 +156,16 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
     missing = [k for k in gc.reward_models_used if k not in reward_models]
     if missing:
         raise ValueError(f"grpo.reward_weights uses {', '.join(missing)} but no such model was given")
+    if gc.curriculum and pass_rates is None:
+        raise ValueError(f"grpo.curriculum = {gc.curriculum} draws questions by the policy's pass rates, but no "
+                         f"reward-data pass rates were given")
     set_threads(cfg.threads)
     used = {k: reward_models[k] for k in gc.reward_models_used}
     seed = round_seed(cfg.seed, round_)
     identity = run_identity(cfg, "grpo", init=digest_dir(Path(init_dir)), round=round_,
                             reward_models={k: digest_dir(Path(p)) for k, p in used.items()},
-                            separator=cfg.reward_data.step_separator if "prm" in used else None)
+                            separator=cfg.reward_data.step_separator if "prm" in used else None,
+                            pass_rates=digest_dir(Path(pass_rates)) if gc.curriculum else None)
     trainer = Trainer(cfg, "grpo", out_dir, identity, d, logger)
     policy, tokenizer = load_model(trainer.resume or init_dir)
     place(policy, cfg.launch, train=True)
@@ -160,6 +187,8 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
         value = place(value_model_from(policy, seed), cfg.launch, train=True)
         companions["value"] = (value, (gc.ppo.value_lr or gc.lr) / gc.lr)
     pool = read_split(data_dir, "rl")
+    rates = read_pass_rates(Path(pass_rates) / "pass_rates.jsonl") if gc.curriculum else None
+    draws = QuestionSampler(pool, seed, rates, gc.curriculum)
     val = read_split(data_dir, "val")
     policy.train()
     trained = trainer.wrap(CompletionLogprobs(policy))
@@ -174,12 +203,13 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
     resumed_from = st.step
 
     def step(st: TrainState) -> dict:
-        questions = step_questions(pool, gc.questions_per_step, seed, st.step)
+        questions = draws.step(st.step, gc.questions_per_step)
         record: list[dict] = []
         try:
             value, value_opt = trainer.companions.get("value", (None, None))
             metrics = rl_step(Models(policy, ref, value, value_opt), tokenizer, trainer.opt, questions, gc,
-                              step_seed(seed, st.step), scorer, d, trained, amp, record)
+                              step_seed(seed, st.step), scorer, d, trained, amp, record,
+                              redraw=functools.partial(draws.redraw, st.step))
         except RewardError as e:
             raise RewardError(f"{gc.algorithm.upper()} step {st.step + 1} of {out_dir}: {e}; the stage stops, and "
                               f"its last checkpoint is where a re-run resumes") from None

@@ -85,13 +85,20 @@ class RewardDataOutput(StageOutput):
 
     dir: str
     round: int = 1
+    pass_rates: str | None = None        # folder of pass_rates.jsonl: each sampled question's right / samples
+    pass_rates_digest: str = ""
 
     @property
     def datasets(self) -> dict[str, Ref]:
         return reward_datasets(self.model_extra or {})
 
+    @property
+    def pass_rates_ref(self) -> Ref | None:
+        return Ref(path=self.pass_rates, digest=self.pass_rates_digest) if self.pass_rates else None
+
     def written(self) -> list[tuple[Ref, Digest]]:
-        return [(ref, arrow_digest) for ref in self.datasets.values()]
+        rates = [(self.pass_rates_ref, digest_dir)] if self.pass_rates else []
+        return [(ref, arrow_digest) for ref in self.datasets.values()] + rates
 
 
 def reward_datasets(fields: dict) -> dict[str, Ref]:

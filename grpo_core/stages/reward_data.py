@@ -9,6 +9,7 @@ tagged with its round of origin. The training split also holds the previous roun
 from __future__ import annotations
 
 import hashlib
+import json
 import random
 import time
 from pathlib import Path
@@ -21,7 +22,7 @@ from grpo_core.rewards.replay import ORIGIN, tag_rows
 from grpo_core.rewards.labels import Completer, Sampled, label_agreement, outcome_pairs, sample_solutions, step_rows
 from grpo_core.data import Example, prompt_text
 from grpo_core.rewards.steps import planted_error
-from grpo_core.stages.common import read_split, round_seed, set_threads, write_manifest
+from grpo_core.stages.common import digest_dir, read_split, round_seed, set_threads, write_manifest
 from grpo_core.stages.outputs import arrow_digest
 from grpo_core.training.trainer import Stopwatch
 from grpo_core.lm.runtime import place
@@ -145,8 +146,11 @@ def run_reward_data(cfg: PipelineConfig, data_dir: Path, policy_dir: str | Path,
                if rollouts is not None and rc.rollouts != 0 else [])
     tables: dict[str, dict[str, list[dict]]] = {name: {} for name in DATASETS}
     metrics: dict[str, float] = {}
+    rates: list[dict] = []  # each question's pass rate under this round's policy: GRPO's curriculum
     for split, examples in split_of.items():
         samples = sample_solutions(complete, examples, rc.samples_per_question)
+        rates += [{"question": s.example.question, "gold": s.example.gold, "right": sum(s.correct),
+                   "samples": len(s.correct)} for s in samples]
         share = 1.0 if rc.step_questions is None else min(1.0, rc.step_questions / len(questions))
         labelled = samples[: max(1, round(len(samples) * share))]
         # What the step labels cost: Monte-Carlo rollouts (none where no solution has a second step).
@@ -185,6 +189,11 @@ def run_reward_data(cfg: PipelineConfig, data_dir: Path, policy_dir: str | Path,
             str(path), num_shards={s: 1 for s in tables[name]})  # datasets cannot reload an empty split saved in 0 shards
         manifest[f"{name}_dir"] = str(path)
         manifest[f"{name}_digest"] = arrow_digest(path)
+    rates_dir = out_dir / "pass_rates"
+    rates_dir.mkdir(parents=True, exist_ok=True)
+    (rates_dir / "pass_rates.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rates), encoding="utf-8")
+    manifest |= {"pass_rates": str(rates_dir), "pass_rates_digest": digest_dir(rates_dir)}
+    metrics["frac_questions_solved_sometimes"] = sum(0 < r["right"] < r["samples"] for r in rates) / len(rates)
     metrics["time/wall_s"] = clock.elapsed
     logger.log_metrics(metrics)
     for name in DATASETS:

@@ -6,7 +6,6 @@ these, so no algorithm imports another."""
 from __future__ import annotations
 
 import contextlib
-import random
 import time
 from typing import Callable, NamedTuple
 
@@ -48,10 +47,6 @@ def step_seed(seed: int, step: int) -> int:
     return (seed * 1_000_003 + step * 7919) % (2**31)
 
 
-def step_questions(pool: list[Example], n: int, seed: int, step: int) -> list[Example]:
-    return random.Random(step_seed(seed, step)).sample(pool, min(n, len(pool)))
-
-
 def row_temperatures(gc: GRPOConfig, n_questions: int) -> list[float]:
     """Sample i of every group uses temperatures[i % len] (or the single temperature)."""
     temps = gc.temperatures or (gc.temperature,)
@@ -69,21 +64,30 @@ class Exploration(NamedTuple):
     rewards: torch.Tensor
     sampled_at: float
 
+    def groups(self, index: list[int], g: int) -> "Exploration":
+        """Groups ``index`` (of G completions each), in that order."""
+        rows = torch.tensor([i * g + j for i in index for j in range(g)], dtype=torch.long)
+        return Exploration([self.questions[i] for i in index], self.rollout.select(rows), self.scored.select(rows),
+                           self.rewards[rows], self.sampled_at)
 
-def explore(policy, tokenizer, questions: list[Example], gc: GRPOConfig, seed: int, scorer: RewardScorer | None,
-            d: Dist = SINGLE, amp=contextlib.nullcontext, record: list[dict] | None = None) -> Exploration:
-    """Sample G completions of this process's share of ``questions`` and score them (GRPO's and
-    PPO's exploration stage); raises ``RewardError`` when no completion got a finite reward."""
+    @staticmethod
+    def cat(parts: list["Exploration"], pad_id: int) -> "Exploration":
+        """The groups of ``parts`` in order, as one batch (reward statistics: the first part's)."""
+        return Exploration([q for p in parts for q in p.questions], Rollout.cat([p.rollout for p in parts], pad_id),
+                           Scored.cat([p.scored for p in parts]), torch.cat([p.rewards for p in parts]),
+                           max(p.sampled_at for p in parts))
+
+
+def sample_groups(policy, tokenizer, questions: list[Example], slots: list[int], gc: GRPOConfig, seed: int,
+                  scorer: RewardScorer, amp=contextlib.nullcontext, record: list[dict] | None = None) -> Exploration:
+    """G completions of each of ``questions``, scored. ``slots``: each question's row of the step's
+    global batch; sample j of slot i is seeded by (``seed``, i * G + j), whichever process draws it."""
     g = gc.group_size
-    scorer = scorer or RewardScorer({"rule": 1.0}, "outcome", tokenizer)
-    n_global = len(questions)
-    mine = d.shard(n_global, "grpo.questions_per_step")
-    questions = questions[mine]
     prompts = [prompt_text(q.question) for q in questions for _ in range(g)]
     with amp():
         rollout = generate(policy, tokenizer, prompts, max_new_tokens=gc.max_new_tokens,
                            temperatures=row_temperatures(gc, len(questions)), seed=seed,
-                           row_ids=list(range(mine.start * g, mine.stop * g)))
+                           row_ids=[i * g + j for i in slots for j in range(g)])
     sampled_at = time.perf_counter()
     scored = scorer(rollout, [q.gold for q in questions for _ in range(g)])
     if record is not None:
@@ -92,11 +96,23 @@ def explore(policy, tokenizer, questions: list[Example], gc: GRPOConfig, seed: i
     rewards = scored.outcome
     if scored.step_rewards is not None:  # process: a completion's reward is its mean step reward
         rewards = torch.where(scored.step_mask, scored.step_rewards, 0.0).sum(1) / scored.step_mask.sum(1)
-    if float(d.sum(torch.isfinite(rewards).sum())) == 0:  # before any update: nothing to learn from
-        errors = float(d.sum((scored.stats or {}).get("reward/rule_errors", 0.0)))
-        raise RewardError(f"none of the step's {n_global * g} completions got a finite reward (rule checker "
-                          f"errors: {errors:.0f}; the others had NaN or inf scores): the reward is broken")
     return Exploration(questions, rollout, scored, rewards, sampled_at)
+
+
+def explore(policy, tokenizer, questions: list[Example], gc: GRPOConfig, seed: int, scorer: RewardScorer | None,
+            d: Dist = SINGLE, amp=contextlib.nullcontext, record: list[dict] | None = None) -> Exploration:
+    """Sample G completions of this process's share of ``questions`` and score them (GRPO's and
+    PPO's exploration stage); raises ``RewardError`` when no completion got a finite reward."""
+    scorer = scorer or RewardScorer({"rule": 1.0}, "outcome", tokenizer)
+    n_global = len(questions)
+    mine = d.shard(n_global, "grpo.questions_per_step")
+    ex = sample_groups(policy, tokenizer, questions[mine], list(range(mine.start, mine.stop)), gc, seed, scorer, amp,
+                       record)
+    if float(d.sum(torch.isfinite(ex.rewards).sum())) == 0:  # before any update: nothing to learn from
+        errors = float(d.sum((ex.scored.stats or {}).get("reward/rule_errors", 0.0)))
+        raise RewardError(f"none of the step's {n_global * gc.group_size} completions got a finite reward (rule checker "
+                          f"errors: {errors:.0f}; the others had NaN or inf scores): the reward is broken")
+    return ex
 
 
 def update(policy, ref, trained, opt, rollout: Rollout, advantages: torch.Tensor, gc: GRPOConfig,
@@ -155,33 +171,46 @@ def update(policy, ref, trained, opt, rollout: Rollout, advantages: torch.Tensor
     return sums, n_updates
 
 
-def step_metrics(sums: dict[str, float], n_updates: int, scored: Scored, rewards: torch.Tensor,
-                 advantages: torch.Tensor, reward_stats: dict[str, float], rollout: Rollout,
-                 n_questions: int, g: int, opt, d: Dist, clock: list[float]) -> dict[str, float]:
+def step_metrics(sums: dict[str, float], n_updates: int, first: Exploration, batch: Exploration,
+                 advantages: torch.Tensor, reward_stats: dict[str, float], g: int, opt, d: Dist,
+                 clock: list[float], drawn: dict[str, torch.Tensor] | None = None) -> dict[str, float]:
     """The step's metrics over the global batch: loss terms summed over processes, timings and
-    rates averaged, counts summed, per-completion statistics gathered. ``clock``: the times at the
-    step's start, after rollout, scoring, log-probs and updates."""
+    rates averaged, counts summed, per-completion statistics gathered. The rewards are those of
+    ``first``, the step's questions as drawn (before dynamic sampling's filter: comparable with and
+    without it); lengths and zero-advantage groups those of ``batch``, what trained. ``drawn``:
+    dynamic sampling's per-slot counts (``questions.fill``). ``clock``: the times at the step's
+    start, after rollout, scoring, log-probs and updates."""
     t0, t1, t2, t3, t4 = clock
     metrics = {f"train/{k}": (v if k == "grad_norm" else float(d.sum(v))) / n_updates for k, v in sums.items()}
-    stats = scored.stats or {}
+    stats = first.scored.stats or {}
     metrics |= d.mean({k: v for k, v in stats.items() if k not in COUNT_STATS}
                       | {"time/rollout_s": t1 - t0, "time/reward_s": t2 - t1, "time/logprob_s": t3 - t2,
                          "time/update_s": t4 - t3})
     metrics |= {k: float(d.sum(v)) for k, v in stats.items() if k in COUNT_STATS}
     # Per-completion statistics over the global batch.
-    rewards, correct = d.gather(rewards.double()), d.gather(scored.correct.double())
-    lengths, truncated = d.gather(rollout.completion_mask.sum(1).double()), d.gather(rollout.truncated.double())
-    zero_std = d.gather((advantages.view(n_questions, g, -1) == 0).all(-1).all(-1).double())
+    rewards, correct = d.gather(first.rewards.double()), d.gather(first.scored.correct.double())
+    lengths, truncated = d.gather(batch.rollout.completion_mask.sum(1).double()), d.gather(batch.rollout.truncated.double())
+    n = len(batch.questions)
+    batch_zero = d.gather((advantages.view(n, g, -1) == 0).all(-1).all(-1).double())
+    first_zero = batch_zero if drawn is None else d.gather((~drawn["first_spread"]).double())
+    tokens = float(lengths.sum()) if drawn is None else float(d.sum(drawn["tokens"]))  # every draw's
     finite = torch.isfinite(rewards)
     metrics.update({k: float(d.sum(v)) for k, v in reward_stats.items()})
     metrics.update({
         "train/accuracy": float(correct.mean()),
         "train/reward_mean": float(rewards.nanmean()),
         "train/reward_std": float(rewards[finite].std(unbiased=False)) if finite.sum() > 1 else 0.0,
-        "train/frac_reward_zero_std": float(zero_std.mean()),
+        "train/frac_reward_zero_std": float(first_zero.mean()),  # before any filter
+        "train/frac_batch_zero_std": float(batch_zero.mean()),   # what trained: groups without a gradient
         "train/completion_len": float(lengths.mean()),
         "train/frac_truncated": float(truncated.mean()),
         "train/lr": opt.param_groups[0]["lr"],
-        "perf/tokens_per_s": float(lengths.sum()) / (t1 - t0),
+        "perf/tokens_per_s": tokens / (t1 - t0),
     })
+    if drawn is not None:
+        draws = d.gather(drawn["draws"].double())
+        # Groups sampled in all; in the batch with spread; sampled and left out (the bound: redraws x batch).
+        metrics |= {"sampling/groups_drawn": float(draws.sum()),
+                    "sampling/groups_kept": float(d.gather(drawn["spread"].double()).sum()),
+                    "sampling/groups_dropped": float(draws.sum()) - len(draws)}
     return metrics

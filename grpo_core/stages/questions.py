@@ -1,0 +1,119 @@
+"""Which questions a GRPO step learns from: the question curriculum and dynamic sampling.
+
+A group whose G rewards are all equal has zero advantage and gives no gradient (only the KL term).
+Where the policy rarely solves anything (a small model on GSM8K after SFT: 97% of answers wrong),
+most groups are like that. Two remedies, each a recipe setting, both off by default (the paper
+draws questions uniformly and keeps every group):
+
+- **Curriculum** (``grpo.curriculum``; open-r1's pass-rate filter, softened): the reward-data
+  stage samples the round's policy on RL questions; a question it solved sometimes (0 < right <
+  samples) is likely to give a group with spread. That share of each step's questions comes from
+  those questions, the rest uniformly from the whole pool. Refreshed each round with the new
+  samples.
+- **Dynamic sampling** (``grpo.redraws``; DAPO §3.2, OpenRLHF ``dynamic_filtering``): a question
+  slot of the step whose group has no spread draws another question and samples its group again,
+  up to ``redraws`` times; the first group with spread takes the slot. A slot still without one
+  keeps its last group, so the batch keeps its shape (every process trains the same number of
+  rows). Extra sampling is bounded by ``redraws`` x the step's groups.
+
+Exact under resume and under several processes: slot i's k-th draw is the question
+``QuestionSampler.redraw(step, i, k)`` sampled with the seed ``draw_seed(step seed, k)`` on rows
+i * G ..., so it depends on (seed, step, slot, k) only, never on which process draws it or on the
+other slots. Not a library's: TRL and verl filter whole generation batches, which is not exact
+under a change of process count.
+"""
+from __future__ import annotations
+
+import json
+import random
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from grpo_core.data import Example
+from grpo_core.stages.rl import Exploration, step_seed
+
+
+def draw_seed(seed: int, k: int) -> int:
+    """The sampling seed of a step's k-th draw (k = 0: the step's own seed)."""
+    return seed if k == 0 else (seed * 1_000_003 + k * 104_729) % 2**31
+
+
+def solved_sometimes(rates: dict[str, tuple[int, int]]) -> set[str]:
+    """Questions with 0 < right < samples (``rates``: question -> (right, samples))."""
+    return {q for q, (right, n) in rates.items() if 0 < right < n}
+
+
+class QuestionSampler:
+    """A step's questions from the RL ``pool``: uniformly (the paper), or ``share`` of them from
+    the questions the policy solved sometimes in ``rates`` (question -> (right, samples))."""
+
+    def __init__(self, pool: list[Example], seed: int, rates: dict[str, tuple[int, int]] | None = None,
+                 share: float = 0.0) -> None:
+        self.pool, self.seed, self.share = pool, seed, share
+        sometimes = solved_sometimes(rates or {})
+        self.sometimes = [e for e in pool if e.question in sometimes]
+        if share > 0 and not self.sometimes:
+            raise ValueError(f"grpo.curriculum = {share}: none of the {len(pool)} RL questions was solved sometimes "
+                             f"by the policy in its reward-data samples ({len(rates or {})} questions measured); "
+                             f"sample more (reward_data.questions, samples_per_question) or set grpo.curriculum: 0")
+
+    def step(self, step: int, n: int) -> list[Example]:
+        """The ``n`` distinct questions of ``step`` (all the pool if it is smaller)."""
+        rng = random.Random(step_seed(self.seed, step))
+        n = min(n, len(self.pool))
+        if not self.share:
+            return rng.sample(self.pool, n)  # the uniform draw, as before the curriculum existed
+        chosen = rng.sample(self.sometimes, min(round(self.share * n), len(self.sometimes)))
+        taken = {e.question for e in chosen}
+        rest = [e for e in self.pool if e.question not in taken]
+        out = chosen + rng.sample(rest, n - len(chosen))
+        rng.shuffle(out)  # every process's share gets its part of both
+        return out
+
+    def redraw(self, step: int, slot: int, k: int) -> Example:
+        """The question of ``slot``'s k-th redraw (k >= 1) at ``step``, by the same rule."""
+        rng = random.Random(f"{self.seed}-{step}-{slot}-{k}")
+        return rng.choice(self.sometimes if self.share and rng.random() < self.share else self.pool)
+
+
+def read_pass_rates(path: str | Path) -> dict[str, tuple[int, int]]:
+    """question -> (right, samples) from a reward-data stage's ``pass_rates.jsonl``."""
+    rates: dict[str, tuple[int, int]] = {}
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        row = json.loads(line)
+        right, n = rates.get(row["question"], (0, 0))
+        rates[row["question"]] = (right + row["right"], n + row["samples"])
+    return rates
+
+
+def fill(first: Exploration, slots: list[int], redraws: int, has_spread: Callable[[Exploration], torch.Tensor],
+         draw: Callable[[list[Example], list[int], int], Exploration], question: Callable[[int, int], Example],
+         pad_id: int) -> tuple[Exploration, dict[str, torch.Tensor]]:
+    """Dynamic sampling on this process's ``slots`` (global rows of the step's batch, one per group
+    of ``first``): each slot whose group has no spread draws ``question(slot, k)`` and its group
+    (``draw(questions, slots, k)``) for k = 1..``redraws`` until one has spread. Returns the batch
+    (slot order) and its counts: ``draws`` [n] groups sampled per slot, ``first_spread`` and
+    ``spread`` [n] bool (the first draw's group, the kept group), ``tokens`` (every draw's)."""
+    g = len(first.rewards) // len(slots)
+    first_spread = has_spread(first)
+    kept: list[tuple[Exploration, int]] = [(first, i) for i in range(len(slots))]
+    spread, draws = first_spread.clone(), torch.ones(len(slots), dtype=torch.long)
+    tokens = first.rollout.completion_mask.sum()
+    for k in range(1, redraws + 1):
+        empty = [i for i in range(len(slots)) if not spread[i]]
+        if not empty:
+            break
+        ex = draw([question(slots[i], k) for i in empty], [slots[i] for i in empty], k)
+        ok = has_spread(ex)
+        tokens = tokens + ex.rollout.completion_mask.sum()
+        for j, i in enumerate(empty):
+            kept[i], spread[i], draws[i] = (ex, j), ok[j], draws[i] + 1
+    stats = {"draws": draws, "first_spread": first_spread, "spread": spread, "tokens": tokens}
+    if all(ex is first for ex, _ in kept):
+        return first, stats
+    batch = Exploration.cat([ex.groups([j], g) for ex, j in kept], pad_id)
+    batch.scored.stats = first.scored.stats  # reward statistics: of the step's questions as first drawn
+    return batch._replace(sampled_at=time.perf_counter()), stats
