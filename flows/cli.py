@@ -145,11 +145,12 @@ def cmd_experiment(a: argparse.Namespace) -> None:
 
     run_dir, variants = _finished_run(a, VARIANTS)
     _at_least_one(a, "seeds", "samples", "eval_every", "steps", "sample_questions")
-    if a.seconds is not None and a.seconds <= 0:
-        _fail(f"--seconds {a.seconds}: must be positive")
+    for name in ("seconds", "lr"):
+        if getattr(a, name) is not None and getattr(a, name) <= 0:
+            _fail(f"--{name} {getattr(a, name)}: must be positive")
     try:
         result = experiment(str(run_dir), a.command, variants, a.seeds, a.seconds, a.steps, a.samples,
-                            a.sample_questions, a.eval_every)
+                            a.sample_questions, a.eval_every, a.lr)
     except ValueError as e:
         _fail(str(e))
     print(format_table(result))
@@ -334,6 +335,8 @@ def build_parser() -> argparse.ArgumentParser:
                        + (str(preset.sample_questions) if preset.sample_questions else "the recipe's eval.n_questions") + ")")
         x.add_argument("--eval-every", type=int, help="GRPO steps between validation evaluations, the curves (default "
                        + (str(preset.eval_every) if preset.eval_every else "the recipe's") + ")")
+        x.add_argument("--lr", type=float, help="GRPO's learning rate for every RL variant, in a folder of its own "
+                       "(one call per value: a sweep; default: the recipe's grpo.lr)")
         x.set_defaults(func=cmd_experiment)
     rr = sub.add_parser("rounds", help="continue a finished run for more RL rounds (the rl-rounds flow)")
     rr.add_argument("run_dir", help="a finished run, e.g. runs/demo")

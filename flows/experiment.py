@@ -31,7 +31,7 @@ from prefect.artifacts import create_markdown_artifact
 from pydantic import BaseModel, ConfigDict
 
 from flows import artifact_key, numbered_run_name, parameter
-from flows.variants import BASELINE, ONE_ROUND, PRESETS, TWO_ROUNDS, VARIANTS, Budget, Preset
+from flows.variants import BASELINE, ONE_ROUND, PRESETS, TWO_ROUNDS, UNIFORM, VARIANTS, Budget, Preset
 from flows.reports import figure_source, mlflow_link
 from flows.rounds import RoundStart, reward_stages
 from grpo_core import figures
@@ -85,6 +85,7 @@ class Setup(BaseModel):
     preset: Preset
     budget: Budget
     eval_every: int
+    lr: float | None = None        # GRPO's learning rate for every RL variant (a sweep); None: the recipe's
 
     def stage(self, name: str) -> StageOutput:
         """One of the run's stages outside the rounds (``data``, ``sft``), typed."""
@@ -98,7 +99,7 @@ class Setup(BaseModel):
             sft = cfg.sft.model_copy(update={"max_seconds": self.budget.seconds, "max_steps": 10**9, "patience": 0})
             return cfg.model_copy(update={"sft": sft, "seed": seed, "launch": launch})
         grpo = cfg.grpo.model_validate({**cfg.grpo.model_dump(), **variant.grpo, **self.budget.grpo(variant.rounds, k),
-                                        "eval_every": self.eval_every})
+                                        "eval_every": self.eval_every, **({"lr": self.lr} if self.lr else {})})
         return cfg.model_copy(update={"grpo": grpo, "seed": seed, "launch": launch})
 
     def is_the_runs_grpo(self, vcfg: PipelineConfig) -> bool:
@@ -110,7 +111,7 @@ class Setup(BaseModel):
 
 
 def setup(run_dir: str, preset: str, variants: list[str] | None, seconds: float | None, steps: int | None,
-          eval_every: int | None) -> Setup:
+          eval_every: int | None, lr: float | None = None) -> Setup:
     """The finished run's parts and the budget; unknown variants and impossible budgets fail here."""
     unknown = [v for v in variants or () if v not in VARIANTS]
     if unknown:
@@ -126,7 +127,7 @@ def setup(run_dir: str, preset: str, variants: list[str] | None, seconds: float 
     first = {name: INPUTS[name].output.model_validate(m) for name, m in manifest["rounds"][0]["stages"].items()}
     return Setup(root=root, manifest=manifest, first=first, cfg=continued(cfg, manifest["stages"]["sft"]), preset=p,
                  budget=Budget(seconds=seconds or trained, steps=steps),
-                 eval_every=eval_every or p.eval_every or cfg.grpo.eval_every)
+                 eval_every=eval_every or p.eval_every or cfg.grpo.eval_every, lr=lr)
 
 
 def train_variant(s: Setup, name: str, seed: int, out: Path, data: Ref, sft: Ref, common: dict) -> Run:
@@ -194,9 +195,15 @@ def variant_row(s: Setup, name: str, runs: list[Run], sampled: dict, sft_acc: fl
     """A table row: test accuracy with its paired gains, maj@K / pass@K, the reward models' quality,
     memory and speed, all mean over seeds."""
     row = summarise(name, accs[name], sft_acc, accs.get(BASELINE))
-    if name == TWO_ROUNDS and ONE_ROUND in accs:
-        d = seed_interval(accs[name], accs[ONE_ROUND])
-        row |= {"gain_over_one_round": round(d["mean"], 4), "gain_over_one_round_95ci": [round(d["low"], 4), round(d["high"], 4)]}
+    for label, ref in (("one_round", ONE_ROUND if name == TWO_ROUNDS else None), (UNIFORM, UNIFORM if name != UNIFORM else None)):
+        if ref in accs and len(accs[ref]) == len(accs[name]):
+            d = seed_interval(accs[name], accs[ref])
+            row |= {f"gain_over_{label}": round(d["mean"], 4), f"gain_over_{label}_95ci": [round(d["low"], 4), round(d["high"], 4)]}
+    # Where rewards are sparse: how often a step, and how many of its groups, carried a policy gradient.
+    zero = [[p["frac_batch_zero_std"] for p in r.rewards] for r in runs if r.rewards and "frac_batch_zero_std" in r.rewards[0]]
+    if zero:
+        row |= {"steps_with_gradient_mean": round(mean_std([sum(z < 1 for z in zs) / len(zs) for zs in zero])[0], 4),
+                "groups_with_gradient_mean": round(mean_std([1 - sum(zs) / len(zs) for zs in zero])[0], 4)}
     for key in [f"{m}@{k}" for m in ("maj", "pass")] if k > 1 else []:
         mean, std = mean_std([sampled[f"{name}/seed-{i}"][key] for i in range(len(runs))])
         row |= {f"{key}_mean": round(mean, 4), f"{key}_std": round(std, 4)}
@@ -215,20 +222,23 @@ def variant_row(s: Setup, name: str, runs: list[Run], sampled: dict, sft_acc: fl
     f"{parameter('preset')}-{Path(parameter('run_dir')).name}"))
 def experiment(run_dir: str, preset: str = "compare", variants: list[str] | None = None, seeds: int | None = None,
                seconds: float | None = None, steps: int | None = None, samples: int | None = None,
-               sample_questions: int | None = None, eval_every: int | None = None) -> dict:
+               sample_questions: int | None = None, eval_every: int | None = None, lr: float | None = None) -> dict:
     """Run ``preset`` (module docstring) on ``run_dir``, with any of its defaults overridden; returns
-    the experiment's manifest (rows, runs, figures). One writer per run folder (tasks/run_lock.py)."""
+    the experiment's manifest (rows, runs, figures). ``lr``: GRPO's learning rate for every RL
+    variant (one call per value is a sweep, each in a folder of its own). One writer per run folder
+    (tasks/run_lock.py)."""
     with run_lock(Path(run_dir), f"{preset} {Path(run_dir).name}", get_run_logger()):
-        return _experiment(run_dir, preset, variants, seeds, seconds, steps, samples, sample_questions, eval_every)
+        return _experiment(run_dir, preset, variants, seeds, seconds, steps, samples, sample_questions, eval_every, lr)
 
 
 def _experiment(run_dir: str, preset: str, variants: list[str] | None, seeds: int | None, seconds: float | None,
-                steps: int | None, samples: int | None, sample_questions: int | None, eval_every: int | None) -> dict:
+                steps: int | None, samples: int | None, sample_questions: int | None, eval_every: int | None,
+                lr: float | None) -> dict:
     log = get_run_logger()
-    s = setup(run_dir, preset, variants, seconds, steps, eval_every)
+    s = setup(run_dir, preset, variants, seconds, steps, eval_every, lr)
     seeds = seeds or s.preset.seeds
     samples = samples or s.preset.samples
-    cfg, out_root = s.cfg, s.root / preset / s.budget.tag(s.eval_every)
+    cfg, out_root = s.cfg, s.root / preset / (s.budget.tag(s.eval_every) + (f"-lr{lr:g}" if lr else ""))
     uri = tracking_uri(cfg)
     unsent = unsent_dir(s.root)
     exp_id = experiment_id(uri, cfg.tracking.experiment)
@@ -280,7 +290,8 @@ def _experiment(run_dir: str, preset: str, variants: list[str] | None, seeds: in
                "budget": s.budget.model_dump(), "seeds": seeds, "samples": samples, "eval_every": s.eval_every,
                "n_test": results["sft"]["n"], "n_sampled": sampled["sft"]["n"] if sampled else 0,
                "sft_val_accuracy": s.stage("sft").best_val_accuracy,
-               "run_name": cfg.run_name, "dir": str(out_root), "mlflow_run_id": parent}
+               "run_name": cfg.run_name, "dir": str(out_root), "mlflow_run_id": parent,
+               "grpo_lr": lr or cfg.grpo.lr}
         out["figures"] = {k: str(v) for k, v in figures.save(figures.study_figures(out), out_root / "figures").items()}
         tracker = MlflowLogger(uri, parent, unsent=unsent)
         tracker.log_table(rows, f"{preset}.json")
@@ -303,14 +314,21 @@ def format_table(result: dict) -> str:
 
     k = result["samples"]
     sampled = [f"maj@{k}", f"pass@{k}"] if k > 1 else []
+    uniform = any(f"gain_over_{UNIFORM}" in r for r in result["rows"])
+    gradient = any("groups_with_gradient_mean" in r for r in result["rows"])
     lines = ["| variant | seeds | test accuracy | vs SFT (95% CI) | vs continued SFT (95% CI) | "
-             + "".join(f"{s} | " for s in sampled) + "steps/s | peak RSS (MiB) | training s | reward model |",
-             "|---" * (9 + len(sampled)) + "|"]
+             + ("vs uniform (95% CI) | " if uniform else "") + "".join(f"{s} | " for s in sampled)
+             + ("steps / groups with a gradient | " if gradient else "")
+             + "steps/s | peak RSS (MiB) | training s | reward model |",
+             "|---" * (9 + len(sampled) + uniform + gradient) + "|"]
     for r in result["rows"]:
         cells = [r["variant"], str(r["seeds"]), f"{100 * r['test_accuracy_mean']:.1f} ± {100 * r['test_accuracy_std']:.1f}",
-                 pts(r, "gain_over_sft"), pts(r, "gain_over_continued-sft")]
+                 pts(r, "gain_over_sft"), pts(r, "gain_over_continued-sft")] + ([pts(r, f"gain_over_{UNIFORM}")] if uniform else [])
         cells += [f"{100 * r[f'{s}_mean']:.1f}" + (f" ± {100 * r[f'{s}_std']:.1f}" if f"{s}_std" in r else "")
                   for s in sampled]
+        if gradient:
+            cells.append(f"{100 * r['steps_with_gradient_mean']:.0f}% / {100 * r['groups_with_gradient_mean']:.0f}%"
+                         if "groups_with_gradient_mean" in r else "-")
         extra = f" (+{r['extra_s_mean']:.0f} retraining)" if r.get("extra_s_mean") else ""
         cells += [f"{r['steps_per_s_mean']:.2f}" if "steps_per_s_mean" in r else "-",
                   f"{r['peak_rss_mib_mean']:.0f}" if "peak_rss_mib_mean" in r else "-",

@@ -198,6 +198,32 @@ def draw_learned_against_checked(ax, name: str, runs: list[dict], learned: str) 
     ax.legend(fontsize=7, loc="lower right")
 
 
+def train_reward_figure(runs_by_variant: dict[str, list[dict]], window: int = 10):
+    """Per variant, over GRPO's steps (mean over seeds, moving mean of ``window`` steps): the answer
+    checker's accuracy on the step's questions as first drawn (the train reward), and the share of
+    the trained batch's groups that carried a policy gradient (reward spread)."""
+    import numpy as np
+
+    plt = _pyplot()
+    fig, (reward, gradient) = plt.subplots(1, 2, figsize=(10, 3.8))
+    window = max(1, min([window] + [len(r["rewards"]) for runs in runs_by_variant.values() for r in runs]))
+    for name, runs in runs_by_variant.items():
+        n = min(len(r["rewards"]) for r in runs)
+        for ax, values in ((reward, [[p["accuracy"] for p in r["rewards"][:n]] for r in runs]),
+                           (gradient, [[1 - p["frac_batch_zero_std"] for p in r["rewards"][:n]] for r in runs])):
+            mean = np.convolve(np.array(values).mean(0) * 100, np.ones(window) / window, mode="valid")
+            ax.plot(np.arange(window, n + 1), mean, lw=1.4, label=name)
+    reward.set_ylabel("train reward: accuracy of the rollouts (%)")
+    gradient.set_ylabel("groups with a gradient (%)")
+    for ax in (reward, gradient):
+        ax.set_xlabel(f"GRPO step (moving mean of {window})")
+        ax.legend(fontsize=7)
+    fig.suptitle("where rewards are sparse: the train reward and the groups that carry a gradient, mean over seeds",
+                 fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
 def study_figures(study: dict) -> dict:
     """The §5 study's figures: ``accuracy_over_time``, ``sampling`` (maj@K / pass@K, Figure 7's question:
     does RL raise maj@K and leave pass@K flat?), ``memory`` (peak memory and steps per second) and,
@@ -241,6 +267,10 @@ def study_figures(study: dict) -> dict:
     fig.suptitle("memory and speed per variant (mean over seeds)", fontsize=10)
     fig.tight_layout()
     out["memory"] = fig
+    tracked = {name: runs for name, runs in study["runs"].items()
+               if runs and all(r.get("rewards") and "frac_batch_zero_std" in r["rewards"][0] for r in runs)}
+    if tracked:
+        out["train_reward"] = train_reward_figure(tracked)
     learned = {name: key for name, runs in study["runs"].items() for key in ("orm_mean", "prm_lowest_mean")
                if runs and all(r.get("rewards") and key in r["rewards"][-1] for r in runs)}
     if learned:

@@ -54,6 +54,31 @@ def test_equal_samples_and_an_explicit_time(tmp_path, tiny_cfg):
         setup(run, "baseline", ["reinforce"], None, None, None)
 
 
+def test_a_learning_rate_sweep_sets_every_rl_variant_and_only_them(tmp_path, tiny_cfg):
+    from flows.experiment import setup
+
+    s = setup(str(_finished_run(tmp_path, tiny_cfg)), "sampling", None, None, 5, None, lr=3e-5)
+    assert {s.config(v, 0).grpo.lr for v in PRESETS["sampling"].variants} == {3e-5}
+    assert s.config("continued-sft", 0).sft.lr == 1e-4  # SFT keeps the rate it ended with
+    assert (s.config("dynamic", 0).grpo.redraws, s.config("curriculum", 0).grpo.curriculum) == (3, 0.75)
+    assert (s.config("uniform", 0).grpo.redraws, s.config("uniform", 0).grpo.curriculum) == (0, 0.0)
+
+
+def test_rows_compare_with_uniform_and_count_steps_with_a_gradient(tmp_path, tiny_cfg):
+    from flows.experiment import Run, format_table, setup, variant_row
+
+    s = setup(str(_finished_run(tmp_path, tiny_cfg)), "sampling", None, None, 5, None)
+    run = lambda seed, zero: Run(seed=seed, model={"path": "m", "digest": "d"}, train_s=1.0, steps=2,  # noqa: E731
+                                 peak_memory={}, curve=[], rewards=[{"frac_batch_zero_std": z} for z in zero])
+    accs = {"uniform": [0.10, 0.12], "dynamic": [0.15, 0.16]}
+    row = variant_row(s, "dynamic", [run(0, [1.0, 0.5]), run(1, [0.0, 0.0])], {}, 0.1, accs, 1)
+    assert row["gain_over_uniform"] == pytest.approx(0.045)
+    assert row["steps_with_gradient_mean"] == 0.75  # seed 0: 1 step in 2; seed 1: both
+    assert row["groups_with_gradient_mean"] == 0.625  # (0.25 + 1) / 2
+    table = format_table({"samples": 1, "rows": [row]})
+    assert "vs uniform (95% CI)" in table and "75% / 62%" in table
+
+
 def test_stage_outputs_are_typed_and_name_a_missing_field():
     """Every stage's inputs class names its output class; a manifest read back as it is checked
     field by field, and keeps the stage's further metrics as extra fields."""
