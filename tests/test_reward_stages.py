@@ -158,6 +158,13 @@ def test_reward_data_stage_writes_reloadable_splits_even_when_empty(tmp_path, ti
     assert manifest["metrics"]["train/n_pairs"] == 0 and manifest["metrics"]["train/n_solutions"] == 4 * 2
     assert manifest["metrics"]["perf/train/step_labels_per_s"] > 0  # Monte-Carlo labels, what they cost
     assert manifest["metrics"]["train/mc_rollouts"] % cfg.reward_data.mc_rollouts == 0
+    # Each sampled question's pass rate (the curriculum's): every question once, its samples counted.
+    from grpo_core.stages.outputs import RewardDataOutput
+    from grpo_core.stages.questions import read_pass_rates
+
+    rates = read_pass_rates(Path(manifest["pass_rates"]) / "pass_rates.jsonl")
+    assert len(rates) == 6 and all(n == 2 and right == 0 for right, n in rates.values())
+    assert RewardDataOutput.model_validate(manifest).damaged() is None
 
 
 def test_planted_errors_join_the_training_split_only(tmp_path, tiny_cfg, tiny_model_dir, tiny_data_dir):

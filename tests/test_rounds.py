@@ -225,3 +225,18 @@ def test_a_reward_model_that_fails_its_gate_can_be_kept_out_of_grpos_reward(tiny
                "grpo": {"steps": 1, "wall_s": 1.0, "best_step": 1}, "excluded_reward_models": ["prm"]}
     assert "Kept out of this round's GRPO reward (rounds.on_gate_failure: exclude): PRM." in round_report(
         summary, {"version": "1", "round": 1}, "http://x")
+
+
+@pytest.mark.parametrize("curriculum, stages", [(0.0, []), (0.5, ["reward_data"])])
+def test_a_curriculum_alone_samples_the_reward_data_for_its_pass_rates(tiny_cfg, tmp_path, monkeypatch, curriculum,
+                                                                       stages):
+    """No reward model trained: reward_data runs only where GRPO's curriculum needs pass rates (no replay)."""
+    import flows.rounds as rounds
+    from grpo_core.stages.common import Ref
+
+    ran = []
+    monkeypatch.setattr(rounds, "run_stage", lambda task, cfg, out, inputs, **kw: ran.append(inputs.stage))
+    cfg = tiny_cfg(tmp_path, grpo__curriculum=curriculum)
+    ref = Ref(path="p", digest="d")
+    rounds.reward_stages(cfg, 1, tmp_path / "round-1", tmp_path, ref, ref, rounds.RoundStart(policy=ref), {})
+    assert ran == stages
