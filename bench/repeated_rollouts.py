@@ -37,7 +37,7 @@ def main() -> None:
     from grpo_core.rewards.scorer import RewardScorer
     from grpo_core.stages.common import read_split, set_threads
     from grpo_core.stages.grpo import rl_step
-    from grpo_core.stages.questions import QuestionSampler
+    from grpo_core.stages.questions import QuestionSampler, read_pass_rates
     from grpo_core.stages.rl import Models
 
     setup_environment()
@@ -46,6 +46,8 @@ def main() -> None:
     set_threads(cfg.threads)
     gc = cfg.grpo
     pool = read_split(run / "data", "rl")
+    rates = read_pass_rates(run / "round-1" / "reward_data" / "pass_rates" / "pass_rates.jsonl") if gc.curriculum else None
+    draws = QuestionSampler(pool, cfg.seed, rates, gc.curriculum)  # the run's own draw of questions
     distinct = policy.Rollout.distinct
     seen: list[float] = []
 
@@ -70,8 +72,8 @@ def main() -> None:
             opt = torch.optim.AdamW(model.parameters(), lr=gc.lr, betas=(0.9, 0.95), weight_decay=0.0)
             scorer = RewardScorer.from_paths(gc.reward_weights, gc.supervision, tok, cfg.reward_data.step_separator, models)
             for step in range(a.steps):
-                m = rl_step(Models(model, ref), tok, opt, QuestionSampler(pool, cfg.seed).step(step, gc.questions_per_step),
-                            gc, step, scorer)
+                m = rl_step(Models(model, ref), tok, opt, draws.step(step, gc.questions_per_step), gc, step, scorer,
+                            redraw=lambda slot, k: draws.redraw(step, slot, k))
                 if step:
                     for k in (*PARTS, "train/loss"):
                         out[mode].setdefault(k, []).append(m[k])

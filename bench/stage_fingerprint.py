@@ -87,12 +87,14 @@ def run_all(init: str, root: Path) -> dict:
     for kind in ("orm", "prm"):
         m = stage(kind, lambda log: run_reward_model(cfg, kind, reward_datasets(rd), init, root / kind, log))
         prm = m["model"] if kind == "prm" else prm
-    stage("grpo_rule", lambda log: run_grpo(load_config(RECIPE, SMALL + RULE), data, init, root / "grpo_rule", log))
-    stage("grpo_rule_prm", lambda log: run_grpo(cfg, data, init, root / "grpo_prm", log, reward_models={"prm": prm}))
+    stage("grpo_rule", lambda log: run_grpo(load_config(RECIPE, SMALL + RULE), data, init, root / "grpo_rule", log,
+                                                       pass_rates=rd["pass_rates"]))
+    stage("grpo_rule_prm", lambda log: run_grpo(cfg, data, init, root / "grpo_prm", log, reward_models={"prm": prm},
+                                                          pass_rates=rd["pass_rates"]))
     for algorithm in ("online_rft", "rft", "ppo"):  # the paper's §5 algorithms on the rule reward
         no_kl = ["grpo.beta=0"] if algorithm != "ppo" else []  # RFT has no KL term: beta is refused
         acfg = load_config(RECIPE, SMALL + RULE + [f"grpo.algorithm={algorithm}"] + no_kl)
-        stage(algorithm, lambda log: run_grpo(acfg, data, init, root / algorithm, log))
+        stage(algorithm, lambda log: run_grpo(acfg, data, init, root / algorithm, log, pass_rates=rd["pass_rates"]))
     return out
 
 

@@ -202,8 +202,11 @@ def variant_row(s: Setup, name: str, runs: list[Run], sampled: dict, sft_acc: fl
     # Where rewards are sparse: how often a step, and how many of its groups, carried a policy gradient.
     zero = [[p["frac_batch_zero_std"] for p in r.rewards] for r in runs if r.rewards and "frac_batch_zero_std" in r.rewards[0]]
     if zero:
+        batch = s.config(name, s.cfg.seed).grpo.questions_per_step  # what a step draws without redraws
+        drawn = [sum(p.get("groups_drawn", batch) for p in r.rewards) / len(r.rewards) for r in runs if r.rewards]
         row |= {"steps_with_gradient_mean": round(mean_std([sum(z < 1 for z in zs) / len(zs) for zs in zero])[0], 4),
-                "groups_with_gradient_mean": round(mean_std([1 - sum(zs) / len(zs) for zs in zero])[0], 4)}
+                "groups_with_gradient_mean": round(mean_std([1 - sum(zs) / len(zs) for zs in zero])[0], 4),
+                "groups_drawn_per_step_mean": round(mean_std(drawn)[0], 2)}
     for key in [f"{m}@{k}" for m in ("maj", "pass")] if k > 1 else []:
         mean, std = mean_std([sampled[f"{name}/seed-{i}"][key] for i in range(len(runs))])
         row |= {f"{key}_mean": round(mean, 4), f"{key}_std": round(std, 4)}
@@ -249,7 +252,11 @@ def _experiment(run_dir: str, preset: str, variants: list[str] | None, seeds: in
         data, sft = s.stage("data").ref, s.stage("sft").ref
         runs: dict[str, list[Run]] = {}
         for name in variants or s.preset.variants:
-            vgrpo = None if VARIANTS[name].grpo is None else s.config(name, cfg.seed).grpo
+            try:
+                vgrpo = None if VARIANTS[name].grpo is None else s.config(name, cfg.seed).grpo
+            except ValueError as e:  # e.g. dynamic sampling under this recipe's process supervision
+                log.warning("skipping %s: its settings over this recipe's are refused: %s", name, e)
+                continue
             missing = [m for m in (vgrpo.reward_models_used if vgrpo else ()) if m not in s.first]
             if vgrpo and vgrpo.curriculum and not getattr(s.first.get("reward_data"), "pass_rates", None):
                 missing.append("reward data with pass rates (for its curriculum)")
@@ -318,7 +325,7 @@ def format_table(result: dict) -> str:
     gradient = any("groups_with_gradient_mean" in r for r in result["rows"])
     lines = ["| variant | seeds | test accuracy | vs SFT (95% CI) | vs continued SFT (95% CI) | "
              + ("vs uniform (95% CI) | " if uniform else "") + "".join(f"{s} | " for s in sampled)
-             + ("steps / groups with a gradient | " if gradient else "")
+             + ("steps / groups with a gradient, groups drawn a step | " if gradient else "")
              + "steps/s | peak RSS (MiB) | training s | reward model |",
              "|---" * (9 + len(sampled) + uniform + gradient) + "|"]
     for r in result["rows"]:
@@ -327,8 +334,9 @@ def format_table(result: dict) -> str:
         cells += [f"{100 * r[f'{s}_mean']:.1f}" + (f" ± {100 * r[f'{s}_std']:.1f}" if f"{s}_std" in r else "")
                   for s in sampled]
         if gradient:
+            drawn = r.get("groups_drawn_per_step_mean")
             cells.append(f"{100 * r['steps_with_gradient_mean']:.0f}% / {100 * r['groups_with_gradient_mean']:.0f}%"
-                         if "groups_with_gradient_mean" in r else "-")
+                         + (f", {drawn:.1f}" if drawn else "") if "groups_with_gradient_mean" in r else "-")
         extra = f" (+{r['extra_s_mean']:.0f} retraining)" if r.get("extra_s_mean") else ""
         cells += [f"{r['steps_per_s_mean']:.2f}" if "steps_per_s_mean" in r else "-",
                   f"{r['peak_rss_mib_mean']:.0f}" if "peak_rss_mib_mean" in r else "-",

@@ -25,9 +25,12 @@ VARIANTS = {
     BASELINE: Variant(about="SFT continued on its worked solutions at the lr it ended with: the no-RL baseline"),
     # The paper's §5 algorithms on the answer checker; RFT has no KL term, so a recipe's beta is refused.
     "rft": Variant(about="rejection-sampling fine-tuning on the frozen SFT model's correct samples",
-                   grpo=RULE | {"algorithm": "rft", "beta": 0.0}),
-    "online-rft": Variant(about="the same on the current policy's samples", grpo=RULE | {"algorithm": "online_rft", "beta": 0.0}),
-    "ppo": Variant(about="a value model, GAE, the KL penalty in the per-token reward", grpo=RULE | {"algorithm": "ppo"}),
+                   grpo=RULE | {"algorithm": "rft", "beta": 0.0, "redraws": 0}),
+    # Dynamic sampling keeps groups by their GRPO advantages: these have none (a recipe's redraws would be refused).
+    "online-rft": Variant(about="the same on the current policy's samples",
+                          grpo=RULE | {"algorithm": "online_rft", "beta": 0.0, "redraws": 0}),
+    "ppo": Variant(about="a value model, GAE, the KL penalty in the per-token reward",
+                   grpo=RULE | {"algorithm": "ppo", "redraws": 0}),
     "rule-outcome": Variant(about="GRPO on the answer checker", grpo=RULE),
     "orm-outcome": Variant(about="GRPO on the run's round-1 ORM", grpo={"reward_weights": {"orm": 1.0}, "supervision": "outcome"}),
     ONE_ROUND: Variant(about="GRPO with process supervision by the run's round-1 PRM, the paper's sum credit", grpo=PRM),
@@ -87,7 +90,9 @@ PRESETS = {
 
 
 class Budget(BaseModel):
-    """What every variant gets: seconds of training, or (``steps``) GRPO steps, i.e. samples."""
+    """What every variant gets: seconds of training, or (``steps``) GRPO steps, i.e. samples (with
+    dynamic sampling a step samples up to 1 + ``grpo.redraws`` times as many groups: the
+    experiment's table says how many it drew)."""
 
     model_config = ConfigDict(frozen=True)
     seconds: float

@@ -320,6 +320,10 @@ class GRPOConfig(Training):
         if self.redraws and alg.advantage != "group":
             raise ValueError(f"redraws (dynamic sampling) keeps groups whose GRPO advantages have spread; {name} "
                              f"has no group advantage: set redraws to 0")
+        if self.redraws and self.supervision == "process":
+            raise ValueError("redraws (dynamic sampling) replaces groups without reward spread, but under "
+                             "supervision=process the PRM's step rewards give nearly every group spread: set redraws "
+                             "to 0, or supervision to outcome")
         if self.ppo is not None and "value" not in alg.trains:
             raise ValueError(f"the ppo section applies to algorithm=ppo only ({name})")
         return self

@@ -269,7 +269,7 @@ def study_figures(study: dict) -> dict:
     out["memory"] = fig
     tracked = {name: runs for name, runs in study["runs"].items()
                if runs and all(r.get("rewards") and "frac_batch_zero_std" in r["rewards"][0] for r in runs)}
-    if tracked:
+    if tracked and study.get("preset") == "sampling":
         out["train_reward"] = train_reward_figure(tracked)
     learned = {name: key for name, runs in study["runs"].items() for key in ("orm_mean", "prm_lowest_mean")
                if runs and all(r.get("rewards") and key in r["rewards"][-1] for r in runs)}

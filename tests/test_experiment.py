@@ -64,6 +64,26 @@ def test_a_learning_rate_sweep_sets_every_rl_variant_and_only_them(tmp_path, tin
     assert (s.config("uniform", 0).grpo.redraws, s.config("uniform", 0).grpo.curriculum) == (0, 0.0)
 
 
+def test_a_recipes_dynamic_sampling_stays_with_grpo_and_outcome_supervision(tmp_path, tiny_cfg):
+    """The §5 algorithms pin redraws to 0 over a recipe that sets it; under a process-supervised
+    recipe the dynamic variants are refused (the experiment skips them, saying why)."""
+    from flows.experiment import setup
+
+    run = _finished_run(tmp_path, tiny_cfg)
+    recipe = yaml.safe_load((run / "config.yaml").read_text())
+    recipe["grpo"] |= {"redraws": 3}
+    (run / "config.yaml").write_text(yaml.safe_dump(recipe))
+    s = setup(str(run), "study", None, None, 5, None)
+    assert [s.config(v, 0).grpo.redraws for v in ("rft", "online-rft", "ppo", "rule-outcome")] == [0, 0, 0, 3]
+    recipe["grpo"] |= {"reward_weights": {"rule": 1.0, "prm": 1.0}, "supervision": "process", "redraws": 0}
+    recipe["prm"]["train"] = True
+    (run / "config.yaml").write_text(yaml.safe_dump(recipe))
+    s = setup(str(run), "sampling", None, None, 5, None)
+    assert s.config("curriculum", 0).grpo.curriculum == 0.75
+    with pytest.raises(ValueError, match="supervision=process"):
+        s.config("dynamic", 0)
+
+
 def test_rows_compare_with_uniform_and_count_steps_with_a_gradient(tmp_path, tiny_cfg):
     from flows.experiment import Run, format_table, setup, variant_row
 
@@ -76,7 +96,7 @@ def test_rows_compare_with_uniform_and_count_steps_with_a_gradient(tmp_path, tin
     assert row["steps_with_gradient_mean"] == 0.75  # seed 0: 1 step in 2; seed 1: both
     assert row["groups_with_gradient_mean"] == 0.625  # (0.25 + 1) / 2
     table = format_table({"samples": 1, "rows": [row]})
-    assert "vs uniform (95% CI)" in table and "75% / 62%" in table
+    assert "vs uniform (95% CI)" in table and "75% / 62%, 2.0" in table  # tiny recipe: 2 questions a step
 
 
 def test_stage_outputs_are_typed_and_name_a_missing_field():

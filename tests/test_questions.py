@@ -113,10 +113,17 @@ def test_curriculum_draws_its_share_from_questions_solved_sometimes():
     assert QuestionSampler(pool, 0).step(3, 8) == random.Random(step_seed(0, 3)).sample(pool, 8)
 
 
-def test_a_curriculum_without_any_question_solved_sometimes_is_refused():
-    pool = [Example("q", "1")]
-    with pytest.raises(ValueError, match="none of the 1 RL questions was solved sometimes"):
-        QuestionSampler(pool, 0, {"q": (0, 8)}, share=0.5)
+def test_a_curriculum_without_any_question_solved_sometimes_draws_uniformly_and_says_so():
+    pool = [Example(f"q{i}", "1") for i in range(5)]
+    with pytest.warns(UserWarning, match="none of the 5 RL questions was solved sometimes"):
+        sampler = QuestionSampler(pool, 0, {"q0": (0, 8), "q1": (8, 8)}, share=0.5)
+    assert sampler.share == 0 and sampler.step(2, 3) == QuestionSampler(pool, 0).step(2, 3)
+
+
+def test_a_redraw_avoids_the_steps_own_questions():
+    pool = [Example(f"q{i}", "1") for i in range(4)]
+    taken = frozenset({"q0", "q1", "q2"})
+    assert {QuestionSampler(pool, 0).redraw(0, slot, 1, taken).question for slot in range(20)} == {"q3"}
 
 
 def test_pass_rates_add_up_over_rows(tmp_path):

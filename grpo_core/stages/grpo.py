@@ -34,7 +34,8 @@ from grpo_core.rewards.scorer import RewardError, RewardScorer, Scored
 from grpo_core.stages.common import SINGLE, digest_dir, read_split, round_seed, run_identity, set_threads, write_manifest
 from grpo_core.stages.ppo import gae_advantages, value_model_from
 from grpo_core.stages.questions import QuestionSampler, draw_seed, fill, read_pass_rates
-from grpo_core.stages.rl import Advantages, Exploration, Models, explore, sample_groups, step_metrics, step_seed, update
+from grpo_core.stages.rl import (Advantages, Exploration, Models, explore, sample_groups, step_metrics, step_seed, update,
+                                 with_gradient)
 from grpo_core.training.trainer import Plan, Trainer, TrainState
 from grpo_core.tracking import MetricLogger, NullLogger
 
@@ -76,7 +77,7 @@ def has_spread(ex: Exploration, gc: GRPOConfig) -> torch.Tensor:
     """[N] bool: the groups whose GRPO advantages are not all zero (those that carry a gradient)."""
     n, width = len(ex.questions), ex.rollout.completion_mask.shape[1]
     adv, _ = rollout_advantages(ex.scored, n, gc.group_size, width, gc.process_credit)
-    return adv.view(n, gc.group_size, width).ne(0).any(-1).any(-1)
+    return with_gradient(adv, gc.group_size)
 
 
 def rl_step(models: Models, tokenizer, opt, questions: list[Example], gc: GRPOConfig, seed: int,
@@ -103,17 +104,17 @@ def rl_step(models: Models, tokenizer, opt, questions: list[Example], gc: GRPOCo
     # process supervision scores every step. Dynamic sampling: a slot whose group has no reward
     # spread samples another question's group, up to grpo.redraws times (questions.fill).
     with d.gathered(trained):  # FSDP: each process samples its share on the whole policy
-        first = explore(sampler, tokenizer, questions, gc, seed, scorer, d, amp, record)
+        first, slots = explore(sampler, tokenizer, questions, gc, seed, scorer, d, amp)
         ex, drawn = first, None
         if gc.redraws:
             if redraw is None:
                 raise ValueError("grpo.redraws > 0 needs the questions to redraw from (rl_step's redraw)")
-            mine = d.shard(len(questions), "grpo.questions_per_step")
-            ex, drawn = fill(first, list(range(mine.start, mine.stop)), gc.redraws, lambda e: has_spread(e, gc),
-                             lambda qs, slots, k: sample_groups(sampler, tokenizer, qs, slots, gc, draw_seed(seed, k),
-                                                                scorer, amp, record),
+            ex, drawn = fill(first, slots, gc.redraws, lambda e: has_spread(e, gc),
+                             lambda qs, s, k: sample_groups(sampler, tokenizer, qs, s, gc, draw_seed(seed, k), scorer, amp),
                              redraw, tokenizer.pad_token_id)
-    clock.append(ex.sampled_at)
+    if record is not None:
+        record += ex.checked()  # what trained (with dynamic sampling: the kept groups, not those dropped)
+    clock.append(first.sampled_at)
 
     # Advantages: the algorithm's estimator (group z-scores or process credit; 1[correct]; GAE).
     adv = ADVANTAGES[alg.advantage](ex, models, gc, amp)
@@ -204,12 +205,13 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
 
     def step(st: TrainState) -> dict:
         questions = draws.step(st.step, gc.questions_per_step)
+        taken = frozenset(q.question for q in questions)
         record: list[dict] = []
         try:
             value, value_opt = trainer.companions.get("value", (None, None))
             metrics = rl_step(Models(policy, ref, value, value_opt), tokenizer, trainer.opt, questions, gc,
                               step_seed(seed, st.step), scorer, d, trained, amp, record,
-                              redraw=functools.partial(draws.redraw, st.step))
+                              redraw=lambda slot, k: draws.redraw(st.step, slot, k, taken))
         except RewardError as e:
             raise RewardError(f"{gc.algorithm.upper()} step {st.step + 1} of {out_dir}: {e}; the stage stops, and "
                               f"its last checkpoint is where a re-run resumes") from None
@@ -236,6 +238,7 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
                f"last_{SUMMARY_WINDOW}_steps": last, "curve": st.curve,
                "rewards": [{k.split("/")[-1]: v for k, v in h.items()} for h in st.history]}
     logger.log_metrics({"val/best_accuracy": st.best_acc, "time/wall_s": st.elapsed}, step=st.step)
+    summary["curriculum_questions"] = len(draws.sometimes) if draws.share else None  # solved sometimes: drawn from
     return write_manifest(out_dir, {"stage": "grpo", "algorithm": gc.algorithm, "model": str(final_dir),
                                     "init": str(init_dir), **summary,
                                     "rollouts": str(out_dir) if gc.save_rollouts else None})

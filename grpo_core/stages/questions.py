@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import random
 import time
+import warnings
 from pathlib import Path
 from typing import Callable
 
@@ -55,10 +56,11 @@ class QuestionSampler:
         self.pool, self.seed, self.share = pool, seed, share
         sometimes = solved_sometimes(rates or {})
         self.sometimes = [e for e in pool if e.question in sometimes]
-        if share > 0 and not self.sometimes:
-            raise ValueError(f"grpo.curriculum = {share}: none of the {len(pool)} RL questions was solved sometimes "
-                             f"by the policy in its reward-data samples ({len(rates or {})} questions measured); "
-                             f"sample more (reward_data.questions, samples_per_question) or set grpo.curriculum: 0")
+        if share > 0 and not self.sometimes:  # a policy that now solves all (or none): a later round goes on
+            warnings.warn(f"grpo.curriculum = {share}: none of the {len(pool)} RL questions was solved sometimes by the "
+                          f"policy in its reward-data samples ({len(rates or {})} questions measured): questions are "
+                          f"drawn uniformly; sample more (reward_data.questions, samples_per_question)", stacklevel=2)
+            self.share = 0.0
 
     def step(self, step: int, n: int) -> list[Example]:
         """The ``n`` distinct questions of ``step`` (all the pool if it is smaller)."""
@@ -73,10 +75,16 @@ class QuestionSampler:
         rng.shuffle(out)  # every process's share gets its part of both
         return out
 
-    def redraw(self, step: int, slot: int, k: int) -> Example:
-        """The question of ``slot``'s k-th redraw (k >= 1) at ``step``, by the same rule."""
+    def redraw(self, step: int, slot: int, k: int, taken: frozenset[str] = frozenset()) -> Example:
+        """The question of ``slot``'s k-th redraw (k >= 1) at ``step``: from the questions solved
+        sometimes with probability ``share``, else from the pool; not one of ``taken`` (the step's
+        own questions) where another can be found."""
         rng = random.Random(f"{self.seed}-{step}-{slot}-{k}")
-        return rng.choice(self.sometimes if self.share and rng.random() < self.share else self.pool)
+        for _ in range(100):
+            pick = rng.choice(self.sometimes if self.share and rng.random() < self.share else self.pool)
+            if pick.question not in taken:
+                break
+        return pick
 
 
 def read_pass_rates(path: str | Path) -> dict[str, tuple[int, int]]:
@@ -96,10 +104,12 @@ def fill(first: Exploration, slots: list[int], redraws: int, has_spread: Callabl
     of ``first``): each slot whose group has no spread draws ``question(slot, k)`` and its group
     (``draw(questions, slots, k)``) for k = 1..``redraws`` until one has spread. Returns the batch
     (slot order) and its counts: ``draws`` [n] groups sampled per slot, ``first_spread`` and
-    ``spread`` [n] bool (the first draw's group, the kept group), ``tokens`` (every draw's)."""
+    ``spread`` [n] bool (the first draw's group, the kept group), ``tokens`` (every draw's) and
+    ``seconds`` (the redraws' sampling and scoring)."""
     g = len(first.rewards) // len(slots)
     first_spread = has_spread(first)
     kept: list[tuple[Exploration, int]] = [(first, i) for i in range(len(slots))]
+    started = time.perf_counter()
     spread, draws = first_spread.clone(), torch.ones(len(slots), dtype=torch.long)
     tokens = first.rollout.completion_mask.sum()
     for k in range(1, redraws + 1):
@@ -111,9 +121,10 @@ def fill(first: Exploration, slots: list[int], redraws: int, has_spread: Callabl
         tokens = tokens + ex.rollout.completion_mask.sum()
         for j, i in enumerate(empty):
             kept[i], spread[i], draws[i] = (ex, j), ok[j], draws[i] + 1
-    stats = {"draws": draws, "first_spread": first_spread, "spread": spread, "tokens": tokens}
+    stats = {"draws": draws, "first_spread": first_spread, "spread": spread, "tokens": tokens,
+             "seconds": time.perf_counter() - started}
     if all(ex is first for ex, _ in kept):
         return first, stats
     batch = Exploration.cat([ex.groups([j], g) for ex, j in kept], pad_id)
     batch.scored.stats = first.scored.stats  # reward statistics: of the step's questions as first drawn
-    return batch._replace(sampled_at=time.perf_counter()), stats
+    return batch, stats

@@ -54,9 +54,9 @@ def row_temperatures(gc: GRPOConfig, n_questions: int) -> list[float]:
 
 
 class Exploration(NamedTuple):
-    """A step's samples, scored: this process's share of the questions, the rollout of their
-    groups, the scores, one reward per completion (NaN where none could be given) and when
-    sampling ended."""
+    """A step's samples, scored: this process's share of the questions (N), the rollout of their
+    groups (N x G rows, a group's rows consecutive), the scores, one reward per completion [N x G]
+    (NaN where none could be given) and when sampling ended."""
 
     questions: list[Example]
     rollout: Rollout
@@ -65,7 +65,7 @@ class Exploration(NamedTuple):
     sampled_at: float
 
     def groups(self, index: list[int], g: int) -> "Exploration":
-        """Groups ``index`` (of G completions each), in that order."""
+        """Groups ``index`` (of the N, each G rows), in that order: len(index) x G rows."""
         rows = torch.tensor([i * g + j for i in index for j in range(g)], dtype=torch.long)
         return Exploration([self.questions[i] for i in index], self.rollout.select(rows), self.scored.select(rows),
                            self.rewards[rows], self.sampled_at)
@@ -77,9 +77,22 @@ class Exploration(NamedTuple):
                            Scored.cat([p.scored for p in parts]), torch.cat([p.rewards for p in parts]),
                            max(p.sampled_at for p in parts))
 
+    def checked(self) -> list[dict]:
+        """Every completion with its question and the answer checker's verdict (the rollout log's rows)."""
+        g = len(self.rewards) // max(len(self.questions), 1)
+        return [{"question": q.question, "gold": q.gold, "completion": text, "correct": bool(ok)}
+                for q, text, ok in zip((q for q in self.questions for _ in range(g)), self.rollout.texts,
+                                       self.scored.correct)]
+
+
+def with_gradient(advantages: torch.Tensor, g: int) -> torch.Tensor:
+    """[N x G, T] advantages -> [N] bool: the groups with any non-zero advantage, i.e. that carry a
+    policy gradient (a group whose rewards have no spread has none: only the KL term)."""
+    return advantages.reshape(-1, g * advantages.shape[-1]).ne(0).any(-1)
+
 
 def sample_groups(policy, tokenizer, questions: list[Example], slots: list[int], gc: GRPOConfig, seed: int,
-                  scorer: RewardScorer, amp=contextlib.nullcontext, record: list[dict] | None = None) -> Exploration:
+                  scorer: RewardScorer, amp=contextlib.nullcontext) -> Exploration:
     """G completions of each of ``questions``, scored. ``slots``: each question's row of the step's
     global batch; sample j of slot i is seeded by (``seed``, i * G + j), whichever process draws it."""
     g = gc.group_size
@@ -90,29 +103,26 @@ def sample_groups(policy, tokenizer, questions: list[Example], slots: list[int],
                            row_ids=[i * g + j for i in slots for j in range(g)])
     sampled_at = time.perf_counter()
     scored = scorer(rollout, [q.gold for q in questions for _ in range(g)])
-    if record is not None:
-        record += [{"question": q.question, "gold": q.gold, "completion": text, "correct": bool(ok)}
-                   for q, text, ok in zip((q for q in questions for _ in range(g)), rollout.texts, scored.correct)]
     rewards = scored.outcome
     if scored.step_rewards is not None:  # process: a completion's reward is its mean step reward
         rewards = torch.where(scored.step_mask, scored.step_rewards, 0.0).sum(1) / scored.step_mask.sum(1)
     return Exploration(questions, rollout, scored, rewards, sampled_at)
 
 
-def explore(policy, tokenizer, questions: list[Example], gc: GRPOConfig, seed: int, scorer: RewardScorer | None,
-            d: Dist = SINGLE, amp=contextlib.nullcontext, record: list[dict] | None = None) -> Exploration:
+def explore(policy, tokenizer, questions: list[Example], gc: GRPOConfig, seed: int, scorer: RewardScorer,
+            d: Dist = SINGLE, amp=contextlib.nullcontext) -> tuple[Exploration, list[int]]:
     """Sample G completions of this process's share of ``questions`` and score them (GRPO's and
-    PPO's exploration stage); raises ``RewardError`` when no completion got a finite reward."""
-    scorer = scorer or RewardScorer({"rule": 1.0}, "outcome", tokenizer)
+    PPO's exploration stage); returns them and their slots (rows of the global batch). Raises
+    ``RewardError`` when no completion got a finite reward."""
     n_global = len(questions)
     mine = d.shard(n_global, "grpo.questions_per_step")
-    ex = sample_groups(policy, tokenizer, questions[mine], list(range(mine.start, mine.stop)), gc, seed, scorer, amp,
-                       record)
+    slots = list(range(mine.start, mine.stop))
+    ex = sample_groups(policy, tokenizer, questions[mine], slots, gc, seed, scorer, amp)
     if float(d.sum(torch.isfinite(ex.rewards).sum())) == 0:  # before any update: nothing to learn from
         errors = float(d.sum((ex.scored.stats or {}).get("reward/rule_errors", 0.0)))
         raise RewardError(f"none of the step's {n_global * gc.group_size} completions got a finite reward (rule checker "
                           f"errors: {errors:.0f}; the others had NaN or inf scores): the reward is broken")
-    return ex
+    return ex, slots
 
 
 def update(policy, ref, trained, opt, rollout: Rollout, advantages: torch.Tensor, gc: GRPOConfig,
@@ -178,22 +188,23 @@ def step_metrics(sums: dict[str, float], n_updates: int, first: Exploration, bat
     rates averaged, counts summed, per-completion statistics gathered. The rewards are those of
     ``first``, the step's questions as drawn (before dynamic sampling's filter: comparable with and
     without it); lengths and zero-advantage groups those of ``batch``, what trained. ``drawn``:
-    dynamic sampling's per-slot counts (``questions.fill``). ``clock``: the times at the step's
-    start, after rollout, scoring, log-probs and updates."""
+    dynamic sampling's counts (``questions.fill``). ``clock``: the times at the step's start, after
+    the first draw's sampling, scoring (and any redraws), log-probs and updates."""
     t0, t1, t2, t3, t4 = clock
     metrics = {f"train/{k}": (v if k == "grad_norm" else float(d.sum(v))) / n_updates for k, v in sums.items()}
     stats = first.scored.stats or {}
     metrics |= d.mean({k: v for k, v in stats.items() if k not in COUNT_STATS}
                       | {"time/rollout_s": t1 - t0, "time/reward_s": t2 - t1, "time/logprob_s": t3 - t2,
-                         "time/update_s": t4 - t3})
+                         "time/update_s": t4 - t3} | ({} if drawn is None else {"time/redraw_s": drawn["seconds"]}))
     metrics |= {k: float(d.sum(v)) for k, v in stats.items() if k in COUNT_STATS}
     # Per-completion statistics over the global batch.
     rewards, correct = d.gather(first.rewards.double()), d.gather(first.scored.correct.double())
     lengths, truncated = d.gather(batch.rollout.completion_mask.sum(1).double()), d.gather(batch.rollout.truncated.double())
     n = len(batch.questions)
-    batch_zero = d.gather((advantages.view(n, g, -1) == 0).all(-1).all(-1).double())
+    batch_zero = d.gather((~with_gradient(advantages, g)).double())
     first_zero = batch_zero if drawn is None else d.gather((~drawn["first_spread"]).double())
     tokens = float(lengths.sum()) if drawn is None else float(d.sum(drawn["tokens"]))  # every draw's
+    sampling_s = (t1 - t0) + (0.0 if drawn is None else drawn["seconds"])
     finite = torch.isfinite(rewards)
     metrics.update({k: float(d.sum(v)) for k, v in reward_stats.items()})
     metrics.update({
@@ -205,7 +216,7 @@ def step_metrics(sums: dict[str, float], n_updates: int, first: Exploration, bat
         "train/completion_len": float(lengths.mean()),
         "train/frac_truncated": float(truncated.mean()),
         "train/lr": opt.param_groups[0]["lr"],
-        "perf/tokens_per_s": tokens / (t1 - t0),
+        "perf/tokens_per_s": tokens / sampling_s,
     })
     if drawn is not None:
         draws = d.gather(drawn["draws"].double())
