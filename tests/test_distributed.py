@@ -170,6 +170,31 @@ def test_grpo_on_two_processes_takes_the_steps_of_one(strategy, tiny_cfg, tiny_d
     assert len(two["train/loss"]) == 3 and min(one["train/grad_norm"]) > 0 and max(one["train/reward_std"]) > 0
 
 
+@pytest.mark.slow
+def test_dynamic_sampling_and_the_curriculum_on_two_processes_draw_what_one_draws(tiny_cfg, tiny_data_dir,
+                                                                                 tiny_model_dir, tmp_path):
+    """The answer checker on a policy that is never right: every group lacks spread, so every place
+    redraws up to the bound, each process for its own places; the questions each redraw picks (by
+    the curriculum) and its samples are those one process picks."""
+    from grpo_core.stages.common import read_split
+    from grpo_core.stages.inputs import GRPOInputs, Ref
+
+    rates = tmp_path / "pass_rates"
+    rates.mkdir()
+    (rates / "pass_rates.jsonl").write_text("".join(
+        json.dumps({"question": e.question, "right": i % 2, "samples": 4}) + "\n"
+        for i, e in enumerate(read_split(tiny_data_dir, "rl"))))
+    cfg = tiny_cfg(tmp_path, grpo__steps=2, grpo__questions_per_step=4, grpo__eval_every=2, grpo__redraws=2,
+                   grpo__curriculum=0.5)
+    ref = lambda path: Ref(path=str(path), digest="-")  # noqa: E731
+    inputs = GRPOInputs(data=ref(tiny_data_dir), init=ref(tiny_model_dir), pass_rates=ref(rates))
+    one = _run(cfg, inputs, tmp_path / "one", 1, tmp_path, "sampled-1")
+    two = _run(cfg, inputs, tmp_path / "two", 2, tmp_path, "sampled-2")
+    assert one["sampling/groups_drawn"] == two["sampling/groups_drawn"] == [12.0, 12.0]  # 4 places x (1 + 2)
+    for key in ("train/completion_len", "train/frac_truncated", "train/loss", "train/kl"):
+        _assert_same_curve(one[key], two[key])
+
+
 def test_join_starts_each_announced_launch_once_with_its_own_rendezvous(tmp_path):
     """What ``grpo-pipeline join`` picks up: an announced stage once (by its launch id, which is also
     the rendezvous id, so agents of different launches never meet), a relaunch again; and the
