@@ -199,3 +199,38 @@ def test_static_step_scores_the_plain_loop(tiny_model_dir, kind):
             assert 4 * int(ended[-2].sum()) >= len(PROMPTS)
         for live, a, b in zip((~e for e in ended), seen[False], seen[True]):
             torch.testing.assert_close(a[live], b[live], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+@pytest.mark.parametrize("shared", [True, False])
+def test_logprobs_read_in_chunks_equal_the_whole_logits(tiny_model_dir, monkeypatch, kind, shared):
+    """The head read 5 tokens at a time (``head_logprobs``, each chunk recomputed in backward): the
+    same log-probs, entropies and gradients as the model's own forward over the whole [B, T, V]."""
+    model, tok = _model(tiny_model_dir, kind)
+    rollout = generate(model, tok, PROMPTS, max_new_tokens=9, temperatures=[1.0] * len(PROMPTS), seed=3)
+    model.train()
+    if not shared:
+        monkeypatch.setattr("grpo_core.lm.policy.distinct_prompts", lambda *a: None)
+
+    def run(chunk_bytes):
+        model.zero_grad()
+        reader = CompletionLogprobs(model, chunk_bytes=chunk_bytes)
+        logp, entropy = reader(rollout.input_ids, rollout.attention_mask, rollout.prompt_len, with_entropy=True)
+        (logp * rollout.completion_mask).sum().backward()
+        return logp.detach(), entropy, [p.grad.clone() for p in model.parameters()]
+
+    chunks, whole = run(5 * 4 * model.config.vocab_size), run(None)
+    assert CompletionLogprobs(model).chunk_bytes  # the default reads this model in chunks
+    torch.testing.assert_close(chunks[0], whole[0], atol=1e-5, rtol=0)
+    torch.testing.assert_close(chunks[1], whole[1], atol=1e-5, rtol=0)
+    for a, b in zip(chunks[2], whole[2]):
+        assert (a - b).norm() <= 1e-5 * b.norm() + 1e-7
+
+
+def test_a_head_with_more_than_a_matmul_takes_its_own_forward(tiny_model_dir):
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    _, tok = load_model(tiny_model_dir)
+    gemma = Gemma2ForCausalLM(Gemma2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                           num_attention_heads=2, num_key_value_heads=1, head_dim=16))
+    assert gemma.config.final_logit_softcapping and CompletionLogprobs(gemma).chunk_bytes is None

@@ -251,6 +251,50 @@ def _attention_only(cache) -> bool:
                                                    for layer in cache.layers)
 
 
+# Log-probabilities are read from the logits this many bytes at a time (fp32): SmolLM2's 49,152-token
+# vocabulary makes [B, T, V] logits 16 GB at 256 rows x 320 tokens, several copies of them live in a
+# backward pass. A chunk's logits are recomputed in backward rather than kept.
+LOGIT_CHUNK_BYTES = 256 << 20
+
+# Causal LMs whose logits are ``lm_head(last hidden state)`` and nothing else (no soft-capping or
+# scaling), which ``CompletionLogprobs`` reads chunk by chunk; others take their own forward whole.
+PLAIN_HEADS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+
+
+def plain_head(model) -> bool:
+    """Whether ``model``'s logits are its ``lm_head`` on its base model's last hidden state. Not for an
+    FSDP-sharded model: its root gathers the head's weights in its own forward only."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return type(model).__name__ in PLAIN_HEADS and not isinstance(model, FSDPModule)
+
+
+def _chunk_logprobs(head, hidden: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """hidden [N, E], targets [N] -> log-probabilities of the targets [N] and entropies [N] (detached)."""
+    logp_all = F.log_softmax(head(hidden).float(), dim=-1)
+    with torch.no_grad():
+        entropy = -(logp_all.exp() * logp_all).sum(-1)
+    return logp_all.gather(-1, targets[:, None]).squeeze(-1), entropy
+
+
+def head_logprobs(head, hidden: torch.Tensor, targets: torch.Tensor,
+                  chunk_bytes: int = LOGIT_CHUNK_BYTES) -> tuple[torch.Tensor, torch.Tensor]:
+    """hidden [B, T, E], targets [B, T] -> log-probabilities of the targets under ``head``'s logits
+    [B, T] and the logits' entropies [B, T] (detached), never holding more than ``chunk_bytes`` of fp32
+    logits: each chunk of tokens is checkpointed, so backward recomputes its logits instead of keeping
+    them (a fused log-softmax-gather in plain torch; the same values as the whole [B, T, V] at once)."""
+    from torch.utils.checkpoint import checkpoint
+
+    b, t, e = hidden.shape
+    flat, ids = hidden.reshape(b * t, e), targets.reshape(b * t)
+    n = max(1, chunk_bytes // (4 * head.out_features))
+    parts = [checkpoint(_chunk_logprobs, head, flat[i : i + n], ids[i : i + n], use_reentrant=False)
+             if torch.is_grad_enabled() else _chunk_logprobs(head, flat[i : i + n], ids[i : i + n])
+             for i in range(0, b * t, n)]
+    return (torch.cat([p[0] for p in parts]).reshape(b, t) if parts else flat.new_zeros(b, t),
+            torch.cat([p[1] for p in parts]).reshape(b, t) if parts else flat.new_zeros(b, t))
+
+
 class CompletionLogprobs(torch.nn.Module):
     """A causal LM read at its completion tokens: one module whose forward is the whole computation
     (what DDP must wrap). A GRPO batch holds each prompt G times; causal attention makes a prompt's
@@ -258,38 +302,51 @@ class CompletionLogprobs(torch.nn.Module):
     shared by its G rows through the model's KV cache: the same numbers (and gradients, summed over
     the rows) for about half the work at the paper's lengths. Rows whose prompts are all distinct,
     models with activation checkpointing (which drops the cache) and models whose cache holds more
-    than keys and values (recurrent, linear attention) take one plain forward."""
+    than keys and values (recurrent, linear attention) take one plain forward.
 
-    def __init__(self, model) -> None:
+    A model with a ``plain_head`` is read as hidden states, then through its head ``chunk_bytes`` of
+    logits at a time (``head_logprobs``); ``chunk_bytes`` None, or another model: its own forward's
+    whole [B, T, V] logits."""
+
+    def __init__(self, model, chunk_bytes: int | None = LOGIT_CHUNK_BYTES) -> None:
         super().__init__()
         self.model = model
+        self.chunk_bytes = chunk_bytes if plain_head(model) else None
 
-    def _completion_logits(self, ids: torch.Tensor, mask: torch.Tensor, prompt_len: int) -> torch.Tensor:
-        """[B, L] -> [B, T, V] logits that predict the completion tokens ids[:, P:]."""
+    def _read(self, keep: int, **inputs):
+        """The model's outputs at the last ``keep`` positions of ``inputs``: hidden states [B, keep, E]
+        when read through the head in chunks, else logits [B, keep, V]; and the cache when asked."""
+        if self.chunk_bytes is None:
+            out = self.model(**inputs, logits_to_keep=keep)
+            return out.logits, out.past_key_values
+        out = self.model.base_model(**inputs)
+        return out.last_hidden_state[:, -keep:], out.past_key_values
+
+    def _completion_states(self, ids: torch.Tensor, mask: torch.Tensor, prompt_len: int) -> torch.Tensor:
+        """[B, L] -> [B, T, X]: the logits (X = V) or hidden states (X = E) that predict the completion
+        tokens ids[:, P:]."""
         positions = position_ids(mask)
         width = ids.shape[1] - prompt_len
 
         def plain():
-            # Only the positions that predict completion tokens get logits: the output layer over
+            # Only the positions that predict completion tokens are read: the output layer over
             # the prompt would cost [B, P, V] (gigabytes with a 49k vocabulary) for nothing.
-            return self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                              logits_to_keep=width + 1).logits[:, :-1]
+            return self._read(width + 1, input_ids=ids, attention_mask=mask, position_ids=positions)[0][:, :-1]
 
         shared = None if getattr(self.model, "is_activation_checkpointing", False) else distinct_prompts(ids, mask, prompt_len)
         if shared is None:
             return plain()
         prompt_ids, prompt_mask, inverse = shared
-        head = self.model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=position_ids(prompt_mask),
-                          use_cache=True, logits_to_keep=1)
-        first = head.logits[inverse]  # [B, 1, V]: the last prompt position predicts completion token 0
+        head, cache = self._read(1, input_ids=prompt_ids, attention_mask=prompt_mask,
+                                 position_ids=position_ids(prompt_mask), use_cache=True)
+        first = head[inverse]  # [B, 1, X]: the last prompt position predicts completion token 0
         if width == 1:
             return first
-        cache = head.past_key_values
         if not _attention_only(cache):  # recurrent or linear-attention state: no row selection
             return plain()
         cache.batch_select_indices(inverse)  # [U, ...] -> [B, ...], differentiable indexing
-        rest = self.model(input_ids=ids[:, prompt_len:-1], attention_mask=mask[:, :-1],
-                          position_ids=positions[:, prompt_len:-1], past_key_values=cache, use_cache=True).logits
+        rest, _ = self._read(width - 1, input_ids=ids[:, prompt_len:-1], attention_mask=mask[:, :-1],
+                             position_ids=positions[:, prompt_len:-1], past_key_values=cache, use_cache=True)
         return torch.cat([first, rest], 1)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int,
@@ -299,11 +356,16 @@ class CompletionLogprobs(torch.nn.Module):
         model's device, and only [B, T] comes back (differentiably) for the loss."""
         device = model_device(self.model)
         ids = input_ids.to(device)
-        logp_all = F.log_softmax(self._completion_logits(ids, attention_mask.to(device), prompt_len).float(), dim=-1)
-        logp = logp_all.gather(-1, ids[:, prompt_len:].unsqueeze(-1)).squeeze(-1).to(input_ids.device)
-        if not with_entropy:
-            return logp, None
-        return logp, (-(logp_all.exp() * logp_all).sum(-1)).detach().to(input_ids.device)
+        states = self._completion_states(ids, attention_mask.to(device), prompt_len)
+        targets = ids[:, prompt_len:]
+        if self.chunk_bytes is not None:
+            logp, entropy = head_logprobs(self.model.lm_head, states, targets, self.chunk_bytes)
+        else:
+            logp_all = F.log_softmax(states.float(), dim=-1)
+            logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+            entropy = (-(logp_all.exp() * logp_all).sum(-1)).detach() if with_entropy else None
+        logp = logp.to(input_ids.device)
+        return (logp, entropy.to(input_ids.device)) if with_entropy else (logp, None)
 
 
 def token_logprobs(model, rollout: Rollout, with_entropy: bool = False):
