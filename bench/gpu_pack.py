@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACK = ROOT / ".gpu"
 LIMIT = 64 * 2**20  # the device's working tree and carried paths, per call
-MARGIN = 2**20
+MARGIN = 4 * 2**20  # room for what the count may miss (the .git folder is 3 MiB)
 # What the device's image lacks or holds at another version (.library/device/KINDS.md lists its packages).
 WHEELS = ["transformers==5.23.0", "pydantic==2.14.4", "pydantic-core==2.50.5", "annotated-types==0.8.0",
           "typing-inspection==0.4.5", "trl==1.16.0", "datasets==5.2.0", "dill==0.4.1", "multiprocess==0.70.19",
@@ -59,10 +59,11 @@ def tree_bytes() -> int:
     return sum((ROOT / n.decode()).stat().st_size for n in names if n and (ROOT / n.decode()).is_file())
 
 
-def split_pack(files: list[Path], out: Path, per_call: int = LIMIT, tree: int = 0) -> dict[Path, int]:
-    """``files`` as one tar, cut into parts ``out/call-K/pack.tar.K`` of at most ``per_call - tree``
-    bytes (the last call's folder also holds ``pack.md5`` of the whole tar); the bytes each call carries."""
-    room = per_call - tree - MARGIN * (per_call > 16 * MARGIN)
+def split_pack(files: list[Path], out: Path, per_call: int = LIMIT, tree: int = 0, margin: int = MARGIN) -> dict[Path, int]:
+    """``files`` as one tar, cut into parts ``out/call-K/pack.tar.K`` of at most ``per_call - tree -
+    margin`` bytes (the last call's folder also holds ``pack.md5`` of the whole tar); the bytes each
+    call carries."""
+    room = per_call - tree - margin
     if room <= 0:
         raise ValueError(f"the working tree ({tree / 2**20:.1f} MiB) leaves no room in a call of {per_call / 2**20:.0f} MiB")
     buf = io.BytesIO()

