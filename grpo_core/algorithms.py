@@ -20,9 +20,31 @@ class Algorithm(NamedTuple):
     trains: tuple[str, ...] = ()              # models trained beside the policy
 
 
+class KL(NamedTuple):
+    """``grpo.beta`` where the algorithm puts it: the weight of the k3 KL term in the policy loss, and
+    of the per-token KL penalty in the reward (at most one of them nonzero)."""
+
+    loss: float = 0.0
+    reward: float = 0.0
+
+    @property
+    def reference(self) -> bool:
+        """Whether the KL needs the frozen reference model."""
+        return self.loss > 0 or self.reward > 0
+
+
 ALGORITHMS: dict[str, Algorithm] = {
     "grpo": Algorithm("policy", "group", "loss"),                  # §4.1: group-normalised rewards, KL in the loss
     "ppo": Algorithm("policy", "gae", "reward", ("value",)),       # §4.1.1 (eq. 1-2): value model, GAE, KL in the reward
     "online_rft": Algorithm("policy", "correct", "none"),          # §5.2.1: the policy's correct samples
     "rft": Algorithm("reference", "correct", "none"),              # §5.2.1: the starting model's correct samples
 }
+
+
+def kl_weights(algorithm: str, beta: float) -> KL:
+    """``beta`` placed by ``algorithm``'s row (the one reading of ``grpo.beta``); a beta that the
+    algorithm has no place for is refused, not dropped."""
+    place = ALGORITHMS[algorithm].kl
+    if place == "none" and beta > 0:
+        raise ValueError(f"algorithm={algorithm} has no KL term: beta must be 0 (got {beta})")
+    return KL(loss=beta if place == "loss" else 0.0, reward=beta if place == "reward" else 0.0)

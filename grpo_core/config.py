@@ -14,7 +14,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from grpo_core.algorithms import ALGORITHMS
+from grpo_core.algorithms import ALGORITHMS, KL, kl_weights
 
 
 class Section(BaseModel):
@@ -310,8 +310,7 @@ class GRPOConfig(Training):
         if self.process_credit != "sum" and self.supervision != "process":
             raise ValueError(f"process_credit={self.process_credit} applies to supervision=process only")
         alg, name = ALGORITHMS[self.algorithm], f"algorithm={self.algorithm}"
-        if alg.kl == "none" and self.beta > 0:
-            raise ValueError(f"{name} has no KL term: beta must be 0 (got {self.beta})")
+        self.kl  # refuses a beta the algorithm has no place for
         if alg.advantage == "correct" and (set(self.reward_weights) != {"rule"} or self.supervision != "outcome"):
             raise ValueError(f"{name} learns from the answer checker's verdict (advantage 1[correct]): "
                              f"reward_weights must be {{rule: ...}} with supervision=outcome")
@@ -327,6 +326,16 @@ class GRPOConfig(Training):
         if self.ppo is not None and "value" not in alg.trains:
             raise ValueError(f"the ppo section applies to algorithm=ppo only ({name})")
         return self
+
+    @property
+    def kl(self) -> KL:
+        """``beta`` where the algorithm puts it (``algorithms.kl_weights``): in the loss, in the reward."""
+        return kl_weights(self.algorithm, self.beta)
+
+    @property
+    def loads_reference(self) -> bool:
+        """Whether the stage needs the frozen starting model: it samples (RFT) or anchors the KL."""
+        return ALGORITHMS[self.algorithm].samples == "reference" or self.kl.reference
 
     @property
     def reward_models_used(self) -> tuple[str, ...]:

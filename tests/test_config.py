@@ -165,3 +165,21 @@ def test_process_supervision_needs_a_trained_prm():
     cfg = load_config(None, ["grpo.supervision=process", "grpo.reward_weights={prm: 1.0}", "prm.train=true",
                              "grpo.process_credit=min"])
     assert cfg.grpo.process_credit == "min"
+
+
+@pytest.mark.parametrize("algorithm, beta, loss, reward, reference", [
+    ("grpo", 0.04, 0.04, 0.0, True), ("grpo", 0.0, 0.0, 0.0, False), ("ppo", 0.05, 0.0, 0.05, True),
+    ("online_rft", 0.0, 0.0, 0.0, False), ("rft", 0.0, 0.0, 0.0, True)])  # RFT samples the reference
+def test_beta_is_placed_by_the_algorithm_in_one_place(algorithm, beta, loss, reward, reference):
+    from grpo_core.config import GRPOConfig
+
+    gc = GRPOConfig(algorithm=algorithm, beta=beta)
+    assert (gc.kl.loss, gc.kl.reward, gc.loads_reference) == (loss, reward, reference)
+
+
+def test_a_beta_the_algorithm_has_no_place_for_is_refused():
+    from grpo_core.config import GRPOConfig
+
+    assert GRPOConfig(algorithm="rft").kl.loss == 0.0  # absent: the algorithm's default, none
+    with pytest.raises(ValidationError, match="algorithm=rft has no KL term: beta must be 0"):
+        GRPOConfig(algorithm="rft", beta=0.04)

@@ -49,7 +49,8 @@ def test_kl_k3_non_negative(seed):
 #   token-mean:            (-1.1 - 0.98772591 - 1.2) / 3 = -1.09590864
 #   seq-mean-token-sum-norm (divide by T = 2): row0 -1.04386296, row1 -1.2 / 2 = -0.6
 #                          mean = -0.82193148
-KL_TERM = 0.04 * (1 - LN2)
+BETA = 0.04  # the paper's
+KL_TERM = BETA * (1 - LN2)
 ROW0 = -1.1 + (-1.0 + KL_TERM)
 EXPECTED = {
     "seq-mean-token-mean": (ROW0 / 2 + -1.2 / 1) / 2,
@@ -69,13 +70,13 @@ def _hand_inputs():
 
 @pytest.mark.parametrize("agg", sorted(EXPECTED))
 def test_grpo_loss_hand_computed(agg):
-    loss, _ = grpo_loss(*_hand_inputs(), agg=agg)
+    loss, _ = grpo_loss(*_hand_inputs(), beta=BETA, agg=agg)
     assert loss.dim() == 0
     assert loss.item() == pytest.approx(EXPECTED[agg], abs=1e-9)
 
 
 def test_grpo_loss_hand_computed_metrics():
-    _, m = grpo_loss(*_hand_inputs())  # paper default: seq-mean-token-mean, beta 0.04
+    _, m = grpo_loss(*_hand_inputs(), beta=BETA)  # the paper's: seq-mean-token-mean, beta 0.04
     assert m["kl"] == pytest.approx((1 - LN2) / 3)  # token mean over the 3 real tokens
     assert m["pg_loss"] == pytest.approx((-2.1 / 2 + -1.2) / 2)  # same aggregation, no KL
     assert m["clip_ratio"] == pytest.approx(1 / 3)  # only the 1.5 token is clipped
@@ -86,7 +87,7 @@ def test_grpo_loss_hand_computed_metrics():
 
 def test_default_aggregation_is_paper():
     inputs = _hand_inputs()
-    assert grpo_loss(*inputs)[0].item() == pytest.approx(EXPECTED["seq-mean-token-mean"], abs=1e-9)
+    assert grpo_loss(*inputs, beta=BETA)[0].item() == pytest.approx(EXPECTED["seq-mean-token-mean"], abs=1e-9)
 
 
 def test_aggregate_unknown_raises():
@@ -165,7 +166,7 @@ def test_all_masked_rows_contribute_zero(agg):
     logp2 = torch.cat([logp, garbage]).requires_grad_(True)
     loss2, m = grpo_loss(
         logp2, torch.cat([old, -garbage]), torch.cat([ref, garbage * 3]), torch.cat([adv, garbage * 5]),
-        torch.cat([mask, torch.zeros(1, 2, dtype=mask.dtype)]), agg=agg,
+        torch.cat([mask, torch.zeros(1, 2, dtype=mask.dtype)]), beta=BETA, agg=agg,
     )
     assert torch.isfinite(loss2)
     loss2.backward()
@@ -180,7 +181,7 @@ def test_all_masked_rows_contribute_zero(agg):
 @pytest.mark.parametrize("agg", sorted(EXPECTED))
 def test_fully_masked_batch_is_finite_zero(agg):
     logp = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
-    loss, m = grpo_loss(logp, logp.detach() - 0.3, logp.detach() + 0.2, torch.randn(4, 3), torch.zeros(4, 3), agg=agg)
+    loss, m = grpo_loss(logp, logp.detach() - 0.3, logp.detach() + 0.2, torch.randn(4, 3), torch.zeros(4, 3), beta=BETA, agg=agg)
     assert loss.item() == 0.0
     loss.backward()
     assert torch.equal(logp.grad, torch.zeros(4, 3, dtype=torch.float64))
@@ -218,9 +219,9 @@ def test_weighted_rows_equal_the_rows_repeated(agg):
     logp, old, ref, adv, mask = _hand_inputs()
     repeat = torch.tensor([0, 0, 1])
     full = logp[repeat].clone().requires_grad_(True)
-    loss_full, m_full = grpo_loss(full, old[repeat], ref[repeat], adv[repeat], mask[repeat], agg=agg)
+    loss_full, m_full = grpo_loss(full, old[repeat], ref[repeat], adv[repeat], mask[repeat], beta=BETA, agg=agg)
     once = logp.clone().requires_grad_(True)
-    loss_once, m_once = grpo_loss(once, old, ref, adv, mask, agg=agg, weights=torch.tensor([2.0, 1.0]))
+    loss_once, m_once = grpo_loss(once, old, ref, adv, mask, beta=BETA, agg=agg, weights=torch.tensor([2.0, 1.0]))
     hand = {"seq-mean-token-mean": (2 * ROW0 / 2 - 1.2) / 3, "token-mean": (2 * ROW0 - 1.2) / 5,
             "seq-mean-token-sum-norm": (2 * ROW0 / 2 - 1.2 / 2) / 3}
     assert loss_once.item() == pytest.approx(hand[agg], abs=1e-9)

@@ -123,7 +123,7 @@ def rl_step(models: Models, tokenizer, opt, questions: list[Example], gc: GRPOCo
     # Update: mu passes of clipped-ratio minibatch updates, with the k3 KL to the reference where
     # the algorithm puts it in the loss; then what it trains beside the policy (PPO's values).
     rollout = dataclasses.replace(ex.rollout, completion_mask=adv.mask)
-    sums, n_updates = update(models.policy, models.ref if alg.kl == "loss" else None, trained or models.policy, opt,
+    sums, n_updates = update(models.policy, models.ref, trained or models.policy, opt,
                              rollout, adv.values, gc, len(questions), d, amp, clock)
     after = adv.then() if adv.then else {}
 
@@ -177,7 +177,7 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
     # PPO's value model from the policy (on resume its weights come from the checkpoint).
     alg = ALGORITHMS[gc.algorithm]
     ref = None
-    if alg.samples == "reference" or (alg.kl != "none" and gc.beta > 0):
+    if gc.loads_reference:
         ref, _ = load_model(init_dir)
         place(ref, cfg.launch).eval().requires_grad_(False)
     companions = {}

@@ -52,9 +52,9 @@ def gae_advantages(ex: Exploration, models: Models, gc: GRPOConfig, amp=contextl
     mask = rollout.completion_mask * valid[:, None].to(rollout.completion_mask.dtype)
     with torch.no_grad(), amp():
         old_logp = token_logprobs(models.policy, rollout)
-        ref_logp = old_logp if models.ref is None else token_logprobs(models.ref, rollout)  # beta 0: no reference
+        ref_logp = token_logprobs(models.ref, rollout) if gc.kl.reward else old_logp  # no KL weight: no reference
         old_values = state_values(models.value, rollout)
-    rewards = kl_penalised_rewards(torch.where(valid, ex.rewards, 0.0), old_logp, ref_logp, mask, gc.beta)
+    rewards = kl_penalised_rewards(torch.where(valid, ex.rewards, 0.0), old_logp, ref_logp, mask, gc.kl.reward)
     advantages, returns = gae(rewards, old_values, mask, pc.gae_gamma, pc.gae_lambda)
     m = mask.bool()
     stats = {"train/kl": float(kl_k3(old_logp, ref_logp)[m].mean()) if m.any() else 0.0,

@@ -128,10 +128,10 @@ def explore(policy, tokenizer, questions: list[Example], gc: GRPOConfig, seed: i
 def update(policy, ref, trained, opt, rollout: Rollout, advantages: torch.Tensor, gc: GRPOConfig,
            n_global: int, d: Dist, amp, clock: list[float]) -> tuple[dict[str, float], int]:
     """The step's optimizer updates; returns this process's summed loss terms and the update count.
-    The loss has ``gc.beta``'s k3 KL to ``ref`` where one is given (GRPO), none without (PPO puts
-    it in the reward, RFT has none). Appends to ``clock`` when pi_old's and the reference's
-    log-probs are ready and when it is done."""
-    beta = gc.beta if ref is not None else 0.0
+    The loss has the k3 KL to ``ref`` weighted by ``gc.kl.loss`` (GRPO's beta; 0 where the algorithm
+    puts the KL in the reward, PPO, or has none, RFT). Appends to ``clock`` when pi_old's and the
+    reference's log-probs are ready and when it is done."""
+    beta = gc.kl.loss
     batch = rollout.completion_mask.shape[0]
     # A minibatch is minibatch_size rows of the global batch: each process's share of it.
     if gc.minibatch_size and gc.minibatch_size % d.world:
