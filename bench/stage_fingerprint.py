@@ -104,7 +104,8 @@ def differences(a, b, path: str = "") -> list[str]:
         return [d for k in sorted(set(a) | set(b)) for d in differences(a.get(k), b.get(k), f"{path}/{k}")]
     if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
         return [d for i, (x, y) in enumerate(zip(a, b)) for d in differences(x, y, f"{path}/{i}")]
-    return [] if a == b else [f"{path}: {a!r} -> {b!r}"[:160]]
+    same = a == b or (isinstance(a, float) and isinstance(b, float) and a != a and b != b)  # NaN is NaN here
+    return [] if same else [f"{path}: {a!r} -> {b!r}"[:160]]
 
 
 def compare(a: dict, b: dict) -> dict:
