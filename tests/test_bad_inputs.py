@@ -104,7 +104,7 @@ def test_a_checker_that_raises_on_a_completion_is_counted_not_fatal(tmp_path, ti
     [metrics] = [m for _, m in log.history if "train/loss" in m]
     batch = cfg.grpo.questions_per_step * cfg.grpo.group_size
     assert metrics["reward/rule_errors"] == batch // 3
-    assert metrics["reward/nonfinite"] == batch // 3  # no verdict: no advantage
+    assert metrics["reward/nonfinite_completions"] == batch // 3  # no verdict: no advantage
     assert torch.isfinite(torch.tensor(metrics["train/loss"]))
 
 

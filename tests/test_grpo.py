@@ -314,3 +314,26 @@ def test_repeated_rollouts_are_trained_once_with_the_same_gradient(tmp_path, tin
         torch.testing.assert_close(got, want, atol=1e-7, rtol=1e-5)
     assert n == 1 and sums["loss"] == pytest.approx(loss.item(), rel=1e-6)
     assert sums["kl"] == pytest.approx(m["kl"], rel=1e-5) and sums["ratio_mean"] == pytest.approx(1.0)
+
+
+def test_reward_mean_means_the_same_under_outcome_and_process_supervision(tmp_path, tiny_cfg, tiny_data_dir,
+                                                                           tiny_model_dir, monkeypatch):
+    """train/reward_mean is the mean of the solutions' weighted rewards (the checker plus the PRM's
+    lowest step) under either supervision; only the advantages differ (the PRM's steps)."""
+    from grpo_core.rewards.heads import reward_model_from
+    from grpo_core.rewards.scorer import RewardScorer
+
+    monkeypatch.setattr(rewards_mod, "rule_reward", parity_reward)
+    cfg, policy, ref, tok, _, questions = _grpo_setup(tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir)
+    torch.manual_seed(0)
+    prm = reward_model_from(ref, "prm").eval().requires_grad_(False)
+    rewards = {}
+    for supervision in ("outcome", "process"):
+        gc = cfg.grpo.model_copy(update={"reward_weights": {"rule": 1.0, "prm": 0.5}, "supervision": supervision})
+        scorer = RewardScorer(gc.reward_weights, supervision, tok, prm=prm)
+        model = copy.deepcopy(policy).train()
+        opt = torch.optim.AdamW(model.parameters(), lr=gc.lr)
+        rewards[supervision] = rl_step(Models(model, ref), tok, opt, questions, gc, seed=1, scorer=scorer)
+    assert rewards["outcome"]["train/reward_mean"] == rewards["process"]["train/reward_mean"]
+    assert rewards["outcome"]["train/reward_std"] == rewards["process"]["train/reward_std"]
+    assert rewards["outcome"]["train/loss"] != rewards["process"]["train/loss"]  # the advantages do differ

@@ -47,7 +47,7 @@ def fake_group(questions: list[Example], g: int = 2) -> Exploration:
     width = 1 + n  # rollouts of another width each call: fill joins them
     rollout = Rollout(torch.arange(n * g * (1 + width)).view(n * g, 1 + width), torch.ones(n * g, 1 + width, dtype=torch.long),
                       torch.ones(n * g, width), 1, [q.question for q in questions for _ in range(g)], torch.zeros(n * g, dtype=torch.bool))
-    return Exploration(questions, rollout, Scored(rewards, rewards, stats={"reward/x": 1.0}), rewards, 0.0)
+    return Exploration(questions, rollout, Scored(rewards, rewards, "outcome", stats={"reward/x": 1.0}), rewards, 0.0)
 
 
 def spread_of(ex: Exploration) -> torch.Tensor:
@@ -137,7 +137,7 @@ def test_pass_rates_add_up_over_rows(tmp_path):
 
 def test_dynamic_sampling_fills_the_step_with_groups_that_carry_a_gradient(tmp_path, tiny_cfg, tiny_data_dir,
                                                                            tiny_model_dir, sparse):
-    cfg = tiny_cfg(tmp_path, grpo__questions_per_step=4, grpo__redraws=6)
+    cfg = tiny_cfg(tmp_path, grpo__questions_per_step=4, grpo__redraws=6, grpo__beta=0.0)  # no reference
     policy, tok = load_model(tiny_model_dir)
     opt = torch.optim.AdamW(policy.parameters(), lr=1e-3)
     sampler = QuestionSampler(read_split(tiny_data_dir, "rl"), 0)

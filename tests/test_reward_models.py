@@ -280,8 +280,8 @@ def test_outcome_with_prm_is_lowest_step_probability(tok, reward_models):
     # The learned reward logged beside the checker's accuracy: the mean lowest step of those with one.
     assert scored.stats["reward/prm_lowest_mean"] == pytest.approx(float((p[0].min() + p[1, :2].min()) / 2))
     # The NaN is neutralised downstream: the empty completion gets zero advantage, and is counted.
-    adv, stats = rollout_advantages(scored, 1, 3, rollout.completion_mask.shape[1])
-    assert stats == {"reward/nonfinite": 1.0}
+    adv = rollout_advantages(scored, 1, 3, rollout.completion_mask.shape[1])
+    assert scored.stats["reward/nonfinite_completions"] == 1.0
     assert adv[2].abs().max().item() < 1e-6 and (adv[0] > 0).all()  # at the group mean (float32)
 
 
@@ -302,7 +302,9 @@ def test_process_supervision_step_rewards(tok, reward_models):
     torch.testing.assert_close(r[0], 0.5 * p[0] + torch.tensor([0.0, 0.0, 1.0]))
     torch.testing.assert_close(r[1, :2], 0.5 * p[1, :2])
     assert r[1, 2].isnan() and r[2].isnan().all()  # padding and the step-less completion
-    assert torch.equal(scored.outcome, torch.tensor([1.0, 0.0, 0.0]))
+    # The solution's reward, as under outcome supervision: the rule plus 0.5 x the lowest step.
+    torch.testing.assert_close(scored.outcome[:2], torch.stack([1 + 0.5 * p[0].min(), 0.5 * p[1, :2].min()]))
+    assert scored.supervision == "process" and scored.outcome[2].isnan()
     assert scored.stats["reward/nonfinite_completions"] == 0.0  # padding NaN is not a non-finite score
     # Advantages: the empty completion (no step) gets zero on every token, the others do not.
     t = rollout.completion_mask.shape[1]
@@ -310,7 +312,7 @@ def test_process_supervision_step_rewards(tok, reward_models):
     assert torch.equal(adv[2], torch.zeros(t))
     assert adv[0, 0] != 0 and adv[1, 0] != 0
     # GRPO's own path gives the same advantages.
-    via_grpo, _ = rollout_advantages(scored, 1, 3, t)
+    via_grpo = rollout_advantages(scored, 1, 3, t)
     torch.testing.assert_close(via_grpo, adv)
 
 
@@ -332,8 +334,8 @@ def test_nan_orm_score_gets_zero_advantage_and_is_counted(tok, reward_models, mo
     torch.testing.assert_close(scored.outcome[[0, 2]], torch.stack([1 + s[0], s[2]]))
     assert scored.stats["reward/orm_mean"] == pytest.approx(float((s[0] + s[2]) / 2))  # finite ones only
     t = rollout.completion_mask.shape[1]
-    adv, stats = rollout_advantages(scored, 1, 3, t)
-    assert stats == {"reward/nonfinite": 1.0}
+    adv = rollout_advantages(scored, 1, 3, t)
+    assert scored.stats["reward/nonfinite_completions"] == 1.0
     assert adv.shape == (3, t) and torch.isfinite(adv).all()
     assert adv[1].abs().max().item() == 0.0  # the NaN sample: no advantage
     # The others are z-scored between themselves: +1 and -1 for two distinct rewards.
@@ -404,7 +406,7 @@ def test_process_nonfinite_step_drops_the_whole_completion(tok, reward_models, m
     scored = RewardScorer({"prm": 1.0}, "process", tok, prm=prm)(rollout, [GOLD] * 3)
     assert scored.stats["reward/nonfinite_completions"] == 1.0
     assert not scored.step_mask[0].any()
-    adv, _ = rollout_advantages(scored, 1, 3, rollout.completion_mask.shape[1])
+    adv = rollout_advantages(scored, 1, 3, rollout.completion_mask.shape[1])
     assert torch.equal(adv[0], torch.zeros_like(adv[0])) and adv[1].abs().sum() > 0
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import torch
 
@@ -42,10 +43,15 @@ COUNT_STATS = ("reward/rule_errors", "reward/no_step_completions", "reward/nonfi
 
 @dataclass
 class Scored:
-    """What the advantages are computed from. Shapes: B completions, K steps."""
+    """What the advantages are computed from. Shapes: B completions, K steps.
+
+    ``outcome`` means the same under either supervision: sum_w w * source, the PRM's source being
+    the solution's lowest step probability (``train/reward_mean`` is its mean). Under process
+    supervision the advantages come from ``step_rewards`` instead."""
 
     outcome: torch.Tensor  # [B] weighted reward of each whole solution (NaN: no verdict)
     correct: torch.Tensor  # [B] rule reward, logged whatever drives training
+    supervision: Literal["outcome", "process"]  # which of the two the advantages read
     step_rewards: torch.Tensor | None = None  # [B, K] process supervision (NaN where no step)
     step_ends: torch.Tensor | None = None  # [B, K] token where each step's advantage region ends
     step_mask: torch.Tensor | None = None  # [B, K] steps that count (none for dropped completions)
@@ -54,15 +60,16 @@ class Scored:
     def select(self, index: torch.Tensor) -> "Scored":
         """The completions ``index`` [U] (long), in that order; ``stats`` stay those of the whole batch."""
         pick = lambda x: None if x is None else x[index]  # noqa: E731
-        return Scored(self.outcome[index], self.correct[index], pick(self.step_rewards), pick(self.step_ends),
-                      pick(self.step_mask), self.stats)
+        return Scored(self.outcome[index], self.correct[index], self.supervision, pick(self.step_rewards),
+                      pick(self.step_ends), pick(self.step_mask), self.stats)
 
     @staticmethod
     def cat(parts: list["Scored"]) -> "Scored":
         """The completions of ``parts`` in order (steps padded to the most, as absent steps);
         ``stats`` are the first part's."""
-        out = Scored(torch.cat([s.outcome for s in parts]), torch.cat([s.correct for s in parts]), stats=parts[0].stats)
-        if parts[0].step_rewards is None:
+        out = Scored(torch.cat([s.outcome for s in parts]), torch.cat([s.correct for s in parts]), parts[0].supervision,
+                     stats=parts[0].stats)
+        if parts[0].supervision == "outcome":
             return out
         k = max(s.step_rewards.shape[1] for s in parts)
         widen = lambda x, fill: torch.nn.functional.pad(x, (0, k - x.shape[1]), value=fill)  # noqa: E731
@@ -75,9 +82,11 @@ class Scored:
 class RewardScorer:
     """Scores rollouts with ``weights`` over ``rule`` / ``orm`` / ``prm``.
 
-    outcome: reward = sum_w w * source, with prm = the lowest step probability (Math-Shepherd's
-    aggregation). process: step k's reward = w_prm * P(step k right), and the outcome sources'
-    weighted reward is added to each solution's last step.
+    A solution's reward (``Scored.outcome``, both supervisions) = sum_w w * source, with prm = the
+    lowest step probability (Math-Shepherd's aggregation). process: step k's reward = w_prm * P(step
+    k right), and the outcome sources' (rule, ORM) weighted reward is added to each solution's last
+    step. A completion left without a finite reward (no verdict, a NaN score) gets no advantage and
+    is counted (``reward/nonfinite_completions``).
     """
 
     def __init__(self, weights: dict[str, float], supervision: str, tokenizer, separator: str = "\n",
@@ -115,7 +124,7 @@ class RewardScorer:
             stats["reward/orm_mean"] = float(orm[torch.isfinite(orm)].mean()) if torch.isfinite(orm).any() else float("nan")
             outcome = outcome + self.weights["orm"] * orm
         if "prm" not in self.weights:
-            return Scored(outcome, correct, stats=stats)
+            return Scored(outcome, correct, "outcome", stats=stats | _nonfinite(outcome))
         ends, mask = rollout_step_ends(self.tokenizer, once, self.separator)
         steps = torch.sigmoid(prm_step_logits(self.prm, once, ends))[rows.inverse]
         ends, mask = ends[rows.inverse.to(ends.device)], mask[rows.inverse.to(mask.device)]
@@ -128,8 +137,9 @@ class RewardScorer:
                       "reward/steps_per_completion": float(mask.sum(dim=1).float().mean()),
                       # the learned reward beside train/accuracy (the checker's): a widening gap is a hack
                       "reward/prm_lowest_mean": float(lowest[finite].mean()) if finite.any() else float("nan")})
+        solution = outcome + self.weights["prm"] * lowest
         if self.supervision == "outcome":
-            return Scored(outcome + self.weights["prm"] * lowest, correct, stats=stats)
+            return Scored(solution, correct, "outcome", stats=stats | _nonfinite(solution))
         rows = torch.arange(len(mask))
         last = (mask.sum(dim=1) - 1).clamp(min=0)
         step_rewards = self.weights["prm"] * steps
@@ -142,4 +152,9 @@ class RewardScorer:
         # is rewarded with the solution; the PRM still read its score at the step's own end.
         adv_ends = ends.clone()
         adv_ends[rows, last] = torch.maximum(ends[rows, last], last_token_index(rollout.completion_mask))
-        return Scored(outcome, correct, step_rewards, adv_ends, step_mask, stats)
+        return Scored(solution, correct, "process", step_rewards, adv_ends, step_mask, stats)
+
+
+def _nonfinite(outcome: torch.Tensor) -> dict[str, float]:
+    """Outcome supervision's count of completions without a finite reward (no advantage for them)."""
+    return {"reward/nonfinite_completions": float((~torch.isfinite(outcome)).sum())}

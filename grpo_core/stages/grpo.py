@@ -40,27 +40,25 @@ from grpo_core.training.trainer import Plan, Trainer, TrainState
 from grpo_core.tracking import MetricLogger, NullLogger
 
 
-def rollout_advantages(scored: Scored, n_questions: int, g: int, seq_len: int,
-                       credit: str = "sum") -> tuple[torch.Tensor, dict[str, float]]:
-    """[B, T] advantages from the scores: group z-scores of the outcome reward, or the PRM's
-    normalised step rewards of the steps at or after each token, summed or their minimum
-    (``credit``: ``grpo.process_credit``; process supervision)."""
-    if scored.step_rewards is None:
+def rollout_advantages(scored: Scored, n_questions: int, g: int, seq_len: int, credit: str = "sum") -> torch.Tensor:
+    """[B, T] advantages from the scores, by their supervision: group z-scores of the solutions'
+    rewards (outcome), or the PRM's normalised step rewards of the steps at or after each token,
+    summed or their minimum (process; ``credit``: ``grpo.process_credit``). A completion without a
+    finite reward gets none (the scorer counts it)."""
+    if scored.supervision == "outcome":
         rewards = scored.outcome.view(n_questions, g)
-        valid = torch.isfinite(rewards)
-        adv = outcome_advantages(rewards, valid).view(-1, 1).expand(-1, seq_len)
-        return adv, {"reward/nonfinite": float((~valid).sum())}
+        return outcome_advantages(rewards, torch.isfinite(rewards)).view(-1, 1).expand(-1, seq_len)
     k = scored.step_rewards.shape[1]
     adv = process_advantages(scored.step_rewards.view(n_questions, g, k), scored.step_ends.view(n_questions, g, k),
                              scored.step_mask.view(n_questions, g, k), seq_len, credit)
-    return adv.view(n_questions * g, seq_len), {}
+    return adv.view(n_questions * g, seq_len)
 
 
 def group_advantages(ex: Exploration, models: Models, gc: GRPOConfig, amp=None) -> Advantages:
     """GRPO's estimator (§4.1.2-4.1.3): ``rollout_advantages`` of the group's scores."""
     mask = ex.rollout.completion_mask
-    values, stats = rollout_advantages(ex.scored, len(ex.questions), gc.group_size, mask.shape[1], gc.process_credit)
-    return Advantages(values, mask, stats)
+    values = rollout_advantages(ex.scored, len(ex.questions), gc.group_size, mask.shape[1], gc.process_credit)
+    return Advantages(values, mask, {})
 
 
 def correct_advantages(ex: Exploration, models: Models, gc: GRPOConfig, amp=None) -> Advantages:
@@ -76,7 +74,7 @@ ADVANTAGES = {"group": group_advantages, "correct": correct_advantages, "gae": g
 def has_spread(ex: Exploration, gc: GRPOConfig) -> torch.Tensor:
     """[N] bool: the groups whose GRPO advantages are not all zero (those that carry a gradient)."""
     n, width = len(ex.questions), ex.rollout.completion_mask.shape[1]
-    adv, _ = rollout_advantages(ex.scored, n, gc.group_size, width, gc.process_credit)
+    adv = rollout_advantages(ex.scored, n, gc.group_size, width, gc.process_credit)
     return with_gradient(adv, gc.group_size)
 
 

@@ -103,10 +103,7 @@ def sample_groups(policy, tokenizer, questions: list[Example], slots: list[int],
                            row_ids=[i * g + j for i in slots for j in range(g)])
     sampled_at = time.perf_counter()
     scored = scorer(rollout, [q.gold for q in questions for _ in range(g)])
-    rewards = scored.outcome
-    if scored.step_rewards is not None:  # process: a completion's reward is its mean step reward
-        rewards = torch.where(scored.step_mask, scored.step_rewards, 0.0).sum(1) / scored.step_mask.sum(1)
-    return Exploration(questions, rollout, scored, rewards, sampled_at)
+    return Exploration(questions, rollout, scored, scored.outcome, sampled_at)
 
 
 def explore(policy, tokenizer, questions: list[Example], gc: GRPOConfig, seed: int, scorer: RewardScorer,
@@ -132,6 +129,8 @@ def update(policy, ref, trained, opt, rollout: Rollout, advantages: torch.Tensor
     puts the KL in the reward, PPO, or has none, RFT). Appends to ``clock`` when pi_old's and the
     reference's log-probs are ready and when it is done."""
     beta = gc.kl.loss
+    if beta > 0 and ref is None:
+        raise ValueError(f"grpo.beta = {beta} weighs a KL to the reference in the loss, but no reference model was given")
     batch = rollout.completion_mask.shape[0]
     # A minibatch is minibatch_size rows of the global batch: each process's share of it.
     if gc.minibatch_size and gc.minibatch_size % d.world:
