@@ -70,7 +70,7 @@ def main() -> None:
             ref.eval().requires_grad_(False)
             model.train()
             opt = torch.optim.AdamW(model.parameters(), lr=gc.lr, betas=(0.9, 0.95), weight_decay=0.0)
-            scorer = RewardScorer.from_paths(gc.reward_weights, gc.supervision, tok, cfg.reward_data.step_separator, models)
+            scorer = RewardScorer.for_recipe(gc, tok, cfg.reward_data.step_separator, models)
             for step in range(a.steps):
                 m = rl_step(Models(model, ref), tok, opt, draws.step(step, gc.questions_per_step), gc, step, scorer,
                             redraw=lambda slot, k: draws.redraw(step, slot, k))

@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict
 from flows import artifact_key
 from flows.reports import mlflow_link, round_report
 from grpo_core.config import PipelineConfig
+from grpo_core.rewards.gate import gate_grpo
 from grpo_core.stages.inputs import INPUTS, EvalInputs, GRPOInputs, Ref, ReplayInputs, RewardDataInputs
 from grpo_core.tracking import MlflowLogger, experiment_id, finishing, patiently, start_run, unsent_dir
 from tasks.registry import promote_champion, register_policy, registered_name
@@ -106,39 +107,6 @@ def round_metrics(summary: dict) -> dict[str, float]:
     return out
 
 
-def gate_failure(kind: str, gate: dict) -> str | None:
-    """What is wrong with a reward model whose quality gate failed (None when it passed or had none)."""
-    if not gate or gate["passed"]:
-        return None
-    why = [f"{gate['metric']} {gate['value']:.3f} < {gate['threshold']}"] if not gate["value"] >= gate["threshold"] else []
-    if not gate.get("beats_baseline", True):
-        why.append(f"no better than the zero-training verifier (the SFT model's own likelihood: {gate['baseline']:.3f})")
-    return (f"{kind.upper()} held-out {' and '.join(why)}: GRPO's group-normalised reward ranks one question's "
-            f"solutions by it")
-
-
-def gate_failures(summary: dict, used: tuple[str, ...]) -> list[str]:
-    """One sentence per reward model that drives GRPO (``used``) below its quality gate."""
-    found = (gate_failure(kind, summary["reward_models"].get(kind, {}).get("quality_gate") or {}) for kind in used)
-    return [sentence for sentence in found if sentence]
-
-
-def without_reward_models(cfg: PipelineConfig, excluded: list[str]) -> PipelineConfig:
-    """``cfg`` with the reward models ``excluded`` out of GRPO's reward (``rounds.on_gate_failure:
-    exclude``); process supervision becomes outcome supervision without the PRM. An error when no
-    reward source is left."""
-    if not excluded:
-        return cfg
-    weights = {k: w for k, w in cfg.grpo.reward_weights.items() if k not in excluded and w > 0}
-    if not weights:
-        raise ValueError(f"every reward source of grpo.reward_weights ({', '.join(excluded)}) failed its quality gate and "
-                         f"rounds.on_gate_failure is exclude: nothing is left to drive GRPO; add rule: 1.0 or set "
-                         f"rounds.on_gate_failure: report")
-    process = {} if "prm" in weights else {"supervision": "outcome", "process_credit": "sum"}
-    grpo = cfg.grpo.model_validate({**cfg.grpo.model_dump(), "reward_weights": weights, **process})
-    return cfg.model_copy(update={"grpo": grpo})
-
-
 @flow(name="rl-round", flow_run_name="{cfg.run_name}/round-{k}")
 def rl_round(cfg: PipelineConfig, k: int, data: Ref, sft: Ref, start: RoundStart, uri: str, parent_id: str) -> dict:
     """One RL round (see the module docstring) from ``start``."""
@@ -152,14 +120,12 @@ def rl_round(cfg: PipelineConfig, k: int, data: Ref, sft: Ref, start: RoundStart
     with finishing(uri, [run_id], unsent):
         results = reward_stages(cfg, k, round_dir, run_dir, data, sft, start, common)
         rms = {kind: results[kind].output for kind in ("orm", "prm") if kind in results}
-        used, excluded = cfg.grpo.reward_models_used, []
-        for kind in used:
-            failure = gate_failure(kind, rms[kind].quality_gate)
-            if failure:
-                log.warning("round %d: QUALITY GATE FAILED: %s%s", k, failure, "; kept out of GRPO's reward"
-                            if cfg.rounds.on_gate_failure == "exclude" else "")
-                excluded += [kind] if cfg.rounds.on_gate_failure == "exclude" else []
-        gcfg = without_reward_models(cfg, excluded)
+        # What GRPO optimises this round is decided in the core (rewards/gate.py); the flow reports it.
+        gated = gate_grpo(cfg, {kind: rm.quality_gate for kind, rm in rms.items()})
+        for failure in gated.failures:
+            log.warning("round %d: QUALITY GATE FAILED: %s%s", k, failure,
+                        "; kept out of GRPO's reward" if gated.excluded else "")
+        gcfg = gated.cfg
         results["grpo"] = run_stage(grpo_task, gcfg, str(round_dir / "grpo"), GRPOInputs(
             data=data, init=start.policy, reward_models={m: rms[m].ref for m in gcfg.grpo.reward_models_used},
             round=k, pass_rates=results["reward_data"].output.pass_rates_ref if cfg.grpo.curriculum else None),
@@ -169,8 +135,8 @@ def rl_round(cfg: PipelineConfig, k: int, data: Ref, sft: Ref, start: RoundStart
                                     EvalInputs(data=data, models={"policy": grpo.ref}), **common)
         summary = round_summary(k, results, results["eval"].output.results["policy"])
         cached, stages = summary["cached_stages"], summary["stages"]
-        summary["quality_warnings"] = gate_failures(summary, used)
-        summary["excluded_reward_models"] = excluded
+        summary["quality_warnings"] = gated.failures
+        summary["excluded_reward_models"] = gated.excluded
         clock = time.perf_counter()
         name = registered_name(cfg)
         summary["model_version"] = patiently(lambda: register_policy(

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from datasets import Dataset, DatasetDict
 
+from grpo_core.config import GRPOConfig
 from grpo_core.data import prompt_text
 from grpo_core.stages.common import Ref, digest_dir
 from grpo_core.stages.reward_model import run_reward_model
@@ -212,7 +213,8 @@ def test_a_verifier_head_trains_the_models_own_weights(tmp_path, tiny_cfg, tiny_
     assert calibration["reading"] == head
     assert max(abs(calibration["scale"] - scale), abs(calibration["bias"] - bias)) > 0.02
     tok = load_tokenizer(tiny_model_dir)
-    scorer = RewardScorer.from_paths({kind: 1.0}, "outcome", tok, "\n", {kind: manifest["model"]})
+    gc = GRPOConfig(reward_weights={kind: 1.0})
+    scorer = RewardScorer.for_recipe(gc, tok, "\n", {kind: manifest["model"]})
     assert isinstance(getattr(scorer, kind), VerifierHead)
     scored = scorer(encode(tok, [Q, Q], [RIGHT, WRONG]), ["3", "3"])
     assert scored.outcome.shape == (2,) and bool(torch.isfinite(scored.outcome).all())

@@ -175,9 +175,9 @@ def test_rl_rounds_needs_a_finished_run(prefect_harness, tmp_path):
         rl_rounds(str(tmp_path / "nothing"), rounds=1)
 
 
-def test_a_reward_model_near_chance_that_drives_grpo_is_reported_loudly():
+def test_a_reward_model_near_chance_that_drives_grpo_is_reported_loudly(tiny_cfg, tmp_path):
     from flows.reports import round_report
-    from flows.rounds import gate_failures
+    from grpo_core.rewards.gate import gate_grpo
 
     summary = {"round": 2, "test_accuracy": 0.5, "val_accuracy": 0.5,
                "grpo": {"steps": 3, "wall_s": 1.0, "best_step": 3, "reward_mean": 0.5, "kl": 0.0},
@@ -190,8 +190,13 @@ def test_a_reward_model_near_chance_that_drives_grpo_is_reported_loudly():
                            "baseline": {"within_question_auc": 0.85}, "replay": {"share": 0.1},
                            "quality_gate": {"metric": "within_question_auc", "value": 0.7, "threshold": 0.6,
                                             "baseline": 0.85, "beats_baseline": False, "passed": False}}}}
-    assert gate_failures(summary, ()) == []  # near chance, but driving nothing
-    warnings = gate_failures(summary, ("orm", "prm"))
+    gates = {kind: rm["quality_gate"] for kind, rm in summary["reward_models"].items()}
+    assert gate_grpo(tiny_cfg(tmp_path), gates).failures == []  # near chance, but driving nothing (rule only)
+    drives = tiny_cfg(tmp_path, "grpo.reward_weights={rule: 1.0, orm: 0.5, prm: 1.0}", grpo__supervision="process",
+                      orm__train=True, prm__train=True)
+    gated = gate_grpo(drives, gates)
+    assert gated.cfg is drives and gated.excluded == []  # rounds.on_gate_failure: report (the default) uses them
+    warnings = gated.failures
     assert warnings == [
         "ORM held-out within_question_auc 0.550 < 0.6 and no better than the zero-training verifier (the SFT "
         "model's own likelihood: 0.800): GRPO's group-normalised reward ranks one question's solutions by it",
@@ -208,19 +213,22 @@ def test_a_reward_model_that_fails_its_gate_can_be_kept_out_of_grpos_reward(tiny
     """rounds.on_gate_failure: exclude: the round's GRPO runs without it (process supervision falls
     back to outcome without the PRM); with nothing left to drive GRPO, a clear error."""
     from flows.reports import round_report
-    from flows.rounds import without_reward_models
+    from grpo_core.rewards.gate import gate_grpo
 
     cfg = tiny_cfg(tmp_path, "grpo.reward_weights={rule: 1.0, orm: 0.5, prm: 1.0}", grpo__supervision="process",
                    grpo__process_credit="min", rounds__on_gate_failure="exclude", orm__train=True, prm__train=True)
-    assert without_reward_models(cfg, []) is cfg
-    no_orm = without_reward_models(cfg, ["orm"]).grpo
-    assert no_orm.reward_weights == {"rule": 1.0, "prm": 1.0} and no_orm.supervision == "process"
-    no_prm = without_reward_models(cfg, ["prm"]).grpo
+    passed, failed = {"passed": True}, {"metric": "within_question_auc", "value": 0.5, "threshold": 0.6, "passed": False}
+    assert gate_grpo(cfg, {"orm": passed, "prm": passed}) == (cfg, [], [])
+    no_orm = gate_grpo(cfg, {"orm": failed, "prm": passed})
+    assert no_orm.excluded == ["orm"] and no_orm.failures[0].startswith("ORM held-out within_question_auc 0.500 < 0.6")
+    assert no_orm.cfg.grpo.reward_weights == {"rule": 1.0, "prm": 1.0} and no_orm.cfg.grpo.supervision == "process"
+    no_prm = gate_grpo(cfg, {"orm": passed, "prm": failed}).cfg.grpo
     assert no_prm.reward_weights == {"rule": 1.0, "orm": 0.5} and no_prm.supervision == "outcome"
-    assert no_orm.process_credit == "min" and no_prm.process_credit == "sum"
-    only_prm = tiny_cfg(tmp_path, "grpo.reward_weights={prm: 1.0}", grpo__supervision="process", prm__train=True)
+    assert no_orm.cfg.grpo.process_credit == "min" and no_prm.process_credit == "sum"
+    only_prm = tiny_cfg(tmp_path, "grpo.reward_weights={prm: 1.0}", grpo__supervision="process", prm__train=True,
+                        rounds__on_gate_failure="exclude")
     with pytest.raises(ValueError, match="nothing is left to drive GRPO"):
-        without_reward_models(only_prm, ["prm"])
+        gate_grpo(only_prm, {"prm": failed})
     summary = {"round": 1, "test_accuracy": 0.5, "val_accuracy": 0.5, "reward_models": {},
                "grpo": {"steps": 1, "wall_s": 1.0, "best_step": 1}, "excluded_reward_models": ["prm"]}
     assert "Kept out of this round's GRPO reward (rounds.on_gate_failure: exclude): PRM." in round_report(

@@ -13,6 +13,7 @@ from typing import Literal
 
 import torch
 
+from grpo_core.config import GRPOConfig
 from grpo_core.lm.policy import Rollout
 from grpo_core.rewards.steps import rollout_step_ends
 from grpo_core.verify import is_correct
@@ -94,19 +95,20 @@ class RewardScorer:
         self.weights = {k: w for k, w in weights.items() if w > 0}
         self.supervision, self.tokenizer, self.separator = supervision, tokenizer, separator
         self.orm, self.prm = orm, prm
-        for kind in ("orm", "prm"):
-            if kind in self.weights and getattr(self, kind) is None:
-                raise ValueError(f"reward weight on {kind} but no {kind} model given")
+        require_reward_models(self.weights, [k for k in ("orm", "prm") if getattr(self, k) is not None])
 
     @classmethod
-    def from_paths(cls, weights: dict[str, float], supervision: str, tokenizer, separator: str,
-                   paths: dict[str, str | Path], device: torch.device | str = "cpu") -> "RewardScorer":
-        """``paths``: the folders of the reward models the weights use (``orm``, ``prm``); they are
-        placed on ``device`` (the policy's)."""
+    def for_recipe(cls, gc: GRPOConfig, tokenizer, separator: str = "\n", paths: dict[str, str | Path] | None = None,
+                   device: torch.device | str = "cpu") -> "RewardScorer":
+        """The recipe's reward (``grpo.reward_weights`` under ``grpo.supervision``, read here only).
+        ``paths``: the folders of the reward models the weights use (``orm``, ``prm``), placed on
+        ``device`` (the policy's); a weighted one missing is an error."""
         from grpo_core.rewards.heads import load_reward_model
 
-        models = {k: load_reward_model(p, k).to(device).eval().requires_grad_(False) for k, p in paths.items()}
-        return cls(weights, supervision, tokenizer, separator, **models)
+        paths = paths or {}
+        require_reward_models(gc.reward_weights, paths)
+        models = {k: load_reward_model(paths[k], k).to(device).eval().requires_grad_(False) for k in gc.reward_models_used}
+        return cls(gc.reward_weights, gc.supervision, tokenizer, separator, **models)
 
     @torch.no_grad()
     def __call__(self, rollout: Rollout, golds: list[str]) -> Scored:
@@ -153,6 +155,14 @@ class RewardScorer:
         adv_ends = ends.clone()
         adv_ends[rows, last] = torch.maximum(ends[rows, last], last_token_index(rollout.completion_mask))
         return Scored(solution, correct, "process", step_rewards, adv_ends, step_mask, stats)
+
+
+def require_reward_models(weights: dict[str, float], given) -> None:
+    """The check that every reward model ``weights`` use (a weight > 0 on ``orm`` / ``prm``) is among
+    ``given`` (names): a recipe's GRPO never silently drops a reward source."""
+    missing = [k for k in ("orm", "prm") if weights.get(k, 0) > 0 and k not in given]
+    if missing:
+        raise ValueError(f"grpo.reward_weights uses {', '.join(missing)} but no such model was given")
 
 
 def _nonfinite(outcome: torch.Tensor) -> dict[str, float]:

@@ -30,7 +30,7 @@ from grpo_core.evaluation import greedy_accuracy
 from grpo_core.lm.modeling import load_model
 from grpo_core.lm.policy import CompletionLogprobs
 from grpo_core.lm.runtime import autocast, model_device, place
-from grpo_core.rewards.scorer import RewardError, RewardScorer, Scored
+from grpo_core.rewards.scorer import RewardError, RewardScorer, Scored, require_reward_models
 from grpo_core.stages.common import SINGLE, digest_dir, read_split, round_seed, run_identity, set_threads, write_manifest
 from grpo_core.stages.ppo import gae_advantages, value_model_from
 from grpo_core.stages.questions import QuestionSampler, draw_seed, fill, read_pass_rates
@@ -83,7 +83,8 @@ def rl_step(models: Models, tokenizer, opt, questions: list[Example], gc: GRPOCo
             amp=contextlib.nullcontext, record: list[dict] | None = None,
             redraw: Callable[[int, int], Example] | None = None) -> dict[str, float]:
     """One exploration stage and its mu updates on the step's ``questions`` (the global batch) by
-    ``grpo.algorithm``'s row of ``ALGORITHMS``; returns the step's metrics (rule reward by default).
+    ``grpo.algorithm``'s row of ``ALGORITHMS``; returns the step's metrics. ``scorer``: the reward (default:
+    the recipe's, ``RewardScorer.for_recipe``, which needs no reward model only where the recipe weighs none).
 
     Under torchrun each process samples, scores and trains on a contiguous share of the questions,
     whole groups, so advantages need no communication; the loss is normalised by the global batch
@@ -93,7 +94,7 @@ def rl_step(models: Models, tokenizer, opt, questions: list[Example], gc: GRPOCo
     completions are appended to it (reward-model data for the next round). ``redraw(slot, k)``:
     the question of a slot's k-th redraw (``grpo.redraws`` > 0: dynamic sampling)."""
     alg = ALGORITHMS[gc.algorithm]
-    scorer = scorer or RewardScorer({"rule": 1.0}, "outcome", tokenizer)
+    scorer = scorer or RewardScorer.for_recipe(gc, tokenizer)  # the recipe's reward (an error if it needs models)
     sampler = models.ref if alg.samples == "reference" else models.policy
     clock = [time.perf_counter()]
 
@@ -152,9 +153,7 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
     logger = (logger or NullLogger()) if d.main else NullLogger()
     gc = cfg.grpo
     reward_models = reward_models or {}
-    missing = [k for k in gc.reward_models_used if k not in reward_models]
-    if missing:
-        raise ValueError(f"grpo.reward_weights uses {', '.join(missing)} but no such model was given")
+    require_reward_models(gc.reward_weights, reward_models)  # before any checkpoint is looked at
     if gc.curriculum and pass_rates is None:
         raise ValueError(f"grpo.curriculum = {gc.curriculum} draws questions by the policy's pass rates, but no "
                          f"reward-data pass rates were given")
@@ -168,8 +167,7 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
     trainer = Trainer(cfg, "grpo", out_dir, identity, d, logger)
     policy, tokenizer = load_model(trainer.resume or init_dir)
     place(policy, cfg.launch, train=True)
-    scorer = RewardScorer.from_paths(gc.reward_weights, gc.supervision, tokenizer,
-                                     cfg.reward_data.step_separator, used, device=model_device(policy))
+    scorer = RewardScorer.for_recipe(gc, tokenizer, cfg.reward_data.step_separator, used, device=model_device(policy))
     amp = functools.partial(autocast, cfg.launch, model_device(policy))
     # The models the algorithm uses: the frozen reference where it samples it or weighs a KL to it;
     # PPO's value model from the policy (on resume its weights come from the checkpoint).
