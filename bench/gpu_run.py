@@ -15,7 +15,7 @@ d  evaluation of every model b, c and e made on all 1,319 GSM8K test and 1,000 S
 e  the reward-model half: Monte-Carlo step labels of the SFT model's samples, the PRM, GRPO with the
    checker plus the PRM's step rewards (process supervision) and the pass-rate curriculum
 
-Each phase's seconds (``BUDGET_S``, estimated from the H100 figures in docs/results.md) bound it
+Each phase's seconds (``BUDGET_S``, estimated from the H100 figures in docs/results-history.md) bound it
 (the training stages stop at their ``max_seconds``, phase a's processes are killed), and no phase
 starts past ``--seconds`` from the start; a phase that fails writes its error and the next runs.
 """
@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 import grpo_core  # noqa: E402,F401  (first: the numerics settings, before torch computes)
 
 PHASES = "abcde"
-# Seconds of each phase on one H100 inside the 9-minute call (docs/results.md, "On a GPU"): SFT's
+# Seconds of each phase on one H100 inside the 9-minute call (docs/results-history.md, "On a GPU"): SFT's
 # 500 steps took 114 s; a GRPO step of 8 x 16 x 256 took ~11 s with the eager decode (3.6-4.8x
 # faster sampling since, as CUDA graphs); one model's GSM8K evaluation 63 s eagerly. Phase e takes
 # what is left; its full sizes need a window of their own (``--phases b,e,d``).

