@@ -1,9 +1,10 @@
 """The GPU run: SmolLM2-135M on GSM8K, the phases in order of value, each within its own seconds,
 each writing ``<phase>.json`` into ``--out`` the moment it ends, so a call cut short still returns
 what finished. ``make gpu-pack`` prints the two device calls that run it (``bench/gpu_call.sh``);
-``--sizes tiny`` runs every phase on the CPU in about a minute (``tests/test_gpu_run.py``).
+``--sizes tiny`` runs every phase on the CPU in about a minute (``tests/test_gpu_run.py``); ``--sizes cpu``
+is SmolLM2's short run on a CPU (docs/recipes.md).
 
-    python3 bench/gpu_run.py --model DIR --out DIR [--sizes gpu|tiny] [--phases a,b,c,d,e] [--seconds 500]
+    python3 bench/gpu_run.py --model DIR --out DIR [--sizes gpu|cpu|tiny] [--phases a,b,c,d,e] [--base]
 
 a  our GRPO step against TRL's ``GRPOTrainer`` on the same work, and PPO's memory beside it
    (``bench/grpo_step.py --compare``: step time, tokens/s, MFU against the bf16 matmul rate measured
@@ -33,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import grpo_core  # noqa: E402,F401  (first: the numerics settings, before torch computes)
+from grpo_core.stages.common import Ref  # noqa: E402
 
 PHASES = "abcde"
 # Seconds of each phase on one H100 inside the 9-minute call (docs/results-history.md, "On a GPU"): SFT's
@@ -58,6 +60,18 @@ SIZES = {
               "reward_data.max_new_tokens=256", "prm.epochs=1", "launch.gradient_checkpointing=true"],
         "step": ["--device", "cuda", "--precision", "bf16", "--only", "ours,trl,ppo", "--rounds", "1", "--steps", "6"],
     },
+    # SmolLM2 on this CPU: a short SFT and GRPO, the first 200 test questions (docs/recipes.md).
+    "cpu": {
+        "all": ["launch.device=cpu", "threads=2", "sft.eval_every=100000", "grpo.eval_every=100000",
+                "eval.batch_size=50", "eval.max_new_tokens=256", "eval.n_questions=200"],
+        "b": ["sft.max_steps=30", "sft.batch_size=8", "sft.context_length=256"],
+        "c": ["grpo.reward_weights={rule: 1.0}", "grpo.supervision=outcome", "grpo.curriculum=0", "grpo.redraws=1",
+              "grpo.steps=5", "grpo.questions_per_step=4", "grpo.group_size=4", "grpo.max_new_tokens=128"],
+        "e": ["reward_data.questions=16", "reward_data.samples_per_question=4", "reward_data.mc_rollouts=2",
+              "reward_data.max_new_tokens=128", "prm.epochs=1", "grpo.steps=5", "grpo.questions_per_step=4",
+              "grpo.group_size=4", "grpo.max_new_tokens=128"],
+        "step": ["--device", "cpu", "--only", "ours", "--rounds", "1", "--steps", "3", "--warmup", "1"],
+    },
     "tiny": {
         "all": ["launch.device=cpu", "threads=2", "data.max_examples=24", "sft.eval_every=100000",
                 "grpo.eval_every=100000", "eval.batch_size=8", "eval.max_new_tokens=8", "eval.n_questions=6",
@@ -80,7 +94,7 @@ class Run:
     def __init__(self, model: Path, out: Path, work: Path, sizes: str, seconds: float) -> None:
         self.model, self.out, self.work, self.sizes = model, out, work, SIZES[sizes]
         self.deadline = time.monotonic() + seconds
-        self.models: dict = {}  # name (sft, grpo, grpo_process) -> its stage's typed output (a model and its digest)
+        self.models: dict[str, Ref] = {}  # base (the model as given, with --base), sft, grpo, grpo_process
         self.data = None  # the prepared data's Ref
 
     def config(self, phase: str, seconds: float | None = None, extra: tuple[str, ...] = ()):
@@ -149,16 +163,17 @@ def phase_b(run: Run, seconds: float) -> dict:
     """SFT of the shipped model on GSM8K's training solutions."""
     from grpo_core.stages.inputs import SFTInputs
 
-    run.models["sft"] = _stage(SFTInputs(data=_data(run)), run.config("b", seconds), run.work / "sft")
-    return run.models["sft"].model_dump()
+    out = _stage(SFTInputs(data=_data(run)), run.config("b", seconds), run.work / "sft")
+    run.models["sft"] = out.ref
+    return out.model_dump()
 
 
 def _grpo(run: Run, phase: str, seconds: float, name: str, **inputs) -> dict:
     from grpo_core.stages.inputs import GRPOInputs
 
-    init = run.models["sft"].ref
-    run.models[name] = _stage(GRPOInputs(data=_data(run), init=init, **inputs), run.config(phase, seconds), run.work / name)
-    return run.models[name].model_dump()
+    out = _stage(GRPOInputs(data=_data(run), init=run.models["sft"], **inputs), run.config(phase, seconds), run.work / name)
+    run.models[name] = out.ref
+    return out.model_dump()
 
 
 def phase_c(run: Run, seconds: float) -> dict:
@@ -167,20 +182,20 @@ def phase_c(run: Run, seconds: float) -> dict:
 
 
 def phase_d(run: Run, seconds: float) -> dict:
-    """Greedy accuracy of every model so far on the test set and SVAMP; each against SFT, paired."""
+    """Greedy accuracy of every model so far on the test set and SVAMP; each against SFT (SFT
+    against the model as given), paired."""
     from grpo_core.stats import question_interval
     from grpo_core.stages.inputs import EvalInputs
 
-    models = {k: out.ref for k, out in run.models.items()}
-    EvalInputs(data=_data(run), models=models).run(run.config("d"), run.work / "eval")
+    EvalInputs(data=_data(run), models=run.models).run(run.config("d"), run.work / "eval")
     per_question = run.work / "eval" / "per_question"
-    out: dict = {"models": list(models)}
+    out: dict = {"models": list(run.models)}
     for where, folder in {"gsm8k_test": per_question, **{s.name: s for s in per_question.iterdir() if s.is_dir()}}.items():
-        right = {k: json.loads((folder / f"{k}.json").read_text()) for k in models}
+        right = {k: json.loads((folder / f"{k}.json").read_text()) for k in run.models}
         out[where] = {k: {"accuracy": sum(v) / len(v), "n": len(v)} for k, v in right.items()}
-        for k in models:
-            if k != "sft" and "sft" in right:
-                out[where][k]["minus_sft"] = question_interval(right[k], right["sft"])
+        for k, against in [(k, "sft") for k in right if k not in ("sft", "base")] + [("sft", "base")]:
+            if k in right and against in right:
+                out[where][k][f"minus_{against}"] = question_interval(right[k], right[against])
     return out
 
 
@@ -190,7 +205,7 @@ def phase_e(run: Run, seconds: float) -> dict:
     from grpo_core.stages.inputs import PRMInputs, RewardDataInputs
 
     t0 = time.monotonic()
-    sft = run.models["sft"].ref
+    sft = run.models["sft"]
     cfg = run.config("e")
     data = _stage(RewardDataInputs(data=_data(run), policy=sft), cfg, run.work / "reward_data")
     prm = _stage(PRMInputs(reward_data=data.datasets, init=sft, baseline=sft), cfg, run.work / "prm")
@@ -220,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--phases", default=",".join(PHASES), help="comma-separated, in order (e.g. b,e,d)")
     p.add_argument("--seconds", type=float, default=500, help="no phase starts after this many seconds")
     p.add_argument("--budget", action="append", default=[], help="phase=seconds, replacing BUDGET_S's")
+    p.add_argument("--base", action="store_true", help="phase d also evaluates the model as given (SFT's gain over it)")
     a = p.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     budget = BUDGET_S | {k: float(v) for k, v in (b.split("=") for b in a.budget)}
@@ -227,6 +243,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown phase(s) {sorted(unknown)}: choose from {', '.join(PHASES)}")
     run = Run(a.model.resolve(), a.out, (a.work or a.out.parent / "gpu-work").resolve(), a.sizes, a.seconds)
     run.work.mkdir(parents=True, exist_ok=True)
+    if a.base:
+        from grpo_core.stages.common import digest_dir
+
+        run.models["base"] = Ref(path=str(run.model), digest=digest_dir(run.model))
     (a.out / "setup.json").write_text(json.dumps({"environment": environment(), "sizes": a.sizes, "budget_s": budget,
                                                   "phases": a.phases, "seconds": a.seconds}, indent=1))
     failed = 0

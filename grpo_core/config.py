@@ -265,15 +265,7 @@ class GRPOConfig(Training):
     @classmethod
     def _algorithm_defaults(cls, data: Any) -> Any:
         """Defaults that depend on the algorithm: no KL weight where it has no KL term (RFT), and
-        PPO's section for PPO; a recipe written before that section existed (PPO's keys directly
-        under ``grpo``, as every resolved ``config.yaml`` of a finished run has them) still loads."""
-        if isinstance(data, dict) and any(k in data for k in PPOConfig.model_fields):  # before grpo.ppo existed
-            moved = {k: data[k] for k in PPOConfig.model_fields if k in data}
-            data = {k: v for k, v in data.items() if k not in moved}
-            if data.get("algorithm") == "ppo":
-                data["ppo"] = moved | (data.get("ppo") or {})
-            elif any(v != PPOConfig.model_fields[k].default for k, v in moved.items()):  # defaults: a resolved dump's
-                raise ValueError(f"{', '.join(moved)}: PPO's settings are now grpo.ppo.<key>, for algorithm=ppo only")
+        PPO's section for PPO."""
         if isinstance(data, dict) and data.get("algorithm") in ALGORITHMS:
             alg = ALGORITHMS[data["algorithm"]]
             data = {**data, **({"beta": data.get("beta", 0.0)} if alg.kl == "none" else {}),

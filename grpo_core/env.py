@@ -20,11 +20,10 @@ def default_tracking_uri(root: Path | None = None) -> str:
 # What the math libraries need for bit-for-bit results wherever the project runs (docs/reliability.md).
 NUMERICS = {
     # MKL's conditional numerical reproducibility. Off (MKL's default), MKL picks its GEMM kernels by
-    # the memory alignment of the operands: measured on AMD EPYC (2026-11-24, one thread), 18 of 450
-    # small linear layers and 44 of 450 causal attention calls changed in their last bits when their
-    # inputs moved by a few floats (``runtime.alignment_mismatches``), so a resumed run (other
-    # addresses) drifted from the straight run. AUTO: the fastest code path for this CPU, chosen once,
-    # whatever the alignment: 0 and 0. An empty value turns it off.
+    # the memory alignment of the operands: on AMD EPYC some small linear layers and attention calls
+    # changed in their last bits when their inputs moved by a few floats (``runtime.alignment_mismatches``;
+    # docs/reliability.md), so a resumed run (other addresses) drifted from the straight run. AUTO: the
+    # fastest code path for this CPU, chosen once, whatever the alignment. An empty value turns it off.
     "MKL_CBWR": "AUTO",
 }
 # The NUMERICS names the project set (not the user); child processes inherit it with the values.

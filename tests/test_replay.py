@@ -86,6 +86,3 @@ def test_versions_accumulate_rounds_and_are_never_changed(tmp_path):
     empty = write_version(None, {}, 1, tmp_path / "e1", COLUMNS)
     assert empty["pairs"]["rows"] == 0 and load_version(tmp_path / "e1", "steps") == []
     assert load_version(None, "pairs") == []
-    # A version written before the pairs were named so (``outcome``) still replays them.
-    (tmp_path / "v1" / "pairs").rename(tmp_path / "v1" / "outcome")
-    assert len(load_version(tmp_path / "v1", "pairs")) == 3

@@ -92,9 +92,8 @@ class StaticStep:
     """One decode step with the same shapes at every token, so that a GPU can replay it as a CUDA
     graph: the step's index is a tensor, keys and values are written at a tensor index and the whole
     [P + T] cache is attended under a precomputed per-step mask. On a GPU the eager loop is bound
-    by launching ~15 kernels per layer and token (measured on an H100: 552 ms of CPU against 26 ms
-    of GPU for 64 rows x 8 tokens of SmolLM2-135M); one graph replay per token launches them all at
-    once (3.6-4.8x there; the static shapes alone gained 1.0-1.2x). ``graph``: capture it (CUDA
+    by launching ~15 kernels per layer and token, its CPU time many times its GPU time; one graph
+    replay per token launches them all at once (docs/results.md: 3.6-4.8x on an H100). ``graph``: capture it (CUDA
     only), else run the same static computation eagerly (what the CPU test compares with the plain
     loop)."""
 

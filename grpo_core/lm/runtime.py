@@ -120,8 +120,7 @@ def probe_cases(trials: int = 150, seed: int = 0):
 def alignment_mismatches(trials: int = 150, seed: int = 0) -> dict[str, int]:
     """The check behind ``env.NUMERICS``: each of ``probe_cases`` repeated with its inputs moved by 1,
     3 and 8 floats in memory; per operation, how many results differ from the first in any bit.
-    Expected 0 everywhere; with MKL_CBWR off, measured on AMD EPYC (2026-11-24): linear 18 and
-    causal attention 44 of 450 with one thread (26 and 44 with two), log-softmax 0."""
+    Expected 0 everywhere; with MKL_CBWR off, AMD EPYC gives some (docs/reliability.md)."""
 
     def moved(x: torch.Tensor, offset: int) -> torch.Tensor:  # the same values at another address
         buf = torch.empty(x.numel() + offset, dtype=x.dtype)

@@ -1,10 +1,9 @@
 """The zero-training verifier: a causal LM read through the probabilities it gives the tokens of a
 solution (issue 28). A step is as sure as the least likely token so far: a miscopied operand or a
 wrong sum is a token the model that learnt the task finds improbable, and nothing after it can be
-right. Measured on the demo's SFT model
-(2026-11-24): right above wrong solutions of the same question 0.99 on hand-built solutions, 0.87
-within groups of its own samples, where the trained ORM and PRM scored at chance. Every trained
-reward model must beat this baseline, read from the model it was initialised from.
+right. On the demo's SFT model it ranked right above wrong solutions of one question where the first
+trained ORM and PRM were at chance (docs/reward-models.md). Every trained reward model must beat
+this baseline, read from the model it was initialised from.
 """
 from __future__ import annotations
 
@@ -22,8 +21,8 @@ def step_lowest_logprobs(logp: torch.Tensor, ends: torch.Tensor, mask: torch.Ten
     a step counts with it. A step's score is the lowest over its tokens *and those of every step
     before it*: a step label says whether the solution so far can still reach the answer (nothing
     after a wrong step can), and ``13 - 9 = 4`` after a wrong ``7 + 5 = 13`` is locally likely but
-    labelled wrong. Measured on hand-built solutions (2026-11-24): step AUC 0.70 read step by step,
-    0.99 read so far, with the same scores. Padding steps (mask False) are 0 (log 1).
+    labelled wrong (read so far, the step AUC on hand-built solutions rose from 0.70 to 0.99:
+    docs/reward-models.md). Padding steps (mask False) are 0 (log 1).
     """
     t = torch.arange(logp.shape[1], device=logp.device)
     starts = torch.cat([torch.full_like(ends[:, :1], -1), ends[:, :-1]], dim=1)  # [B, K] previous end
@@ -72,10 +71,8 @@ class VerifierHead(torch.nn.Module):
     itself, read one of two ways, with a calibration ``logit = scale * reading + bias``:
 
     - ``likelihood``: the lowest log-probability it gives a written token (of the solution; of a step
-      and those before it), as the zero-training verifier reads it. Measured on the demo's round-1
-      data (2026-11-24, ``bench/verifier_designs.py``): within-question AUC on held-out questions,
-      ORM 0.81 -> 0.88 and PRM 0.85 -> 0.91 after one epoch, where a fresh linear head trained on the
-      same data reached 0.69 and 0.69.
+      and those before it), as the zero-training verifier reads it; it beat a fresh linear head
+      trained on the same data (``bench/verifier_designs.py``, docs/reward-models.md).
     - ``lm`` (Math-Shepherd's format, for models trained to verify): the logit of ``lm_tokens[0]``
       ("+") minus that of ``lm_tokens[1]`` ("-") as the next token after a step's last token (the
       solution's last token for an ORM); with the initial calibration (1, 0) exactly Math-Shepherd's
@@ -90,8 +87,8 @@ class VerifierHead(torch.nn.Module):
     # 1.5-1.7. lm: Math-Shepherd's probability.
     START = {"likelihood": (1.0, 2.0), "lm": (1.0, 0.0)}
     # Adam moves a parameter about lr per step: the LM's weights must move by little, the two
-    # calibration numbers by about 1 within the ~100 steps of a demo round (at lr 1e-4 they stayed
-    # within 0.01 of their start, measured 2026-11-24), so they learn 100x faster, without decay.
+    # calibration numbers by about 1 within the ~100 steps of a demo round (at the LM's lr they barely
+    # moved), so they learn 100x faster, without decay.
     CALIBRATION_LR_SCALE = 100.0
 
     def __init__(self, lm, kind: str, reading: str = "likelihood", scale: float | None = None,

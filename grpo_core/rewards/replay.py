@@ -62,15 +62,12 @@ def tag_rows(rows: list[dict], round_: int) -> list[dict]:
     return [{**r, ORIGIN: r.get(ORIGIN) or round_} for r in rows]
 
 
-FORMER_NAMES = {"pairs": "outcome"}  # a kind's name in versions written before 2026-11-24
-
-
 def load_version(version_dir: str | Path | None, kind: str) -> list[dict]:
     """The rows of one kind in a buffer version (none for ``None``: round 1 has no history)."""
     if version_dir is None:
         return []
-    path = next((p for p in (Path(version_dir) / kind, Path(version_dir) / FORMER_NAMES.get(kind, kind)) if p.exists()), None)
-    if path is None:  # a version older than the kind
+    path = Path(version_dir) / kind
+    if not path.exists():  # a version older than the kind
         return []
     from datasets import load_from_disk
 

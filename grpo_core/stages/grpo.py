@@ -32,7 +32,7 @@ from grpo_core.lm.policy import CompletionLogprobs
 from grpo_core.lm.runtime import autocast, model_device, place
 from grpo_core.rewards.scorer import RewardError, RewardScorer, Scored, require_reward_models
 from grpo_core.stages.common import SINGLE, digest_dir, read_split, round_seed, run_identity, set_threads, write_manifest
-from grpo_core.stages.ppo import gae_advantages, value_model_from
+from grpo_core.stages.ppo import gae_advantages, value_model_from, value_updates
 from grpo_core.stages.questions import QuestionSampler, draw_seed, fill, read_pass_rates
 from grpo_core.stages.rl import (Advantages, Exploration, Models, explore, sample_groups, step_metrics, step_seed, update,
                                  with_gradient)
@@ -124,7 +124,7 @@ def rl_step(models: Models, tokenizer, opt, questions: list[Example], gc: GRPOCo
     rollout = dataclasses.replace(ex.rollout, completion_mask=adv.mask)
     sums, n_updates = update(models.policy, models.ref, trained or models.policy, opt,
                              rollout, adv.values, gc, len(questions), d, amp, clock)
-    after = adv.then() if adv.then else {}
+    after = value_updates(models, rollout, adv.mask, adv.value_targets, gc, amp) if "value" in alg.trains else {}
 
     # Metrics: every cross-process reduction of the step in one place.
     return step_metrics(sums, n_updates, first, ex, adv.values, adv.stats, gc.group_size, opt, d, clock, drawn) | after

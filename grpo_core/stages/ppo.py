@@ -13,7 +13,6 @@ process only: the value model has no data-parallel wrapper.
 from __future__ import annotations
 
 import contextlib
-import functools
 
 import torch
 
@@ -22,7 +21,7 @@ from grpo_core.config import GRPOConfig
 from grpo_core.losses import kl_k3, value_loss
 from grpo_core.lm.policy import Rollout, token_logprobs
 from grpo_core.rewards.heads import ScoreHead, reward_model_from
-from grpo_core.stages.rl import Advantages, Exploration, Models
+from grpo_core.stages.rl import Advantages, Exploration, Models, ValueTargets
 from grpo_core.training.trainer import optimizer_step
 
 
@@ -45,7 +44,7 @@ def state_values(value_model, rollout: Rollout) -> torch.Tensor:
 def gae_advantages(ex: Exploration, models: Models, gc: GRPOConfig, amp=contextlib.nullcontext) -> Advantages:
     """PPO's estimator (``ADVANTAGES["gae"]``): per-token KL-penalised rewards, the value model's
     estimates, GAE, whitened; the value model's mu passes of the clipped value loss come after the
-    policy's update (``Advantages.then``). A completion without a finite reward is left out of both
+    policy's update (``value_updates``, on the returned ``ValueTargets``). A completion without a finite reward is left out of both
     losses. Metrics: ``train/kl``, ``train/value_mean``, ``train/return_mean`` and the value loss's."""
     pc, rollout = gc.ppo, ex.rollout
     valid = torch.isfinite(ex.rewards)
@@ -60,13 +59,14 @@ def gae_advantages(ex: Exploration, models: Models, gc: GRPOConfig, amp=contextl
     stats = {"train/kl": float(kl_k3(old_logp, ref_logp)[m].mean()) if m.any() else 0.0,
              "train/value_mean": float(old_values[m].mean()) if m.any() else 0.0,
              "train/return_mean": float(returns[m].mean()) if m.any() else 0.0}
-    then = functools.partial(value_updates, models.value, models.value_opt, rollout, mask, old_values, returns, gc, amp)
-    return Advantages(whiten(advantages, mask), mask, stats, then)
+    return Advantages(whiten(advantages, mask), mask, stats, ValueTargets(old_values, returns))
 
 
-def value_updates(value_model, value_opt, rollout: Rollout, mask: torch.Tensor, old_values: torch.Tensor,
-                  returns: torch.Tensor, gc: GRPOConfig, amp=contextlib.nullcontext) -> dict[str, float]:
-    """mu passes of minibatch updates of the clipped value loss; the mean loss and clip ratio."""
+def value_updates(models: Models, rollout: Rollout, mask: torch.Tensor, targets: ValueTargets, gc: GRPOConfig,
+                  amp=contextlib.nullcontext) -> dict[str, float]:
+    """PPO's value model after the policy's update: mu passes of minibatch updates of the clipped
+    value loss towards ``targets`` on ``mask``'s tokens; the mean loss and clip ratio."""
+    value_model, value_opt, (old_values, returns) = models.value, models.value_opt, targets
     batch = mask.shape[0]
     mb = gc.minibatch_size or batch
     sums = {"value_loss": 0.0, "value_clip_ratio": 0.0}

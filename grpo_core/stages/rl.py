@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import torch
 
@@ -31,15 +31,23 @@ class Models(NamedTuple):
     value_opt: torch.optim.Optimizer | None = None
 
 
+class ValueTargets(NamedTuple):
+    """What PPO's value model is trained towards after the policy's update: the [B, T] values the
+    advantages were computed from (the clipping's anchor) and the [B, T] returns."""
+
+    old_values: torch.Tensor
+    returns: torch.Tensor
+
+
 class Advantages(NamedTuple):
     """An advantage estimator's output: [B, T] advantages, the [B, T] tokens that learn (the
-    completions' tokens, less any the estimator leaves out), metrics summed over processes, and
-    what the algorithm trains after the policy's update (PPO's value model; returns its metrics)."""
+    completions' tokens, less any the estimator leaves out), metrics summed over processes, and the
+    value model's targets where the algorithm trains one (PPO)."""
 
     values: torch.Tensor
     mask: torch.Tensor
     stats: dict[str, float]
-    then: Callable[[], dict[str, float]] | None = None
+    value_targets: ValueTargets | None = None
 
 
 def step_seed(seed: int, step: int) -> int:
