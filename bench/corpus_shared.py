@@ -43,7 +43,7 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=None, help="corpus.workers (processes of a pass or local cluster)")
     a = p.parse_args()
     from flows.corpus import corpus
-    from grpo_core.config import load_config
+    from grpo_core.recipe import load_config
 
     work = Path(tempfile.mkdtemp(prefix="corpus-bench-"))
     labels: dict[str, bool] = {}

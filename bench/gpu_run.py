@@ -98,7 +98,7 @@ class Run:
         self.data = None  # the prepared data's Ref
 
     def config(self, phase: str, seconds: float | None = None, extra: tuple[str, ...] = ()):
-        from grpo_core.config import load_config
+        from grpo_core.recipe import load_config
 
         budget = [f"sft.max_seconds={seconds}", f"grpo.max_seconds={seconds}"] if seconds else []
         return load_config(ROOT / "configs" / "smollm2-gsm8k.yaml", [

@@ -313,7 +313,7 @@ def alternate(script: str, names: list[str], rounds: int, args: list[str], env: 
 
 
 def _default_inputs(work: Path) -> tuple[str, str]:
-    from grpo_core.config import load_config
+    from grpo_core.recipe import load_config
     from grpo_core.lm.modeling import init_model, save_model
     from grpo_core.stages.prepare import run_prepare
 

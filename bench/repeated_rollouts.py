@@ -30,7 +30,7 @@ def main() -> None:
     a = p.parse_args()
     import torch
 
-    from grpo_core.config import load_config
+    from grpo_core.recipe import load_config
     from grpo_core.env import setup_environment
     from grpo_core.lm import policy
     from grpo_core.lm.modeling import load_model

@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from grpo_core.config import load_config  # noqa: E402
+from grpo_core.recipe import load_config  # noqa: E402
 from grpo_core.stages.grpo import run_grpo  # noqa: E402
 from grpo_core.stages.inputs import reward_datasets  # noqa: E402
 from grpo_core.stages.prepare import run_prepare  # noqa: E402

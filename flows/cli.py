@@ -39,7 +39,7 @@ CLASSIFIER_FLAGS = ("label_field", "positive_label", "val_fraction", "epochs", "
 
 def _recipe(a: argparse.Namespace):
     """The recipe of ``a.config`` with ``--set`` overrides; an invalid one fails here, before any work."""
-    from grpo_core.config import ConfigError, load_config
+    from grpo_core.recipe import ConfigError, load_config
 
     try:
         return load_config(a.config, a.overrides)
@@ -174,7 +174,7 @@ def cmd_join(a: argparse.Namespace) -> None:
 
 def cmd_sync(a: argparse.Namespace) -> None:
     """Send what a run's loggers kept while the tracking store did not answer (``<run>/mlflow-unsent``)."""
-    from grpo_core.config import load_config
+    from grpo_core.recipe import load_config
     from grpo_core.env import default_tracking_uri
     from grpo_core.tracking import STORE, TrackingError, check_tracking, redact, send_unsent, tracking_uri, unsent_dir
 
@@ -201,7 +201,7 @@ def cmd_rounds(a: argparse.Namespace) -> None:
         _fail(f"{run_dir / 'manifest.json'}: run the pipeline first (grpo-pipeline run ...)")
     if a.rounds < 1:
         _fail(f"--rounds {a.rounds}: must be at least 1")
-    from grpo_core.config import load_config
+    from grpo_core.recipe import load_config
     from grpo_core.stages.common import read_manifest
 
     try:

@@ -21,7 +21,8 @@ from pydantic import Field
 from flows import artifact_key, numbered_run_name, parameter
 from flows.reports import PARENT_NOTE, figure_source, pipeline_report
 from flows.rounds import RoundStart, next_start, rl_round, round_metrics
-from grpo_core.config import ConfigError, PipelineConfig, load_config
+from grpo_core.config import PipelineConfig
+from grpo_core.recipe import ConfigError, load_config
 from grpo_core.lm.runtime import numerics
 from grpo_core.stages.common import read_manifest, write_manifest
 from grpo_core.stages.inputs import DataInputs, EvalInputs, Ref, SFTInputs

@@ -384,7 +384,7 @@ def check_tracking(uri: str, timeout_s: float = 5.0) -> None:
 def run_params(config: PipelineConfig) -> dict[str, str]:
     """The parent run's params: the recipe, flattened, with credentials removed from the tracking
     URI. Only recipe values: nothing from the environment (tokens, passwords) is ever logged."""
-    from grpo_core.config import flatten
+    from grpo_core.recipe import flatten
 
     params = flatten(config)
     params["tracking.tracking_uri"] = redact(params["tracking.tracking_uri"])

@@ -17,7 +17,8 @@ from typing import Any, Iterator, NamedTuple
 
 from prefect import task
 
-from grpo_core.config import PipelineConfig, flatten
+from grpo_core.config import PipelineConfig
+from grpo_core.recipe import flatten
 from grpo_core.stages.common import code_version, digest_dir, read_manifest, write_manifest
 from grpo_core.stages.inputs import StageInputs
 from grpo_core.stages.outputs import StageOutput

@@ -101,7 +101,7 @@ def make_tiny_cfg(tmp_path: Path, *extra: str, **overrides: Any):
 
     ``overrides`` use ``__`` for dots (``sft__max_steps=6``); ``extra`` are raw ``section.key=value``.
     """
-    from grpo_core.config import load_config
+    from grpo_core.recipe import load_config
 
     values = dict(TINY)
     values["output_dir"] = str(tmp_path / "runs")

@@ -7,7 +7,8 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from grpo_core.config import ConfigError, PipelineConfig, load_config
+from grpo_core.config import PipelineConfig
+from grpo_core.recipe import ConfigError, load_config
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -129,11 +130,11 @@ def test_repo_recipes_validate(path):
 
 
 def test_readme_config_table_matches_the_models():
-    """The recipe reference in docs/recipes.md is generated (`python -m grpo_core.config`); it must not drift."""
-    from grpo_core.config import config_reference
+    """The recipe reference in docs/recipes.md is generated (`python -m grpo_core.recipe`); it must not drift."""
+    from grpo_core.recipe import config_reference
 
     reference = (Path(__file__).resolve().parents[1] / "docs" / "recipes.md").read_text()
-    assert config_reference() in reference, "docs/recipes.md's config table is stale: paste `python -m grpo_core.config`"
+    assert config_reference() in reference, "docs/recipes.md's config table is stale: paste `python -m grpo_core.recipe`"
 
 
 def test_extends_merges_sections_and_replaces_reward_weights(tmp_path):

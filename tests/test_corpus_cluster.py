@@ -154,7 +154,7 @@ def test_where_the_passes_run_is_not_part_of_the_corpus_cache_key(tmp_path, tiny
     (["corpus.runner=dask", "corpus.address=tcp://h:8786", "corpus.workers=4"], "corpus.workers sizes a cluster the flow starts"),
 ])
 def test_runner_settings_that_would_be_ignored_are_refused(tmp_path, tiny_cfg, settings, message):
-    from grpo_core.config import ConfigError
+    from grpo_core.recipe import ConfigError
 
     with pytest.raises(ConfigError, match=message):
         tiny_cfg(tmp_path, *settings)

@@ -214,7 +214,7 @@ def test_held_out_errors_name_file_line_and_field(tmp_path, row, reason):
 
 
 def test_held_out_set_names_are_checked():
-    from grpo_core.config import ConfigError, load_config
+    from grpo_core.recipe import ConfigError, load_config
 
     for bad in ("test", "a/b", "x y"):
         with pytest.raises(ConfigError, match=re.escape(f"held_out: {bad!r} cannot name a set")):

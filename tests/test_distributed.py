@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_core.config import LaunchConfig, load_config
+from grpo_core.config import LaunchConfig
+from grpo_core.recipe import load_config
 from grpo_core.tracking import stage_prefix
 
 # Float sums over ranks run in another order than in one process; over a few Adam steps the

@@ -160,7 +160,7 @@ def test_the_lm_reading_is_math_shepherds_plus_against_minus(tmp_path, tiny_mode
 
 
 def test_the_lm_reading_needs_two_single_tokens(tiny_model_dir, tiny_cfg, tmp_path):
-    from grpo_core.config import ConfigError
+    from grpo_core.recipe import ConfigError
     from grpo_core.lm.modeling import ModelError
     from grpo_core.rewards.heads import load_reward_model
 

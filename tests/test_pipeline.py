@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_core.config import flatten
+from grpo_core.recipe import flatten
 
 
 def _manifest(cfg) -> dict:

@@ -57,7 +57,7 @@ def test_the_value_model_is_trained_on_the_trainers_schedule(tmp_path, tiny_cfg,
     ({"grpo.ppo": "{gae_lambda: 0.9}"}, "the ppo section applies to algorithm=ppo only"),
 ])
 def test_settings_an_algorithm_would_ignore_are_refused(tiny_cfg, tmp_path, settings, message):
-    from grpo_core.config import ConfigError
+    from grpo_core.recipe import ConfigError
 
     with pytest.raises(ConfigError, match=message):
         tiny_cfg(tmp_path, *[f"{k}={v}" for k, v in settings.items()])
@@ -103,7 +103,7 @@ def test_online_rft_fine_tunes_on_correct_samples_and_rft_samples_the_start(tmp_
 
 
 def test_ppos_settings_outside_its_section_are_refused_naming_them(tiny_cfg, tmp_path):
-    from grpo_core.config import ConfigError
+    from grpo_core.recipe import ConfigError
 
     with pytest.raises(ConfigError, match="grpo.gae_lambda"):
         tiny_cfg(tmp_path, "grpo.gae_lambda=0.9", grpo__algorithm="ppo")

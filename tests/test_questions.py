@@ -203,7 +203,7 @@ def test_resume_reproduces_the_same_batches(tmp_path, tiny_cfg, tiny_data_dir, t
 
 def test_curriculum_without_pass_rates_and_redraws_outside_grpo_are_refused(tmp_path, tiny_cfg, tiny_data_dir,
                                                                             tiny_model_dir):
-    from grpo_core.config import ConfigError
+    from grpo_core.recipe import ConfigError
 
     with pytest.raises(ValueError, match="no reward-data pass rates were given"):
         run_grpo(tiny_cfg(tmp_path, grpo__curriculum=0.5), tiny_data_dir, tiny_model_dir, tmp_path / "g")

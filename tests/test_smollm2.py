@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_core.config import load_config
+from grpo_core.recipe import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "models" / "smollm2-135m-instruct"

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_core.config import load_config
+from grpo_core.recipe import load_config
 from grpo_core.training.checkpoint import complete_checkpoints
 from grpo_core.training.distributed import Dist
 from grpo_core.training.trainer import Plan, Trainer

@@ -23,7 +23,8 @@ from typing import Callable, Iterable, Iterator
 
 import yaml
 
-from grpo_core.config import CorpusConfig, PipelineConfig, load_config
+from grpo_core.config import CorpusConfig, PipelineConfig
+from grpo_core.recipe import load_config
 from grpo_core.corpus import classifier, evaluate
 from grpo_core.corpus.decontam import BenchmarkIndex
 from grpo_core.corpus.docs import CorpusError, Doc, read_docs, shards, write_jsonl

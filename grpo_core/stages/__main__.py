@@ -9,7 +9,7 @@ from pathlib import Path
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from grpo_core.training import distributed
-from grpo_core.config import load_config
+from grpo_core.recipe import load_config
 from grpo_core.env import setup_environment
 from grpo_core.lm.runtime import numerics, peak_memory
 from grpo_core.stages.common import write_manifest
