@@ -26,7 +26,7 @@ from grpo_core.lm.modeling import load_model
 from grpo_core.lm.policy import encode, token_logprobs
 from grpo_core.rewards.steps import rollout_step_ends
 from grpo_core.rewards.score_command import score
-from grpo_core.stages.reward_model import solution_metrics, solution_text, step_metrics
+from grpo_core.stages.reward_model import solution_metrics, solution_text, prm_step_metrics
 
 
 @torch.no_grad()
@@ -84,7 +84,7 @@ def heldout(lm, tok, steps: dict, sols: dict, sep: str) -> dict:
     sol_f = likelihood_features(lm, tok, sols["test"], sep)[1]
     lm.train()
     return {"orm": solution_metrics([float(f[0].exp()) for f in sol_f], sols["test"]),
-            "prm": step_metrics([f[:, 0].exp().tolist() for f in step_f], steps["test"])}
+            "prm": prm_step_metrics([f[:, 0].exp().tolist() for f in step_f], steps["test"])}
 
 
 def finetuned(sft_dir: Path, steps: dict, sols: dict, sep: str, a) -> list[dict]:
@@ -148,7 +148,7 @@ def main() -> None:
     # zero-training: step = exp(lowest log-prob of its tokens); solution = exp(lowest over all tokens)
     zt_steps = [f[:, 0].exp().tolist() for f in feats["test"][0]]
     zt_sols = [float(f[0].exp()) for f in sol_feats["test"]]
-    out["zero_training"] = {"orm": solution_metrics(zt_sols, sols["test"]), "prm": step_metrics(zt_steps, steps["test"])}
+    out["zero_training"] = {"orm": solution_metrics(zt_sols, sols["test"]), "prm": prm_step_metrics(zt_steps, steps["test"])}
     # calibrated: logistic regressions on the training split's features (the frozen SFT model)
     x = torch.cat(feats["train"][0])
     y = torch.tensor([float(v) for r in steps["train"] for v in r["labels"]])
@@ -156,7 +156,7 @@ def main() -> None:
     cal_steps = [apply(*w, f) if len(f) else [] for f in feats["test"][0]]
     ws = fit_logistic(torch.stack(sol_feats["train"]), torch.tensor([float(r["correct"]) for r in sols["train"]]))
     cal_sols = apply(*ws, torch.stack(sol_feats["test"]))
-    out["calibrated"] = {"orm": solution_metrics(cal_sols, sols["test"]), "prm": step_metrics(cal_steps, steps["test"]),
+    out["calibrated"] = {"orm": solution_metrics(cal_sols, sols["test"]), "prm": prm_step_metrics(cal_steps, steps["test"]),
                          "step_weights": w[0].tolist(), "solution_weights": ws[0].tolist()}
     if a.finetune_epochs:
         out["finetuned"] = finetuned(run / "sft" / "model", steps, sols, sep, a)
@@ -169,7 +169,7 @@ def main() -> None:
             texts = [(r["prompt"], solution_text(r, sep)) for r in rows]
             scored = score(model_dir, texts)
             trained[kind] = (solution_metrics([s["score"] for s in scored], rows) if kind == "orm"
-                             else step_metrics([s["step_scores"] for s in scored], rows))
+                             else prm_step_metrics([s["step_scores"] for s in scored], rows))
     out["trained"] = trained
     print(json.dumps(out))
 

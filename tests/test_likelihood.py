@@ -108,14 +108,14 @@ def test_step_metrics_rank_a_prm_by_its_lowest_step_within_a_question():
     """Question a: the right solution's lowest step 0.8 against the wrong one's 0.2 -> 1; question
     b: 0.3 (right) below 0.6 (wrong) -> 0; a solution with no step has no verdict and is left out.
     The wrong solution of a is caught at its first wrong step (the first below 0.5)."""
-    from grpo_core.stages.reward_model import step_metrics
+    from grpo_core.stages.reward_model import prm_step_metrics
 
     rows = [{"prompt": "a", "labels": [True, True], "exact_labels": None},
             {"prompt": "a", "labels": [True, False], "exact_labels": None},
             {"prompt": "a", "labels": [], "exact_labels": None},
             {"prompt": "b", "labels": [True], "exact_labels": None},
             {"prompt": "b", "labels": [False], "exact_labels": None}]
-    m = step_metrics([[0.9, 0.8], [0.7, 0.2], [], [0.3], [0.6]], rows)
+    m = prm_step_metrics([[0.9, 0.8], [0.7, 0.2], [], [0.3], [0.6]], rows)
     assert (m["within_question_auc"], m["mixed_questions"]) == (0.5, 2)
     # b's wrong solution is not caught (0.6 >= 0.5): 1 of the 2 with an error.
     assert m["first_wrong_step_detected"] == 0.5 and m["n_steps"] == 6

@@ -1,9 +1,10 @@
-"""The reward models' quality gate carried into GRPO: which reward models a round's GRPO may use.
+"""The reward models' quality gate, from the verdict to what GRPO may use.
 
-The reward-model stage measures its model on held-out samples (``quality_gate`` in its manifest: the
-within-question AUC that GRPO's group-normalised reward sees, against a threshold and against the
-SFT model's own likelihood). ``gate_grpo`` decides from those verdicts and ``rounds.on_gate_failure``
-what GRPO optimises; the flow only carries it out and reports the sentences.
+The reward-model stage measures its model on held-out samples and gives its verdict
+(``quality_gate``: the within-question AUC that GRPO's group-normalised reward sees, against a
+threshold and against the SFT model's own likelihood). ``gate_grpo`` decides from those verdicts and
+``rounds.on_gate_failure`` what a round's GRPO optimises; the flow only carries it out and reports
+the sentences.
 """
 from __future__ import annotations
 
@@ -19,6 +20,19 @@ class Gated(NamedTuple):
     cfg: PipelineConfig
     excluded: list[str]
     failures: list[str]
+
+
+def quality_gate(metric: str, heldout: dict[str, float], threshold: float, baseline: dict[str, float] | None) -> dict:
+    """A trained reward model's verdict: its held-out ``metric`` at least ``threshold`` and, where the
+    zero-training verifier was measured on the same rows (``baseline``), above it. NaN (one class
+    only among the held-out rows) fails."""
+    value = heldout.get(metric, float("nan"))
+    gate = {"metric": metric, "value": value, "threshold": threshold, "passed": bool(value >= threshold)}
+    if baseline is not None:
+        gate["baseline"] = baseline.get(metric, float("nan"))
+        gate["beats_baseline"] = bool(value > gate["baseline"])
+        gate["passed"] = gate["passed"] and gate["beats_baseline"]
+    return gate
 
 
 def gate_failure(kind: str, gate: dict) -> str | None:

@@ -29,6 +29,7 @@ from grpo_core.lm.policy import encode
 from grpo_core.rewards.heads import (ScoreHead, bradley_terry_loss, first_wrong_step, load_reward_model, orm_logits,
                                      is_verifier_head, pointwise_bce_loss, prm_step_logits, reward_model_from, roc_auc,
                                      step_bce_loss, within_question_auc)
+from grpo_core.rewards.gate import quality_gate
 from grpo_core.rewards.likelihood import likelihood_scores
 from grpo_core.stages.common import Ref, digest_dir, run_identity, set_threads, write_manifest
 from grpo_core.training.trainer import Plan, Trainer, TrainState
@@ -91,7 +92,7 @@ def solution_metrics(scores: list[float], rows: list[dict]) -> dict[str, float]:
             "n_solutions": float(len(rows))}
 
 
-def step_metrics(probs: list[list[float]], rows: list[dict]) -> dict[str, float]:
+def prm_step_metrics(probs: list[list[float]], rows: list[dict]) -> dict[str, float]:
     """Held-out quality of per-step probabilities against ``rows``' step labels: step accuracy and
     AUC (against the exact labels too where present), how often the first step scored < 0.5 is the
     first step labelled wrong, and within each question the AUC of the lowest step against a
@@ -131,7 +132,7 @@ def evaluate_orm(model, tokenizer, held_out: dict[str, list[dict]], separator: s
 
 @torch.no_grad()
 def evaluate_prm(model, tokenizer, held_out: dict[str, list[dict]], separator: str, batch: int) -> dict[str, float]:
-    """``step_metrics`` of the PRM's step probabilities on the held-out ``steps``."""
+    """``prm_step_metrics`` of the PRM's step probabilities on the held-out ``steps``."""
     model.eval()
     rows, probs = held_out["steps"], []
     for s in range(0, len(rows), batch):
@@ -140,7 +141,7 @@ def evaluate_prm(model, tokenizer, held_out: dict[str, list[dict]], separator: s
         p = torch.sigmoid(prm_step_logits(model, rollout, ends))
         probs += [p[i, : int(mask[i].sum())].tolist() for i in range(len(part))]
     model.train()
-    return step_metrics(probs, rows)
+    return prm_step_metrics(probs, rows)
 
 
 @dataclass(frozen=True)
@@ -165,7 +166,7 @@ KINDS = {
                            held_out=("solutions", "pairs"), evaluate=evaluate_orm,
                            verifier_metrics=lambda solution, steps, rows: solution_metrics(solution, rows)),
     "prm": RewardModelKind(datasets=lambda cfg: ("steps",), loss_terms=prm_loss_terms, held_out=("steps",),
-                           evaluate=evaluate_prm, verifier_metrics=lambda solution, steps, rows: step_metrics(steps, rows)),
+                           evaluate=evaluate_prm, verifier_metrics=lambda solution, steps, rows: prm_step_metrics(steps, rows)),
 }
 EMPTY = {"pairs": "no question had both a right and a wrong sample", "solutions": "no solution was sampled",
          "steps": "no sample had a step"}  # why a dataset can be empty
@@ -224,30 +225,14 @@ def resume_or_init(resume, init_dir: str | Path, kind: str, cfg: PipelineConfig,
     return model
 
 
-def run_reward_model(cfg: PipelineConfig, kind: str, reward_data: dict[str, Ref], init_dir: str | Path, out_dir: Path,
-                     logger: MetricLogger | None = None, round_: int = 1, replay: Ref | None = None,
-                     baseline: str | Path | None = None) -> dict:
-    """Train the ``kind`` ("orm" or "prm") reward model on the reward-data stage's datasets
-    (``reward_data``: by name, as ``outputs.reward_datasets`` reads them from its manifest).
-
-    ``replay`` (rounds after the first): the replay buffer's version ``round_ - 1``;
-    ``rounds.replay_fraction`` of the training set is then drawn from it.
-    ``baseline``: a causal LM (the SFT model) whose own likelihood, untrained, is measured on the
-    same held-out rows (``baseline`` in the manifest): a reward model that does not beat it is a
-    defect the quality gate reports.
-
-    Under torchrun each process trains on a contiguous share of every batch (a last batch with
-    fewer rows than processes is skipped), the loss is normalised by the global batch's pairs or
-    steps, and rank 0 evaluates, logs, checkpoints and returns the manifest (the others: None)."""
+def training_rows(cfg: PipelineConfig, kind: str, reward_data: dict[str, Ref], replay: Ref | None, round_: int,
+                  logger: MetricLogger) -> tuple[list[tuple[str, dict]], dict, dict[str, list[dict]]]:
+    """The ``kind`` model's training rows, ``(dataset, row)`` (each dataset's fresh rows plus its
+    share of the replay buffer's version ``replay``), their mix (``combined_mix``) and the held-out
+    rows by dataset; an error naming the dataset when there is nothing to train or measure on."""
     from datasets import load_from_disk
 
-    d = distributed.init(cfg.launch)
-    logger = (logger or NullLogger()) if d.main else NullLogger()
-    spec, rc = KINDS[kind], getattr(cfg, kind)
-    sep = cfg.reward_data.step_separator
-    set_threads(cfg.threads)
-    torch.manual_seed(cfg.seed)
-    names = spec.datasets(cfg)
+    spec, names = KINDS[kind], KINDS[kind].datasets(cfg)
     train: list[tuple[str, dict]] = []  # (dataset, row): the loss of a row is its dataset's
     mixes = []
     for name in names:  # each dataset's fresh rows plus its replay share
@@ -271,6 +256,32 @@ def run_reward_model(cfg: PipelineConfig, kind: str, reward_data: dict[str, Ref]
                          "reward_data.samples_per_question, or train the policy further")
     logger.log_metrics({"replay/share": mix["share"], "replay/rows": mix["replay"], "replay/fresh_rows": mix["fresh"],
                         **{f"replay/from_round_{r}": n for r, n in mix["by_round"].items()}})
+    return train, mix, held_out
+
+
+def run_reward_model(cfg: PipelineConfig, kind: str, reward_data: dict[str, Ref], init_dir: str | Path, out_dir: Path,
+                     logger: MetricLogger | None = None, round_: int = 1, replay: Ref | None = None,
+                     baseline: str | Path | None = None) -> dict:
+    """Train the ``kind`` ("orm" or "prm") reward model on the reward-data stage's datasets
+    (``reward_data``: by name, as ``outputs.reward_datasets`` reads them from its manifest).
+
+    ``replay`` (rounds after the first): the replay buffer's version ``round_ - 1``;
+    ``rounds.replay_fraction`` of the training set is then drawn from it.
+    ``baseline``: a causal LM (the SFT model) whose own likelihood, untrained, is measured on the
+    same held-out rows (``baseline`` in the manifest): a reward model that does not beat it is a
+    defect the quality gate reports.
+
+    Under torchrun each process trains on a contiguous share of every batch (a last batch with
+    fewer rows than processes is skipped), the loss is normalised by the global batch's pairs or
+    steps, and rank 0 evaluates, logs, checkpoints and returns the manifest (the others: None)."""
+    d = distributed.init(cfg.launch)
+    logger = (logger or NullLogger()) if d.main else NullLogger()
+    spec, rc = KINDS[kind], getattr(cfg, kind)
+    sep = cfg.reward_data.step_separator
+    set_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    names = spec.datasets(cfg)
+    train, mix, held_out = training_rows(cfg, kind, reward_data, replay, round_, logger)
     identity = run_identity(cfg, kind, init=digest_dir(Path(init_dir)), separator=sep,
                             reward_data={n: reward_data[n].digest for n in names}, round=round_,
                             **({"replay": replay.digest, "replay_fraction": cfg.rounds.replay_fraction}
@@ -331,13 +342,7 @@ def run_reward_model(cfg: PipelineConfig, kind: str, reward_data: dict[str, Ref]
     if not d.main:
         return None
     best = {k.removeprefix("heldout/"): v for k, v in st.best_metrics.items()}
-    value = best.get(spec.gate_metric, float("nan"))
-    gate = {"metric": spec.gate_metric, "value": value, "threshold": rc.min_auc,
-            "passed": bool(value >= rc.min_auc)}  # NaN (one class only) fails
-    if "baseline" in st.extra:  # the zero-training verifier of the same held-out rows
-        gate["baseline"] = st.extra["baseline"].get(spec.gate_metric, float("nan"))
-        gate["beats_baseline"] = bool(value > gate["baseline"])
-        gate["passed"] = gate["passed"] and gate["beats_baseline"]
+    gate = quality_gate(spec.gate_metric, best, rc.min_auc, st.extra.get("baseline"))
     logger.log_metrics({"quality_gate/passed": float(gate["passed"])})
     return write_manifest(out_dir, {"stage": kind, "model": str(final_dir), "init": str(init_dir),
                                     "init_from": rc.init if round_ == 1 else "previous round",
