@@ -136,3 +136,18 @@ def whiten(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     mean = x[m].mean()
     std = x[m].std(unbiased=False)
     return torch.where(m, (x - mean) / (std + 1e-8), 0.0)
+
+
+def rollout_advantages(scored, n_questions: int, g: int, seq_len: int, credit: Literal["sum", "min"] = "sum") -> torch.Tensor:
+    """GRPO's [N x G, T] advantages from a batch's scores (a ``rewards.scorer.Scored``), by their
+    supervision: every token of a completion gets its solution reward's group z-score (outcome,
+    §4.1.2), or the normalised step rewards of the steps at or after it, summed or their minimum
+    (process, §4.1.3; ``credit``: ``grpo.process_credit``). A completion without a finite reward gets
+    none (the scorer counts it)."""
+    if scored.supervision == "outcome":
+        rewards = scored.outcome.view(n_questions, g)
+        return outcome_advantages(rewards, torch.isfinite(rewards)).view(-1, 1).expand(-1, seq_len)
+    k = scored.step_rewards.shape[1]
+    adv = process_advantages(scored.step_rewards.view(n_questions, g, k), scored.step_ends.view(n_questions, g, k),
+                             scored.step_mask.view(n_questions, g, k), seq_len, credit)
+    return adv.view(n_questions * g, seq_len)

@@ -2,7 +2,7 @@
 
 The paper's unified paradigm (§5.2.1) sets them apart by data source, reward function and gradient
 coefficient; here each row says which model samples the rollouts, which advantage estimator gives the
-coefficient (``stages/grpo.ADVANTAGES``, a registry as verl's ``core_algos``), where ``grpo.beta``'s
+coefficient (``stages/rl.ADVANTAGES``, a registry as verl's ``core_algos``), where ``grpo.beta``'s
 KL to the reference goes, and which models it trains beside the policy. The rollout, the reward
 sources, the clipped policy update and the step's metrics are shared (``stages/rl.py``). The recipe
 validator (``config.GRPOConfig``) reads this table to refuse settings an algorithm would ignore;

@@ -25,7 +25,7 @@ from grpo_core.lm.policy import encode
 from grpo_core.rewards.heads import bradley_terry_loss, first_wrong_step, pointwise_bce_loss, roc_auc, step_bce_loss
 from grpo_core.rewards.scorer import RewardScorer, rule_reward
 from grpo_core.rewards.steps import rollout_step_ends
-from grpo_core.stages.grpo import rollout_advantages
+from grpo_core.advantages import rollout_advantages
 from grpo_core.stages.reward_model import step_batch
 from grpo_core.verify import is_correct
 

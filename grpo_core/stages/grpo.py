@@ -1,10 +1,10 @@
 """The RL stage: GRPO (DeepSeekMath §4.1) and its §5 peers (the nanochat ``chat_rl.py`` loop shape).
 
 Each step (``rl_step``): rollout (B questions x G samples from pi_old) -> score (rule reward, ORM,
-PRM) -> advantages (the algorithm's estimator from ``ADVANTAGES``: group z-score or process credit
-for GRPO, 1[correct] for RFT and online RFT, GAE for PPO in ``ppo.py``) -> update (mu passes of the
-clipped objective, with the k3 KL to the frozen reference where the algorithm has it in the loss)
--> metrics. Which model samples, which estimator, where ``grpo.beta`` goes and which models are
+PRM) -> advantages (the algorithm's estimator, registered in ``rl.ADVANTAGES``: group z-score or
+process credit for GRPO, 1[correct] for RFT and online RFT in ``rl.py``, GAE for PPO in ``ppo.py``)
+-> update (mu passes of the clipped objective, with the k3 KL to the frozen reference where the
+algorithm has it in the loss) -> PPO's value model on its GAE returns -> metrics. Which model samples, which estimator, where ``grpo.beta`` goes and which models are
 loaded all come from the algorithm's row of ``algorithms.ALGORITHMS``. ``run_grpo`` runs the step
 on the shared training loop (``trainer.py``: log, validate with keep-best, checkpoint, resume).
 """
@@ -21,7 +21,6 @@ import torch
 
 from grpo_core.training import distributed
 from grpo_core.rewards import rollout_log
-from grpo_core.advantages import outcome_advantages, process_advantages
 from grpo_core.algorithms import ALGORITHMS
 from grpo_core.training.distributed import Dist
 from grpo_core.config import GRPOConfig, PipelineConfig
@@ -30,52 +29,14 @@ from grpo_core.evaluation import greedy_accuracy
 from grpo_core.lm.modeling import load_model
 from grpo_core.lm.policy import CompletionLogprobs
 from grpo_core.lm.runtime import autocast, model_device, place
-from grpo_core.rewards.scorer import RewardError, RewardScorer, Scored, require_reward_models
+from grpo_core.rewards.scorer import RewardError, RewardScorer, require_reward_models
 from grpo_core.stages.common import SINGLE, digest_dir, read_split, round_seed, run_identity, set_threads, write_manifest
-from grpo_core.stages.ppo import gae_advantages, value_model_from, value_updates
+from grpo_core.stages.ppo import value_model_from, value_updates  # (also registers PPO's estimator, "gae")
 from grpo_core.stages.questions import QuestionSampler, draw_seed, fill, read_pass_rates
-from grpo_core.stages.rl import (Advantages, Exploration, Models, explore, sample_groups, step_metrics, step_seed, update,
-                                 with_gradient)
+from grpo_core.stages.rl import (ADVANTAGES, Exploration, Models, explore, has_spread, sample_groups, step_metrics,
+                                 step_seed, update)
 from grpo_core.training.trainer import Plan, Trainer, TrainState
 from grpo_core.tracking import MetricLogger, NullLogger
-
-
-def rollout_advantages(scored: Scored, n_questions: int, g: int, seq_len: int, credit: str = "sum") -> torch.Tensor:
-    """[B, T] advantages from the scores, by their supervision: group z-scores of the solutions'
-    rewards (outcome), or the PRM's normalised step rewards of the steps at or after each token,
-    summed or their minimum (process; ``credit``: ``grpo.process_credit``). A completion without a
-    finite reward gets none (the scorer counts it)."""
-    if scored.supervision == "outcome":
-        rewards = scored.outcome.view(n_questions, g)
-        return outcome_advantages(rewards, torch.isfinite(rewards)).view(-1, 1).expand(-1, seq_len)
-    k = scored.step_rewards.shape[1]
-    adv = process_advantages(scored.step_rewards.view(n_questions, g, k), scored.step_ends.view(n_questions, g, k),
-                             scored.step_mask.view(n_questions, g, k), seq_len, credit)
-    return adv.view(n_questions * g, seq_len)
-
-
-def group_advantages(ex: Exploration, models: Models, gc: GRPOConfig, amp=None) -> Advantages:
-    """GRPO's estimator (§4.1.2-4.1.3): ``rollout_advantages`` of the group's scores."""
-    mask = ex.rollout.completion_mask
-    values = rollout_advantages(ex.scored, len(ex.questions), gc.group_size, mask.shape[1], gc.process_credit)
-    return Advantages(values, mask, {})
-
-
-def correct_advantages(ex: Exploration, models: Models, gc: GRPOConfig, amp=None) -> Advantages:
-    """RFT's and online RFT's gradient coefficient (§5.2.1): 1 on a correct solution's tokens, else 0."""
-    mask = ex.rollout.completion_mask
-    return Advantages(ex.scored.correct.float()[:, None].expand(-1, mask.shape[1]), mask, {})
-
-
-# The registry of advantage estimators (verl's ``core_algos`` shape), named by ``algorithms.ALGORITHMS``.
-ADVANTAGES = {"group": group_advantages, "correct": correct_advantages, "gae": gae_advantages}
-
-
-def has_spread(ex: Exploration, gc: GRPOConfig) -> torch.Tensor:
-    """[N] bool: the groups whose GRPO advantages are not all zero (those that carry a gradient)."""
-    n, width = len(ex.questions), ex.rollout.completion_mask.shape[1]
-    adv = rollout_advantages(ex.scored, n, gc.group_size, width, gc.process_credit)
-    return with_gradient(adv, gc.group_size)
 
 
 def rl_step(models: Models, tokenizer, opt, questions: list[Example], gc: GRPOConfig, seed: int,

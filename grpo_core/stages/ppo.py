@@ -21,7 +21,7 @@ from grpo_core.config import GRPOConfig
 from grpo_core.losses import kl_k3, value_loss
 from grpo_core.lm.policy import Rollout, token_logprobs
 from grpo_core.rewards.heads import ScoreHead, reward_model_from
-from grpo_core.stages.rl import Advantages, Exploration, Models, ValueTargets
+from grpo_core.stages.rl import Advantages, Exploration, Models, ValueTargets, advantage_estimator
 from grpo_core.training.trainer import optimizer_step
 
 
@@ -41,6 +41,7 @@ def state_values(value_model, rollout: Rollout) -> torch.Tensor:
     return head(rollout.input_ids, rollout.attention_mask, rollout.prompt_len - 1)[:, :-1]
 
 
+@advantage_estimator("gae")
 def gae_advantages(ex: Exploration, models: Models, gc: GRPOConfig, amp=contextlib.nullcontext) -> Advantages:
     """PPO's estimator (``ADVANTAGES["gae"]``): per-token KL-penalised rewards, the value model's
     estimates, GAE, whitened; the value model's mu passes of the clipped value loss come after the

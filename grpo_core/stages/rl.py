@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 
+from grpo_core.advantages import rollout_advantages
 from grpo_core.config import GRPOConfig
 from grpo_core.data import Example, prompt_text
 from grpo_core.losses import BatchSize, grpo_loss
@@ -48,6 +49,21 @@ class Advantages(NamedTuple):
     mask: torch.Tensor
     stats: dict[str, float]
     value_targets: ValueTargets | None = None
+
+
+# The advantage estimators by name (``algorithms.ALGORITHMS``' ``advantage`` column; verl's
+# ``core_algos`` registry shape): each registers where it is defined, GRPO's and RFT's below, PPO's
+# GAE in ``ppo.py``. Signature: (a step's ``Exploration``, its ``Models``, ``GRPOConfig``, the forward
+# passes' precision context) -> ``Advantages``.
+ADVANTAGES: dict[str, Callable[..., Advantages]] = {}
+
+
+def advantage_estimator(name: str):
+    """Register the decorated function as the estimator ``name``."""
+    def register(fn):
+        ADVANTAGES[name] = fn
+        return fn
+    return register
 
 
 def step_seed(seed: int, step: int) -> int:
@@ -97,6 +113,27 @@ def with_gradient(advantages: torch.Tensor, g: int) -> torch.Tensor:
     """[N x G, T] advantages -> [N] bool: the groups with any non-zero advantage, i.e. that carry a
     policy gradient (a group whose rewards have no spread has none: only the KL term)."""
     return advantages.reshape(-1, g * advantages.shape[-1]).ne(0).any(-1)
+
+
+@advantage_estimator("group")
+def group_advantages(ex: Exploration, models: Models, gc: GRPOConfig, amp=None) -> Advantages:
+    """GRPO's estimator (§4.1.2-4.1.3): ``advantages.rollout_advantages`` of the groups' scores."""
+    mask = ex.rollout.completion_mask
+    values = rollout_advantages(ex.scored, len(ex.questions), gc.group_size, mask.shape[1], gc.process_credit)
+    return Advantages(values, mask, {})
+
+
+@advantage_estimator("correct")
+def correct_advantages(ex: Exploration, models: Models, gc: GRPOConfig, amp=None) -> Advantages:
+    """RFT's and online RFT's gradient coefficient (§5.2.1): 1 on a correct solution's tokens, else 0."""
+    mask = ex.rollout.completion_mask
+    return Advantages(ex.scored.correct.float()[:, None].expand(-1, mask.shape[1]), mask, {})
+
+
+def has_spread(ex: Exploration, gc: GRPOConfig) -> torch.Tensor:
+    """[N] bool: the groups whose GRPO advantages are not all zero (those that carry a gradient)."""
+    n, width = len(ex.questions), ex.rollout.completion_mask.shape[1]
+    return with_gradient(rollout_advantages(ex.scored, n, gc.group_size, width, gc.process_credit), gc.group_size)
 
 
 def sample_groups(policy, tokenizer, questions: list[Example], slots: list[int], gc: GRPOConfig, seed: int,
