@@ -47,6 +47,25 @@ def _recipe(a: argparse.Namespace):
         _fail(str(e))
 
 
+def _inputs_ready(cfg) -> None:
+    """Every problem with the recipe's data files, model folders and output folder, one line each,
+    before any server starts (``grpo_core.check``); exit 2 if there is one."""
+    from grpo_core.check import recipe_problems
+
+    problems = recipe_problems(cfg)
+    for problem in problems:
+        print(f"error: {problem}", file=sys.stderr)
+    if problems:
+        raise SystemExit(2)
+
+
+def cmd_check(a: argparse.Namespace) -> None:
+    """The recipe and what it names, checked in seconds without starting anything."""
+    cfg = _recipe(a)
+    _inputs_ready(cfg)
+    print(json.dumps({"recipe": a.config, "run_dir": str(cfg.run_dir), "ok": True}))
+
+
 def _tracking_ready(cfg) -> None:
     """An unusable tracking store fails here, in seconds, before any stage runs."""
     from grpo_core.tracking import TrackingError, check_tracking, tracking_uri
@@ -64,6 +83,7 @@ def _measured(result: dict) -> dict:
 
 def cmd_run(a: argparse.Namespace) -> None:
     cfg = _recipe(a)
+    _inputs_ready(cfg)
     _tracking_ready(cfg)
     from flows.pipeline import pipeline
     from grpo_core.tracking import unsent_count, unsent_dir
@@ -209,7 +229,9 @@ def cmd_rounds(a: argparse.Namespace) -> None:
     except ValueError as e:
         _fail(str(e))
 
-    _tracking_ready(load_config(run_dir / "config.yaml"))
+    cfg = load_config(run_dir / "config.yaml")
+    _inputs_ready(cfg)
+    _tracking_ready(cfg)
     manifest = rl_rounds(str(run_dir), a.rounds)
     print(json.dumps({"rounds": [{k: r.get(k) for k in ("round", "test_accuracy", "held_out_accuracy", "val_accuracy", "model_version",
                                                       "cached_stages")} for r in manifest["rounds"]],
@@ -305,6 +327,10 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="run the pipeline flow on a YAML recipe")
     _recipe_arguments(r)
     r.set_defaults(func=cmd_run)
+    ck = sub.add_parser("check", help="check a recipe and the data files, models and output folder it names, "
+                                      "in seconds, without starting anything (exit 2 on any problem)")
+    _recipe_arguments(ck)
+    ck.set_defaults(func=cmd_check)
     e = sub.add_parser("eval", help="accuracy of a model folder on a JSONL file of questions (GSM8K form or --format)")
     e.add_argument("--model", required=True)
     e.add_argument("--data", required=True)

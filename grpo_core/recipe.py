@@ -44,6 +44,8 @@ def _read_yaml(path: Path, seen: tuple[Path, ...]) -> dict[str, Any]:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise ConfigError(f"{path}: cannot read config: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not a text file, so not a YAML recipe (byte {e.start}: {e.reason})") from None
     try:
         raw = yaml.safe_load(text) or {}
     except yaml.YAMLError as e:

@@ -29,6 +29,74 @@ def _jsonl(path: Path, rows: list[dict]) -> Path:
     return path
 
 
+# ---------------------------------------------------------------------------- data checked before anything starts
+
+
+def _jsonl_recipe(tmp_path: Path, **files: str) -> Path:
+    """A recipe reading JSONL files (``files``: data keys -> paths), the good questions by default."""
+    good = str(_jsonl(tmp_path / "good.jsonl", QUESTIONS * 4))
+    data = {"sft_file": good, "rl_file": good, "test_file": good} | files
+    lines = "".join(f"  {k}: {v}\n" for k, v in data.items())
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(f"output_dir: {tmp_path / 'runs'}\ndata:\n  source: jsonl\n{lines}", encoding="utf-8")
+    return recipe
+
+
+def test_check_lists_every_problem_of_the_data_and_models_one_line_each(tmp_path, capsys):
+    (tmp_path / "bad.jsonl").write_text('{"question": "q", "answer": "#### 1"}\n{bad json\n', encoding="utf-8")
+    _jsonl(tmp_path / "no_final.jsonl", [{"question": "q", "answer": "three"}])
+    _jsonl(tmp_path / "no_answer.jsonl", [{"question": "q"}])
+    (tmp_path / "empty.jsonl").write_text("", encoding="utf-8")
+    recipe = _jsonl_recipe(tmp_path, sft_file=tmp_path / "bad.jsonl", rl_file=tmp_path / "missing.jsonl",
+                           test_file=tmp_path / "no_final.jsonl", val_file=tmp_path / "empty.jsonl")
+    held_out = ["--set", f"data.held_out={{x: {{file: {tmp_path / 'no_answer.jsonl'}}}}}",
+                "--set", "model.init=pretrained", "--set", f"model.path={tmp_path / 'no_model'}"]
+    assert _exit_code(["check", str(recipe), *held_out]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == [
+        f"error: {tmp_path / 'bad.jsonl'}:2: malformed JSON: Expecting property name enclosed in double quotes (data.sft_file)",
+        f"error: {tmp_path / 'missing.jsonl'}: file not found (data.rl_file)",
+        f"error: {tmp_path / 'empty.jsonl'}: no examples (data.val_file)",
+        f"error: {tmp_path / 'no_final.jsonl'}:1: field 'answer' has no '#### <final answer>' (data.test_file)",
+        f"error: {tmp_path / 'no_answer.jsonl'}:1: field 'answer' is missing or empty (data.held_out.x)",
+        f"error: {tmp_path / 'no_model'}: model folder not found (model.path)"]
+
+
+def test_check_passes_a_good_recipe_in_seconds(tmp_path, capsys):
+    recipe = _jsonl_recipe(tmp_path)
+    main(["check", str(recipe)])
+    assert json.loads(capsys.readouterr().out)["ok"] is True
+    assert not (tmp_path / "runs").exists()  # nothing made
+
+
+@pytest.mark.parametrize("bad", ["missing", "malformed", "no-final", "empty"])
+def test_run_with_bad_data_stops_before_anything_starts(tmp_path, capsys, monkeypatch, bad):
+    """Exit 2, one line naming the file, no traceback; no flow run, no tracking store touched, no run folder."""
+    import flows.pipeline
+
+    monkeypatch.setattr(flows.pipeline, "pipeline", lambda cfg: pytest.fail("the pipeline flow started"))
+    monkeypatch.setattr("flows.cli._tracking_ready", lambda cfg: pytest.fail("the tracking store was asked"))
+    path = tmp_path / "data.jsonl"
+    if bad == "malformed":
+        path.write_text('{"question": ', encoding="utf-8")
+    elif bad == "no-final":
+        _jsonl(path, [{"question": "q", "answer": "two"}])
+    elif bad == "empty":
+        path.write_text("\n", encoding="utf-8")
+    assert _exit_code(["run", str(_jsonl_recipe(tmp_path, rl_file=path))]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and str(path) in err and "Traceback" not in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_recipe_that_is_not_text_is_refused_in_one_line(tmp_path, capsys):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff")
+    assert _exit_code(["check", str(recipe)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {recipe}: not a text file") and len(err.strip().splitlines()) == 1
+
+
 # ---------------------------------------------------------------------------- run: invalid recipes
 
 

@@ -64,8 +64,9 @@ def tiny_llama(cfg: ModelConfig, tokenizer: PreTrainedTokenizerFast, seed: int) 
         return LlamaForCausalLM(config)
 
 
-def load_model(path: str | Path) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
-    """Load a local HF causal-LM folder and its tokenizer, failing with the folder named."""
+def check_model_folder(path: str | Path) -> PreTrainedTokenizerFast:
+    """A local HF causal-LM folder's config checked and its tokenizer loaded (no weights read: seconds),
+    failing with the folder named."""
     path = Path(path)
     if not path.is_dir():
         raise ModelError(f"{path}: model folder not found")
@@ -81,7 +82,13 @@ def load_model(path: str | Path) -> tuple[PreTrainedModel, PreTrainedTokenizerFa
     if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
         raise ModelError(f"{path}: a {config.model_type!r} model is not a causal language model; the policy "
                          f"needs a decoder LM folder (Llama, Qwen2, Mistral, SmolLM2, ...)")
-    tokenizer = load_tokenizer(path)
+    return load_tokenizer(path)
+
+
+def load_model(path: str | Path) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
+    """Load a local HF causal-LM folder and its tokenizer, failing with the folder named."""
+    path = Path(path)
+    tokenizer = check_model_folder(path)
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     except (OSError, ValueError, KeyError) as e:

@@ -1,0 +1,70 @@
+"""What a run needs, checked in seconds before anything starts (no Prefect server, no MLflow run, no
+run folder): the data files a recipe names (they exist, are UTF-8 JSONL, every row has its fields
+and its ``#### <answer>``, none is empty), the model folders (a causal LM's config and a
+tokenizer), and that the output folder can be written. ``grpo-pipeline check`` prints every
+problem; ``run`` and ``rounds`` refuse to start with any (docs/reliability.md, "Bad input").
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from grpo_core.config import PipelineConfig
+from grpo_core.data import DataError, load_held_out, load_jsonl, load_splits
+
+
+def recipe_problems(cfg: PipelineConfig) -> list[str]:
+    """Every problem found, one line each, naming the file (and line) and the recipe key."""
+    return _data_problems(cfg) + _model_problems(cfg) + _output_problems(cfg)
+
+
+def _data_problems(cfg: PipelineConfig) -> list[str]:
+    dc, problems = cfg.data, []
+    files = {f"data.{k}": getattr(dc, k) for k in ("sft_file", "rl_file", "val_file", "test_file")
+             if dc.source == "jsonl" and getattr(dc, k)}
+    seen: set[str] = set()
+    for key, name in files.items():  # each file once, its first problem (the loaders stop there)
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            load_jsonl(name, dc.max_examples, dc.max_chars)
+        except DataError as e:
+            problems.append(f"{e} ({key})")
+    for name, h in dc.held_out.items():
+        try:
+            load_held_out(h.file, h.format, dc.max_examples, dc.max_chars)
+        except DataError as e:
+            problems.append(f"{e} (data.held_out.{name})")
+    if not problems:  # the splits as the data stage makes them (worked solutions present, sizes)
+        try:
+            load_splits(dc, cfg.seed)
+        except DataError as e:
+            problems.append(f"{e} (data)")
+    return problems
+
+
+def _model_problems(cfg: PipelineConfig) -> list[str]:
+    from grpo_core.lm.modeling import ModelError, check_model_folder
+
+    folders = {"model.path": cfg.model.path} if cfg.model.init == "pretrained" else {}
+    folders |= {f"{kind}.init": getattr(cfg, kind).init for kind in ("orm", "prm")
+                if getattr(cfg, kind).train and getattr(cfg, kind).init not in ("sft", "tiny")}
+    problems = []
+    for key, path in folders.items():
+        try:
+            check_model_folder(path)
+        except ModelError as e:
+            problems.append(f"{e} ({key})")
+    return problems
+
+
+def _output_problems(cfg: PipelineConfig) -> list[str]:
+    """The run folder's nearest existing ancestor must be a writable folder (nothing is created here)."""
+    place = Path(cfg.output_dir).resolve() / cfg.run_name
+    existing = next(p for p in (place, *place.parents) if p.exists())
+    if not existing.is_dir():
+        return [f"{existing}: not a folder, so {place} cannot be made (output_dir, run_name)"]
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return [f"{existing}: not writable, so {place} cannot be made (output_dir)"]
+    return []
