@@ -440,6 +440,10 @@ def main(argv: list[str] | None = None) -> None:
         if e.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
         _fail(str(e))
+    except KeyboardInterrupt:  # Ctrl-C: the shell's convention, 128 + SIGINT
+        print("interrupted: nothing finished is lost (finished stages are cached, checkpoints kept); the same "
+              "command resumes", file=sys.stderr)
+        raise SystemExit(130) from None
 
 
 if __name__ == "__main__":

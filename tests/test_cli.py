@@ -247,3 +247,12 @@ def test_ui_on_an_address_other_than_loopback_needs_expose(host, capsys):
     assert _exit_code(["ui", "--host", host]) == 2
     err = capsys.readouterr().err
     assert f"--host {host}" in err and "--expose" in err and "no login" in err
+
+
+def test_ctrl_c_exits_130_saying_the_same_command_resumes(tmp_path, capsys, monkeypatch):
+    def interrupted(a):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("flows.cli.cmd_check", interrupted)
+    assert _exit_code(["check", str(_jsonl_recipe(tmp_path))]) == 130
+    assert "the same command resumes" in capsys.readouterr().err
