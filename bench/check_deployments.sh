@@ -4,7 +4,7 @@
 # `prefect deployment run` of the pipeline on a tiny recipe and of `rl-rounds` with `-p rounds=2`.
 # Everything lives in a temporary folder (Prefect home, MLflow database, runs). Prints one JSON line;
 # exits non-zero if any step fails. About two minutes on 2 cores.
-#   bash bench/check_deployments.sh            (PORT=4299 by default)
+#   bash bench/check_deployments.sh            (PORT=4299 by default; configs/minute.yaml)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -43,29 +43,19 @@ done
 setsid "$BIN/prefect" worker start --pool local > "$WORK/worker.log" 2>&1 &
 pids+=($!)
 
-# A tiny recipe: rule reward (an untrained tiny model gives a reward model no pairs to learn from).
-cat > "$WORK/tiny.yaml" <<YAML
-run_name: check
-output_dir: $WORK/runs
-threads: 1
-data: {arithmetic: {n_sft: 40, n_rl: 60, n_val: 10, n_test: 10}}
-model: {hidden_size: 32, intermediate_size: 64, num_layers: 1, num_heads: 2}
-sft: {lr: 1.0e-3, batch_size: 4, context_length: 128, max_steps: 2, eval_every: 2}
-grpo: {steps: 1, questions_per_step: 2, group_size: 3, lr: 1.0e-3, max_new_tokens: 16}
-eval: {max_new_tokens: 16}
-YAML
-
-"$BIN/prefect" deployment run recipe/demo -p recipe="\"$WORK/tiny.yaml\"" --watch --watch-timeout 600 \
+# The shipped one-minute recipe (docs/prefect.md's first run), its runs in the temporary folder.
+"$BIN/prefect" deployment run recipe/demo -p recipe=configs/minute.yaml -p "overrides=[\"output_dir=$WORK/runs\"]" \
+  --watch --watch-timeout 600 \
   > "$WORK/run-pipeline.log" 2>&1 || fail "deployment run recipe/demo"
-"$BIN/prefect" deployment run rl-rounds/demo-rounds -p run_dir="\"$WORK/runs/check\"" -p rounds=2 \
+"$BIN/prefect" deployment run rl-rounds/demo-rounds -p run_dir="\"$WORK/runs/minute\"" -p rounds=2 \
   --watch --watch-timeout 600 > "$WORK/run-rounds.log" 2>&1 || fail "deployment run rl-rounds/demo-rounds"
 # A parameter the flow's signature rejects is refused when the run is created.
-if "$BIN/prefect" deployment run rl-rounds/demo-rounds -p run_dir="\"$WORK/runs/check\"" -p rounds=0 \
+if "$BIN/prefect" deployment run rl-rounds/demo-rounds -p run_dir="\"$WORK/runs/minute\"" -p rounds=0 \
     > "$WORK/run-invalid.log" 2>&1; then
   fail "rounds=0 was accepted"
 fi
 
-"$BIN/python" - "$WORK/runs/check/manifest.json" <<'PY' || fail "the run's manifest is not what the runs should give"
+"$BIN/python" - "$WORK/runs/minute/manifest.json" <<'PY' || fail "the run's manifest is not what the runs should give"
 import json, sys
 m = json.load(open(sys.argv[1]))
 rounds = [r["round"] for r in m["rounds"]]
