@@ -206,14 +206,17 @@ def phase_e(run: Run, seconds: float) -> dict:
 
     t0 = time.monotonic()
     sft = run.models["sft"]
-    cfg = run.config("e")
+    cfg = run.config("e", extra=(f"prm.max_seconds={seconds / 4:.0f}",))  # sampling has no limit of its own
     data = _stage(RewardDataInputs(data=_data(run), policy=sft), cfg, run.work / "reward_data")
     prm = _stage(PRMInputs(reward_data=data.datasets, init=sft, baseline=sft), cfg, run.work / "prm")
     before_grpo = time.monotonic() - t0
     out = {"reward_data": data.model_dump(), "prm": prm.model_dump(), "reward_data_and_prm_s": round(before_grpo, 1)}
+    left = min(seconds - before_grpo, run.left())
+    if left < MIN_S["c"]:
+        return out | {"grpo": f"not run: {left:.0f} s left after the reward data and the PRM"}
     # The recipe's rounds.on_gate_failure is "report": a PRM that fails its gate is used, its verdict kept.
-    return out | {"grpo": _grpo(run, "e", max(seconds - before_grpo, MIN_S["c"]), "grpo_process",
-                                reward_models={"prm": prm.ref}, pass_rates=data.pass_rates_ref)}
+    return out | {"grpo": _grpo(run, "e", left, "grpo_process", reward_models={"prm": prm.ref},
+                                pass_rates=data.pass_rates_ref)}
 
 
 def environment() -> dict:
@@ -238,7 +241,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--base", action="store_true", help="phase d also evaluates the model as given (SFT's gain over it)")
     a = p.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
-    budget = BUDGET_S | {k: float(v) for k, v in (b.split("=") for b in a.budget)}
+    try:
+        budget = BUDGET_S | {k: float(v) for k, v in (b.split("=") for b in a.budget)}
+    except ValueError:
+        p.error(f"--budget {a.budget}: each must be phase=seconds, e.g. c=330")
     if unknown := set(a.phases.split(",")) - set(PHASES) or set(budget) - set(PHASES):
         p.error(f"unknown phase(s) {sorted(unknown)}: choose from {', '.join(PHASES)}")
     run = Run(a.model.resolve(), a.out, (a.work or a.out.parent / "gpu-work").resolve(), a.sizes, a.seconds)

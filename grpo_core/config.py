@@ -300,7 +300,7 @@ class GRPOConfig(Training):
         if self.process_credit != "sum" and self.supervision != "process":
             raise ValueError(f"process_credit={self.process_credit} applies to supervision=process only")
         alg, name = ALGORITHMS[self.algorithm], f"algorithm={self.algorithm}"
-        self.kl  # refuses a beta the algorithm has no place for
+        kl_weights(self.algorithm, self.beta)  # refuses a beta the algorithm has no place for
         if alg.advantage == "correct" and (set(self.reward_weights) != {"rule"} or self.supervision != "outcome"):
             raise ValueError(f"{name} learns from the answer checker's verdict (advantage 1[correct]): "
                              f"reward_weights must be {{rule: ...}} with supervision=outcome")

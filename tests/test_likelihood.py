@@ -104,7 +104,7 @@ def test_the_likelihood_head_is_the_calibrated_zero_training_reading_and_survive
     assert row["step_scores"] == pytest.approx(torch.sigmoid(expected[0]).tolist(), rel=1e-4)
 
 
-def test_step_metrics_rank_a_prm_by_its_lowest_step_within_a_question():
+def test_prm_step_metrics_rank_a_prm_by_its_lowest_step_within_a_question():
     """Question a: the right solution's lowest step 0.8 against the wrong one's 0.2 -> 1; question
     b: 0.3 (right) below 0.6 (wrong) -> 0; a solution with no step has no verdict and is left out.
     The wrong solution of a is caught at its first wrong step (the first below 0.5)."""

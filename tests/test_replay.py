@@ -86,3 +86,8 @@ def test_versions_accumulate_rounds_and_are_never_changed(tmp_path):
     empty = write_version(None, {}, 1, tmp_path / "e1", COLUMNS)
     assert empty["pairs"]["rows"] == 0 and load_version(tmp_path / "e1", "steps") == []
     assert load_version(None, "pairs") == []
+    # A version written before the pairs were named so (``outcome``) is refused, naming the folder, not
+    # read as a version without pairs (which would train the next reward model with no replay).
+    (tmp_path / "v1" / "pairs").rename(tmp_path / "v1" / "outcome")
+    with pytest.raises(ValueError, match="outcome: a replay buffer version written before 2026-11-24"):
+        load_version(tmp_path / "v1", "pairs")

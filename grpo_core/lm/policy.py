@@ -269,30 +269,38 @@ def plain_head(model) -> bool:
     return type(model).__name__ in PLAIN_HEADS and not isinstance(model, FSDPModule)
 
 
-def _chunk_logprobs(head, hidden: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """hidden [N, E], targets [N] -> log-probabilities of the targets [N] and entropies [N] (detached)."""
+def _chunk_logprobs(head, hidden: torch.Tensor, targets: torch.Tensor, with_entropy: bool):
+    """hidden [N, E], targets [N] -> log-probabilities of the targets [N] and, when asked, the
+    entropies [N] (detached; else None)."""
     logp_all = F.log_softmax(head(hidden).float(), dim=-1)
+    logp = logp_all.gather(-1, targets[:, None]).squeeze(-1)
+    if not with_entropy:
+        return logp, None
     with torch.no_grad():
-        entropy = -(logp_all.exp() * logp_all).sum(-1)
-    return logp_all.gather(-1, targets[:, None]).squeeze(-1), entropy
+        return logp, -(logp_all.exp() * logp_all).sum(-1)
 
 
-def head_logprobs(head, hidden: torch.Tensor, targets: torch.Tensor,
-                  chunk_bytes: int = LOGIT_CHUNK_BYTES) -> tuple[torch.Tensor, torch.Tensor]:
+def head_logprobs(head, hidden: torch.Tensor, targets: torch.Tensor, chunk_bytes: int = LOGIT_CHUNK_BYTES,
+                  with_entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """hidden [B, T, E], targets [B, T] -> log-probabilities of the targets under ``head``'s logits
-    [B, T] and the logits' entropies [B, T] (detached), never holding more than ``chunk_bytes`` of fp32
-    logits: each chunk of tokens is checkpointed, so backward recomputes its logits instead of keeping
-    them (a fused log-softmax-gather in plain torch; the same values as the whole [B, T, V] at once)."""
+    [B, T] and the logits' entropies [B, T] (detached; None unless ``with_entropy``), reading
+    ``chunk_bytes`` of fp32 logits at a time (a chunk's working set is a few times that: the head's
+    output, its fp32 copy, the log-softmax). Each chunk is checkpointed, so backward recomputes its
+    logits instead of keeping them: a fused log-softmax-gather in plain torch, the same values as the
+    whole [B, T, V] at once."""
     from torch.utils.checkpoint import checkpoint
 
     b, t, e = hidden.shape
     flat, ids = hidden.reshape(b * t, e), targets.reshape(b * t)
     n = max(1, chunk_bytes // (4 * head.out_features))
-    parts = [checkpoint(_chunk_logprobs, head, flat[i : i + n], ids[i : i + n], use_reentrant=False)
-             if torch.is_grad_enabled() else _chunk_logprobs(head, flat[i : i + n], ids[i : i + n])
+    parts = [checkpoint(_chunk_logprobs, head, flat[i : i + n], ids[i : i + n], with_entropy, use_reentrant=False,
+                        preserve_rng_state=False)  # no randomness inside
+             if torch.is_grad_enabled() else _chunk_logprobs(head, flat[i : i + n], ids[i : i + n], with_entropy)
              for i in range(0, b * t, n)]
-    return (torch.cat([p[0] for p in parts]).reshape(b, t) if parts else flat.new_zeros(b, t),
-            torch.cat([p[1] for p in parts]).reshape(b, t) if parts else flat.new_zeros(b, t))
+    logp = torch.cat([p[0] for p in parts]).reshape(b, t) if parts else flat.new_zeros(b, t)
+    if not with_entropy:
+        return logp, None
+    return logp, torch.cat([p[1] for p in parts]).reshape(b, t) if parts else flat.new_zeros(b, t)
 
 
 class CompletionLogprobs(torch.nn.Module):
@@ -359,7 +367,7 @@ class CompletionLogprobs(torch.nn.Module):
         states = self._completion_states(ids, attention_mask.to(device), prompt_len)
         targets = ids[:, prompt_len:]
         if self.chunk_bytes is not None:
-            logp, entropy = head_logprobs(self.model.lm_head, states, targets, self.chunk_bytes)
+            logp, entropy = head_logprobs(self.model.lm_head, states, targets, self.chunk_bytes, with_entropy)
         else:
             logp_all = F.log_softmax(states.float(), dim=-1)
             logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)

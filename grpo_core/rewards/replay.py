@@ -67,6 +67,9 @@ def load_version(version_dir: str | Path | None, kind: str) -> list[dict]:
     if version_dir is None:
         return []
     path = Path(version_dir) / kind
+    if kind == "pairs" and not path.exists() and (Path(version_dir) / "outcome").exists():
+        raise ValueError(f"{Path(version_dir) / 'outcome'}: a replay buffer version written before 2026-11-24, whose "
+                         f"pairs this version reads as {path}: rename the folder, or start the rounds again")
     if not path.exists():  # a version older than the kind
         return []
     from datasets import load_from_disk

@@ -17,8 +17,6 @@ import time
 from pathlib import Path
 from typing import Callable
 
-import torch
-
 from grpo_core.training import distributed
 from grpo_core.rewards import rollout_log
 from grpo_core.algorithms import ALGORITHMS
@@ -33,8 +31,7 @@ from grpo_core.rewards.scorer import RewardError, RewardScorer, require_reward_m
 from grpo_core.stages.common import SINGLE, digest_dir, read_split, round_seed, run_identity, set_threads, write_manifest
 from grpo_core.stages.ppo import value_model_from, value_updates  # (also registers PPO's estimator, "gae")
 from grpo_core.stages.questions import QuestionSampler, draw_seed, fill, read_pass_rates
-from grpo_core.stages.rl import (ADVANTAGES, Exploration, Models, explore, has_spread, sample_groups, step_metrics,
-                                 step_seed, update)
+from grpo_core.stages.rl import ADVANTAGES, Models, explore, has_spread, sample_groups, step_metrics, step_seed, update
 from grpo_core.training.trainer import Plan, Trainer, TrainState
 from grpo_core.tracking import MetricLogger, NullLogger
 

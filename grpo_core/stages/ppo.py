@@ -48,6 +48,8 @@ def gae_advantages(ex: Exploration, models: Models, gc: GRPOConfig, amp=contextl
     policy's update (``value_updates``, on the returned ``ValueTargets``). A completion without a finite reward is left out of both
     losses. Metrics: ``train/kl``, ``train/value_mean``, ``train/return_mean`` and the value loss's."""
     pc, rollout = gc.ppo, ex.rollout
+    if gc.kl.reward > 0 and models.ref is None:
+        raise ValueError(f"grpo.beta = {gc.kl.reward} puts a KL to the reference in PPO's reward, but no reference model was given")
     valid = torch.isfinite(ex.rewards)
     mask = rollout.completion_mask * valid[:, None].to(rollout.completion_mask.dtype)
     with torch.no_grad(), amp():
