@@ -45,7 +45,9 @@ def test_the_prefect_journey_runs_as_written_in_the_docs(tmp_path):
     # The page's commands up to and including the one-minute run (the 13-minute demo is not run here).
     lines = start.replace("4300", port).splitlines()
     first_run = next(i for i, line in enumerate(lines) if "configs/minute.yaml" in line)
-    script = "\n".join(["set -euo pipefail", *lines[: first_run + 1], stop])
+    # set -m: job control, as in the terminal the page is written for (a script without it starts
+    # background jobs with SIGINT ignored, and Prefect's worker then never stops on SIGTERM).
+    script = "\n".join(["set -m", "set -euo pipefail", *lines[: first_run + 1], "set +e", stop])
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_"))}
     env["MLFLOW_TRACKING_URI"] = f"sqlite:///{tmp_path}/mlflow.db"
     done = subprocess.run(["bash", "-c", script], cwd=project, env=env, capture_output=True, text=True, timeout=900)
