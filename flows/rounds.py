@@ -30,7 +30,7 @@ from flows.reports import mlflow_link, round_report
 from grpo_core.config import PipelineConfig
 from grpo_core.rewards.gate import gate_grpo
 from grpo_core.stages.inputs import INPUTS, EvalInputs, GRPOInputs, Ref, ReplayInputs, RewardDataInputs
-from grpo_core.tracking import MlflowLogger, experiment_id, finishing, patiently, start_run, unsent_dir
+from grpo_core.tracking import MlflowLogger, experiment_id, finishing, patiently, round_params, start_run, unsent_dir
 from tasks.registry import promote_champion, register_policy, registered_name
 from tasks.stage_tasks import (StageRun, eval_task, grpo_task, orm_task, prm_task, replay_task, reward_data_task,
                                run_stage)
@@ -146,6 +146,7 @@ def rl_round(cfg: PipelineConfig, k: int, data: Ref, sft: Ref, start: RoundStart
         # Where the round's time went: each stage as the flow waited for it, and the model registry.
         summary["profile"] = {s: r.seconds for s, r in results.items()} | {"register": time.perf_counter() - clock}
         tracker = MlflowLogger(uri, run_id, unsent=unsent)
+        tracker.log_params(round_params(gcfg, k))
         tracker.log_metrics(round_metrics(summary))
         tracker.set_tags({"cached_stages": ",".join(cached) or "none", "model_version": summary["model_version"],
                           "quality_gate": "FAILED: " + "; ".join(summary["quality_warnings"])

@@ -391,6 +391,17 @@ def run_params(config: PipelineConfig) -> dict[str, str]:
     return params
 
 
+# The sections that decide what a round does: a round's run carries them, so that MLflow's compare
+# view shows which settings differ between two rounds or two recipes.
+ROUND_SECTIONS = ("grpo.", "reward_data.", "orm.", "prm.", "rounds.")
+
+
+def round_params(config: PipelineConfig, k: int) -> dict[str, str]:
+    """Round ``k``'s run's params: its number and the recipe's round sections as its GRPO ran them
+    (after the reward models' quality gate)."""
+    return {"round": str(k)} | {key: v for key, v in run_params(config).items() if key.startswith(ROUND_SECTIONS)}
+
+
 # MLflow opens an experiment of this kind in its model-training view (runs, charts, the model
 # registry in the sidebar) rather than the GenAI view (traces, judges, prompts).
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}

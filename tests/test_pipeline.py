@@ -231,6 +231,9 @@ def test_pipeline_with_reward_models_and_process_supervision(prefect_harness, tm
     assert {"prompt", "completions", "labels"} <= set(steps["train"].column_names)
 
     round_run = mlflow_client.get_run(manifest["rounds"][0]["mlflow_run_id"])
+    # The settings that decide a round, for MLflow's compare view (two rounds, two recipes).
+    assert round_run.data.params["round"] == "1" and round_run.data.params["grpo.lr"] == str(cfg.grpo.lr)
+    assert "rounds.replay_fraction" in round_run.data.params and "sft.lr" not in round_run.data.params
     children = {r.info.run_name: r for r in mlflow_client.search_runs(
         [round_run.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{round_run.info.run_id}'")}
     assert sorted(children) == [f"round-1/{s}" for s in ("eval", "grpo", "orm", "prm", "replay", "reward_data")]
