@@ -233,8 +233,9 @@ def cmd_rounds(a: argparse.Namespace) -> None:
     _inputs_ready(cfg)
     _tracking_ready(cfg)
     manifest = rl_rounds(str(run_dir), a.rounds)
-    print(json.dumps({"rounds": [{k: r.get(k) for k in ("round", "test_accuracy", "held_out_accuracy", "val_accuracy", "model_version",
-                                                      "cached_stages")} for r in manifest["rounds"]],
+    print(json.dumps({"rounds": [{k: r.get(k) for k in ("round", "test_accuracy", "minus_previous_round", "held_out_accuracy",
+                                                      "val_accuracy", "model_version", "cached_stages")}
+                                 for r in manifest["rounds"]],
                       "champion": manifest["champion"], "mlflow_run_id": manifest["mlflow_run_id"]}, indent=2))
 
 

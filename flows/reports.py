@@ -36,8 +36,11 @@ def mlflow_link(uri: str, exp_id: str, run_id: str) -> str:
 def round_report(summary: dict, champion: dict, link: str) -> str:
     """The round's Prefect artifact: a Markdown table, after a warning for each failed quality gate."""
     g = summary["grpo"]
-    rows = [("test accuracy", f"{summary['test_accuracy']:.4f}"),
-            ("best validation accuracy", f"{summary['val_accuracy']:.4f} (step {g['best_step']})"),
+    rows = [("test accuracy", f"{summary['test_accuracy']:.4f}")]
+    if gain := summary.get("minus_previous_round"):
+        rows.append(("against the previous round (same questions, 95%)",
+                     f"{100 * gain['mean']:+.2f} [{100 * gain['low']:+.2f}, {100 * gain['high']:+.2f}] points"))
+    rows += [("best validation accuracy", f"{summary['val_accuracy']:.4f} (step {g['best_step']})"),
             ("GRPO steps / wall time", f"{g['steps']} / {g['wall_s']} s"),
             ("reward, last 10 steps", f"{g.get('reward_mean', float('nan')):.4f}"),
             ("KL, last 10 steps", f"{g.get('kl', float('nan')):.5f}")]

@@ -46,6 +46,7 @@ class RoundStart(BaseModel):
     buffer: Ref | None = None
     rollouts: Ref | None = None
     versions: list[str] = []
+    previous_answers: str | None = None  # round k-1's per-question test answers (round k against it)
 
 
 def reward_stages(cfg: PipelineConfig, k: int, round_dir: Path, run_dir: Path, data: Ref, sft: Ref,
@@ -81,6 +82,7 @@ def round_summary(k: int, runs: dict[str, StageRun], test: dict) -> dict:
         "round": k,
         "policy": grpo.model, "policy_digest": grpo.digest,
         "test_accuracy": test["accuracy"], "val_accuracy": grpo.best_val_accuracy,
+        "test_per_question": test.get("per_question"),
         "held_out_accuracy": {name: r["accuracy"] for name, r in test.get("held_out", {}).items()},
         "grpo": {"steps": grpo.steps, "wall_s": grpo.wall_s, "train_s": grpo.train_s, "best_step": grpo.best_step,
                  "resumed_from_step": grpo.resumed_from_step, **grpo.last_10_steps},
@@ -93,9 +95,25 @@ def round_summary(k: int, runs: dict[str, StageRun], test: dict) -> dict:
     }
 
 
+def against_previous(previous: str | None, now: str | None) -> dict | None:
+    """Round k's test accuracy minus round k-1's on the same questions, with its 95% interval (None
+    for round 1, whose start, the SFT model, is evaluated at the pipeline's end)."""
+    import json
+
+    from grpo_core.stats import question_interval
+
+    if not previous or not now or not Path(previous).exists():
+        return None
+    return question_interval(json.loads(Path(now).read_text()), json.loads(Path(previous).read_text()))
+
+
 def round_metrics(summary: dict) -> dict[str, float]:
     """Flat metrics of a round for MLflow (``round/...``; ``rm/<kind>/before|after/...``)."""
     out = {"round/test_accuracy": summary["test_accuracy"], "round/val_accuracy": summary["val_accuracy"]}
+    if summary.get("minus_previous_round"):  # round k against round k-1 on the same test questions
+        gain = summary["minus_previous_round"]
+        out |= {"round/minus_previous_round": gain["mean"], "round/minus_previous_round_low": gain["low"],
+                "round/minus_previous_round_high": gain["high"]}
     out.update({f"round/{name}_accuracy": v for name, v in summary.get("held_out_accuracy", {}).items()})
     out.update({f"round/grpo_{k}": v for k, v in summary["grpo"].items() if isinstance(v, (int, float))})
     for kind, rm in summary["reward_models"].items():
@@ -134,6 +152,7 @@ def rl_round(cfg: PipelineConfig, k: int, data: Ref, sft: Ref, start: RoundStart
         results["eval"] = run_stage(eval_task, cfg, str(round_dir / "eval"),
                                     EvalInputs(data=data, models={"policy": grpo.ref}), **common)
         summary = round_summary(k, results, results["eval"].output.results["policy"])
+        summary["minus_previous_round"] = against_previous(start.previous_answers, summary["test_per_question"])
         cached, stages = summary["cached_stages"], summary["stages"]
         summary["quality_warnings"] = gated.failures
         summary["excluded_reward_models"] = gated.excluded
@@ -170,4 +189,5 @@ def next_start(summary: dict, start_versions: list[str]) -> RoundStart:
                       buffer=summary["buffer"] and Ref(path=summary["buffer"]["dir"], digest=summary["buffer"]["digest"]),
                       rollouts=summary["rollouts"] and Ref(path=summary["rollouts"]["dir"],
                                                            digest=summary["rollouts"]["digest"]),
-                      versions=[*start_versions, summary["model_version"]])
+                      versions=[*start_versions, summary["model_version"]],
+                      previous_answers=summary.get("test_per_question"))

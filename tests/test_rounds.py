@@ -64,6 +64,13 @@ def test_three_rounds_chain_policies_reward_models_and_replay(prefect_harness, t
                 assert sum(mix["by_round"].values()) == mix["replay"]
                 assert set(map(int, mix["by_round"])) <= set(range(1, k))
         assert 0.0 <= r["test_accuracy"] <= 1.0 and r["model_version"] == str(k)
+        # Round k against round k-1 on the same test questions, with its interval (none for round 1).
+        gain = r["minus_previous_round"]
+        if k == 1:
+            assert gain is None
+        else:
+            assert gain["mean"] == pytest.approx(r["test_accuracy"] - rounds[k - 2]["test_accuracy"])
+            assert gain["low"] <= gain["mean"] <= gain["high"]
     # Round 2's reward data was sampled from round 1's policy, on other questions than round 1's.
     assert rounds[1]["stages"]["reward_data"]["round"] == 2
     q1 = set(load_from_disk(str(run_dir / "round-1" / "reward_data" / "solutions"))["train"]["prompt"])
