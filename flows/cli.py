@@ -7,12 +7,23 @@ import argparse
 import errno
 import json
 import os
+import signal
 import sys
 import typing
 from pathlib import Path
 
 from flows.variants import PRESETS, VARIANTS
 from grpo_core.env import setup_environment
+
+
+class _Terminated(BaseException):
+    """SIGTERM, raised in the main thread: the process unwinds (Prefect marks the flow run crashed,
+    then hands the signal back to this handler), so that exit handlers run and Prefect's temporary
+    server, a child process, is stopped instead of left running without a parent."""
+
+
+def _terminated(signum, frame) -> None:
+    raise _Terminated
 
 
 def _fail(message: str) -> "None":
@@ -426,6 +437,7 @@ def main(argv: list[str] | None = None) -> None:
 
     args = build_parser().parse_args(argv)
     setup_environment()
+    signal.signal(signal.SIGTERM, _terminated)
     try:
         args.func(args)
     except RunInUse as e:  # run, rounds, compare, study, baseline on a run folder another process writes
@@ -441,10 +453,10 @@ def main(argv: list[str] | None = None) -> None:
         if e.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
         _fail(str(e))
-    except KeyboardInterrupt:  # Ctrl-C: the shell's convention, 128 + SIGINT
-        print("interrupted: nothing finished is lost (finished stages are cached, checkpoints kept); the same "
-              "command resumes", file=sys.stderr)
-        raise SystemExit(130) from None
+    except (KeyboardInterrupt, _Terminated) as e:  # Ctrl-C or SIGTERM: the shell's 128 + the signal
+        print(f"{'interrupted' if isinstance(e, KeyboardInterrupt) else 'terminated'}: nothing finished is lost "
+              "(finished stages are cached, checkpoints kept); the same command resumes", file=sys.stderr)
+        raise SystemExit(130 if isinstance(e, KeyboardInterrupt) else 143) from None
 
 
 if __name__ == "__main__":

@@ -256,3 +256,37 @@ def test_ctrl_c_exits_130_saying_the_same_command_resumes(tmp_path, capsys, monk
     monkeypatch.setattr("flows.cli.cmd_check", interrupted)
     assert _exit_code(["check", str(_jsonl_recipe(tmp_path))]) == 130
     assert "the same command resumes" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_sigterm_stops_a_run_leaving_no_process_and_the_same_command_resumes(tmp_path):
+    """SIGTERM mid-run: exit 143 with one line, Prefect's temporary server (a child) gone, and the same
+    command finishes the run from the cache."""
+    import os
+    import signal
+    import time
+
+    import psutil
+
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_API", "MLFLOW_"))}
+    env |= {"PREFECT_HOME": str(tmp_path / "prefect"), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db"}
+    cmd = [sys.executable, "-m", "flows.cli", "run", str(root / "configs" / "minute.yaml"),
+           "--set", f"output_dir={tmp_path / 'runs'}"]
+    with open(tmp_path / "first.log", "w") as log:
+        run = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
+        children = []
+        for _ in range(240):  # until the flow has its server and a stage has started
+            time.sleep(0.5)
+            children = psutil.Process(run.pid).children(recursive=True)
+            if children and (tmp_path / "runs" / "minute" / "sft").exists():
+                break
+        assert children, "no temporary Prefect server was started"
+        run.send_signal(signal.SIGTERM)
+        assert run.wait(timeout=120) == 143
+    assert (tmp_path / "first.log").read_text().strip().splitlines()[-1].startswith("terminated: nothing finished is lost")
+    time.sleep(2)
+    assert not [c.pid for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+    again = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "data" in json.loads(again.stdout)["cached_stages"]
