@@ -108,13 +108,15 @@ def time_profile(runs: dict[str, StageRun], rounds: list[dict], wall_s: float) -
 
 
 @flow(name="pipeline", flow_run_name=lambda: numbered_run_name(parameter("config").run_name))
-def pipeline(config: PipelineConfig) -> dict:
+def pipeline(config: PipelineConfig, continues: str | None = None) -> dict:
+    """``continues``: the MLflow run of the finished run that ``rl-rounds`` continues (its parent
+    run is then named for the rounds it adds, and tagged with the run it continues)."""
     # One writer per run folder: a second run on it refuses at once, naming the first (tasks/run_lock.py).
     with run_lock(config.run_dir, f"pipeline {config.run_name}", get_run_logger()):
-        return _pipeline(config)
+        return _pipeline(config, continues)
 
 
-def _pipeline(config: PipelineConfig) -> dict:
+def _pipeline(config: PipelineConfig, continues: str | None = None) -> dict:
     log = get_run_logger()
     clock = time.perf_counter()
     process_numerics = numerics()  # warns before any work where MKL ignores the reproducibility setting
@@ -127,8 +129,10 @@ def _pipeline(config: PipelineConfig) -> dict:
     if sent or kept:
         log.info("tracking: sent %d records kept by an earlier run (%d still kept in %s)", sent, kept, unsent)
     exp_id = experiment_id(uri, config.tracking.experiment)
-    parent = start_run(uri, exp_id, config.run_name, tags={"pipeline": "deepseekmath-grpo",
-                                                           "mlflow.note.content": PARENT_NOTE})
+    # A continuation is its own run, named for what it adds (the rounds before it come from the cache).
+    name = config.run_name if continues is None else f"{config.run_name}: to round {config.rounds.count}"
+    parent = start_run(uri, exp_id, name, tags={"pipeline": "deepseekmath-grpo", "mlflow.note.content": PARENT_NOTE,
+                                                **({"continues": continues} if continues else {})})
     common = {"uri": uri, "parent_id": parent}
     with finishing(uri, [parent], unsent):
         tracker = MlflowLogger(uri, parent, unsent=unsent)
@@ -224,9 +228,10 @@ def rl_rounds(run_dir: str = "runs/demo", rounds: Annotated[int, Field(ge=1, le=
     manifest_path = root / "manifest.json"
     if not manifest_path.exists():
         raise FileNotFoundError(f"{manifest_path}: not a finished run; run the pipeline first (grpo-pipeline run ...)")
-    done = len(read_manifest(manifest_path).get("rounds", []))
+    finished = read_manifest(manifest_path)
+    done = len(finished.get("rounds", []))
     cfg = load_config(root / "config.yaml", [f"rounds.count={done + rounds}"])
     if cfg.run_dir.resolve() != root.resolve():
         raise ValueError(f"{root / 'config.yaml'} writes to {cfg.run_dir.resolve()}, not {root.resolve()}: run "
                          f"rl_rounds from the folder the run was started in (output_dir is relative to it)")
-    return pipeline(cfg)
+    return pipeline(cfg, continues=finished.get("mlflow_run_id"))

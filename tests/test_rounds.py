@@ -172,7 +172,9 @@ def test_rl_rounds_continues_a_finished_run(prefect_harness, tmp_path, tiny_cfg,
     assert more["rounds"][0]["model_version"] == first["rounds"][0]["model_version"] == "1"
     assert more["rounds"][1]["model_version"] == "2"
     assert json.loads((run_dir / "manifest.json").read_text())["policy"].endswith("round-2/grpo/model")
-    assert MlflowClient(cfg.tracking.tracking_uri).get_run(more["mlflow_run_id"]).info.status == "FINISHED"
+    run = MlflowClient(cfg.tracking.tracking_uri).get_run(more["mlflow_run_id"])
+    assert run.info.status == "FINISHED"
+    assert run.info.run_name == "more: to round 2" and run.data.tags["continues"] == first["mlflow_run_id"]
 
 
 def test_rl_rounds_needs_a_finished_run(prefect_harness, tmp_path):
