@@ -87,3 +87,13 @@ def test_resuming_an_extended_run_equals_the_straight_run(tmp_path):
     b = again.fit(step)
     assert (a.step, a.epoch, a.row) == (b.step, b.epoch, b.row)
     assert torch.equal(straight.model.weight, again.model.weight)
+
+
+def test_a_progress_line_says_where_a_stage_is_and_how_long_is_left():
+    from grpo_core.training.trainer import Plan, TrainState, progress_line
+
+    st = TrainState(step=120, epoch=1, elapsed=70.0, eval_s=10.0)  # 60 s of training: 2 steps/s
+    assert progress_line("prm", st, Plan(max_steps=400, max_epochs=3), None) == \
+        "[prm] step 120/400, epoch 2/3, 2.00 steps/s, about 2 min left"
+    assert progress_line("grpo", st, Plan(max_steps=400), 80.0) == "[grpo] step 120/400, 2.00 steps/s, about 20 s left"
+    assert progress_line("sft", st, Plan(), None) == "[sft] step 120, 2.00 steps/s"

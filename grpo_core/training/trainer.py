@@ -111,14 +111,34 @@ def find_resume(ckpt_root: Path, identity: dict):
     return latest, state
 
 
+# A long stage is never silent: a line on stdout this often (steps done of the budget, rate, time left).
+PROGRESS_EVERY_S = 30.0
+
+
+def progress_line(stage: str, st: TrainState, plan: Plan, max_seconds: float | None) -> str:
+    """``[prm] step 120/400, epoch 2/3, 2.10 steps/s, about 2 min left``: where a stage is, from its
+    counters (steps across resumes over training seconds) and its budget."""
+    rate = st.step / max(st.train_s, 1e-9)
+    parts = [f"step {st.step}" + (f"/{plan.max_steps}" if plan.max_steps else "")]
+    if plan.max_epochs:
+        parts.append(f"epoch {min(st.epoch + 1, plan.max_epochs)}/{plan.max_epochs}")
+    parts.append(f"{rate:.2f} steps/s")
+    left = ([(plan.max_steps - st.step) / rate] if plan.max_steps and rate > 0 else []) + \
+           ([max_seconds - st.train_s] if max_seconds else [])
+    if left:
+        seconds = max(0.0, min(left))
+        parts.append(f"about {seconds / 60:.0f} min left" if seconds >= 90 else f"about {seconds:.0f} s left")
+    return f"[{stage}] " + ", ".join(parts)
+
+
 class Trainer:
     """Construct with the stage's checkpoint identity; ``resume`` is then the checkpoint folder to
     load the model from (or None). ``start`` builds the optimizer and restores the counters,
     ``fit`` runs the loop, ``publish`` writes ``model/``."""
 
     def __init__(self, cfg, section: str, out_dir: Path, identity: dict, d: Dist, logger) -> None:
-        self.cfg, self.sc, self.out_dir, self.identity, self.d, self.logger = (
-            cfg, getattr(cfg, section), out_dir, identity, d, logger)
+        self.cfg, self.section, self.sc, self.out_dir, self.identity, self.d, self.logger = (
+            cfg, section, getattr(cfg, section), out_dir, identity, d, logger)
         self.root = out_dir / "checkpoints"
         self.resume, self._saved = d.main_first(lambda: find_resume(self.root, identity))
         self.wrapped = None
@@ -175,6 +195,7 @@ class Trainer:
             st.stopped = ""  # resumed with a larger time budget
         if plan.eval_first and st.step == 0 and st.best_acc == -math.inf:
             self._evaluate(evaluate, regular=False)
+        said = time.monotonic()
         while not st.stopped:
             if plan.max_steps is not None and st.step >= plan.max_steps:
                 st.stopped = "steps"
@@ -203,6 +224,9 @@ class Trainer:
                 if sc.max_seconds is not None and st.train_s >= sc.max_seconds:
                     st.stopped = "time"
                 st.stopped = d.broadcast(st.stopped)  # rank 0's clock decides for all
+                if d.main and time.monotonic() - said >= PROGRESS_EVERY_S:
+                    said = time.monotonic()
+                    print(progress_line(self.section, st, plan, sc.max_seconds), flush=True)
             last = bool(st.stopped) or st.step == plan.max_steps or st.epoch == plan.max_epochs
             regular = epoch_end or (metrics is not None and plan.eval_every is not None
                                     and st.step % plan.eval_every == 0)
