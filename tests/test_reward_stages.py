@@ -218,3 +218,14 @@ def test_a_verifier_head_trains_the_models_own_weights(tmp_path, tiny_cfg, tiny_
     assert isinstance(getattr(scorer, kind), VerifierHead)
     scored = scorer(encode(tok, [Q, Q], [RIGHT, WRONG]), ["3", "3"])
     assert scored.outcome.shape == (2,) and bool(torch.isfinite(scored.outcome).all())
+
+
+def test_reward_data_sampling_says_how_far_it_is(monkeypatch, capsys):
+    import grpo_core.stages.reward_data as rd
+
+    monkeypatch.setattr(rd, "PROGRESS_EVERY_S", 0.0)  # a line at every call
+    complete = rd.said_every(lambda prompts: [p + "!" for p in prompts], "reward_data, round 2")
+    assert complete(["a", "b"]) == ["a!", "b!"] and complete(["c"]) == ["c!"]
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(",")[0:2] for line in lines] == [["[reward_data", " round 2] 2 completions sampled"],
+                                                        ["[reward_data", " round 2] 3 completions sampled"]]

@@ -23,6 +23,7 @@ from grpo_core.rewards.labels import Completer, Sampled, label_agreement, outcom
 from grpo_core.data import Example, prompt_text
 from grpo_core.rewards.steps import planted_error
 from grpo_core.stages.common import digest_dir, read_split, round_seed, set_threads, write_manifest
+from grpo_core.training.trainer import PROGRESS_EVERY_S
 from grpo_core.stages.outputs import arrow_digest
 from grpo_core.training.trainer import Stopwatch
 from grpo_core.lm.runtime import place
@@ -116,6 +117,22 @@ def training_extras(rc: RewardDataConfig, examples: list[Example], earlier: list
     return out
 
 
+def said_every(complete, what: str):
+    """``complete`` (prompts -> completions) that prints, every ``PROGRESS_EVERY_S``, how many
+    completions it has sampled and how fast: the stage's sampling (and Monte-Carlo rollouts, whose
+    count depends on the solutions' steps) is never silent for minutes."""
+    done, start, said = [0], time.perf_counter(), [time.perf_counter()]
+
+    def counted(prompts: list[str]) -> list[str]:
+        out = complete(prompts)
+        done[0] += len(prompts)
+        if time.perf_counter() - said[0] >= PROGRESS_EVERY_S:
+            said[0] = time.perf_counter()
+            print(f"[{what}] {done[0]:,} completions sampled, {done[0] / (said[0] - start):.1f}/s", flush=True)
+        return out
+    return counted
+
+
 def run_reward_data(cfg: PipelineConfig, data_dir: Path, policy_dir: str | Path, out_dir: Path,
                     logger: MetricLogger | None = None, round_: int = 1, rollouts: str | Path | None = None) -> dict:
     """Samples of the policy of RL round ``round_`` (the SFT model in round 1) on RL questions drawn
@@ -141,7 +158,7 @@ def run_reward_data(cfg: PipelineConfig, data_dir: Path, policy_dir: str | Path,
     split_of = {"test": rng.sample(heldout_pool, n_test),
                 "train": rng.sample(train_pool, min(len(train_pool), n_questions - n_test))}
     questions = split_of["test"] + split_of["train"]
-    complete = policy_completer(policy, tokenizer, rc, seed)
+    complete = said_every(policy_completer(policy, tokenizer, rc, seed), f"reward_data, round {round_}")
     earlier = (rollout_samples(rollouts, {e.question for e in train_pool}, rc.rollouts, seed)
                if rollouts is not None and rc.rollouts != 0 else [])
     tables: dict[str, dict[str, list[dict]]] = {name: {} for name in DATASETS}
