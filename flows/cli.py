@@ -26,6 +26,18 @@ def _terminated(signum, frame) -> None:
     raise _Terminated
 
 
+def _stage_failed(error: Exception, debug: bool) -> "None":
+    """An error a stage raised during a run: one line naming the stage and its folder, exit 1; any
+    other error, or ``--debug``: raised as it is, with its traceback."""
+    from tasks.stage_tasks import failed_stage
+
+    if debug or failed_stage(error) is None:
+        raise error
+    print(f"error: {failed_stage(error)}. Finished stages are cached and checkpoints kept: fix the cause and run "
+          f"the same command to resume (--debug shows the traceback)", file=sys.stderr)
+    raise SystemExit(1) from None
+
+
 def _fail(message: str) -> "None":
     print(f"error: {message}", file=sys.stderr)
     raise SystemExit(2)
@@ -335,6 +347,7 @@ def build_parser() -> argparse.ArgumentParser:
     from grpo_core.data import HELD_OUT_FORMATS
 
     p = argparse.ArgumentParser(prog="grpo-pipeline", description=__doc__)
+    p.add_argument("--debug", action="store_true", help="a stage that fails shows its traceback")
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="run the pipeline flow on a YAML recipe")
     _recipe_arguments(r)
@@ -451,8 +464,10 @@ def main(argv: list[str] | None = None) -> None:
               f"resumes from its last checkpoint")
     except OSError as e:  # a full disk (checkpoint.DiskFull names the folder and the space needed)
         if e.errno not in (errno.ENOSPC, errno.EDQUOT):
-            raise
+            _stage_failed(e, args.debug)
         _fail(str(e))
+    except Exception as e:  # a stage raised during the run
+        _stage_failed(e, args.debug)
     except (KeyboardInterrupt, _Terminated) as e:  # Ctrl-C or SIGTERM: the shell's 128 + the signal
         print(f"{'interrupted' if isinstance(e, KeyboardInterrupt) else 'terminated'}: nothing finished is lost "
               "(finished stages are cached, checkpoints kept); the same command resumes", file=sys.stderr)

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 from grpo_core.config import PipelineConfig
-from grpo_core.data import DataError, load_held_out, load_jsonl, load_splits
+from grpo_core.data import DataError, load_held_out, load_jsonl
 
 
 def recipe_problems(cfg: PipelineConfig) -> list[str]:
@@ -36,9 +36,11 @@ def _data_problems(cfg: PipelineConfig) -> list[str]:
             load_held_out(h.file, h.format, dc.max_examples, dc.max_chars)
         except DataError as e:
             problems.append(f"{e} (data.held_out.{name})")
-    if not problems:  # the splits as the data stage makes them (worked solutions present, sizes)
+    if not problems:  # the splits as the data stage makes them (worked solutions, shared questions, sizes)
+        from grpo_core.stages.prepare import prepared_splits
+
         try:
-            load_splits(dc, cfg.seed)
+            prepared_splits(cfg)
         except DataError as e:
             problems.append(f"{e} (data)")
     return problems

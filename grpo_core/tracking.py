@@ -479,10 +479,12 @@ def finishing(uri: str, run_ids: list[str], unsent: Path | None = None) -> Itera
     exit, so runs the block starts can join it."""
     try:
         yield
-    except BaseException:
+    except BaseException as error:
         for run_id in run_ids:
             try:  # the block's error is the one to see, not a failure to record it
-                MlflowLogger(uri, run_id, unsent=unsent).terminate("FAILED")
+                logger = MlflowLogger(uri, run_id, unsent=unsent)
+                logger.set_tags({"error": f"{type(error).__name__}: {error}"[:5000]})
+                logger.terminate("FAILED")
             except Exception as e:
                 log.warning("could not mark MLflow run %s FAILED: %s", run_id, e)
         raise

@@ -114,7 +114,22 @@ def run_stage(stage_task, cfg: PipelineConfig, out_dir: str, inputs: StageInputs
         log.warning("%s: %s: running the stage again (from its last complete checkpoint, if any)", stage_task.name, why)
     state = stage_task.with_options(refresh_cache=why is not None)(
         cfg=cfg, out_dir=out_dir, inputs=inputs, uri=uri, parent_id=parent_id, return_state=True)
-    return StageRun(type(inputs).output.model_validate(state.result()), state.name == "Cached", time.perf_counter() - start)
+    try:
+        result = state.result()
+    except Exception as e:  # the same error, marked with the stage that raised it (``failed_stage``)
+        e.failed_stage = (stage_task.name, str(out_dir))
+        raise
+    return StageRun(type(inputs).output.model_validate(result), state.name == "Cached", time.perf_counter() - start)
+
+
+def failed_stage(error: BaseException) -> str | None:
+    """One line for an error a stage raised during a run (None for any other): the stage, its folder
+    and the error's first line."""
+    stage = getattr(error, "failed_stage", None)
+    if stage is None:
+        return None
+    first = (str(error).strip().splitlines() or [""])[0][:500]
+    return f"stage {stage[0]} failed: {type(error).__name__}: {first} (its folder: {stage[1]})"
 
 
 def trusted(manifest_path: Path, key: str, output: type[StageOutput]) -> str | None:

@@ -35,7 +35,9 @@ def _jsonl(path: Path, rows: list[dict]) -> Path:
 def _jsonl_recipe(tmp_path: Path, **files: str) -> Path:
     """A recipe reading JSONL files (``files``: data keys -> paths), the good questions by default."""
     good = str(_jsonl(tmp_path / "good.jsonl", QUESTIONS * 4))
-    data = {"sft_file": good, "rl_file": good, "test_file": good} | files
+    rl, test = ([{"question": f"What is {i} + {n}?", "answer": f"#### {i + n}"} for i in range(12)] for n in (1, 2))
+    data = {"sft_file": good, "rl_file": str(_jsonl(tmp_path / "rl.jsonl", rl)),
+            "test_file": str(_jsonl(tmp_path / "test.jsonl", test))} | files
     lines = "".join(f"  {k}: {v}\n" for k, v in data.items())
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(f"output_dir: {tmp_path / 'runs'}\ndata:\n  source: jsonl\n{lines}", encoding="utf-8")
@@ -290,3 +292,41 @@ def test_sigterm_stops_a_run_leaving_no_process_and_the_same_command_resumes(tmp
     again = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-2000:]
     assert "data" in json.loads(again.stdout)["cached_stages"]
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_a_stage_that_fails_mid_run_is_one_line_naming_it(prefect_harness, tmp_path, capsys, monkeypatch, debug):
+    """Exit 1 with the stage, its folder and the cause's first line (--debug: the error itself); the
+    stage's MLflow run ends FAILED with the error as a tag."""
+    from mlflow.tracking import MlflowClient
+
+    import grpo_core.stages.sft as sft
+
+    def nan(*args, **kwargs):
+        raise FloatingPointError("the loss is NaN at step 3\n(a second line of detail)")
+
+    monkeypatch.setattr(sft, "run_sft", nan)
+    recipe = _jsonl_recipe(tmp_path)
+    db = f"sqlite:///{tmp_path}/mlflow.db"
+    argv = ["--debug"] * debug + ["run", str(recipe), "--set", f"tracking.tracking_uri={db}"]
+    if debug:
+        with pytest.raises(FloatingPointError, match="NaN at step 3"):
+            main(argv)
+    else:
+        assert _exit_code(argv) == 1
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert err.startswith("error: stage sft failed: FloatingPointError: the loss is NaN at step 3 (its folder: ")
+        assert "run the same command to resume" in err and "second line" not in err
+    client = MlflowClient(db)
+    [sft_run] = client.search_runs([client.get_experiment_by_name("grpo-pipeline").experiment_id],
+                                   filter_string="attributes.run_name = 'sft'")
+    assert sft_run.info.status == "FAILED" and "NaN at step 3" in sft_run.data.tags["error"]
+
+
+def test_check_runs_the_data_stage_logic_without_writing(tmp_path, capsys):
+    """A training split left empty once the test questions are removed from it: found by `check`,
+    as the data stage would find it minutes later."""
+    same = str(_jsonl(tmp_path / "same.jsonl", QUESTIONS))
+    assert _exit_code(["check", str(_jsonl_recipe(tmp_path, sft_file=same, test_file=same))]) == 2
+    assert capsys.readouterr().err.strip() == ("error: split 'sft' is empty after removing questions shared with "
+                                               "val/test/held-out sets (data)")

@@ -11,7 +11,10 @@ from grpo_core.data import SPLITS, DataError, load_held_out, load_splits, write_
 from grpo_core.stages.common import splits_digest, write_manifest
 
 
-def run_prepare(cfg: PipelineConfig, out_dir: Path) -> dict:
+def prepared_splits(cfg: PipelineConfig) -> tuple[dict[str, list], dict[str, list]]:
+    """The splits and held-out sets the data stage writes (everything but the writing; what
+    ``grpo-pipeline check`` runs too): questions shared between splits refused (generated data) or
+    dropped from the training splits (real data), and an error when a training split is left empty."""
     splits = load_splits(cfg.data, cfg.seed)
     seen: dict[str, str] = {}
     for split in SPLITS:
@@ -28,6 +31,11 @@ def run_prepare(cfg: PipelineConfig, out_dir: Path) -> dict:
         splits[split] = [e for e in splits[split] if e.question not in tested]
         if not splits[split]:
             raise DataError(f"split {split!r} is empty after removing questions shared with val/test/held-out sets")
+    return splits, held_out
+
+
+def run_prepare(cfg: PipelineConfig, out_dir: Path) -> dict:
+    splits, held_out = prepared_splits(cfg)
     for split in SPLITS:
         write_jsonl(splits[split], out_dir / f"{split}.jsonl")
     shutil.rmtree(out_dir / "held_out", ignore_errors=True)  # a set an earlier recipe named is not evaluated
