@@ -18,32 +18,31 @@ def recipe_problems(cfg: PipelineConfig) -> list[str]:
     return _data_problems(cfg) + _model_problems(cfg) + _output_problems(cfg)
 
 
+def _found(check, key: str, errors: type[Exception] | tuple[type[Exception], ...]) -> list[str]:
+    """``check()``'s error as one problem naming the recipe ``key`` (none when it passes)."""
+    try:
+        check()
+    except errors as e:
+        return [f"{e} ({key})"]
+    return []
+
+
 def _data_problems(cfg: PipelineConfig) -> list[str]:
+    from grpo_core.stages.prepare import prepared_splits
+
     dc, problems = cfg.data, []
     files = {f"data.{k}": getattr(dc, k) for k in ("sft_file", "rl_file", "val_file", "test_file")
              if dc.source == "jsonl" and getattr(dc, k)}
-    seen: set[str] = set()
-    for key, name in files.items():  # each file once, its first problem (the loaders stop there)
-        if name in seen:
-            continue
-        seen.add(name)
-        try:
-            load_jsonl(name, dc.max_examples, dc.max_chars)
-        except DataError as e:
-            problems.append(f"{e} ({key})")
+    first_key: dict[str, str] = {}  # each file once, under the first key that names it
+    for key, name in files.items():
+        first_key.setdefault(name, key)
+    for name, key in first_key.items():
+        problems += _found(lambda: load_jsonl(name, dc.max_examples, dc.max_chars), key, DataError)
     for name, h in dc.held_out.items():
-        try:
-            load_held_out(h.file, h.format, dc.max_examples, dc.max_chars)
-        except DataError as e:
-            problems.append(f"{e} (data.held_out.{name})")
-    if not problems:  # the splits as the data stage makes them (worked solutions, shared questions, sizes)
-        from grpo_core.stages.prepare import prepared_splits
-
-        try:
-            prepared_splits(cfg)
-        except DataError as e:
-            problems.append(f"{e} (data)")
-    return problems
+        problems += _found(lambda: load_held_out(h.file, h.format, dc.max_examples, dc.max_chars),
+                           f"data.held_out.{name}", DataError)
+    # The splits as the data stage makes them (worked solutions, shared questions, sizes).
+    return problems or _found(lambda: prepared_splits(cfg), "data", DataError)
 
 
 def _model_problems(cfg: PipelineConfig) -> list[str]:
@@ -52,13 +51,7 @@ def _model_problems(cfg: PipelineConfig) -> list[str]:
     folders = {"model.path": cfg.model.path} if cfg.model.init == "pretrained" else {}
     folders |= {f"{kind}.init": getattr(cfg, kind).init for kind in ("orm", "prm")
                 if getattr(cfg, kind).train and getattr(cfg, kind).init not in ("sft", "tiny")}
-    problems = []
-    for key, path in folders.items():
-        try:
-            check_model_folder(path)
-        except ModelError as e:
-            problems.append(f"{e} ({key})")
-    return problems
+    return [p for key, path in folders.items() for p in _found(lambda: check_model_folder(path), key, ModelError)]
 
 
 def _output_problems(cfg: PipelineConfig) -> list[str]:
