@@ -116,11 +116,28 @@ def pipeline(config: PipelineConfig, continues: str | None = None) -> dict:
         return _pipeline(config, continues)
 
 
+def made_elsewhere(run_dir: Path) -> Path | None:
+    """Where a finished run folder was made, when that is not where it is now (a copied or moved
+    project); None otherwise. Its stages' cache keys and manifests hold absolute paths, so a moved
+    run computes its stages again instead of reusing them."""
+    path = run_dir / "manifest.json"
+    if not path.exists():
+        return None
+    try:
+        made = Path(read_manifest(path)["data_dir"]).parent
+    except (ValueError, KeyError, TypeError):
+        return None
+    return None if made == run_dir.resolve() else made
+
+
 def _pipeline(config: PipelineConfig, continues: str | None = None) -> dict:
     log = get_run_logger()
     clock = time.perf_counter()
     process_numerics = numerics()  # warns before any work where MKL ignores the reproducibility setting
     run_dir = config.run_dir.resolve()
+    if (made := made_elsewhere(run_dir)) is not None:
+        log.warning("%s was made at %s: its stages are computed again here, not reused (stage cache keys and "
+                    "manifests hold absolute paths); run from the original folder to reuse them", run_dir, made)
     run_dir.mkdir(parents=True, exist_ok=True)
     uri = tracking_uri(config)
     check_tracking(uri)  # an unreachable server fails here, not at the first stage's first metric

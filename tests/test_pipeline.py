@@ -325,3 +325,18 @@ def test_compare_flow_reuses_the_runs_grpo_and_tabulates(prefect_harness, tmp_pa
         [mlflow_client.get_run(manifest["mlflow_run_id"]).info.experiment_id],
         filter_string="tags.mlflow.runName = 'compare-cmp'")[0]
     assert compare_run.data.metrics["compare/sft/test_accuracy_mean"] == sft_acc
+
+
+def test_a_run_folder_made_elsewhere_is_named(tmp_path):
+    """A copied or moved run folder is computed again (absolute paths in its keys): the flow says so."""
+    import json
+
+    from flows.pipeline import made_elsewhere
+
+    run = tmp_path / "copy" / "runs" / "demo"
+    run.mkdir(parents=True)
+    assert made_elsewhere(run) is None  # no finished run here
+    (run / "manifest.json").write_text(json.dumps({"data_dir": str(tmp_path / "original" / "runs" / "demo" / "data")}))
+    assert made_elsewhere(run) == tmp_path / "original" / "runs" / "demo"
+    (run / "manifest.json").write_text(json.dumps({"data_dir": str(run / "data")}))
+    assert made_elsewhere(run) is None
