@@ -1,6 +1,8 @@
 """The decode loop on a GPU: the eager loop (``decode``), the same step with static shapes, and that
 step replayed as a CUDA graph (``decode.StaticStep``), on randomly initialised Llamas of the demo's
-shape and SmolLM2-135M's (no files needed), in fp32 and under bf16 autocast. Rows x new tokens as a
+shape and SmolLM2-135M's (no files needed), in fp32, under bf16 autocast, and with bf16 weights (a
+bf16 copy of the model, no autocast: what sampling from a bf16 rollout copy would cost; autocast
+casts every weight at every step). Rows x new tokens as a
 GRPO rollout; every row runs to the end (no EOS). Prints one JSON object: median seconds per
 rollout, tokens per second, and whether each path chose the same greedy tokens as the eager loop.
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import json
 import statistics
 import time
@@ -61,9 +64,10 @@ def main() -> None:
         mask = torch.ones_like(ids)
         for r in range(min(8, a.rows)):  # some left padding, as a batch of different prompts has
             mask[r, : r + 1] = 0
-        for precision in ("fp32", "bf16"):
+        for precision in ("fp32", "bf16", "bf16-weights"):
             amp = (torch.autocast(a.device, dtype=torch.bfloat16) if precision == "bf16"
                    else contextlib.nullcontext())
+            net = copy.deepcopy(model).to(torch.bfloat16) if precision == "bf16-weights" else model
             runs = {}
             for path, kw in paths.items():
                 # Compiled once per model and precision (dynamo's guards): its cost is in the first call.
@@ -73,7 +77,7 @@ def main() -> None:
                     sync()
                     t0 = time.perf_counter()
                     with amp:
-                        out = decode(model, ids, mask, max_new_tokens=a.new, eos_id=-1, pad_id=0,
+                        out = decode(net, ids, mask, max_new_tokens=a.new, eos_id=-1, pad_id=0,
                                      choose=lambda s: s, **kw)
                     sync()
                     times.append(time.perf_counter() - t0)

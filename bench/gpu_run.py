@@ -8,7 +8,8 @@ is SmolLM2's short run on a CPU (docs/recipes.md).
 
 a  our GRPO step against TRL's ``GRPOTrainer`` on the same work, and PPO's memory beside it
    (``bench/grpo_step.py --compare``: step time, tokens/s, MFU against the bf16 matmul rate measured
-   in the same run, peak memory)
+   in the same run, peak memory); then sampling with bf16 weights against bf16 autocast and fp32, on
+   SmolLM2's shape, eager, static and as CUDA graphs (``bench/cuda_decode.py``)
 b  SFT on GSM8K's training solutions
 c  GRPO from the SFT model with the answer checker at the sparse-reward settings (dynamic sampling)
 d  evaluation of every model b, c and e made on all 1,319 GSM8K test and 1,000 SVAMP questions, each
@@ -41,7 +42,7 @@ PHASES = "abcde"
 # 500 steps took 114 s; a GRPO step of 8 x 16 x 256 took ~11 s with the eager decode (3.6-4.8x
 # faster sampling since, as CUDA graphs); one model's GSM8K evaluation 63 s eagerly. Phase e takes
 # what is left; its full sizes need a window of their own (``--phases b,e,d``).
-BUDGET_S = {"a": 90, "b": 100, "c": 150, "d": 120, "e": 600}
+BUDGET_S = {"a": 110, "b": 100, "c": 130, "d": 120, "e": 600}
 # A phase with fewer seconds left is skipped: evaluation and the reward data have no time limit of
 # their own, so they start only where they can end inside the call.
 MIN_S = {"a": 30, "b": 30, "c": 30, "d": 60, "e": 240}
@@ -59,6 +60,7 @@ SIZES = {
         "e": ["reward_data.questions=64", "reward_data.samples_per_question=8", "reward_data.mc_rollouts=4",
               "reward_data.max_new_tokens=256", "prm.epochs=1", "launch.gradient_checkpointing=true"],
         "step": ["--device", "cuda", "--precision", "bf16", "--only", "ours,trl,ppo", "--rounds", "1", "--steps", "6"],
+        "decode": ["--shapes", "smollm2-135m", "--rows", "64", "--new", "32", "--repeat", "2"],
     },
     # SmolLM2 on this CPU: a short SFT and GRPO, the first 200 test questions (docs/recipes.md).
     "cpu": {
@@ -71,6 +73,7 @@ SIZES = {
               "reward_data.max_new_tokens=128", "prm.epochs=1", "grpo.steps=5", "grpo.questions_per_step=4",
               "grpo.group_size=4", "grpo.max_new_tokens=128"],
         "step": ["--device", "cpu", "--only", "ours", "--rounds", "1", "--steps", "3", "--warmup", "1"],
+        "decode": ["--device", "cpu", "--shapes", "demo", "--rows", "8", "--new", "8", "--repeat", "1"],
     },
     "tiny": {
         "all": ["launch.device=cpu", "threads=2", "data.max_examples=24", "sft.eval_every=100000",
@@ -84,6 +87,7 @@ SIZES = {
               "prm.epochs=1", "prm.batch_size=4", "grpo.steps=1", "grpo.questions_per_step=2", "grpo.group_size=2",
               "grpo.max_new_tokens=8"],
         "step": ["--device", "cpu", "--only", "ours,ppo", "--rounds", "1", "--steps", "2", "--warmup", "1"],
+        "decode": ["--device", "cpu", "--shapes", "demo", "--rows", "4", "--new", "4", "--repeat", "1"],
     },
 }
 
@@ -136,14 +140,13 @@ def _stage(inputs, cfg, out_dir: Path):
     return inputs.output.model_validate(manifest)
 
 
-def phase_a(run: Run, seconds: float) -> dict:
-    """The GRPO step against TRL's and PPO's (its own processes, killed at ``seconds``)."""
+def _bench(cmd: list[str], seconds: float) -> dict:
+    """A bench script's last JSON line, the script run in a session of its own and killed with its
+    workers at ``seconds``; a timeout keeps the workers that finished (``grpo_step.alternate`` prints
+    each as it ends)."""
     import os
     import signal
 
-    cmd = [sys.executable, str(ROOT / "bench" / "grpo_step.py"), "--compare", "--json", "--model", str(run.model),
-           "--prompts", str(_gsm8k("test")), *run.sizes["step"]]
-    # A session of its own, so that a timeout ends the bench's worker processes too (and frees the GPU).
     bench = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
                              start_new_session=True)
     try:
@@ -151,12 +154,28 @@ def phase_a(run: Run, seconds: float) -> dict:
     except subprocess.TimeoutExpired:
         os.killpg(bench.pid, signal.SIGKILL)
         stdout, stderr = bench.communicate()
-        # Each worker's result as it ended (grpo_step.alternate prints them): what finished comes back.
         done = [json.loads(line) for line in stderr.splitlines() if line.startswith('{"worker"')]
-        raise TimeoutError(f"grpo_step.py ran past {seconds:.0f} s; finished workers: {json.dumps(done)}") from None
+        raise TimeoutError(f"{Path(cmd[1]).name} ran past {seconds:.0f} s; finished workers: {json.dumps(done)}") from None
     if bench.returncode:
-        raise RuntimeError(f"grpo_step.py exited {bench.returncode}: {stderr[-2000:]}")
+        raise RuntimeError(f"{Path(cmd[1]).name} exited {bench.returncode}: {stderr[-2000:]}")
     return {"command": " ".join(cmd[1:]), "result": json.loads(stdout.strip().splitlines()[-1])}
+
+
+def phase_a(run: Run, seconds: float) -> dict:
+    """The GRPO step against TRL's and PPO's, then sampling with bf16 weights against autocast (each
+    bench in its own processes, killed at its share of ``seconds``)."""
+    step = [sys.executable, str(ROOT / "bench" / "grpo_step.py"), "--compare", "--json", "--model", str(run.model),
+            "--prompts", str(_gsm8k("test")), *run.sizes["step"]]
+    decode = [sys.executable, str(ROOT / "bench" / "cuda_decode.py"), *run.sizes["decode"]]
+    out: dict = {}
+    for name, cmd, share in (("step", step, 0.75), ("decode", decode, 0.25)):
+        try:
+            out[name] = _bench(cmd, seconds * share)
+        except (TimeoutError, RuntimeError) as e:
+            out[name] = {"error": str(e)[-3000:]}
+    if all("error" in v for v in out.values()):
+        raise RuntimeError(f"both benches failed: {out}")
+    return out
 
 
 def phase_b(run: Run, seconds: float) -> dict:

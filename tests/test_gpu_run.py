@@ -35,9 +35,12 @@ def test_the_gpu_command_runs_every_phase_with_tiny_sizes(tiny_model_dir, tmp_pa
                          "--base"]) == 0
     setup = _phase(out, "setup")
     assert setup["environment"]["torch"] and setup["phases"] == "a,b,c,d,e"
-    a = _phase(out, "a")["result"]["result"]
+    a = _phase(out, "a")["result"]["step"]["result"]
     assert {"ours", "ppo", "memory_ppo_over_grpo"} <= set(a) and a["ours"]["median_step_s"] > 0
     assert a["ours"]["completion_tokens_per_s"] > 0 and "mfu" in a["ours"]
+    decode = _phase(out, "a")["result"]["decode"]["result"]["models"]
+    assert set(decode) == {"demo/fp32", "demo/bf16", "demo/bf16-weights"}  # sampling: bf16 weights vs autocast
+    assert all(run["median_s"] > 0 for runs in decode.values() for run in runs.values())
     b = _phase(out, "b")["result"]
     assert b["stage"] == "sft" and b["steps"] == 2 and Path(b["model"]).is_dir()
     c = _phase(out, "c")["result"]
