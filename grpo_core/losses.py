@@ -70,7 +70,7 @@ def grpo_loss(
     *,
     clip_eps: float = 0.2,
     clip_eps_high: float | None = None,
-    beta: float,
+    beta: float = 0.04,
     agg: Aggregation = "seq-mean-token-mean",
     batch: BatchSize | None = None,
     weights: torch.Tensor | None = None,
