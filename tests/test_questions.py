@@ -47,7 +47,7 @@ def fake_group(questions: list[Example], g: int = 2) -> Exploration:
     width = 1 + n  # rollouts of another width each call: fill joins them
     rollout = Rollout(torch.arange(n * g * (1 + width)).view(n * g, 1 + width), torch.ones(n * g, 1 + width, dtype=torch.long),
                       torch.ones(n * g, width), 1, [q.question for q in questions for _ in range(g)], torch.zeros(n * g, dtype=torch.bool))
-    return Exploration(questions, rollout, Scored(rewards, rewards, "outcome", stats={"reward/x": 1.0}), rewards, 0.0)
+    return Exploration(questions, rollout, Scored(rewards, rewards, "outcome", stats={"reward/x": 1.0}), 0.0)
 
 
 def spread_of(ex: Exploration) -> torch.Tensor:

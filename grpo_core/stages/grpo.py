@@ -4,8 +4,9 @@ Each step (``rl_step``): rollout (B questions x G samples from pi_old) -> score 
 PRM) -> advantages (the algorithm's estimator, registered in ``rl.ADVANTAGES``: group z-score or
 process credit for GRPO, 1[correct] for RFT and online RFT in ``rl.py``, GAE for PPO in ``ppo.py``)
 -> update (mu passes of the clipped objective, with the k3 KL to the frozen reference where the
-algorithm has it in the loss) -> PPO's value model on its GAE returns -> metrics. Which model samples, which estimator, where ``grpo.beta`` goes and which models are
-loaded all come from the algorithm's row of ``algorithms.ALGORITHMS``. ``run_grpo`` runs the step
+algorithm has it in the loss) -> PPO's value model on its GAE returns -> metrics. Which model
+samples, which estimator, where ``grpo.beta`` goes and which models are loaded all come from the
+algorithm's row of ``algorithms.ALGORITHMS``. ``run_grpo`` runs the step
 on the shared training loop (``trainer.py``: log, validate with keep-best, checkpoint, resume).
 """
 from __future__ import annotations

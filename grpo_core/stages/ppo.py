@@ -45,8 +45,9 @@ def state_values(value_model, rollout: Rollout) -> torch.Tensor:
 def gae_advantages(ex: Exploration, models: Models, gc: GRPOConfig, amp=contextlib.nullcontext) -> Advantages:
     """PPO's estimator (``ADVANTAGES["gae"]``): per-token KL-penalised rewards, the value model's
     estimates, GAE, whitened; the value model's mu passes of the clipped value loss come after the
-    policy's update (``value_updates``, on the returned ``ValueTargets``). A completion without a finite reward is left out of both
-    losses. Metrics: ``train/kl``, ``train/value_mean``, ``train/return_mean`` and the value loss's."""
+    policy's update (``value_updates``, on the returned ``ValueTargets``). A completion without a
+    finite reward is left out of both losses. Metrics: ``train/kl``, ``train/value_mean``,
+    ``train/return_mean`` and the value loss's."""
     pc, rollout = gc.ppo, ex.rollout
     if gc.kl.reward > 0 and models.ref is None:
         raise ValueError(f"grpo.beta = {gc.kl.reward} puts a KL to the reference in PPO's reward, but no reference model was given")

@@ -79,27 +79,29 @@ def row_temperatures(gc: GRPOConfig, n_questions: int) -> list[float]:
 
 class Exploration(NamedTuple):
     """A step's samples, scored: this process's share of the questions (N), the rollout of their
-    groups (N x G rows, a group's rows consecutive), the scores, one reward per completion [N x G]
-    (NaN where none could be given) and when sampling ended."""
+    groups (N x G rows, a group's rows consecutive), the scores and when sampling ended."""
 
     questions: list[Example]
     rollout: Rollout
     scored: Scored
-    rewards: torch.Tensor
     sampled_at: float
+
+    @property
+    def rewards(self) -> torch.Tensor:
+        """[N x G] each solution's weighted reward (NaN where none could be given), either supervision."""
+        return self.scored.outcome
 
     def groups(self, index: list[int], g: int) -> "Exploration":
         """Groups ``index`` (of the N, each G rows), in that order: len(index) x G rows."""
         rows = torch.tensor([i * g + j for i in index for j in range(g)], dtype=torch.long)
         return Exploration([self.questions[i] for i in index], self.rollout.select(rows), self.scored.select(rows),
-                           self.rewards[rows], self.sampled_at)
+                           self.sampled_at)
 
     @staticmethod
     def cat(parts: list["Exploration"], pad_id: int) -> "Exploration":
         """The groups of ``parts`` in order, as one batch (reward statistics: the first part's)."""
         return Exploration([q for p in parts for q in p.questions], Rollout.cat([p.rollout for p in parts], pad_id),
-                           Scored.cat([p.scored for p in parts]), torch.cat([p.rewards for p in parts]),
-                           max(p.sampled_at for p in parts))
+                           Scored.cat([p.scored for p in parts]), max(p.sampled_at for p in parts))
 
     def checked(self) -> list[dict]:
         """Every completion with its question and the answer checker's verdict (the rollout log's rows)."""
@@ -148,7 +150,7 @@ def sample_groups(policy, tokenizer, questions: list[Example], slots: list[int],
                            row_ids=[i * g + j for i in slots for j in range(g)])
     sampled_at = time.perf_counter()
     scored = scorer(rollout, [q.gold for q in questions for _ in range(g)])
-    return Exploration(questions, rollout, scored, scored.outcome, sampled_at)
+    return Exploration(questions, rollout, scored, sampled_at)
 
 
 def explore(policy, tokenizer, questions: list[Example], gc: GRPOConfig, seed: int, scorer: RewardScorer,
