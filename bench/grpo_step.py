@@ -93,6 +93,7 @@ def run_ours(model_dir: str, prompts: str, steps: int, threads: int, device: str
     from grpo_core.config import GRPOConfig
     from grpo_core.data import Example
     from grpo_core.lm.modeling import load_model
+    from grpo_core.rewards.scorer import RewardScorer
     from grpo_core.stages.grpo import rl_step
     from grpo_core.stages.rl import Models
 
@@ -106,6 +107,7 @@ def run_ours(model_dir: str, prompts: str, steps: int, threads: int, device: str
     amp = _amp(device, precision)
     value = _ValueModel(model_dir, device, amp) if value_model else None
     gc = GRPOConfig(questions_per_step=PROMPTS, group_size=GROUP, max_new_tokens=MAX_NEW, beta=BETA, lr=LR)
+    scorer = RewardScorer.for_recipe(gc, tok)  # the answer checker
     times, tokens, parts = [], [], []
     # Our step formats questions itself, so the prompt text is passed as a question whose prompt
     # wrapper is the identity: Example(question=prompt) with prompt_text patched out.
@@ -118,7 +120,7 @@ def run_ours(model_dir: str, prompts: str, steps: int, threads: int, device: str
     for s, batch in enumerate(_batches(_questions(prompts), steps)):
         questions = [Example(question=p, gold=gold) for p, gold in batch]
         t0 = time.perf_counter()
-        m = rl_step(Models(policy, ref), tok, opt, questions, gc, seed=s, amp=amp)
+        m = rl_step(Models(policy, ref), tok, opt, questions, gc, s, scorer, amp=amp)
         if value is not None:
             value.step(rollouts[-1], [gold for _, gold in batch for _ in range(GROUP)])
         if device == "cuda":

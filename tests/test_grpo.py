@@ -19,6 +19,7 @@ from grpo_core.training.checkpoint import latest_checkpoint, load_state
 from grpo_core.losses import aggregate, kl_k3
 from grpo_core.lm.modeling import load_model
 from grpo_core.lm.policy import token_logprobs
+from grpo_core.rewards.scorer import RewardScorer
 from grpo_core.stages.common import read_split
 from grpo_core.stages.grpo import rl_step, run_grpo
 from grpo_core.stages.rl import Models
@@ -216,7 +217,7 @@ def test_zero_spread_groups_leave_params_unchanged_without_kl(tmp_path, tiny_cfg
                                                       grpo__beta=0.0, grpo__inner_updates=2)
     policy.train()
     before = {k: v.clone() for k, v in policy.state_dict().items()}
-    m = rl_step(Models(policy, None), tok, opt, questions, cfg.grpo, seed=1)
+    m = rl_step(Models(policy, None), tok, opt, questions, cfg.grpo, 1, RewardScorer.for_recipe(cfg.grpo, tok))
     assert m["train/frac_reward_zero_std"] == 1.0 and m["train/reward_std"] == 0.0
     assert m["train/reward_mean"] == value
     assert m["train/loss"] == 0.0 and m["train/pg_loss"] == 0.0 and m["train/grad_norm"] == 0.0
@@ -246,7 +247,7 @@ def test_zero_spread_groups_only_kl_gradient(tmp_path, tiny_cfg, tiny_data_dir, 
             p.add_(torch.randn(p.shape, generator=g) * 0.05)
     policy.train()
     start = copy.deepcopy(policy)
-    m = rl_step(Models(policy, ref), tok, opt, questions, cfg.grpo, seed=1)
+    m = rl_step(Models(policy, ref), tok, opt, questions, cfg.grpo, 1, RewardScorer.for_recipe(cfg.grpo, tok))
     assert m["train/frac_reward_zero_std"] == 1.0 and m["train/pg_loss"] == 0.0
     assert m["train/kl"] > 0
     # token-mean: the loss is beta times the token-mean KL the step reports.

@@ -143,7 +143,7 @@ def test_dynamic_sampling_fills_the_step_with_groups_that_carry_a_gradient(tmp_p
     sampler = QuestionSampler(read_split(tiny_data_dir, "rl"), 0)
     questions = sampler.step(0, 4)
     assert any(int(q.gold) % 2 for q in questions), "the test needs a question without spread"
-    m = rl_step(Models(policy), tok, opt, questions, cfg.grpo, seed=7, redraw=lambda slot, k: sampler.redraw(0, slot, k))
+    m = rl_step(Models(policy), tok, opt, questions, cfg.grpo, 7, RewardScorer.for_recipe(cfg.grpo, tok), redraw=lambda slot, k: sampler.redraw(0, slot, k))
     odd = sum(int(q.gold) % 2 for q in questions)
     assert m["train/frac_reward_zero_std"] >= odd / 4  # before the filter
     assert m["train/frac_batch_zero_std"] == 0.0  # after it: every place found a group with spread

@@ -152,6 +152,12 @@ def token_scores(model, rollout: Rollout) -> torch.Tensor:
     return head(rollout.input_ids, rollout.attention_mask, rollout.prompt_len).to(rollout.input_ids.device)
 
 
+def state_values(model, rollout: Rollout) -> torch.Tensor:
+    """[B, T] a value model's estimate of the state in which each completion token was chosen: the
+    score head read at the position before the token (the last prompt token for the first)."""
+    return ScoreHead(model)(rollout.input_ids, rollout.attention_mask, rollout.prompt_len - 1)[:, :-1]
+
+
 def last_token_index(completion_mask: torch.Tensor) -> torch.Tensor:
     """[B] index of the last real completion token (0 for an empty row)."""
     return (completion_mask.sum(dim=1).long() - 1).clamp(min=0)

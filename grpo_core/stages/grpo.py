@@ -38,12 +38,12 @@ from grpo_core.tracking import MetricLogger, NullLogger
 
 
 def rl_step(models: Models, tokenizer, opt, questions: list[Example], gc: GRPOConfig, seed: int,
-            scorer: RewardScorer | None = None, d: Dist = SINGLE, trained=None,
+            scorer: RewardScorer, d: Dist = SINGLE, trained=None,
             amp=contextlib.nullcontext, record: list[dict] | None = None,
             redraw: Callable[[int, int], Example] | None = None) -> dict[str, float]:
     """One exploration stage and its mu updates on the step's ``questions`` (the global batch) by
-    ``grpo.algorithm``'s row of ``ALGORITHMS``; returns the step's metrics. ``scorer``: the reward (default:
-    the recipe's, ``RewardScorer.for_recipe``, which needs no reward model only where the recipe weighs none).
+    ``grpo.algorithm``'s row of ``ALGORITHMS``; returns the step's metrics. ``scorer``: the reward
+    (the recipe's: ``RewardScorer.for_recipe``).
 
     Under torchrun each process samples, scores and trains on a contiguous share of the questions,
     whole groups, so advantages need no communication; the loss is normalised by the global batch
@@ -53,7 +53,6 @@ def rl_step(models: Models, tokenizer, opt, questions: list[Example], gc: GRPOCo
     completions are appended to it (reward-model data for the next round). ``redraw(slot, k)``:
     the question of a slot's k-th redraw (``grpo.redraws`` > 0: dynamic sampling)."""
     alg = ALGORITHMS[gc.algorithm]
-    scorer = scorer or RewardScorer.for_recipe(gc, tokenizer)  # the recipe's reward (an error if it needs models)
     sampler = models.ref if alg.samples == "reference" else models.policy
     clock = [time.perf_counter()]
 
@@ -61,13 +60,14 @@ def rl_step(models: Models, tokenizer, opt, questions: list[Example], gc: GRPOCo
     # starting model), seeded by global row; the reward sources (answer checker, ORM, PRM);
     # process supervision scores every step. Dynamic sampling: a slot whose group has no reward
     # spread samples another question's group, up to grpo.redraws times (questions.fill).
+    mine = d.shard(len(questions), "grpo.questions_per_step")  # whole groups: advantages need no communication
     with d.gathered(trained):  # FSDP: each process samples its share on the whole policy
-        first, slots = explore(sampler, tokenizer, questions, gc, seed, scorer, d, amp)
+        first = explore(sampler, tokenizer, questions, mine, gc, seed, scorer, d, amp)
         ex, drawn = first, None
         if gc.redraws:
             if redraw is None:
                 raise ValueError("grpo.redraws > 0 needs the questions to redraw from (rl_step's redraw)")
-            ex, drawn = fill(first, slots, gc.redraws, lambda e: has_spread(e, gc),
+            ex, drawn = fill(first, list(range(mine.start, mine.stop)), gc.redraws, lambda e: has_spread(e, gc),
                              lambda qs, s, k: sample_groups(sampler, tokenizer, qs, s, gc, draw_seed(seed, k), scorer, amp),
                              redraw, tokenizer.pad_token_id)
     if record is not None:
@@ -108,21 +108,21 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
     uses them. ``round_`` seeds the questions and rollouts, so each RL round sees other ones.
     ``pass_rates``: the round's reward-data pass rates (a folder), which ``grpo.curriculum`` draws by.
     Under torchrun rank 0 validates, logs, checkpoints and returns the manifest (others: None)."""
-    d = distributed.init(cfg.launch)
-    logger = (logger or NullLogger()) if d.main else NullLogger()
     gc = cfg.grpo
-    reward_models = reward_models or {}
-    require_reward_models(gc.reward_weights, reward_models)  # before any checkpoint is looked at
     if gc.curriculum and pass_rates is None:
         raise ValueError(f"grpo.curriculum = {gc.curriculum} draws questions by the policy's pass rates, but no "
                          f"reward-data pass rates were given")
-    set_threads(cfg.threads)
+    reward_models = reward_models or {}
+    require_reward_models(gc.reward_weights, reward_models)  # before any checkpoint is looked at
     used = {k: reward_models[k] for k in gc.reward_models_used}
     seed = round_seed(cfg.seed, round_)
     identity = run_identity(cfg, "grpo", init=digest_dir(Path(init_dir)), round=round_,
                             reward_models={k: digest_dir(Path(p)) for k, p in used.items()},
                             separator=cfg.reward_data.step_separator if "prm" in used else None,
                             **({"pass_rates": digest_dir(Path(pass_rates))} if gc.curriculum else {}))
+    d = distributed.init(cfg.launch)
+    logger = (logger or NullLogger()) if d.main else NullLogger()
+    set_threads(cfg.threads)
     trainer = Trainer(cfg, "grpo", out_dir, identity, d, logger)
     policy, tokenizer = load_model(trainer.resume or init_dir)
     place(policy, cfg.launch, train=True)

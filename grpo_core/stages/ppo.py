@@ -20,7 +20,7 @@ from grpo_core.advantages import gae, kl_penalised_rewards, whiten
 from grpo_core.config import GRPOConfig
 from grpo_core.losses import kl_k3, value_loss
 from grpo_core.lm.policy import Rollout, token_logprobs
-from grpo_core.rewards.heads import ScoreHead, reward_model_from
+from grpo_core.rewards.heads import reward_model_from, state_values
 from grpo_core.stages.rl import Advantages, Exploration, Models, ValueTargets, advantage_estimator
 from grpo_core.training.trainer import optimizer_step
 
@@ -32,13 +32,6 @@ def value_model_from(policy, seed: int):
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return reward_model_from(policy, "prm")
-
-
-def state_values(value_model, rollout: Rollout) -> torch.Tensor:
-    """[B, T] value of the state in which each completion token was chosen: the head read at the
-    position before the token (the last prompt token for the first)."""
-    head = ScoreHead(value_model)
-    return head(rollout.input_ids, rollout.attention_mask, rollout.prompt_len - 1)[:, :-1]
 
 
 @advantage_estimator("gae")

@@ -144,29 +144,26 @@ def sample_groups(policy, tokenizer, questions: list[Example], slots: list[int],
     global batch; sample j of slot i is seeded by (``seed``, i * G + j), whichever process draws it."""
     g = gc.group_size
     prompts = [prompt_text(q.question) for q in questions for _ in range(g)]
+    temperatures = row_temperatures(gc, len(questions))
     with amp():
-        rollout = generate(policy, tokenizer, prompts, max_new_tokens=gc.max_new_tokens,
-                           temperatures=row_temperatures(gc, len(questions)), seed=seed,
-                           row_ids=[i * g + j for i in slots for j in range(g)])
+        rollout = generate(policy, tokenizer, prompts, max_new_tokens=gc.max_new_tokens, temperatures=temperatures,
+                           seed=seed, row_ids=[i * g + j for i in slots for j in range(g)])
     sampled_at = time.perf_counter()
     scored = scorer(rollout, [q.gold for q in questions for _ in range(g)])
     return Exploration(questions, rollout, scored, sampled_at)
 
 
-def explore(policy, tokenizer, questions: list[Example], gc: GRPOConfig, seed: int, scorer: RewardScorer,
-            d: Dist = SINGLE, amp=contextlib.nullcontext) -> tuple[Exploration, list[int]]:
-    """Sample G completions of this process's share of ``questions`` and score them (GRPO's and
-    PPO's exploration stage); returns them and their slots (rows of the global batch). Raises
-    ``RewardError`` when no completion got a finite reward."""
-    n_global = len(questions)
-    mine = d.shard(n_global, "grpo.questions_per_step")
-    slots = list(range(mine.start, mine.stop))
-    ex = sample_groups(policy, tokenizer, questions[mine], slots, gc, seed, scorer, amp)
+def explore(policy, tokenizer, questions: list[Example], mine: slice, gc: GRPOConfig, seed: int,
+            scorer: RewardScorer, d: Dist = SINGLE, amp=contextlib.nullcontext) -> Exploration:
+    """Sample G completions of this process's share ``mine`` of the step's ``questions`` (whole
+    groups: ``Dist.shard``) and score them: GRPO's and PPO's exploration stage. Raises
+    ``RewardError`` when no completion of the step got a finite reward."""
+    ex = sample_groups(policy, tokenizer, questions[mine], list(range(mine.start, mine.stop)), gc, seed, scorer, amp)
     if float(d.sum(torch.isfinite(ex.rewards).sum())) == 0:  # before any update: nothing to learn from
         errors = float(d.sum((ex.scored.stats or {}).get("reward/rule_errors", 0.0)))
-        raise RewardError(f"none of the step's {n_global * gc.group_size} completions got a finite reward (rule checker "
-                          f"errors: {errors:.0f}; the others had NaN or inf scores): the reward is broken")
-    return ex, slots
+        raise RewardError(f"none of the step's {len(questions) * gc.group_size} completions got a finite reward (rule "
+                          f"checker errors: {errors:.0f}; the others had NaN or inf scores): the reward is broken")
+    return ex
 
 
 def update(policy, ref, trained, opt, rollout: Rollout, advantages: torch.Tensor, gc: GRPOConfig,
@@ -183,7 +180,7 @@ def update(policy, ref, trained, opt, rollout: Rollout, advantages: torch.Tensor
     if gc.minibatch_size and gc.minibatch_size % d.world:
         raise ValueError(f"grpo.minibatch_size = {gc.minibatch_size} does not split evenly over {d.world} processes")
     mb = (gc.minibatch_size or n_global * gc.group_size) // d.world
-    width = d.max(rollout.completion_mask.shape[1])
+    starts = range(0, batch, mb)
     # With a single update on the whole batch pi_old is the current policy: its log-probs are the
     # update's own (detached), which saves a forward pass. Otherwise they are fixed up front.
     single_update = gc.inner_updates == 1 and mb == batch
@@ -191,11 +188,15 @@ def update(policy, ref, trained, opt, rollout: Rollout, advantages: torch.Tensor
     # passed once, weighted by their count: every pass below costs its distinct rows only, and the
     # loss and its gradient are those of all the rows.
     parts = []
-    for s in range(0, batch, mb):
+    for s in starts:
         part, adv = rollout.rows(s, s + mb), advantages[s : s + mb]
         rows = part.distinct(adv, part.completion_mask)
-        tokens = float(d.sum(part.completion_mask.sum()))
-        parts.append((part.select(rows.index), adv[rows.index], rows.counts, BatchSize(mb * d.world, tokens, width)))
+        parts.append((part.select(rows.index), adv[rows.index], rows.counts))
+    # The global minibatches' sizes (the loss's normalisers): the widest completion and every
+    # minibatch's token count over the processes, in two reductions.
+    width = d.max(rollout.completion_mask.shape[1])
+    tokens = d.sum(torch.stack([rollout.completion_mask[s : s + mb].sum() for s in starts])).tolist()
+    sizes = [BatchSize(mb * d.world, n, width) for n in tokens]
     with d.gathered(trained), torch.no_grad(), amp():  # FSDP: on the whole policy, as many passes as a process has
         old_logp = None if single_update else [token_logprobs(policy, part) for part, *_ in parts]
         ref_logp = [token_logprobs(ref, part) for part, *_ in parts] if beta > 0 else None
@@ -203,7 +204,7 @@ def update(policy, ref, trained, opt, rollout: Rollout, advantages: torch.Tensor
     sums: dict[str, float] = {}
     n_updates = 0
     for _ in range(gc.inner_updates):
-        for i, (part, adv, counts, global_mb) in enumerate(parts):
+        for i, ((part, adv, counts), global_mb) in enumerate(zip(parts, sizes)):
             with amp():
                 logp, entropy = token_logprobs(trained, part, with_entropy=True)
             old = logp.detach() if old_logp is None else old_logp[i]
@@ -237,6 +238,7 @@ def step_metrics(sums: dict[str, float], n_updates: int, first: Exploration, bat
     dynamic sampling's counts (``questions.fill``). ``clock``: the times at the step's start, after
     the first draw's sampling, scoring (and any redraws), log-probs and updates."""
     t0, t1, t2, t3, t4 = clock
+    no_gradient = ~with_gradient(advantages, g)  # [n] this process's groups without a gradient
     metrics = {f"train/{k}": (v if k == "grad_norm" else float(d.sum(v))) / n_updates for k, v in sums.items()}
     stats = first.scored.stats or {}
     metrics |= d.mean({k: v for k, v in stats.items() if k not in COUNT_STATS}
@@ -247,7 +249,7 @@ def step_metrics(sums: dict[str, float], n_updates: int, first: Exploration, bat
     rewards, correct = d.gather(first.rewards.double()), d.gather(first.scored.correct.double())
     lengths, truncated = d.gather(batch.rollout.completion_mask.sum(1).double()), d.gather(batch.rollout.truncated.double())
     n = len(batch.questions)
-    batch_zero = d.gather((~with_gradient(advantages, g)).double())
+    batch_zero = d.gather(no_gradient.double())
     first_zero = batch_zero if drawn is None else d.gather((~drawn["first_spread"]).double())
     tokens = float(lengths.sum()) if drawn is None else float(d.sum(drawn["tokens"]))  # every draw's
     sampling_s = (t1 - t0) + (0.0 if drawn is None else drawn["seconds"])
