@@ -49,7 +49,7 @@ def pretraining_stages(config: PipelineConfig, run_dir, data: Ref, common: dict)
     if why:
         get_run_logger().warning("corpus: %s: running it again", why)
     hit = why is None
-    done = json.loads(manifest_path.read_text()) if hit else {}
+    done = read_manifest(manifest_path) if hit else {}
     if not hit:
         done = corpus(config, own_benchmarks=inputs.benchmarks(), parent_run_id=common["parent_id"])
         done.update(cache_key=key, digest=digest_dir(Path(done["corpus_dir"])))
@@ -118,16 +118,14 @@ def pipeline(config: PipelineConfig, continues: str | None = None) -> dict:
 
 def made_elsewhere(run_dir: Path) -> Path | None:
     """Where a finished run folder was made, when that is not where it is now (a copied or moved
-    project); None otherwise. Its stages' cache keys and manifests hold absolute paths, so a moved
-    run computes its stages again instead of reusing them."""
+    project or run folder); None otherwise. Its stages are reused where they are now: cache keys
+    count paths relative to the run folder, and manifests are read relocated (``read_manifest``)."""
     path = run_dir / "manifest.json"
-    if not path.exists():
-        return None
     try:
-        made = Path(read_manifest(path)["data_dir"]).parent
-    except (ValueError, KeyError, TypeError):
+        made = json.loads(path.read_text(encoding="utf-8")).get("written_in") if path.exists() else None
+    except (ValueError, UnicodeDecodeError, AttributeError):
         return None
-    return None if made == run_dir.resolve() else made
+    return None if made is None or Path(made) == run_dir.resolve() else Path(made)
 
 
 def _pipeline(config: PipelineConfig, continues: str | None = None) -> dict:
@@ -136,8 +134,7 @@ def _pipeline(config: PipelineConfig, continues: str | None = None) -> dict:
     process_numerics = numerics()  # warns before any work where MKL ignores the reproducibility setting
     run_dir = config.run_dir.resolve()
     if (made := made_elsewhere(run_dir)) is not None:
-        log.warning("%s was made at %s: its stages are computed again here, not reused (stage cache keys and "
-                    "manifests hold absolute paths); run from the original folder to reuse them", run_dir, made)
+        log.info("%s was made at %s: its finished stages are reused here, read where they are now", run_dir, made)
     run_dir.mkdir(parents=True, exist_ok=True)
     uri = tracking_uri(config)
     check_tracking(uri)  # an unreachable server fails here, not at the first stage's first metric
@@ -214,7 +211,7 @@ def _pipeline(config: PipelineConfig, continues: str | None = None) -> dict:
         manifest["figures"] = summarise(manifest, run_dir, exp_id, tracker)
         # The resolved recipe goes beside the manifest it produced (``baseline`` reads both).
         (run_dir / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
-        write_manifest(run_dir, manifest)
+        manifest = write_manifest(run_dir, manifest)
     log.info("pipeline %s finished: %s", config.run_name,
              json.dumps({k: round(v["accuracy"], 4) for k, v in eval_results.items()}))
     if kept := unsent_count(unsent):

@@ -19,6 +19,8 @@ import math
 import sys
 from pathlib import Path
 
+from grpo_core.stages.common import read_manifest
+
 CURVES = [("train/reward_mean", "reward (mean of the group)"), ("val/accuracy", "validation accuracy"),
           ("train/kl", "KL to the reference")]
 
@@ -299,7 +301,7 @@ def save(figures: dict, out_dir: Path) -> dict[str, Path]:
 def run_figure(run_dir: Path, out: Path) -> Path:
     """The README's picture: test accuracy beside GRPO's validation accuracy over every round."""
     plt = _pyplot()
-    manifest = json.loads((Path(run_dir) / "manifest.json").read_text())
+    manifest = read_manifest(Path(run_dir) / "manifest.json")
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [1.2, 1]})
     draw_test_accuracy(left, manifest, Path(run_dir))
     _plot_rounds(right, _histories(manifest, "val/accuracy"), scale=100)

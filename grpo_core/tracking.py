@@ -426,14 +426,20 @@ def _experiment_id(uri: str, name: str) -> str:
 
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name(name)
+    artifacts = None
+    if uri.startswith("sqlite:///"):  # keep artifacts beside the database, not in the cwd
+        artifacts = (Path(uri.removeprefix("sqlite:///")).resolve().parent / "mlartifacts").as_uri()
     if exp is not None:
         if not set(EXPERIMENT_KIND) & set(exp.tags):  # made before the kind was set; a user's choice stays
             for key, value in EXPERIMENT_KIND.items():
                 client.set_experiment_tag(exp.experiment_id, key, value)
+        ours = exp.artifact_location.startswith("file:") and exp.artifact_location.endswith("/mlartifacts")
+        if artifacts and ours and exp.artifact_location != artifacts:
+            # A database copied from another project: MLflow keeps an experiment's artifact folder for good.
+            log.warning("MLflow experiment %r keeps its artifacts (figures, tables) at %s, not beside its database "
+                        "(%s): it was made there, and new runs' artifacts go there too; name another experiment "
+                        "(tracking.experiment) to keep them here", name, exp.artifact_location, artifacts)
         return exp.experiment_id
-    artifacts = None
-    if uri.startswith("sqlite:///"):  # keep artifacts beside the database, not in the cwd
-        artifacts = (Path(uri.removeprefix("sqlite:///")).resolve().parent / "mlartifacts").as_uri()
     return client.create_experiment(name, artifact_location=artifacts, tags=EXPERIMENT_KIND)
 
 

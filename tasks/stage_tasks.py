@@ -19,7 +19,7 @@ from prefect import task
 
 from grpo_core.config import PipelineConfig
 from grpo_core.recipe import flatten
-from grpo_core.stages.common import code_version, digest_dir, read_manifest, write_manifest
+from grpo_core.stages.common import code_version, digest_dir, moved, read_manifest, write_manifest
 from grpo_core.stages.inputs import StageInputs
 from grpo_core.stages.outputs import StageOutput
 from grpo_core.tracking import MlflowLogger, finishing, patiently, start_run, unsent_dir
@@ -78,10 +78,13 @@ def _select(cfg: PipelineConfig, keys: tuple[str, ...]) -> dict[str, Any]:
 
 
 def stage_key(stage: str, cfg: PipelineConfig, inputs: StageInputs, out_dir: Path) -> str:
+    """The stage's content key. Paths inside the run folder count relative to it, so that a copied
+    or moved run folder keeps its keys (its manifests are read where they are: ``read_manifest``)."""
     # A round with a history to replay: rounds.replay_fraction decides its reward models too.
     sections = inputs.sections + (("rounds.replay_fraction",) if getattr(inputs, "replay", None) else ())
     payload = {"stage": stage, "config": _select(cfg, sections), "upstream": inputs.model_dump(mode="json"),
                "code": code_version(), "out": str(out_dir.resolve())} | ({"also": also} if (also := inputs.also_reads()) else {})
+    payload = moved(payload, str(cfg.run_dir.resolve()), "<run>")
     return f"{stage}-{hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()}"
 
 
@@ -115,11 +118,14 @@ def run_stage(stage_task, cfg: PipelineConfig, out_dir: str, inputs: StageInputs
     state = stage_task.with_options(refresh_cache=why is not None)(
         cfg=cfg, out_dir=out_dir, inputs=inputs, uri=uri, parent_id=parent_id, return_state=True)
     try:
-        result = state.result()
+        state.result()
     except Exception as e:  # the same error, marked with the stage that raised it (``failed_stage``)
         e.failed_stage = (stage_task.name, str(out_dir))
         raise
-    return StageRun(type(inputs).output.model_validate(result), state.name == "Cached", time.perf_counter() - start)
+    # What the stage wrote, read where it is now (a cached result may carry the paths of a folder
+    # this run was copied from).
+    output = type(inputs).output.model_validate(read_manifest(Path(out_dir) / "manifest.json"))
+    return StageRun(output, why is None, time.perf_counter() - start)
 
 
 def failed_stage(error: BaseException) -> str | None:
@@ -162,6 +168,10 @@ def stage_task(stage: str):
     digest, the cache key and the stage's MLflow run."""
     @task(name=stage, cache_key_fn=_cache_key(stage), persist_result=True)
     def run(cfg: PipelineConfig, out_dir: str, inputs: StageInputs, uri: str, parent_id: str) -> dict:
+        key = stage_key(stage, cfg, inputs, Path(out_dir))
+        if trusted(Path(out_dir) / "manifest.json", key, type(inputs).output) is None:
+            # Done before, with no result in this Prefect home (a run folder copied from another project).
+            return read_manifest(Path(out_dir) / "manifest.json")
         with child_run(uri, parent_id, stage, cfg, _stage_params(cfg, inputs), inputs.run_name(cfg)) as log:
             if cfg.launch.launched and stage in LAUNCHABLE:
                 manifest = run_launched(stage, cfg, out_dir, inputs, uri, log.run_id)
@@ -170,7 +180,7 @@ def stage_task(stage: str):
             if "model" in manifest:
                 manifest["digest"] = digest_dir(Path(manifest["model"]))
             manifest["mlflow_run_id"] = log.run_id
-            manifest["cache_key"] = stage_key(stage, cfg, inputs, Path(out_dir))
+            manifest["cache_key"] = key
             return write_manifest(Path(out_dir), manifest)
     return run
 

@@ -141,6 +141,29 @@ def test_pipeline_end_to_end_and_cached_rerun(prefect_harness, tmp_path, tiny_cf
     assert manifest4["stages"]["sft"]["digest"] == manifest["stages"]["sft"]["digest"]
     assert manifest4["eval"] == manifest["eval"]
 
+    # ---- a run folder copied elsewhere (another project), the original gone: every stage reused,
+    # read where it is now (docs/pipeline.md, "Moving a run")
+    from flows.pipeline import made_elsewhere
+    from grpo_core.stages.inputs import DataInputs
+    from tasks.stage_tasks import data_task
+
+    elsewhere = tmp_path / "elsewhere" / "runs"
+    shutil.copytree(run_dir, elsewhere / "e2e")
+    run_dir.rename(run_dir.with_name("gone"))
+    moved_cfg = cfg.model_copy(update={"output_dir": str(elsewhere)})
+    assert made_elsewhere(elsewhere / "e2e") == run_dir
+    pipeline(moved_cfg)
+    manifest5 = _manifest(moved_cfg)
+    assert sorted(manifest5["cached_stages"]) == ["data", "eval", "round-1/eval", "round-1/grpo", "sft"]
+    assert manifest5["eval"]["policy"]["accuracy"] == manifest["eval"]["policy"]["accuracy"]
+    assert Path(manifest5["policy"]) == elsewhere / "e2e" / "round-1" / "grpo" / "model"
+    assert str(run_dir) not in json.dumps(manifest5)
+    assert made_elsewhere(elsewhere / "e2e") is None
+    # With no result in this Prefect home the task itself serves what is on disk (no MLflow run opened).
+    done = data_task.fn(cfg=moved_cfg, out_dir=str(elsewhere / "e2e" / "data"), inputs=DataInputs(),
+                        uri="sqlite:///nowhere/mlflow.db", parent_id="none")
+    assert Path(done["dir"]) == elsewhere / "e2e" / "data"
+
 
 def test_failed_stage_marks_runs_failed(prefect_harness, tmp_path, tiny_cfg, mlflow_client):
     """A stage that raises fails the flow and marks both its child run and the parent FAILED."""
@@ -327,16 +350,21 @@ def test_compare_flow_reuses_the_runs_grpo_and_tabulates(prefect_harness, tmp_pa
     assert compare_run.data.metrics["compare/sft/test_accuracy_mean"] == sft_acc
 
 
-def test_a_run_folder_made_elsewhere_is_named(tmp_path):
-    """A copied or moved run folder is computed again (absolute paths in its keys): the flow says so."""
-    import json
+def test_manifest_paths_move_with_their_folder(tmp_path):
+    """A manifest read from a folder other than the one it was written in: paths under the tree that
+    moved move with it, others stay; never the file system's root."""
+    from grpo_core.stages.common import read_manifest, write_manifest
 
-    from flows.pipeline import made_elsewhere
-
-    run = tmp_path / "copy" / "runs" / "demo"
-    run.mkdir(parents=True)
-    assert made_elsewhere(run) is None  # no finished run here
-    (run / "manifest.json").write_text(json.dumps({"data_dir": str(tmp_path / "original" / "runs" / "demo" / "data")}))
-    assert made_elsewhere(run) == tmp_path / "original" / "runs" / "demo"
-    (run / "manifest.json").write_text(json.dumps({"data_dir": str(run / "data")}))
-    assert made_elsewhere(run) is None
+    old, new = tmp_path / "a" / "proj" / "runs" / "demo" / "sft", tmp_path / "b" / "proj" / "runs" / "demo" / "sft"
+    write_manifest(old, {"model": str(old / "model"), "data": [str(tmp_path / "a" / "proj" / "models" / "m")],
+                         "shared": "/opt/models/m", "near": str(tmp_path / "ab"), "n": 3})
+    shutil.copytree(old, new)
+    got = read_manifest(new / "manifest.json")
+    assert got["model"] == str(new / "model") and got["data"] == [str(tmp_path / "b" / "proj" / "models" / "m")]
+    assert got["shared"] == "/opt/models/m" and got["near"] == str(tmp_path / "ab") and got["n"] == 3
+    assert read_manifest(old / "manifest.json")["model"] == str(old / "model")
+    root = tmp_path / "proj" / "sft"
+    write_manifest(root, {"model": str(root / "model"), "other": "/opt/x"})
+    shutil.copytree(root, tmp_path / "c" / "proj" / "sft")
+    got = read_manifest(tmp_path / "c" / "proj" / "sft" / "manifest.json")
+    assert got["model"] == str(tmp_path / "c" / "proj" / "sft" / "model") and got["other"] == "/opt/x"

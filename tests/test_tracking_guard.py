@@ -163,3 +163,22 @@ def test_a_shared_server_behind_mlflows_basic_auth(tmp_path, monkeypatch):
         logged = MlflowClient(uri).get_run(run)
         assert logged.data.metrics == {"train/kl": 0.5}
         assert not any(password in v for v in [*logged.data.params.values(), *logged.data.tags.values()])
+
+
+def test_a_copied_database_says_where_its_artifacts_go(tmp_path, caplog):
+    """MLflow keeps an experiment's artifact folder for good: in a copied project it is the original's,
+    which the flow says (and how to keep artifacts in the copy)."""
+    import logging
+    import shutil
+
+    from grpo_core.tracking import experiment_id
+
+    (tmp_path / "a").mkdir()
+    made = experiment_id(f"sqlite:///{tmp_path}/a/mlflow.db", "demo")
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    with caplog.at_level(logging.WARNING, logger="grpo_pipeline.tracking"):
+        assert experiment_id(f"sqlite:///{tmp_path}/a/mlflow.db", "demo") == made
+        assert not caplog.records  # where it was made: nothing to say
+        assert experiment_id(f"sqlite:///{tmp_path}/b/mlflow.db", "demo") == made
+    [warning] = caplog.records
+    assert str(tmp_path / "a" / "mlartifacts") in warning.getMessage() and "tracking.experiment" in warning.getMessage()

@@ -36,23 +36,55 @@ def read_split(data_dir: Path, split: str) -> list[Example]:
 
 
 def read_manifest(path: Path) -> dict[str, Any]:
-    """A manifest, or a ValueError naming the file when it is not a JSON object (damaged, cut short)."""
+    """A manifest, with its paths where its folder is now (``relocated``), or a ValueError naming
+    the file when it is not a JSON object (damaged, cut short)."""
     try:
         manifest = json.loads(Path(path).read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as e:
         raise ValueError(f"{path}: not a readable manifest ({e}); the command that wrote it writes it again") from None
     if not isinstance(manifest, dict):
         raise ValueError(f"{path}: not a readable manifest (a JSON {type(manifest).__name__}, not an object)")
-    return manifest
+    return relocated(manifest, Path(path).parent)
 
 
 def write_manifest(out_dir: Path, manifest: dict[str, Any]) -> dict[str, Any]:
-    """Write ``manifest.json`` last, atomically: its presence means the stage finished."""
+    """Write ``manifest.json`` last, atomically: its presence means the stage finished. It records
+    the folder it was written in (``written_in``), so that a copied or moved run reads its paths
+    where they are now."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    manifest = manifest | {"written_in": str(out_dir.resolve())}
     tmp = out_dir / ".manifest.json.tmp"
     tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True))
     os.replace(tmp, out_dir / "manifest.json")
     return manifest
+
+
+def relocated(manifest: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """``manifest`` as if written in ``folder``: where it was written elsewhere (its ``written_in``;
+    a copied or moved project or run folder), every path under the tree that moved is moved with it.
+    The tree is what the two folders do not share at their ends: ``/a/proj/runs/demo/sft`` now at
+    ``/b/proj/runs/demo/sft`` moves ``/a`` to ``/b``; paths outside it are left as they are."""
+    was, now = Path(manifest.get("written_in") or folder), Path(folder).resolve()
+    if was == now:
+        return manifest
+    old, new = was.parts, now.parts
+    shared = 0
+    while shared < min(len(old), len(new)) - 2 and old[-1 - shared] == new[-1 - shared]:  # never the root itself
+        shared += 1
+    old_root, new_root = str(Path(*old[: len(old) - shared])), str(Path(*new[: len(new) - shared]))
+    return moved(manifest, old_root, new_root) | {"written_in": str(now)}
+
+
+def moved(value: Any, old: str, new: str) -> Any:
+    """``value`` (JSON: strings, lists, dicts) with each path at or under the folder ``old`` put
+    under ``new`` instead; other strings as they are."""
+    if isinstance(value, str) and (value == old or value.startswith(old.rstrip("/") + "/")):
+        return new + value[len(old):]
+    if isinstance(value, dict):
+        return {k: moved(v, old, new) for k, v in value.items()}
+    if isinstance(value, list):
+        return [moved(v, old, new) for v in value]
+    return value
 
 
 def digest_dir(path: Path, pattern: str = "*") -> str:
