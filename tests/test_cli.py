@@ -294,7 +294,7 @@ def test_sigterm_stops_a_run_leaving_no_process_and_the_same_command_resumes(tmp
     assert "data" in json.loads(again.stdout)["cached_stages"]
 
 
-@pytest.mark.parametrize("debug", [False, True])
+@pytest.mark.parametrize("debug", [True])  # (without --debug: the next test, a real NaN)
 def test_a_stage_that_fails_mid_run_is_one_line_naming_it(prefect_harness, tmp_path, capsys, monkeypatch, debug):
     """Exit 1 with the stage, its folder and the cause's first line (--debug: the error itself); the
     stage's MLflow run ends FAILED with the error as a tag."""
@@ -321,6 +321,55 @@ def test_a_stage_that_fails_mid_run_is_one_line_naming_it(prefect_harness, tmp_p
     [sft_run] = client.search_runs([client.get_experiment_by_name("grpo-pipeline").experiment_id],
                                    filter_string="attributes.run_name = 'sft'")
     assert sft_run.info.status == "FAILED" and "NaN at step 3" in sft_run.data.tags["error"]
+
+
+def test_a_loss_that_turns_nan_stops_the_run_and_the_same_command_resumes_to_the_same_model(
+        prefect_harness, tmp_path, capsys, monkeypatch):
+    """NaN in SFT's loss at step 3: exit 1, one line naming the stage, the step and the checkpoint the
+    same command resumes from (step 2); the stage's MLflow run FAILED, the Prefect flow run Failed.
+    Run again: it resumes, and its models are those of a run that never failed."""
+    from mlflow.tracking import MlflowClient
+    from prefect.client.orchestration import get_client
+
+    import grpo_core.stages.common as common
+
+    db = f"sqlite:///{tmp_path}/mlflow.db"
+    minute = Path(__file__).resolve().parents[1] / "configs" / "minute.yaml"
+
+    def argv(out: str) -> list[str]:
+        return ["run", str(minute), "--set", f"output_dir={tmp_path / out}", "--set", f"tracking.tracking_uri={db}",
+                "--set", "sft.max_steps=4", "--set", "sft.checkpoint_every=2"]
+
+    real, calls = common.lm_loss, []
+
+    def poisoned(*args, **kwargs):
+        loss, n_tokens = real(*args, **kwargs)
+        calls.extend([1] * args[0].training)  # training steps only (validation computes a loss too)
+        return (loss * float("nan") if args[0].training and len(calls) == 3 else loss), n_tokens
+
+    monkeypatch.setattr(common, "lm_loss", poisoned)
+    assert _exit_code(argv("runs")) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: stage sft failed: FloatingPointError: sft step 3: the gradient is not finite"), err
+    assert "its last checkpoint (step 2) is where the same command resumes" in err
+    assert "(its folder: " in err and "run the same command to resume" in err
+    client = MlflowClient(db)
+    [failed] = client.search_runs([client.get_experiment_by_name("grpo-pipeline").experiment_id],
+                                  filter_string="attributes.run_name = 'sft'")
+    assert failed.info.status == "FAILED" and "not finite" in failed.data.tags["error"]
+    with get_client(sync_client=True) as prefect:
+        mine = [r for r in prefect.read_flow_runs() if r.parameters.get("config", {}).get("output_dir") == str(tmp_path / "runs")]
+    assert [r.state.type.value for r in mine] == ["FAILED"]
+
+    monkeypatch.undo()
+    main(argv("runs"))  # exit 0
+    resumed = json.loads((tmp_path / "runs" / "minute" / "manifest.json").read_text())
+    main(argv("clean"))
+    clean = json.loads((tmp_path / "clean" / "minute" / "manifest.json").read_text())
+    assert "sft" not in resumed["cached_stages"]
+    for stage in ("sft", "round-1/grpo"):
+        node = lambda m: m["stages"][stage] if "/" not in stage else m["rounds"][0]["stages"][stage.split("/")[1]]
+        assert node(resumed)["digest"] == node(clean)["digest"], stage
 
 
 def test_check_runs_the_data_stage_logic_without_writing(tmp_path, capsys):

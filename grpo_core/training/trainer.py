@@ -91,8 +91,13 @@ def optimizer_step(model, opt, loss: torch.Tensor, scale: float, max_grad_norm: 
     opt.zero_grad(set_to_none=True)
     (loss * scale).backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)  # FSDP: a DTensor
+    if not math.isfinite(norm):  # the same on every process (DDP averaged the gradients): all stop
+        opt.zero_grad(set_to_none=True)
+        raise FloatingPointError(f"the gradient is not finite (norm {norm}, loss {float(loss.detach()):.4g}): "
+                                 f"the update was not applied")
     opt.step()
-    return float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)  # FSDP: a DTensor
+    return norm
 
 
 def find_resume(ckpt_root: Path, identity: dict):
@@ -195,7 +200,7 @@ class Trainer:
             st.stopped = ""  # resumed with a larger time budget
         if plan.eval_first and st.step == 0 and st.best_acc == -math.inf:
             self._evaluate(evaluate, regular=False)
-        said = time.monotonic()
+        said, saved = time.monotonic(), st.step  # the last checkpoint: the one resumed, or none (step 0)
         while not st.stopped:
             if plan.max_steps is not None and st.step >= plan.max_steps:
                 st.stopped = "steps"
@@ -208,7 +213,11 @@ class Trainer:
                 for group in opt.param_groups:
                     group["lr"] = lr * group.get("lr_scale", 1.0)
             epoch = st.epoch
-            metrics = step(st)
+            try:
+                metrics = step(st)
+            except FloatingPointError as e:
+                raise FloatingPointError(f"{self.section} step {st.step + 1}: {e}; the stage stops, and its last "
+                                         f"checkpoint (step {saved}) is where the same command resumes") from None
             epoch_end = plan.per_epoch and st.epoch > epoch
             if metrics is None and not epoch_end:
                 continue
@@ -244,6 +253,7 @@ class Trainer:
                                      "rng": rng_state(), "identity": self.identity,
                                      "config": self.cfg.model_dump(mode="json")}, keep=sc.keep_checkpoints,
                                     weights=weights)
+                saved = st.step
         st.elapsed = clock.elapsed
         return st
 
