@@ -86,7 +86,9 @@ def cmd_check(a: argparse.Namespace) -> None:
     """The recipe and what it names, checked in seconds without starting anything."""
     cfg = _recipe(a)
     _inputs_ready(cfg)
-    print(json.dumps({"recipe": a.config, "run_dir": str(cfg.run_dir), "ok": True}))
+    from grpo_core.check import disk_report
+
+    print(json.dumps({"recipe": a.config, "run_dir": str(cfg.run_dir), "ok": True, "disk": disk_report(cfg)}))
 
 
 def _tracking_ready(cfg) -> None:

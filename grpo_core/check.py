@@ -1,7 +1,8 @@
 """What a run needs, checked in seconds before anything starts (no Prefect server, no MLflow run, no
 run folder): the data files a recipe names (they exist, are UTF-8 JSONL, every row has its fields
 and its ``#### <answer>``, none is empty), the model folders (a causal LM's config and a
-tokenizer), and that the output folder can be written. ``grpo-pipeline check`` prints every
+tokenizer), that the output folder can be written and that the disk has room for the run's
+checkpoints (an estimate: ``disk_needed``). ``grpo-pipeline check`` prints every
 problem; ``run`` and ``rounds`` refuse to start with any (docs/reliability.md, "Bad input").
 """
 from __future__ import annotations
@@ -15,7 +16,50 @@ from grpo_core.data import DataError, load_held_out, load_jsonl
 
 def recipe_problems(cfg: PipelineConfig) -> list[str]:
     """Every problem found, one line each, naming the file (and line) and the recipe key."""
-    return _data_problems(cfg) + _model_problems(cfg) + _output_problems(cfg)
+    models, output = _model_problems(cfg), _output_problems(cfg)
+    disk = [] if models or output else _disk_problems(cfg)  # (the estimate reads the model's config)
+    return _data_problems(cfg) + models + output + disk
+
+
+def disk_needed(cfg: PipelineConfig) -> int:
+    """Bytes the run's training stages write, an estimate from the model's parameter count: each keeps
+    ``keep_checkpoints`` checkpoints (fp32 weights and AdamW's two moments: 3x the weights) beside its
+    best and its published model (1x each); SFT (and continued pretraining), then per round GRPO (PPO:
+    its value model's checkpoints too), the ORM and the PRM. Rollouts, datasets and logs are small
+    beside them."""
+    from grpo_core.algorithms import ALGORITHMS
+    from grpo_core.lm.modeling import parameter_count
+
+    weights = 4 * parameter_count(cfg.model)
+
+    def stage(section, companions: int = 0) -> int:
+        return (3 * section.keep_checkpoints * (1 + companions) + 2) * weights
+
+    value = len(ALGORITHMS[cfg.grpo.algorithm].trains)
+    per_round = stage(cfg.grpo, value) + sum(stage(getattr(cfg, k)) for k in ("orm", "prm") if getattr(cfg, k).train)
+    return stage(cfg.sft) + (stage(cfg.pretrain) if cfg.pretrain.train else 0) + cfg.rounds.count * per_round
+
+
+def disk_report(cfg: PipelineConfig) -> dict[str, float]:
+    """The run's estimated writes, what its folder holds already and the free space there (MiB)."""
+    import shutil
+
+    place = Path(cfg.output_dir).resolve() / cfg.run_name
+    existing = next(p for p in (place, *place.parents) if p.exists())
+    held = sum(f.stat().st_size for f in place.rglob("*") if f.is_file()) if place.is_dir() else 0
+    mib = 2**20
+    return {"estimate_mib": round(disk_needed(cfg) / mib, 1), "in_run_folder_mib": round(held / mib, 1),
+            "free_mib": round(shutil.disk_usage(existing).free / mib, 1)}
+
+
+def _disk_problems(cfg: PipelineConfig) -> list[str]:
+    disk = disk_report(cfg)
+    needed = disk["estimate_mib"] - disk["in_run_folder_mib"]
+    if disk["free_mib"] >= needed:
+        return []
+    return [f"{Path(cfg.output_dir).resolve()}: {disk['free_mib']:,.0f} MiB free, and the run's checkpoints and "
+            f"models need about {needed:,.0f} MiB more; free some space, or keep fewer checkpoints "
+            f"(sft/grpo/orm/prm.keep_checkpoints) (output_dir)"]
 
 
 def _found(check, key: str, errors: type[Exception] | tuple[type[Exception], ...]) -> list[str]:

@@ -67,8 +67,35 @@ def test_check_lists_every_problem_of_the_data_and_models_one_line_each(tmp_path
 def test_check_passes_a_good_recipe_in_seconds(tmp_path, capsys):
     recipe = _jsonl_recipe(tmp_path)
     main(["check", str(recipe)])
-    assert json.loads(capsys.readouterr().out)["ok"] is True
+    said = json.loads(capsys.readouterr().out)
+    assert said["ok"] is True and said["disk"]["free_mib"] > 0
     assert not (tmp_path / "runs").exists()  # nothing made
+
+
+def test_check_estimates_the_disk_a_run_needs_and_refuses_too_little(tmp_path, capsys, monkeypatch):
+    """The estimate follows the recipe's sizes (checkpoints kept, rounds, reward models), and a run
+    whose checkpoints would not fit is refused before it starts, naming the output folder."""
+    import shutil
+    from types import SimpleNamespace
+
+    from grpo_core.check import disk_needed
+    from grpo_core.lm.modeling import init_model, parameter_count
+    from grpo_core.recipe import load_config
+
+    minute = Path(__file__).resolve().parents[1] / "configs" / "minute.yaml"
+    base = disk_needed(load_config(minute))
+    model, _ = init_model(load_config(minute).model, seed=0)
+    assert parameter_count(load_config(minute).model) == sum(p.numel() for p in model.parameters())
+    weights = 4 * parameter_count(load_config(minute).model)  # fp32
+    assert base == (3 * 2 + 2) * weights * 2  # SFT and one round's GRPO: 2 checkpoints, best, model
+    assert disk_needed(load_config(minute, ["rounds.count=3"])) == (3 * 2 + 2) * weights * 4
+    assert disk_needed(load_config(minute, ["sft.keep_checkpoints=1"])) == base - 3 * weights
+    real = shutil.disk_usage
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: SimpleNamespace(free=1024, total=real(p).total))
+    assert _exit_code(["check", str(minute), "--set", f"output_dir={tmp_path / 'runs'}"]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"error: {tmp_path / 'runs'}: 0 MiB free, and the run's checkpoints and models need about ")
+    assert "keep_checkpoints" in line
 
 
 @pytest.mark.parametrize("bad", ["missing", "malformed", "no-final", "empty"])

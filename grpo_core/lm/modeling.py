@@ -115,6 +115,18 @@ def init_model(cfg: ModelConfig, seed: int) -> tuple[PreTrainedModel, PreTrained
     return tiny_llama(cfg, tokenizer, seed), tokenizer
 
 
+def parameter_count(cfg: ModelConfig) -> int:
+    """The policy's parameters, counted on the meta device (nothing allocated, no weights read)."""
+    with torch.device("meta"):
+        if cfg.init == "pretrained":
+            from transformers import AutoConfig
+
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(cfg.path))
+        else:
+            model = tiny_llama(cfg, char_tokenizer(), seed=0)
+    return sum(p.numel() for p in model.parameters())
+
+
 def save_model(model: PreTrainedModel, tokenizer, path: str | Path, weights: dict | None = None) -> Path:
     """``weights``: the whole state dict of a sharded (FSDP) model; None: the model's own."""
     path = Path(path)
