@@ -30,7 +30,8 @@ from flows.reports import mlflow_link, round_report
 from grpo_core.config import PipelineConfig
 from grpo_core.rewards.gate import gate_grpo
 from grpo_core.stages.inputs import INPUTS, EvalInputs, GRPOInputs, Ref, ReplayInputs, RewardDataInputs
-from grpo_core.tracking import MlflowLogger, experiment_id, finishing, patiently, round_params, start_run, unsent_dir
+from grpo_core.tracking import (MlflowLogger, delete_run, experiment_id, finishing, logged_round, patiently,
+                                round_params, start_run, unsent_dir)
 from tasks.registry import promote_champion, register_policy, registered_name
 from tasks.stage_tasks import (StageRun, eval_task, grpo_task, orm_task, prm_task, replay_task, reward_data_task,
                                run_stage)
@@ -164,18 +165,23 @@ def rl_round(cfg: PipelineConfig, k: int, data: Ref, sft: Ref, start: RoundStart
                              uri, wait_s, "move the champion alias")
         # Where the round's time went: each stage as the flow waited for it, and the model registry.
         summary["profile"] = {s: r.seconds for s, r in results.items()} | {"register": time.perf_counter() - clock}
-        tracker = MlflowLogger(uri, run_id, unsent=unsent)
-        tracker.log_params(round_params(gcfg, k))
-        tracker.log_metrics(round_metrics(summary))
-        tracker.set_tags({"cached_stages": ",".join(cached) or "none", "model_version": summary["model_version"],
-                          "quality_gate": "FAILED: " + "; ".join(summary["quality_warnings"])
-                          if summary["quality_warnings"] else "passed",
-                          **{f"stage_run.{s}": m["mlflow_run_id"] for s, m in stages.items()}})
-        link = mlflow_link(uri, exp_id, run_id)
+        # A round served whole from the cache (a rerun, a continuation) is the run that computed it.
+        logged = logged_round(uri, stages["grpo"]["mlflow_run_id"]) if len(cached) == len(results) else None
+        if logged is None:
+            tracker = MlflowLogger(uri, run_id, unsent=unsent)
+            tracker.log_params(round_params(gcfg, k))
+            tracker.log_metrics(round_metrics(summary))
+            tracker.set_tags({"cached_stages": ",".join(cached) or "none", "model_version": summary["model_version"],
+                              "quality_gate": "FAILED: " + "; ".join(summary["quality_warnings"])
+                              if summary["quality_warnings"] else "passed",
+                              **{f"stage_run.{s}": m["mlflow_run_id"] for s, m in stages.items()}})
+        link = mlflow_link(uri, exp_id, logged or run_id)
         create_markdown_artifact(key=artifact_key(f"{cfg.run_name}-round-{k}"),
                                  markdown=round_report(summary, champion, link),
                                  description=f"RL round {k} of {cfg.run_name}")
-    summary.update(mlflow_run_id=run_id, champion=champion)
+    if logged is not None:
+        delete_run(uri, run_id)  # (empty: nothing ran in it)
+    summary.update(mlflow_run_id=logged or run_id, champion=champion)
     log.info("round %d: test %.4f, validation %.4f, cached %s", k, summary["test_accuracy"],
              summary["val_accuracy"], cached or "none")
     return summary

@@ -478,6 +478,29 @@ def start_run(uri: str, exp_id: str, name: str, parent_id: str | None = None, ta
                      uri, wait_s, f"start its MLflow run {name!r}")
 
 
+def logged_round(uri: str, stage_run_id: str) -> str | None:
+    """The round run a cached stage was logged under (its parent), where that run finished with the
+    round's metrics: a round served whole from the cache is that run, not a copy of it."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    try:
+        parent = client.get_run(stage_run_id).data.tags.get("mlflow.parentRunId")
+        run = client.get_run(parent) if parent else None
+    except MlflowException:  # a stage run deleted since, or in another store
+        return None
+    done = run is not None and run.info.status == "FINISHED" and run.info.lifecycle_stage == "active"
+    return parent if done and "round/test_accuracy" in run.data.metrics else None
+
+
+def delete_run(uri: str, run_id: str) -> None:
+    """Move a run to MLflow's trash (``mlflow gc`` removes it for good)."""
+    from mlflow.tracking import MlflowClient
+
+    MlflowClient(uri).delete_run(run_id)
+
+
 @contextmanager
 def finishing(uri: str, run_ids: list[str], unsent: Path | None = None) -> Iterator[None]:
     """Marks the MLflow runs FINISHED when the block completes, FAILED when it raises: the one place
