@@ -108,8 +108,17 @@ def against_previous(previous: str | None, now: str | None) -> dict | None:
     return question_interval(json.loads(Path(now).read_text()), json.loads(Path(previous).read_text()))
 
 
+# What a comparison of rounds or recipes looks at first: MLflow lists metrics by name, and
+# ``headline/`` sorts before the round's ``rm/...`` and ``round/...`` (copies of round/ values).
+HEADLINE = {"test_accuracy": "round/test_accuracy", "minus_previous_round": "round/minus_previous_round",
+            "minus_previous_round_low": "round/minus_previous_round_low",
+            "minus_previous_round_high": "round/minus_previous_round_high",
+            "reward_mean": "round/grpo_reward_mean", "kl": "round/grpo_kl"}
+
+
 def round_metrics(summary: dict) -> dict[str, float]:
-    """Flat metrics of a round for MLflow (``round/...``; ``rm/<kind>/before|after/...``)."""
+    """Flat metrics of a round for MLflow (``headline/...`` first; ``round/...``;
+    ``rm/<kind>/before|after/...``)."""
     out = {"round/test_accuracy": summary["test_accuracy"], "round/val_accuracy": summary["val_accuracy"]}
     if summary.get("minus_previous_round"):  # round k against round k-1 on the same test questions
         gain = summary["minus_previous_round"]
@@ -123,7 +132,7 @@ def round_metrics(summary: dict) -> dict[str, float]:
         if rm.get("quality_gate"):
             out[f"rm/{kind}/quality_gate_passed"] = float(rm["quality_gate"]["passed"])
         out[f"rm/{kind}/replay_share"] = rm["replay"].get("share", 0.0)
-    return out
+    return {f"headline/{name}": out[key] for name, key in HEADLINE.items() if key in out} | out
 
 
 @flow(name="rl-round", flow_run_name="{cfg.run_name}/round-{k}")

@@ -255,6 +255,11 @@ def test_pipeline_with_reward_models_and_process_supervision(prefect_harness, tm
     # The settings that decide a round, for MLflow's compare view (two rounds, two recipes).
     assert round_run.data.params["round"] == "1" and round_run.data.params["grpo.lr"] == str(cfg.grpo.lr)
     assert "rounds.replay_fraction" in round_run.data.params and "sft.lr" not in round_run.data.params
+    # The headline metrics come first where MLflow lists them by name, before dozens of rm/* rows.
+    names = sorted(round_run.data.metrics)
+    assert names[:3] == ["headline/kl", "headline/reward_mean", "headline/test_accuracy"], names[:5]
+    assert round_run.data.metrics["headline/test_accuracy"] == round_run.data.metrics["round/test_accuracy"]
+    assert any(n.startswith("rm/") for n in names)
     children = {r.info.run_name: r for r in mlflow_client.search_runs(
         [round_run.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{round_run.info.run_id}'")}
     assert sorted(children) == [f"round-1/{s}" for s in ("eval", "grpo", "orm", "prm", "replay", "reward_data")]
