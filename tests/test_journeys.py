@@ -1,0 +1,73 @@
+"""The rounds and MLflow journey (docs/mlflow.md): the page's commands, read from it and run as
+written in a copy of the project (``make ui`` aside), then what the page says MLflow shows."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGE = ROOT / "docs" / "mlflow.md"
+
+
+def _commands(page: Path) -> list[str]:
+    """The first ```bash block of a page, its commands without comments, ``make ui`` left out."""
+    block = re.findall(r"```bash\n(.*?)```", page.read_text(encoding="utf-8"), flags=re.S)[0]
+    lines = [line.split("  #")[0].strip() for line in block.splitlines()]
+    return [line for line in lines if line and not line.startswith("make ui")]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (ROOT / ".venv" / "bin" / "grpo-pipeline").exists(), reason="needs the project's .venv (make venv)")
+def test_the_rounds_and_mlflow_journey_runs_as_written_in_the_docs(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    project = tmp_path / "project"
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    for name in files:
+        (project / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, project / name)
+    (project / ".venv").symlink_to(ROOT / ".venv")
+    commands = _commands(PAGE)
+    assert any(c.startswith("grpo-pipeline rounds") for c in commands), commands
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_"))}
+    script = "\n".join(["set -euo pipefail", *commands])
+    done = subprocess.run(["bash", "-c", script], cwd=project, env=env, capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
+
+    client = MlflowClient(f"sqlite:///{project / 'mlflow.db'}")  # the project's own store, as `make ui` opens it
+    exp = client.get_experiment_by_name("grpo-pipeline")
+    parents = {r.info.run_name: r for r in client.search_runs([exp.experiment_id], "tags.pipeline = 'deepseekmath-grpo'")}
+    assert set(parents) == {"minute", "minute: to round 2", "minute-lr"}
+    first, more, other = parents["minute"], parents["minute: to round 2"], parents["minute-lr"]
+    assert more.data.tags["continues"] == first.info.run_id
+
+    def children(run) -> dict:
+        return {r.info.run_name: r for r in client.search_runs(
+            [exp.experiment_id], f"tags.mlflow.parentRunId = '{run.info.run_id}'")}
+
+    assert sorted(children(more)) == ["eval", "round-2"]  # round 1 is not logged again
+    round1, round2 = children(first)["round-1"], children(more)["round-2"]
+    assert more.data.tags["round_run.1"] == round1.info.run_id and more.data.tags["round_run.2"] == round2.info.run_id
+    # Two rounds: the headline metrics first, round 2 against round 1 with its interval; the settings differ in round.
+    names = sorted(round2.data.metrics)
+    assert names[:6] == ["headline/kl", "headline/minus_previous_round", "headline/minus_previous_round_high",
+                         "headline/minus_previous_round_low", "headline/reward_mean", "headline/test_accuracy"]
+    differ = {k for k in round1.data.params.keys() | round2.data.params.keys()
+              if round1.data.params.get(k) != round2.data.params.get(k)}
+    assert differ == {"round"}
+    # Two recipes: the parents' parameters differ in grpo.lr and run_name; the gain over SFT leads the metrics.
+    differ = {k for k in first.data.params.keys() | other.data.params.keys()
+              if first.data.params.get(k) != other.data.params.get(k)}
+    assert differ == {"grpo.lr", "run_name"}
+    assert sorted(other.data.metrics)[0].startswith("eval/gain_over_sft")
+    assert {"test_accuracy.png", "grpo_curves.png"} <= {Path(a.path).name for a in client.list_artifacts(first.info.run_id, "figures")}
+    # What `rounds` printed: round 2 against round 1, with its interval.
+    manifest = json.loads((project / "runs" / "minute" / "manifest.json").read_text())
+    assert [r["round"] for r in manifest["rounds"]] == [1, 2]
+    assert set(manifest["rounds"][1]["minus_previous_round"]) >= {"mean", "low", "high", "n"}
