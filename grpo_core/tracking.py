@@ -398,8 +398,10 @@ ROUND_SECTIONS = ("grpo.", "reward_data.", "orm.", "prm.", "rounds.")
 
 def round_params(config: PipelineConfig, k: int) -> dict[str, str]:
     """Round ``k``'s run's params: its number and the recipe's round sections as its GRPO ran them
-    (after the reward models' quality gate)."""
-    return {"round": str(k)} | {key: v for key, v in run_params(config).items() if key.startswith(ROUND_SECTIONS)}
+    (after the reward models' quality gate); not ``rounds.count``, which decides how many rounds
+    follow, not what this one does."""
+    return {"round": str(k)} | {key: v for key, v in run_params(config).items()
+                                if key.startswith(ROUND_SECTIONS) and key != "rounds.count"}
 
 
 # MLflow opens an experiment of this kind in its model-training view (runs, charts, the model
