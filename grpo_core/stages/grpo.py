@@ -25,10 +25,10 @@ from grpo_core.training.distributed import Dist
 from grpo_core.config import GRPOConfig, PipelineConfig
 from grpo_core.data import Example
 from grpo_core.evaluation import greedy_accuracy
-from grpo_core.lm.modeling import load_model
+from grpo_core.lm.modeling import load_model, load_tokenizer
 from grpo_core.lm.policy import CompletionLogprobs
-from grpo_core.lm.runtime import autocast, model_device, place
-from grpo_core.rewards.scorer import RewardError, RewardScorer, require_reward_models
+from grpo_core.lm.runtime import autocast, device_for, place
+from grpo_core.rewards.scorer import RewardError, RewardScorer
 from grpo_core.stages.common import SINGLE, digest_dir, read_split, round_seed, run_identity, set_threads, write_manifest
 from grpo_core.stages.ppo import value_model_from, value_updates  # (also registers PPO's estimator, "gae")
 from grpo_core.stages.questions import QuestionSampler, draw_seed, fill, read_pass_rates
@@ -112,22 +112,25 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
     if gc.curriculum and pass_rates is None:
         raise ValueError(f"grpo.curriculum = {gc.curriculum} draws questions by the policy's pass rates, but no "
                          f"reward-data pass rates were given")
+    d = distributed.init(cfg.launch)
+    device = device_for(cfg.launch)  # this process's
+    logger = (logger or NullLogger()) if d.main else NullLogger()
+    set_threads(cfg.threads)
+    # The reward (the answer checker and the reward models the recipe weighs): a weighted model that
+    # was not given is an error here, before any checkpoint is looked at.
     reward_models = reward_models or {}
-    require_reward_models(gc.reward_weights, reward_models)  # before any checkpoint is looked at
+    scorer = RewardScorer.for_recipe(gc, load_tokenizer(init_dir), cfg.reward_data.step_separator, reward_models,
+                                     device=device)
     used = {k: reward_models[k] for k in gc.reward_models_used}
     seed = round_seed(cfg.seed, round_)
     identity = run_identity(cfg, "grpo", init=digest_dir(Path(init_dir)), round=round_,
                             reward_models={k: digest_dir(Path(p)) for k, p in used.items()},
                             separator=cfg.reward_data.step_separator if "prm" in used else None,
                             **({"pass_rates": digest_dir(Path(pass_rates))} if gc.curriculum else {}))
-    d = distributed.init(cfg.launch)
-    logger = (logger or NullLogger()) if d.main else NullLogger()
-    set_threads(cfg.threads)
     trainer = Trainer(cfg, "grpo", out_dir, identity, d, logger)
     policy, tokenizer = load_model(trainer.resume or init_dir)
     place(policy, cfg.launch, train=True)
-    scorer = RewardScorer.for_recipe(gc, tokenizer, cfg.reward_data.step_separator, used, device=model_device(policy))
-    amp = functools.partial(autocast, cfg.launch, model_device(policy))
+    amp = functools.partial(autocast, cfg.launch, device)
     # The models the algorithm uses: the frozen reference where it samples it or weighs a KL to it;
     # PPO's value model from the policy (on resume its weights come from the checkpoint).
     alg = ALGORITHMS[gc.algorithm]

@@ -1,0 +1,86 @@
+"""The screenshots of docs/mlflow.md: what a person sees in MLflow's compare view of two rounds and of
+two recipes, taken with a headless browser.
+
+    # once: a browser and its driver (neither is needed to run or test the project)
+    apt-get install chromium-headless-shell && pip install playwright
+    # in a project folder where `make demo` and a second recipe have run (its mlflow.db):
+    grpo-pipeline run configs/demo.yaml --set run_name=demo-lr --set grpo.lr=3e-6 --set rounds.count=1
+    python docs/screenshots/take.py --store mlflow.db --rounds demo --recipes demo demo-lr
+
+It starts an MLflow server on 127.0.0.1 for the store, opens each comparison by its address, turns
+on the parameters' "Show diff only", and saves the page; then stops the server.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+
+def _serve(store: Path, port: int) -> subprocess.Popen:
+    mlflow = Path(sys.executable).with_name("mlflow")
+    server = subprocess.Popen([str(mlflow), "server", "--backend-store-uri", f"sqlite:///{store.resolve()}",
+                               "--host", "127.0.0.1", "--port", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(120):
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+            return server
+        except OSError:
+            time.sleep(0.5)
+    server.kill()
+    raise RuntimeError(f"MLflow did not start on port {port}")
+
+
+def _comparisons(store: Path, rounds_of: str, recipes: list[str]) -> tuple[str, dict[str, list[str]]]:
+    """The experiment and the runs of each comparison: ``rounds_of``'s rounds 1 and 2 (the parent
+    run's ``round_run`` tags: a continuation's name the rounds before it too), and two recipes' runs."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{store.resolve()}")
+    exp = client.get_experiment_by_name("grpo-pipeline").experiment_id
+    parents = {r.info.run_name: r.info.run_id for r in client.search_runs([exp], "tags.pipeline = 'deepseekmath-grpo'")}
+    tags = client.get_run(parents[rounds_of]).data.tags
+    return exp, {"compare-rounds": [tags["round_run.1"], tags["round_run.2"]],
+                 "compare-recipes": [parents[name] for name in recipes]}
+
+
+def main() -> None:
+    from playwright.sync_api import sync_playwright
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--store", type=Path, default=Path("mlflow.db"))
+    ap.add_argument("--out", type=Path, default=Path("docs/screenshots"))
+    ap.add_argument("--browser", default="/usr/bin/chromium-headless-shell")
+    ap.add_argument("--port", type=int, default=5077)
+    ap.add_argument("--rounds", default="demo", help="the parent run whose rounds 1 and 2 are compared")
+    ap.add_argument("--recipes", nargs=2, default=["demo", "demo-lr"], help="two parent runs to compare")
+    a = ap.parse_args()
+    exp, comparisons = _comparisons(a.store, a.rounds, a.recipes)
+    server = _serve(a.store, a.port)
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=a.browser, args=["--no-sandbox"])
+            page = browser.new_page(viewport={"width": 1400, "height": 2600})
+            for name, runs in comparisons.items():
+                page.goto(f"http://127.0.0.1:{a.port}/#/compare-runs?runs={json.dumps(runs)}"
+                          f"&experiments={json.dumps([exp])}&workflowType=machine_learning")
+                page.get_by_text("Show diff only").first.wait_for(timeout=30_000)
+                for close in page.get_by_role("button", name="Close").all():  # the assistant's side panel
+                    close.click()
+                page.get_by_role("switch").first.click()  # the parameters' "Show diff only"
+                page.wait_for_timeout(1500)
+                page.screenshot(path=str(a.out / f"{name}.png"))
+                print(a.out / f"{name}.png")
+            browser.close()
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+if __name__ == "__main__":
+    main()
