@@ -47,11 +47,14 @@ def test_the_prefect_journey_runs_as_written_in_the_docs(tmp_path):
     first_run = next(i for i, line in enumerate(lines) if "configs/minute.yaml" in line)
     # set -m: job control, as in the terminal the page is written for (a script without it starts
     # background jobs with SIGINT ignored, and Prefect's worker then never stops on SIGTERM).
-    script = "\n".join(["set -m", "set -euo pipefail", *lines[: first_run + 1], "set +e", stop])
+    # What the UI will ask for its data (a person's browser): this server's API, not port 4200's.
+    ui = f"curl -s http://127.0.0.1:{port}/ui-settings > ui-settings.json"
+    script = "\n".join(["set -m", "set -euo pipefail", *lines[: first_run + 1], ui, "set +e", stop])
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_"))}
     env["MLFLOW_TRACKING_URI"] = f"sqlite:///{tmp_path}/mlflow.db"
     done = subprocess.run(["bash", "-c", script], cwd=project, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
+    assert json.loads((project / "ui-settings.json").read_text())["api_url"] == f"http://127.0.0.1:{port}/api"
     manifest = json.loads((project / "runs" / "minute" / "manifest.json").read_text())
     assert manifest["eval"]["policy"]["n"] == 10
     left = subprocess.run(["pgrep", "-f", f"port {port}|{project}"], capture_output=True, text=True).stdout.split()

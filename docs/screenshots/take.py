@@ -6,6 +6,8 @@ two recipes, taken with a headless browser.
     # in a project folder where `make demo` and a second recipe have run (its mlflow.db):
     grpo-pipeline run configs/demo.yaml --set run_name=demo-lr --set grpo.lr=3e-6 --set rounds.count=1
     python docs/screenshots/take.py --store mlflow.db --rounds demo --recipes demo demo-lr
+    # with docs/prefect.md's server and deployments up (its UI address for the deployment `demo`):
+    python docs/screenshots/take.py --prefect http://127.0.0.1:4300/deployments/deployment/<id>
 
 It starts an MLflow server on 127.0.0.1 for the store, opens each comparison by its address, turns
 on the parameters' "Show diff only", and saves the page; then stops the server.
@@ -49,37 +51,48 @@ def _comparisons(store: Path, rounds_of: str, recipes: list[str]) -> tuple[str, 
                  "compare-recipes": [parents[name] for name in recipes]}
 
 
+def _mlflow(a, page) -> None:
+    exp, comparisons = _comparisons(a.store, a.rounds, a.recipes)
+    server = _serve(a.store, a.port)
+    try:
+        for name, runs in comparisons.items():
+            page.goto(f"http://127.0.0.1:{a.port}/#/compare-runs?runs={json.dumps(runs)}"
+                      f"&experiments={json.dumps([exp])}&workflowType=machine_learning")
+            page.get_by_text("Show diff only").first.wait_for(timeout=30_000)
+            for close in page.get_by_role("button", name="Close").all():  # the assistant's side panel
+                close.click()
+            page.get_by_role("switch").first.click()  # the parameters' "Show diff only"
+            page.wait_for_timeout(1500)
+            page.screenshot(path=str(a.out / f"{name}.png"))
+            print(a.out / f"{name}.png")
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
 def main() -> None:
     from playwright.sync_api import sync_playwright
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("--store", type=Path, default=Path("mlflow.db"))
+    ap.add_argument("--store", type=Path, help="an mlflow.db: the MLflow comparisons")
+    ap.add_argument("--prefect", help="a Prefect UI page (docs/prefect.md's deployment, its server running)")
     ap.add_argument("--out", type=Path, default=Path("docs/screenshots"))
     ap.add_argument("--browser", default="/usr/bin/chromium-headless-shell")
     ap.add_argument("--port", type=int, default=5077)
     ap.add_argument("--rounds", default="demo", help="the parent run whose rounds 1 and 2 are compared")
     ap.add_argument("--recipes", nargs=2, default=["demo", "demo-lr"], help="two parent runs to compare")
     a = ap.parse_args()
-    exp, comparisons = _comparisons(a.store, a.rounds, a.recipes)
-    server = _serve(a.store, a.port)
-    try:
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=a.browser, args=["--no-sandbox"])
-            page = browser.new_page(viewport={"width": 1400, "height": 2600})
-            for name, runs in comparisons.items():
-                page.goto(f"http://127.0.0.1:{a.port}/#/compare-runs?runs={json.dumps(runs)}"
-                          f"&experiments={json.dumps([exp])}&workflowType=machine_learning")
-                page.get_by_text("Show diff only").first.wait_for(timeout=30_000)
-                for close in page.get_by_role("button", name="Close").all():  # the assistant's side panel
-                    close.click()
-                page.get_by_role("switch").first.click()  # the parameters' "Show diff only"
-                page.wait_for_timeout(1500)
-                page.screenshot(path=str(a.out / f"{name}.png"))
-                print(a.out / f"{name}.png")
-            browser.close()
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=a.browser, args=["--no-sandbox"])
+        if a.store:
+            _mlflow(a, browser.new_page(viewport={"width": 1400, "height": 2600}))
+        if a.prefect:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(a.prefect)
+            page.get_by_text("Deployment ID").wait_for(timeout=30_000)
+            page.screenshot(path=str(a.out / "prefect-deployment.png"))
+            print(a.out / "prefect-deployment.png")
+        browser.close()
 
 
 if __name__ == "__main__":
