@@ -30,16 +30,21 @@ def _blocks(page: Path) -> list[str]:
     return re.findall(r"```bash\n(.*?)```", page.read_text(encoding="utf-8"), flags=re.S)
 
 
-@pytest.mark.skipif(not (ROOT / ".venv" / "bin" / "prefect").exists(), reason="needs the project's .venv (make venv)")
-def test_the_prefect_journey_runs_as_written_in_the_docs(tmp_path):
-    """docs/prefect.md's commands, read from the page, in a copy of the project: the server, the pool,
-    the deployments, the worker, the one-minute recipe, then the stop block; no process is left."""
-    project = tmp_path / "project"
+def project_copy(project: Path) -> Path:
+    """The project's tracked files copied to ``project``, with its ``.venv`` linked: a newcomer's folder."""
     files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
     for name in files:
         (project / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / name, project / name)
     (project / ".venv").symlink_to(ROOT / ".venv")
+    return project
+
+
+@pytest.mark.skipif(not (ROOT / ".venv" / "bin" / "prefect").exists(), reason="needs the project's .venv (make venv)")
+def test_the_prefect_journey_runs_as_written_in_the_docs(tmp_path):
+    """docs/prefect.md's commands, read from the page, in a copy of the project: the server, the pool,
+    the deployments, the worker, the one-minute recipe, then the stop block; no process is left."""
+    project = project_copy(tmp_path / "project")
     start, stop = _blocks(ROOT / "docs" / "prefect.md")[:2]
     port = "4391"  # not the page's 4300, which a person may be using
     # The page's commands up to and including the one-minute run (the 13-minute demo is not run here).

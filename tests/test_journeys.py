@@ -4,20 +4,19 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.test_deployments import ROOT, _blocks, project_copy
+
 PAGE = ROOT / "docs" / "mlflow.md"
 
 
 def _commands(page: Path) -> list[str]:
     """The first ```bash block of a page, its commands without comments, ``make ui`` left out."""
-    block = re.findall(r"```bash\n(.*?)```", page.read_text(encoding="utf-8"), flags=re.S)[0]
+    block = _blocks(page)[0]
     lines = [line.split("  #")[0].strip() for line in block.splitlines()]
     return [line for line in lines if line and not line.startswith("make ui")]
 
@@ -27,12 +26,7 @@ def _commands(page: Path) -> list[str]:
 def test_the_rounds_and_mlflow_journey_runs_as_written_in_the_docs(tmp_path):
     from mlflow.tracking import MlflowClient
 
-    project = tmp_path / "project"
-    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
-    for name in files:
-        (project / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(ROOT / name, project / name)
-    (project / ".venv").symlink_to(ROOT / ".venv")
+    project = project_copy(tmp_path / "project")
     commands = _commands(PAGE)
     assert any(c.startswith("grpo-pipeline rounds") for c in commands), commands
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_"))}
