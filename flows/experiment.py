@@ -306,7 +306,7 @@ def _experiment(run_dir: str, preset: str, variants: list[str] | None, seeds: in
         tracker.log_metrics({f"{preset}/{r['variant']}/test_accuracy_mean": r["test_accuracy_mean"] for r in rows})
         create_markdown_artifact(key=artifact_key(f"{preset}-{cfg.run_name}"), markdown=report(out, mlflow_link(uri, exp_id, parent)),
                                  description=f"{preset} of {s.root}, {seeds} seed(s) per variant")
-        out = write_manifest(out_root, out)
+        out = write_manifest(out_root, out, s.root)
     log.info("%s:\n%s", preset, format_table(out))
     return out
 

@@ -53,7 +53,7 @@ def pretraining_stages(config: PipelineConfig, run_dir, data: Ref, common: dict)
     if not hit:
         done = corpus(config, own_benchmarks=inputs.benchmarks(), parent_run_id=common["parent_id"])
         done.update(cache_key=key, digest=digest_dir(Path(done["corpus_dir"])))
-        write_manifest(out, done)
+        write_manifest(out, done, run_dir)
     done = inputs.output.model_validate(done)
     pre = run_stage(pretrain_task, config, str(run_dir / "pretrain"), PretrainInputs(corpus=done.ref), **common)
     return {"corpus": StageRun(done, hit, time.perf_counter() - clock - pre.seconds), "pretrain": pre}
@@ -211,7 +211,7 @@ def _pipeline(config: PipelineConfig, continues: str | None = None) -> dict:
         manifest["figures"] = summarise(manifest, run_dir, exp_id, tracker)
         # The resolved recipe goes beside the manifest it produced (``baseline`` reads both).
         (run_dir / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
-        manifest = write_manifest(run_dir, manifest)
+        manifest = write_manifest(run_dir, manifest, run_dir)
     log.info("pipeline %s finished: %s", config.run_name,
              json.dumps({k: round(v["accuracy"], 4) for k, v in eval_results.items()}))
     if kept := unsent_count(unsent):

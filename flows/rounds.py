@@ -166,16 +166,17 @@ def rl_round(cfg: PipelineConfig, k: int, data: Ref, sft: Ref, start: RoundStart
         cached, stages = summary["cached_stages"], summary["stages"]
         summary["quality_warnings"] = gated.failures
         summary["excluded_reward_models"] = gated.excluded
+        # A round served whole from the cache (a rerun, a continuation) is the run that computed it.
+        logged = logged_round(uri, stages["grpo"]["mlflow_run_id"]) if len(cached) == len(results) else None
         clock = time.perf_counter()
         name = registered_name(cfg)
         summary["model_version"] = patiently(lambda: register_policy(
-            uri, name, run_id, grpo.model, k, summary["val_accuracy"], grpo.digest), uri, wait_s, f"register round {k}'s policy")
+            uri, name, logged or run_id, grpo.model, k, summary["val_accuracy"], grpo.digest), uri, wait_s,
+            f"register round {k}'s policy")
         champion = patiently(lambda: promote_champion(uri, name, [*start.versions, summary["model_version"]]),
                              uri, wait_s, "move the champion alias")
         # Where the round's time went: each stage as the flow waited for it, and the model registry.
         summary["profile"] = {s: r.seconds for s, r in results.items()} | {"register": time.perf_counter() - clock}
-        # A round served whole from the cache (a rerun, a continuation) is the run that computed it.
-        logged = logged_round(uri, stages["grpo"]["mlflow_run_id"]) if len(cached) == len(results) else None
         if logged is None:
             tracker = MlflowLogger(uri, run_id, unsent=unsent)
             tracker.log_params(round_params(gcfg, k))
@@ -189,7 +190,7 @@ def rl_round(cfg: PipelineConfig, k: int, data: Ref, sft: Ref, start: RoundStart
                                  markdown=round_report(summary, champion, link),
                                  description=f"RL round {k} of {cfg.run_name}")
     if logged is not None:
-        delete_run(uri, run_id)  # (empty: nothing ran in it)
+        delete_run(uri, run_id)  # (empty: nothing ran or was registered in it)
     summary.update(mlflow_run_id=logged or run_id, champion=champion)
     log.info("round %d: test %.4f, validation %.4f, cached %s", k, summary["test_accuracy"],
              summary["val_accuracy"], cached or "none")

@@ -25,27 +25,33 @@ def disk_needed(cfg: PipelineConfig) -> int:
     """Bytes the run's training stages write, an estimate from the model's parameter count: each keeps
     ``keep_checkpoints`` checkpoints (fp32 weights and AdamW's two moments: 3x the weights) beside its
     best and its published model (1x each); SFT (and continued pretraining), then per round GRPO (PPO:
-    its value model's checkpoints too), the ORM and the PRM. Rollouts, datasets and logs are small
-    beside them."""
+    its value model's checkpoints too), the ORM and the PRM; and one checkpoint more at the peak (a new
+    one is written before the oldest is removed). Rollouts, datasets and logs are small beside them."""
     from grpo_core.algorithms import ALGORITHMS
     from grpo_core.lm.modeling import parameter_count
 
     weights = 4 * parameter_count(cfg.model)
+    value = len(ALGORITHMS[cfg.grpo.algorithm].trains)
 
     def stage(section, companions: int = 0) -> int:
         return (3 * section.keep_checkpoints * (1 + companions) + 2) * weights
 
-    value = len(ALGORITHMS[cfg.grpo.algorithm].trains)
     per_round = stage(cfg.grpo, value) + sum(stage(getattr(cfg, k)) for k in ("orm", "prm") if getattr(cfg, k).train)
-    return stage(cfg.sft) + (stage(cfg.pretrain) if cfg.pretrain.train else 0) + cfg.rounds.count * per_round
+    peak = 3 * (1 + value) * weights
+    return stage(cfg.sft) + (stage(cfg.pretrain) if cfg.pretrain.train else 0) + cfg.rounds.count * per_round + peak
+
+
+def _run_place(cfg: PipelineConfig) -> tuple[Path, Path]:
+    """The run folder, and its nearest ancestor that exists (nothing is created here)."""
+    place = Path(cfg.output_dir).resolve() / cfg.run_name
+    return place, next(p for p in (place, *place.parents) if p.exists())
 
 
 def disk_report(cfg: PipelineConfig) -> dict[str, float]:
     """The run's estimated writes, what its folder holds already and the free space there (MiB)."""
     import shutil
 
-    place = Path(cfg.output_dir).resolve() / cfg.run_name
-    existing = next(p for p in (place, *place.parents) if p.exists())
+    place, existing = _run_place(cfg)
     held = sum(f.stat().st_size for f in place.rglob("*") if f.is_file()) if place.is_dir() else 0
     mib = 2**20
     return {"estimate_mib": round(disk_needed(cfg) / mib, 1), "in_run_folder_mib": round(held / mib, 1),
@@ -100,8 +106,7 @@ def _model_problems(cfg: PipelineConfig) -> list[str]:
 
 def _output_problems(cfg: PipelineConfig) -> list[str]:
     """The run folder's nearest existing ancestor must be a writable folder (nothing is created here)."""
-    place = Path(cfg.output_dir).resolve() / cfg.run_name
-    existing = next(p for p in (place, *place.parents) if p.exists())
+    place, existing = _run_place(cfg)
     if not existing.is_dir():
         return [f"{existing}: not a folder, so {place} cannot be made (output_dir, run_name)"]
     if not os.access(existing, os.W_OK | os.X_OK):

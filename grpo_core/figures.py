@@ -19,8 +19,6 @@ import math
 import sys
 from pathlib import Path
 
-from grpo_core.stages.common import read_manifest
-
 CURVES = [("train/reward_mean", "reward (mean of the group)"), ("val/accuracy", "validation accuracy"),
           ("train/kl", "KL to the reference")]
 
@@ -300,6 +298,8 @@ def save(figures: dict, out_dir: Path) -> dict[str, Path]:
 
 def run_figure(run_dir: Path, out: Path) -> Path:
     """The README's picture: test accuracy beside GRPO's validation accuracy over every round."""
+    from grpo_core.stages.common import read_manifest  # (torch: only for the README's picture)
+
     plt = _pyplot()
     manifest = read_manifest(Path(run_dir) / "manifest.json")
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [1.2, 1]})

@@ -423,6 +423,9 @@ def experiment_id(uri: str, name: str, wait_s: float = 0.0) -> str:
         raise TrackingError(f"MLflow tracking at {redact(uri)} is not usable: {e}") from None
 
 
+_SAID_ELSEWHERE: set[tuple[str, str]] = set()  # experiments whose artifacts live elsewhere, already said
+
+
 def _experiment_id(uri: str, name: str) -> str:
     from mlflow.tracking import MlflowClient
 
@@ -436,7 +439,8 @@ def _experiment_id(uri: str, name: str) -> str:
             for key, value in EXPERIMENT_KIND.items():
                 client.set_experiment_tag(exp.experiment_id, key, value)
         ours = exp.artifact_location.startswith("file:") and exp.artifact_location.endswith("/mlartifacts")
-        if artifacts and ours and exp.artifact_location != artifacts:
+        if artifacts and ours and exp.artifact_location != artifacts and (uri, name) not in _SAID_ELSEWHERE:
+            _SAID_ELSEWHERE.add((uri, name))  # once per process
             # A database copied from another project: MLflow keeps an experiment's artifact folder for good.
             log.warning("MLflow experiment %r keeps its artifacts (figures, tables) at %s, not beside its database "
                         "(%s): it was made there, and new runs' artifacts go there too; name another experiment "
@@ -480,27 +484,32 @@ def start_run(uri: str, exp_id: str, name: str, parent_id: str | None = None, ta
                      uri, wait_s, f"start its MLflow run {name!r}")
 
 
-def logged_round(uri: str, stage_run_id: str) -> str | None:
-    """The round run a cached stage was logged under (its parent), where that run finished with the
-    round's metrics: a round served whole from the cache is that run, not a copy of it."""
+def logged_round(uri: str, grpo_run_id: str) -> str | None:
+    """The finished round run that logged the round whose GRPO stage ran as ``grpo_run_id`` (its
+    ``stage_run.grpo`` tag), with the round's metrics: a round served whole from the cache is that
+    run, not a copy of it. None where there is none (the round's logging never finished)."""
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(uri)
     try:
-        parent = client.get_run(stage_run_id).data.tags.get("mlflow.parentRunId")
-        run = client.get_run(parent) if parent else None
-    except MlflowException:  # a stage run deleted since, or in another store
+        exp = client.get_run(grpo_run_id).info.experiment_id
+        runs = client.search_runs([exp], f"tags.`stage_run.grpo` = '{grpo_run_id}' and attributes.status = 'FINISHED'",
+                                  order_by=["attributes.start_time ASC"])
+    except MlflowException:  # the stage's run deleted since, or in another store
         return None
-    done = run is not None and run.info.status == "FINISHED" and run.info.lifecycle_stage == "active"
-    return parent if done and "round/test_accuracy" in run.data.metrics else None
+    return next((r.info.run_id for r in runs if "round/test_accuracy" in r.data.metrics), None)
 
 
 def delete_run(uri: str, run_id: str) -> None:
-    """Move a run to MLflow's trash (``mlflow gc`` removes it for good)."""
+    """Move a run to MLflow's trash (``mlflow gc`` removes it for good); a store that does not answer
+    leaves it where it is, with a warning (an empty run does no harm)."""
     from mlflow.tracking import MlflowClient
 
-    MlflowClient(uri).delete_run(run_id)
+    try:
+        MlflowClient(uri).delete_run(run_id)
+    except Exception as e:  # noqa: BLE001 (MLflow raises several kinds for a store that is away)
+        log.warning("could not move the empty MLflow run %s to the trash: %s", run_id, e)
 
 
 @contextmanager

@@ -112,6 +112,7 @@ def run_stage(stage_task, cfg: PipelineConfig, out_dir: str, inputs: StageInputs
     start = time.perf_counter()
     key = stage_key(stage_task.name, cfg, inputs, Path(out_dir))
     why = trusted(Path(out_dir) / "manifest.json", key, type(inputs).output)
+    served = read_manifest(Path(out_dir) / "manifest.json").get("mlflow_run_id") if why is None else None
     if why:
         log = logging.getLogger("grpo_pipeline.cache")
         log.warning("%s: %s: running the stage again (from its last complete checkpoint, if any)", stage_task.name, why)
@@ -123,9 +124,9 @@ def run_stage(stage_task, cfg: PipelineConfig, out_dir: str, inputs: StageInputs
         e.failed_stage = (stage_task.name, str(out_dir))
         raise
     # What the stage wrote, read where it is now (a cached result may carry the paths of a folder
-    # this run was copied from).
+    # this run was copied from); served, not run, when its MLflow run is the one trusted before.
     output = type(inputs).output.model_validate(read_manifest(Path(out_dir) / "manifest.json"))
-    return StageRun(output, why is None, time.perf_counter() - start)
+    return StageRun(output, why is None and output.mlflow_run_id == served, time.perf_counter() - start)
 
 
 def failed_stage(error: BaseException) -> str | None:
@@ -181,7 +182,7 @@ def stage_task(stage: str):
                 manifest["digest"] = digest_dir(Path(manifest["model"]))
             manifest["mlflow_run_id"] = log.run_id
             manifest["cache_key"] = key
-            return write_manifest(Path(out_dir), manifest)
+            return write_manifest(Path(out_dir), manifest, cfg.run_dir)
     return run
 
 

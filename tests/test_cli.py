@@ -87,8 +87,9 @@ def test_check_estimates_the_disk_a_run_needs_and_refuses_too_little(tmp_path, c
     model, _ = init_model(load_config(minute).model, seed=0)
     assert parameter_count(load_config(minute).model) == sum(p.numel() for p in model.parameters())
     weights = 4 * parameter_count(load_config(minute).model)  # fp32
-    assert base == (3 * 2 + 2) * weights * 2  # SFT and one round's GRPO: 2 checkpoints, best, model
-    assert disk_needed(load_config(minute, ["rounds.count=3"])) == (3 * 2 + 2) * weights * 4
+    # SFT and one round's GRPO (2 checkpoints, best, model each), and a third checkpoint at the peak
+    assert base == (3 * 2 + 2) * weights * 2 + 3 * weights
+    assert disk_needed(load_config(minute, ["rounds.count=3"])) == (3 * 2 + 2) * weights * 4 + 3 * weights
     assert disk_needed(load_config(minute, ["sft.keep_checkpoints=1"])) == base - 3 * weights
     real = shutil.disk_usage
     monkeypatch.setattr(shutil, "disk_usage", lambda p: SimpleNamespace(free=1024, total=real(p).total))

@@ -139,8 +139,8 @@ def test_pipeline_end_to_end_and_cached_rerun(prefect_harness, tmp_path, tiny_cf
     assert manifest4["stages"]["sft"]["digest"] == manifest["stages"]["sft"]["digest"]
     assert manifest4["eval"] == manifest["eval"]
 
-    # ---- a run folder copied elsewhere (another project), the original gone: every stage reused,
-    # read where it is now (docs/pipeline.md, "Moving a run")
+    # ---- a run folder copied elsewhere (another project), the original moved out of reach: every
+    # stage reused, read where it is now (docs/pipeline.md, "Iterative RL")
     from flows.pipeline import made_elsewhere
     from grpo_core.stages.inputs import DataInputs
     from tasks.stage_tasks import data_task
@@ -354,20 +354,23 @@ def test_compare_flow_reuses_the_runs_grpo_and_tabulates(prefect_harness, tmp_pa
 
 
 def test_manifest_paths_move_with_their_folder(tmp_path):
-    """A manifest read from a folder other than the one it was written in: paths under the tree that
-    moved move with it, others stay; never the file system's root."""
+    """A manifest read where it was not written: the paths under its run folder move with it, every
+    other path stays (a model beside the project, another run); one found at another place within
+    its run moves its own folder's paths only; one written before manifests said where is as it was."""
     from grpo_core.stages.common import read_manifest, write_manifest
 
-    old, new = tmp_path / "a" / "proj" / "runs" / "demo" / "sft", tmp_path / "b" / "proj" / "runs" / "demo" / "sft"
-    write_manifest(old, {"model": str(old / "model"), "data": [str(tmp_path / "a" / "proj" / "models" / "m")],
-                         "shared": "/opt/models/m", "near": str(tmp_path / "ab"), "n": 3})
-    shutil.copytree(old, new)
-    got = read_manifest(new / "manifest.json")
-    assert got["model"] == str(new / "model") and got["data"] == [str(tmp_path / "b" / "proj" / "models" / "m")]
-    assert got["shared"] == "/opt/models/m" and got["near"] == str(tmp_path / "ab") and got["n"] == 3
-    assert read_manifest(old / "manifest.json")["model"] == str(old / "model")
-    root = tmp_path / "proj" / "sft"
-    write_manifest(root, {"model": str(root / "model"), "other": "/opt/x"})
-    shutil.copytree(root, tmp_path / "c" / "proj" / "sft")
-    got = read_manifest(tmp_path / "c" / "proj" / "sft" / "manifest.json")
-    assert got["model"] == str(tmp_path / "c" / "proj" / "sft" / "model") and got["other"] == "/opt/x"
+    run, new_run = tmp_path / "a" / "proj" / "runs" / "demo", tmp_path / "b" / "proj" / "runs" / "demo"
+    outside = [str(tmp_path / "a" / "proj" / "models" / "m"), str(tmp_path / "a" / "proj" / "runs" / "demo2"), "/opt/m"]
+    write_manifest(run / "sft", {"model": str(run / "sft" / "model"), "data": [str(run / "data")],
+                                 "outside": outside, "n": 3}, run)
+    shutil.copytree(run, new_run)
+    got = read_manifest(new_run / "sft" / "manifest.json")
+    assert got["model"] == str(new_run / "sft" / "model") and got["data"] == [str(new_run / "data")]
+    assert got["outside"] == outside and got["n"] == 3 and got["run_folder"] == str(new_run)
+    assert read_manifest(run / "sft" / "manifest.json")["model"] == str(run / "sft" / "model")
+    shutil.copytree(run / "sft", tmp_path / "c" / "renamed")
+    got = read_manifest(tmp_path / "c" / "renamed" / "manifest.json")
+    assert got["model"] == str(tmp_path / "c" / "renamed" / "model") and got["data"] == [str(run / "data")]
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "manifest.json").write_text(json.dumps({"model": str(run / "x")}))
+    assert read_manifest(tmp_path / "old" / "manifest.json") == {"model": str(run / "x")}

@@ -176,9 +176,13 @@ def test_a_copied_database_says_where_its_artifacts_go(tmp_path, caplog):
     (tmp_path / "a").mkdir()
     made = experiment_id(f"sqlite:///{tmp_path}/a/mlflow.db", "demo")
     shutil.copytree(tmp_path / "a", tmp_path / "b")
+    def said() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if r.name == "grpo_pipeline.tracking"]
+
     with caplog.at_level(logging.WARNING, logger="grpo_pipeline.tracking"):
         assert experiment_id(f"sqlite:///{tmp_path}/a/mlflow.db", "demo") == made
-        assert not caplog.records  # where it was made: nothing to say
+        assert not said()  # where it was made: nothing to say
         assert experiment_id(f"sqlite:///{tmp_path}/b/mlflow.db", "demo") == made
-    [warning] = caplog.records
+        assert experiment_id(f"sqlite:///{tmp_path}/b/mlflow.db", "demo") == made  # said once
+    [warning] = said()
     assert str(tmp_path / "a" / "mlartifacts") in warning.getMessage() and "tracking.experiment" in warning.getMessage()

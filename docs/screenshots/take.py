@@ -1,5 +1,6 @@
-"""The screenshots of docs/mlflow.md: what a person sees in MLflow's compare view of two rounds and of
-two recipes, taken with a headless browser.
+"""The screenshots in docs/: what a person sees in MLflow's compare view of two rounds and of two
+recipes (docs/mlflow.md) and on Prefect's deployment page (docs/prefect.md), taken with a headless
+browser.
 
     # once: a browser and its driver (neither is needed to run or test the project)
     apt-get install chromium-headless-shell && pip install playwright

@@ -47,12 +47,12 @@ def read_manifest(path: Path) -> dict[str, Any]:
     return relocated(manifest, Path(path).parent)
 
 
-def write_manifest(out_dir: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+def write_manifest(out_dir: Path, manifest: dict[str, Any], run_folder: Path | None = None) -> dict[str, Any]:
     """Write ``manifest.json`` last, atomically: its presence means the stage finished. It records
-    the folder it was written in (``written_in``), so that a copied or moved run reads its paths
-    where they are now."""
+    the folder it was written in (``written_in``) and the run folder it belongs to (``run_folder``,
+    default: its own folder), so that a copied or moved run reads its paths where they are now."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    manifest = manifest | {"written_in": str(out_dir.resolve())}
+    manifest = manifest | {"written_in": str(out_dir.resolve()), "run_folder": str(Path(run_folder or out_dir).resolve())}
     tmp = out_dir / ".manifest.json.tmp"
     tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True))
     os.replace(tmp, out_dir / "manifest.json")
@@ -60,19 +60,20 @@ def write_manifest(out_dir: Path, manifest: dict[str, Any]) -> dict[str, Any]:
 
 
 def relocated(manifest: dict[str, Any], folder: Path) -> dict[str, Any]:
-    """``manifest`` as if written in ``folder``: where it was written elsewhere (its ``written_in``;
-    a copied or moved project or run folder), every path under the tree that moved is moved with it.
-    The tree is what the two folders do not share at their ends: ``/a/proj/runs/demo/sft`` now at
-    ``/b/proj/runs/demo/sft`` moves ``/a`` to ``/b``; paths outside it are left as they are."""
-    was, now = Path(manifest.get("written_in") or folder), Path(folder).resolve()
-    if was == now:
+    """``manifest`` as if written in ``folder``: where it was written elsewhere (its ``written_in``; a
+    copied or moved project or run folder), the paths under its run folder move with it
+    (``/a/runs/demo/sft/model`` to ``/b/runs/demo/sft/model`` for ``sft/manifest.json`` now under
+    ``/b/runs/demo``); every other path is left as it is. A manifest found at another place within
+    its run than the one it was written at moves its own folder's paths only."""
+    was, now = manifest.get("written_in"), Path(folder).resolve()
+    if was is None or Path(was) == now:  # (written before manifests said where, or not moved)
         return manifest
-    old, new = was.parts, now.parts
-    shared = 0
-    while shared < min(len(old), len(new)) - 2 and old[-1 - shared] == new[-1 - shared]:  # never the root itself
-        shared += 1
-    old_root, new_root = str(Path(*old[: len(old) - shared])), str(Path(*new[: len(new) - shared]))
-    return moved(manifest, old_root, new_root) | {"written_in": str(now)}
+    root = Path(manifest.get("run_folder") or was)
+    within = Path(was).relative_to(root).parts if Path(was).is_relative_to(root) else None
+    if within is None or now.parts[len(now.parts) - len(within):] != within:
+        root, within = Path(was), ()
+    new_root = Path(*now.parts[: len(now.parts) - len(within)])
+    return moved(manifest, str(root), str(new_root)) | {"written_in": str(now), "run_folder": str(new_root)}
 
 
 def moved(value: Any, old: str, new: str) -> Any:

@@ -200,7 +200,7 @@ class Trainer:
             st.stopped = ""  # resumed with a larger time budget
         if plan.eval_first and st.step == 0 and st.best_acc == -math.inf:
             self._evaluate(evaluate, regular=False)
-        said, saved = time.monotonic(), st.step  # the last checkpoint: the one resumed, or none (step 0)
+        said, saved = time.monotonic(), st.step  # the last checkpoint: the one resumed from (0: none)
         while not st.stopped:
             if plan.max_steps is not None and st.step >= plan.max_steps:
                 st.stopped = "steps"
@@ -216,8 +216,9 @@ class Trainer:
             try:
                 metrics = step(st)
             except FloatingPointError as e:
-                raise FloatingPointError(f"{self.section} step {st.step + 1}: {e}; the stage stops, and its last "
-                                         f"checkpoint (step {saved}) is where the same command resumes") from None
+                resume = (f"its last checkpoint (step {saved}) is where the same command resumes" if saved else
+                          "it has no checkpoint yet: the same command starts it over")
+                raise FloatingPointError(f"{self.section} step {st.step + 1}: {e}; the stage stops, and {resume}") from e
             epoch_end = plan.per_epoch and st.epoch > epoch
             if metrics is None and not epoch_end:
                 continue
