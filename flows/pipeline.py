@@ -152,7 +152,8 @@ def _pipeline(config: PipelineConfig, continues: str | None = None) -> dict:
         tracker = MlflowLogger(uri, parent, unsent=unsent)
         tracker.log_params(run_params(config))
         tracker.set_tags({"numerics.mkl_mode": str(process_numerics["mkl_mode"]),
-                          "numerics.cpu_capability": process_numerics["cpu_capability"]})
+                          "numerics.cpu_capability": process_numerics["cpu_capability"],
+                          "numerics.cpu": process_numerics["cpu"]})
         runs = {"data": run_stage(data_task, config, str(run_dir / "data"), DataInputs(), **common)}
         data = runs["data"].output
         runs |= pretraining_stages(config, run_dir, data.ref, common) if config.pretrain.train else {}

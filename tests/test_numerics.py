@@ -60,7 +60,7 @@ def test_a_stage_process_computes_in_the_projects_mode_or_the_users(user, tiny_c
     numerics = manifest["numerics"]
     assert numerics["mkl_mode"] == (user or "AUTO")
     assert numerics["settings"]["MKL_CBWR"] == {"value": user or "AUTO", "set_by": "user" if user else "project"}
-    assert numerics["cpu_capability"]
+    assert numerics["cpu_capability"] and numerics["cpu"]
 
 
 @needs_mkl

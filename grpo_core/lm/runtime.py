@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import warnings
+from pathlib import Path
 
 import torch
 
@@ -96,7 +97,22 @@ def numerics() -> dict:
                       "first call, before the setting; import grpo_core before computing with torch, or set "
                       "MKL_CBWR in the environment. Results may differ in the last bits across resumes.",
                       RuntimeWarning, stacklevel=2)
-    return {"settings": numerics_settings(), "mkl_mode": mode, "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+    return {"settings": numerics_settings(), "mkl_mode": mode, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "cpu": cpu_model()}
+
+
+def cpu_model() -> str:
+    """The CPU's vendor and model (``GenuineIntel: Intel(R) Xeon(R) ...``): MKL's AUTO mode takes another
+    code path on another vendor's CPU with the same instruction set, so two runs compare bit for bit
+    only on the same one."""
+    import platform
+
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()[:30]  # the first processor's
+        info = {k.strip(): v.strip() for k, v in (line.split(":", 1) for line in lines if ":" in line)}
+        return f"{info['vendor_id']}: {info['model name']}"
+    except (OSError, KeyError):
+        return platform.processor() or platform.machine()
 
 
 def probe_cases(trials: int = 150, seed: int = 0):
