@@ -102,9 +102,8 @@ def numerics() -> dict:
 
 
 def cpu_model() -> str:
-    """The CPU's vendor and model (``GenuineIntel: Intel(R) Xeon(R) ...``): MKL's AUTO mode takes another
-    code path on another vendor's CPU with the same instruction set, so two runs compare bit for bit
-    only on the same one."""
+    """The CPU's vendor and model (``GenuineIntel: Intel(R) Xeon(R) ...``), so that two runs' manifests
+    say whether they computed on the same kind of machine."""
     import platform
 
     try:
