@@ -52,11 +52,12 @@ def _comparisons(store: Path, rounds_of: str, recipes: list[str]) -> tuple[str, 
                  "compare-recipes": [parents[name] for name in recipes]}
 
 
-def _mlflow(a, page) -> None:
+def _mlflow(a, browser) -> None:
     exp, comparisons = _comparisons(a.store, a.rounds, a.recipes)
     server = _serve(a.store, a.port)
     try:
         for name, runs in comparisons.items():
+            page = browser.new_page(viewport={"width": 1400, "height": 2600})  # (the view reads its runs once)
             page.goto(f"http://127.0.0.1:{a.port}/#/compare-runs?runs={json.dumps(runs)}"
                       f"&experiments={json.dumps([exp])}&workflowType=machine_learning")
             page.get_by_text("Show diff only").first.wait_for(timeout=30_000)
@@ -86,7 +87,7 @@ def main() -> None:
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=a.browser, args=["--no-sandbox"])
         if a.store:
-            _mlflow(a, browser.new_page(viewport={"width": 1400, "height": 2600}))
+            _mlflow(a, browser)
         if a.prefect:
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             page.goto(a.prefect)
