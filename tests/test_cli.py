@@ -289,9 +289,10 @@ def test_ctrl_c_exits_130_saying_the_same_command_resumes(tmp_path, capsys, monk
 
 
 @pytest.mark.slow
-def test_sigterm_stops_a_run_leaving_no_process_and_the_same_command_resumes(tmp_path):
-    """SIGTERM mid-run: exit 143 with one line, Prefect's temporary server (a child) gone, and the same
-    command finishes the run from the cache."""
+@pytest.mark.parametrize("command", ["run", "rounds"])
+def test_sigterm_stops_a_run_leaving_no_process_and_the_same_command_resumes(tmp_path, command):
+    """SIGTERM mid-run (``run``, or ``rounds`` adding a round to a finished run): exit 143 with one
+    line, Prefect's temporary server (a child) gone, and the same command finishes from the cache."""
     import os
     import signal
     import time
@@ -301,17 +302,22 @@ def test_sigterm_stops_a_run_leaving_no_process_and_the_same_command_resumes(tmp
     root = Path(__file__).resolve().parents[1]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_API", "MLFLOW_"))}
     env |= {"PREFECT_HOME": str(tmp_path / "prefect"), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db"}
+    run_dir = tmp_path / "runs" / "minute"
     cmd = [sys.executable, "-m", "flows.cli", "run", str(root / "configs" / "minute.yaml"),
-           "--set", f"output_dir={tmp_path / 'runs'}"]
+           "--set", f"output_dir={tmp_path / 'runs'}", "--set", "grpo.steps=200"]
+    started = run_dir / "sft"
+    if command == "rounds":  # a finished run first, then the round it adds is stopped
+        subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600, check=True)
+        cmd, started = [sys.executable, "-m", "flows.cli", "rounds", str(run_dir), "--rounds", "1"], run_dir / "round-2" / "grpo"
     with open(tmp_path / "first.log", "w") as log:
         run = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
         children = []
-        for _ in range(240):  # until the flow has its server and a stage has started
-            time.sleep(0.5)
+        for _ in range(480):  # until the flow has its server and the stage has started
+            time.sleep(0.25)
             children = psutil.Process(run.pid).children(recursive=True)
-            if children and (tmp_path / "runs" / "minute" / "sft").exists():
+            if children and started.exists():
                 break
-        assert children, "no temporary Prefect server was started"
+        assert children and started.exists(), "no temporary Prefect server, or the stage never started"
         run.send_signal(signal.SIGTERM)
         assert run.wait(timeout=120) == 143
     assert (tmp_path / "first.log").read_text().strip().splitlines()[-1].startswith("terminated: nothing finished is lost")
@@ -319,7 +325,11 @@ def test_sigterm_stops_a_run_leaving_no_process_and_the_same_command_resumes(tmp
     assert not [c.pid for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
     again = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-2000:]
-    assert "data" in json.loads(again.stdout)["cached_stages"]
+    done = json.loads(again.stdout)
+    if command == "run":
+        assert "data" in done["cached_stages"]
+    else:
+        assert [r["round"] for r in done["rounds"]] == [1, 2] and "grpo" in done["rounds"][0]["cached_stages"]
 
 
 @pytest.mark.parametrize("debug", [True])  # (without --debug: the next test, a real NaN)
