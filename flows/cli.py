@@ -70,25 +70,25 @@ def _recipe(a: argparse.Namespace):
         _fail(str(e))
 
 
-def _inputs_ready(cfg) -> None:
-    """Every problem with the recipe's data files, model folders and output folder, one line each,
-    before any server starts (``grpo_core.check``); exit 2 if there is one."""
+def _inputs_ready(cfg) -> dict[str, float]:
+    """Every problem with the recipe's data files, model folders, output folder and disk, one line
+    each, before any server starts (``grpo_core.check``); exit 2 if there is one. Returns the run's
+    disk report."""
     from grpo_core.check import recipe_problems
 
-    problems = recipe_problems(cfg)
+    problems, disk = recipe_problems(cfg)
     for problem in problems:
         print(f"error: {problem}", file=sys.stderr)
     if problems:
         raise SystemExit(2)
+    return disk
 
 
 def cmd_check(a: argparse.Namespace) -> None:
     """The recipe and what it names, checked in seconds without starting anything."""
     cfg = _recipe(a)
-    _inputs_ready(cfg)
-    from grpo_core.check import disk_report
-
-    print(json.dumps({"recipe": a.config, "run_dir": str(cfg.run_dir), "ok": True, "disk": disk_report(cfg)}))
+    disk = _inputs_ready(cfg)
+    print(json.dumps({"recipe": a.config, "run_dir": str(cfg.run_dir), "ok": True, "disk": disk}))
 
 
 def _tracking_ready(cfg) -> None:

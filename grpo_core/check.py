@@ -14,11 +14,13 @@ from grpo_core.config import PipelineConfig
 from grpo_core.data import DataError, load_held_out, load_jsonl
 
 
-def recipe_problems(cfg: PipelineConfig) -> list[str]:
-    """Every problem found, one line each, naming the file (and line) and the recipe key."""
+def recipe_problems(cfg: PipelineConfig) -> tuple[list[str], dict[str, float] | None]:
+    """Every problem found, one line each, naming the file (and line) and the recipe key; and the
+    run's ``disk_report`` (None where a model or the output folder has a problem: the estimate reads
+    the model's config)."""
     models, output = _model_problems(cfg), _output_problems(cfg)
-    disk = [] if models or output else _disk_problems(cfg)  # (the estimate reads the model's config)
-    return _data_problems(cfg) + models + output + disk
+    disk = None if models or output else disk_report(cfg)
+    return _data_problems(cfg) + models + output + _disk_problems(cfg, disk), disk
 
 
 def disk_needed(cfg: PipelineConfig) -> int:
@@ -58,10 +60,9 @@ def disk_report(cfg: PipelineConfig) -> dict[str, float]:
             "free_mib": round(shutil.disk_usage(existing).free / mib, 1)}
 
 
-def _disk_problems(cfg: PipelineConfig) -> list[str]:
-    disk = disk_report(cfg)
-    needed = disk["estimate_mib"] - disk["in_run_folder_mib"]
-    if disk["free_mib"] >= needed:
+def _disk_problems(cfg: PipelineConfig, disk: dict[str, float] | None) -> list[str]:
+    needed = disk["estimate_mib"] - disk["in_run_folder_mib"] if disk else 0.0
+    if disk is None or disk["free_mib"] >= needed:
         return []
     return [f"{Path(cfg.output_dir).resolve()}: {disk['free_mib']:,.0f} MiB free, and the run's checkpoints and "
             f"models need about {needed:,.0f} MiB more; free some space, or keep fewer checkpoints "
