@@ -195,7 +195,7 @@ def cmd_experiment(a: argparse.Namespace) -> None:
             _fail(f"--{name} {getattr(a, name)}: must be positive")
     try:
         result = experiment(str(run_dir), a.command, variants, a.seeds, a.seconds, a.steps, a.samples,
-                            a.sample_questions, a.eval_every, a.lr)
+                            a.sample_questions, a.eval_every, a.lr, getattr(a, "recipe", None))
     except ValueError as e:
         _fail(str(e))
     print(format_table(result))
@@ -390,6 +390,10 @@ def build_parser() -> argparse.ArgumentParser:
                        + (str(preset.eval_every) if preset.eval_every else "the recipe's") + ")")
         x.add_argument("--lr", type=float, help="GRPO's learning rate for every RL variant, in a folder of its own "
                        "(one call per value: a sweep; default: the recipe's grpo.lr)")
+        if preset.own_reward_models:
+            x.add_argument("--recipe", help="a YAML recipe for the RL side (reward data, reward models, GRPO, rounds): "
+                           "the run's SFT model must be the one it describes (e.g. configs/demo-iterate.yaml); "
+                           "default: the run's own")
         x.set_defaults(func=cmd_experiment)
     rr = sub.add_parser("rounds", help="continue a finished run for more RL rounds (the rl-rounds flow)")
     rr.add_argument("run_dir", help="a finished run, e.g. runs/demo")

@@ -23,6 +23,8 @@ Outputs: ``runs/<run>/<preset>/<budget>/`` (manifest, figures), an MLflow run ``
 """
 from __future__ import annotations
 
+import contextlib
+
 from pathlib import Path
 
 import yaml
@@ -36,6 +38,7 @@ from flows.reports import figure_source, mlflow_link
 from flows.rounds import RoundStart, reward_stages
 from grpo_core import figures
 from grpo_core.config import PipelineConfig
+from grpo_core.stages.grpo import staleness
 from grpo_core.stages.common import digest_dir, read_manifest, run_identity, write_manifest
 from grpo_core.stages.inputs import INPUTS, EvalInputs, GRPOInputs, Ref, SFTInputs
 from grpo_core.stages.outputs import GRPOOutput, StageOutput, TrainedOutput
@@ -55,13 +58,16 @@ class Run(BaseModel):
     train_s: float                   # training seconds, evaluations not counted (two rounds: both GRPO stages)
     steps: int
     extra_s: float = 0.0             # outside the budget: the reward-model retraining between rounds
+    extra: dict[str, float] = {}     # the same by stage: reward_data (sampling), replay, orm / prm
     peak_memory: dict[str, float]    # the largest of its stages' peaks
     curve: list[tuple[float, float]]  # (training seconds, validation accuracy) at every evaluation
     rewards: list[dict] = []         # every GRPO step: elapsed_s, the checker's accuracy, the learned rewards' means
 
     @classmethod
-    def of(cls, seed: int, stages: list[TrainedOutput], extra_s: float = 0.0) -> "Run":
-        """From the outputs of its training stages, in order (the curves joined end to end)."""
+    def of(cls, seed: int, stages: list[TrainedOutput], extra: dict[str, float] | None = None) -> "Run":
+        """From the outputs of its training stages, in order (the curves joined end to end), and the
+        seconds of the stages between them by stage (outside the budget)."""
+        extra = {k: round(v, 1) for k, v in (extra or {}).items()}
         curve, rewards, offset = [], [], 0.0
         for st in stages:
             curve += [(offset + p["elapsed_s"], p["val/accuracy"]) for p in st.curve]
@@ -69,7 +75,8 @@ class Run(BaseModel):
             offset += st.train_s
         peaks = [st.peak_memory for st in stages]
         return cls(seed=seed, model=stages[-1].ref, train_s=round(offset, 1),
-                   steps=sum(st.steps for st in stages), extra_s=round(extra_s, 1), curve=curve, rewards=rewards,
+                   steps=sum(st.steps for st in stages), extra_s=round(sum(extra.values()), 1), extra=extra,
+                   curve=curve, rewards=rewards,
                    peak_memory={k: max(p[k] for p in peaks if k in p) for k in {k for p in peaks for k in p}})
 
 
@@ -91,6 +98,10 @@ class Setup(BaseModel):
         """One of the run's stages outside the rounds (``data``, ``sft``), typed."""
         return INPUTS[name].output.model_validate(self.manifest["stages"][name])
 
+    def rounds(self, name: str) -> int:
+        """How many GRPO rounds share a variant's budget (None in its row: the recipe's)."""
+        return VARIANTS[name].rounds or self.cfg.rounds.count
+
     def config(self, name: str, seed: int, k: int = 1) -> PipelineConfig:
         """The recipe of one (variant, seed), of its round ``k``: the variant's settings and budget."""
         variant, cfg = VARIANTS[name], self.cfg
@@ -98,44 +109,70 @@ class Setup(BaseModel):
         if variant.grpo is None:
             sft = cfg.sft.model_copy(update={"max_seconds": self.budget.seconds, "max_steps": 10**9, "patience": 0})
             return cfg.model_copy(update={"sft": sft, "seed": seed, "launch": launch})
-        grpo = cfg.grpo.model_validate({**cfg.grpo.model_dump(), **variant.grpo, **self.budget.grpo(variant.rounds, k),
+        grpo = cfg.grpo.model_validate({**cfg.grpo.model_dump(), **variant.grpo, **self.budget.grpo(self.rounds(name), k),
                                         "eval_every": self.eval_every, **({"lr": self.lr} if self.lr else {})})
         return cfg.model_copy(update={"grpo": grpo, "seed": seed, "launch": launch})
 
     def is_the_runs_grpo(self, vcfg: PipelineConfig) -> bool:
         """Whether a variant's run would be the run's own round-1 GRPO: the same training (its
         checkpoints would resume it), evaluations and budget, in the same process."""
-        return (run_identity(vcfg, "grpo") == run_identity(self.cfg, "grpo") and not self.budget.steps
+        return ("grpo" in self.first and run_identity(vcfg, "grpo") == run_identity(self.cfg, "grpo") and not self.budget.steps
                 and self.budget.seconds == self.first["grpo"].train_s and vcfg.grpo.eval_every == self.cfg.grpo.eval_every
                 and not self.preset.own_process)
 
 
+# What a run's SFT model was made from: a recipe given to an experiment must agree on these.
+SFT_SECTIONS = ("seed", "data", "model", "pretrain", "corpus", "sft")
+
+
 def setup(run_dir: str, preset: str, variants: list[str] | None, seconds: float | None, steps: int | None,
-          eval_every: int | None, lr: float | None = None) -> Setup:
-    """The finished run's parts and the budget; unknown variants and impossible budgets fail here."""
+          eval_every: int | None, lr: float | None = None, recipe: str | None = None) -> Setup:
+    """The finished run's parts and the budget; unknown variants and impossible budgets fail here.
+    ``recipe``: a YAML recipe whose RL sections (reward data, reward models, GRPO, rounds, eval)
+    replace the run's; what made the SFT model (``SFT_SECTIONS``) must be the run's."""
+    p = PRESETS[preset]
     unknown = [v for v in variants or () if v not in VARIANTS]
     if unknown:
         raise ValueError(f"unknown {preset} variant(s) {', '.join(unknown)}; known: {', '.join(VARIANTS)}")
-    if steps is not None and steps < 2 and TWO_ROUNDS in (variants or PRESETS[preset].variants):
-        raise ValueError(f"steps = {steps}: {TWO_ROUNDS} needs at least 2 GRPO steps (one per round)")
     root = Path(run_dir).resolve()
     manifest = read_manifest(root / "manifest.json")
     cfg = PipelineConfig.model_validate(yaml.safe_load((root / "config.yaml").read_text()))
-    p = PRESETS[preset]
-    rounds = manifest["rounds"] if p.all_rounds else manifest["rounds"][:1]
-    trained = sum(GRPOOutput.model_validate(r["stages"]["grpo"]).train_s for r in rounds)  # evaluations not counted
+    if recipe is not None:
+        cfg = over_the_run(cfg, recipe, root)
+    rounds = max((VARIANTS[v].rounds or cfg.rounds.count) for v in variants or p.variants)
+    if steps is not None and steps < rounds:
+        raise ValueError(f"steps = {steps}: a variant runs {rounds} GRPO rounds, each needs at least one step")
+    runs = manifest["rounds"] if p.all_rounds else manifest["rounds"][:1]
+    trained = sum(GRPOOutput.model_validate(r["stages"]["grpo"]).train_s for r in runs)  # evaluations not counted
+    if p.own_reward_models and not (seconds or steps):
+        steps = cfg.grpo.steps * cfg.rounds.count  # the recipe's GRPO steps over its rounds
     first = {name: INPUTS[name].output.model_validate(m) for name, m in manifest["rounds"][0]["stages"].items()}
     return Setup(root=root, manifest=manifest, first=first, cfg=continued(cfg, manifest["stages"]["sft"]), preset=p,
                  budget=Budget(seconds=seconds or trained, steps=steps),
                  eval_every=eval_every or p.eval_every or cfg.grpo.eval_every, lr=lr)
 
 
+def over_the_run(cfg: PipelineConfig, recipe: str, root: Path) -> PipelineConfig:
+    """``recipe`` for the run whose recipe is ``cfg``: its own settings, the run's name and folder;
+    refused in one line where it would have trained another SFT model."""
+    from grpo_core.recipe import flatten, load_config
+
+    theirs = load_config(recipe)
+    mine, other = flatten(cfg), flatten(theirs)
+    differ = sorted(k for k in mine.keys() | other.keys()
+                    if k.split(".")[0] in SFT_SECTIONS and mine.get(k) != other.get(k))
+    if differ:
+        raise ValueError(f"{recipe} is not for the SFT model of {root}: it sets {', '.join(differ[:5])}"
+                         f"{' ...' if len(differ) > 5 else ''} otherwise than the run's config.yaml")
+    return theirs.model_copy(update={"run_name": cfg.run_name, "output_dir": cfg.output_dir})
+
+
 def train_variant(s: Setup, name: str, seed: int, out: Path, data: Ref, sft: Ref, common: dict) -> Run:
     vcfg = s.config(name, s.cfg.seed + seed)
     if VARIANTS[name].grpo is None:
         return Run.of(vcfg.seed, [run_stage(sft_task, vcfg, str(out), SFTInputs(data=data, init=sft), **common).output])
-    if VARIANTS[name].rounds == 2:
-        return Run.of(vcfg.seed, *two_rounds(s, (vcfg, s.config(name, s.cfg.seed + seed, k=2)), out, data, sft, common))
+    if s.rounds(name) > 1:
+        return iterated(s, name, seed, out, data, sft, common)
     if s.is_the_runs_grpo(vcfg):
         return Run.of(vcfg.seed, [s.first["grpo"]])
     rms = {k: s.first[k].ref for k in vcfg.grpo.reward_models_used}
@@ -144,26 +181,40 @@ def train_variant(s: Setup, name: str, seed: int, out: Path, data: Ref, sft: Ref
         data=data, init=sft, reward_models=rms, pass_rates=rates), **common).output])
 
 
-def two_rounds(s: Setup, cfgs: tuple[PipelineConfig, PipelineConfig], out: Path, data: Ref, sft: Ref,
-               common: dict) -> tuple[list[GRPOOutput], float]:
-    """Iterative RL from the SFT model: GRPO round 1 with the run's round-1 PRM; sample the new policy,
-    retrain the PRM on those samples (and GRPO's rollouts) plus a replay of the run's round-1 data;
-    GRPO round 2 from round 1's policy (the new reference). ``cfgs``: each round's recipe. Returns the
-    GRPO outputs and the retraining seconds."""
-    vcfg, vcfg2 = cfgs
-    prm = s.first["prm"].ref
-    rates = (lambda stage: stage.pass_rates_ref if vcfg.grpo.curriculum else None)  # noqa: E731
-    g1 = run_stage(grpo_task, vcfg, str(out / "round-1" / "grpo"), GRPOInputs(
-        data=data, init=sft, reward_models={"prm": prm}, round=1, pass_rates=rates(s.first["reward_data"])), **common).output
-    start = RoundStart(policy=g1.ref, reward_models={"prm": prm},
-                       buffer=s.first["replay"].ref if "replay" in s.first else None,
-                       rollouts=Ref(path=g1.rollouts, digest=g1.digest) if g1.rollouts else None)
-    prm_only = vcfg.model_copy(update={"orm": vcfg.orm.model_copy(update={"train": False})})
-    retrain = reward_stages(prm_only, 2, out / "round-2", out, data, sft, start, common)
-    g2 = run_stage(grpo_task, vcfg2, str(out / "round-2" / "grpo"), GRPOInputs(
-        data=data, init=g1.ref, reward_models={"prm": retrain["prm"].output.ref}, round=2,
-        pass_rates=rates(retrain["reward_data"].output)), **common).output
-    return [g1, g2], sum(r.output.wall_s for r in retrain.values())  # the stages' own time (cached or not)
+def iterated(s: Setup, name: str, seed: int, out: Path, data: Ref, sft: Ref, common: dict) -> Run:
+    """Iterative RL from the SFT model (§4.2), the variant's rounds sharing its budget: GRPO round 1
+    on the round-1 reward models (``s.first``); then, each round, GRPO from the last round's policy
+    (the new reference) on reward models that are, by the variant, the same (frozen) or retrained
+    between rounds on the new policy's samples and GRPO's rollouts plus a replay share of earlier
+    data (``flows.rounds.reward_stages``, the pipeline's own). The retraining's seconds are outside
+    the budget (``Run.extra``)."""
+    variant = VARIANTS[name]
+    used = s.config(name, s.cfg.seed).grpo.reward_models_used
+    rms = {kind: s.first[kind].ref for kind in used}
+    buffer = s.first["replay"].ref if "replay" in s.first else None
+    rates = s.first["reward_data"].pass_rates_ref if "reward_data" in s.first else None
+    policy, stages, extra = sft, [], {}
+    for k in range(1, s.rounds(name) + 1):
+        vcfg = s.config(name, s.cfg.seed + seed, k)
+        g = run_stage(grpo_task, vcfg, str(out / f"round-{k}" / "grpo"), GRPOInputs(
+            data=data, init=policy, reward_models=rms, round=k,
+            pass_rates=rates if vcfg.grpo.curriculum else None), **common).output
+        stages.append(g)
+        policy = g.ref
+        if k == s.rounds(name) or not variant.retrain:
+            continue
+        retrain = vcfg.model_copy(update={
+            **{kind: getattr(vcfg, kind).model_copy(update={"train": kind in used}) for kind in ("orm", "prm")},
+            "rounds": vcfg.rounds.model_copy(update={"replay_fraction": vcfg.rounds.replay_fraction
+                                                     if variant.replay is None else variant.replay})})
+        start = RoundStart(policy=g.ref, reward_models=rms, buffer=buffer,
+                           rollouts=Ref(path=g.rollouts, digest=g.digest) if g.rollouts else None)
+        done = reward_stages(retrain, k + 1, out / f"round-{k + 1}", out, data, sft, start, common)
+        rms = {kind: done[kind].output.ref for kind in used}
+        buffer, rates = done["replay"].output.ref, done["reward_data"].output.pass_rates_ref
+        for stage, r in done.items():  # the stages' own time (cached or not)
+            extra[stage] = extra.get(stage, 0.0) + r.output.wall_s
+    return Run.of(s.cfg.seed + seed, stages, extra)
 
 
 def reward_model_quality(first: dict[str, StageOutput], uses: tuple[str, ...]) -> str:
@@ -175,6 +226,42 @@ def reward_model_quality(first: dict[str, StageOutput], uses: tuple[str, ...]) -
             parts.append(f"{kind.upper()} within-question AUC {held_out.get('within_question_auc', float('nan')):.3f} "
                          f"(pooled {name} {held_out.get(pooled, float('nan')):.3f})")
     return ", ".join(parts) or "-"
+
+
+def own_reward_models(s: Setup, names: list[str], out: Path, data: Ref, sft: Ref, common: dict) -> dict[str, StageOutput]:
+    """Round 1's reward data and the reward models the variants use, trained from the run's SFT
+    model under the experiment's recipe (``out/round-1``), shared by every variant and seed."""
+    used = set()
+    for name in names:
+        with contextlib.suppress(ValueError):  # a variant the recipe refuses is skipped, and said, later
+            used |= set(s.config(name, s.cfg.seed).grpo.reward_models_used) if VARIANTS[name].grpo is not None else set()
+    cfg = s.cfg.model_copy(update={kind: getattr(s.cfg, kind).model_copy(update={"train": kind in used})
+                                   for kind in ("orm", "prm")})
+    done = reward_stages(cfg, 1, out / "round-1", out, data, sft, RoundStart(policy=sft), common)
+    return {name: r.output for name, r in done.items()}
+
+
+def staleness_columns(runs: list[Run], window: int = 20) -> dict:
+    """Per learned reward model a variant trained on: its within-question AUC against the checker on
+    the policy's own rollouts, pooled over the first, middle and last ``window`` GRPO steps of the
+    whole run (every round), mean over seeds; and the checker's accuracy on those rollouts."""
+    out = {}
+    for kind in ("orm", "prm"):
+        if not runs or not all(any(p.get(f"{kind}_mixed_groups") for p in r.rewards) for r in runs):
+            continue
+        for when in ("start", "middle", "end"):
+            parts = [staleness(_window(r.rewards, when, window)) for r in runs]
+            for metric, key in ((f"{kind}_within_auc", f"staleness/{kind}_within_auc"),
+                                ("checker_accuracy", "staleness/checker_accuracy")):
+                values = [p[key] for p in parts if key in p]
+                if values:
+                    out[f"{metric}_{when}_mean"] = round(mean_std(values)[0], 4)
+    return out
+
+
+def _window(steps: list[dict], when: str, width: int) -> list[dict]:
+    middle = max(0, len(steps) // 2 - width // 2)
+    return {"start": steps[:width], "middle": steps[middle : middle + width], "end": steps[-width:]}[when]
 
 
 def summarise(name: str, accs: list[float], sft_acc: float, baseline: list[float] | None) -> dict:
@@ -195,10 +282,12 @@ def variant_row(s: Setup, name: str, runs: list[Run], sampled: dict, sft_acc: fl
     """A table row: test accuracy with its paired gains, maj@K / pass@K, the reward models' quality,
     memory and speed, all mean over seeds."""
     row = summarise(name, accs[name], sft_acc, accs.get(BASELINE))
-    for label, ref in (("one_round", ONE_ROUND if name == TWO_ROUNDS else None), (UNIFORM, UNIFORM if name != UNIFORM else None)):
+    compared = [("one_round", ONE_ROUND if name == TWO_ROUNDS else None), (UNIFORM, UNIFORM if name != UNIFORM else None)]
+    for label, ref in compared + [(other, other) for other in VARIANTS[name].against]:
         if ref in accs and len(accs[ref]) == len(accs[name]):
             d = seed_interval(accs[name], accs[ref])
             row |= {f"gain_over_{label}": round(d["mean"], 4), f"gain_over_{label}_95ci": [round(d["low"], 4), round(d["high"], 4)]}
+    row |= staleness_columns(runs)
     # Where rewards are sparse: how often a step, and how many of its groups, carried a policy gradient.
     zero = [[p["frac_batch_zero_std"] for p in r.rewards] for r in runs if r.rewards and "frac_batch_zero_std" in r.rewards[0]]
     if zero:
@@ -218,6 +307,8 @@ def variant_row(s: Setup, name: str, runs: list[Run], sampled: dict, sft_acc: fl
                   "steps_per_s_mean": round(mean_std([r.steps / max(r.train_s, 1e-9) for r in runs])[0], 3),
                   "train_s_mean": round(mean_std([r.train_s for r in runs])[0], 1),
                   "extra_s_mean": round(mean_std([r.extra_s for r in runs])[0], 1),
+                  **{f"extra_{stage}_s_mean": round(mean_std([r.extra.get(stage, 0.0) for r in runs])[0], 1)
+                     for stage in sorted({k for r in runs for k in r.extra})},
                   "per_seed": [round(a, 4) for a in accs[name]]}
 
 
@@ -225,23 +316,27 @@ def variant_row(s: Setup, name: str, runs: list[Run], sampled: dict, sft_acc: fl
     f"{parameter('preset')}-{Path(parameter('run_dir')).name}"))
 def experiment(run_dir: str, preset: str = "compare", variants: list[str] | None = None, seeds: int | None = None,
                seconds: float | None = None, steps: int | None = None, samples: int | None = None,
-               sample_questions: int | None = None, eval_every: int | None = None, lr: float | None = None) -> dict:
+               sample_questions: int | None = None, eval_every: int | None = None, lr: float | None = None,
+               recipe: str | None = None) -> dict:
     """Run ``preset`` (module docstring) on ``run_dir``, with any of its defaults overridden; returns
     the experiment's manifest (rows, runs, figures). ``lr``: GRPO's learning rate for every RL
-    variant (one call per value is a sweep, each in a folder of its own). One writer per run folder
+    variant (one call per value is a sweep, each in a folder of its own). ``recipe``: a YAML recipe
+    for the RL side (``setup``; its folder is named after it). One writer per run folder
     (tasks/run_lock.py)."""
     with run_lock(Path(run_dir), f"{preset} {Path(run_dir).name}", get_run_logger()):
-        return _experiment(run_dir, preset, variants, seeds, seconds, steps, samples, sample_questions, eval_every, lr)
+        return _experiment(run_dir, preset, variants, seeds, seconds, steps, samples, sample_questions, eval_every, lr,
+                           recipe)
 
 
 def _experiment(run_dir: str, preset: str, variants: list[str] | None, seeds: int | None, seconds: float | None,
                 steps: int | None, samples: int | None, sample_questions: int | None, eval_every: int | None,
-                lr: float | None) -> dict:
+                lr: float | None, recipe: str | None) -> dict:
     log = get_run_logger()
-    s = setup(run_dir, preset, variants, seconds, steps, eval_every, lr)
+    s = setup(run_dir, preset, variants, seconds, steps, eval_every, lr, recipe)
     seeds = seeds or s.preset.seeds
     samples = samples or s.preset.samples
-    cfg, out_root = s.cfg, s.root / preset / (s.budget.tag(s.eval_every) + (f"-lr{lr:g}" if lr else ""))
+    folder = (f"{Path(recipe).stem}-" if recipe else "") + s.budget.tag(s.eval_every) + (f"-lr{lr:g}" if lr else "")
+    cfg, out_root = s.cfg, s.root / preset / folder
     uri = tracking_uri(cfg)
     unsent = unsent_dir(s.root)
     exp_id = experiment_id(uri, cfg.tracking.experiment)
@@ -250,6 +345,8 @@ def _experiment(run_dir: str, preset: str, variants: list[str] | None, seeds: in
     common = {"uri": uri, "parent_id": parent}
     with finishing(uri, [parent], unsent):
         data, sft = s.stage("data").ref, s.stage("sft").ref
+        if s.preset.own_reward_models:
+            s = s.model_copy(update={"first": own_reward_models(s, variants or s.preset.variants, out_root, data, sft, common)})
         runs: dict[str, list[Run]] = {}
         for name in variants or s.preset.variants:
             try:
@@ -298,7 +395,7 @@ def _experiment(run_dir: str, preset: str, variants: list[str] | None, seeds: in
                "n_test": results["sft"]["n"], "n_sampled": sampled["sft"]["n"] if sampled else 0,
                "sft_val_accuracy": s.stage("sft").best_val_accuracy,
                "run_name": cfg.run_name, "dir": str(out_root), "mlflow_run_id": parent,
-               "grpo_lr": lr or cfg.grpo.lr}
+               "grpo_lr": lr or cfg.grpo.lr, "recipe": recipe}
         out["figures"] = {k: str(v) for k, v in figures.save(figures.study_figures(out), out_root / "figures").items()}
         tracker = MlflowLogger(uri, parent, unsent=unsent)
         tracker.log_table(rows, f"{preset}.json")
@@ -323,20 +420,27 @@ def format_table(result: dict) -> str:
     sampled = [f"maj@{k}", f"pass@{k}"] if k > 1 else []
     uniform = any(f"gain_over_{UNIFORM}" in r for r in result["rows"])
     gradient = any("groups_with_gradient_mean" in r for r in result["rows"])
+    against = [v for v in VARIANTS if any(f"gain_over_{v}" in r for r in result["rows"])]
+    stale = [kind for kind in ("orm", "prm") if any(f"{kind}_within_auc_start_mean" in r for r in result["rows"])]
     lines = ["| variant | seeds | test accuracy | vs SFT (95% CI) | vs continued SFT (95% CI) | "
-             + ("vs uniform (95% CI) | " if uniform else "") + "".join(f"{s} | " for s in sampled)
+             + ("vs uniform (95% CI) | " if uniform else "") + "".join(f"vs {v} (95% CI) | " for v in against)
+             + "".join(f"{s} | " for s in sampled)
              + ("steps / groups with a gradient, groups drawn a step | " if gradient else "")
+             + "".join(f"{k.upper()} within-question AUC on the policy's samples: start, middle, end | " for k in stale)
              + "steps/s | peak RSS (MiB) | training s | reward model |",
-             "|---" * (9 + len(sampled) + uniform + gradient) + "|"]
+             "|---" * (9 + len(sampled) + uniform + gradient + len(against) + len(stale)) + "|"]
     for r in result["rows"]:
         cells = [r["variant"], str(r["seeds"]), f"{100 * r['test_accuracy_mean']:.1f} ± {100 * r['test_accuracy_std']:.1f}",
                  pts(r, "gain_over_sft"), pts(r, "gain_over_continued-sft")] + ([pts(r, f"gain_over_{UNIFORM}")] if uniform else [])
+        cells += [pts(r, f"gain_over_{v}") for v in against]
         cells += [f"{100 * r[f'{s}_mean']:.1f}" + (f" ± {100 * r[f'{s}_std']:.1f}" if f"{s}_std" in r else "")
                   for s in sampled]
         if gradient:
             drawn = r.get("groups_drawn_per_step_mean")
             cells.append(f"{100 * r['steps_with_gradient_mean']:.0f}% / {100 * r['groups_with_gradient_mean']:.0f}%"
                          + (f", {drawn:.1f}" if drawn else "") if "groups_with_gradient_mean" in r else "-")
+        cells += [", ".join(f"{r[f'{k}_within_auc_{w}_mean']:.3f}" for w in ("start", "middle", "end"))
+                  if f"{k}_within_auc_start_mean" in r else "-" for k in stale]
         extra = f" (+{r['extra_s_mean']:.0f} retraining)" if r.get("extra_s_mean") else ""
         cells += [f"{r['steps_per_s_mean']:.2f}" if "steps_per_s_mean" in r else "-",
                   f"{r['peak_rss_mib_mean']:.0f}" if "peak_rss_mib_mean" in r else "-",
@@ -358,5 +462,11 @@ def report(result: dict, link: str) -> str:
         low, high = two["gain_over_one_round_95ci"]
         lines += [f"Two rounds against one (same GRPO time): {100 * two['gain_over_one_round']:+.1f} points "
                   f"[{100 * low:+.1f}, {100 * high:+.1f}].", ""]
-    lines += [f"![{name}]({figure_source(Path(path))})" for name, path in result["figures"].items()]
+    for r in result["rows"]:
+        for other in VARIANTS[r["variant"]].against if r["variant"] in VARIANTS else ():
+            if f"gain_over_{other}" in r:
+                low, high = r[f"gain_over_{other}_95ci"]
+                lines.append(f"- {r['variant']} against {other} (same GRPO steps): {100 * r[f'gain_over_{other}']:+.2f} "
+                             f"points [{100 * low:+.2f}, {100 * high:+.2f}], {r['seeds']} seeds.")
+    lines += [""] + [f"![{name}]({figure_source(Path(path))})" for name, path in result["figures"].items()]
     return "\n".join(lines)

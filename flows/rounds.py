@@ -86,7 +86,10 @@ def round_summary(k: int, runs: dict[str, StageRun], test: dict) -> dict:
         "test_per_question": test.get("per_question"),
         "held_out_accuracy": {name: r["accuracy"] for name, r in test.get("held_out", {}).items()},
         "grpo": {"steps": grpo.steps, "wall_s": grpo.wall_s, "train_s": grpo.train_s, "best_step": grpo.best_step,
-                 "resumed_from_step": grpo.resumed_from_step, **grpo.last_10_steps},
+                 "resumed_from_step": grpo.resumed_from_step, **grpo.last_10_steps,
+                 # the reward models' within-question AUC on the policy's samples, and the reward-hacking
+                 # curve, at GRPO's first, middle and last evaluation
+                 "staleness": grpo.staleness},
         "reward_models": rms,
         "buffer": {"dir": out["replay"].dir, "digest": out["replay"].digest} if "replay" in out else None,
         # The rollouts are determined by the stage that wrote them: its policy's digest names them.
@@ -126,6 +129,8 @@ def round_metrics(summary: dict) -> dict[str, float]:
                 "round/minus_previous_round_high": gain["high"]}
     out.update({f"round/{name}_accuracy": v for name, v in summary.get("held_out_accuracy", {}).items()})
     out.update({f"round/grpo_{k}": v for k, v in summary["grpo"].items() if isinstance(v, (int, float))})
+    out.update({f"round/staleness_{k}_{when}": v for k, vs in summary["grpo"].get("staleness", {}).items()
+                for when, v in zip(("start", "middle", "end"), vs)})
     for kind, rm in summary["reward_models"].items():
         for when in ("before", "after", "baseline"):
             out.update({f"rm/{kind}/{when}/{m}": v for m, v in rm.get(when, {}).items()})

@@ -9,16 +9,24 @@ from pydantic import BaseModel, ConfigDict
 
 class Variant(BaseModel):
     """One arm from the run's SFT model: the ``grpo`` settings it puts over the recipe's (None:
-    continued SFT), and rounds (2: GRPO in two halves of the budget, the PRM retrained between them
-    on the policy's fresh samples plus a 10% replay, outside the budget; the reference reset)."""
+    continued SFT; ``{}``: the recipe's GRPO) and its rounds (k > 1: GRPO in k shares of the budget,
+    each from the last one's policy, the reference reset to it; None: the recipe's
+    ``rounds.count``). Between rounds the reward models it uses are retrained on the policy's fresh
+    samples plus a ``replay`` share of earlier data (None: the recipe's ``rounds.replay_fraction``),
+    outside the budget, unless ``retrain`` is off: the round-1 reward models the whole way.
+    ``against``: the variants its row is compared with, seed by seed (``gain_over_<name>``)."""
 
     model_config = ConfigDict(frozen=True)
     about: str
     grpo: dict | None = None
-    rounds: int = 1
+    rounds: int | None = 1
+    retrain: bool = True
+    replay: float | None = None
+    against: tuple[str, ...] = ()
 
 
 BASELINE, ONE_ROUND, TWO_ROUNDS, UNIFORM = "continued-sft", "prm-process", "prm-process-2-rounds", "uniform"
+FROZEN, RETRAINED = "frozen", "retrained"
 RULE = {"reward_weights": {"rule": 1.0}, "supervision": "outcome"}
 PRM = {"reward_weights": {"prm": 1.0}, "supervision": "process"}
 VARIANTS = {
@@ -52,6 +60,17 @@ VARIANTS = {
     "curriculum": Variant(about="3 in 4 of each step's questions from those the SFT model solved sometimes in its "
                                 "reward-data samples", grpo={"curriculum": 0.75, "redraws": 0}),
     "dynamic+curriculum": Variant(about="both", grpo={"curriculum": 0.75, "redraws": 3}),
+    # Iterative RL (§4.2) on the recipe's own reward (``iterate``: a learned one alone), the recipe's
+    # rounds sharing the budget; only what happens to the reward models between rounds differs.
+    FROZEN: Variant(about="the recipe's GRPO in its rounds, the reference reset each round, the round-1 reward "
+                          "models the whole way", grpo={}, rounds=None, retrain=False),
+    RETRAINED: Variant(about="the same with the reward models retrained between rounds on the policy's fresh "
+                             "samples plus the recipe's replay share of earlier data (the paper: 10%)",
+                       grpo={}, rounds=None, against=(FROZEN,)),
+    "retrained-no-replay": Variant(about="the same without replay: the fresh samples alone", grpo={}, rounds=None,
+                                   replay=0.0, against=(FROZEN, RETRAINED)),
+    "retrained-replay-50": Variant(about="the same with half of each retraining set replayed", grpo={}, rounds=None,
+                                   replay=0.5, against=(FROZEN, RETRAINED)),
 }
 
 
@@ -68,6 +87,10 @@ class Preset(BaseModel):
     eval_every: int | None = None
     own_process: bool = False
     all_rounds: bool = False
+    # Round 1's reward models trained by the experiment, from the run's SFT model under the
+    # experiment's recipe (``--recipe``), instead of the run's own; the default budget in steps: the
+    # recipe's grpo.steps in each of its rounds.
+    own_reward_models: bool = False
 
 
 PRESETS = {
@@ -83,6 +106,12 @@ PRESETS = {
                              "dynamic sampling, the pass-rate curriculum and both, from one run's SFT model, several "
                              "seeds each, with intervals",
                        variants=(UNIFORM, "dynamic", "curriculum", "dynamic+curriculum")),
+    "iterate": Preset(about="iterative RL where a reward model can go stale: the recipe's learned reward alone, in its "
+                            "rounds, with the reward models frozen, retrained with the recipe's replay share, without "
+                            "replay and with half replayed; the same GRPO steps each, several seeds, intervals against "
+                            "frozen, the reward models' staleness on the policy's samples",
+                      variants=(FROZEN, RETRAINED, "retrained-no-replay", "retrained-replay-50"), seeds=5,
+                      own_reward_models=True),
     "baseline": Preset(about="SFT continued for the seconds GRPO trained over every round, beside the SFT model and "
                              "the run's policy (the no-RL baseline)",
                        variants=(BASELINE,), seeds=1, all_rounds=True),

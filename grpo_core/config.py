@@ -239,6 +239,9 @@ class GRPOConfig(Training):
     temperatures: tuple[float, ...] | None = Field(None, description="spread within a group: sample i uses [i % len]")
     max_new_tokens: int = Field(1024, ge=1, description="completion length cap (paper: 1024)")
     eval_every: int = BudgetField(50, ge=1, description="steps between validation accuracy checks")
+    # Picking the best checkpoint by validation accuracy uses the answer checker; without a verifier
+    # (a learned reward alone) the run's last policy is what a user would have.
+    keep_best: bool = Field(True, description="publish the checkpoint with the best validation accuracy (the answer checker on the validation questions); false: the last one")
     checkpoint_every: int = BudgetField(50, ge=1, description="steps between checkpoints")
     save_rollouts: bool = Field(True, description="keep every checked rollout (rollouts.jsonl): the next round's reward-model data")
     # Reward of a solution = sum of weight x source. rule: answer checker (0/1); orm: sigmoid of the

@@ -224,11 +224,37 @@ def train_reward_figure(runs_by_variant: dict[str, list[dict]], window: int = 10
     return fig
 
 
+def staleness_figure(runs_by_variant: dict[str, list[dict]], kinds: list[str], window: int = 20):
+    """Per learned reward model, per variant: its within-question AUC against the answer checker on
+    the policy's own rollouts, pooled over consecutive windows of ``window`` GRPO steps (every round
+    end to end), mean over seeds. A frozen reward model whose curve falls is going stale."""
+    import numpy as np
+
+    from grpo_core.stages.grpo import staleness
+
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(kinds), figsize=(5.5 * len(kinds), 3.8), squeeze=False)
+    for ax, kind in zip(axes[0], kinds):
+        for name, runs in runs_by_variant.items():
+            n = min(len(r["rewards"]) for r in runs)
+            ends = list(range(window, n + 1, window))
+            values = np.array([[staleness(r["rewards"][e - window : e]).get(f"staleness/{kind}_within_auc", math.nan)
+                                for e in ends] for r in runs])
+            ax.plot(ends, np.nanmean(values, 0), marker=".", lw=1.4, label=name)
+        ax.set_xlabel(f"GRPO step, every round (windows of {window})")
+        ax.set_ylabel(f"{kind.upper()} within-question AUC on the rollouts")
+        ax.legend(fontsize=7)
+    fig.suptitle("staleness: the reward model's ranking of the policy's current samples against the answer checker, "
+                 "mean over seeds", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
 def study_figures(study: dict) -> dict:
     """The §5 study's figures: ``accuracy_over_time``, ``sampling`` (maj@K / pass@K, Figure 7's question:
     does RL raise maj@K and leave pass@K flat?), ``memory`` (peak memory and steps per second) and,
     where a variant trains on a learned reward, ``reward_hacking`` (the checker against the learned
-    reward on the rollouts)."""
+    reward on the rollouts) and ``staleness`` (the reward model's ranking of those rollouts)."""
     plt = _pyplot()
     rows, k = study["rows"], study["samples"]
     what = f"{study['budget']['steps']} GRPO steps" if study["budget"]["steps"] else f"{study['budget']['seconds']:.0f} s"
@@ -271,6 +297,12 @@ def study_figures(study: dict) -> dict:
                if runs and all(r.get("rewards") and "frac_batch_zero_std" in r["rewards"][0] for r in runs)}
     if tracked and study.get("preset") == "sampling":
         out["train_reward"] = train_reward_figure(tracked)
+    kinds = [kind for kind in ("orm", "prm") if any(r.get("rewards") and any(p.get(f"{kind}_mixed_groups") for p in r["rewards"])
+                                                   for runs in study["runs"].values() for r in runs)]
+    stale = {name: runs for name, runs in study["runs"].items()
+             if runs and all(r.get("rewards") and any(f"{k}_within_auc" in r["rewards"][-1] for k in kinds) for r in runs)}
+    if stale:
+        out["staleness"] = staleness_figure(stale, kinds)
     learned = {name: key for name, runs in study["runs"].items() for key in ("orm_mean", "prm_lowest_mean")
                if runs and all(r.get("rewards") and key in r["rewards"][-1] for r in runs)}
     if learned:

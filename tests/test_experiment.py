@@ -35,7 +35,7 @@ def test_every_variant_trains_for_the_seconds_grpo_trained(tmp_path, tiny_cfg, p
             cfg = s.config(name, 0)
             assert (cfg.sft.max_seconds, cfg.sft.patience, cfg.sft.lr) == (seconds, 0, 1e-4), name
             continue
-        rounds = [s.config(name, 0, k) for k in range(1, variant.rounds + 1)]
+        rounds = [s.config(name, 0, k) for k in range(1, s.rounds(name) + 1)]
         assert sum(c.grpo.max_seconds for c in rounds) == pytest.approx(seconds), name  # two rounds share it
         assert all(c.grpo.steps >= 10**9 for c in rounds), name  # time decides, not steps
         assert rounds[0].launch.own_process == PRESETS[preset].own_process

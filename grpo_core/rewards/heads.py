@@ -75,6 +75,17 @@ def within_question_auc(scores: list[float], labels: list[bool], questions: list
     return (sum(aucs) / len(aucs) if aucs else float("nan")), len(aucs)
 
 
+def group_auc(scores: torch.Tensor, correct: torch.Tensor, g: int) -> tuple[float, int]:
+    """``within_question_auc`` of GRPO's groups: [N x G] scores of a batch's solutions (a group's G
+    rows consecutive) against [N x G] checker verdicts (1 right, 0 wrong). Solutions without a
+    finite score are left out. Returns the mean AUC over the groups with both right and wrong
+    solutions and how many there are (NaN, 0 when none): the reward model's staleness on the
+    samples the policy draws now, when measured on a training step's rollouts."""
+    keep = torch.isfinite(scores)
+    group = torch.arange(len(scores)) // g
+    return within_question_auc(scores[keep].tolist(), correct[keep].bool().tolist(), group[keep].tolist())
+
+
 def first_wrong_step(flags: list[bool]) -> int | None:
     """Index of the first False in per-step correctness flags, or None if all are True."""
     return next((k for k, ok in enumerate(flags) if not ok), None)

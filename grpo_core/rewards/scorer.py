@@ -7,7 +7,7 @@ are taken over the others).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -57,19 +57,24 @@ class Scored:
     step_ends: torch.Tensor | None = None  # [B, K] token where each step's advantage region ends
     step_mask: torch.Tensor | None = None  # [B, K] steps that count (none for dropped completions)
     stats: dict[str, float] | None = None
+    # [B] each learned reward model's own score of the solution (``orm``: its probability; ``prm``:
+    # the lowest step probability), whatever its weight: staleness is measured on these against
+    # ``correct`` (``rl.step_metrics``).
+    learned: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def select(self, index: torch.Tensor) -> "Scored":
         """The completions ``index`` [U] (long), in that order; ``stats`` stay those of the whole batch."""
         pick = lambda x: None if x is None else x[index]  # noqa: E731
         return Scored(self.outcome[index], self.correct[index], self.supervision, pick(self.step_rewards),
-                      pick(self.step_ends), pick(self.step_mask), self.stats)
+                      pick(self.step_ends), pick(self.step_mask), self.stats,
+                      {k: v[index] for k, v in self.learned.items()})
 
     @staticmethod
     def cat(parts: list["Scored"]) -> "Scored":
         """The completions of ``parts`` in order (steps padded to the most, as absent steps);
         ``stats`` are the first part's."""
         out = Scored(torch.cat([s.outcome for s in parts]), torch.cat([s.correct for s in parts]), parts[0].supervision,
-                     stats=parts[0].stats)
+                     stats=parts[0].stats, learned={k: torch.cat([s.learned[k] for s in parts]) for k in parts[0].learned})
         if parts[0].supervision == "outcome":
             return out
         k = max(s.step_rewards.shape[1] for s in parts)
@@ -120,13 +125,15 @@ class RewardScorer:
         rule = rule_reward(rollout.texts, golds)
         correct = rule.nan_to_num(0.0)
         stats: dict[str, float] = {"reward/rule_errors": float(rule.isnan().sum())}
+        learned: dict[str, torch.Tensor] = {}
         outcome = self.weights["rule"] * rule if "rule" in self.weights else torch.zeros_like(rule)
         if "orm" in self.weights:
             orm = torch.sigmoid(orm_logits(self.orm, once))[rows.inverse]
             stats["reward/orm_mean"] = float(orm[torch.isfinite(orm)].mean()) if torch.isfinite(orm).any() else float("nan")
             outcome = outcome + self.weights["orm"] * orm
+            learned["orm"] = orm
         if "prm" not in self.weights:
-            return Scored(outcome, correct, "outcome", stats=stats | _nonfinite(outcome))
+            return Scored(outcome, correct, "outcome", stats=stats | _nonfinite(outcome), learned=learned)
         ends, mask = rollout_step_ends(self.tokenizer, once, self.separator)
         steps = torch.sigmoid(prm_step_logits(self.prm, once, ends))[rows.inverse]
         ends, mask = ends[rows.inverse.to(ends.device)], mask[rows.inverse.to(mask.device)]
@@ -139,9 +146,10 @@ class RewardScorer:
                       "reward/steps_per_completion": float(mask.sum(dim=1).float().mean()),
                       # the learned reward beside train/accuracy (the checker's): a widening gap is a hack
                       "reward/prm_lowest_mean": float(lowest[finite].mean()) if finite.any() else float("nan")})
+        learned["prm"] = lowest
         solution = outcome + self.weights["prm"] * lowest
         if self.supervision == "outcome":
-            return Scored(solution, correct, "outcome", stats=stats | _nonfinite(solution))
+            return Scored(solution, correct, "outcome", stats=stats | _nonfinite(solution), learned=learned)
         rows = torch.arange(len(mask))
         last = (mask.sum(dim=1) - 1).clamp(min=0)
         step_rewards = self.weights["prm"] * steps
@@ -154,7 +162,7 @@ class RewardScorer:
         # is rewarded with the solution; the PRM still read its score at the step's own end.
         adv_ends = ends.clone()
         adv_ends[rows, last] = torch.maximum(ends[rows, last], last_token_index(rollout.completion_mask))
-        return Scored(solution, correct, "process", step_rewards, adv_ends, step_mask, stats)
+        return Scored(solution, correct, "process", step_rewards, adv_ends, step_mask, stats, learned)
 
 
 def require_reward_models(weights: dict[str, float], given) -> None:

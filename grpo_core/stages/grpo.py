@@ -94,8 +94,37 @@ SUMMARY_METRICS = ("train/reward_mean", "train/kl", "train/accuracy", "train/fra
 SUMMARY_WINDOW = 10
 # Kept at every step (the manifest's ``rewards``): the answer checker's accuracy on the rollouts beside
 # the learned rewards' means (a gap that widens is the policy hacking a reward model); the study draws it.
+# With them each learned reward model's within-question AUC on the policy's current samples (its
+# staleness) and how many groups it was measured on.
 RECORDED = ("train/accuracy", "train/reward_mean", "train/kl", "reward/orm_mean", "reward/prm_lowest_mean",
-            "train/frac_reward_zero_std", "train/frac_batch_zero_std", "sampling/groups_drawn")
+            "train/frac_reward_zero_std", "train/frac_batch_zero_std", "sampling/groups_drawn",
+            "reward/orm_within_auc", "reward/orm_mixed_groups", "reward/prm_within_auc", "reward/prm_mixed_groups")
+LEARNED = {"orm": "orm_mean", "prm": "prm_lowest_mean"}  # each model's mean score of the step's solutions
+
+
+def recorded(metrics: dict) -> dict:
+    """A step's recorded metrics by their short names (``train/accuracy`` -> ``accuracy``): the
+    manifest's ``rewards`` rows."""
+    return {k.split("/")[-1]: v for k, v in metrics.items()}
+
+
+def staleness(steps: list[dict]) -> dict[str, float]:
+    """What the reward models in use are worth on the policy's samples of ``steps`` (their
+    ``recorded`` metrics): per learned model, its within-question AUC against the answer checker
+    pooled over the steps (the mean over every mixed group, so a step counts by its groups) and its
+    mean score; the checker's accuracy beside them (the reward-hacking curve: a learned reward that
+    rises while the checker's accuracy does not). Empty where no step had a learned reward with a
+    mixed group."""
+    out = {}
+    for name, mean in LEARNED.items():
+        mixed = sum(p.get(f"{name}_mixed_groups", 0.0) for p in steps)
+        if mixed:
+            out[f"staleness/{name}_within_auc"] = sum(p[f"{name}_within_auc"] * p[f"{name}_mixed_groups"]
+                                                      for p in steps if p.get(f"{name}_mixed_groups")) / mixed
+            out[f"staleness/{name}_mean"] = sum(p[mean] for p in steps) / len(steps)
+    if out:
+        out["staleness/checker_accuracy"] = sum(p["accuracy"] for p in steps) / len(steps)
+    return out
 
 
 def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir: Path,
@@ -152,7 +181,8 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
     policy.train()
     trained = trainer.wrap(CompletionLogprobs(policy))
     st = trainer.start(policy, tokenizer, Plan(max_steps=gc.steps, eval_every=gc.eval_every, eval_first=True,
-                                               eval_last=True, keep_best="val/accuracy", record=RECORDED), companions)
+                                               eval_last=True, keep_best="val/accuracy" if gc.keep_best else None,
+                                               record=RECORDED), companions)
     if trainer.resume is not None:
         print(f"grpo: resumed from {trainer.resume} (step {st.step})", flush=True)
     rollouts = rollout_log.log_path(out_dir, d.rank)
@@ -180,7 +210,10 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
         return metrics
 
     def evaluate(st: TrainState) -> dict:
-        return {"val/accuracy": greedy_accuracy(policy, tokenizer, val, cfg.eval.max_new_tokens)}
+        # Beside validation accuracy: the reward models' staleness on the rollouts since the last evaluation.
+        since = st.curve[-1]["step"] if st.curve else 0
+        return {"val/accuracy": greedy_accuracy(policy, tokenizer, val, cfg.eval.max_new_tokens),
+                **staleness([recorded(h) for h in st.history if h["step"] > since])}
 
     # The loop: [validate the start] -> (RL step -> log -> [validate -> keep best] -> checkpoint)*.
     st = trainer.fit(step, evaluate)
@@ -190,12 +223,17 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
     recent = st.extra.get("recent", [])
     last = {k.removeprefix("train/"): sum(m[k] for m in recent) / len(recent)
             for k in SUMMARY_METRICS if recent and all(k in m for m in recent)}
-    summary = {"best_val_accuracy": st.best_acc, "best_step": st.best_step, "steps": st.step,
+    published = (st.best_acc, st.best_step) if gc.keep_best else (st.curve[-1]["val/accuracy"], st.step)  # the last
+    summary = {"best_val_accuracy": published[0], "best_step": published[1], "steps": st.step,
                "wall_s": round(st.elapsed, 2), "train_s": round(st.train_s, 2), "stopped": trainer.stop_reason(),
                "resumed_from_step": resumed_from, "round": round_,
                f"last_{SUMMARY_WINDOW}_steps": last, "curve": st.curve,
-               "rewards": [{k.split("/")[-1]: v for k, v in h.items()} for h in st.history]}
-    logger.log_metrics({"val/best_accuracy": st.best_acc, "time/wall_s": st.elapsed}, step=st.step)
+               "rewards": [recorded(h) for h in st.history]}
+    logger.log_metrics({"val/best_accuracy": published[0], "time/wall_s": st.elapsed}, step=st.step)
+    # The staleness curve at its start, middle and end (the evaluations that measured it).
+    measured = [p for p in st.curve if any(k.startswith("staleness/") for k in p)]
+    summary["staleness"] = {k.removeprefix("staleness/"): [p.get(k, float("nan")) for p in (measured[0], measured[len(measured) // 2], measured[-1])]
+                            for k in (measured[-1] if measured else {}) if k.startswith("staleness/")}
     summary["curriculum_questions"] = len(draws.sometimes) if draws.share else None  # solved sometimes: drawn from
     return write_manifest(out_dir, {"stage": "grpo", "algorithm": gc.algorithm, "model": str(final_dir),
                                     "init": str(init_dir), **summary,

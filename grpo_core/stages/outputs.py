@@ -152,6 +152,7 @@ class GRPOOutput(TrainedOutput):
     resumed_from_step: int = 0
     rewards: list[dict] = []             # every step: elapsed_s, the checker's accuracy, the learned rewards
     last_10_steps: dict[str, float] = {}
+    staleness: dict[str, list[float]] = {}  # per metric (staleness/*): at the first, middle and last evaluation
 
 
 class EvalOutput(StageOutput):

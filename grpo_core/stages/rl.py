@@ -16,6 +16,7 @@ from grpo_core.config import GRPOConfig
 from grpo_core.data import Example, prompt_text
 from grpo_core.losses import BatchSize, grpo_loss
 from grpo_core.lm.policy import Rollout, generate, token_logprobs
+from grpo_core.rewards.heads import group_auc
 from grpo_core.rewards.scorer import COUNT_STATS, RewardError, RewardScorer, Scored
 from grpo_core.stages.common import SINGLE
 from grpo_core.training.distributed import Dist
@@ -266,6 +267,12 @@ def step_metrics(sums: dict[str, float], n_updates: int, first: Exploration, bat
         "train/lr": opt.param_groups[0]["lr"],
         "perf/tokens_per_s": tokens / sampling_s,
     })
+    # Staleness: each learned reward model's ranking of a group's solutions against the checker, on
+    # the samples the policy draws now (what GRPO's group z-score sees; a frozen one goes stale as
+    # the policy moves away from the samples it was trained on). Logged whatever its weight.
+    for name, scores in first.scored.learned.items():
+        auc, mixed = group_auc(d.gather(scores.double()), correct, g)
+        metrics |= {f"reward/{name}_within_auc": auc, f"reward/{name}_mixed_groups": float(mixed)}
     if drawn is not None:
         draws = d.gather(drawn["draws"].double())
         # Groups sampled in all; in the batch with spread; sampled and left out (the bound: redraws x batch).

@@ -1,0 +1,136 @@
+"""The ``iterate`` preset: every arm trains the same GRPO steps in the recipe's rounds; only what
+happens to the reward models between rounds differs (frozen, retrained with the recipe's replay
+share, without replay, half replayed); its rows carry paired intervals against ``frozen``. Checked
+on the arms' recipes and on the stages they would run (recorded, not trained)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from flows.variants import FROZEN, PRESETS, RETRAINED, VARIANTS
+
+ARMS = PRESETS["iterate"].variants
+
+
+def _finished_run(tmp_path, tiny_cfg, **recipe):
+    run = tmp_path / "run"
+    run.mkdir(parents=True)
+    cfg = tiny_cfg(tmp_path, grpo__reward_weights={"orm": 1.0}, grpo__steps=7, grpo__curriculum=0.0,
+                   orm__train=True, rounds__count=2, **recipe)
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    model = {"model": str(run / "model"), "digest": "d"}
+    grpo = {"stage": "grpo", **model, "best_val_accuracy": 0.5, "best_step": 3, "train_s": 10.0, "wall_s": 15.0}
+    manifest = {"stages": {"sft": {"final_lr": 1e-4}, "data": {"stage": "data", "dir": str(run / "data"), "digest": "d"}},
+                "rounds": [{"stages": {"grpo": grpo, "orm": {"stage": "orm", **model}}}]}
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    return run
+
+
+def test_every_arm_trains_the_recipes_steps_over_its_rounds(tmp_path, tiny_cfg):
+    from flows.experiment import setup
+
+    s = setup(str(_finished_run(tmp_path, tiny_cfg)), "iterate", None, None, None, None)
+    assert s.budget.steps == 14  # grpo.steps 7 x rounds.count 2, the default budget
+    for name in ARMS:
+        assert s.rounds(name) == 2
+        steps = [s.config(name, 0, k).grpo.steps for k in (1, 2)]
+        assert steps == [7, 7], name
+        assert s.config(name, 0).grpo.reward_weights == {"orm": 1.0}  # the recipe's learned reward alone
+    odd = setup(str(_finished_run(tmp_path / "b", tiny_cfg)), "iterate", None, None, 15, None)
+    assert [odd.config(FROZEN, 0, k).grpo.steps for k in (1, 2)] == [7, 8]  # the last round takes the rest
+
+
+class Recorder:
+    """Stands in for the Prefect tasks: records each stage's recipe and inputs, returns a typed output."""
+
+    def __init__(self):
+        self.grpo, self.retrained = [], []
+
+    def run_stage(self, task, cfg, out_dir, inputs, **common):
+        from flows.experiment import GRPOOutput
+
+        self.grpo.append((cfg, inputs))
+        k = len(self.grpo)
+        out = GRPOOutput(stage="grpo", model=f"{out_dir}/model", digest=f"policy-{k}", best_val_accuracy=0.5,
+                         best_step=1, train_s=2.0, wall_s=3.0, steps=cfg.grpo.steps, rollouts=out_dir,
+                         rewards=[{"step": i, "elapsed_s": float(i), "accuracy": 0.5} for i in range(cfg.grpo.steps)])
+        return type("StageRun", (), {"output": out})
+
+    def reward_stages(self, cfg, k, round_dir, run_dir, data, sft, start, common):
+        from flows.experiment import Ref
+
+        self.retrained.append((cfg, k, start))
+        stage = lambda ref, seconds, **extra: type("StageRun", (), {"output": type("Out", (), {  # noqa: E731
+            "ref": Ref(path=ref, digest=ref), "wall_s": seconds, **extra})})
+        return {"reward_data": stage("data", 4.0, pass_rates_ref=None), "replay": stage(f"buffer-{k}", 1.0),
+                "orm": stage(f"orm-{k}", 6.0)}
+
+
+@pytest.mark.parametrize("arm, replay", [(FROZEN, None), (RETRAINED, 0.1), ("retrained-no-replay", 0.0),
+                                         ("retrained-replay-50", 0.5)])
+def test_an_arm_retrains_only_what_it_says_with_its_replay_share(tmp_path, tiny_cfg, monkeypatch, arm, replay):
+    import flows.experiment as experiment
+
+    s = experiment.setup(str(_finished_run(tmp_path, tiny_cfg)), "iterate", None, None, None, None)
+    rec = Recorder()
+    monkeypatch.setattr(experiment, "run_stage", rec.run_stage)
+    monkeypatch.setattr(experiment, "reward_stages", rec.reward_stages)
+    sft = experiment.Ref(path="sft", digest="sft")
+    run = experiment.train_variant(s, arm, 0, tmp_path / "out", experiment.Ref(path="data", digest="d"), sft, {})
+
+    assert run.steps == 14 and [cfg.grpo.steps for cfg, _ in rec.grpo] == [7, 7]
+    (_, first), (_, second) = rec.grpo
+    assert (first.init, first.round, second.round) == (sft, 1, 2)
+    assert second.init.digest == "policy-1"  # round 2 from round 1's policy, its reference
+    if replay is None:  # frozen: the round-1 ORM the whole way, nothing retrained
+        assert rec.retrained == [] and second.reward_models == first.reward_models and run.extra_s == 0
+        return
+    (cfg, k, start), = rec.retrained
+    assert (k, cfg.rounds.replay_fraction, cfg.orm.train, cfg.prm.train) == (2, replay, True, False)
+    assert start.policy.digest == "policy-1" and start.reward_models == first.reward_models
+    assert second.reward_models["orm"].digest == "orm-2"  # round 2 trains on the retrained ORM
+    assert run.extra == {"reward_data": 4.0, "replay": 1.0, "orm": 6.0} and run.extra_s == 11.0
+
+
+def test_rows_carry_paired_intervals_against_frozen_and_the_staleness(tmp_path, tiny_cfg):
+    from flows.experiment import Run, format_table, setup, variant_row
+
+    s = setup(str(_finished_run(tmp_path, tiny_cfg)), "iterate", None, None, None, None)
+
+    def run(seed, aucs):  # one recorded step per AUC, 2 mixed groups each
+        rewards = [{"step": i, "elapsed_s": float(i), "accuracy": 0.5, "orm_mean": 0.6, "orm_within_auc": a,
+                    "orm_mixed_groups": 2.0} for i, a in enumerate(aucs)]
+        return Run(seed=seed, model={"path": "m", "digest": "d"}, train_s=1.0, steps=len(aucs), peak_memory={},
+                   curve=[], rewards=rewards)
+
+    accs = {FROZEN: [0.50, 0.52, 0.55], RETRAINED: [0.53, 0.56, 0.57], "retrained-no-replay": [0.52, 0.52, 0.58]}
+    runs = [run(i, [0.9] * 20 + [0.8] * 20 + [0.7] * 20) for i in range(3)]
+    row = variant_row(s, "retrained-no-replay", runs, {}, 0.4, accs, 1)
+    # Paired differences seed by seed: against frozen (0.02, 0.0, 0.03), mean 0.0167; against
+    # retrained (-0.01, -0.04, 0.01), mean -0.0133.
+    assert row["gain_over_frozen"] == pytest.approx(0.0167, abs=1e-4)
+    assert row["gain_over_retrained"] == pytest.approx(-0.0133, abs=1e-4)
+    low, high = row["gain_over_frozen_95ci"]
+    assert low < row["gain_over_frozen"] < high
+    # Windows of 20 steps: the first, the middle (steps 20-39) and the last.
+    assert (row["orm_within_auc_start_mean"], row["orm_within_auc_middle_mean"], row["orm_within_auc_end_mean"]) == (0.9, 0.8, 0.7)
+    table = format_table({"samples": 1, "rows": [row]})
+    assert "vs frozen (95% CI)" in table and "vs retrained (95% CI)" in table and "0.900, 0.800, 0.700" in table
+    assert "gain_over_frozen" not in variant_row(s, FROZEN, runs, {}, 0.4, accs, 1)
+
+
+def test_a_recipe_for_another_sft_model_is_refused_in_one_line(tmp_path, tiny_cfg):
+    from flows.experiment import setup
+
+    run = _finished_run(tmp_path, tiny_cfg)
+    recipe = yaml.safe_load((run / "config.yaml").read_text())
+    recipe["grpo"]["steps"] = 9
+    (tmp_path / "ok.yaml").write_text(yaml.safe_dump(recipe))
+    s = setup(str(run), "iterate", None, None, None, None, recipe=str(tmp_path / "ok.yaml"))
+    assert s.budget.steps == 18 and s.cfg.run_name == "tiny"
+    recipe["sft"]["max_steps"] += 1
+    (tmp_path / "other.yaml").write_text(yaml.safe_dump(recipe))
+    with pytest.raises(ValueError, match=r"other.yaml is not for the SFT model of .*: it sets sft.max_steps"):
+        setup(str(run), "iterate", None, None, None, None, recipe=str(tmp_path / "other.yaml"))
