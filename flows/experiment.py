@@ -141,7 +141,8 @@ def setup(run_dir: str, preset: str, variants: list[str] | None, seconds: float 
         cfg = over_the_run(cfg, recipe, root)
     rounds = max((VARIANTS[v].rounds or cfg.rounds.count) for v in variants or p.variants)
     if steps is not None and steps < rounds:
-        raise ValueError(f"steps = {steps}: a variant runs {rounds} GRPO rounds, each needs at least one step")
+        raise ValueError(f"steps = {steps}: a variant runs {rounds} GRPO rounds: it needs at least {rounds} GRPO steps "
+                         f"(one per round)")
     runs = manifest["rounds"] if p.all_rounds else manifest["rounds"][:1]
     trained = sum(GRPOOutput.model_validate(r["stages"]["grpo"]).train_s for r in runs)  # evaluations not counted
     if p.own_reward_models and not (seconds or steps):

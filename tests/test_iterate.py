@@ -134,3 +134,46 @@ def test_a_recipe_for_another_sft_model_is_refused_in_one_line(tmp_path, tiny_cf
     (tmp_path / "other.yaml").write_text(yaml.safe_dump(recipe))
     with pytest.raises(ValueError, match=r"other.yaml is not for the SFT model of .*: it sets sft.max_steps"):
         setup(str(run), "iterate", None, None, None, None, recipe=str(tmp_path / "other.yaml"))
+
+
+def test_iterate_flow_on_a_tiny_run(prefect_harness, tmp_path, tiny_cfg, monkeypatch):
+    """The preset end to end: round-1 ORM trained by the experiment from the run's SFT model under
+    its recipe, frozen and retrained arms over two rounds, 2 seeds; the retrained arm's ORM really
+    replays its share, the rows carry intervals and staleness, and the staleness figure is drawn."""
+    import grpo_core.rewards.labels as reward_data_mod
+    import grpo_core.rewards.scorer as scorer_mod
+
+    from flows.experiment import experiment
+    from flows.pipeline import pipeline
+    from tests.test_rounds import REWARD_MODELS
+
+    parity = lambda text, gold: sum(map(ord, text)) % 2 == 1  # noqa: E731 - mixed groups from an untrained policy
+    monkeypatch.setattr(reward_data_mod, "is_correct", parity)
+    monkeypatch.setattr(scorer_mod, "is_correct", parity)
+    cfg = tiny_cfg(tmp_path, run_name="it", **REWARD_MODELS)
+    pipeline(cfg)
+    run_dir = tmp_path / "runs" / "it"
+    recipe = yaml.safe_load((run_dir / "config.yaml").read_text())
+    recipe["grpo"] |= {"reward_weights": {"orm": 1.0}, "supervision": "outcome", "keep_best": False, "steps": 2}
+    recipe["rounds"] |= {"count": 2, "replay_fraction": 0.5}
+    recipe["prm"]["train"] = False
+    (tmp_path / "regime.yaml").write_text(yaml.safe_dump(recipe))
+    out = experiment(str(run_dir), "iterate", [FROZEN, RETRAINED], seeds=2, eval_every=1, recipe=str(tmp_path / "regime.yaml"))
+
+    assert out["dir"] == str(run_dir / "iterate" / "regime-steps-4-eval1") and out["budget"]["steps"] == 4
+    rows = {r["variant"]: r for r in out["rows"]}
+    assert [r["steps"] for rs in out["runs"].values() for r in rs] == [4] * 4  # 2 rounds x 2 steps, every arm
+    low, high = rows[RETRAINED]["gain_over_frozen_95ci"]
+    assert low <= rows[RETRAINED]["gain_over_frozen"] <= high
+    assert 0 <= rows[FROZEN]["orm_within_auc_start_mean"] <= 1 and "orm_within_auc_end_mean" in rows[RETRAINED]
+    assert rows[FROZEN]["extra_s_mean"] == 0 and rows[RETRAINED]["extra_orm_s_mean"] > 0
+    seed = run_dir / "iterate" / "regime-steps-4-eval1" / RETRAINED / "seed-0"
+    orm = json.loads((seed / "round-2" / "orm" / "manifest.json").read_text())
+    from grpo_core.rewards.replay import replay_size
+
+    mix = orm["replay"]  # the recipe's replay share asked for, and drawn (as much as the history holds)
+    assert mix["replay_wanted"] == replay_size(mix["fresh"], 0.5) > 0 and 0 < mix["replay"] <= mix["replay_wanted"]
+    assert not (run_dir / "iterate" / "regime-steps-4-eval1" / FROZEN / "seed-0" / "round-2" / "orm").exists()
+    g2 = json.loads((seed / "round-2" / "grpo" / "manifest.json").read_text())
+    assert g2["init"] == str(seed / "round-1" / "grpo" / "model") and g2["staleness"]["orm_within_auc"]
+    assert "staleness" in out["figures"]
