@@ -8,7 +8,7 @@ PIP_FLAGS := --quiet --disable-pip-version-check --no-warn-script-location
 # Drops pip's notes about local package folders that some machines' pip.conf names but lack.
 QUIET := 2>&1 | { grep -v "^WARNING: Location" || true; }
 
-.PHONY: venv demo test baseline compare study sampling rounds ui clean smollm2 bench gpu-pack
+.PHONY: venv demo test baseline compare study sampling iterate rounds ui clean smollm2 bench gpu-pack
 
 # grpo_core/__init__.py too: the editable install records which folders are packages when it runs.
 $(BIN)/.installed: requirements.txt pyproject.toml grpo_core/__init__.py
@@ -67,6 +67,13 @@ study: venv
 sampling: venv
 	$(BIN)/grpo-pipeline run configs/demo-sparse.yaml
 	$(BIN)/grpo-pipeline sampling runs/demo-sparse --seeds $(SEEDS) --steps 100
+
+# Iterative RL where a reward model can go stale: no verifier at RL time, the ORM alone, trained on few
+# samples (configs/demo-iterate.yaml), from the demo's SFT model; the ORM frozen, retrained between
+# rounds with 10% replay, without replay and with half replayed; ITERATE_SEEDS seeds, the same GRPO steps each.
+ITERATE_SEEDS ?= 5
+iterate: venv
+	$(BIN)/grpo-pipeline iterate runs/demo --recipe configs/demo-iterate.yaml --seeds $(ITERATE_SEEDS)
 
 ROUNDS ?= 1
 rounds: venv

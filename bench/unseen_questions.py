@@ -6,6 +6,11 @@ An evaluation on data the project never tuned on:
 
     python bench/unseen_questions.py runs/demo --n 2000 --out /tmp/unseen.jsonl
     grpo-pipeline eval --model runs/demo/sft/model --data /tmp/unseen.jsonl
+
+``--experiment DIR`` (an experiment preset's folder, e.g. runs/demo/iterate/<budget>) also evaluates
+the SFT model and every (variant, seed) model of it on those questions and prints one JSON object:
+each variant's accuracies and its paired gains, seed by seed, over the variants its row compares
+with (``against``), with 95% intervals, as the experiment's rows on its test split.
 """
 from __future__ import annotations
 
@@ -43,17 +48,48 @@ def unseen_questions(run_dir: Path, n: int, seed: int) -> list[tuple[list[int], 
     raise ValueError(f"{run_dir}: fewer than {n} questions of the task are unseen")
 
 
+def on_unseen(experiment: Path, questions: str, max_new_tokens: int) -> dict:
+    """The experiment's models on ``questions``: accuracy per variant and seed, paired gains."""
+    from flows.variants import VARIANTS
+    from grpo_core.evaluation import greedy_accuracy
+    from grpo_core.lm.modeling import load_model
+    from grpo_core.stats import mean_std, seed_interval
+
+    result = json.loads((experiment / "manifest.json").read_text())
+    examples = load_jsonl(questions)
+
+    def accuracy(path: str) -> float:
+        model, tokenizer = load_model(path)
+        return greedy_accuracy(model.eval(), tokenizer, examples, max_new_tokens)
+
+    sft = json.loads((experiment.parents[1] / "manifest.json").read_text())["sft_model"]
+    accs = {name: [accuracy(r["model"]["path"]) for r in runs] for name, runs in result["runs"].items()}
+    rows = [{"variant": "sft", "accuracy": accuracy(sft)}]
+    for name, values in accs.items():
+        row = {"variant": name, "accuracy_mean": mean_std(values)[0], "per_seed": values}
+        for other in VARIANTS[name].against:
+            if other in accs:
+                d = seed_interval(values, accs[other])
+                row |= {f"gain_over_{other}": d["mean"], f"gain_over_{other}_95ci": [d["low"], d["high"]]}
+        rows.append(row)
+    return {"experiment": str(experiment), "questions": questions, "n": len(examples), "rows": rows}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("run_dir")
     p.add_argument("--n", type=int, default=2000)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", required=True)
+    p.add_argument("--experiment", help="an experiment's folder: evaluate its models on the questions (JSON out)")
+    p.add_argument("--max-new-tokens", type=int, default=64)
     a = p.parse_args()
     with open(a.out, "w") as f:
         for operands, ops in unseen_questions(Path(a.run_dir), a.n, a.seed):
             solution, _ = arithmetic_solution(operands, ops)
             f.write(json.dumps({"question": question_text(operands, ops), "answer": solution}) + "\n")
+    if a.experiment:
+        print(json.dumps(on_unseen(Path(a.experiment), a.out, a.max_new_tokens)))
 
 
 if __name__ == "__main__":

@@ -378,7 +378,7 @@ def build_parser() -> argparse.ArgumentParser:
         x = sub.add_parser(name, help=preset.about)
         x.add_argument("run_dir", help="a finished run, e.g. runs/demo")
         x.add_argument("--variants", help="comma-separated, default " + ",".join(preset.variants) + "; any of: "
-                       + "; ".join(f"{v} ({spec.about})" for v, spec in VARIANTS.items()))
+                       + "; ".join(f"{v} ({spec.about})" for v, spec in VARIANTS.items()).replace("%", "%%"))
         x.add_argument("--seeds", type=int, help=f"runs per variant, seed = the recipe's seed + 0..N-1 (default {preset.seeds})")
         x.add_argument("--seconds", type=float, help="training seconds per run (default: what the run's GRPO trained, "
                        + ("every round" if preset.all_rounds else "round 1") + ")")
