@@ -46,7 +46,8 @@ def _histories(manifest: dict, key: str) -> list[tuple[int, list[int], list[floa
     out = []
     for r in manifest["rounds"]:
         grpo = r["stages"]["grpo"]
-        points, name = (grpo.get("curve", []), key) if key.startswith("val/") else (grpo.get("rewards", []), key.split("/")[-1])
+        evaluated = key.startswith(("val/", "staleness/"))
+        points, name = (grpo.get("curve", []), key) if evaluated else (grpo.get("rewards", []), key.split("/")[-1])
         kept = sorted((p["step"], p[name]) for p in points if name in p)
         out.append((r["round"], [s for s, _ in kept], [v for _, v in kept]))
     return out
@@ -97,8 +98,13 @@ def accuracy_figure(manifest: dict, run_dir: Path | None = None):
 
 
 def grpo_figure(manifest: dict):
-    fig, axes = _pyplot().subplots(len(CURVES), 1, figsize=(7, 7), sharex=True)
-    for ax, (key, label) in zip(axes, CURVES):
+    # With a learned reward: its within-question AUC on the policy's rollouts at each evaluation (staleness).
+    evaluated = {k for r in manifest["rounds"] for p in r["stages"]["grpo"].get("curve", []) for k in p}
+    stale = [(f"staleness/{kind}_within_auc", f"{kind.upper()} within-question\nAUC on the rollouts")
+             for kind in ("orm", "prm") if f"staleness/{kind}_within_auc" in evaluated]
+    curves = CURVES + stale
+    fig, axes = _pyplot().subplots(len(curves), 1, figsize=(7, 7 + 2 * len(stale)), sharex=True)
+    for ax, (key, label) in zip(axes, curves):
         _plot_rounds(ax, _histories(manifest, key))
         ax.set_ylabel(label, fontsize=9)
     axes[0].legend(fontsize=8)

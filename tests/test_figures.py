@@ -10,6 +10,8 @@ def _run(tmp_path, reward_models: bool) -> dict:
     rounds = []
     for k in (1, 2):
         curve = [{"step": step, "val/accuracy": 0.5 + 0.1 * k + step / 100} for step in (0, 10)]
+        if reward_models:  # the PRM's ranking of the rollouts since the last evaluation
+            curve[1]["staleness/prm_within_auc"] = 0.9 - 0.1 * k
         rewards = [{"step": step, "reward_mean": 0.4 + 0.1 * k + step / 100, "kl": 0.001 * step} for step in range(1, 11)]
         per_question = tmp_path / f"round{k}.json"
         per_question.write_text(json.dumps([1] * (5 + k) + [0] * (5 - k)))
@@ -47,3 +49,6 @@ def test_pipeline_figures(tmp_path):
                          tmp_path / "with_rms" / "figures")
     assert set(paths) == {"test_accuracy", "grpo_curves", "reward_models"}
     assert all(p.read_bytes()[:4] == b"\x89PNG" and p.stat().st_size > 10_000 for p in paths.values())
+    # GRPO's curves, and with a learned reward its staleness below them.
+    assert len(figures.grpo_figure(_run(tmp_path / "with_rms", reward_models=True)).axes) == 4
+    assert len(figures.grpo_figure(_run(tmp_path / "plain", reward_models=False)).axes) == 3
