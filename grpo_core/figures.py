@@ -250,7 +250,7 @@ def staleness_figure(runs_by_variant: dict[str, list[dict]], kinds: list[str], w
         ax.set_xlabel(f"GRPO step, every round (windows of {window})")
         ax.set_ylabel(f"{kind.upper()} within-question AUC on the rollouts")
         ax.legend(fontsize=7)
-    fig.suptitle("staleness: the reward model's ranking of the policy's current samples against the answer checker, "
+    fig.suptitle("staleness: the reward model's ranking of the policy's current samples\nagainst the answer checker, "
                  "mean over seeds", fontsize=9)
     fig.tight_layout()
     return fig
