@@ -8,7 +8,7 @@ PIP_FLAGS := --quiet --disable-pip-version-check --no-warn-script-location
 # Drops pip's notes about local package folders that some machines' pip.conf names but lack.
 QUIET := 2>&1 | { grep -v "^WARNING: Location" || true; }
 
-.PHONY: venv demo test baseline compare study sampling iterate rounds ui clean smollm2 bench gpu-pack
+.PHONY: venv demo test baseline compare study sampling sparse iterate rounds ui clean smollm2 bench gpu-pack
 
 # grpo_core/__init__.py too: the editable install records which folders are packages when it runs.
 $(BIN)/.installed: requirements.txt pyproject.toml grpo_core/__init__.py
@@ -74,6 +74,11 @@ sampling: venv
 ITERATE_SEEDS ?= 5
 iterate: venv
 	$(BIN)/grpo-pipeline iterate runs/demo --recipe configs/demo-iterate.yaml --seeds $(ITERATE_SEEDS)
+
+# Where the checker is silent (~5% right): the checker with dynamic sampling against the checker plus
+# the ORM and plus the PRM's step credit, from demo-sparse's SFT model (`make sampling` first), 5 seeds.
+sparse: venv
+	$(BIN)/grpo-pipeline sparse runs/demo-sparse --seeds 5 --steps 100
 
 ROUNDS ?= 1
 rounds: venv

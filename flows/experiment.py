@@ -1,11 +1,14 @@
 """The ``experiment`` flow: variants from one finished run's SFT model, N seeds each, at one training
-budget, side by side; ``compare``, ``study`` (the paper's §5, its Figures 5-7) and ``baseline`` are
-its presets (``PRESETS``), and the CLI commands of those names run them.
+budget, side by side; ``compare``, ``study`` (the paper's §5, its Figures 5-7), ``sampling``,
+``sparse``, ``iterate`` and ``baseline`` are its presets (``PRESETS``), and the CLI commands of those
+names run them.
 
 Variants (``flows/variants.py:VARIANTS``, each with what it is) start from the run's SFT model;
 seed s is the recipe's seed + s. Continued SFT is the no-RL baseline; the GRPO variants differ in
-their reward, supervision and algorithm (the paper's §5: RFT, online RFT, PPO); the two-round variant
-retrains its PRM between halves of the budget (that time is outside it, reported as ``extra_s``).
+their reward, supervision and algorithm (the paper's §5: RFT, online RFT, PPO); a variant of k
+rounds (``iterated``) runs GRPO in k shares of the budget and retrains its reward models between
+them, or keeps them frozen (that time is outside the budget, reported as ``extra_s``). ``iterate``
+trains its round-1 reward models itself, under a recipe of its own (``--recipe``).
 
 The budget: every variant trains for the same seconds, ``seconds`` or by default what the run's GRPO
 trained (``train_s`` of round 1; for the baseline, of every round): evaluations are measurement,
@@ -24,6 +27,7 @@ Outputs: ``runs/<run>/<preset>/<budget>/`` (manifest, figures), an MLflow run ``
 from __future__ import annotations
 
 import contextlib
+import hashlib
 
 from pathlib import Path
 
@@ -197,7 +201,11 @@ def iterated(s: Setup, name: str, seed: int, out: Path, data: Ref, sft: Ref, com
     policy, stages, extra = sft, [], {}
     for k in range(1, s.rounds(name) + 1):
         vcfg = s.config(name, s.cfg.seed + seed, k)
-        g = run_stage(grpo_task, vcfg, str(out / f"round-{k}" / "grpo"), GRPOInputs(
+        # Round 1 is the same for every variant with the same GRPO settings and seed (they differ
+        # only between rounds): it runs once, in a folder they share.
+        shared = hashlib.sha256(vcfg.grpo.model_dump_json().encode()).hexdigest()[:8]
+        where = out.parents[1] / "round-1" / f"grpo-{shared}" / out.name if k == 1 else out / f"round-{k}" / "grpo"
+        g = run_stage(grpo_task, vcfg, str(where), GRPOInputs(
             data=data, init=policy, reward_models=rms, round=k,
             pass_rates=rates if vcfg.grpo.curriculum else None), **common).output
         stages.append(g)

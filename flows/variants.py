@@ -1,4 +1,4 @@
-"""The experiments' table: the variants a ``compare``, ``study`` or ``baseline`` can run (``VARIANTS``),
+"""The experiments' table: the variants an experiment preset can run (``VARIANTS``),
 what each of those commands runs by default (``PRESETS``), and the budget every variant gets
 (``Budget``). Data only, so that the CLI builds its flags and help from it without loading the flow
 (``flows/experiment.py``)."""
@@ -60,6 +60,16 @@ VARIANTS = {
     "curriculum": Variant(about="3 in 4 of each step's questions from those the SFT model solved sometimes in its "
                                 "reward-data samples", grpo={"curriculum": 0.75, "redraws": 0}),
     "dynamic+curriculum": Variant(about="both", grpo={"curriculum": 0.75, "redraws": 3}),
+    # Where the checker is silent (most groups all wrong: no reward spread), the learned rewards
+    # give every group spread: the checker with dynamic sampling against the checker plus each.
+    "rule+orm": Variant(about="the answer checker plus the round-1 ORM (outcome supervision), questions drawn "
+                              "uniformly, every group kept", grpo={"reward_weights": {"rule": 1.0, "orm": 1.0},
+                                                                   "supervision": "outcome", "curriculum": 0.0,
+                                                                   "redraws": 0}, against=("dynamic",)),
+    "rule+prm": Variant(about="the answer checker plus the round-1 PRM's step credit (process supervision), questions "
+                              "drawn uniformly, every group kept", grpo={"reward_weights": {"rule": 1.0, "prm": 1.0},
+                                                                         "supervision": "process", "curriculum": 0.0,
+                                                                         "redraws": 0}, against=("dynamic",)),
     # Iterative RL (§4.2) on the recipe's own reward (``iterate``: a learned one alone), the recipe's
     # rounds sharing the budget; only what happens to the reward models between rounds differs.
     FROZEN: Variant(about="the recipe's GRPO in its rounds, the reference reset each round, the round-1 reward "
@@ -106,6 +116,10 @@ PRESETS = {
                              "dynamic sampling, the pass-rate curriculum and both, from one run's SFT model, several "
                              "seeds each, with intervals",
                        variants=(UNIFORM, "dynamic", "curriculum", "dynamic+curriculum")),
+    "sparse": Preset(about="where the checker is silent (most groups all wrong): GRPO on the checker with dynamic "
+                           "sampling against the checker plus the run's ORM and plus its PRM's step credit, from one "
+                           "run's SFT model, several seeds each, with intervals",
+                     variants=("dynamic", "rule+orm", "rule+prm"), seeds=5),
     "iterate": Preset(about="iterative RL where a reward model can go stale: the recipe's learned reward alone, in its "
                             "rounds, with the reward models frozen, retrained with the recipe's replay share, without "
                             "replay and with half replayed; the same GRPO steps each, several seeds, intervals against "

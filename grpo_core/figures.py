@@ -316,7 +316,7 @@ def study_figures(study: dict) -> dict:
         for ax, (name, key) in zip(axes[0], learned.items()):
             draw_learned_against_checked(ax, name, study["runs"][name], key)
         axes[0][0].set_ylabel("% (mean over seeds)")
-        fig.suptitle("reward hacking: the learned reward against the answer checker on GRPO's own rollouts", fontsize=10)
+        fig.suptitle("reward hacking: the learned reward against\nthe answer checker on GRPO's own rollouts", fontsize=10)
         fig.tight_layout()
         out["reward_hacking"] = fig
     return out

@@ -175,5 +175,8 @@ def test_iterate_flow_on_a_tiny_run(prefect_harness, tmp_path, tiny_cfg, monkeyp
     assert mix["replay_wanted"] == replay_size(mix["fresh"], 0.5) > 0 and 0 < mix["replay"] <= mix["replay_wanted"]
     assert not (run_dir / "iterate" / "regime-steps-4-eval1" / FROZEN / "seed-0" / "round-2" / "orm").exists()
     g2 = json.loads((seed / "round-2" / "grpo" / "manifest.json").read_text())
-    assert g2["init"] == str(seed / "round-1" / "grpo" / "model") and g2["staleness"]["orm_within_auc"]
+    # Round 1 ran once per seed, shared by both arms (the same GRPO settings: they differ between rounds).
+    [shared] = (run_dir / "iterate" / "regime-steps-4-eval1" / "round-1").glob("grpo-*/seed-0")
+    assert g2["init"] == str(shared / "model") and g2["staleness"]["orm_within_auc"]
+    assert [r["steps"] for r in out["runs"][FROZEN]] == [4, 4]
     assert "staleness" in out["figures"]
