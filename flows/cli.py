@@ -194,6 +194,10 @@ def cmd_experiment(a: argparse.Namespace) -> None:
         if getattr(a, name) is not None and getattr(a, name) <= 0:
             _fail(f"--{name} {getattr(a, name)}: must be positive")
     try:
+        if getattr(a, "recipe", None):  # a recipe that cannot serve is refused before a flow run starts
+            from flows.experiment import setup
+
+            setup(str(run_dir), a.command, variants, a.seconds, a.steps, a.eval_every, a.lr, a.recipe)
         result = experiment(str(run_dir), a.command, variants, a.seeds, a.seconds, a.steps, a.samples,
                             a.sample_questions, a.eval_every, a.lr, getattr(a, "recipe", None))
     except ValueError as e:

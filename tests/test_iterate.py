@@ -180,3 +180,19 @@ def test_iterate_flow_on_a_tiny_run(prefect_harness, tmp_path, tiny_cfg, monkeyp
     assert g2["init"] == str(shared / "model") and g2["staleness"]["orm_within_auc"]
     assert [r["steps"] for r in out["runs"][FROZEN]] == [4, 4]
     assert "staleness" in out["figures"]
+
+
+def test_the_command_refuses_a_recipe_for_another_sft_model_before_any_flow_runs(tmp_path, tiny_cfg, capsys):
+    from flows.cli import main
+
+    run = _finished_run(tmp_path, tiny_cfg)
+    recipe = yaml.safe_load((run / "config.yaml").read_text())
+    recipe["data"]["arithmetic"]["max_operand"] = 20
+    (tmp_path / "other.yaml").write_text(yaml.safe_dump(recipe))
+    for bad, said in ((tmp_path / "other.yaml", "data.arithmetic.max_operand"), (tmp_path / "nope.yaml", "nope.yaml")):
+        with pytest.raises(SystemExit) as exc:
+            main(["iterate", str(run), "--recipe", str(bad)])
+        assert exc.value.code == 2
+        [line] = capsys.readouterr().err.strip().splitlines()
+        assert said in line
+    assert not (run / "iterate").exists()
