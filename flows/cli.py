@@ -26,6 +26,26 @@ def _terminated(signum, frame) -> None:
     raise _Terminated
 
 
+def _prefect_server() -> None:
+    """Prefect's temporary server, started now by Prefect's own class (the instance its client
+    uses), with SIGINT blocked in the server process. A terminal's Ctrl-C goes to the whole
+    foreground process group: without this the server died with the run's main process, and the
+    run then spent minutes retrying a dead API to report its flow run crashed. With it, the run
+    reports to a server still answering and stops the server at exit (Prefect's atexit). A child
+    inherits its parent's signal mask across exec, so blocking SIGINT around the start is all it
+    takes; Prefect's stop sends SIGTERM. Nothing to do with a real server (PREFECT_API_URL)."""
+    from prefect.server.api.server import SubprocessASGIServer
+    from prefect.settings import PREFECT_API_URL
+
+    if PREFECT_API_URL.value():
+        return
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        SubprocessASGIServer().start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a Ctrl-C during the start arrives now
+
+
 def _stage_failed(error: Exception, debug: bool) -> "None":
     """An error a stage raised during a run: one line naming the stage and its folder, exit 1; any
     other error, or ``--debug``: raised as it is, with its traceback."""
@@ -71,12 +91,14 @@ def _recipe(a: argparse.Namespace):
 
 
 def _inputs_ready(cfg) -> dict[str, float]:
-    """Every problem with the recipe's data files, model folders, output folder and disk, one line
-    each, before any server starts (``grpo_core.check``); exit 2 if there is one. Returns the run's
-    disk report."""
+    """Every problem with the recipe's data files, model folders, output folder, disk and what it
+    asks of this machine, and a run folder another run holds, one line each, before any server
+    starts (``grpo_core.check``); exit 2 if there is one. Returns the run's disk report."""
     from grpo_core.check import recipe_problems
+    from tasks.run_lock import in_use
 
     problems, disk = recipe_problems(cfg)
+    problems += [held] if (held := in_use(cfg.run_dir)) else []
     for problem in problems:
         print(f"error: {problem}", file=sys.stderr)
     if problems:
@@ -113,6 +135,7 @@ def cmd_run(a: argparse.Namespace) -> None:
     from flows.pipeline import pipeline
     from grpo_core.tracking import unsent_count, unsent_dir
 
+    _prefect_server()
     manifest = pipeline(cfg)
     summary = {
         "run_dir": str(cfg.run_dir),
@@ -124,7 +147,21 @@ def cmd_run(a: argparse.Namespace) -> None:
         "tracking_uri": manifest["tracking_uri"],
         "tracking_unsent": unsent_count(unsent_dir(cfg.run_dir)),
     }
-    print(json.dumps(summary, indent=2))
+    _finished(a, manifest, cfg.run_dir, summary)
+
+
+def _finished(a: argparse.Namespace, manifest: dict, run_dir: Path, summary: dict) -> None:
+    """What ``run`` and ``rounds`` print at the end: a table a person reads, or (``--json``) ``summary``."""
+    from flows.pipeline import round_gains
+    from flows.reports import terminal_report
+    from grpo_core.tracking import unsent_count, unsent_dir
+
+    if a.json:
+        print(json.dumps(summary, indent=2))
+        return
+    print(terminal_report(manifest, round_gains(manifest), run_dir / "manifest.json"))
+    if kept := unsent_count(unsent_dir(run_dir)):
+        print(f"{kept} tracking records wait in {unsent_dir(run_dir)}: grpo-pipeline sync {run_dir} sends them")
 
 
 def cmd_eval(a: argparse.Namespace) -> None:
@@ -185,21 +222,24 @@ def _at_least_one(a: argparse.Namespace, *names: str) -> None:
 
 def cmd_experiment(a: argparse.Namespace) -> None:
     """``compare``, ``study`` and ``baseline``: presets of the experiment flow."""
-    from flows.experiment import experiment, format_table
+    from flows.experiment import experiment, format_table, setup
     from flows.variants import VARIANTS
+    from tasks.run_lock import in_use
 
     run_dir, variants = _finished_run(a, VARIANTS)
+    if held := in_use(run_dir):
+        _fail(held)
     _at_least_one(a, "seeds", "samples", "eval_every", "steps", "sample_questions")
     for name in ("seconds", "lr"):
         if getattr(a, name) is not None and getattr(a, name) <= 0:
             _fail(f"--{name} {getattr(a, name)}: must be positive")
     try:
-        if getattr(a, "recipe", None):  # a recipe that cannot serve is refused before a flow run starts
-            from flows.experiment import setup
-
-            setup(str(run_dir), a.command, variants, a.seconds, a.steps, a.eval_every, a.lr, a.recipe)
+        # A recipe or a setting that cannot serve is refused before a flow run starts.
+        setup(str(run_dir), a.command, variants, a.seconds, a.steps, a.eval_every, a.lr, getattr(a, "recipe", None),
+              a.overrides)
+        _prefect_server()
         result = experiment(str(run_dir), a.command, variants, a.seeds, a.seconds, a.steps, a.samples,
-                            a.sample_questions, a.eval_every, a.lr, getattr(a, "recipe", None))
+                            a.sample_questions, a.eval_every, a.lr, getattr(a, "recipe", None), a.overrides)
     except ValueError as e:
         _fail(str(e))
     print(format_table(result))
@@ -250,7 +290,7 @@ def cmd_rounds(a: argparse.Namespace) -> None:
         _fail(f"{run_dir / 'manifest.json'}: run the pipeline first (grpo-pipeline run ...)")
     if a.rounds < 1:
         _fail(f"--rounds {a.rounds}: must be at least 1")
-    from grpo_core.recipe import load_config
+    from grpo_core.recipe import ConfigError, load_config
     from grpo_core.stages.common import read_manifest
 
     try:
@@ -258,14 +298,18 @@ def cmd_rounds(a: argparse.Namespace) -> None:
     except ValueError as e:
         _fail(str(e))
 
-    cfg = load_config(run_dir / "config.yaml")
+    try:
+        cfg = load_config(run_dir / "config.yaml", a.overrides)
+    except ConfigError as e:
+        _fail(str(e))
     _inputs_ready(cfg)
     _tracking_ready(cfg)
-    manifest = rl_rounds(str(run_dir), a.rounds)
-    print(json.dumps({"rounds": [{k: r.get(k) for k in ("round", "test_accuracy", "minus_previous_round", "held_out_accuracy",
-                                                      "val_accuracy", "model_version", "cached_stages")}
-                                 for r in manifest["rounds"]],
-                      "champion": manifest["champion"], "mlflow_run_id": manifest["mlflow_run_id"]}, indent=2))
+    _prefect_server()
+    manifest = rl_rounds(str(run_dir), a.rounds, a.overrides)
+    _finished(a, manifest, run_dir, {
+        "rounds": [{k: r.get(k) for k in ("round", "test_accuracy", "minus_previous_round", "held_out_accuracy",
+                                          "val_accuracy", "model_version", "cached_stages")} for r in manifest["rounds"]],
+        "champion": manifest["champion"], "mlflow_run_id": manifest["mlflow_run_id"]})
 
 
 def cmd_corpus_run(a: argparse.Namespace) -> None:
@@ -275,6 +319,7 @@ def cmd_corpus_run(a: argparse.Namespace) -> None:
     _tracking_ready(cfg)
     from flows.corpus import corpus
 
+    _prefect_server()
     try:
         manifest = corpus(cfg)
     except CorpusError as e:
@@ -357,6 +402,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="run the pipeline flow on a YAML recipe")
     _recipe_arguments(r)
+    r.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
     r.set_defaults(func=cmd_run)
     ck = sub.add_parser("check", help="check a recipe and the data files, models and output folder it names, "
                                       "in seconds, without starting anything (exit 2 on any problem)")
@@ -394,6 +440,8 @@ def build_parser() -> argparse.ArgumentParser:
                        + (str(preset.eval_every) if preset.eval_every else "the recipe's") + ")")
         x.add_argument("--lr", type=float, help="GRPO's learning rate for every RL variant, in a folder of its own "
                        "(one call per value: a sweep; default: the recipe's grpo.lr)")
+        x.add_argument("--set", action="append", default=[], dest="overrides", metavar="SECTION.KEY=VALUE",
+                       help="as for run, over the run's recipe (the variants' own settings apply over these)")
         if preset.own_reward_models:
             x.add_argument("--recipe", help="a YAML recipe for the RL side (reward data, reward models, GRPO, rounds): "
                            "the run's SFT model must be the one it describes (e.g. configs/demo-iterate.yaml); "
@@ -402,6 +450,9 @@ def build_parser() -> argparse.ArgumentParser:
     rr = sub.add_parser("rounds", help="continue a finished run for more RL rounds (the rl-rounds flow)")
     rr.add_argument("run_dir", help="a finished run, e.g. runs/demo")
     rr.add_argument("--rounds", type=int, default=1, help="how many more rounds")
+    rr.add_argument("--set", action="append", default=[], dest="overrides", metavar="SECTION.KEY=VALUE",
+                    help="as for run, over the run's recipe (a setting that changes what a stage computes runs it again)")
+    rr.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
     rr.set_defaults(func=cmd_rounds)
     j = sub.add_parser("join", help="on each other machine of a launch.nnodes > 1 run: start the training stages' "
                                     "processes here as the flow launches them (docs/scaling.md)")
@@ -458,6 +509,9 @@ def main(argv: list[str] | None = None) -> None:
     from grpo_core.tracking import TrackingError
     from tasks.run_lock import RunInUse
 
+    import time
+
+    started = time.time()  # (on the file system's clock, which stamps the manifests: _stopped)
     args = build_parser().parse_args(argv)
     setup_environment()
     signal.signal(signal.SIGTERM, _terminated)
@@ -479,9 +533,42 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as e:  # a stage raised during the run
         _stage_failed(e, args.debug)
     except (KeyboardInterrupt, _Terminated) as e:  # Ctrl-C or SIGTERM: the shell's 128 + the signal
-        print(f"{'interrupted' if isinstance(e, KeyboardInterrupt) else 'terminated'}: nothing finished is lost "
-              "(finished stages are cached, checkpoints kept); the same command resumes", file=sys.stderr)
+        print(f"{'interrupted' if isinstance(e, KeyboardInterrupt) else 'terminated'}: "
+              + _stopped(_folder(args), started), file=sys.stderr)
         raise SystemExit(130 if isinstance(e, KeyboardInterrupt) else 143) from None
+
+
+def _folder(a: argparse.Namespace) -> Path | None:
+    """The run folder a command works in: its argument, or its recipe's (None if it has neither)."""
+    if getattr(a, "run_dir", None):
+        return Path(a.run_dir)
+    if getattr(a, "config", None):
+        from grpo_core.recipe import ConfigError, load_config
+
+        try:
+            return load_config(a.config, a.overrides).run_dir
+        except ConfigError:
+            return None
+    return None
+
+
+def _stopped(folder: Path | None, since: float) -> str:
+    """What a stopped command leaves, in one line: the stages it finished (their manifests written
+    since it started: cached now) and the step each unfinished stage resumes from (its newest whole
+    checkpoint)."""
+    from grpo_core.training.checkpoint import MARKER
+
+    if folder is None or not folder.is_dir():
+        return "nothing had started; the same command starts it"
+    name = lambda stage: str(stage.relative_to(folder))  # noqa: E731
+    finished = sorted(name(m.parent) for m in folder.rglob("manifest.json")
+                      if m.parent != folder and m.stat().st_mtime >= since)
+    resumes = sorted(f"{name(c.parent)} from step {int(max(steps).removeprefix('step-'))}"
+                     for c in folder.rglob("checkpoints") if not (c.parent / "manifest.json").exists()
+                     and (steps := [p.name for p in c.glob("step-*") if (p / MARKER).exists()]))
+    done = (f"finished and cached {', '.join(finished) if len(finished) <= 6 else f'{len(finished)} stages'}"
+            if finished else "no stage finished this time")
+    return f"{done}; the same command resumes" + (f" {'; '.join(resumes)}" if resumes else "")
 
 
 if __name__ == "__main__":

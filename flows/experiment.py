@@ -28,10 +28,8 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-
 from pathlib import Path
 
-import yaml
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 from pydantic import BaseModel, ConfigDict
@@ -42,6 +40,7 @@ from flows.reports import figure_source, mlflow_link
 from flows.rounds import RoundStart, reward_stages
 from grpo_core import figures
 from grpo_core.config import PipelineConfig
+from grpo_core.recipe import load_config
 from grpo_core.stages.grpo import staleness
 from grpo_core.stages.common import digest_dir, read_manifest, run_identity, write_manifest
 from grpo_core.stages.inputs import INPUTS, EvalInputs, GRPOInputs, Ref, SFTInputs
@@ -130,19 +129,21 @@ SFT_SECTIONS = ("seed", "data", "model", "pretrain", "corpus", "sft")
 
 
 def setup(run_dir: str, preset: str, variants: list[str] | None, seconds: float | None, steps: int | None,
-          eval_every: int | None, lr: float | None = None, recipe: str | None = None) -> Setup:
+          eval_every: int | None, lr: float | None = None, recipe: str | None = None,
+          overrides: list[str] | None = None) -> Setup:
     """The finished run's parts and the budget; unknown variants and impossible budgets fail here.
     ``recipe``: a YAML recipe whose RL sections (reward data, reward models, GRPO, rounds, eval)
-    replace the run's; what made the SFT model (``SFT_SECTIONS``) must be the run's."""
+    replace the run's; what made the SFT model (``SFT_SECTIONS``) must be the run's.
+    ``overrides``: ``section.key=value`` over the recipe, as ``run`` takes them."""
     p = PRESETS[preset]
     unknown = [v for v in variants or () if v not in VARIANTS]
     if unknown:
         raise ValueError(f"unknown {preset} variant(s) {', '.join(unknown)}; known: {', '.join(VARIANTS)}")
     root = Path(run_dir).resolve()
     manifest = read_manifest(root / "manifest.json")
-    cfg = PipelineConfig.model_validate(yaml.safe_load((root / "config.yaml").read_text()))
+    cfg = load_config(root / "config.yaml", overrides)
     if recipe is not None:
-        cfg = over_the_run(cfg, recipe, root)
+        cfg = over_the_run(cfg, recipe, root, overrides)
     rounds = max((VARIANTS[v].rounds or cfg.rounds.count) for v in variants or p.variants)
     if steps is not None and steps < rounds:
         raise ValueError(f"steps = {steps}: a variant runs {rounds} GRPO rounds: it needs at least {rounds} GRPO steps "
@@ -157,12 +158,12 @@ def setup(run_dir: str, preset: str, variants: list[str] | None, seconds: float 
                  eval_every=eval_every or p.eval_every or cfg.grpo.eval_every, lr=lr)
 
 
-def over_the_run(cfg: PipelineConfig, recipe: str, root: Path) -> PipelineConfig:
+def over_the_run(cfg: PipelineConfig, recipe: str, root: Path, overrides: list[str] | None = None) -> PipelineConfig:
     """``recipe`` for the run whose recipe is ``cfg``: its own settings, the run's name and folder;
     refused in one line where it would have trained another SFT model."""
-    from grpo_core.recipe import flatten, load_config
+    from grpo_core.recipe import flatten
 
-    theirs = load_config(recipe)
+    theirs = load_config(recipe, overrides)
     mine, other = flatten(cfg), flatten(theirs)
     differ = sorted(k for k in mine.keys() | other.keys()
                     if k.split(".")[0] in SFT_SECTIONS and mine.get(k) != other.get(k))
@@ -326,7 +327,7 @@ def variant_row(s: Setup, name: str, runs: list[Run], sampled: dict, sft_acc: fl
 def experiment(run_dir: str, preset: str = "compare", variants: list[str] | None = None, seeds: int | None = None,
                seconds: float | None = None, steps: int | None = None, samples: int | None = None,
                sample_questions: int | None = None, eval_every: int | None = None, lr: float | None = None,
-               recipe: str | None = None) -> dict:
+               recipe: str | None = None, overrides: list[str] | None = None) -> dict:
     """Run ``preset`` (module docstring) on ``run_dir``, with any of its defaults overridden; returns
     the experiment's manifest (rows, runs, figures). ``lr``: GRPO's learning rate for every RL
     variant (one call per value is a sweep, each in a folder of its own). ``recipe``: a YAML recipe
@@ -334,14 +335,14 @@ def experiment(run_dir: str, preset: str = "compare", variants: list[str] | None
     (tasks/run_lock.py)."""
     with run_lock(Path(run_dir), f"{preset} {Path(run_dir).name}", get_run_logger()):
         return _experiment(run_dir, preset, variants, seeds, seconds, steps, samples, sample_questions, eval_every, lr,
-                           recipe)
+                           recipe, overrides)
 
 
 def _experiment(run_dir: str, preset: str, variants: list[str] | None, seeds: int | None, seconds: float | None,
                 steps: int | None, samples: int | None, sample_questions: int | None, eval_every: int | None,
-                lr: float | None, recipe: str | None) -> dict:
+                lr: float | None, recipe: str | None, overrides: list[str] | None) -> dict:
     log = get_run_logger()
-    s = setup(run_dir, preset, variants, seconds, steps, eval_every, lr, recipe)
+    s = setup(run_dir, preset, variants, seconds, steps, eval_every, lr, recipe, overrides)
     seeds = seeds or s.preset.seeds
     samples = samples or s.preset.samples
     folder = (f"{Path(recipe).stem}-" if recipe else "") + s.budget.tag(s.eval_every) + (f"-lr{lr:g}" if lr else "")

@@ -80,6 +80,14 @@ def held_out_gains(policy: dict, sft: dict) -> dict[str, dict]:
                    "gain_over_sft": gain_over_sft(policy["held_out"][name], sft["held_out"][name])} for name in both}
 
 
+def round_gains(manifest: dict) -> dict[int, dict[str, dict]]:
+    """Each round's policy minus the SFT model, paired over the questions with a 95% interval: on
+    the test split (``test``) and each further held-out set, by round."""
+    sft = manifest["eval"]["sft"]
+    return {r["round"]: {"test": gain_over_sft(policy, sft)} | {k: g["gain_over_sft"] for k, g in held_out_gains(policy, sft).items()}
+            for r in manifest["rounds"] for policy in [r["stages"]["eval"]["results"]["policy"]]}
+
+
 def summarise(manifest: dict, run_dir: Path, exp_id: str, tracker: MlflowLogger) -> dict[str, str]:
     """The run's figures, saved under ``run_dir/figures``, logged as images on its MLflow run, and
     shown with its tables in a Prefect summary artifact; returns the figures' paths."""
@@ -87,24 +95,34 @@ def summarise(manifest: dict, run_dir: Path, exp_id: str, tracker: MlflowLogger)
 
     paths = figures.save(figures.pipeline_figures(manifest, run_dir), run_dir / "figures")
     tracker.log_artifacts(run_dir / "figures", "figures")
-    sft = manifest["eval"]["sft"]
-    gains = {r["round"]: {"test": gain_over_sft(policy, sft)} | {k: g["gain_over_sft"] for k, g in held_out_gains(policy, sft).items()}
-             for r in manifest["rounds"] for policy in [r["stages"]["eval"]["results"]["policy"]]}
     shown = {name: figure_source(path) for name, path in paths.items()}
     create_markdown_artifact(key=artifact_key(f"{manifest['run_name']}-summary"),
-                             markdown=pipeline_report(manifest, exp_id, gains, shown),
+                             markdown=pipeline_report(manifest, exp_id, round_gains(manifest), shown),
                              description=f"pipeline run {manifest['run_name']}: results, reward models, figures")
     return {name: str(path) for name, path in paths.items()}
 
 
-def time_profile(runs: dict[str, StageRun], rounds: list[dict], wall_s: float) -> dict:
+def time_profile(runs: dict[str, StageRun], rounds: list[dict], wall_s: float, cached: list[str],
+                 earlier: dict[str, float]) -> dict:
     """Where the run's wall time went: every stage (a round's as ``round-<k>/<stage>``, its model
     registration as ``round-<k>/register``) as the flow waited for it, and the share of the flow's
-    wall time the stages account for (the rest: MLflow and Prefect bookkeeping between them)."""
-    stages = {name: r.seconds for name, r in runs.items()}
-    stages |= {f"round-{r['round']}/{s}": v for r in rounds for s, v in r["profile"].items()}
-    stages = {name: round(v, 2) for name, v in stages.items()}
-    return {"stages_s": stages, "wall_s": round(wall_s, 2), "stage_share": round(sum(stages.values()) / wall_s, 4)}
+    wall time the stages that ran account for (the rest: MLflow and Prefect bookkeeping between
+    them). A stage served from the cache (``cached``) keeps the seconds it took when it ran
+    (``earlier``: the profile of the run manifest this one replaces), not the cache hit's."""
+    ran = {name: r.seconds for name, r in runs.items()}
+    ran |= {f"round-{r['round']}/{s}": v for r in rounds for s, v in r["profile"].items()}
+    ran = {name: round(v, 2) for name, v in ran.items()}
+    share = sum(v for name, v in ran.items() if name not in cached) / wall_s
+    return {"stages_s": {name: earlier.get(name, v) if name in cached else v for name, v in ran.items()},
+            "wall_s": round(wall_s, 2), "stage_share": round(share, 4)}
+
+
+def earlier_profile(run_dir: Path) -> dict[str, float]:
+    """The stage seconds of the run manifest in ``run_dir`` (empty if none can be read)."""
+    try:
+        return read_manifest(run_dir / "manifest.json").get("profile", {}).get("stages_s", {})
+    except (OSError, ValueError):
+        return {}
 
 
 @flow(name="pipeline", flow_run_name=lambda: numbered_run_name(parameter("config").run_name))
@@ -186,7 +204,7 @@ def _pipeline(config: PipelineConfig, continues: str | None = None) -> dict:
                           "champion_version": rounds[-1]["champion"]["version"],
                           **{f"stage_run.{s}": m["mlflow_run_id"] for s, m in stages.items()},
                           **{f"round_run.{r['round']}": r["mlflow_run_id"] for r in rounds}})
-        profile = time_profile(runs, rounds, time.perf_counter() - clock)
+        profile = time_profile(runs, rounds, time.perf_counter() - clock, cached, earlier_profile(run_dir))
         tracker.log_metrics({f"time/stage/{name}_s": s for name, s in profile["stages_s"].items()}
                             | {"time/wall_s": profile["wall_s"], "time/stage_share": profile["stage_share"]})
         manifest = {
@@ -234,8 +252,10 @@ def run_recipe(recipe: str = "configs/demo.yaml", overrides: list[str] | None = 
 
 
 @flow(name="rl-rounds", flow_run_name=lambda: numbered_run_name(f"more-rounds-{Path(parameter('run_dir')).name}"))
-def rl_rounds(run_dir: str = "runs/demo", rounds: Annotated[int, Field(ge=1, le=100)] = 1) -> dict:
-    """Continue a finished pipeline run for ``rounds`` more RL rounds with its own recipe.
+def rl_rounds(run_dir: str = "runs/demo", rounds: Annotated[int, Field(ge=1, le=100)] = 1,
+              overrides: list[str] | None = None) -> dict:
+    """Continue a finished pipeline run for ``rounds`` more RL rounds with its own recipe
+    (``overrides``: ``section.key=value`` over it, as ``run`` takes them).
 
     Reads ``<run_dir>/manifest.json`` and ``config.yaml``; the pipeline then serves every stage done
     before from the cache and runs only the new rounds (or finishes an interrupted one)."""
@@ -245,7 +265,7 @@ def rl_rounds(run_dir: str = "runs/demo", rounds: Annotated[int, Field(ge=1, le=
         raise FileNotFoundError(f"{manifest_path}: not a finished run; run the pipeline first (grpo-pipeline run ...)")
     finished = read_manifest(manifest_path)
     done = len(finished.get("rounds", []))
-    cfg = load_config(root / "config.yaml", [f"rounds.count={done + rounds}"])
+    cfg = load_config(root / "config.yaml", [*(overrides or []), f"rounds.count={done + rounds}"])
     if cfg.run_dir.resolve() != root.resolve():
         raise ValueError(f"{root / 'config.yaml'} writes to {cfg.run_dir.resolve()}, not {root.resolve()}: run "
                          f"rl_rounds from the folder the run was started in (output_dir is relative to it)")

@@ -108,3 +108,28 @@ def pipeline_report(manifest: dict, exp_id: str, gains: dict[int, dict[str, dict
     for name, src in figures.items():
         lines += ["", f"![{name.replace('_', ' ')}]({src})"]
     return "\n".join(lines)
+
+
+def terminal_report(manifest: dict, gains: dict[int, dict[str, dict]], manifest_path: Path) -> str:
+    """What ``run`` and ``rounds`` print when they finish: each model's accuracy on the test split
+    and every further held-out set, each round against SFT and against the round before it in points
+    with the 95% interval (paired over the same questions), the champion and where the details are."""
+    sft, rounds = manifest["eval"]["sft"], manifest["rounds"]
+    sets = {"test": sft} | sft.get("held_out", {})
+    head = ["model"] + [f"{name} ({s['n']:,} q)" for name, s in sets.items()] + ["minus SFT (95%)", "minus previous round (95%)"]
+    rows = [["SFT"] + [f"{100 * s['accuracy']:.2f}%" for s in sets.values()] + ["", ""]]
+    for r in rounds:
+        accuracy = {"test": r["test_accuracy"]} | r.get("held_out_accuracy", {})
+        test_gain, previous = gains.get(r["round"], {}).get("test"), r.get("minus_previous_round")
+        rows.append([f"round {r['round']}" + (" (champion)" if r["round"] == manifest["champion"]["round"] else "")]
+                    + [f"{100 * accuracy[name]:.2f}%" if name in accuracy else "" for name in sets]
+                    + [_points(test_gain) if test_gain else "", _points(previous) if previous else ""])
+    widths = [max(len(row[i]) for row in [head, *rows]) for i in range(len(head))]
+    table = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [head, *rows]]
+    champion = manifest["champion"]
+    cached = sorted(set(manifest.get("cached_stages", [])) | {f"round-{r['round']}/{s}" for r in rounds for s in r.get("cached_stages", [])})
+    return "\n".join([f"{manifest['run_name']}: {len(rounds)} RL round(s) after SFT", *table, "",
+                      f"champion: version {champion['version']} of {champion['name']} (round {champion['round']}, "
+                      f"validation {100 * champion['val_accuracy']:.2f}%)",
+                      *([f"from the cache: {', '.join(cached)}"] if cached else []),
+                      f"details: {manifest_path} (--json prints the summary as JSON)"])

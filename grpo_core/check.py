@@ -2,7 +2,8 @@
 run folder): the data files a recipe names (they exist, are UTF-8 JSONL, every row has its fields
 and its ``#### <answer>``, none is empty), the model folders (a causal LM's config and a
 tokenizer), that the output folder can be written and that the disk has room for the run's
-checkpoints (an estimate: ``disk_needed``). ``grpo-pipeline check`` prints every
+checkpoints (an estimate: ``disk_needed``), and that this machine can do what ``launch`` asks (a
+CUDA device, enough of them, the launcher, a free rendezvous port). ``grpo-pipeline check`` prints every
 problem; ``run`` and ``rounds`` refuse to start with any (docs/reliability.md, "Bad input").
 """
 from __future__ import annotations
@@ -20,7 +21,43 @@ def recipe_problems(cfg: PipelineConfig) -> tuple[list[str], dict[str, float] | 
     the model's config)."""
     models, output = _model_problems(cfg), _output_problems(cfg)
     disk = None if models or output else disk_report(cfg)
-    return _data_problems(cfg) + models + output + _disk_problems(cfg, disk), disk
+    return _data_problems(cfg) + models + output + _disk_problems(cfg, disk) + machine_problems(cfg), disk
+
+
+def machine_problems(cfg: PipelineConfig) -> list[str]:
+    """What ``launch`` asks of this machine that it cannot do: ``device=cuda`` where torch sees no
+    CUDA device, more processes than GPUs on ``cuda``, an ``accelerate`` launcher that is not
+    installed, a rendezvous port on this machine that something else holds."""
+    import importlib.util
+    import socket
+
+    import torch
+
+    lc, out = cfg.launch, []
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if lc.device == "cuda" and not gpus:
+        build = f"built for CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+        out.append(f"launch.device: cuda, but torch {torch.__version__} ({build}) sees no CUDA device on this "
+                   f"machine; set launch.device=cpu (or auto), or run it where a GPU is")
+    elif lc.device == "cuda" and lc.nproc > gpus:
+        out.append(f"launch.nproc: {lc.nproc} processes on cuda, one per GPU, but this machine has {gpus} GPU(s)")
+    if lc.distributed and lc.launcher == "accelerate" and importlib.util.find_spec("accelerate") is None:
+        out.append("launch.launcher: accelerate is not installed in this environment; install it or use torchrun")
+    if lc.nnodes > 1:
+        host, port = lc.rdzv_endpoint.rsplit(":", 1)
+        try:
+            local = socket.gethostbyname(host) in {"127.0.0.1", socket.gethostbyname(socket.gethostname())}
+        except OSError:
+            local = False  # a name this machine cannot resolve: the other machines may
+        if local:
+            with socket.socket() as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    s.bind(("", int(port)))
+                except OSError:
+                    out.append(f"launch.rdzv_endpoint: port {port} on this machine is in use; the rendezvous "
+                               f"needs it free (another run, or pick another port)")
+    return out
 
 
 def disk_needed(cfg: PipelineConfig) -> int:

@@ -12,6 +12,7 @@ import logging
 import math
 import os
 import re
+import shutil
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -423,30 +424,58 @@ def experiment_id(uri: str, name: str, wait_s: float = 0.0) -> str:
         raise TrackingError(f"MLflow tracking at {redact(uri)} is not usable: {e}") from None
 
 
-_SAID_ELSEWHERE: set[tuple[str, str]] = set()  # experiments whose artifacts live elsewhere, already said
-
-
 def _experiment_id(uri: str, name: str) -> str:
+    from mlflow.entities import ViewType
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(uri)
-    exp = client.get_experiment_by_name(name)
     artifacts = None
     if uri.startswith("sqlite:///"):  # keep artifacts beside the database, not in the cwd
-        artifacts = (Path(uri.removeprefix("sqlite:///")).resolve().parent / "mlartifacts").as_uri()
+        db = Path(uri.removeprefix("sqlite:///")).resolve()
+        artifacts = (db.parent / "mlartifacts").as_uri()
+        for exp in client.search_experiments(view_type=ViewType.ALL):
+            if _ours(exp.artifact_location) and exp.artifact_location != artifacts:
+                relocate(db, exp.artifact_location, artifacts)
+    exp = client.get_experiment_by_name(name)
     if exp is not None:
         if not set(EXPERIMENT_KIND) & set(exp.tags):  # made before the kind was set; a user's choice stays
             for key, value in EXPERIMENT_KIND.items():
                 client.set_experiment_tag(exp.experiment_id, key, value)
-        ours = exp.artifact_location.startswith("file:") and exp.artifact_location.endswith("/mlartifacts")
-        if artifacts and ours and exp.artifact_location != artifacts and (uri, name) not in _SAID_ELSEWHERE:
-            _SAID_ELSEWHERE.add((uri, name))  # once per process
-            # A database copied from another project: MLflow keeps an experiment's artifact folder for good.
-            log.warning("MLflow experiment %r keeps its artifacts (figures, tables) at %s, not beside its database "
-                        "(%s): it was made there, and new runs' artifacts go there too; name another experiment "
-                        "(tracking.experiment) to keep them here", name, exp.artifact_location, artifacts)
         return exp.experiment_id
     return client.create_experiment(name, artifact_location=artifacts, tags=EXPERIMENT_KIND)
+
+
+def _ours(location: str) -> bool:
+    """An artifact folder the project made beside its SQLite database (``_experiment_id``)."""
+    return location.startswith("file:") and location.rstrip("/").endswith("/mlartifacts")
+
+
+def relocate(db: Path, old: str, new: str) -> None:
+    """A project moved or copied with its ``mlflow.db``: every artifact URI the database holds under
+    ``old`` (the ``mlartifacts`` folder beside it where it was made) now points to ``new`` (the one
+    beside it now), and what ``new`` lacks of ``old``'s folders, where ``old`` still exists (a copy),
+    is copied over first, so that a copy's runs, old and new, keep their figures when the original
+    is deleted. MLflow stores an experiment's artifact location and each run's as absolute URIs for
+    good and has no call to move them (mlflow/mlflow#3144 and #8226, open): this is our own, a
+    prefix replaced in the text columns that begin with it, in one transaction."""
+    import sqlite3
+    from urllib.parse import unquote, urlparse
+
+    source, target = Path(unquote(urlparse(old).path)), Path(unquote(urlparse(new).path))
+    if source.is_dir():
+        target.mkdir(parents=True, exist_ok=True)
+        for folder in source.iterdir():
+            if not (target / folder.name).exists():
+                (shutil.copytree if folder.is_dir() else shutil.copy2)(folder, target / folder.name)
+    with sqlite3.connect(db, timeout=60) as conn:
+        for (table,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall():
+            for column in [row[1] for row in conn.execute(f'PRAGMA table_info("{table}")')
+                           if any(t in row[2].upper() for t in ("CHAR", "TEXT", "CLOB"))]:
+                conn.execute(f'UPDATE "{table}" SET "{column}" = ? || substr("{column}", ?) '
+                             f'WHERE "{column}" = ? OR substr("{column}", 1, ?) = ?',
+                             (new, len(old) + 1, old, len(old) + 1, old + "/"))
+    log.warning("the project moved or was copied: its MLflow store %s now keeps artifacts at %s (they were at %s)",
+                db, target, source)
 
 
 def patiently(call: Callable[[], T], uri: str, wait_s: float, what: str) -> T:

@@ -9,6 +9,7 @@ import collections
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -104,8 +105,24 @@ def run_launched(stage: str, cfg: PipelineConfig, out_dir: str, inputs: StageInp
         if announced:
             announced.unlink(missing_ok=True)  # over: no machine joins it any more
     if code != 0:
-        raise RuntimeError(f"{stage}: {' '.join(cmd)} exited with {code}; last lines:\n" + "\n".join(last))
+        raise RuntimeError(f"{stage}: its processes exited with {code}: {cause(last)}\n{' '.join(cmd)}; last lines:\n"
+                           + "\n".join(last))
     return json.loads((Path(out_dir) / "manifest.json").read_text())
+
+
+# The last line of a Python traceback (torchrun prefixes a worker's with ``[rank0]:``); torchrun's own
+# report of the failure (``ChildFailedError``) and its process bookkeeping are not the cause.
+_ERROR = re.compile(r"^(?:\[rank\d+\]:\s*)?((?:[\w.]+\.)?\w*(?:Error|Exception|Interrupt|Exit)\b(?::.*)?)$")
+
+
+def cause(lines: list[str]) -> str:
+    """The error a launched stage's processes died of, from their last lines: the last exception line
+    that is not torchrun's own (else the last line)."""
+    for line in reversed(lines):
+        found = _ERROR.match(line.strip())
+        if found and "ChildFailedError" not in line and "torch.distributed.elastic" not in line:
+            return found.group(1)
+    return lines[-1].strip() if lines else "no output"
 
 
 # ---------------------------------------------------------------------------- several machines

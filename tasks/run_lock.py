@@ -35,6 +35,25 @@ def _holder(text: str) -> str:
         return "another process"
 
 
+def in_use(run_dir: Path) -> str | None:
+    """Why ``run_dir`` cannot be taken now (``RunInUse``'s words), or None: a look before anything
+    starts, taking the lock for an instant only where it is free (the folder is not made)."""
+    path = Path(run_dir).resolve() / LOCK
+    if not path.exists() or path.parent in _HELD:
+        return None
+    with open(path, "r", encoding="utf-8") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return _in_use_by(path.parent, _holder(f.read()))
+        fcntl.flock(f, fcntl.LOCK_UN)
+    return None
+
+
+def _in_use_by(run_dir: Path, holder: str) -> str:
+    return f"{run_dir} is in use by {holder}: wait for it to finish, or give this run another run_name"
+
+
 @contextlib.contextmanager
 def run_lock(run_dir: Path, command: str, log: logging.Logger | None = None) -> Iterator[str | None]:
     """Hold ``run_dir``'s lock for the block (``RunInUse`` if another process holds it); yields the
@@ -55,8 +74,7 @@ def run_lock(run_dir: Path, command: str, log: logging.Logger | None = None) -> 
         f.seek(0)
         holder = _holder(f.read())
         f.close()
-        raise RunInUse(f"{run_dir} is in use by {holder}: wait for it to finish, or give this run "
-                       f"another run_name") from None
+        raise RunInUse(_in_use_by(run_dir, holder)) from None
     f.seek(0)
     left = f.read()
     note = None

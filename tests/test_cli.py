@@ -232,6 +232,37 @@ def test_eval_missing_data_file(tmp_path, capsys, tiny_model_dir):
     assert str(missing) in capsys.readouterr().err
 
 
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has a CUDA device")
+@pytest.mark.parametrize("command", ["check", "run"])
+def test_a_gpu_recipe_on_a_machine_without_one_is_refused_in_one_line(tmp_path, capsys, command):
+    """``launch.device=cuda`` (and with 4 processes) where torch sees no CUDA device: exit 2 before
+    anything starts, one line naming the key and what this machine's torch sees."""
+    import time
+
+    for sets in (["launch.device=cuda"], ["launch.device=cuda", "launch.nproc=4"]):
+        started = time.monotonic()
+        assert _exit_code([command, str(_jsonl_recipe(tmp_path)), *(x for s in sets for x in ("--set", s))]) == 2
+        said = capsys.readouterr().err.strip().splitlines()
+        assert len(said) == 1 and said[0].startswith("error: launch.device: cuda, but torch ") and \
+            "sees no CUDA device on this machine" in said[0], said
+        assert time.monotonic() - started < 20
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_rendezvous_port_in_use_on_this_machine_is_refused(tmp_path, capsys):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        sets = ["launch.nnodes=2", f"launch.rdzv_endpoint=127.0.0.1:{port}"]
+        assert _exit_code(["check", str(_jsonl_recipe(tmp_path)), *(x for s in sets for x in ("--set", s))]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"error: launch.rdzv_endpoint: port {port} on this machine is in use; the rendezvous needs it free "
+        "(another run, or pick another port)"]
+
+
 def test_a_run_folder_has_one_writer(prefect_harness, tiny_cfg, tmp_path, capsys):
     """A second run on a folder another process holds refuses at once, naming that process; once the
     holder is gone (SIGKILL: no cleanup) the next run takes the folder over and says whose lock it found."""
@@ -255,8 +286,12 @@ def test_a_run_folder_has_one_writer(prefect_harness, tiny_cfg, tmp_path, capsys
 
         recipe = tmp_path / "tiny.yaml"
         recipe.write_text(yaml.safe_dump(tiny_cfg(tmp_path, run_name="demo").model_dump(mode="json")))
-        assert _exit_code(["run", str(recipe)]) == 2
-        assert f"is in use by process {holder.pid}" in capsys.readouterr().err
+        for command in ("check", "run"):  # refused in one line before Prefect's server starts
+            started = time.monotonic()
+            assert _exit_code([command, str(recipe)]) == 2
+            said = capsys.readouterr().err.strip().splitlines()
+            assert len(said) == 1 and f"is in use by process {holder.pid}" in said[0], said
+            assert time.monotonic() - started < 10
         assert not (run_dir / "data").exists()
     finally:
         holder.send_signal(signal.SIGKILL)
@@ -279,20 +314,40 @@ def test_ui_on_an_address_other_than_loopback_needs_expose(host, capsys):
     assert f"--host {host}" in err and "--expose" in err and "no login" in err
 
 
-def test_ctrl_c_exits_130_saying_the_same_command_resumes(tmp_path, capsys, monkeypatch):
+def test_ctrl_c_exits_130_saying_what_finished_and_where_the_same_command_resumes(tmp_path, capsys, monkeypatch):
+    """One line: the stages this command finished (their manifests written since it started), and
+    each unfinished stage's newest whole checkpoint, where the same command resumes."""
+    import os
+
+    run_dir = tmp_path / "runs" / "demo"  # the recipe's output_dir and run_name
+    for stage in ("data", "sft"):  # finished before this command: not its news
+        (run_dir / stage).mkdir(parents=True)
+        (run_dir / stage / "manifest.json").write_text("{}")
+        os.utime(run_dir / stage / "manifest.json", (1, 1))
+    for step, whole in ((50, True), (100, True), (150, False)):  # step 150 was being written
+        (run_dir / "round-1" / "grpo" / "checkpoints" / f"step-{step:08d}").mkdir(parents=True)
+        if whole:
+            (run_dir / "round-1" / "grpo" / "checkpoints" / f"step-{step:08d}" / "COMPLETE").write_text("{}")
+
     def interrupted(a):
+        (run_dir / "round-1" / "reward_data").mkdir(parents=True)
+        (run_dir / "round-1" / "reward_data" / "manifest.json").write_text("{}")
         raise KeyboardInterrupt
 
     monkeypatch.setattr("flows.cli.cmd_check", interrupted)
     assert _exit_code(["check", str(_jsonl_recipe(tmp_path))]) == 130
-    assert "the same command resumes" in capsys.readouterr().err
+    assert capsys.readouterr().err.splitlines() == [
+        "interrupted: finished and cached round-1/reward_data; the same command resumes round-1/grpo from step 100"]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("command", ["run", "rounds"])
-def test_sigterm_stops_a_run_leaving_no_process_and_the_same_command_resumes(tmp_path, command):
-    """SIGTERM mid-run (``run``, or ``rounds`` adding a round to a finished run): exit 143 with one
-    line, Prefect's temporary server (a child) gone, and the same command finishes from the cache."""
+@pytest.mark.parametrize("command,how", [("run", "ctrl-c"), ("rounds", "ctrl-c"), ("run", "sigterm")])
+def test_a_stopped_run_leaves_no_process_says_where_it_stopped_and_the_same_command_resumes(tmp_path, command, how):
+    """Ctrl-C as a terminal sends it (SIGINT to the command's whole process group, Prefect's
+    temporary server included) or SIGTERM to the command alone, mid-run (``run``, or ``rounds``
+    adding a round to a finished run): exit 130 / 143 within seconds, one line naming the stage that
+    resumes and its step, no process left, and the same command finishes from the cache and the
+    checkpoint."""
     import os
     import signal
     import time
@@ -304,30 +359,38 @@ def test_sigterm_stops_a_run_leaving_no_process_and_the_same_command_resumes(tmp
     env |= {"PREFECT_HOME": str(tmp_path / "prefect"), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db"}
     run_dir = tmp_path / "runs" / "minute"
     cmd = [sys.executable, "-m", "flows.cli", "run", str(root / "configs" / "minute.yaml"),
-           "--set", f"output_dir={tmp_path / 'runs'}", "--set", "grpo.steps=200"]
-    started = run_dir / "sft"
+           "--set", f"output_dir={tmp_path / 'runs'}", "--set", "grpo.steps=400", "--set", "grpo.checkpoint_every=5", "--json"]
+    stage = "round-1/grpo"
     if command == "rounds":  # a finished run first, then the round it adds is stopped
         subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600, check=True)
-        cmd, started = [sys.executable, "-m", "flows.cli", "rounds", str(run_dir), "--rounds", "1"], run_dir / "round-2" / "grpo"
+        cmd, stage = [sys.executable, "-m", "flows.cli", "rounds", str(run_dir), "--rounds", "1", "--json"], "round-2/grpo"
+    checkpoints = run_dir / stage / "checkpoints"
     with open(tmp_path / "first.log", "w") as log:
-        run = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
-        children = []
-        for _ in range(480):  # until the flow has its server and the stage has started
+        run = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        for _ in range(960):  # until the stage has written a checkpoint
             time.sleep(0.25)
-            children = psutil.Process(run.pid).children(recursive=True)
-            if children and started.exists():
+            if any(checkpoints.glob("step-*/COMPLETE")):
                 break
-        assert children and started.exists(), "no temporary Prefect server, or the stage never started"
-        run.send_signal(signal.SIGTERM)
-        assert run.wait(timeout=120) == 143
-    assert (tmp_path / "first.log").read_text().strip().splitlines()[-1].startswith("terminated: nothing finished is lost")
+        processes = [psutil.Process(run.pid), *psutil.Process(run.pid).children(recursive=True)]
+        assert len(processes) > 1 and any(checkpoints.glob("step-*/COMPLETE")), "no server, or no checkpoint"
+        stopped = time.monotonic()
+        if how == "ctrl-c":
+            os.killpg(run.pid, signal.SIGINT)
+        else:
+            run.send_signal(signal.SIGTERM)
+        assert run.wait(timeout=60) == (130 if how == "ctrl-c" else 143)
+        assert time.monotonic() - stopped < 30
+    last = (tmp_path / "first.log").read_text().strip().splitlines()[-1]
+    assert last.startswith("interrupted: " if how == "ctrl-c" else "terminated: ")
+    assert f"the same command resumes {stage} from step " in last, last
     time.sleep(2)
-    assert not [c.pid for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+    assert not [p.pid for p in processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     again = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-2000:]
+    assert f"[grpo] resuming from step " in again.stdout + again.stderr
     done = json.loads(again.stdout)
     if command == "run":
-        assert "data" in done["cached_stages"]
+        assert "sft" in done["cached_stages"]
     else:
         assert [r["round"] for r in done["rounds"]] == [1, 2] and "grpo" in done["rounds"][0]["cached_stages"]
 

@@ -218,15 +218,18 @@ def test_join_starts_each_announced_launch_once_with_its_own_rendezvous(tmp_path
 
 
 def test_a_failing_launch_fails_with_the_processes_last_lines(tiny_cfg, tmp_path):
-    """The launcher's error carries what the processes said: here that the data folder is missing."""
+    """The launcher's error names the cause from a worker's own error in its first line (the line the
+    CLI prints), then carries what the processes said: here that the data folder is missing."""
     from grpo_core.stages.inputs import Ref, SFTInputs
     from tasks.launch import run_launched
 
     cfg = tiny_cfg(tmp_path, "launch.nproc=2")
     missing = tmp_path / "no-such-data"
-    with pytest.raises(RuntimeError, match=r"exited with \d+; last lines:(.|\n)*no-such-data"):
+    with pytest.raises(RuntimeError, match=r"exited with \d+: (.|\n)*last lines:(.|\n)*no-such-data") as failed:
         run_launched("sft", cfg, str(tmp_path / "sft"), SFTInputs(data=Ref(path=str(missing), digest="-")),
                      cfg.tracking.tracking_uri, "no-such-run")
+    first = str(failed.value).splitlines()[0]
+    assert first.startswith("sft: its processes exited with ") and "Error" in first and "no-such-data" in first, first
     assert not (tmp_path / "sft" / "manifest.json").exists()
 
 

@@ -141,7 +141,7 @@ def _until_checkpointed(proc: subprocess.Popen, root: Path, pattern: str) -> Non
 
 
 def _pipeline(recipe: Path, env: dict) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "flows.cli", "run", str(recipe)], env=env, cwd=ROOT,
+    return subprocess.Popen([sys.executable, "-m", "flows.cli", "run", str(recipe), "--json"], env=env, cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -65,3 +67,21 @@ def test_the_rounds_and_mlflow_journey_runs_as_written_in_the_docs(tmp_path):
     manifest = json.loads((project / "runs" / "minute" / "manifest.json").read_text())
     assert [r["round"] for r in manifest["rounds"]] == [1, 2]
     assert set(manifest["rounds"][1]["minus_previous_round"]) >= {"mean", "low", "high", "n"}
+
+    # The project moves: copied to another folder, the original deleted, one more round there. Every
+    # run, old and new, keeps its artifacts beside the moved database (tracking.relocate).
+    moved = tmp_path / "moved"
+    shutil.copytree(project, moved, symlinks=True)
+    shutil.rmtree(project)
+    more = subprocess.run([sys.executable, "-m", "flows.cli", "rounds", "runs/minute", "--rounds", "1", "--json"],
+                          cwd=moved, env=env, capture_output=True, text=True, timeout=600)
+    assert more.returncode == 0, more.stderr[-3000:]
+    client = MlflowClient(f"sqlite:///{moved / 'mlflow.db'}")
+    runs = client.search_runs([exp.experiment_id])
+    assert len(runs) > len(parents) + 1 and all(r.info.artifact_uri.startswith((moved / "mlartifacts").as_uri()) for r in runs)
+    parents = client.search_runs([exp.experiment_id], "tags.pipeline = 'deepseekmath-grpo'")
+    assert {r.info.run_name for r in parents} == {"minute", "minute: to round 2", "minute-lr", "minute: to round 3"}
+    for run in parents:
+        figures = client.list_artifacts(run.info.run_id, "figures")
+        assert figures, run.info.run_name
+        assert Path(client.download_artifacts(run.info.run_id, figures[0].path, str(tmp_path / run.info.run_id))).stat().st_size

@@ -196,7 +196,7 @@ def test_cli_run_prints_summary(prefect_harness, tmp_path, tiny_cfg, capsys):
     svamp.write_text("".join(json.dumps({"Body": f"Sam has {i} apples.", "Question": f"What is {i} + 2?",
                                          "Answer": float(i + 2)}) + "\n" for i in range(7)))
     main(["run", str(recipe), "--set", "grpo.steps=2", "--set", "run_name=viacli2",
-          "--set", f"data.held_out.svamp.file={svamp}", "--set", "data.held_out.svamp.format=svamp"])
+          "--set", f"data.held_out.svamp.file={svamp}", "--set", "data.held_out.svamp.format=svamp", "--json"])
     summary = json.loads(capsys.readouterr().out)
     run_dir = Path(cfg.output_dir) / "viacli2"
     assert summary["run_dir"] == str(run_dir)

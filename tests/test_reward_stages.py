@@ -221,11 +221,15 @@ def test_a_verifier_head_trains_the_models_own_weights(tmp_path, tiny_cfg, tiny_
 
 
 def test_reward_data_sampling_says_how_far_it_is(monkeypatch, capsys):
+    """A line after the first batch, then every PROGRESS_EVERY_S: solutions sampled of the total,
+    then (Monte-Carlo rollouts) completions past it."""
     import grpo_core.stages.reward_data as rd
 
-    monkeypatch.setattr(rd, "PROGRESS_EVERY_S", 0.0)  # a line at every call
-    complete = rd.said_every(lambda prompts: [p + "!" for p in prompts], "reward_data, round 2")
+    complete = rd.said_every(lambda prompts: [p + "!" for p in prompts], "reward_data, round 2", 3)
     assert complete(["a", "b"]) == ["a!", "b!"] and complete(["c"]) == ["c!"]
-    lines = capsys.readouterr().out.splitlines()
-    assert [line.split(",")[0:2] for line in lines] == [["[reward_data", " round 2] 2 completions sampled"],
-                                                        ["[reward_data", " round 2] 3 completions sampled"]]
+    first = capsys.readouterr().err.splitlines()  # the first batch speaks; the next, within 30 s, does not
+    assert len(first) == 1 and first[0].startswith("[reward_data, round 2] 2 of 3 solutions sampled, ")
+    assert first[0].endswith(" s left")
+    monkeypatch.setattr(rd, "PROGRESS_EVERY_S", 0.0)  # a line at every call
+    complete(["d"])
+    assert capsys.readouterr().err.startswith("[reward_data, round 2] 4 completions sampled (rollouts included), ")

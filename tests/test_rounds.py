@@ -168,6 +168,9 @@ def test_rl_rounds_continues_a_finished_run(prefect_harness, tmp_path, tiny_cfg,
     assert [r["round"] for r in more["rounds"]] == [1, 2]
     assert sorted(more["rounds"][0]["cached_stages"]) == ["eval", "grpo", "orm", "prm", "replay", "reward_data"]
     assert more["rounds"][1]["cached_stages"] == []
+    # The stages it reused keep the seconds they took when they ran, not the cache hit's.
+    for stage in ("data", "sft", "round-1/grpo", "round-1/reward_data"):
+        assert more["profile"]["stages_s"][stage] == first["profile"]["stages_s"][stage] > 0.05, stage
     assert (run_dir / "round-1" / "grpo" / "model" / "model.safetensors").stat().st_mtime_ns == mtime
     assert more["rounds"][0]["model_version"] == first["rounds"][0]["model_version"] == "1"
     assert more["rounds"][1]["model_version"] == "2"
@@ -257,3 +260,27 @@ def test_a_curriculum_alone_samples_the_reward_data_for_its_pass_rates(tiny_cfg,
     ref = Ref(path="p", digest="d")
     rounds.reward_stages(cfg, 1, tmp_path / "round-1", tmp_path, ref, ref, rounds.RoundStart(policy=ref), {})
     assert ran == stages
+
+
+def test_run_and_rounds_end_with_a_table_a_person_reads():
+    """Each round's test accuracy, against SFT and against the round before in points with the
+    interval, the champion marked, what came from the cache, where the details are."""
+    from flows.reports import terminal_report
+
+    manifest = {"run_name": "demo", "eval": {"sft": {"accuracy": 0.832, "n": 2000}}, "cached_stages": ["data", "sft"],
+                "rounds": [{"round": 1, "test_accuracy": 0.8635, "cached_stages": ["grpo"]},
+                           {"round": 2, "test_accuracy": 0.879,
+                            "minus_previous_round": {"mean": 0.0155, "low": 0.009, "high": 0.022}}],
+                "champion": {"version": "2", "name": "demo-policy", "round": 2, "val_accuracy": 0.92}}
+    gains = {1: {"test": {"mean": 0.0315, "low": 0.021, "high": 0.042}},
+             2: {"test": {"mean": 0.047, "low": 0.036, "high": 0.058}}}
+    assert terminal_report(manifest, gains, Path("runs/demo/manifest.json")).splitlines() == [
+        "demo: 2 RL round(s) after SFT",
+        "model               test (2,000 q)  minus SFT (95%)            minus previous round (95%)",
+        "SFT                 83.20%",
+        "round 1             86.35%          +3.15 points [+2.1, +4.2]",
+        "round 2 (champion)  87.90%          +4.70 points [+3.6, +5.8]  +1.55 points [+0.9, +2.2]",
+        "",
+        "champion: version 2 of demo-policy (round 2, validation 92.00%)",
+        "from the cache: data, round-1/grpo, sft",
+        "details: runs/demo/manifest.json (--json prints the summary as JSON)"]

@@ -7,6 +7,7 @@ import os
 import socket
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -165,24 +166,43 @@ def test_a_shared_server_behind_mlflows_basic_auth(tmp_path, monkeypatch):
         assert not any(password in v for v in [*logged.data.params.values(), *logged.data.tags.values()])
 
 
-def test_a_copied_database_says_where_its_artifacts_go(tmp_path, caplog):
-    """MLflow keeps an experiment's artifact folder for good: in a copied project it is the original's,
-    which the flow says (and how to keep artifacts in the copy)."""
+@pytest.mark.parametrize("copied", ["project", "database"])
+def test_a_moved_project_keeps_its_artifacts_beside_its_database(tmp_path, caplog, copied):
+    """MLflow stores artifact locations as absolute paths for good. A project copied elsewhere (with
+    its artifacts, or its database alone while the original exists) and its original then deleted:
+    its runs, old and new, read and write their artifacts beside the copy's database; the original's
+    own store still points at itself."""
     import logging
     import shutil
 
+    from mlflow.tracking import MlflowClient
+
     from grpo_core.tracking import experiment_id
 
-    (tmp_path / "a").mkdir()
-    made = experiment_id(f"sqlite:///{tmp_path}/a/mlflow.db", "demo")
-    shutil.copytree(tmp_path / "a", tmp_path / "b")
-    def said() -> list[logging.LogRecord]:
-        return [r for r in caplog.records if r.name == "grpo_pipeline.tracking"]
-
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    made = experiment_id(f"sqlite:///{a}/mlflow.db", "demo")
+    client = MlflowClient(f"sqlite:///{a}/mlflow.db")
+    old = client.create_run(made).info.run_id
+    (tmp_path / "figure.png").write_bytes(b"png")
+    client.log_artifact(old, str(tmp_path / "figure.png"), "figures")
+    if copied == "project":
+        shutil.copytree(a, b)
+    else:
+        b.mkdir()
+        shutil.copy2(a / "mlflow.db", b / "mlflow.db")
     with caplog.at_level(logging.WARNING, logger="grpo_pipeline.tracking"):
-        assert experiment_id(f"sqlite:///{tmp_path}/a/mlflow.db", "demo") == made
-        assert not said()  # where it was made: nothing to say
-        assert experiment_id(f"sqlite:///{tmp_path}/b/mlflow.db", "demo") == made
-        assert experiment_id(f"sqlite:///{tmp_path}/b/mlflow.db", "demo") == made  # said once
-    [warning] = said()
-    assert str(tmp_path / "a" / "mlartifacts") in warning.getMessage() and "tracking.experiment" in warning.getMessage()
+        assert experiment_id(f"sqlite:///{b}/mlflow.db", "demo") == made
+        assert experiment_id(f"sqlite:///{b}/mlflow.db", "demo") == made  # once moved, nothing more to do
+    assert [r.getMessage() for r in caplog.records if r.name == "grpo_pipeline.tracking"] == [
+        f"the project moved or was copied: its MLflow store {b / 'mlflow.db'} now keeps artifacts at "
+        f"{b / 'mlartifacts'} (they were at {a / 'mlartifacts'})"]
+    assert MlflowClient(f"sqlite:///{a}/mlflow.db").get_experiment(made).artifact_location == (a / "mlartifacts").as_uri()
+    shutil.rmtree(a)
+    client = MlflowClient(f"sqlite:///{b}/mlflow.db")
+    assert client.get_experiment(made).artifact_location == (b / "mlartifacts").as_uri()
+    new = client.create_run(made).info.run_id
+    client.log_artifact(new, str(tmp_path / "figure.png"), "figures")
+    for run_id in (old, new):
+        assert client.get_run(run_id).info.artifact_uri.startswith((b / "mlartifacts").as_uri() + "/")
+        assert Path(client.download_artifacts(run_id, "figures/figure.png", str(tmp_path))).read_bytes() == b"png"

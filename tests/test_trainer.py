@@ -77,13 +77,15 @@ def test_plateau_halves_the_lr_and_patience_stops(tmp_path):
     assert st.best_step == 2 and _steps(tmp_path)[-1] == 6
 
 
-def test_resuming_an_extended_run_equals_the_straight_run(tmp_path):
+def test_resuming_an_extended_run_equals_the_straight_run(tmp_path, capsys):
     straight, step = _trainer(tmp_path / "a", Plan(max_steps=7), "sft.checkpoint_every=1")
     a = straight.fit(step)
     first, step = _trainer(tmp_path / "b", Plan(max_steps=4), "sft.checkpoint_every=1")
     first.fit(step)
+    capsys.readouterr()
     again, step = _trainer(tmp_path / "b", Plan(max_steps=7), "sft.checkpoint_every=1")
     assert again.resume is not None and again.state.step == 4
+    assert f"[sft] resuming from step 4 ({tmp_path / 'b' / 'checkpoints' / 'step-00000004'})" in capsys.readouterr().err
     b = again.fit(step)
     assert (a.step, a.epoch, a.row) == (b.step, b.epoch, b.row)
     assert torch.equal(straight.model.weight, again.model.weight)
@@ -97,3 +99,6 @@ def test_a_progress_line_says_where_a_stage_is_and_how_long_is_left():
         "[prm] step 120/400, epoch 2/3, 2.00 steps/s, about 2 min left"
     assert progress_line("grpo", st, Plan(max_steps=400), 80.0) == "[grpo] step 120/400, 2.00 steps/s, about 20 s left"
     assert progress_line("sft", st, Plan(), None) == "[sft] step 120, 2.00 steps/s"
+    # A reward model's budget is in epochs: its total steps from the epoch's length (3 x 60 = 180).
+    assert progress_line("orm", st, Plan(max_epochs=3, steps_per_epoch=60), None) == \
+        "[orm] step 120/180, epoch 2/3, 2.00 steps/s, about 30 s left"

@@ -183,8 +183,6 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
     st = trainer.start(policy, tokenizer, Plan(max_steps=gc.steps, eval_every=gc.eval_every, eval_first=True,
                                                eval_last=True, keep_best="val/accuracy" if gc.keep_best else None,
                                                record=RECORDED), companions)
-    if trainer.resume is not None:
-        print(f"grpo: resumed from {trainer.resume} (step {st.step})", flush=True)
     rollouts = rollout_log.log_path(out_dir, d.rank)
     if gc.save_rollouts:
         out_dir.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import random
+import sys
 import time
 from pathlib import Path
 
@@ -23,7 +25,7 @@ from grpo_core.rewards.labels import Completer, Sampled, label_agreement, outcom
 from grpo_core.data import Example, prompt_text
 from grpo_core.rewards.steps import planted_error
 from grpo_core.stages.common import digest_dir, read_split, round_seed, set_threads, write_manifest
-from grpo_core.training.trainer import PROGRESS_EVERY_S
+from grpo_core.training.trainer import PROGRESS_EVERY_S, time_left
 from grpo_core.stages.outputs import arrow_digest
 from grpo_core.training.trainer import Stopwatch
 from grpo_core.lm.runtime import place
@@ -117,18 +119,22 @@ def training_extras(rc: RewardDataConfig, examples: list[Example], earlier: list
     return out
 
 
-def said_every(complete, what: str):
-    """``complete`` (prompts -> completions) that prints, every ``PROGRESS_EVERY_S``, how many
-    completions it has sampled and how fast: the stage's sampling (and Monte-Carlo rollouts, whose
-    count depends on the solutions' steps) is never silent for minutes."""
-    done, start, said = [0], time.perf_counter(), [time.perf_counter()]
+def said_every(complete, what: str, total: int):
+    """``complete`` (prompts -> completions) that prints how many completions it has sampled of the
+    ``total`` the stage samples first (Monte-Carlo rollouts, whose count depends on the solutions'
+    steps, come after them), how fast and the time left: after its first batch (the stage speaks
+    within seconds) and then every ``PROGRESS_EVERY_S``."""
+    done, start, said = [0], time.perf_counter(), [-math.inf]
 
     def counted(prompts: list[str]) -> list[str]:
         out = complete(prompts)
         done[0] += len(prompts)
         if time.perf_counter() - said[0] >= PROGRESS_EVERY_S:
             said[0] = time.perf_counter()
-            print(f"[{what}] {done[0]:,} completions sampled, {done[0] / (said[0] - start):.1f}/s", flush=True)
+            rate = done[0] / (said[0] - start)
+            where = (f"{done[0]:,} of {total:,} solutions sampled, {rate:.1f}/s, {time_left((total - done[0]) / rate)}"
+                     if done[0] < total else f"{done[0]:,} completions sampled (rollouts included), {rate:.1f}/s")
+            print(f"[{what}] {where}", file=sys.stderr, flush=True)
         return out
     return counted
 
@@ -158,7 +164,8 @@ def run_reward_data(cfg: PipelineConfig, data_dir: Path, policy_dir: str | Path,
     split_of = {"test": rng.sample(heldout_pool, n_test),
                 "train": rng.sample(train_pool, min(len(train_pool), n_questions - n_test))}
     questions = split_of["test"] + split_of["train"]
-    complete = said_every(policy_completer(policy, tokenizer, rc, seed), f"reward_data, round {round_}")
+    complete = said_every(policy_completer(policy, tokenizer, rc, seed), f"reward_data, round {round_}",
+                          len(questions) * rc.samples_per_question)
     earlier = (rollout_samples(rollouts, {e.question for e in train_pool}, rc.rollouts, seed)
                if rollouts is not None and rc.rollouts != 0 else [])
     tables: dict[str, dict[str, list[dict]]] = {name: {} for name in DATASETS}

@@ -292,7 +292,8 @@ def run_reward_model(cfg: PipelineConfig, kind: str, reward_data: dict[str, Ref]
     amp = functools.partial(autocast, cfg.launch, model_device(model))
     tokenizer = load_tokenizer(trainer.resume or init_dir)
     trained = trainer.wrap(model if is_verifier_head(model) else ScoreHead(model))  # one module whose forward is the whole computation
-    st = trainer.start(model, tokenizer, Plan(max_epochs=rc.epochs, per_epoch=True, eval_last=True,
+    st = trainer.start(model, tokenizer, Plan(max_epochs=rc.epochs, steps_per_epoch=-(-len(train) // rc.batch_size),
+                                              per_epoch=True, eval_last=True,
                                               keep_best=f"heldout/{spec.gate_metric}"))
 
     def evaluate(st: TrainState) -> dict:

@@ -15,6 +15,7 @@ import errno
 import json
 import os
 import random
+import sys
 import shutil
 from pathlib import Path
 from typing import Any, Callable
@@ -171,7 +172,7 @@ def resume_point(root: Path) -> tuple[Path | None, dict[str, Any] | None]:
         shutil.rmtree(aside, ignore_errors=True)
         os.replace(checkpoint, aside)
         print(f"warning: checkpoint {checkpoint} is damaged ({why}): moved to {aside}; resuming from the one "
-              f"before it, if any", flush=True)
+              f"before it, if any", file=sys.stderr, flush=True)
     return None, None
 
 

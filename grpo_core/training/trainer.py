@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import shutil
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -56,6 +57,7 @@ class Plan:
 
     max_steps: int | None = None
     max_epochs: int | None = None
+    steps_per_epoch: int | None = None  # with max_epochs: the total the progress lines count down from
     log_every: int = 1
     eval_every: int | None = None  # steps between evaluations
     per_epoch: bool = False        # also evaluate and checkpoint when an epoch ends (the reward models)
@@ -111,7 +113,7 @@ def find_resume(ckpt_root: Path, identity: dict):
         while (stale := ckpt_root.with_name(f"{ckpt_root.name}.stale-{n}")).exists():
             n += 1
         ckpt_root.rename(stale)
-        print(f"warning: checkpoints in {ckpt_root} were written by another recipe or start; moved to {stale}")
+        print(f"warning: checkpoints in {ckpt_root} were written by another recipe or start; moved to {stale}", file=sys.stderr)
         return None, None
     return latest, state
 
@@ -124,16 +126,21 @@ def progress_line(stage: str, st: TrainState, plan: Plan, max_seconds: float | N
     """``[prm] step 120/400, epoch 2/3, 2.10 steps/s, about 2 min left``: where a stage is, from its
     counters (steps across resumes over training seconds) and its budget."""
     rate = st.step / max(st.train_s, 1e-9)
-    parts = [f"step {st.step}" + (f"/{plan.max_steps}" if plan.max_steps else "")]
+    total = plan.max_steps or (plan.steps_per_epoch * plan.max_epochs if plan.steps_per_epoch and plan.max_epochs else None)
+    parts = [f"step {st.step}" + (f"/{total}" if total else "")]
     if plan.max_epochs:
         parts.append(f"epoch {min(st.epoch + 1, plan.max_epochs)}/{plan.max_epochs}")
     parts.append(f"{rate:.2f} steps/s")
-    left = ([(plan.max_steps - st.step) / rate] if plan.max_steps and rate > 0 else []) + \
+    left = ([max(total - st.step, 0) / rate] if total and rate > 0 else []) + \
            ([max_seconds - st.train_s] if max_seconds else [])
     if left:
-        seconds = max(0.0, min(left))
-        parts.append(f"about {seconds / 60:.0f} min left" if seconds >= 90 else f"about {seconds:.0f} s left")
+        parts.append(time_left(min(left)))
     return f"[{stage}] " + ", ".join(parts)
+
+
+def time_left(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    return f"about {seconds / 60:.0f} min left" if seconds >= 90 else f"about {seconds:.0f} s left"
 
 
 class Trainer:
@@ -184,6 +191,8 @@ class Trainer:
             for name, (module, opt) in self.companions.items():
                 module.load_state_dict(self._saved["companions"][name]["module"])
                 opt.load_state_dict(self._saved["companions"][name]["optimizer"])
+            if self.d.main:
+                print(f"[{self.section}] resuming from step {self.state.step} ({self.resume})", file=sys.stderr, flush=True)
         return self.state
 
     def update(self, loss: torch.Tensor, scale: float = 1.0) -> float:
@@ -236,7 +245,7 @@ class Trainer:
                 st.stopped = d.broadcast(st.stopped)  # rank 0's clock decides for all
                 if d.main and time.monotonic() - said >= PROGRESS_EVERY_S:
                     said = time.monotonic()
-                    print(progress_line(self.section, st, plan, sc.max_seconds), flush=True)
+                    print(progress_line(self.section, st, plan, sc.max_seconds), file=sys.stderr, flush=True)
             last = bool(st.stopped) or st.step == plan.max_steps or st.epoch == plan.max_epochs
             regular = epoch_end or (metrics is not None and plan.eval_every is not None
                                     and st.step % plan.eval_every == 0)
