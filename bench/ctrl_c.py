@@ -62,7 +62,7 @@ def interrupt(command: list[str], stage: Path, log: Path) -> dict:
     last = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
     return {"at": str(stage), "after_start_s": round(sent - t0, 1),
             "exit_s": round(took, 1), "exit_code": code, "processes_left": left,
-            "said": next((line for line in reversed(last) if line.startswith(("interrupted:", "make:"))), last[-1])}
+            "said": next((line for line in reversed(last) if line.startswith("interrupted:")), last[-1])}
 
 
 def main() -> None:

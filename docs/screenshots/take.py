@@ -7,7 +7,9 @@ browser.
     # in a project folder where `make demo` and a second recipe have run (its mlflow.db):
     grpo-pipeline run configs/demo.yaml --set run_name=demo-lr --set grpo.lr=3e-6 --set rounds.count=1
     python docs/screenshots/take.py --store mlflow.db --rounds demo --recipes demo demo-lr
-    # with docs/prefect.md's server and deployments up (its UI address for the deployment `demo`):
+    # a project moved elsewhere, its original deleted: an old run's figure, read beside the moved database
+    python docs/screenshots/take.py --store mlflow.db --artifact minute figures/test_accuracy.png
+    # with docs/prefect.md's server, deployments and worker up, after its first run (the minute recipe):
     python docs/screenshots/take.py --prefect http://127.0.0.1:4300/deployments/deployment/<id>
 
 It starts an MLflow server on 127.0.0.1 for the store, opens each comparison by its address, turns
@@ -72,6 +74,34 @@ def _mlflow(a, browser) -> None:
         server.wait(timeout=30)
 
 
+def _artifact(a, browser) -> None:
+    """The first run named ``a.artifact[0]`` with its artifact ``a.artifact[1]`` open (a moved
+    project: the figure is read from beside the moved database)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{a.store.resolve()}")
+    exp = client.get_experiment_by_name("grpo-pipeline").experiment_id
+    run = client.search_runs([exp], f"attributes.run_name = '{a.artifact[0]}'", order_by=["start_time ASC"])[0]
+    server = _serve(a.store, a.port)
+    try:
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(f"http://127.0.0.1:{a.port}/#/experiments/{exp}/runs/{run.info.run_id}/artifacts"
+                  "?workflowType=machine_learning")
+        for part in a.artifact[1].split("/"):  # the artifact tree, as a person clicks it
+            page.get_by_text(part, exact=True).first.click()
+        page.locator("img:not([src^='data:'])").first.wait_for(timeout=60_000)  # the figure, read from the server
+        page.wait_for_timeout(1000)
+        for close in page.get_by_role("button", name="Close").all():  # the assistant's side panel
+            close.click()
+        page.wait_for_timeout(2000)
+        out = a.out / f"moved-project-{Path(a.artifact[1]).stem}.png"
+        page.screenshot(path=str(out))
+        print(out)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
 def main() -> None:
     from playwright.sync_api import sync_playwright
 
@@ -83,15 +113,21 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=5077)
     ap.add_argument("--rounds", default="demo", help="the parent run whose rounds 1 and 2 are compared")
     ap.add_argument("--recipes", nargs=2, default=["demo", "demo-lr"], help="two parent runs to compare")
+    ap.add_argument("--artifact", nargs=2, metavar=("RUN", "PATH"), help="instead of the comparisons: the first run "
+                    "named RUN with its artifact PATH open (figures/test_accuracy.png)")
     a = ap.parse_args()
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=a.browser, args=["--no-sandbox"])
-        if a.store:
+        if a.store and a.artifact:
+            _artifact(a, browser)
+        elif a.store:
             _mlflow(a, browser)
         if a.prefect:
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             page.goto(a.prefect)
             page.get_by_text("Deployment ID").wait_for(timeout=30_000)
+            page.get_by_text("Completed").first.wait_for(timeout=60_000)  # its run listed, as the page says
+            page.wait_for_timeout(1500)
             page.screenshot(path=str(a.out / "prefect-deployment.png"))
             print(a.out / "prefect-deployment.png")
         browser.close()
