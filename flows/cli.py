@@ -555,7 +555,7 @@ def _folder(a: argparse.Namespace) -> Path | None:
 def _stopped(folder: Path | None, since: float) -> str:
     """What a stopped command leaves, in one line: the stages it finished (their manifests written
     since it started: cached now) and the step each unfinished stage resumes from (its newest whole
-    checkpoint)."""
+    checkpoint; those it wrote, where it wrote any)."""
     from grpo_core.training.checkpoint import MARKER
 
     if folder is None or not folder.is_dir():
@@ -563,9 +563,12 @@ def _stopped(folder: Path | None, since: float) -> str:
     name = lambda stage: str(stage.relative_to(folder))  # noqa: E731
     finished = sorted(name(m.parent) for m in folder.rglob("manifest.json")
                       if m.parent != folder and m.stat().st_mtime >= since)
-    resumes = sorted(f"{name(c.parent)} from step {int(max(steps).removeprefix('step-'))}"
-                     for c in folder.rglob("checkpoints") if not (c.parent / "manifest.json").exists()
-                     and (steps := [p.name for p in c.glob("step-*") if (p / MARKER).exists()]))
+    newest = {c.parent: max(steps) for c in folder.rglob("checkpoints") if not (c.parent / "manifest.json").exists()
+              and (steps := [p for p in c.glob("step-*") if (p / MARKER).exists()])}
+    # The stages this command checkpointed (another command's leftovers in the folder are not its);
+    # if it wrote none yet, every unfinished one.
+    now = {stage: step for stage, step in newest.items() if step.stat().st_mtime >= since} or newest
+    resumes = sorted(f"{name(stage)} from step {int(step.name.removeprefix('step-'))}" for stage, step in now.items())
     done = (f"finished and cached {', '.join(finished) if len(finished) <= 6 else f'{len(finished)} stages'}"
             if finished else "no stage finished this time")
     return f"{done}; the same command resumes" + (f" {'; '.join(resumes)}" if resumes else "")

@@ -13,6 +13,8 @@ import math
 import os
 import re
 import shutil
+import signal
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -182,8 +184,33 @@ def batches(lines: list[str]) -> list[tuple[list[str], dict | None]]:
     return out
 
 
+@contextmanager
+def _whole():
+    """Ctrl-C (SIGINT) and SIGTERM wait for the block: a write to MLflow's SQLite store cut between
+    its statements leaves the database locked by this process, and the next write (marking the runs
+    ended) then waits out SQLite's timeout, ~20 s (measured, 2026-11-26). Only the main thread
+    handles signals; elsewhere the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = {s: signal.signal(s, lambda signum, frame: caught.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        if caught and callable(previous[caught[0]]):
+            previous[caught[0]](caught[0], None)  # Python's default for SIGINT: KeyboardInterrupt, now
+
+
 def _send(client, run_id: str, record: dict) -> None:
-    """One journal record to the store: the one place that maps records to MLflow calls."""
+    """One journal record to the store, whole (``_whole``): the one place that maps records to MLflow calls."""
+    with _whole():
+        _send_now(client, run_id, record)
+
+
+def _send_now(client, run_id: str, record: dict) -> None:
     from mlflow.entities import Dataset, DatasetInput, Metric, Param
 
     op = record["op"]

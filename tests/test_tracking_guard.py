@@ -206,3 +206,36 @@ def test_a_moved_project_keeps_its_artifacts_beside_its_database(tmp_path, caplo
     for run_id in (old, new):
         assert client.get_run(run_id).info.artifact_uri.startswith((b / "mlartifacts").as_uri() + "/")
         assert Path(client.download_artifacts(run_id, "figures/figure.png", str(tmp_path))).read_bytes() == b"png"
+
+
+def test_a_signal_during_a_tracking_write_waits_for_the_write(tmp_path):
+    """Ctrl-C arriving while a record is written to MLflow's store is raised when the write is done:
+    the record is whole, the handler in place before is back, and the next write does not wait."""
+    import signal
+
+    from mlflow.tracking import MlflowClient
+
+    import grpo_core.tracking as tracking
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(uri)
+    run = client.create_run(tracking.experiment_id(uri, "demo")).info.run_id
+    real = tracking._send_now
+
+    def interrupted_midway(client, run_id, record):
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C, between two statements of the write
+        real(client, run_id, {"op": "params", "params": {"a": "1"}})
+        real(client, run_id, record)
+
+    tracking._send_now = interrupted_midway
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            tracking._send(client, run, {"op": "tags", "tags": {"b": "2"}})
+    finally:
+        tracking._send_now = real
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    started = time.monotonic()
+    tracking._send(client, run, {"op": "tags", "tags": {"c": "3"}})
+    assert time.monotonic() - started < 5
+    data = client.get_run(run).data
+    assert data.params == {"a": "1"} and {("b", "2"), ("c", "3")} <= set(data.tags.items())
