@@ -271,7 +271,7 @@ def test_sft_checkpoints_of_another_recipe_are_set_aside(tmp_path, tiny_cfg, tin
     # A different learning rate is another recipe: its checkpoints must not be resumed.
     manifest = run_sft(tiny_cfg(tmp_path, sft__max_steps=3, sft__checkpoint_every=1, sft__lr=5e-4),
                        tiny_data_dir, out, log)
-    assert "moved to" in capsys.readouterr().out
+    assert "moved to" in capsys.readouterr().err
     stale = out / "checkpoints.stale-0"
     assert stale.is_dir() and sorted(p.name for p in stale.iterdir()) == old
     assert sorted(_train_losses(log)) == [1, 2, 3]  # a fresh start, not a resume from step 2
