@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import sys
+import time
 import typing
 from pathlib import Path
 
@@ -509,8 +510,6 @@ def main(argv: list[str] | None = None) -> None:
     from grpo_core.tracking import TrackingError
     from tasks.run_lock import RunInUse
 
-    import time
-
     started = time.time()  # (on the file system's clock, which stamps the manifests: _stopped)
     args = build_parser().parse_args(argv)
     setup_environment()
@@ -556,15 +555,15 @@ def _stopped(folder: Path | None, since: float) -> str:
     """What a stopped command leaves, in one line: the stages it finished (their manifests written
     since it started: cached now) and the step each unfinished stage resumes from (its newest whole
     checkpoint; those it wrote, where it wrote any)."""
-    from grpo_core.training.checkpoint import MARKER
+    from grpo_core.training.checkpoint import marked_checkpoints
 
     if folder is None or not folder.is_dir():
         return "nothing had started; the same command starts it"
     name = lambda stage: str(stage.relative_to(folder))  # noqa: E731
     finished = sorted(name(m.parent) for m in folder.rglob("manifest.json")
                       if m.parent != folder and m.stat().st_mtime >= since)
-    newest = {c.parent: max(steps) for c in folder.rglob("checkpoints") if not (c.parent / "manifest.json").exists()
-              and (steps := [p for p in c.glob("step-*") if (p / MARKER).exists()])}
+    newest = {c.parent: steps[-1] for c in folder.rglob("checkpoints") if not (c.parent / "manifest.json").exists()
+              and (steps := marked_checkpoints(c))}
     # The stages this command checkpointed (another command's leftovers in the folder are not its);
     # if it wrote none yet, every unfinished one.
     now = {stage: step for stage, step in newest.items() if step.stat().st_mtime >= since} or newest

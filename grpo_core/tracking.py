@@ -451,6 +451,9 @@ def experiment_id(uri: str, name: str, wait_s: float = 0.0) -> str:
         raise TrackingError(f"MLflow tracking at {redact(uri)} is not usable: {e}") from None
 
 
+_PLACED: set[Path] = set()  # SQLite stores whose artifact locations this process has checked (relocate)
+
+
 def _experiment_id(uri: str, name: str) -> str:
     from mlflow.entities import ViewType
     from mlflow.tracking import MlflowClient
@@ -460,9 +463,11 @@ def _experiment_id(uri: str, name: str) -> str:
     if uri.startswith("sqlite:///"):  # keep artifacts beside the database, not in the cwd
         db = Path(uri.removeprefix("sqlite:///")).resolve()
         artifacts = (db.parent / "mlartifacts").as_uri()
-        for exp in client.search_experiments(view_type=ViewType.ALL):
-            if _ours(exp.artifact_location) and exp.artifact_location != artifacts:
-                relocate(db, exp.artifact_location, artifacts)
+        if db not in _PLACED:  # once per store and process: every round asks for the experiment
+            for exp in client.search_experiments(view_type=ViewType.ALL):
+                if _ours(exp.artifact_location) and exp.artifact_location != artifacts:
+                    relocate(db, exp.artifact_location, artifacts)
+            _PLACED.add(db)
     exp = client.get_experiment_by_name(name)
     if exp is not None:
         if not set(EXPERIMENT_KIND) & set(exp.tags):  # made before the kind was set; a user's choice stays

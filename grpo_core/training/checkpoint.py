@@ -195,6 +195,12 @@ def complete_checkpoints(root: Path) -> list[Path]:
     if not root.is_dir():
         return []
     finish_interrupted_rewrites(root)
+    return marked_checkpoints(root)
+
+
+def marked_checkpoints(root: Path) -> list[Path]:
+    """The checkpoints marked complete, oldest first, as they lie (nothing is finished or moved: a
+    look from outside the stage)."""
     return sorted(p for p in root.glob("step-*") if (p / MARKER).exists())
 
 
