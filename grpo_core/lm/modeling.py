@@ -18,7 +18,8 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from grpo_core.config import ModelConfig
+from grpo_core.config import LoraSettings, ModelConfig
+from grpo_core.lm import adapters
 
 SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>"]
 
@@ -66,10 +67,16 @@ def tiny_llama(cfg: ModelConfig, tokenizer: PreTrainedTokenizerFast, seed: int) 
 
 def check_model_folder(path: str | Path) -> PreTrainedTokenizerFast:
     """A local HF causal-LM folder's config checked and its tokenizer loaded (no weights read: seconds),
-    failing with the folder named."""
+    failing with the folder named; an adapter's folder: its base's, and the base's digest."""
     path = Path(path)
     if not path.is_dir():
         raise ModelError(f"{path}: model folder not found")
+    if adapters.is_adapter(path):
+        try:
+            check_model_folder(adapters.checked_base(path))
+        except adapters.AdapterError as e:
+            raise ModelError(str(e)) from None
+        return load_tokenizer(path)
     if not (path / "config.json").exists():
         raise ModelError(f"{path}: not a Hugging Face model folder (no config.json)")
     from transformers import AutoConfig
@@ -86,13 +93,35 @@ def check_model_folder(path: str | Path) -> PreTrainedTokenizerFast:
 
 
 def load_model(path: str | Path) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
-    """Load a local HF causal-LM folder and its tokenizer, failing with the folder named."""
+    """Load a local HF causal-LM folder and its tokenizer, failing with the folder named. A LoRA
+    adapter's folder gives its base (checked against the digest it was trained on) with the adapter
+    merged in."""
     path = Path(path)
+    if adapters.is_adapter(path):
+        try:
+            base, _ = load_model(adapters.checked_base(path))  # a base may itself be an adapter
+        except adapters.AdapterError as e:
+            raise ModelError(str(e)) from None
+        return adapters.merged(base, path), load_tokenizer(path)
     tokenizer = check_model_folder(path)
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     except (OSError, ValueError, KeyError) as e:
         raise ModelError(f"{path}: cannot load as a causal LM: {e}") from None
+    return model, tokenizer
+
+
+def load_trainable(start: str | Path, lora: LoraSettings | None, resume: str | Path | None = None,
+                   seed: int = 0) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
+    """The model a training stage trains: the checkpoint ``resume`` or the folder ``start``; with
+    ``lora``, ``start``'s weights frozen under an adapter, the checkpoint's or a fresh one drawn
+    with ``seed``."""
+    if lora is None:
+        return load_model(resume or start)
+    model, tokenizer = load_model(start)
+    adapters.add_lora(model, lora, start, seed)
+    if resume is not None:
+        adapters.load_weights(model, resume)
     return model, tokenizer
 
 
@@ -130,6 +159,8 @@ def parameter_count(cfg: ModelConfig) -> int:
 def save_model(model: PreTrainedModel, tokenizer, path: str | Path, weights: dict | None = None) -> Path:
     """``weights``: the whole state dict of a sharded (FSDP) model; None: the model's own."""
     path = Path(path)
-    model.save_pretrained(path, **({} if weights is None else {"state_dict": weights}))
+    model.save_pretrained(path, **({} if weights is None else {"state_dict": weights}))  # an adapter: itself alone
+    if adapters.has_adapter(model):
+        adapters.write_base(model, path)
     tokenizer.save_pretrained(path)
     return path

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict
 
 from grpo_core.config import budget_fields
 from grpo_core.data import SPLITS, Example, load_jsonl
+from grpo_core.digests import digest_dir, digest_files  # noqa: F401  (the stages import them from here)
 from grpo_core.training.distributed import Dist
 from grpo_core.lm.runtime import model_device
 
@@ -86,21 +87,6 @@ def moved(value: Any, old: str, new: str) -> Any:
     if isinstance(value, list):
         return [moved(v, old, new) for v in value]
     return value
-
-
-def digest_dir(path: Path, pattern: str = "*") -> str:
-    """sha256 over the names and contents of the files of a folder (a model, a dataset)."""
-    return digest_files(path, Path(path).rglob(pattern))
-
-
-def digest_files(root: Path, files) -> str:
-    """sha256 over the names (relative to ``root``) and contents of ``files``, in name order."""
-    h = hashlib.sha256()
-    for p in sorted(files):
-        if p.is_file():
-            h.update(str(p.relative_to(root)).encode())
-            h.update(hashlib.sha256(p.read_bytes()).digest())
-    return h.hexdigest()
 
 
 def splits_digest(data_dir: Path) -> str:

@@ -25,7 +25,7 @@ from grpo_core.training.distributed import Dist
 from grpo_core.config import GRPOConfig, PipelineConfig
 from grpo_core.data import Example
 from grpo_core.evaluation import greedy_accuracy
-from grpo_core.lm.modeling import load_model, load_tokenizer
+from grpo_core.lm.modeling import load_model, load_tokenizer, load_trainable
 from grpo_core.lm.policy import CompletionLogprobs
 from grpo_core.lm.runtime import autocast, device_for, place
 from grpo_core.rewards.scorer import RewardError, RewardScorer
@@ -157,14 +157,16 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
                             separator=cfg.reward_data.step_separator if "prm" in used else None,
                             **({"pass_rates": digest_dir(Path(pass_rates))} if gc.curriculum else {}))
     trainer = Trainer(cfg, "grpo", out_dir, identity, d, logger)
-    policy, tokenizer = load_model(trainer.resume or init_dir)
+    policy, tokenizer = load_trainable(init_dir, gc.lora, trainer.resume, seed)
     place(policy, cfg.launch, train=True)
     amp = functools.partial(autocast, cfg.launch, device)
     # The models the algorithm uses: the frozen reference where it samples it or weighs a KL to it;
     # PPO's value model from the policy (on resume its weights come from the checkpoint).
     alg = ALGORITHMS[gc.algorithm]
     ref = None
-    if gc.loads_reference:
+    if gc.loads_reference and gc.lora is not None:
+        ref = policy  # with its adapter off (adapters.off): the starting model, no second copy
+    elif gc.loads_reference:
         ref, _ = load_model(init_dir)
         place(ref, cfg.launch).eval().requires_grad_(False)
     companions = {}

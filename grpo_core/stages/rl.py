@@ -15,6 +15,7 @@ from grpo_core.advantages import rollout_advantages
 from grpo_core.config import GRPOConfig
 from grpo_core.data import Example, prompt_text
 from grpo_core.losses import BatchSize, grpo_loss
+from grpo_core.lm import adapters
 from grpo_core.lm.policy import Rollout, generate, token_logprobs
 from grpo_core.rewards.heads import group_auc
 from grpo_core.rewards.scorer import COUNT_STATS, RewardError, RewardScorer, Scored
@@ -200,7 +201,8 @@ def update(policy, ref, trained, opt, rollout: Rollout, advantages: torch.Tensor
     sizes = [BatchSize(mb * d.world, n, width) for n in tokens]
     with d.gathered(trained), torch.no_grad(), amp():  # FSDP: on the whole policy, as many passes as a process has
         old_logp = None if single_update else [token_logprobs(policy, part) for part, *_ in parts]
-        ref_logp = [token_logprobs(ref, part) for part, *_ in parts] if beta > 0 else None
+        with adapters.off(ref):  # a LoRA policy is its own reference, its adapter off
+            ref_logp = [token_logprobs(ref, part) for part, *_ in parts] if beta > 0 else None
     clock.append(time.perf_counter())
     sums: dict[str, float] = {}
     n_updates = 0

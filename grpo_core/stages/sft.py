@@ -15,7 +15,7 @@ import torch
 from grpo_core.training import distributed
 from grpo_core.config import PipelineConfig
 from grpo_core.evaluation import greedy_accuracy
-from grpo_core.lm.modeling import init_model, load_model
+from grpo_core.lm.modeling import ModelError, init_model, load_model, load_trainable
 from grpo_core.lm.runtime import autocast, model_device, place
 from grpo_core.lm.packing import encode_examples, pack
 from grpo_core.stages.common import digest_dir, lm_loss, packed_lm_step, read_split, run_identity, set_threads, write_manifest
@@ -49,8 +49,12 @@ def run_sft(cfg: PipelineConfig, data_dir: Path, out_dir: Path, logger: MetricLo
     set_threads(cfg.threads)
     identity = run_identity(cfg, "sft", init=digest_dir(Path(init_from)) if init_from else "config")
     trainer = Trainer(cfg, "sft", out_dir, identity, d, logger)
-    if trainer.resume is not None or init_from is not None:
-        model, tokenizer = load_model(trainer.resume or init_from)
+    start = init_from or (cfg.model.path if cfg.model.init == "pretrained" else None)
+    if sc.lora is not None and start is None:
+        raise ModelError("sft.lora trains an adapter on a saved model, but SFT starts from a fresh tiny model: "
+                         "set model.init=pretrained with model.path, or pretrain.train")
+    if sc.lora is not None or trainer.resume is not None or init_from is not None:
+        model, tokenizer = load_trainable(start, sc.lora, trainer.resume, cfg.seed) if start else load_model(trainer.resume)
     else:
         model, tokenizer = init_model(cfg.model, cfg.seed)
     place(model, cfg.launch, train=True)

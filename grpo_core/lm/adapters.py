@@ -1,0 +1,102 @@
+"""LoRA adapters (``sft.lora``, ``grpo.lora``) through peft's transformers integration
+(``model.add_adapter``): the base's weights stay frozen and a stage saves the adapter alone
+(``adapter_model.safetensors``, ``adapter_config.json``) with ``adapter_base.json``: the folder of
+the base it was trained on and that folder's digest. ``modeling.load_model`` reads an adapter folder
+as its base with the adapter merged in, so every consumer (evaluation, sampling, the next stage)
+sees a plain model; a base may itself be an adapter folder (GRPO's adapter on SFT's). A base whose
+digest is not the one recorded is refused: the adapter would be applied to other weights."""
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+
+from grpo_core.config import LoraSettings
+from grpo_core.digests import digest_dir
+
+BASE_FILE = "adapter_base.json"
+
+
+class AdapterError(ValueError):
+    """An adapter folder whose base is missing or is not the model it was trained on."""
+
+
+def is_adapter(path: str | Path) -> bool:
+    return (Path(path) / "adapter_config.json").exists()
+
+
+def add_lora(model, settings: LoraSettings, base: str | Path, seed: int) -> None:
+    """A fresh LoRA adapter on ``model`` (loaded from ``base``), in place: only the adapter's
+    parameters train. peft draws A at random (seeded here, apart from the process's generator) and
+    sets B to zero, so the model computes what the base does until the first update."""
+    import torch
+    from peft import LoraConfig
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model.add_adapter(LoraConfig(r=settings.rank, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
+                                     target_modules=settings.target_modules, init_lora_weights=True))
+    model.adapter_base = {"path": str(Path(base).resolve()), "digest": digest_dir(Path(base))}
+
+
+def has_adapter(model) -> bool:
+    return getattr(model, "adapter_base", None) is not None
+
+
+def write_base(model, folder: Path) -> None:
+    """Beside a saved adapter: which base it belongs to (``save_model`` calls it)."""
+    (Path(folder) / BASE_FILE).write_text(json.dumps(model.adapter_base, indent=1) + "\n")
+
+
+def checked_base(folder: str | Path) -> Path:
+    """The base folder an adapter folder was trained on, after checking it holds the same weights."""
+    folder = Path(folder)
+    try:
+        base = json.loads((folder / BASE_FILE).read_text())
+    except (OSError, ValueError) as e:
+        raise AdapterError(f"{folder}: an adapter without a readable {BASE_FILE} (which base it belongs to): {e}") from None
+    path = Path(base["path"])
+    if not path.is_dir():
+        raise AdapterError(f"{folder}: an adapter for {path}, which is not there (digest {base['digest'][:12]}): "
+                           f"put that model back at that path")
+    if (found := digest_dir(path)) != base["digest"]:
+        raise AdapterError(f"{folder}: an adapter for the model of digest {base['digest'][:12]}, but {path} now holds "
+                           f"another ({found[:12]}): an adapter applies only to the weights it was trained on")
+    return path
+
+
+def merged(model, folder: str | Path):
+    """``model`` (the adapter's base, loaded) with the adapter of ``folder`` merged into its weights."""
+    from peft import PeftModel
+
+    return PeftModel.from_pretrained(model, str(folder)).merge_and_unload()
+
+
+def load_weights(model, folder: str | Path) -> None:
+    """The adapter weights saved in ``folder`` (a checkpoint) into ``model``'s adapter, to resume."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    result = set_peft_model_state_dict(model, load_file(str(Path(folder) / "adapter_model.safetensors")))
+    if result.unexpected_keys:
+        raise AdapterError(f"{folder}: adapter weights this adapter does not have: {result.unexpected_keys[:3]}")
+
+
+@contextlib.contextmanager
+def off(model):
+    """``model`` with its adapter switched off inside the block: a LoRA policy's frozen starting
+    point, the reference its KL is measured to, without a second copy of the weights. A model
+    without an adapter (a reference loaded on its own) is used as it is."""
+    if not has_adapter(model):
+        yield model
+        return
+    model.disable_adapters()
+    try:
+        yield model
+    finally:
+        model.enable_adapters()
+
+
+def trainable_parameters(model) -> tuple[int, int]:
+    """(trained, all) parameter counts."""
+    return (sum(p.numel() for p in model.parameters() if p.requires_grad), sum(p.numel() for p in model.parameters()))
