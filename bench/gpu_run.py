@@ -1,5 +1,5 @@
 """The GPU run: SmolLM2-135M on GSM8K, the phases in order of value, each within its own seconds,
-each writing ``<phase>.json`` into ``--out`` the moment it ends, so a call cut short still returns
+each writing its record into ``--out``/phases.json the moment it ends, so a call cut short still returns
 what finished. ``make gpu-pack`` prints the two device calls that run it (``bench/gpu_call.sh``);
 ``--sizes tiny`` runs every phase on the CPU in about a minute (``tests/test_gpu_run.py``); ``--sizes cpu``
 is SmolLM2's short run on a CPU (docs/recipes.md).
@@ -44,6 +44,10 @@ PHASES = "bcdae"
 # ledger): SFT's 500 steps took 79 s of training in a phase of 101 s, a GRPO step of 16 x 16 x 256
 # 9.7 s (one H200, 2026-11-26); one model's GSM8K evaluation 63 s eagerly (one H100, 2026-11-24).
 BUDGET_S = {"a": 110, "b": 100, "c": 155, "d": 240, "e": 600}
+# SFT and GRPO train LoRA adapters of this rank (``--lora``), so that a window's models come back and the
+# next window continues them: rank 8 on every linear layer of SmolLM2-135M is 2.44M parameters, 9.3 MiB
+# in fp32 (rank 16's 18.6 MiB would not come back: 16 MiB a file).
+LORA_RANK = {"gpu": 8, "cpu": 8, "tiny": 4}
 # What a training stage spends around its training seconds (loading, saving, the last validation):
 # 22-23 s in phases b and c (2026-11-26, one H200), so a phase's seconds bound its wall time.
 STAGE_OVERHEAD_S = 25
@@ -99,23 +103,34 @@ SIZES = {
 class Run:
     """The phases' shared state: the recipe, the work folder, the deadline, the models made so far."""
 
-    def __init__(self, model: Path, out: Path, work: Path, sizes: str, seconds: float) -> None:
-        self.model, self.out, self.work, self.sizes = model, out, work, SIZES[sizes]
+    def __init__(self, model: Path, out: Path, work: Path, sizes: str, seconds: float, lora: int) -> None:
+        self.model, self.out, self.work, self.sizes, self.lora = model, out, work, SIZES[sizes], lora
         self.deadline = time.monotonic() + seconds
         self.models: dict[str, Ref] = {}  # base (the model as given, with --base), sft, grpo, grpo_process
         self.data = None  # the prepared data's Ref
+        self.phases: dict = {}  # phases.json: the set-up, then each phase's record as it ends
+        self.window = {"window": 1, "grpo_steps": 0}  # this window's number and GRPO steps before it
+        self.policy_init: Ref | None = None  # the last window's policy adapter, where phase c continues
 
     def config(self, phase: str, seconds: float | None = None, extra: tuple[str, ...] = ()):
         from grpo_core.recipe import load_config
 
         train_s = max(seconds - STAGE_OVERHEAD_S, 1) if seconds else None
         budget = [f"sft.max_seconds={train_s}", f"grpo.max_seconds={train_s}"] if seconds else []
+        lora = [f"{k}.lora={{rank: {self.lora}, alpha: {2 * self.lora}}}" for k in ("sft", "grpo")] if self.lora else []
         return load_config(ROOT / "configs" / "smollm2-gsm8k.yaml", [
             f"model.path={self.model}", f"output_dir={self.work}", *self.sizes["all"], *self.sizes.get(phase, []),
-            *budget, *extra])
+            *lora, *budget, *extra])
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
+
+    def write(self, name: str, record: dict) -> None:
+        """``phases.json`` with ``record`` as ``name``'s, replaced whole (a call cut short keeps what ended)."""
+        self.phases[name] = record
+        part = self.out / "phases.json.part"
+        part.write_text(json.dumps(self.phases, indent=1, default=str))
+        part.replace(self.out / "phases.json")
 
 
 def _gsm8k(split: str) -> Path:
@@ -184,25 +199,64 @@ def phase_a(run: Run, seconds: float) -> dict:
 
 
 def phase_b(run: Run, seconds: float) -> dict:
-    """SFT of the shipped model on GSM8K's training solutions."""
+    """SFT of the shipped model on GSM8K's training solutions (with --lora, an adapter, written out
+    as ``sft-adapter.tar``; where the last window's came, that one instead)."""
     from grpo_core.stages.inputs import SFTInputs
 
+    if "sft" in run.models:
+        return {"continued": f"window {run.window['window'] - 1}'s SFT adapter", "model": run.models["sft"].path}
     out = _stage(SFTInputs(data=_data(run)), run.config("b", seconds), run.work / "sft")
     run.models["sft"] = out.ref
+    if run.lora:
+        _tar(Path(out.model), run.out / "sft-adapter.tar", {"window": run.window["window"]})
     return out.model_dump()
 
 
 def _grpo(run: Run, phase: str, seconds: float, name: str, **inputs) -> dict:
     from grpo_core.stages.inputs import GRPOInputs
 
-    out = _stage(GRPOInputs(data=_data(run), init=run.models["sft"], **inputs), run.config(phase, seconds), run.work / name)
+    out = _stage(GRPOInputs(data=_data(run), init=run.models["sft"], **inputs), run.config(phase, seconds),
+                 run.work / name)
     run.models[name] = out.ref
     return out.model_dump()
 
 
 def phase_c(run: Run, seconds: float) -> dict:
-    """GRPO from the SFT model with the answer checker alone, dynamic sampling on."""
-    return _grpo(run, "c", seconds, "grpo")
+    """GRPO from the SFT model with the answer checker alone, dynamic sampling on; with --lora the
+    last window's policy adapter trained further where it came (the reference stays the SFT model),
+    this window's written out as ``policy-adapter.tar``."""
+    out = _grpo(run, "c", seconds, "grpo", **({"adapter": run.policy_init} if run.policy_init else {}))
+    steps = run.window["grpo_steps"] + out["steps"]
+    if run.lora:
+        _tar(Path(out["model"]), run.out / "policy-adapter.tar", {"window": run.window["window"], "grpo_steps": steps})
+    return out | {"window": run.window["window"], "grpo_steps_so_far": steps}
+
+
+def carried(run: Run, folder: Path) -> None:
+    """The last window's adapters in ``folder`` (``sft-adapter.tar``, ``policy-adapter.tar``, as
+    phases b and c wrote them): the SFT adapter where SFT wrote it (``--work`` is the same path in
+    every window), so that it and the policy adapter trained on it find their bases by path and
+    digest; the policy's is where phase c continues (both on the shipped model: nothing grows)."""
+    from grpo_core.lm.modeling import check_model_folder
+    from grpo_core.stages.common import digest_dir
+
+    for name, key in (("sft-adapter.tar", "sft"), ("policy-adapter.tar", "policy")):
+        if not (folder / name).exists():
+            continue
+        import tarfile
+
+        dest = run.work / ("sft" if key == "sft" else "policy-carried") / "model"
+        dest.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(folder / name) as tar:
+            window = json.loads(tar.extractfile("window.json").read())
+            tar.extractall(dest, members=[m for m in tar.getmembers() if m.name != "window.json"], filter="data")
+        check_model_folder(dest)  # its base is there and is the model it was trained on, or one line says not
+        ref = Ref(path=str(dest), digest=digest_dir(dest))
+        if key == "sft":
+            run.models["sft"] = ref
+        else:
+            run.policy_init = ref
+            run.window = {"window": window["window"] + 1, "grpo_steps": window["grpo_steps"]}
 
 
 # What phase d calls each model in its files (docs/gpu-runs/<date>-<gpu>/<benchmark>-<model>.jsonl.gz), in
@@ -233,7 +287,7 @@ def phase_d(run: Run, seconds: float) -> dict:
     for where, examples in sets.items():
         out[where], right = {}, {}
         for k in models:
-            if last_s * 1.15 > deadline - time.monotonic():
+            if last_s and last_s * 1.15 > deadline - time.monotonic():  # the first always starts
                 out["skipped"].append(f"{where}/{k}: {deadline - time.monotonic():.0f} s left, the last model took {last_s:.0f} s")
                 continue
             t0 = time.monotonic()
@@ -253,7 +307,7 @@ def phase_d(run: Run, seconds: float) -> dict:
                 if m in right and against in right:
                     out[where][m][f"minus_{against}"] = question_interval(right[m], right[against])
             _tar(folder, run.out / "completions.tar")
-            (run.out / "d.json").write_text(json.dumps({"phase": "d", "status": "running", "result": out}, indent=1))
+            run.write("d", {"phase": "d", "status": "running", "result": out})
     return out
 
 
@@ -264,15 +318,22 @@ def _write_jsonl_gz(path: Path, rows: list[dict]) -> None:
         f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode())
 
 
-def _tar(folder: Path, dest: Path) -> None:
+def _tar(folder: Path, dest: Path, window: dict | None = None) -> None:
     """Every file of ``folder`` in one uncompressed tar (what comes back from a device call is at
-    most 8 files), written beside and renamed so that a call cut short leaves a whole one."""
+    most 8 files), and ``window`` as ``window.json``; written beside and renamed so that a call cut
+    short leaves a whole one."""
+    import io
     import tarfile
 
     part = dest.with_suffix(".part")
     with tarfile.open(part, "w") as tar:
         for f in sorted(folder.iterdir()):
             tar.add(f, arcname=f.name)
+        if window is not None:
+            data = (json.dumps(window) + "\n").encode()
+            info = tarfile.TarInfo("window.json")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
     part.replace(dest)
 
 
@@ -316,6 +377,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=500, help="no phase starts after this many seconds")
     p.add_argument("--budget", action="append", default=[], help="phase=seconds, replacing BUDGET_S's")
     p.add_argument("--base", action="store_true", help="phase d also evaluates the model as given (SFT's gain over it)")
+    p.add_argument("--lora", type=int, help="SFT and GRPO train rank-N LoRA adapters, written out to continue from "
+                   "(default: the sizes' LORA_RANK; 0: every weight)")
+    p.add_argument("--carry", type=Path, help="a folder with the last window's sft-adapter.tar / policy-adapter.tar")
     a = p.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     try:
@@ -324,14 +388,18 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--budget {a.budget}: each must be phase=seconds, e.g. c=330")
     if unknown := set(a.phases.split(",")) - set(PHASES) or set(budget) - set(PHASES):
         p.error(f"unknown phase(s) {sorted(unknown)}: choose from {', '.join(PHASES)}")
-    run = Run(a.model.resolve(), a.out, (a.work or a.out.parent / "gpu-work").resolve(), a.sizes, a.seconds)
+    run = Run(a.model.resolve(), a.out, (a.work or a.out.parent / "gpu-work").resolve(), a.sizes, a.seconds,
+              LORA_RANK[a.sizes] if a.lora is None else a.lora)
     run.work.mkdir(parents=True, exist_ok=True)
+    if a.carry is not None:
+        carried(run, a.carry)
     if a.base:
         from grpo_core.stages.common import digest_dir
 
         run.models["base"] = Ref(path=str(run.model), digest=digest_dir(run.model))
-    (a.out / "setup.json").write_text(json.dumps({"environment": environment(), "sizes": a.sizes, "budget_s": budget,
-                                                  "phases": a.phases, "seconds": a.seconds}, indent=1))
+    run.write("setup", {"environment": environment(), "sizes": a.sizes, "budget_s": budget, "phases": a.phases,
+                        "seconds": a.seconds, "lora_rank": run.lora, **run.window,
+                        "continued": {k: v.path for k, v in (("sft", run.models.get("sft")), ("policy", run.policy_init)) if v}})
     failed = 0
     for phase in a.phases.split(","):
         seconds = min(budget[phase], run.left())
@@ -351,7 +419,7 @@ def main(argv: list[str] | None = None) -> int:
                 traceback.print_exc()
         record["wall_s"] = round(time.monotonic() - t0, 1)
         record["peak_memory"] = _peak()
-        (a.out / f"{phase}.json").write_text(json.dumps(record, indent=1, default=str))
+        run.write(phase, record)
         print(f"[gpu_run] phase {phase}: {record['status']} in {record['wall_s']} s", flush=True)
     return 1 if failed else 0
 

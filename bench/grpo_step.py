@@ -9,7 +9,8 @@ initialised). ``--prompts``: JSONL of ``{"prompt": ..., "gold": ...}`` or GSM8K 
 arithmetic task's RL questions). ``--compare`` also runs TRL's ``GRPOTrainer`` on the same work
 (``pip install trl``: the ``bench`` extra) and bare ``generate`` + forward/backward + reference
 forward, and for memory the PPO setting GRPO replaces (our step plus a value model of the policy's
-size with its own update: ``_ValueModel``); each implementation runs in its own process (so that
+size with its own update: ``_ValueModel``) and LoRA (``--only ours,lora``: a rank-16 adapter on every
+linear layer, ``grpo.lora``, against full fine-tuning); each implementation runs in its own process (so that
 peak RSS is its own), alternating, ``--rounds`` times. Prints one JSON object: median step time
 after ``--warmup`` steps, completion tokens per second, peak RSS (and for ours / PPO the peak over
 the RSS before the models were loaded), and for ``--compare`` the ratios, the machine's matmul rate
@@ -87,23 +88,27 @@ def _amp(device: str, precision: str):
 
 
 def run_ours(model_dir: str, prompts: str, steps: int, threads: int, device: str = "cpu", precision: str = "fp32",
-             value_model: bool = False) -> dict:
+             value_model: bool = False, lora_rank: int = 0) -> dict:
     import torch
 
-    from grpo_core.config import GRPOConfig
+    from grpo_core.config import GRPOConfig, LoraSettings
     from grpo_core.data import Example
-    from grpo_core.lm.modeling import load_model
+    from grpo_core.lm.modeling import load_model, load_trainable
     from grpo_core.rewards.scorer import RewardScorer
     from grpo_core.stages.grpo import rl_step
     from grpo_core.stages.rl import Models
 
     torch.set_num_threads(threads)
     before_models = _rss_mib()
-    policy, tok = load_model(model_dir)
-    ref, _ = load_model(model_dir)
-    policy.to(device)
-    ref.to(device).eval().requires_grad_(False)
-    opt = torch.optim.AdamW(policy.parameters(), lr=LR, betas=(0.9, 0.95), weight_decay=0.0)
+    if lora_rank:  # the reference is the policy with its adapter off: one copy of the weights
+        policy, tok = load_trainable(model_dir, LoraSettings(rank=lora_rank, alpha=2 * lora_rank), seed=0)
+        ref = policy.to(device)
+    else:
+        policy, tok = load_model(model_dir)
+        ref, _ = load_model(model_dir)
+        policy.to(device)
+        ref.to(device).eval().requires_grad_(False)
+    opt = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=LR, betas=(0.9, 0.95), weight_decay=0.0)
     amp = _amp(device, precision)
     value = _ValueModel(model_dir, device, amp) if value_model else None
     gc = GRPOConfig(questions_per_step=PROMPTS, group_size=GROUP, max_new_tokens=MAX_NEW, beta=BETA, lr=LR)
@@ -240,7 +245,13 @@ def run_ppo(model_dir: str, prompts: str, steps: int, threads: int, device: str 
     return run_ours(model_dir, prompts, steps, threads, device, precision, value_model=True)
 
 
-WORKERS = {"ours": run_ours, "trl": run_trl, "bare": run_bare, "ppo": run_ppo}
+def run_lora(model_dir: str, prompts: str, steps: int, threads: int, device: str = "cpu", precision: str = "fp32") -> dict:
+    """Our step with a rank-16 LoRA adapter on every linear layer (``grpo.lora``): the memory and time
+    of training the adapter alone, the reference the policy with its adapter off."""
+    return run_ours(model_dir, prompts, steps, threads, device, precision, lora_rank=16)
+
+
+WORKERS = {"ours": run_ours, "trl": run_trl, "bare": run_bare, "ppo": run_ppo, "lora": run_lora}
 
 
 def matmul_gflops(n: int = 1024, threads: int = 1, device: str = "cpu") -> float:
@@ -351,7 +362,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2, help="--compare: alternating runs per implementation")
     p.add_argument("--threads", type=int, help="torch threads of every implementation (default: torch's, what a TRL user gets)")
     p.add_argument("--compare", action="store_true")
-    p.add_argument("--only", help="--compare: a comma-separated subset of ours,trl,bare,ppo (e.g. where TRL is absent)")
+    p.add_argument("--only", help="--compare: a comma-separated subset of ours,trl,bare,ppo,lora (e.g. where TRL is absent)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="bf16: autocast forward passes")
     p.add_argument("--json", action="store_true", help="print one JSON object (the only output form)")
@@ -384,6 +395,10 @@ def main() -> None:
         for name in ("trl", "bare"):
             if name in names and "ours" in names:
                 result[f"{name}_over_ours"] = round(result[name]["median_step_s"] / result["ours"]["median_step_s"], 3)
+        if "lora" in names and "ours" in names:  # LoRA against full fine-tuning: time and memory
+            memory = "peak_cuda_mib" if a.device == "cuda" else "peak_rss_over_start_mib"
+            result["lora_over_ours"] = round(result["lora"]["median_step_s"] / result["ours"]["median_step_s"], 3)
+            result["memory_lora_over_ours"] = round(result["lora"][memory] / result["ours"][memory], 3)
         if "ppo" in names and "ours" in names:
             # Memory: GRPO (policy + reference) against the PPO setting it replaces (+ a value model).
             memory = "peak_cuda_mib" if a.device == "cuda" else "peak_rss_over_start_mib"

