@@ -35,7 +35,7 @@ def main() -> None:
     from grpo_core.lm import policy
     from grpo_core.lm.modeling import load_model
     from grpo_core.rewards.scorer import RewardScorer
-    from grpo_core.stages.common import read_split, set_threads
+    from grpo_core.stages.common import read_split, set_compute
     from grpo_core.stages.grpo import rl_step
     from grpo_core.stages.questions import QuestionSampler, read_pass_rates
     from grpo_core.stages.rl import Models
@@ -43,7 +43,7 @@ def main() -> None:
     setup_environment()
     run = Path(a.run)
     cfg = load_config(a.config)
-    set_threads(cfg.threads)
+    set_compute(cfg.threads)
     gc = cfg.grpo
     pool = read_split(run / "data", "rl")
     rates = read_pass_rates(run / "round-1" / "reward_data" / "pass_rates" / "pass_rates.jsonl") if gc.curriculum else None

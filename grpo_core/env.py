@@ -25,6 +25,9 @@ NUMERICS = {
     # docs/reliability.md), so a resumed run (other addresses) drifted from the straight run. AUTO: the
     # fastest code path for this CPU, chosen once, whatever the alignment. An empty value turns it off.
     "MKL_CBWR": "AUTO",
+    # cuBLAS's fixed workspace: what torch's deterministic algorithms (``stages.common.set_compute``)
+    # need of cuBLAS on a GPU to give the same bits twice (unused on a CPU).
+    "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
 }
 # The NUMERICS names the project set (not the user); child processes inherit it with the values.
 DEFAULTED = "GRPO_PIPELINE_DEFAULTED"

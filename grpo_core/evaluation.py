@@ -84,10 +84,10 @@ def run_eval(cfg, data_dir: Path, models: dict[str, str], out_dir: Path, logger=
     from grpo_core.data import load_jsonl
     from grpo_core.lm.modeling import load_model
     from grpo_core.lm.runtime import place
-    from grpo_core.stages.common import set_threads, write_manifest
+    from grpo_core.stages.common import set_compute, write_manifest
 
     ec = cfg.eval
-    set_threads(cfg.threads)
+    set_compute(cfg.threads)
     sets = {name: load_jsonl(str(path), limit=ec.n_questions) for name, path in test_sets(data_dir).items()}
     results: dict[str, dict] = {}
     for name, model_dir in models.items():

@@ -56,3 +56,37 @@ def test_same_recipe_and_seed_give_the_same_metrics_twice(tmp_path, tiny_cfg, mo
         assert first_metrics[name] == second_metrics[name], name
     for name, weights in first_models.items():
         assert all(torch.equal(w, second_models[name][k]) for k, w in weights.items()), name
+
+
+def test_the_shared_prompt_backward_gives_the_same_bits_on_a_busy_cpu(tiny_model_dir):
+    """GRPO's log-prob pass computes each distinct prompt once and selects its keys and values per row;
+    the backward of that selection accumulates over rows. With two other processes busy on the cores
+    (a shared machine), its default CPU kernel summed in the order the threads finished and the
+    gradients changed from one pass to the next (measured 2026-11-26: 8 different results in 12
+    passes, from the last layer's key and value projections down). ``set_compute`` (every stage's
+    start) turns on torch's deterministic algorithms: the same bits every time."""
+    import hashlib
+    import subprocess
+    import sys
+
+    from grpo_core.lm.modeling import load_model
+    from grpo_core.lm.policy import CompletionLogprobs
+    from grpo_core.stages.common import set_compute
+
+    set_compute(2)
+    model, _ = load_model(tiny_model_dir)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(10, 90, (48, 100), generator=g)
+    ids[:, :40] = ids[:1, :40]  # one prompt, 48 completions: the shared path
+    reader = CompletionLogprobs(model)
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        seen = set()
+        for _ in range(8):
+            model.zero_grad()
+            (reader(ids, torch.ones_like(ids), 40)[0] * torch.linspace(-1, 1, 60)).mean().backward()
+            seen.add(hashlib.sha256(b"".join(p.grad.numpy().tobytes() for p in model.parameters())).hexdigest())
+    finally:
+        for b in burners:
+            b.kill()
+    assert torch.are_deterministic_algorithms_enabled() and len(seen) == 1

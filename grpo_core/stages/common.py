@@ -171,9 +171,15 @@ def packed_lm_step(trainer, rows_of, batch_size: int, trained, d: Dist = SINGLE,
     return step
 
 
-def set_threads(threads: int | None) -> None:
+def set_compute(threads: int | None) -> None:
+    """How a stage's process computes: the recipe's thread count, and torch's deterministic
+    algorithms. Without them the backward of the shared-prompt log-prob pass (the prompts' keys and
+    values selected per row, ``policy.CompletionLogprobs``: an indexed accumulation) sums in the
+    order the threads finish: on a busy CPU GRPO's weights differed between two runs of the same
+    steps (docs/reliability.md). ``warn_only``: an operation without a deterministic kernel warns."""
     if threads:
         torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(True, warn_only=True)
 
 
 def run_identity(cfg, section: str, **extra) -> dict:

@@ -30,7 +30,7 @@ from grpo_core.lm.modeling import load_model, load_tokenizer, load_trainable
 from grpo_core.lm.policy import CompletionLogprobs
 from grpo_core.lm.runtime import autocast, device_for, place
 from grpo_core.rewards.scorer import RewardError, RewardScorer
-from grpo_core.stages.common import SINGLE, digest_dir, read_split, round_seed, run_identity, set_threads, write_manifest
+from grpo_core.stages.common import SINGLE, digest_dir, read_split, round_seed, run_identity, set_compute, write_manifest
 from grpo_core.stages.ppo import value_model_from, value_updates  # (also registers PPO's estimator, "gae")
 from grpo_core.stages.questions import QuestionSampler, draw_seed, fill, read_pass_rates
 from grpo_core.stages.rl import ADVANTAGES, Models, explore, has_spread, sample_groups, step_metrics, step_seed, update
@@ -147,7 +147,7 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
     d = distributed.init(cfg.launch)
     device = device_for(cfg.launch)  # this process's
     logger = (logger or NullLogger()) if d.main else NullLogger()
-    set_threads(cfg.threads)
+    set_compute(cfg.threads)
     # The reward (the answer checker and the reward models the recipe weighs): a weighted model that
     # was not given is an error here, before any checkpoint is looked at.
     reward_models = reward_models or {}

@@ -21,7 +21,7 @@ from grpo_core.config import PipelineConfig
 from grpo_core.lm.modeling import init_model, load_model
 from grpo_core.lm.runtime import autocast, model_device, place
 from grpo_core.lm.packing import pack
-from grpo_core.stages.common import digest_dir, packed_lm_step, run_identity, set_threads, write_manifest
+from grpo_core.stages.common import digest_dir, packed_lm_step, run_identity, set_compute, write_manifest
 from grpo_core.training.trainer import Plan, Trainer, TrainState
 from grpo_core.tracking import MetricLogger, NullLogger
 
@@ -50,7 +50,7 @@ def run_pretrain(cfg: PipelineConfig, corpus_dir: Path, out_dir: Path, logger: M
     d = distributed.init(cfg.launch)
     logger = (logger or NullLogger()) if d.main else NullLogger()
     pc = cfg.pretrain
-    set_threads(cfg.threads)
+    set_compute(cfg.threads)
     torch.manual_seed(cfg.seed)
     trainer = Trainer(cfg, "pretrain", out_dir, run_identity(cfg, "pretrain", corpus=digest_dir(Path(corpus_dir))),
                       d, logger)

@@ -24,7 +24,7 @@ from grpo_core.rewards.replay import ORIGIN, tag_rows
 from grpo_core.rewards.labels import Completer, Sampled, label_agreement, outcome_pairs, sample_solutions, step_rows
 from grpo_core.data import Example, prompt_text
 from grpo_core.rewards.steps import planted_error
-from grpo_core.stages.common import digest_dir, read_split, round_seed, set_threads, write_manifest
+from grpo_core.stages.common import digest_dir, read_split, round_seed, set_compute, write_manifest
 from grpo_core.training.trainer import PROGRESS_EVERY_S, time_left
 from grpo_core.stages.outputs import arrow_digest
 from grpo_core.training.trainer import Stopwatch
@@ -149,7 +149,7 @@ def run_reward_data(cfg: PipelineConfig, data_dir: Path, policy_dir: str | Path,
 
     logger = logger or NullLogger()
     rc = cfg.reward_data
-    set_threads(cfg.threads)
+    set_compute(cfg.threads)
     clock = Stopwatch()
     policy, tokenizer = load_model(policy_dir)
     place(policy, cfg.launch)

@@ -31,7 +31,7 @@ from grpo_core.rewards.heads import (ScoreHead, bradley_terry_loss, first_wrong_
                                      step_bce_loss, within_question_auc)
 from grpo_core.rewards.gate import quality_gate
 from grpo_core.rewards.likelihood import likelihood_scores
-from grpo_core.stages.common import Ref, digest_dir, run_identity, set_threads, write_manifest
+from grpo_core.stages.common import Ref, digest_dir, run_identity, set_compute, write_manifest
 from grpo_core.training.trainer import Plan, Trainer, TrainState
 from grpo_core.lm.runtime import autocast, model_device, place
 from grpo_core.rewards.replay import load_version, retraining_set
@@ -278,7 +278,7 @@ def run_reward_model(cfg: PipelineConfig, kind: str, reward_data: dict[str, Ref]
     logger = (logger or NullLogger()) if d.main else NullLogger()
     spec, rc = KINDS[kind], getattr(cfg, kind)
     sep = cfg.reward_data.step_separator
-    set_threads(cfg.threads)
+    set_compute(cfg.threads)
     torch.manual_seed(cfg.seed)
     names = spec.datasets(cfg)
     train, mix, held_out = training_rows(cfg, kind, reward_data, replay, round_, logger)

@@ -18,7 +18,7 @@ from grpo_core.evaluation import greedy_accuracy
 from grpo_core.lm.modeling import ModelError, init_model, load_model, load_trainable
 from grpo_core.lm.runtime import autocast, model_device, place
 from grpo_core.lm.packing import encode_examples, pack
-from grpo_core.stages.common import digest_dir, lm_loss, packed_lm_step, read_split, run_identity, set_threads, write_manifest
+from grpo_core.stages.common import digest_dir, lm_loss, packed_lm_step, read_split, run_identity, set_compute, write_manifest
 from grpo_core.training.checkpoint import latest_checkpoint, load_state
 from grpo_core.training.schedules import learning_rate
 from grpo_core.training.trainer import Plan, Trainer, TrainState
@@ -46,7 +46,7 @@ def run_sft(cfg: PipelineConfig, data_dir: Path, out_dir: Path, logger: MetricLo
     d = distributed.init(cfg.launch)
     logger = (logger or NullLogger()) if d.main else NullLogger()
     sc = cfg.sft
-    set_threads(cfg.threads)
+    set_compute(cfg.threads)
     identity = run_identity(cfg, "sft", init=digest_dir(Path(init_from)) if init_from else "config")
     trainer = Trainer(cfg, "sft", out_dir, identity, d, logger)
     start = init_from or (cfg.model.path if cfg.model.init == "pretrained" else None)
