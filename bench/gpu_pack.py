@@ -25,6 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACK = ROOT / ".gpu"
 LIMIT = 64 * 2**20  # the device's working tree and carried paths, per call
+WINDOWS = ROOT / ".gpu" / "windows"  # each window's adapters, <date>-<gpu>/: the next window carries the newest
 MARGIN = 4 * 2**20  # room for what the count may miss (the .git folder is 3 MiB)
 # What the device's image lacks or holds at another version (.library/device/KINDS.md lists its packages).
 WHEELS = ["transformers==5.23.0", "pydantic==2.14.4", "pydantic-core==2.50.5", "annotated-types==0.8.0",
@@ -99,13 +100,26 @@ def main() -> None:
     print(json.dumps({"tree_mib": round(tree / 2**20, 2), "wheels_mib": round(sum(w.stat().st_size for w in wheels) / 2**20, 1),
                       "calls": {f.name: {"carries_mib": round((calls[f] + tree) / 2**20, 2)} for f in folders}}))
     print("\nThe device calls, in order, each started at once after the one before (run, timeout_s as given):")
-    for f in folders[:-1]:
+    window = last_window()
+    for f in folders if window else folders[:-1]:
         rel = f.relative_to(ROOT)
         print(f'  run(carry=["{rel}"], timeout_s=120, command="bash bench/gpu_call.sh stash {rel}")')
-    rel = folders[-1].relative_to(ROOT)
-    print(f'  run(carry=["{rel}"], timeout_s=600, command="bash bench/gpu_call.sh run {rel} '
-          f'--seconds {a.seconds} --phases {a.phases}")')
-    print("then give_back; the phases' JSON and run.log come back (docs/gpu.md says what to record).")
+    if window:  # the last window's adapters in a call of their own: this window continues them
+        rel = window.relative_to(ROOT)
+        print(f'  run(carry=["{rel}"], timeout_s=600, command="bash bench/gpu_call.sh run {rel} --carry /tmp/gpu-pack '
+              f'--seconds {a.seconds - 20} --phases {a.phases}")')
+    else:
+        rel = folders[-1].relative_to(ROOT)
+        print(f'  run(carry=["{rel}"], timeout_s=600, command="bash bench/gpu_call.sh run {rel} '
+              f'--seconds {a.seconds} --phases {a.phases}")')
+    print("then give_back; phases.json, the adapters and run.log come back: keep sft-adapter.tar and policy-adapter.tar "
+          f"in {WINDOWS.relative_to(ROOT)}/<date>-<gpu>/ for the next window (docs/gpu.md says what to record).")
+
+
+def last_window() -> Path | None:
+    """The newest folder of ``WINDOWS`` holding a window's adapters, or None (a first window)."""
+    held = [d for d in WINDOWS.glob("*") if (d / "sft-adapter.tar").exists()]
+    return max(held, key=lambda d: d.name) if held else None
 
 
 if __name__ == "__main__":
