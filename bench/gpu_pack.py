@@ -118,7 +118,7 @@ def main() -> None:
 
 def last_window() -> Path | None:
     """The newest folder of ``WINDOWS`` holding a window's adapters, or None (a first window)."""
-    held = [d for d in WINDOWS.glob("*") if (d / "sft-adapter.tar").exists()]
+    held = [d for d in WINDOWS.glob("*") if (d / "sft-adapter.tar").exists() and (d / "policy-adapter.tar").exists()]
     return max(held, key=lambda d: d.name) if held else None
 
 

@@ -48,6 +48,9 @@ BUDGET_S = {"a": 110, "b": 100, "c": 155, "d": 240, "e": 600}
 # next window continues them: rank 8 on every linear layer of SmolLM2-135M is 2.44M parameters, 9.3 MiB
 # in fp32 (rank 16's 18.6 MiB would not come back: 16 MiB a file).
 LORA_RANK = {"gpu": 8, "cpu": 8, "tiny": 4}
+# LoRA's best lr is commonly ~10x full fine-tuning's (Schulman et al., "LoRA Without Regret", 2025);
+# configs/demo-lora.yaml takes the same ratio. Not tuned on SmolLM2.
+LORA_LR_SCALE = 10
 # What a training stage spends around its training seconds (loading, saving, the last validation):
 # 22-23 s in phases b and c (2026-11-26, one H200), so a phase's seconds bound its wall time.
 STAGE_OVERHEAD_S = 25
@@ -117,10 +120,17 @@ class Run:
 
         train_s = max(seconds - STAGE_OVERHEAD_S, 1) if seconds else None
         budget = [f"sft.max_seconds={train_s}", f"grpo.max_seconds={train_s}"] if seconds else []
-        lora = [f"{k}.lora={{rank: {self.lora}, alpha: {2 * self.lora}}}" for k in ("sft", "grpo")] if self.lora else []
-        return load_config(ROOT / "configs" / "smollm2-gsm8k.yaml", [
-            f"model.path={self.model}", f"output_dir={self.work}", *self.sizes["all"], *self.sizes.get(phase, []),
-            *lora, *budget, *extra])
+        recipe = ROOT / "configs" / "smollm2-gsm8k.yaml"
+        settings = [f"model.path={self.model}", f"output_dir={self.work}", *self.sizes["all"], *self.sizes.get(phase, []),
+                    *budget, *extra]
+        if not self.lora:
+            return load_config(recipe, settings)
+        # LoRA: the lr LORA_LR_SCALE times full fine-tuning's; the last policy published, not the best
+        # evaluated (a window continues the adapter it ended with; it evaluates only at its ends).
+        full = load_config(recipe, settings)
+        return load_config(recipe, settings + [
+            *(f"{k}.lora={{rank: {self.lora}, alpha: {2 * self.lora}}}" for k in ("sft", "grpo")),
+            f"sft.lr={full.sft.lr * LORA_LR_SCALE}", f"grpo.lr={full.grpo.lr * LORA_LR_SCALE}", "grpo.keep_best=false"])
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
@@ -203,8 +213,9 @@ def phase_b(run: Run, seconds: float) -> dict:
     as ``sft-adapter.tar``; where the last window's came, that one instead)."""
     from grpo_core.stages.inputs import SFTInputs
 
-    if "sft" in run.models:
-        return {"continued": f"window {run.window['window'] - 1}'s SFT adapter", "model": run.models["sft"].path}
+    if "sft" in run.models:  # passed on unchanged: every later window's policy adapter sits on it
+        _tar(Path(run.models["sft"].path), run.out / "sft-adapter.tar", {"window": 1})
+        return {"continued": f"window 1's SFT adapter", "model": run.models["sft"].path}
     out = _stage(SFTInputs(data=_data(run)), run.config("b", seconds), run.work / "sft")
     run.models["sft"] = out.ref
     if run.lora:
@@ -225,7 +236,9 @@ def phase_c(run: Run, seconds: float) -> dict:
     """GRPO from the SFT model with the answer checker alone, dynamic sampling on; with --lora the
     last window's policy adapter trained further where it came (the reference stays the SFT model),
     this window's written out as ``policy-adapter.tar``."""
-    out = _grpo(run, "c", seconds, "grpo", **({"adapter": run.policy_init} if run.policy_init else {}))
+    # round = the window: each window draws other questions and samples (they are seeded by round and step).
+    out = _grpo(run, "c", seconds, "grpo", round=run.window["window"],
+                **({"adapter": run.policy_init} if run.policy_init else {}))
     steps = run.window["grpo_steps"] + out["steps"]
     if run.lora:
         _tar(Path(out["model"]), run.out / "policy-adapter.tar", {"window": run.window["window"], "grpo_steps": steps})
@@ -237,6 +250,7 @@ def carried(run: Run, folder: Path) -> None:
     phases b and c wrote them): the SFT adapter where SFT wrote it (``--work`` is the same path in
     every window), so that it and the policy adapter trained on it find their bases by path and
     digest; the policy's is where phase c continues (both on the shipped model: nothing grows)."""
+    from grpo_core.lm import adapters
     from grpo_core.lm.modeling import check_model_folder
     from grpo_core.stages.common import digest_dir
 
@@ -253,6 +267,7 @@ def carried(run: Run, folder: Path) -> None:
         check_model_folder(dest)  # its base is there and is the model it was trained on, or one line says not
         ref = Ref(path=str(dest), digest=digest_dir(dest))
         if key == "sft":
+            adapters.check_belongs(dest, run.model)  # trained on the model this window was given
             run.models["sft"] = ref
         else:
             run.policy_init = ref
@@ -392,7 +407,12 @@ def main(argv: list[str] | None = None) -> int:
               LORA_RANK[a.sizes] if a.lora is None else a.lora)
     run.work.mkdir(parents=True, exist_ok=True)
     if a.carry is not None:
-        carried(run, a.carry)
+        try:
+            carried(run, a.carry)
+        except Exception as e:  # noqa: BLE001  (nothing to continue from: said in phases.json and on stderr)
+            run.write("setup", {"environment": environment(), "carry": f"refused: {type(e).__name__}: {e}"})
+            print(f"error: --carry {a.carry}: {e}", file=sys.stderr)
+            return 1
     if a.base:
         from grpo_core.stages.common import digest_dir
 

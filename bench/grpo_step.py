@@ -95,10 +95,11 @@ def run_ours(model_dir: str, prompts: str, steps: int, threads: int, device: str
     from grpo_core.data import Example
     from grpo_core.lm.modeling import load_model, load_trainable
     from grpo_core.rewards.scorer import RewardScorer
+    from grpo_core.stages.common import set_compute
     from grpo_core.stages.grpo import rl_step
     from grpo_core.stages.rl import Models
 
-    torch.set_num_threads(threads)
+    set_compute(threads)  # as every stage computes: its threads, torch's deterministic algorithms
     before_models = _rss_mib()
     if lora_rank:  # the reference is the policy with its adapter off: one copy of the weights
         policy, tok = load_trainable(model_dir, LoraSettings(rank=lora_rank, alpha=2 * lora_rank), seed=0)

@@ -109,13 +109,18 @@ def test_a_second_window_continues_the_first_ones_adapters(tiny_model_dir, tmp_p
     with tarfile.open(second / "policy-adapter.tar") as tar:
         assert json.loads(tar.extractfile("window.json").read()) == {"window": 2, "grpo_steps": 4}
     assert "gsm8k_test" in _phase(second, "d")["result"]
-    other = tmp_path / "other-model"  # the carried SFT adapter's base is the model given; another is refused
+    with tarfile.open(second / "sft-adapter.tar") as tar:  # passed on, so that a third window has both
+        assert json.loads(tar.extractfile("window.json").read()) == {"window": 1}
+    shutil.rmtree(work)
+    assert gpu_run.main([*args[:-2], "--phases", "c", "--out", str(tmp_path / "w3"), "--carry", str(second)]) == 0
+    assert _phase(tmp_path / "w3", "c")["result"]["grpo_steps_so_far"] == 6
+    other = tmp_path / "other-model"  # the carried SFT adapter was trained on the model given; another is refused
     shutil.copytree(tiny_model_dir, other)
     (other / "config.json").write_text((other / "config.json").read_text().replace("}", ', "note": 1}', 1))
     shutil.rmtree(work)
-    with pytest.raises(Exception, match="now holds another|not there"):
-        gpu_run.main(["--model", str(other), "--sizes", "tiny", "--work", str(work), "--phases", "c",
-                      "--out", str(tmp_path / "w3"), "--carry", str(second)])
+    assert gpu_run.main(["--model", str(other), "--sizes", "tiny", "--work", str(work), "--phases", "c",
+                         "--out", str(tmp_path / "w4"), "--carry", str(second)]) == 1
+    assert "an adapter for the model of digest" in _phase(tmp_path / "w4", "setup")["carry"]
 
 
 def test_phases_without_seconds_left_are_skipped_with_their_json(tiny_model_dir, tmp_path):

@@ -127,6 +127,22 @@ def test_an_adapter_whose_base_changed_is_refused_in_one_line(tmp_path, tiny_cfg
         load_model(model_dir)
 
 
+def test_a_moved_project_keeps_its_adapters_and_another_shape_of_adapter_is_refused(
+        tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir, parity):
+    project = tmp_path / "project"
+    shutil.copytree(tiny_model_dir, project / "base")
+    model_dir = Path(run_grpo(tiny_cfg(tmp_path, **(GRPO | {"grpo__steps": 1})), tiny_data_dir, project / "base",
+                              project / "grpo")["model"])
+    before = _weights(model_dir)
+    project.rename(tmp_path / "moved")  # the base's absolute path is gone; beside the adapter, it is not
+    after = _weights(tmp_path / "moved" / "grpo" / "model")
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    other = tiny_cfg(tmp_path, **(GRPO | {"grpo__lora": {"rank": 8, "alpha": 8}}))
+    with pytest.raises(ModelError, match="an adapter of rank 4.*the recipe's lora is rank 8"):
+        run_grpo(other, tiny_data_dir, tmp_path / "moved" / "base", tmp_path / "again",
+                 adapter=tmp_path / "moved" / "grpo" / "model")
+
+
 def test_lora_settings_an_algorithm_or_launch_cannot_use_are_refused(tmp_path, tiny_cfg, tiny_data_dir):
     with pytest.raises(ConfigError, match="trains a value model"):
         tiny_cfg(tmp_path, grpo__lora=LORA, grpo__algorithm="ppo")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from pathlib import Path
 
 from grpo_core.config import LoraSettings
@@ -37,6 +38,7 @@ def add_lora(model, settings: LoraSettings, base: str | Path, seed: int) -> None
         model.add_adapter(LoraConfig(r=settings.rank, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
                                      target_modules=settings.target_modules, init_lora_weights=True))
     model.adapter_base = {"path": str(Path(base).resolve()), "digest": digest_dir(Path(base))}
+    model.adapter_settings = settings
 
 
 def has_adapter(model) -> bool:
@@ -44,18 +46,31 @@ def has_adapter(model) -> bool:
 
 
 def write_base(model, folder: Path) -> None:
-    """Beside a saved adapter: which base it belongs to (``save_model`` calls it)."""
-    (Path(folder) / BASE_FILE).write_text(json.dumps(model.adapter_base, indent=1) + "\n")
+    """Beside a saved adapter: which base it belongs to (``save_model`` calls it), by absolute path
+    and by path relative to the adapter's folder (a run folder or project moved whole keeps it:
+    checkpoints, ``best/`` and ``model/`` sit at the same depth), and the base's digest."""
+    folder = Path(folder)
+    relative = os.path.relpath(model.adapter_base["path"], folder.resolve())
+    (folder / BASE_FILE).write_text(json.dumps(model.adapter_base | {"relative": relative}, indent=1) + "\n")
+
+
+def _recorded(folder: Path) -> dict:
+    try:
+        base = json.loads((folder / BASE_FILE).read_text())
+        return {"path": base["path"], "digest": base["digest"], "relative": base.get("relative")}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise AdapterError(f"{folder}: an adapter without a readable {BASE_FILE} (which base it belongs to): "
+                           f"{type(e).__name__}: {e}") from None
 
 
 def checked_base(folder: str | Path) -> Path:
-    """The base folder an adapter folder was trained on, after checking it holds the same weights."""
+    """The base folder an adapter folder was trained on (where it was, or at the same place relative
+    to the adapter), after checking it holds the same weights."""
     folder = Path(folder)
-    try:
-        base = json.loads((folder / BASE_FILE).read_text())
-    except (OSError, ValueError) as e:
-        raise AdapterError(f"{folder}: an adapter without a readable {BASE_FILE} (which base it belongs to): {e}") from None
+    base = _recorded(folder)
     path = Path(base["path"])
+    if base["relative"] and not path.is_dir() and (folder / base["relative"]).is_dir():
+        path = (folder / base["relative"]).resolve()
     if not path.is_dir():
         raise AdapterError(f"{folder}: an adapter for {path}, which is not there (digest {base['digest'][:12]}): "
                            f"put that model back at that path")
@@ -67,7 +82,7 @@ def checked_base(folder: str | Path) -> Path:
 
 def check_belongs(folder: str | Path, base: str | Path) -> None:
     """Refuses, in one line, an adapter that was not trained on the model in ``base``."""
-    recorded = json.loads((Path(folder) / BASE_FILE).read_text())["digest"]
+    recorded = _recorded(Path(folder))["digest"]
     if (found := digest_dir(Path(base))) != recorded:
         raise AdapterError(f"{folder}: an adapter for the model of digest {recorded[:12]}, not for {base} "
                            f"({found[:12]}): continue it on the model it was trained on")
@@ -81,13 +96,29 @@ def merged(model, folder: str | Path):
 
 
 def load_weights(model, folder: str | Path) -> None:
-    """The adapter weights saved in ``folder`` (a checkpoint) into ``model``'s adapter, to resume."""
+    """The adapter weights saved in ``folder`` (a checkpoint, or an adapter to train further) into
+    ``model``'s fresh adapter, after checking the two are the same shape of adapter."""
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
 
-    result = set_peft_model_state_dict(model, load_file(str(Path(folder) / "adapter_model.safetensors")))
-    if result.unexpected_keys:
-        raise AdapterError(f"{folder}: adapter weights this adapter does not have: {result.unexpected_keys[:3]}")
+    folder = Path(folder)
+    try:
+        saved = json.loads((folder / "adapter_config.json").read_text())
+    except (OSError, ValueError) as e:
+        raise AdapterError(f"{folder}: no readable adapter_config.json: {e}") from None
+    want = model.adapter_settings
+    targets = saved.get("target_modules")
+    same = (saved.get("r") == want.rank and saved.get("lora_alpha") == want.alpha
+            and (want.target_modules == "all-linear" or sorted(targets or []) == sorted(want.target_modules)))
+    if not same:
+        raise AdapterError(f"{folder}: an adapter of rank {saved.get('r')}, alpha {saved.get('lora_alpha')}, layers "
+                           f"{targets}; the recipe's lora is rank {want.rank}, alpha {want.alpha}, layers "
+                           f"{want.target_modules}: set the recipe's lora to the adapter's")
+    result = set_peft_model_state_dict(model, load_file(str(folder / "adapter_model.safetensors")))
+    missing = [k for k in result.missing_keys if "lora_" in k]
+    if result.unexpected_keys or missing:
+        raise AdapterError(f"{folder}: adapter weights that do not fit this adapter (unexpected "
+                           f"{result.unexpected_keys[:2]}, missing {missing[:2]})")
 
 
 @contextlib.contextmanager

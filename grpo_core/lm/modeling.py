@@ -121,7 +121,11 @@ def load_trainable(start: str | Path, lora: LoraSettings | None, resume: str | P
     model, tokenizer = load_model(start)
     adapters.add_lora(model, lora, start, seed)
     if resume is not None:
-        adapters.load_weights(model, resume)
+        try:
+            adapters.check_belongs(resume, start)
+            adapters.load_weights(model, resume)
+        except adapters.AdapterError as e:
+            raise ModelError(str(e)) from None
     return model, tokenizer
 
 

@@ -105,6 +105,13 @@ def load_reward_model(path: str | Path, kind: str, head: str = "linear", lm_toke
     from grpo_core.lm.modeling import ModelError
     from grpo_core.rewards.likelihood import VerifierHead, reward_head_kind
 
+    from grpo_core.lm import adapters
+
+    if adapters.is_adapter(path):  # a LoRA adapter (sft.lora): its base with it merged, a fresh head on that
+        from grpo_core.lm.modeling import load_model
+
+        lm, tokenizer = load_model(path)
+        return reward_model_from(lm, kind, head, tokenizer, lm_tokens)
     try:
         config = json.loads((Path(path) / "config.json").read_text())
     except (OSError, ValueError):

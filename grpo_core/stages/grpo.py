@@ -25,7 +25,6 @@ from grpo_core.training.distributed import Dist
 from grpo_core.config import GRPOConfig, PipelineConfig
 from grpo_core.data import Example
 from grpo_core.evaluation import greedy_accuracy
-from grpo_core.lm import adapters
 from grpo_core.lm.modeling import load_model, load_tokenizer, load_trainable
 from grpo_core.lm.policy import CompletionLogprobs
 from grpo_core.lm.runtime import autocast, device_for, place
@@ -160,10 +159,8 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
                             separator=cfg.reward_data.step_separator if "prm" in used else None,
                             **({"pass_rates": digest_dir(Path(pass_rates))} if gc.curriculum else {}),
                             **({"adapter": digest_dir(Path(adapter))} if adapter else {}))
-    if adapter is not None:
-        if gc.lora is None:
-            raise ValueError(f"an adapter to continue ({adapter}) needs grpo.lora: the adapter's rank and layers")
-        adapters.check_belongs(adapter, init_dir)
+    if adapter is not None and gc.lora is None:
+        raise ValueError(f"an adapter to continue ({adapter}) needs grpo.lora: the adapter's rank and layers")
     trainer = Trainer(cfg, "grpo", out_dir, identity, d, logger)
     policy, tokenizer = load_trainable(init_dir, gc.lora, trainer.resume or adapter, seed)
     place(policy, cfg.launch, train=True)

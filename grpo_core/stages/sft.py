@@ -47,12 +47,13 @@ def run_sft(cfg: PipelineConfig, data_dir: Path, out_dir: Path, logger: MetricLo
     logger = (logger or NullLogger()) if d.main else NullLogger()
     sc = cfg.sft
     set_compute(cfg.threads)
-    identity = run_identity(cfg, "sft", init=digest_dir(Path(init_from)) if init_from else "config")
-    trainer = Trainer(cfg, "sft", out_dir, identity, d, logger)
     start = init_from or (cfg.model.path if cfg.model.init == "pretrained" else None)
     if sc.lora is not None and start is None:
         raise ModelError("sft.lora trains an adapter on a saved model, but SFT starts from a fresh tiny model: "
                          "set model.init=pretrained with model.path, or pretrain.train")
+    # An adapter's checkpoints belong to the weights under it: other weights at model.path set them aside.
+    identity = run_identity(cfg, "sft", init=digest_dir(Path(start)) if init_from or sc.lora else "config")
+    trainer = Trainer(cfg, "sft", out_dir, identity, d, logger)
     if sc.lora is not None or trainer.resume is not None or init_from is not None:
         model, tokenizer = load_trainable(start, sc.lora, trainer.resume, cfg.seed) if start else load_model(trainer.resume)
     else:
