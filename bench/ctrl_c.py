@@ -73,6 +73,10 @@ def main() -> None:
     p.add_argument("--log", type=Path, default=Path("ctrl_c.log"))
     p.add_argument("command", nargs=argparse.REMAINDER)
     a = p.parse_args()
+    # A terminal's foreground job has Ctrl-C's default disposition; a command started in the
+    # background by a shell without job control inherits SIGINT ignored, and Python then installs no
+    # KeyboardInterrupt handler: a handler here gives the command the default back at its exec.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     command = a.command[1:] if a.command[:1] == ["--"] else a.command
     clock = time.monotonic()
     stops = [interrupt(command, a.run_dir / stage, a.log) for stage in a.at]

@@ -78,8 +78,9 @@ def test_online_rft_fine_tunes_on_correct_samples_and_rft_samples_the_start(tmp_
     import grpo_core.stages.grpo as grpo
     from test_grpo import _assert_moved
 
-    loaded, real_load = [], grpo.load_model
+    loaded, real_load, real_trainable = [], grpo.load_model, grpo.load_trainable
     monkeypatch.setattr(grpo, "load_model", lambda path: loaded.append(path) or real_load(path))
+    monkeypatch.setattr(grpo, "load_trainable", lambda path, *a: loaded.append(path) or real_trainable(path, *a))
 
     def run(name: str, algorithm: str, lr: float) -> dict[int, dict[str, float]]:
         log = NullLogger()

@@ -221,6 +221,9 @@ def test_a_signal_during_a_tracking_write_waits_for_the_write(tmp_path):
     client = MlflowClient(uri)
     run = client.create_run(tracking.experiment_id(uri, "demo")).info.run_id
     real = tracking._send_now
+    # As in a terminal: Python's Ctrl-C handler (a test run started in the background by a shell
+    # without job control inherits SIGINT ignored, and Python then installs none).
+    outside = signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def interrupted_midway(client, run_id, record):
         os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C, between two statements of the write
@@ -237,5 +240,6 @@ def test_a_signal_during_a_tracking_write_waits_for_the_write(tmp_path):
     started = time.monotonic()
     tracking._send(client, run, {"op": "tags", "tags": {"c": "3"}})
     assert time.monotonic() - started < 5
+    signal.signal(signal.SIGINT, outside)
     data = client.get_run(run).data
     assert data.params == {"a": "1"} and {("b", "2"), ("c", "3")} <= set(data.tags.items())
