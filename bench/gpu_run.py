@@ -284,6 +284,7 @@ def phase_d(run: Run, seconds: float) -> dict:
     1,000; each against SFT (SFT against the model as given), paired; every question's completion in
     ``completions.tar``. A model's pass over a set starts only where the last pass over that set fits
     in the seconds left, and the record is rewritten after each, so a call cut short keeps what finished."""
+    from grpo_core.corpus.docs import write_jsonl
     from grpo_core.data import load_jsonl
     from grpo_core.evaluation import evaluate, test_sets
     from grpo_core.lm.modeling import load_model
@@ -315,22 +316,15 @@ def phase_d(run: Run, seconds: float) -> dict:
             right[k] = [int(r["correct"]) for r in rows]
             out[where][k] = {"accuracy": metrics["accuracy"], "n": metrics["n"], "seconds": round(last_s, 1)}
             benchmark = where.removesuffix("_test")
-            _write_jsonl_gz(folder / f"{benchmark}-{EVAL_NAMES[k]}.jsonl.gz",
-                            [{"question": r["question"], "completion": r["completion"], "answer": r["predicted"],
-                              "gold": r["gold"], "correct": r["correct"]} for r in rows])
+            write_jsonl(folder / f"{benchmark}-{EVAL_NAMES[k]}.jsonl.gz",
+                        [{"question": r["question"], "completion": r["completion"], "answer": r["predicted"],
+                          "gold": r["gold"], "correct": r["correct"]} for r in rows])
             for m, against in [(m, "sft") for m in right if m not in ("sft", "base")] + [("sft", "base")]:
                 if m in right and against in right:
                     out[where][m][f"minus_{against}"] = question_interval(right[m], right[against])
             _tar(folder, run.out / "completions.tar")
             run.write("d", {"phase": "d", "status": "running", "result": out})
     return out
-
-
-def _write_jsonl_gz(path: Path, rows: list[dict]) -> None:
-    import gzip
-
-    with gzip.GzipFile(path, "wb", mtime=0) as f:
-        f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode())
 
 
 def _tar(folder: Path, dest: Path, window: dict | None = None) -> None:

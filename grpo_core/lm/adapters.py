@@ -74,9 +74,7 @@ def checked_base(folder: str | Path) -> Path:
     if not path.is_dir():
         raise AdapterError(f"{folder}: an adapter for {path}, which is not there (digest {base['digest'][:12]}): "
                            f"put that model back at that path")
-    if (found := digest_dir(path)) != base["digest"]:
-        raise AdapterError(f"{folder}: an adapter for the model of digest {base['digest'][:12]}, but {path} now holds "
-                           f"another ({found[:12]}): an adapter applies only to the weights it was trained on")
+    check_belongs(folder, path)
     return path
 
 
@@ -84,8 +82,8 @@ def check_belongs(folder: str | Path, base: str | Path) -> None:
     """Refuses, in one line, an adapter that was not trained on the model in ``base``."""
     recorded = _recorded(Path(folder))["digest"]
     if (found := digest_dir(Path(base))) != recorded:
-        raise AdapterError(f"{folder}: an adapter for the model of digest {recorded[:12]}, not for {base} "
-                           f"({found[:12]}): continue it on the model it was trained on")
+        raise AdapterError(f"{folder}: an adapter for the model of digest {recorded[:12]}, but {base} now holds "
+                           f"another ({found[:12]}): an adapter applies only to the weights it was trained on")
 
 
 def merged(model, folder: str | Path):
