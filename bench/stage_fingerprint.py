@@ -95,6 +95,11 @@ def run_all(init: str, root: Path) -> dict:
         no_kl = ["grpo.beta=0"] if algorithm != "ppo" else []  # RFT has no KL term: beta is refused
         acfg = load_config(RECIPE, SMALL + RULE + [f"grpo.algorithm={algorithm}"] + no_kl)
         stage(algorithm, lambda log: run_grpo(acfg, data, init, root / algorithm, log, pass_rates=rd["pass_rates"]))
+    # Dynamic sampling (a slot without reward spread draws again) and a LoRA policy (its reference: the adapter off).
+    for name, extra in (("grpo_redraws", ["grpo.redraws=2", "grpo.curriculum=0.0"]),
+                        ("grpo_lora", ["grpo.lora={rank: 4, alpha: 8}", "grpo.lr=1e-3"])):
+        xcfg = load_config(RECIPE, SMALL + RULE + extra)
+        stage(name, lambda log: run_grpo(xcfg, data, init, root / name, log, pass_rates=rd["pass_rates"]))
     return out
 
 
