@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import grpo_core  # noqa: E402,F401  (first: the numerics settings, before torch computes)
-from grpo_core.stages.common import Ref  # noqa: E402
+from grpo_core.manifests import Ref  # noqa: E402
 
 # The default order: what a GSM8K gain needs first (b, c, d), the speed race (a) with what is left;
 # e needs a window of its own (``--phases b,e,d``).
@@ -162,7 +162,7 @@ def _data(run: Run):
 
 def _stage(inputs, cfg, out_dir: Path):
     """Run a stage's typed inputs; its typed output (a model's digest added, as the flows' task does)."""
-    from grpo_core.stages.common import digest_dir
+    from grpo_core.digests import digest_dir
 
     manifest = inputs.run(cfg, out_dir)
     if "model" in manifest:
@@ -252,7 +252,7 @@ def carried(run: Run, folder: Path) -> None:
     digest; the policy's is where phase c continues (both on the shipped model: nothing grows)."""
     from grpo_core.lm import adapters
     from grpo_core.lm.modeling import check_model_folder
-    from grpo_core.stages.common import digest_dir
+    from grpo_core.digests import digest_dir
 
     for name, key in (("sft-adapter.tar", "sft"), ("policy-adapter.tar", "policy")):
         if not (folder / name).exists():
@@ -408,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: --carry {a.carry}: {e}", file=sys.stderr)
             return 1
     if a.base:
-        from grpo_core.stages.common import digest_dir
+        from grpo_core.digests import digest_dir
 
         run.models["base"] = Ref(path=str(run.model), digest=digest_dir(run.model))
     run.write("setup", {"environment": environment(), "sizes": a.sizes, "budget_s": budget, "phases": a.phases,

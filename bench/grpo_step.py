@@ -95,8 +95,8 @@ def run_ours(model_dir: str, prompts: str, steps: int, threads: int, device: str
     from grpo_core.data import Example
     from grpo_core.lm.modeling import load_model, load_trainable
     from grpo_core.rewards.scorer import RewardScorer
-    from grpo_core.stages.common import set_compute
-    from grpo_core.stages.grpo import rl_step
+    from grpo_core.lm.runtime import set_compute
+    from grpo_core.stages.grpo import Learner, rl_step
     from grpo_core.stages.rl import Models
 
     set_compute(threads)  # as every stage computes: its threads, torch's deterministic algorithms
@@ -117,7 +117,7 @@ def run_ours(model_dir: str, prompts: str, steps: int, threads: int, device: str
     times, tokens, parts = [], [], []
     # Our step formats questions itself, so the prompt text is passed as a question whose prompt
     # wrapper is the identity: Example(question=prompt) with prompt_text patched out.
-    import grpo_core.stages.rl as g  # where the step samples and formats its prompts
+    import grpo_core.stages.grpo as g  # where the step samples and formats its prompts
 
     g.prompt_text = lambda q: q
     rollouts = []  # the step's rollout, for the value model of the PPO setting
@@ -126,7 +126,7 @@ def run_ours(model_dir: str, prompts: str, steps: int, threads: int, device: str
     for s, batch in enumerate(_batches(_questions(prompts), steps)):
         questions = [Example(question=p, gold=gold) for p, gold in batch]
         t0 = time.perf_counter()
-        m = rl_step(Models(policy, ref), tok, opt, questions, gc, s, scorer, amp=amp)
+        m = rl_step(Learner(Models(policy, ref), tok, opt, gc, scorer, 0, amp=amp), questions, s)
         if value is not None:
             value.step(rollouts[-1], [gold for _, gold in batch for _ in range(GROUP)])
         if device == "cuda":

@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-PARTS = ("time/rollout_s", "time/reward_s", "time/logprob_s", "time/update_s")
+PARTS = ("time/rollout_s", "time/reward_s", "time/redraw_s", "time/advantage_s", "time/logprob_s", "time/update_s")
 
 
 def main() -> None:
@@ -35,8 +35,9 @@ def main() -> None:
     from grpo_core.lm import policy
     from grpo_core.lm.modeling import load_model
     from grpo_core.rewards.scorer import RewardScorer
-    from grpo_core.stages.common import read_split, set_compute
-    from grpo_core.stages.grpo import rl_step
+    from grpo_core.data import read_split
+    from grpo_core.lm.runtime import set_compute
+    from grpo_core.stages.grpo import Learner, rl_step
     from grpo_core.stages.questions import QuestionSampler, read_pass_rates
     from grpo_core.stages.rl import Models
 
@@ -72,11 +73,11 @@ def main() -> None:
             opt = torch.optim.AdamW(model.parameters(), lr=gc.lr, betas=(0.9, 0.95), weight_decay=0.0)
             scorer = RewardScorer.for_recipe(gc, tok, cfg.reward_data.step_separator, models)
             for step in range(a.steps):
-                m = rl_step(Models(model, ref), tok, opt, draws.step(step, gc.questions_per_step), gc, step, scorer,
-                            redraw=lambda slot, k: draws.redraw(step, slot, k))
+                learner = Learner(Models(model, ref), tok, opt, gc, scorer, cfg.seed, draws)
+                m = rl_step(learner, draws.step(step, gc.questions_per_step), step)
                 if step:
                     for k in (*PARTS, "train/loss"):
-                        out[mode].setdefault(k, []).append(m[k])
+                        out[mode].setdefault(k, []).append(m.get(k, 0.0))  # redraw_s: with dynamic sampling
     policy.Rollout.distinct = distinct
     result = {mode: {k.split("/")[-1]: round(statistics.median(v), 4) for k, v in d.items()} for mode, d in out.items()}
     for mode in result:

@@ -44,7 +44,8 @@ def main() -> None:
 
     from grpo_core.env import setup_environment
     from grpo_core.lm.modeling import load_model
-    from grpo_core.lm.policy import GumbelSampler, encode_prompts, generate, row_seed
+    from grpo_core.lm.policy import GumbelSampler, encode_prompts, generate
+    from grpo_core.seeds import row_seed
 
     setup_environment()
     if a.threads:

@@ -7,7 +7,7 @@ constant lr 2e-3, gradient clipping at 1.0, fp32 on the CPU.
 
 Each implementation runs in its own process, alternating, ``--rounds`` times, ``--steps`` steps
 each; the medians are over the steps after ``--warmup``. Ours is the SFT stage's step
-(``stages.common.lm_loss`` on packed rows + ``training.trainer.optimizer_step``). TRL runs twice:
+(``stages.lm_step.lm_loss`` on packed rows + ``training.trainer.optimizer_step``). TRL runs twice:
 ``trl_wrapped`` packs as we do (the examples concatenated and cut into full rows: equal work, the
 headline ratio) and ``trl`` with its default best-fit packing, which flattens each batch into one
 padding-free sequence (meant for FlashAttention; on the CPU attention then spans the whole batch). Prints one JSON object: per implementation the median step time, input
@@ -40,7 +40,7 @@ def run_ours(model_dir: str, data: str, steps: int, threads: int) -> dict:
     from grpo_core.data import load_jsonl
     from grpo_core.lm.modeling import load_model
     from grpo_core.lm.packing import encode_examples, pack
-    from grpo_core.stages.common import lm_loss
+    from grpo_core.stages.lm_step import lm_loss
     from grpo_core.training.trainer import optimizer_step
 
     torch.set_num_threads(threads)

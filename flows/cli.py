@@ -116,7 +116,8 @@ def cmd_check(a: argparse.Namespace) -> None:
 
 def _tracking_ready(cfg) -> None:
     """An unusable tracking store fails here, in seconds, before any stage runs."""
-    from grpo_core.tracking import TrackingError, check_tracking, tracking_uri
+    from grpo_core.tracking import TrackingError, check_tracking
+    from grpo_core.mlflow_runs import tracking_uri
 
     try:
         check_tracking(tracking_uri(cfg))
@@ -266,7 +267,8 @@ def cmd_sync(a: argparse.Namespace) -> None:
     """Send what a run's loggers kept while the tracking store did not answer (``<run>/mlflow-unsent``)."""
     from grpo_core.recipe import load_config
     from grpo_core.env import default_tracking_uri
-    from grpo_core.tracking import STORE, TrackingError, check_tracking, redact, send_unsent, tracking_uri, unsent_dir
+    from grpo_core.tracking import STORE, TrackingError, check_tracking, redact, send_unsent, unsent_dir
+    from grpo_core.mlflow_runs import tracking_uri
 
     kept_for = unsent_dir(a.run_dir) / STORE  # the store the records are for (a URI without credentials)
     recipe = Path(a.run_dir) / "config.yaml"  # a finished run's
@@ -292,7 +294,7 @@ def cmd_rounds(a: argparse.Namespace) -> None:
     if a.rounds < 1:
         _fail(f"--rounds {a.rounds}: must be at least 1")
     from grpo_core.recipe import ConfigError, load_config
-    from grpo_core.stages.common import read_manifest
+    from grpo_core.manifests import read_manifest
 
     try:
         read_manifest(run_dir / "manifest.json")

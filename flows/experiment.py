@@ -42,12 +42,15 @@ from grpo_core import figures
 from grpo_core.config import PipelineConfig
 from grpo_core.recipe import load_config
 from grpo_core.stages.grpo import staleness
-from grpo_core.stages.common import digest_dir, read_manifest, run_identity, write_manifest
+from grpo_core.digests import digest_dir
+from grpo_core.manifests import read_manifest, write_manifest
+from grpo_core.stages.identity import run_identity
 from grpo_core.stages.inputs import INPUTS, EvalInputs, GRPOInputs, Ref, SFTInputs
 from grpo_core.stages.outputs import GRPOOutput, StageOutput, TrainedOutput
 from grpo_core.stages.sft import continued
 from grpo_core.stats import mean_std, seed_interval
-from grpo_core.tracking import MlflowLogger, experiment_id, finishing, start_run, tracking_uri, unsent_dir
+from grpo_core.tracking import MlflowLogger, unsent_dir
+from grpo_core.mlflow_runs import experiment_id, finishing, start_run, tracking_uri
 from tasks.run_lock import run_lock
 from tasks.stage_tasks import eval_task, grpo_task, run_stage, sft_task
 

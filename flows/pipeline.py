@@ -24,10 +24,10 @@ from flows.rounds import RoundStart, next_start, rl_round, round_metrics
 from grpo_core.config import PipelineConfig
 from grpo_core.recipe import ConfigError, load_config
 from grpo_core.lm.runtime import numerics
-from grpo_core.stages.common import read_manifest, write_manifest
+from grpo_core.manifests import read_manifest, write_manifest
 from grpo_core.stages.inputs import DataInputs, EvalInputs, Ref, SFTInputs
-from grpo_core.tracking import (MlflowLogger, check_tracking, experiment_id, finishing, redact, run_params,
-                                send_unsent, start_run, tracking_uri, unsent_count, unsent_dir)
+from grpo_core.mlflow_runs import experiment_id, finishing, run_params, start_run, tracking_uri
+from grpo_core.tracking import MlflowLogger, check_tracking, redact, send_unsent, unsent_count, unsent_dir
 from tasks.run_lock import run_lock
 from tasks.stage_tasks import StageRun, data_task, eval_task, run_stage, sft_task
 
@@ -36,7 +36,7 @@ def pretraining_stages(config: PipelineConfig, run_dir, data: Ref, common: dict)
     """corpus (a subflow: a scoring task per iteration) -> continued pretraining, whose model SFT starts
     from. The corpus subflow is skipped when its manifest carries the same content key."""
     from flows.corpus import corpus
-    from grpo_core.stages.common import digest_dir
+    from grpo_core.digests import digest_dir
     from grpo_core.stages.inputs import CorpusInputs, PretrainInputs
     from tasks.stage_tasks import pretrain_task, stage_key, trusted
 

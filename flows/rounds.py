@@ -30,8 +30,9 @@ from flows.reports import mlflow_link, round_report
 from grpo_core.config import PipelineConfig
 from grpo_core.rewards.gate import gate_grpo
 from grpo_core.stages.inputs import INPUTS, EvalInputs, GRPOInputs, Ref, ReplayInputs, RewardDataInputs
-from grpo_core.tracking import (MlflowLogger, delete_run, experiment_id, finishing, logged_round, patiently,
-                                round_params, start_run, unsent_dir)
+from grpo_core.mlflow_runs import (delete_run, experiment_id, finishing, logged_round, patiently, round_params,
+                                   start_run)
+from grpo_core.tracking import MlflowLogger, unsent_dir
 from tasks.registry import promote_champion, register_policy, registered_name
 from tasks.stage_tasks import (StageRun, eval_task, grpo_task, orm_task, prm_task, replay_task, reward_data_task,
                                run_stage)

@@ -21,7 +21,7 @@ class Section(BaseModel):
 
 def BudgetField(default: Any, **kwargs: Any) -> Any:  # noqa: N802 (a pydantic Field, named like one)
     """A field that only sets how long or how often a stage runs: changing it keeps a resume valid
-    (extending a run is the point of resuming; ``stages.common.run_identity``). Marked ``[budget]``
+    (extending a run is the point of resuming; ``stages.identity.run_identity``). Marked ``[budget]``
     in the config reference."""
     return Field(default, json_schema_extra={"budget": True}, **kwargs)
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_core.config import ArithmeticTask, DataConfig
+from grpo_core.digests import digest_files
 from grpo_core.verify import MAX_ANSWER_CHARS
 
 SPLITS = ("sft", "rl", "val", "test")
@@ -252,3 +253,14 @@ def write_jsonl(examples: list[Example], path: Path) -> None:
         for e in examples:
             answer = e.solution if e.solution else f"#### {e.gold}"
             f.write(json.dumps({"question": e.question, "answer": answer}) + "\n")
+
+
+def read_split(data_dir: Path, split: str) -> list[Example]:
+    """A split the data stage wrote (``sft``, ``rl``, ``val``, ``test``)."""
+    return load_jsonl(str(Path(data_dir) / f"{split}.jsonl"))
+
+
+def splits_digest(data_dir: Path) -> str:
+    """The data stage's digest: its training splits only (held-out sets have their own, in the keys
+    of the stages that read them)."""
+    return digest_files(Path(data_dir), [Path(data_dir) / f"{split}.jsonl" for split in SPLITS])

@@ -25,7 +25,7 @@ NUMERICS = {
     # docs/reliability.md), so a resumed run (other addresses) drifted from the straight run. AUTO: the
     # fastest code path for this CPU, chosen once, whatever the alignment. An empty value turns it off.
     "MKL_CBWR": "AUTO",
-    # cuBLAS's fixed workspace: what torch's deterministic algorithms (``stages.common.set_compute``)
+    # cuBLAS's fixed workspace: what torch's deterministic algorithms (``lm.runtime.set_compute``)
     # need of cuBLAS on a GPU to give the same bits twice (unused on a CPU).
     "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
 }

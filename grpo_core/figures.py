@@ -336,7 +336,7 @@ def save(figures: dict, out_dir: Path) -> dict[str, Path]:
 
 def run_figure(run_dir: Path, out: Path) -> Path:
     """The README's picture: test accuracy beside GRPO's validation accuracy over every round."""
-    from grpo_core.stages.common import read_manifest  # (torch: only for the README's picture)
+    from grpo_core.manifests import read_manifest  # (torch: only for the README's picture)
 
     plt = _pyplot()
     manifest = read_manifest(Path(run_dir) / "manifest.json")

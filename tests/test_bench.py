@@ -30,7 +30,7 @@ def test_ours_on_a_model_folder_and_prompt_file(tmp_path, tiny_model_dir, form):
     ours = out["ours"]
     assert ours["steps_timed"] == 1 and ours["median_step_s"] > 0
     assert ours["completion_tokens_per_s"] > 0 and ours["peak_rss_mib"] > 0
-    assert set(ours["median_parts_s"]) == {"rollout_s", "reward_s", "logprob_s", "update_s"}
+    assert set(ours["median_parts_s"]) == {"rollout_s", "reward_s", "advantage_s", "logprob_s", "update_s"}
     assert out["work"] == {"prompts": 8, "completions_per_prompt": 8, "max_new_tokens": 32, "beta": 0.04, "lr": 1e-6}
 
 

@@ -432,7 +432,7 @@ def test_a_loss_that_turns_nan_stops_the_run_and_the_same_command_resumes_to_the
     from mlflow.tracking import MlflowClient
     from prefect.client.orchestration import get_client
 
-    import grpo_core.stages.common as common
+    import grpo_core.stages.lm_step as common
 
     db = f"sqlite:///{tmp_path}/mlflow.db"
     minute = Path(__file__).resolve().parents[1] / "configs" / "minute.yaml"

@@ -135,7 +135,7 @@ def test_ray_runner_gives_the_local_runners_corpus(prefect_harness, tmp_path, ti
 def test_where_the_passes_run_is_not_part_of_the_corpus_cache_key(tmp_path, tiny_cfg):
     """``corpus.runner`` / ``address`` / ``workers`` choose where the passes run, not what they give:
     a finished corpus stays cached when they change; the grouping into part files does not."""
-    from grpo_core.stages.common import Ref
+    from grpo_core.manifests import Ref
     from grpo_core.stages.inputs import CorpusInputs
     from tasks.stage_tasks import stage_key
 

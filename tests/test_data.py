@@ -229,7 +229,7 @@ def test_the_data_stage_writes_held_out_sets_and_trains_on_none_of_their_questio
     names is gone after the next data stage."""
     from grpo_core.stages.prepare import run_prepare
 
-    from grpo_core.stages.common import Ref
+    from grpo_core.manifests import Ref
     from grpo_core.stages.inputs import EvalInputs, SFTInputs
     from tasks.stage_tasks import stage_key
 

@@ -71,7 +71,7 @@ def test_the_shared_prompt_backward_gives_the_same_bits_on_a_busy_cpu(tiny_model
 
     from grpo_core.lm.modeling import load_model
     from grpo_core.lm.policy import CompletionLogprobs
-    from grpo_core.stages.common import set_compute
+    from grpo_core.lm.runtime import set_compute
 
     threads = torch.get_num_threads()
     set_compute(2)

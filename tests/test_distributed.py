@@ -177,7 +177,7 @@ def test_dynamic_sampling_and_the_curriculum_on_two_processes_draw_what_one_draw
     """The answer checker on a policy that is never right: every group lacks spread, so every place
     redraws up to the bound, each process for its own places; the questions each redraw picks (by
     the curriculum) and its samples are those one process picks."""
-    from grpo_core.stages.common import read_split
+    from grpo_core.data import read_split
     from grpo_core.stages.inputs import GRPOInputs, Ref
 
     rates = tmp_path / "pass_rates"
@@ -267,7 +267,7 @@ def test_reward_models_on_two_processes_take_the_steps_of_one(kind, strategy, he
     from datasets import Dataset, DatasetDict
 
     from grpo_core.data import prompt_text
-    from grpo_core.stages.common import digest_dir
+    from grpo_core.digests import digest_dir
     from grpo_core.stages.inputs import INPUTS, Ref, reward_datasets
 
     sums = [(a, b) for a in range(2, 9) for b in range(1, 4)]

@@ -5,7 +5,6 @@ a deterministic function of the completion text: groups then have a spread and t
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 import math
 from pathlib import Path
@@ -14,14 +13,14 @@ import pytest
 import torch
 
 import grpo_core.rewards.scorer as rewards_mod
-import grpo_core.stages.rl as rl_mod
+import grpo_core.stages.grpo as step_mod
 from grpo_core.training.checkpoint import latest_checkpoint, load_state
 from grpo_core.losses import aggregate, kl_k3
 from grpo_core.lm.modeling import load_model
 from grpo_core.lm.policy import token_logprobs
 from grpo_core.rewards.scorer import RewardScorer
-from grpo_core.stages.common import read_split
-from grpo_core.stages.grpo import rl_step, run_grpo
+from grpo_core.data import read_split
+from grpo_core.stages.grpo import Learner, rl_step, run_grpo
 from grpo_core.stages.rl import Models
 from grpo_core.stages.questions import QuestionSampler
 from grpo_core.tracking import NullLogger
@@ -217,7 +216,7 @@ def test_zero_spread_groups_leave_params_unchanged_without_kl(tmp_path, tiny_cfg
                                                       grpo__beta=0.0, grpo__inner_updates=2)
     policy.train()
     before = {k: v.clone() for k, v in policy.state_dict().items()}
-    m = rl_step(Models(policy, None), tok, opt, questions, cfg.grpo, 1, RewardScorer.for_recipe(cfg.grpo, tok))
+    m = rl_step(Learner(Models(policy, None), tok, opt, cfg.grpo, RewardScorer.for_recipe(cfg.grpo, tok), 1), questions, 0)
     assert m["train/frac_reward_zero_std"] == 1.0 and m["train/reward_std"] == 0.0
     assert m["train/reward_mean"] == value
     assert m["train/loss"] == 0.0 and m["train/pg_loss"] == 0.0 and m["train/grad_norm"] == 0.0
@@ -231,13 +230,13 @@ def test_zero_spread_groups_only_kl_gradient(tmp_path, tiny_cfg, tiny_data_dir, 
     that of beta * KL (the policy-gradient term contributes nothing)."""
     monkeypatch.setattr(rewards_mod, "rule_reward", lambda c, g: torch.zeros(len(c)))
     seen = {}
-    real_generate = rl_mod.generate
+    real_generate = step_mod.generate
 
     def recording_generate(*args, **kwargs):
         seen["rollout"] = real_generate(*args, **kwargs)
         return seen["rollout"]
 
-    monkeypatch.setattr(rl_mod, "generate", recording_generate)
+    monkeypatch.setattr(step_mod, "generate", recording_generate)
     beta = 0.5
     cfg, policy, ref, tok, opt, questions = _grpo_setup(tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir,
                                                         grpo__beta=beta, grpo__loss_agg="token-mean")
@@ -247,7 +246,7 @@ def test_zero_spread_groups_only_kl_gradient(tmp_path, tiny_cfg, tiny_data_dir, 
             p.add_(torch.randn(p.shape, generator=g) * 0.05)
     policy.train()
     start = copy.deepcopy(policy)
-    m = rl_step(Models(policy, ref), tok, opt, questions, cfg.grpo, 1, RewardScorer.for_recipe(cfg.grpo, tok))
+    m = rl_step(Learner(Models(policy, ref), tok, opt, cfg.grpo, RewardScorer.for_recipe(cfg.grpo, tok), 1), questions, 0)
     assert m["train/frac_reward_zero_std"] == 1.0 and m["train/pg_loss"] == 0.0
     assert m["train/kl"] > 0
     # token-mean: the loss is beta times the token-mean KL the step reports.
@@ -289,7 +288,7 @@ def test_repeated_rollouts_are_trained_once_with_the_same_gradient(tmp_path, tin
     metrics count every row."""
     from grpo_core.lm.policy import generate
     from grpo_core.losses import grpo_loss
-    from grpo_core.stages.common import SINGLE
+    from grpo_core.stages.rl import Advantages
 
     cfg, policy, ref, tok, opt, questions = _grpo_setup(tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir,
                                                         grpo__group_size=4)
@@ -305,7 +304,8 @@ def test_repeated_rollouts_are_trained_once_with_the_same_gradient(tmp_path, tin
     assert len(rollout.distinct(adv).index) == 5
     start = copy.deepcopy(policy)
     policy.train()
-    sums, n = rl_mod.update(policy, ref, policy, opt, rollout, adv, cfg.grpo, 2, SINGLE, contextlib.nullcontext, [])
+    learner = step_mod.Learner(Models(policy, ref), tok, opt, cfg.grpo, None, 0)
+    sums, n, *_ = step_mod.update(learner, rollout, Advantages(adv, rollout.completion_mask, {}), 2)
     logp = token_logprobs(start, rollout)
     with torch.no_grad():
         ref_logp = token_logprobs(ref, rollout)
@@ -328,13 +328,15 @@ def test_reward_mean_means_the_same_under_outcome_and_process_supervision(tmp_pa
     cfg, policy, ref, tok, _, questions = _grpo_setup(tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir)
     torch.manual_seed(0)
     prm = reward_model_from(ref, "prm").eval().requires_grad_(False)
-    rewards = {}
+    rewards, advantages = {}, []
+    estimate = step_mod.estimate
+    monkeypatch.setattr(step_mod, "estimate", lambda *a: advantages.append(estimate(*a).values) or estimate(*a))
     for supervision in ("outcome", "process"):
-        gc = cfg.grpo.model_copy(update={"reward_weights": {"rule": 1.0, "prm": 0.5}, "supervision": supervision})
-        scorer = RewardScorer(gc.reward_weights, supervision, tok, prm=prm)
+        grpo = cfg.grpo.model_copy(update={"reward_weights": {"rule": 1.0, "prm": 0.5}, "supervision": supervision})
+        scorer = RewardScorer(grpo.reward_weights, supervision, tok, prm=prm)
         model = copy.deepcopy(policy).train()
-        opt = torch.optim.AdamW(model.parameters(), lr=gc.lr)
-        rewards[supervision] = rl_step(Models(model, ref), tok, opt, questions, gc, seed=1, scorer=scorer)
+        opt = torch.optim.AdamW(model.parameters(), lr=grpo.lr)
+        rewards[supervision] = rl_step(Learner(Models(model, ref), tok, opt, grpo, scorer, seed=1), questions, 0)
     assert rewards["outcome"]["train/reward_mean"] == rewards["process"]["train/reward_mean"]
     assert rewards["outcome"]["train/reward_std"] == rewards["process"]["train/reward_std"]
-    assert rewards["outcome"]["train/loss"] != rewards["process"]["train/loss"]  # the advantages do differ
+    assert not torch.equal(*advantages)  # the advantages do differ

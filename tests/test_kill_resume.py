@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 
 from grpo_core.training.checkpoint import complete_checkpoints
 from grpo_core.data import prompt_text
-from grpo_core.stages.common import digest_dir
+from grpo_core.digests import digest_dir
 
 WORKER = Path(__file__).with_name("stage_worker.py")
 

@@ -357,7 +357,7 @@ def test_manifest_paths_move_with_their_folder(tmp_path):
     """A manifest read where it was not written: the paths under its run folder move with it, every
     other path stays (a model beside the project, another run); one found at another place within
     its run moves its own folder's paths only; one written before manifests said where is as it was."""
-    from grpo_core.stages.common import read_manifest, write_manifest
+    from grpo_core.manifests import read_manifest, write_manifest
 
     run, new_run = tmp_path / "a" / "proj" / "runs" / "demo", tmp_path / "b" / "proj" / "runs" / "demo"
     outside = [str(tmp_path / "a" / "proj" / "models" / "m"), str(tmp_path / "a" / "proj" / "runs" / "demo2"), "/opt/m"]

@@ -156,7 +156,8 @@ def test_a_sample_depends_on_its_seed_and_row_id_only(model_and_tokenizer):
 
 @pytest.mark.parametrize("temperature", [0.5, 1.0, 2.0])
 def test_gumbel_sampler_draws_from_softmax_of_logits_over_temperature(temperature):
-    from grpo_core.lm.policy import GumbelSampler, row_seed
+    from grpo_core.lm.policy import GumbelSampler
+    from grpo_core.seeds import row_seed
 
     logits = torch.tensor([2.0, 1.0, 0.0, -1.0, float("-inf")])
     n = 20_000

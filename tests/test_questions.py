@@ -8,6 +8,7 @@ always), 0 where it is odd (a group without spread, always).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 from pathlib import Path
@@ -19,10 +20,13 @@ import grpo_core.rewards.scorer as rewards_mod
 from grpo_core.data import Example
 from grpo_core.lm.modeling import load_model
 from grpo_core.rewards.scorer import RewardScorer, Scored
-from grpo_core.stages.common import read_split
-from grpo_core.stages.grpo import has_spread, rl_step, run_grpo
-from grpo_core.stages.questions import QuestionSampler, draw_seed, fill, read_pass_rates
-from grpo_core.stages.rl import Exploration, Models, sample_groups, step_seed
+from grpo_core.data import read_split
+import grpo_core.stages.grpo as step_mod
+from grpo_core.config import GRPOConfig
+from grpo_core.seeds import draw_seed, step_seed
+from grpo_core.stages.grpo import Learner, rl_step, run_grpo
+from grpo_core.stages.questions import QuestionSampler, read_pass_rates
+from grpo_core.stages.rl import Exploration, Models
 from grpo_core.lm.policy import Rollout
 from grpo_core.tracking import NullLogger
 from tests.test_grpo import _resume_check, _train_metrics
@@ -44,7 +48,7 @@ def fake_group(questions: list[Example], g: int = 2) -> Exploration:
     """Groups whose rewards have spread where the question's text starts with "s"."""
     n = len(questions)
     rewards = torch.tensor([float(q.question.startswith("s") and j == 0) for q in questions for j in range(g)])
-    width = 1 + n  # rollouts of another width each call: fill joins them
+    width = 1 + n  # rollouts of another width each call: explore joins them
     rollout = Rollout(torch.arange(n * g * (1 + width)).view(n * g, 1 + width), torch.ones(n * g, 1 + width, dtype=torch.long),
                       torch.ones(n * g, width), 1, [q.question for q in questions for _ in range(g)], torch.zeros(n * g, dtype=torch.bool))
     return Exploration(questions, rollout, Scored(rewards, rewards, "outcome", stats={"reward/x": 1.0}), 0.0)
@@ -55,19 +59,44 @@ def spread_of(ex: Exploration) -> torch.Tensor:
     return r.max(1).values != r.min(1).values
 
 
-def test_a_group_without_spread_is_dropped_and_replaced():
-    first = fake_group([Example("s0", "0"), Example("n1", "1"), Example("s2", "2"), Example("n3", "3")])
+class FakeQuestions:
+    """Redraws by (slot, k) from a table (``QuestionSampler.redraw``'s signature)."""
+
+    def __init__(self, table):
+        self.table = table
+
+    def redraw(self, step, slot, k, taken=frozenset()):
+        return self.table(slot, k)
+
+
+def fake_explore(monkeypatch, questions: list[Example], redraws: int, table) -> tuple[step_mod.Explored, list]:
+    """``explore`` on fake groups (``fake_group``) over slots 10.. (as a second process's share would
+    be, their global rows): the step's own bookkeeping, with what it sampled recorded."""
     calls = []
 
-    def draw(questions, slots, k):
-        calls.append((slots, k))
-        return fake_group(questions)
+    def sample(learner, qs, slots, seed):
+        calls.append((slots, seed))
+        return fake_group(qs)
 
+    monkeypatch.setattr(step_mod, "sample_groups", sample)
+    monkeypatch.setattr(step_mod, "has_spread", lambda ex, cfg: spread_of(ex))
+    cfg = GRPOConfig(questions_per_step=len(questions), group_size=2, redraws=redraws)
+    learner = step_mod.Learner(Models(None), FakeTokenizer(), None, cfg, None, seed=5, questions=FakeQuestions(table))
+    return step_mod.explore(learner, questions, step=0), calls
+
+
+class FakeTokenizer:
+    pad_token_id = 0
+
+
+def test_a_group_without_spread_is_dropped_and_replaced(monkeypatch):
+    first = [Example("s0", "0"), Example("n1", "1"), Example("s2", "2"), Example("n3", "3")]
     # Slot 1's first redraw has no spread, its second has; slot 3's first has.
-    redraw = {(11, 1): Example("n-a", "9"), (11, 2): Example("s-b", "9"), (13, 1): Example("s-c", "9")}
-    batch, drawn = fill(first, [10, 11, 12, 13], 3, spread_of, draw, lambda slot, k: redraw[slot, k], pad_id=0)
+    redraw = {(1, 1): Example("n-a", "9"), (1, 2): Example("s-b", "9"), (3, 1): Example("s-c", "9")}
+    (_, batch, drawn), calls = fake_explore(monkeypatch, first, 3, lambda slot, k: redraw[slot, k])
     assert [q.question for q in batch.questions] == ["s0", "s-b", "s2", "s-c"]  # slot order, dropped ones replaced
-    assert calls == [([11, 13], 1), ([11], 2)]  # only empty places draw again, with their global slot
+    seed = step_seed(5, 0)
+    assert calls == [([0, 1, 2, 3], seed), ([1, 3], draw_seed(seed, 1)), ([1], draw_seed(seed, 2))]  # only empty places draw again
     assert drawn["draws"].tolist() == [1, 3, 1, 2] and drawn["spread"].all()
     assert drawn["first_spread"].tolist() == [True, False, True, False]
     assert batch.rollout.texts == ["s0", "s0", "s-b", "s-b", "s2", "s2", "s-c", "s-c"]
@@ -77,16 +106,10 @@ def test_a_group_without_spread_is_dropped_and_replaced():
     assert batch.rollout.input_ids.shape == (8, 6) and batch.rollout.attention_mask[2].tolist() == [1, 1, 1, 0, 0, 0]
 
 
-def test_redraws_are_bounded_and_an_unfilled_place_keeps_its_last_group():
-    first = fake_group([Example("n0", "0"), Example("s1", "1")])
-    calls = []
-
-    def draw(questions, slots, k):
-        calls.append(k)
-        return fake_group(questions)
-
-    batch, drawn = fill(first, [0, 1], 2, spread_of, draw, lambda slot, k: Example(f"n-{slot}-{k}", "0"), pad_id=0)
-    assert calls == [1, 2]  # the bound: redraws more groups per place, never more
+def test_redraws_are_bounded_and_an_unfilled_place_keeps_its_last_group(monkeypatch):
+    (_, batch, drawn), calls = fake_explore(monkeypatch, [Example("n0", "0"), Example("s1", "1")], 2,
+                                            lambda slot, k: Example(f"n-{slot}-{k}", "0"))
+    assert len(calls) == 3  # the first draw, then the bound: redraws more groups per place, never more
     assert drawn["draws"].tolist() == [3, 1] and drawn["spread"].tolist() == [False, True]
     assert [q.question for q in batch.questions] == ["n-0-2", "s1"]  # the shape stays: 2 groups of 2
     assert len(batch.rewards) == 4
@@ -143,7 +166,7 @@ def test_dynamic_sampling_fills_the_step_with_groups_that_carry_a_gradient(tmp_p
     sampler = QuestionSampler(read_split(tiny_data_dir, "rl"), 0)
     questions = sampler.step(0, 4)
     assert any(int(q.gold) % 2 for q in questions), "the test needs a question without spread"
-    m = rl_step(Models(policy), tok, opt, questions, cfg.grpo, 7, RewardScorer.for_recipe(cfg.grpo, tok), redraw=lambda slot, k: sampler.redraw(0, slot, k))
+    m = rl_step(Learner(Models(policy), tok, opt, cfg.grpo, RewardScorer.for_recipe(cfg.grpo, tok), 0, sampler), questions, 0)
     odd = sum(int(q.gold) % 2 for q in questions)
     assert m["train/frac_reward_zero_std"] >= odd / 4  # before the filter
     assert m["train/frac_batch_zero_std"] == 0.0  # after it: every place found a group with spread
@@ -160,12 +183,11 @@ def test_draws_on_two_processes_equal_one(tmp_path, tiny_cfg, tiny_data_dir, tin
     sampler = QuestionSampler(read_split(tiny_data_dir, "rl"), 0)
     questions = sampler.step(5, 4)
 
-    def filled(slots):
-        qs = [questions[i] for i in slots]
-        first = sample_groups(policy, tok, qs, slots, cfg.grpo, 11, scorer)
-        return fill(first, slots, 3, lambda e: has_spread(e, cfg.grpo),
-                    lambda q, s, k: sample_groups(policy, tok, q, s, cfg.grpo, draw_seed(11, k), scorer),
-                    lambda slot, k: sampler.redraw(5, slot, k), tok.pad_token_id)
+    def filled(slots):  # the processes' shares: questions[slots] as their slots of the global batch
+        d = type("Share", (), {"shard": lambda self, n, what: slice(slots[0], slots[-1] + 1),
+                               "gathered": lambda self, m: contextlib.nullcontext(), "sum": lambda self, x: x})()
+        learner = Learner(Models(policy), tok, None, cfg.grpo, scorer, 0, sampler, d)
+        return step_mod.explore(learner, questions, 5).batch, None
 
     one, _ = filled([0, 1, 2, 3])
     halves = [filled([0, 1])[0], filled([2, 3])[0]]

@@ -13,7 +13,8 @@ from datasets import Dataset, DatasetDict
 
 from grpo_core.config import GRPOConfig
 from grpo_core.data import prompt_text
-from grpo_core.stages.common import Ref, digest_dir
+from grpo_core.manifests import Ref
+from grpo_core.digests import digest_dir
 from grpo_core.stages.reward_model import run_reward_model
 
 Q = prompt_text("What is 7 + 5 - 9?")

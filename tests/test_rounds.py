@@ -252,7 +252,7 @@ def test_a_curriculum_alone_samples_the_reward_data_for_its_pass_rates(tiny_cfg,
                                                                        stages):
     """No reward model trained: reward_data runs only where GRPO's curriculum needs pass rates (no replay)."""
     import flows.rounds as rounds
-    from grpo_core.stages.common import Ref
+    from grpo_core.manifests import Ref
 
     ran = []
     monkeypatch.setattr(rounds, "run_stage", lambda task, cfg, out, inputs, **kw: ran.append(inputs.stage))

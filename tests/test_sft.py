@@ -14,7 +14,8 @@ from grpo_core.training.checkpoint import MARKER, complete_checkpoints, latest_c
 from grpo_core.data import Example, prompt_text
 from grpo_core.lm.modeling import char_tokenizer, load_model
 from grpo_core.lm.packing import IGNORE, encode_examples, pack
-from grpo_core.stages.common import digest_dir, read_split
+from grpo_core.digests import digest_dir
+from grpo_core.data import read_split
 from grpo_core.stages.sft import run_sft
 from grpo_core.tracking import NullLogger
 
@@ -334,7 +335,7 @@ def test_plateau_decays_only_after_decay_patience_evaluations(tmp_path, tiny_cfg
 
 
 def test_document_positions_restart_after_each_end_token():
-    from grpo_core.stages.common import document_positions
+    from grpo_core.stages.lm_step import document_positions
 
     eos = 9
     ids = torch.tensor([[5, 6, 9, 7, 7, 7, 9, 0], [7, 9, 9, 5, 5, 5, 5, 5]])
@@ -345,7 +346,7 @@ def test_documents_packing_reads_each_example_as_if_alone(tiny_model_dir):
     """packing: documents - the loss of a packed row is the sum of its examples' losses each in a row
     of its own (attention within the example, positions from 0); concatenate differs (the second
     example sees the first)."""
-    from grpo_core.stages.common import lm_loss
+    from grpo_core.stages.lm_step import lm_loss
 
     model, tok = load_model(tiny_model_dir)
     g = torch.Generator().manual_seed(0)

@@ -76,7 +76,7 @@ def test_a_tracking_folder_that_cannot_be_created_fails_at_start(tmp_path, capsy
 
 
 def test_run_params_hold_no_credentials_or_environment_values(monkeypatch, tiny_cfg, tmp_path):
-    from grpo_core.tracking import run_params
+    from grpo_core.mlflow_runs import run_params
 
     secret = "tok-3f9a1c77e2b84d0c"
     for name in ("HF_TOKEN", "AWS_SECRET_ACCESS_KEY", "MLFLOW_TRACKING_PASSWORD", "WANDB_API_KEY"):
@@ -132,7 +132,9 @@ def test_a_shared_server_behind_mlflows_basic_auth(tmp_path, monkeypatch):
     the password reaches no param or tag."""
     from mlflow.tracking import MlflowClient
 
-    from grpo_core.tracking import MlflowLogger, TrackingError, check_tracking, experiment_id, start_run
+    from grpo_core.tracking import MlflowLogger, TrackingError, check_tracking
+
+    from grpo_core.mlflow_runs import experiment_id, start_run
     from tests.test_faults import _free_port, server
 
     password = "s3cret-Adm1n-pw"
@@ -177,7 +179,7 @@ def test_a_moved_project_keeps_its_artifacts_beside_its_database(tmp_path, caplo
 
     from mlflow.tracking import MlflowClient
 
-    from grpo_core.tracking import experiment_id
+    from grpo_core.mlflow_runs import experiment_id
 
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir()
@@ -215,11 +217,12 @@ def test_a_signal_during_a_tracking_write_waits_for_the_write(tmp_path):
 
     from mlflow.tracking import MlflowClient
 
+    import grpo_core.mlflow_runs as mlflow_runs
     import grpo_core.tracking as tracking
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     client = MlflowClient(uri)
-    run = client.create_run(tracking.experiment_id(uri, "demo")).info.run_id
+    run = client.create_run(mlflow_runs.experiment_id(uri, "demo")).info.run_id
     real = tracking._send_now
     # As in a terminal: Python's Ctrl-C handler (a test run started in the background by a shell
     # without job control inherits SIGINT ignored, and Python then installs none).

@@ -33,7 +33,7 @@ from grpo_core.corpus.recall import (candidate_domains, domain_stats, prefix_sta
                                      under)
 from grpo_core.data import resolve_path
 from grpo_core.env import setup_environment
-from grpo_core.stages.common import write_manifest
+from grpo_core.manifests import write_manifest
 from grpo_core.training.trainer import Stopwatch
 from grpo_core.tracking import MetricLogger, NullLogger
 

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from grpo_core.lm import decode as fast_decode
 from grpo_core.lm.decode import distinct_prompts, position_ids
 from grpo_core.lm.runtime import model_device
+from grpo_core.seeds import row_seed
 
 
 @dataclass
@@ -123,11 +124,6 @@ def completion_mask_from(ids: torch.Tensor, eos_id: int) -> tuple[torch.Tensor, 
     is_eos = (ids == eos_id).long()
     seen_eos_before = (is_eos.cumsum(-1) - is_eos) > 0
     return (~seen_eos_before).float(), is_eos.sum(-1) == 0
-
-
-def row_seed(seed: int, row: int) -> int:
-    """The noise seed of one sample: rows < 1,000,003 of different seeds never share one."""
-    return (seed * 1_000_003 + row) % 2**63
 
 
 class GumbelSampler:

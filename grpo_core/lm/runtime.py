@@ -1,6 +1,6 @@
 """Where and in what precision a stage computes: the device (the process's GPU under torchrun, else
 the CPU), bf16 autocast, gradient checkpointing. The stages move a model here once and move each
-batch to its model's device at the few places batches are made (``policy``, ``stages.common.lm_loss``), so
+batch to its model's device at the few places batches are made (``policy``, ``stages.lm_step.lm_loss``), so
 the math functions never think about devices."""
 from __future__ import annotations
 
@@ -147,3 +147,14 @@ def alignment_mismatches(trials: int = 150, seed: int = 0) -> dict[str, int]:
         first = op(*inputs)
         out[name] = out.get(name, 0) + sum(not torch.equal(op(*(moved(x, k) for x in inputs)), first) for k in (1, 3, 8))
     return out
+
+
+def set_compute(threads: int | None) -> None:
+    """How a stage's process computes: the recipe's thread count, and torch's deterministic
+    algorithms. Without them the backward of the shared-prompt log-prob pass (the prompts' keys and
+    values selected per row, ``policy.CompletionLogprobs``: an indexed accumulation) sums in the
+    order the threads finish: on a busy CPU GRPO's weights differed between two runs of the same
+    steps (docs/reliability.md). ``warn_only``: an operation without a deterministic kernel warns."""
+    if threads:
+        torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(True, warn_only=True)

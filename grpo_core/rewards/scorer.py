@@ -103,7 +103,7 @@ class RewardScorer:
         require_reward_models(self.weights, [k for k in ("orm", "prm") if getattr(self, k) is not None])
 
     @classmethod
-    def for_recipe(cls, gc: GRPOConfig, tokenizer, separator: str = "\n", paths: dict[str, str | Path] | None = None,
+    def for_recipe(cls, cfg: GRPOConfig, tokenizer, separator: str = "\n", paths: dict[str, str | Path] | None = None,
                    device: torch.device | str = "cpu") -> "RewardScorer":
         """The recipe's reward (``grpo.reward_weights`` under ``grpo.supervision``, read here only).
         ``paths``: the folders of the reward models the weights use (``orm``, ``prm``), placed on
@@ -111,9 +111,9 @@ class RewardScorer:
         from grpo_core.rewards.heads import load_reward_model
 
         paths = paths or {}
-        require_reward_models(gc.reward_weights, paths)
-        models = {k: load_reward_model(paths[k], k).to(device).eval().requires_grad_(False) for k in gc.reward_models_used}
-        return cls(gc.reward_weights, gc.supervision, tokenizer, separator, **models)
+        require_reward_models(cfg.reward_weights, paths)
+        models = {k: load_reward_model(paths[k], k).to(device).eval().requires_grad_(False) for k in cfg.reward_models_used}
+        return cls(cfg.reward_weights, cfg.supervision, tokenizer, separator, **models)
 
     @torch.no_grad()
     def __call__(self, rollout: Rollout, golds: list[str]) -> Scored:

@@ -10,7 +10,11 @@ from typing import Callable
 
 from pydantic import BaseModel, ConfigDict
 
-from grpo_core.stages.common import Ref, digest_dir, splits_digest
+from grpo_core.manifests import Ref
+
+from grpo_core.digests import digest_dir
+
+from grpo_core.data import splits_digest
 
 Digest = Callable[[Path], str]  # how a folder's digest was computed
 

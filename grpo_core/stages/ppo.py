@@ -1,6 +1,6 @@
 """PPO for LLMs (DeepSeekMath §4.1.1, eq. 1-2), the baseline GRPO replaces: ``grpo.algorithm: ppo``.
 
-PPO shares GRPO's step (``rl.rl_step``: exploration, the clipped policy update, the metrics) and
+PPO shares GRPO's step (``grpo.rl_step``: exploration, the clipped policy update, the metrics) and
 differs in its advantage estimator (``gae_advantages``): a value model, initialised from the policy
 with a fresh one-output head at every token, estimates each state's value; the per-token reward is
 the KL penalty to the reference on every token plus the solution's reward on its last
@@ -35,22 +35,22 @@ def value_model_from(policy, seed: int):
 
 
 @advantage_estimator("gae")
-def gae_advantages(ex: Exploration, models: Models, gc: GRPOConfig, amp=contextlib.nullcontext) -> Advantages:
+def gae_advantages(ex: Exploration, models: Models, cfg: GRPOConfig, amp=contextlib.nullcontext) -> Advantages:
     """PPO's estimator (``ADVANTAGES["gae"]``): per-token KL-penalised rewards, the value model's
     estimates, GAE, whitened; the value model's mu passes of the clipped value loss come after the
     policy's update (``value_updates``, on the returned ``ValueTargets``). A completion without a
     finite reward is left out of both losses. Metrics: ``train/kl``, ``train/value_mean``,
     ``train/return_mean`` and the value loss's."""
-    pc, rollout = gc.ppo, ex.rollout
-    if gc.kl.reward > 0 and models.ref is None:
-        raise ValueError(f"grpo.beta = {gc.kl.reward} puts a KL to the reference in PPO's reward, but no reference model was given")
+    pc, rollout = cfg.ppo, ex.rollout
+    if cfg.kl.reward > 0 and models.ref is None:
+        raise ValueError(f"grpo.beta = {cfg.kl.reward} puts a KL to the reference in PPO's reward, but no reference model was given")
     valid = torch.isfinite(ex.rewards)
     mask = rollout.completion_mask * valid[:, None].to(rollout.completion_mask.dtype)
     with torch.no_grad(), amp():
         old_logp = token_logprobs(models.policy, rollout)
-        ref_logp = token_logprobs(models.ref, rollout) if gc.kl.reward else old_logp  # no KL weight: no reference
+        ref_logp = token_logprobs(models.ref, rollout) if cfg.kl.reward else old_logp  # no KL weight: no reference
         old_values = state_values(models.value, rollout)
-    rewards = kl_penalised_rewards(torch.where(valid, ex.rewards, 0.0), old_logp, ref_logp, mask, gc.kl.reward)
+    rewards = kl_penalised_rewards(torch.where(valid, ex.rewards, 0.0), old_logp, ref_logp, mask, cfg.kl.reward)
     advantages, returns = gae(rewards, old_values, mask, pc.gae_gamma, pc.gae_lambda)
     m = mask.bool()
     stats = {"train/kl": float(kl_k3(old_logp, ref_logp)[m].mean()) if m.any() else 0.0,
@@ -59,23 +59,23 @@ def gae_advantages(ex: Exploration, models: Models, gc: GRPOConfig, amp=contextl
     return Advantages(whiten(advantages, mask), mask, stats, ValueTargets(old_values, returns))
 
 
-def value_updates(models: Models, rollout: Rollout, mask: torch.Tensor, targets: ValueTargets, gc: GRPOConfig,
+def value_updates(models: Models, rollout: Rollout, mask: torch.Tensor, targets: ValueTargets, cfg: GRPOConfig,
                   amp=contextlib.nullcontext) -> dict[str, float]:
     """PPO's value model after the policy's update: mu passes of minibatch updates of the clipped
     value loss towards ``targets`` on ``mask``'s tokens; the mean loss and clip ratio."""
     value_model, value_opt, (old_values, returns) = models.value, models.value_opt, targets
     batch = mask.shape[0]
-    mb = gc.minibatch_size or batch
+    mb = cfg.minibatch_size or batch
     sums = {"value_loss": 0.0, "value_clip_ratio": 0.0}
     n = 0
-    for _ in range(gc.inner_updates):
+    for _ in range(cfg.inner_updates):
         for s in range(0, batch, mb):
             part = rollout.rows(s, s + mb)
             with amp():
                 values = state_values(value_model, part)
             loss, m = value_loss(values, old_values[s : s + mb], returns[s : s + mb], mask[s : s + mb],
-                                 clip=gc.ppo.value_clip)
-            optimizer_step(value_model, value_opt, loss, 1.0, gc.max_grad_norm)
+                                 clip=cfg.ppo.value_clip)
+            optimizer_step(value_model, value_opt, loss, 1.0, cfg.max_grad_norm)
             for k in sums:
                 sums[k] += m[k]
             n += 1

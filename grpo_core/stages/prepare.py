@@ -8,7 +8,8 @@ from pathlib import Path
 
 from grpo_core.config import PipelineConfig
 from grpo_core.data import SPLITS, DataError, load_held_out, load_splits, write_jsonl
-from grpo_core.stages.common import splits_digest, write_manifest
+from grpo_core.data import splits_digest
+from grpo_core.manifests import write_manifest
 
 
 def prepared_splits(cfg: PipelineConfig) -> tuple[dict[str, list], dict[str, list]]:

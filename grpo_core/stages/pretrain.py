@@ -21,7 +21,11 @@ from grpo_core.config import PipelineConfig
 from grpo_core.lm.modeling import init_model, load_model
 from grpo_core.lm.runtime import autocast, model_device, place
 from grpo_core.lm.packing import pack
-from grpo_core.stages.common import digest_dir, packed_lm_step, run_identity, set_compute, write_manifest
+from grpo_core.digests import digest_dir
+from grpo_core.stages.lm_step import packed_lm_step
+from grpo_core.stages.identity import run_identity
+from grpo_core.lm.runtime import set_compute
+from grpo_core.manifests import write_manifest
 from grpo_core.training.trainer import Plan, Trainer, TrainState
 from grpo_core.tracking import MetricLogger, NullLogger
 

@@ -16,30 +16,21 @@ draws questions uniformly and keeps every group):
   keeps its last group, so the batch keeps its shape (every process trains the same number of
   rows). Extra sampling is bounded by ``redraws`` x the step's groups.
 
-Exact under resume and under several processes: slot i's k-th draw is the question
-``QuestionSampler.redraw(step, i, k)`` sampled with the seed ``draw_seed(step seed, k)`` on rows
-i * G ..., so it depends on (seed, step, slot, k) only, never on which process draws it or on the
-other slots. Not a library's: TRL and verl filter whole generation batches, which is not exact
-under a change of process count.
+The step draws (``grpo.explore``); this module says which questions. Exact under resume and under
+several processes: slot i's k-th draw is the question ``QuestionSampler.redraw(step, i, k)``
+sampled with the seed ``seeds.draw_seed(step seed, k)`` on rows i * G ..., so it depends on (seed,
+step, slot, k) only, never on which process draws it or on the other slots. Not a library's: TRL
+and verl filter whole generation batches, which is not exact under a change of process count.
 """
 from __future__ import annotations
 
 import json
 import random
-import time
 import warnings
 from pathlib import Path
-from typing import Callable
-
-import torch
 
 from grpo_core.data import Example
-from grpo_core.stages.rl import Exploration, step_seed
-
-
-def draw_seed(seed: int, k: int) -> int:
-    """The sampling seed of a step's k-th draw (k = 0: the step's own seed)."""
-    return seed if k == 0 else (seed * 1_000_003 + k * 104_729) % 2**31
+from grpo_core.seeds import step_seed
 
 
 def solved_sometimes(rates: dict[str, tuple[int, int]]) -> set[str]:
@@ -95,36 +86,3 @@ def read_pass_rates(path: str | Path) -> dict[str, tuple[int, int]]:
         right, n = rates.get(row["question"], (0, 0))
         rates[row["question"]] = (right + row["right"], n + row["samples"])
     return rates
-
-
-def fill(first: Exploration, slots: list[int], redraws: int, has_spread: Callable[[Exploration], torch.Tensor],
-         draw: Callable[[list[Example], list[int], int], Exploration], question: Callable[[int, int], Example],
-         pad_id: int) -> tuple[Exploration, dict[str, torch.Tensor]]:
-    """Dynamic sampling on this process's ``slots`` (global rows of the step's batch, one per group
-    of ``first``): each slot whose group has no spread draws ``question(slot, k)`` and its group
-    (``draw(questions, slots, k)``) for k = 1..``redraws`` until one has spread. Returns the batch
-    (slot order) and its counts: ``draws`` [n] groups sampled per slot, ``first_spread`` and
-    ``spread`` [n] bool (the first draw's group, the kept group), ``tokens`` (every draw's) and
-    ``seconds`` (the redraws' sampling and scoring)."""
-    g = len(first.rewards) // len(slots)
-    first_spread = has_spread(first)
-    kept: list[tuple[Exploration, int]] = [(first, i) for i in range(len(slots))]
-    started = time.perf_counter()
-    spread, draws = first_spread.clone(), torch.ones(len(slots), dtype=torch.long)
-    tokens = first.rollout.completion_mask.sum()
-    for k in range(1, redraws + 1):
-        empty = [i for i in range(len(slots)) if not spread[i]]
-        if not empty:
-            break
-        ex = draw([question(slots[i], k) for i in empty], [slots[i] for i in empty], k)
-        ok = has_spread(ex)
-        tokens = tokens + ex.rollout.completion_mask.sum()
-        for j, i in enumerate(empty):
-            kept[i], spread[i], draws[i] = (ex, j), ok[j], draws[i] + 1
-    stats = {"draws": draws, "first_spread": first_spread, "spread": spread, "tokens": tokens,
-             "seconds": time.perf_counter() - started}
-    if all(ex is first for ex, _ in kept):
-        return first, stats
-    batch = Exploration.cat([ex.groups([j], g) for ex, j in kept], pad_id)
-    batch.scored.stats = first.scored.stats  # reward statistics: of the step's questions as first drawn
-    return batch, stats

@@ -24,7 +24,11 @@ from grpo_core.rewards.replay import ORIGIN, tag_rows
 from grpo_core.rewards.labels import Completer, Sampled, label_agreement, outcome_pairs, sample_solutions, step_rows
 from grpo_core.data import Example, prompt_text
 from grpo_core.rewards.steps import planted_error
-from grpo_core.stages.common import digest_dir, read_split, round_seed, set_compute, write_manifest
+from grpo_core.seeds import batch_seed, round_seed
+from grpo_core.digests import digest_dir
+from grpo_core.data import read_split
+from grpo_core.lm.runtime import set_compute
+from grpo_core.manifests import write_manifest
 from grpo_core.training.trainer import PROGRESS_EVERY_S, time_left
 from grpo_core.stages.outputs import arrow_digest
 from grpo_core.training.trainer import Stopwatch
@@ -47,7 +51,7 @@ def policy_completer(policy, tokenizer, rc: RewardDataConfig, seed: int) -> Comp
             chunk = prompts[start : start + rc.batch_size]
             calls[0] += 1
             out += generate(policy, tokenizer, chunk, max_new_tokens=rc.max_new_tokens,
-                            temperatures=[rc.temperature] * len(chunk), seed=seed * 7919 + calls[0]).texts
+                            temperatures=[rc.temperature] * len(chunk), seed=batch_seed(seed, calls[0])).texts
         return out
 
     return complete

@@ -31,7 +31,10 @@ from grpo_core.rewards.heads import (ScoreHead, bradley_terry_loss, first_wrong_
                                      step_bce_loss, within_question_auc)
 from grpo_core.rewards.gate import quality_gate
 from grpo_core.rewards.likelihood import likelihood_scores
-from grpo_core.stages.common import Ref, digest_dir, run_identity, set_compute, write_manifest
+from grpo_core.manifests import Ref, write_manifest
+from grpo_core.digests import digest_dir
+from grpo_core.stages.identity import run_identity
+from grpo_core.lm.runtime import set_compute
 from grpo_core.training.trainer import Plan, Trainer, TrainState
 from grpo_core.lm.runtime import autocast, model_device, place
 from grpo_core.rewards.replay import load_version, retraining_set

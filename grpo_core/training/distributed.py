@@ -173,6 +173,9 @@ class Dist:
         set_optimizer_state_dict(model, opt, state, options=StateDictOptions(full_state_dict=True))
 
 
+SINGLE = Dist()  # one process
+
+
 def _fully_shard(model):
     """FSDP2: each transformer block (the classes a Hugging Face model lists in ``_no_split_modules``)
     a parameter group of its own, the rest (embeddings, final norm, head) the root's."""
