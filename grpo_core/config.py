@@ -455,7 +455,7 @@ class LaunchConfig(Section):
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: the process's GPU (cuda:LOCAL_RANK) when there is one, else the CPU")
     precision: Literal["fp32", "bf16"] = Field("fp32", description="bf16: autocast forward passes to bfloat16 (weights and optimizer stay fp32)")
     gradient_checkpointing: bool = Field(False, description="recompute activations in backward (less memory, ~30% more time)")
-    cuda_graphs: bool = Field(True, description="on a GPU, replay each decode step as a CUDA graph (3-5x faster sampling measured on an H100; the same greedy tokens); false: the eager loop")
+    cuda_graphs: bool = Field(True, description="on a GPU, replay each decode step as a CUDA graph (faster sampling, the same greedy tokens: docs/scaling.md); false: the eager loop")
     own_process: bool = Field(False, description="one process: still run each training stage in a process of its own "
                                                  "(its peak memory is its own; the study does)")
 

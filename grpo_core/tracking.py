@@ -184,7 +184,7 @@ def batches(lines: list[str]) -> list[tuple[list[str], dict | None]]:
 def _whole():
     """Ctrl-C (SIGINT) and SIGTERM wait for the block: a write to MLflow's SQLite store cut between
     its statements leaves the database locked by this process, and the next write (marking the runs
-    ended) then waits out SQLite's timeout, ~20 s (measured, 2026-11-26). Only the main thread
+    ended) then waits out SQLite's timeout (docs/reliability.md). Only the main thread
     handles signals; elsewhere the block runs as it is."""
     if threading.current_thread() is not threading.main_thread():
         yield

@@ -93,7 +93,7 @@ class StaticStep:
     graph: the step's index is a tensor, keys and values are written at a tensor index and the whole
     [P + T] cache is attended under a precomputed per-step mask. On a GPU the eager loop is bound
     by launching ~15 kernels per layer and token, its CPU time many times its GPU time; one graph
-    replay per token launches them all at once (docs/results.md: 3.6-4.8x on an H100). ``graph``: capture it (CUDA
+    replay per token launches them all at once (its speed-up: docs/scaling.md). ``graph``: capture it (CUDA
     only), else run the same static computation eagerly (what the CPU test compares with the plain
     loop)."""
 

@@ -281,17 +281,20 @@ def head_logprobs(head, hidden: torch.Tensor, targets: torch.Tensor, chunk_bytes
     """hidden [B, T, E], targets [B, T] -> log-probabilities of the targets under ``head``'s logits
     [B, T] and the logits' entropies [B, T] (detached; None unless ``with_entropy``), reading
     ``chunk_bytes`` of fp32 logits at a time (a chunk's working set is a few times that: the head's
-    output, its fp32 copy, the log-softmax). Each chunk is checkpointed, so backward recomputes its
-    logits instead of keeping them: a fused log-softmax-gather in plain torch, the same values as the
-    whole [B, T, V] at once."""
+    output, its fp32 copy, the log-softmax). Where there is more than one chunk each is checkpointed,
+    so backward recomputes its logits instead of keeping them: a fused log-softmax-gather in plain
+    torch, the same values as the whole [B, T, V] at once."""
     from torch.utils.checkpoint import checkpoint
 
     b, t, e = hidden.shape
     flat, ids = hidden.reshape(b * t, e), targets.reshape(b * t)
     n = max(1, chunk_bytes // (4 * head.out_features))
+    # Logits that fit in one chunk are kept for backward (within the budget anyway): recomputing
+    # them would cost a second pass through the head for no memory saved.
+    saved = torch.is_grad_enabled() and b * t > n
     parts = [checkpoint(_chunk_logprobs, head, flat[i : i + n], ids[i : i + n], with_entropy, use_reentrant=False,
                         preserve_rng_state=False)  # no randomness inside
-             if torch.is_grad_enabled() else _chunk_logprobs(head, flat[i : i + n], ids[i : i + n], with_entropy)
+             if saved else _chunk_logprobs(head, flat[i : i + n], ids[i : i + n], with_entropy)
              for i in range(0, b * t, n)]
     logp = torch.cat([p[0] for p in parts]).reshape(b, t) if parts else flat.new_zeros(b, t)
     if not with_entropy:
