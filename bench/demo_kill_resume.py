@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 def _command(work: Path, name: str, grpo_steps: int, threads: int) -> list[str]:
     return [str(Path(sys.executable).parent / "grpo-pipeline"), "run", str(ROOT / "configs" / "demo.yaml"),
             "--set", f"output_dir={work / name}", "--set", f"tracking.tracking_uri=sqlite:///{work / name}.db",
-            "--set", "grpo.max_seconds=null", "--set", f"grpo.steps={grpo_steps}", "--set", f"threads={threads}"]
+            "--set", "grpo.max_seconds=null", "--set", f"grpo.max_steps={grpo_steps}", "--set", f"threads={threads}"]
 
 
 def _env(work: Path, name: str, servers: dict | None = None) -> dict:

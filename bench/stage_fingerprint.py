@@ -40,7 +40,7 @@ SMALL = ["data.arithmetic.n_sft=120", "data.arithmetic.n_rl=400", "data.arithmet
          "pretrain.batch_size=4", "pretrain.context_length=64", "pretrain.log_every=1",
          "reward_data.questions=64", "reward_data.samples_per_question=4", "reward_data.rollouts=64",
          "orm.epochs=2", "prm.epochs=2", "orm.batch_size=16", "prm.batch_size=16", "orm.checkpoint_every=3",
-         "grpo.steps=4", "grpo.max_seconds=null", "grpo.questions_per_step=4", "grpo.group_size=4",
+         "grpo.max_steps=4", "grpo.max_seconds=null", "grpo.questions_per_step=4", "grpo.group_size=4",
          "grpo.eval_every=2", "grpo.warmup_steps=2", "grpo.save_rollouts=true", "eval.max_new_tokens=40"]
 RULE = ["grpo.reward_weights={rule: 1.0}", "grpo.supervision=outcome"]
 

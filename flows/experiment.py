@@ -154,7 +154,7 @@ def setup(run_dir: str, preset: str, variants: list[str] | None, seconds: float 
     runs = manifest["rounds"] if p.all_rounds else manifest["rounds"][:1]
     trained = sum(GRPOOutput.model_validate(r["stages"]["grpo"]).train_s for r in runs)  # evaluations not counted
     if p.own_reward_models and not (seconds or steps):
-        steps = cfg.grpo.steps * cfg.rounds.count  # the recipe's GRPO steps over its rounds
+        steps = cfg.grpo.max_steps * cfg.rounds.count  # the recipe's GRPO steps over its rounds
     first = {name: INPUTS[name].output.model_validate(m) for name, m in manifest["rounds"][0]["stages"].items()}
     return Setup(root=root, manifest=manifest, first=first, cfg=continued(cfg, manifest["stages"]["sft"]), preset=p,
                  budget=Budget(seconds=seconds or trained, steps=steps),

@@ -99,7 +99,7 @@ class Preset(BaseModel):
     all_rounds: bool = False
     # Round 1's reward models trained by the experiment, from the run's SFT model under the
     # experiment's recipe (``--recipe``), instead of the run's own; the default budget in steps: the
-    # recipe's grpo.steps in each of its rounds.
+    # recipe's grpo.max_steps in each of its rounds.
     own_reward_models: bool = False
 
 
@@ -145,8 +145,8 @@ class Budget(BaseModel):
         """The ``grpo`` section's budget for round ``k`` of ``rounds`` sharing it (the last takes the
         steps that do not divide evenly)."""
         if self.steps:
-            return {"steps": self.steps // rounds + (self.steps % rounds if k == rounds else 0), "max_seconds": None}
-        return {"steps": 10**9, "max_seconds": self.seconds / rounds}
+            return {"max_steps": self.steps // rounds + (self.steps % rounds if k == rounds else 0), "max_seconds": None}
+        return {"max_steps": 10**9, "max_seconds": self.seconds / rounds}
 
     def tag(self, eval_every: int) -> str:
         """The experiment's folder: another budget is another experiment, never a resume."""

@@ -234,7 +234,7 @@ class PPOConfig(Section):
 class GRPOConfig(Training):
     """GRPO (paper §4.1): G samples per question, group z-score advantages, k3 KL in the loss."""
 
-    steps: int = BudgetField(100, ge=0, description="exploration stages (each: rollout + mu updates)")
+    max_steps: int = BudgetField(100, ge=0, description="optimizer steps, i.e. exploration stages (each: rollout + mu updates)")
     questions_per_step: int = Field(16, ge=1, description="questions per step (paper: 1024 / 64 = 16)")
     group_size: int = Field(64, ge=2, description="G: completions per question")
     lr: float = Field(1e-6, gt=0, description="policy learning rate (paper: 1e-6)")
@@ -426,7 +426,7 @@ class RoundsConfig(Section):
     GRPO from the current policy with the reference reset to it. Round 1 is the plain pipeline:
     reward models trained on the SFT model's samples, GRPO from the SFT model."""
 
-    count: int = Field(1, ge=1, description="RL rounds (each: reward data, reward models, GRPO; steps per round are grpo.steps / grpo.max_seconds)")
+    count: int = Field(1, ge=1, description="RL rounds (each: reward data, reward models, GRPO; steps per round are grpo.max_steps / grpo.max_seconds)")
     replay_fraction: float = Field(0.1, ge=0, lt=1, description="share of each retraining set drawn from earlier rounds' data (paper: 10%)")
     on_gate_failure: Literal["report", "exclude"] = Field("report", description="a reward model that fails its quality gate: report it loudly and use it anyway, or also keep it out of that round's GRPO reward (process supervision falls back to outcome without the PRM)")
 

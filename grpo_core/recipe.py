@@ -19,6 +19,19 @@ class ConfigError(ValueError):
     """An invalid recipe: the message names the file and every offending field."""
 
 
+# Recipe keys that were renamed, and their names now: a recipe that uses an old one is refused in
+# one line naming the new one (a training budget in steps is ``max_steps`` in every section).
+RENAMED = {"grpo.steps": "grpo.max_steps"}
+
+
+def check_renamed(raw: dict[str, Any], source: str) -> None:
+    """Refuse ``raw`` (a recipe with its overrides) where it sets a key of ``RENAMED``."""
+    for old, new in RENAMED.items():
+        section, key = old.split(".")
+        if isinstance(raw.get(section), dict) and key in raw[section]:
+            raise ConfigError(f"{source}: {old} is now {new} (set {new}={raw[section][key]})")
+
+
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply ``section.key=value`` strings; values are parsed as YAML (``1e-4``, ``[0.7, 1.0]``)."""
     for item in overrides:
@@ -81,6 +94,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         source = str(path)
         raw = _read_yaml(Path(path), seen=())
     raw = apply_overrides(raw, overrides or [])
+    check_renamed(raw, source)
     try:
         return PipelineConfig.model_validate(raw)
     except ValidationError as e:

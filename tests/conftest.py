@@ -78,7 +78,7 @@ TINY = {
     "sft.max_steps": 4,
     "sft.eval_every": 2,
     "sft.checkpoint_every": 2,
-    "grpo.steps": 2,
+    "grpo.max_steps": 2,
     "grpo.questions_per_step": 2,
     "grpo.group_size": 3,
     "grpo.lr": 1e-3,

@@ -99,7 +99,7 @@ def test_a_checker_that_raises_on_a_completion_is_counted_not_fatal(tmp_path, ti
 
     monkeypatch.setattr(rewards_mod, "is_correct", flaky)
     log = NullLogger()
-    cfg = tiny_cfg(tmp_path, grpo__steps=1)
+    cfg = tiny_cfg(tmp_path, grpo__max_steps=1)
     run_grpo(cfg, tiny_data_dir, tiny_model_dir, tmp_path / "grpo", log)
     [metrics] = [m for _, m in log.history if "train/loss" in m]
     batch = cfg.grpo.questions_per_step * cfg.grpo.group_size
@@ -110,7 +110,7 @@ def test_a_checker_that_raises_on_a_completion_is_counted_not_fatal(tmp_path, ti
 
 def test_a_reward_that_always_raises_stops_naming_the_step_and_keeps_the_checkpoint(
         tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir, monkeypatch):
-    cfg = tiny_cfg(tmp_path, grpo__steps=3, grpo__checkpoint_every=1)
+    cfg = tiny_cfg(tmp_path, grpo__max_steps=3, grpo__checkpoint_every=1)
     batch = cfg.grpo.questions_per_step * cfg.grpo.group_size
     calls = []
 

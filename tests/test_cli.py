@@ -359,7 +359,7 @@ def test_a_stopped_run_leaves_no_process_says_where_it_stopped_and_the_same_comm
     env |= {"PREFECT_HOME": str(tmp_path / "prefect"), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db"}
     run_dir = tmp_path / "runs" / "minute"
     cmd = [sys.executable, "-m", "flows.cli", "run", str(root / "configs" / "minute.yaml"),
-           "--set", f"output_dir={tmp_path / 'runs'}", "--set", "grpo.steps=400", "--set", "grpo.checkpoint_every=5", "--json"]
+           "--set", f"output_dir={tmp_path / 'runs'}", "--set", "grpo.max_steps=400", "--set", "grpo.checkpoint_every=5", "--json"]
     stage = "round-1/grpo"
     if command == "rounds":  # a finished run first, then the round it adds is stopped
         subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600, check=True)

@@ -184,3 +184,15 @@ def test_a_beta_the_algorithm_has_no_place_for_is_refused():
     assert GRPOConfig(algorithm="rft").kl.loss == 0.0  # absent: the algorithm's default, none
     with pytest.raises(ValidationError, match="algorithm=rft has no KL term: beta must be 0"):
         GRPOConfig(algorithm="rft", beta=0.04)
+
+
+def test_a_renamed_key_is_refused_in_one_line_naming_its_new_name(tmp_path):
+    from grpo_core.recipe import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=r"^<defaults>: grpo.steps is now grpo.max_steps \(set grpo.max_steps=5\)$"):
+        load_config(None, ["grpo.steps=5"])
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("grpo:\n  steps: 7\n")
+    with pytest.raises(ConfigError, match=r"r.yaml: grpo.steps is now grpo.max_steps"):
+        load_config(recipe)
+    assert load_config(None, ["grpo.max_steps=5"]).grpo.max_steps == 5

@@ -46,7 +46,7 @@ def test_same_recipe_and_seed_give_the_same_metrics_twice(tmp_path, tiny_cfg, mo
 
     monkeypatch.setattr(grpo_core.rewards.labels, "is_correct", _parity)
     monkeypatch.setattr(grpo_core.rewards.scorer, "is_correct", _parity)
-    cfg = tiny_cfg(tmp_path, sft__max_steps=4, grpo__steps=2, grpo__reward_weights={"rule": 1.0, "orm": 0.5},
+    cfg = tiny_cfg(tmp_path, sft__max_steps=4, grpo__max_steps=2, grpo__reward_weights={"rule": 1.0, "orm": 0.5},
                    reward_data__questions=16, reward_data__heldout_fraction=0.25, reward_data__step_questions=2, reward_data__samples_per_question=4,
                    reward_data__max_new_tokens=12, orm__train=True, orm__batch_size=2)
     first_metrics, first_models = _run_all(cfg, tmp_path / "first")

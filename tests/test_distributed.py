@@ -158,7 +158,7 @@ def test_grpo_on_two_processes_takes_the_steps_of_one(strategy, tiny_cfg, tiny_d
     # scores spread within every group, so the steps have real advantages and gradients.
     torch.manual_seed(0)
     load_reward_model(tiny_model_dir, "orm").save_pretrained(tmp_path / "orm")
-    cfg = tiny_cfg(tmp_path, "grpo.reward_weights={orm: 1.0}", orm__train=True, grpo__steps=3, grpo__questions_per_step=4,
+    cfg = tiny_cfg(tmp_path, "grpo.reward_weights={orm: 1.0}", orm__train=True, grpo__max_steps=3, grpo__questions_per_step=4,
                    grpo__eval_every=3)
     ref = lambda path: Ref(path=str(path), digest="-")  # noqa: E731
     inputs = GRPOInputs(data=ref(tiny_data_dir), init=ref(tiny_model_dir), reward_models={"orm": ref(tmp_path / "orm")})
@@ -185,7 +185,7 @@ def test_dynamic_sampling_and_the_curriculum_on_two_processes_draw_what_one_draw
     (rates / "pass_rates.jsonl").write_text("".join(
         json.dumps({"question": e.question, "right": i % 2, "samples": 4}) + "\n"
         for i, e in enumerate(read_split(tiny_data_dir, "rl"))))
-    cfg = tiny_cfg(tmp_path, grpo__steps=2, grpo__questions_per_step=4, grpo__eval_every=2, grpo__redraws=2,
+    cfg = tiny_cfg(tmp_path, grpo__max_steps=2, grpo__questions_per_step=4, grpo__eval_every=2, grpo__redraws=2,
                    grpo__curriculum=0.5)
     ref = lambda path: Ref(path=str(path), digest="-")  # noqa: E731
     inputs = GRPOInputs(data=ref(tiny_data_dir), init=ref(tiny_model_dir), pass_rates=ref(rates))
@@ -249,7 +249,7 @@ def test_the_pipeline_launches_its_training_stages_as_two_processes(prefect_harn
 
     from flows.pipeline import pipeline
 
-    cfg = tiny_cfg(tmp_path, "launch.nproc=2", run_name="ddp", sft__max_steps=2, grpo__steps=1)
+    cfg = tiny_cfg(tmp_path, "launch.nproc=2", run_name="ddp", sft__max_steps=2, grpo__max_steps=1)
     manifest = pipeline(cfg)
     client = MlflowClient(cfg.tracking.tracking_uri)
     for info, steps in ((manifest["stages"]["sft"], 2), (manifest["rounds"][0]["stages"]["grpo"], 1)):
@@ -310,9 +310,9 @@ def test_a_run_on_two_machines_rehearsed_with_join(prefect_harness, tiny_cfg, tm
 
     from flows.pipeline import pipeline
 
-    alone = pipeline(tiny_cfg(tmp_path, run_name="alone", sft__max_steps=3, grpo__steps=2))
+    alone = pipeline(tiny_cfg(tmp_path, run_name="alone", sft__max_steps=3, grpo__max_steps=2))
     cfg = tiny_cfg(tmp_path, "launch.nnodes=2", f"launch.rdzv_endpoint=127.0.0.1:{_free_port()}", run_name="two",
-                   sft__max_steps=3, grpo__steps=2)
+                   sft__max_steps=3, grpo__max_steps=2)
     run_dir = tmp_path / "runs" / "two"
     machine_1 = subprocess.Popen([sys.executable, "-m", "flows.cli", "join", str(run_dir), "--timeout", "600"],
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -37,7 +37,7 @@ def test_every_variant_trains_for_the_seconds_grpo_trained(tmp_path, tiny_cfg, p
             continue
         rounds = [s.config(name, 0, k) for k in range(1, s.rounds(name) + 1)]
         assert sum(c.grpo.max_seconds for c in rounds) == pytest.approx(seconds), name  # two rounds share it
-        assert all(c.grpo.steps >= 10**9 for c in rounds), name  # time decides, not steps
+        assert all(c.grpo.max_steps >= 10**9 for c in rounds), name  # time decides, not steps
         assert rounds[0].launch.own_process == PRESETS[preset].own_process
 
 
@@ -46,7 +46,7 @@ def test_equal_samples_and_an_explicit_time(tmp_path, tiny_cfg):
 
     run = str(_finished_run(tmp_path, tiny_cfg))
     s = setup(run, "study", None, None, 5, None)
-    assert [s.config("ppo", 0).grpo.steps] == [5] and [s.config("prm-process-2-rounds", 0, k).grpo.steps
+    assert [s.config("ppo", 0).grpo.max_steps] == [5] and [s.config("prm-process-2-rounds", 0, k).grpo.max_steps
                                                         for k in (1, 2)] == [2, 3]
     assert s.config("continued-sft", 0).sft.max_seconds == 10.0  # continued SFT keeps the time
     assert setup(run, "compare", None, 7.0, None, None).config("rule-outcome", 0).grpo.max_seconds == 7.0

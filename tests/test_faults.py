@@ -160,7 +160,7 @@ def test_mlflow_server_killed_during_grpo(tmp_path):
 
     port = _free_port()
     uri = f"http://127.0.0.1:{port}"
-    cfg = make_tiny_cfg(tmp_path, run_name="faults", grpo__steps=40, grpo__checkpoint_every=5,
+    cfg = make_tiny_cfg(tmp_path, run_name="faults", grpo__max_steps=40, grpo__checkpoint_every=5,
                         grpo__eval_every=1000, sft__max_steps=2, tracking__tracking_uri=uri, tracking__wait_s=15)
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
@@ -322,7 +322,7 @@ def test_compare_killed_part_way_resumes_where_it_stopped(tmp_path):
     GRPO resumes from its last complete checkpoint, and the table is made."""
     from tests.conftest import make_tiny_cfg
 
-    cfg = make_tiny_cfg(tmp_path, run_name="cmp", sft__max_steps=2, grpo__steps=2, grpo__checkpoint_every=1,
+    cfg = make_tiny_cfg(tmp_path, run_name="cmp", sft__max_steps=2, grpo__max_steps=2, grpo__checkpoint_every=1,
                         grpo__eval_every=1000)
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
@@ -369,7 +369,7 @@ def test_prefect_server_killed_mid_flow(tmp_path):
 
     port = _free_port()
     api = f"http://127.0.0.1:{port}/api"
-    cfg = make_tiny_cfg(tmp_path, run_name="prefect", grpo__steps=60, grpo__checkpoint_every=1, grpo__eval_every=1000,
+    cfg = make_tiny_cfg(tmp_path, run_name="prefect", grpo__max_steps=60, grpo__checkpoint_every=1, grpo__eval_every=1000,
                         sft__max_steps=2)
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))

@@ -59,7 +59,7 @@ def _train_metrics(logger: NullLogger) -> dict[int, dict[str, float]]:
 
 
 def test_run_grpo_logs_field_metrics(tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir, parity):
-    cfg = tiny_cfg(tmp_path, grpo__steps=2, grpo__eval_every=1, grpo__inner_updates=2, grpo__minibatch_size=3,
+    cfg = tiny_cfg(tmp_path, grpo__max_steps=2, grpo__eval_every=1, grpo__inner_updates=2, grpo__minibatch_size=3,
                    grpo__beta=0.04)
     log = NullLogger()
     manifest = run_grpo(cfg, tiny_data_dir, tiny_model_dir, tmp_path / "grpo", log)
@@ -116,12 +116,12 @@ GRPO_RESUME = dict(grpo__checkpoint_every=1, grpo__eval_every=2, grpo__inner_upd
 
 def test_grpo_resume_equals_straight_run(tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir, parity):
     """4 steps straight == 2 steps (steps=2), then the same out dir with steps=4."""
-    cfg_full = tiny_cfg(tmp_path, grpo__steps=4, **GRPO_RESUME)
+    cfg_full = tiny_cfg(tmp_path, grpo__max_steps=4, **GRPO_RESUME)
     log_a, log_b1, log_b2 = NullLogger(), NullLogger(), NullLogger()
     run_grpo(cfg_full, tiny_data_dir, tiny_model_dir, tmp_path / "A", log_a)
     assert not all(m["train/frac_reward_zero_std"] == 1 for m in _train_metrics(log_a).values())
     _assert_moved(tiny_model_dir, tmp_path / "A" / "checkpoints" / "step-00000004")
-    run_grpo(tiny_cfg(tmp_path, grpo__steps=2, **GRPO_RESUME), tiny_data_dir, tiny_model_dir, tmp_path / "B", log_b1)
+    run_grpo(tiny_cfg(tmp_path, grpo__max_steps=2, **GRPO_RESUME), tiny_data_dir, tiny_model_dir, tmp_path / "B", log_b1)
     run_grpo(cfg_full, tiny_data_dir, tiny_model_dir, tmp_path / "B", log_b2)
     _resume_check(tmp_path, log_a, log_b1, log_b2, n=4, stop=2)
 
@@ -148,7 +148,7 @@ PPO = dict(grpo__algorithm="ppo", grpo__ppo={"gae_gamma": 0.99, "gae_lambda": 0.
 @pytest.mark.parametrize("algorithm", [{}, PPO], ids=["grpo", "ppo"])
 def test_grpo_resume_after_crash_equals_straight_run(tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir, parity,
                                                      algorithm):
-    cfg = tiny_cfg(tmp_path, grpo__steps=4, **GRPO_RESUME, **algorithm)
+    cfg = tiny_cfg(tmp_path, grpo__max_steps=4, **GRPO_RESUME, **algorithm)
     log_a, log_b2 = NullLogger(), NullLogger()
     run_grpo(cfg, tiny_data_dir, tiny_model_dir, tmp_path / "A", log_a)
     crashing = CrashingLogger(at=3)
@@ -165,7 +165,7 @@ def test_grpo_resume_after_crash_equals_straight_run(tmp_path, tiny_cfg, tiny_da
 
 def test_grpo_checkpoints_from_another_start_are_set_aside(tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir, parity):
     out = tmp_path / "grpo"
-    run_grpo(tiny_cfg(tmp_path, grpo__steps=1), tiny_data_dir, tiny_model_dir, out)
+    run_grpo(tiny_cfg(tmp_path, grpo__max_steps=1), tiny_data_dir, tiny_model_dir, out)
     # Another starting model (same recipe) invalidates the checkpoints: its digest is in the identity.
     other = tmp_path / "other_init"
     model, tok = load_model(tiny_model_dir)
@@ -174,7 +174,7 @@ def test_grpo_checkpoints_from_another_start_are_set_aside(tmp_path, tiny_cfg, t
     model.save_pretrained(other)
     tok.save_pretrained(other)
     log = NullLogger()
-    run_grpo(tiny_cfg(tmp_path, grpo__steps=2), tiny_data_dir, other, out, log)
+    run_grpo(tiny_cfg(tmp_path, grpo__max_steps=2), tiny_data_dir, other, out, log)
     assert (tmp_path / "grpo" / "checkpoints.stale-0").is_dir()
     assert sorted(_train_metrics(log)) == [1, 2]
 
@@ -267,7 +267,7 @@ def test_zero_spread_groups_only_kl_gradient(tmp_path, tiny_cfg, tiny_data_dir, 
     assert any(g.abs().max() > 0 for g in opt.grads)
 
 
-@pytest.mark.parametrize("budget", [dict(grpo__steps=2), dict(grpo__steps=50, grpo__max_seconds=1e-3)],
+@pytest.mark.parametrize("budget", [dict(grpo__max_steps=2), dict(grpo__max_steps=50, grpo__max_seconds=1e-3)],
                          ids=["steps", "max_seconds"])
 def test_rerunning_a_finished_grpo_does_not_train_again(tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir,
                                                         parity, budget):

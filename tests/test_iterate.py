@@ -17,7 +17,7 @@ ARMS = PRESETS["iterate"].variants
 def _finished_run(tmp_path, tiny_cfg, **recipe):
     run = tmp_path / "run"
     run.mkdir(parents=True)
-    cfg = tiny_cfg(tmp_path, grpo__reward_weights={"orm": 1.0}, grpo__steps=7, grpo__curriculum=0.0,
+    cfg = tiny_cfg(tmp_path, grpo__reward_weights={"orm": 1.0}, grpo__max_steps=7, grpo__curriculum=0.0,
                    orm__train=True, rounds__count=2, **recipe)
     (run / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
     model = {"model": str(run / "model"), "digest": "d"}
@@ -32,14 +32,14 @@ def test_every_arm_trains_the_recipes_steps_over_its_rounds(tmp_path, tiny_cfg):
     from flows.experiment import setup
 
     s = setup(str(_finished_run(tmp_path, tiny_cfg)), "iterate", None, None, None, None)
-    assert s.budget.steps == 14  # grpo.steps 7 x rounds.count 2, the default budget
+    assert s.budget.steps == 14  # grpo.max_steps 7 x rounds.count 2, the default budget
     for name in ARMS:
         assert s.rounds(name) == 2
-        steps = [s.config(name, 0, k).grpo.steps for k in (1, 2)]
+        steps = [s.config(name, 0, k).grpo.max_steps for k in (1, 2)]
         assert steps == [7, 7], name
         assert s.config(name, 0).grpo.reward_weights == {"orm": 1.0}  # the recipe's learned reward alone
     odd = setup(str(_finished_run(tmp_path / "b", tiny_cfg)), "iterate", None, None, 15, None)
-    assert [odd.config(FROZEN, 0, k).grpo.steps for k in (1, 2)] == [7, 8]  # the last round takes the rest
+    assert [odd.config(FROZEN, 0, k).grpo.max_steps for k in (1, 2)] == [7, 8]  # the last round takes the rest
 
 
 class Recorder:
@@ -54,8 +54,8 @@ class Recorder:
         self.grpo.append((cfg, inputs))
         k = len(self.grpo)
         out = GRPOOutput(stage="grpo", model=f"{out_dir}/model", digest=f"policy-{k}", best_val_accuracy=0.5,
-                         best_step=1, train_s=2.0, wall_s=3.0, steps=cfg.grpo.steps, rollouts=out_dir,
-                         rewards=[{"step": i, "elapsed_s": float(i), "accuracy": 0.5} for i in range(cfg.grpo.steps)])
+                         best_step=1, train_s=2.0, wall_s=3.0, steps=cfg.grpo.max_steps, rollouts=out_dir,
+                         rewards=[{"step": i, "elapsed_s": float(i), "accuracy": 0.5} for i in range(cfg.grpo.max_steps)])
         return type("StageRun", (), {"output": out})
 
     def reward_stages(self, cfg, k, round_dir, run_dir, data, sft, start, common):
@@ -80,7 +80,7 @@ def test_an_arm_retrains_only_what_it_says_with_its_replay_share(tmp_path, tiny_
     sft = experiment.Ref(path="sft", digest="sft")
     run = experiment.train_variant(s, arm, 0, tmp_path / "out", experiment.Ref(path="data", digest="d"), sft, {})
 
-    assert run.steps == 14 and [cfg.grpo.steps for cfg, _ in rec.grpo] == [7, 7]
+    assert run.steps == 14 and [cfg.grpo.max_steps for cfg, _ in rec.grpo] == [7, 7]
     (_, first), (_, second) = rec.grpo
     assert (first.init, first.round, second.round) == (sft, 1, 2)
     assert second.init.digest == "policy-1"  # round 2 from round 1's policy, its reference
@@ -126,7 +126,7 @@ def test_a_recipe_for_another_sft_model_is_refused_in_one_line(tmp_path, tiny_cf
 
     run = _finished_run(tmp_path, tiny_cfg)
     recipe = yaml.safe_load((run / "config.yaml").read_text())
-    recipe["grpo"]["steps"] = 9
+    recipe["grpo"]["max_steps"] = 9
     (tmp_path / "ok.yaml").write_text(yaml.safe_dump(recipe))
     s = setup(str(run), "iterate", None, None, None, None, recipe=str(tmp_path / "ok.yaml"))
     assert s.budget.steps == 18 and s.cfg.run_name == "tiny"
@@ -154,7 +154,7 @@ def test_iterate_flow_on_a_tiny_run(prefect_harness, tmp_path, tiny_cfg, monkeyp
     pipeline(cfg)
     run_dir = tmp_path / "runs" / "it"
     recipe = yaml.safe_load((run_dir / "config.yaml").read_text())
-    recipe["grpo"] |= {"reward_weights": {"orm": 1.0}, "supervision": "outcome", "keep_best": False, "steps": 2}
+    recipe["grpo"] |= {"reward_weights": {"orm": 1.0}, "supervision": "outcome", "keep_best": False, "max_steps": 2}
     recipe["rounds"] |= {"count": 2, "replay_fraction": 0.5}
     recipe["prm"]["train"] = False
     (tmp_path / "regime.yaml").write_text(yaml.safe_dump(recipe))

@@ -25,7 +25,7 @@ WORKER = Path(__file__).with_name("stage_worker.py")
 
 STAGES = {  # overrides, and the checkpoint the kill follows
     "sft": ({"sft__max_steps": 6, "sft__checkpoint_every": 2, "sft__eval_every": 2}, 4),
-    "grpo": ({"grpo__steps": 4, "grpo__checkpoint_every": 1, "grpo__eval_every": 2, "grpo__beta": 0.04}, 2),
+    "grpo": ({"grpo__max_steps": 4, "grpo__checkpoint_every": 1, "grpo__eval_every": 2, "grpo__beta": 0.04}, 2),
     "orm": ({"orm__batch_size": 2, "orm__epochs": 2, "orm__lr": 1e-3, "orm__checkpoint_every": 1}, 3),
     "prm": ({"prm__batch_size": 2, "prm__epochs": 2, "prm__lr": 1e-3, "prm__checkpoint_every": 1}, 3),
     "prm-likelihood": ({"prm__batch_size": 2, "prm__epochs": 2, "prm__lr": 1e-3, "prm__checkpoint_every": 1,

@@ -21,7 +21,7 @@ from grpo_core.stages.sft import run_sft
 from grpo_core.tracking import NullLogger
 
 LORA = {"rank": 4, "alpha": 8}
-GRPO = dict(grpo__lora=LORA, grpo__keep_best=False, grpo__steps=4, grpo__checkpoint_every=1, grpo__eval_every=2, grpo__beta=0.04,
+GRPO = dict(grpo__lora=LORA, grpo__keep_best=False, grpo__max_steps=4, grpo__checkpoint_every=1, grpo__eval_every=2, grpo__beta=0.04,
             grpo__inner_updates=2, grpo__minibatch_size=3)
 
 
@@ -89,7 +89,7 @@ def test_two_windows_passing_the_checkpoint_through_a_folder_end_with_one_runs_a
     straight, bit for bit."""
     full = tiny_cfg(tmp_path, **GRPO)
     run_grpo(full, tiny_data_dir, tiny_model_dir, tmp_path / "straight")
-    run_grpo(tiny_cfg(tmp_path, **(GRPO | {"grpo__steps": 2})), tiny_data_dir, tiny_model_dir, tmp_path / "window-1")
+    run_grpo(tiny_cfg(tmp_path, **(GRPO | {"grpo__max_steps": 2})), tiny_data_dir, tiny_model_dir, tmp_path / "window-1")
     newest = sorted((tmp_path / "window-1" / "checkpoints").glob("step-*"))[-1]
     assert newest.name == "step-00000002" and not (newest / "model.safetensors").exists()  # the adapter alone
     shutil.copytree(newest, tmp_path / "window-2" / "checkpoints" / newest.name)
@@ -113,7 +113,7 @@ def test_an_adapter_whose_base_changed_is_refused_in_one_line(tmp_path, tiny_cfg
                                                               parity):
     base = tmp_path / "base"
     shutil.copytree(tiny_model_dir, base)
-    model_dir = Path(run_grpo(tiny_cfg(tmp_path, **(GRPO | {"grpo__steps": 1})), tiny_data_dir, base,
+    model_dir = Path(run_grpo(tiny_cfg(tmp_path, **(GRPO | {"grpo__max_steps": 1})), tiny_data_dir, base,
                               tmp_path / "grpo")["model"])
     other, tok = load_model(base)
     with torch.no_grad():
@@ -131,7 +131,7 @@ def test_a_moved_project_keeps_its_adapters_and_another_shape_of_adapter_is_refu
         tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir, parity):
     project = tmp_path / "project"
     shutil.copytree(tiny_model_dir, project / "base")
-    model_dir = Path(run_grpo(tiny_cfg(tmp_path, **(GRPO | {"grpo__steps": 1})), tiny_data_dir, project / "base",
+    model_dir = Path(run_grpo(tiny_cfg(tmp_path, **(GRPO | {"grpo__max_steps": 1})), tiny_data_dir, project / "base",
                               project / "grpo")["model"])
     before = _weights(model_dir)
     project.rename(tmp_path / "moved")  # the base's absolute path is gone; beside the adapter, it is not

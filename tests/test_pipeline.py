@@ -33,7 +33,7 @@ def test_pipeline_end_to_end_and_cached_rerun(prefect_harness, tmp_path, tiny_cf
     secret = "hf_5e1d0c9b8a7f6e5d4c3b"  # an environment secret: it must appear in no param or tag
     monkeypatch.setenv("HF_TOKEN", secret)
     monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", secret)
-    cfg = tiny_cfg(tmp_path, run_name="e2e", sft__max_steps=3, grpo__steps=2, grpo__checkpoint_every=1)
+    cfg = tiny_cfg(tmp_path, run_name="e2e", sft__max_steps=3, grpo__max_steps=2, grpo__checkpoint_every=1)
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     returned = pipeline(cfg)
     run_dir = tmp_path / "runs" / "e2e"
@@ -189,13 +189,13 @@ def test_cli_run_prints_summary(prefect_harness, tmp_path, tiny_cfg, capsys):
 
     from flows.cli import main
 
-    cfg = tiny_cfg(tmp_path, run_name="viacli", sft__max_steps=2, grpo__steps=1)
+    cfg = tiny_cfg(tmp_path, run_name="viacli", sft__max_steps=2, grpo__max_steps=1)
     recipe = tmp_path / "tiny.yaml"
     recipe.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
     svamp = tmp_path / "svamp.jsonl"  # a further held-out set in SVAMP's form, named on the command line
     svamp.write_text("".join(json.dumps({"Body": f"Sam has {i} apples.", "Question": f"What is {i} + 2?",
                                          "Answer": float(i + 2)}) + "\n" for i in range(7)))
-    main(["run", str(recipe), "--set", "grpo.steps=2", "--set", "run_name=viacli2",
+    main(["run", str(recipe), "--set", "grpo.max_steps=2", "--set", "run_name=viacli2",
           "--set", f"data.held_out.svamp.file={svamp}", "--set", "data.held_out.svamp.format=svamp", "--json"])
     summary = json.loads(capsys.readouterr().out)
     run_dir = Path(cfg.output_dir) / "viacli2"
@@ -211,7 +211,7 @@ def test_cli_run_prints_summary(prefect_harness, tmp_path, tiny_cfg, capsys):
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["mlflow_run_id"] == summary["mlflow_run_id"]
     assert manifest["rounds"][0]["grpo"]["steps"] == 2  # the --set override was applied
-    assert yaml.safe_load((run_dir / "config.yaml").read_text())["grpo"]["steps"] == 2
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["grpo"]["max_steps"] == 2
     per_question = json.loads(Path(manifest["eval"]["policy"]["held_out"]["svamp"]["per_question"]).read_text())
     assert len(per_question) == 7 and sum(per_question) / 7 == held_out["policy"]
     assert manifest["rounds"][0]["held_out_accuracy"] == {"svamp": held_out["policy"]}
@@ -235,7 +235,7 @@ def test_pipeline_with_reward_models_and_process_supervision(prefect_harness, tm
     # and step labels need, so the wiring is exercised end to end.
     monkeypatch.setattr(reward_data_mod, "is_correct", lambda text, gold: sum(map(ord, text)) % 2 == 1)
     cfg = tiny_cfg(tmp_path, "grpo.reward_weights={prm: 1.0, rule: 0.5}", run_name="rm", sft__max_steps=2,
-                   grpo__steps=2, grpo__supervision="process", orm__train=True, prm__train=True,
+                   grpo__max_steps=2, grpo__supervision="process", orm__train=True, prm__train=True,
                    reward_data__questions=8, reward_data__samples_per_question=3, reward_data__max_new_tokens=12,
                    reward_data__mc_rollouts=2, reward_data__heldout_fraction=0.25, orm__batch_size=4,
                    prm__batch_size=4, orm__lr=1e-3, prm__lr=1e-3)
@@ -310,7 +310,7 @@ def test_compare_flow_reuses_the_runs_grpo_and_tabulates(prefect_harness, tmp_pa
     from flows.pipeline import pipeline
 
     monkeypatch.setattr(reward_data_mod, "is_correct", lambda text, gold: sum(map(ord, text)) % 2 == 1)
-    cfg = tiny_cfg(tmp_path, "grpo.reward_weights={orm: 1.0}", run_name="cmp", sft__max_steps=2, grpo__steps=1,
+    cfg = tiny_cfg(tmp_path, "grpo.reward_weights={orm: 1.0}", run_name="cmp", sft__max_steps=2, grpo__max_steps=1,
                    orm__train=True, reward_data__questions=8, reward_data__samples_per_question=3,
                    reward_data__max_new_tokens=12, reward_data__mc_rollouts=2, reward_data__heldout_fraction=0.25)
     manifest = pipeline(cfg)

@@ -15,7 +15,7 @@ VALUE_METRICS = ["train/value_loss", "train/value_clip_ratio", "train/value_mean
 
 def test_ppo_trains_the_policy_and_the_value_model(tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir, parity):
     log = NullLogger()
-    manifest = run_grpo(tiny_cfg(tmp_path, grpo__steps=2, **GRPO_RESUME, **PPO), tiny_data_dir, tiny_model_dir,
+    manifest = run_grpo(tiny_cfg(tmp_path, grpo__max_steps=2, **GRPO_RESUME, **PPO), tiny_data_dir, tiny_model_dir,
                         tmp_path / "ppo", log)
     assert manifest["steps"] == 2
     train = _train_metrics(log)
@@ -43,7 +43,7 @@ def test_the_value_model_is_trained_on_the_trainers_schedule(tmp_path, tiny_cfg,
         return real(models, *args, **kwargs)
 
     monkeypatch.setattr(grpo, "value_updates", recording)
-    cfg = tiny_cfg(tmp_path, grpo__steps=3, grpo__lr=1e-3, grpo__warmup_steps=2,
+    cfg = tiny_cfg(tmp_path, grpo__max_steps=3, grpo__lr=1e-3, grpo__warmup_steps=2,
                    grpo__ppo={"value_lr": 3e-3}, grpo__algorithm="ppo")
     run_grpo(cfg, tiny_data_dir, tiny_model_dir, tmp_path / "ppo")
     assert seen == pytest.approx([1e-3, 2e-3, 3e-3])  # linear warm-up over steps 1-2, then value_lr
@@ -85,7 +85,7 @@ def test_online_rft_fine_tunes_on_correct_samples_and_rft_samples_the_start(tmp_
     def run(name: str, algorithm: str, lr: float) -> dict[int, dict[str, float]]:
         log = NullLogger()
         loaded.clear()
-        cfg = tiny_cfg(tmp_path, grpo__steps=2, grpo__algorithm=algorithm, grpo__lr=lr)
+        cfg = tiny_cfg(tmp_path, grpo__max_steps=2, grpo__algorithm=algorithm, grpo__lr=lr)
         run_grpo(cfg, tiny_data_dir, tiny_model_dir, tmp_path / name, log)
         return _train_metrics(log)
 

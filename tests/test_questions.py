@@ -212,7 +212,7 @@ def test_resume_reproduces_the_same_batches(tmp_path, tiny_cfg, tiny_data_dir, t
     from tests.test_grpo import GRPO_RESUME
 
     rates = _pass_rates(tmp_path, tiny_data_dir) if "grpo__curriculum" in sampling else None
-    cfg = lambda steps: tiny_cfg(tmp_path, grpo__steps=steps, grpo__questions_per_step=4, **GRPO_RESUME, **sampling)  # noqa: E731
+    cfg = lambda steps: tiny_cfg(tmp_path, grpo__max_steps=steps, grpo__questions_per_step=4, **GRPO_RESUME, **sampling)  # noqa: E731
     log_a, log_b1, log_b2 = NullLogger(), NullLogger(), NullLogger()
     run_grpo(cfg(4), tiny_data_dir, tiny_model_dir, tmp_path / "A", log_a, pass_rates=rates)
     assert any(m["sampling/groups_drawn"] > 4 for m in _train_metrics(log_a).values()), "nothing was redrawn"

@@ -79,11 +79,11 @@ def test_grpo_logs_every_checked_rollout_and_a_resume_logs_no_step_twice(tmp_pat
     from grpo_core.stages.grpo import run_grpo
 
     kw = dict(grpo__checkpoint_every=1, grpo__questions_per_step=2, grpo__group_size=2)
-    run_grpo(tiny_cfg(tmp_path, grpo__steps=3, **kw), tiny_data_dir, tiny_model_dir, tmp_path / "A")
-    run_grpo(tiny_cfg(tmp_path, grpo__steps=2, **kw), tiny_data_dir, tiny_model_dir, tmp_path / "B")
+    run_grpo(tiny_cfg(tmp_path, grpo__max_steps=3, **kw), tiny_data_dir, tiny_model_dir, tmp_path / "A")
+    run_grpo(tiny_cfg(tmp_path, grpo__max_steps=2, **kw), tiny_data_dir, tiny_model_dir, tmp_path / "B")
     path = rollout_log.log_path(tmp_path / "B")
     path.write_text(path.read_text() + json.dumps({"step": 3, **_row("stale", "0", "x", False)}) + "\n")
-    run_grpo(tiny_cfg(tmp_path, grpo__steps=3, **kw), tiny_data_dir, tiny_model_dir, tmp_path / "B")
+    run_grpo(tiny_cfg(tmp_path, grpo__max_steps=3, **kw), tiny_data_dir, tiny_model_dir, tmp_path / "B")
     a, b = rollout_log.read_logs(tmp_path / "A"), rollout_log.read_logs(tmp_path / "B")
     assert len(a) == 3 * 2 * 2 and a == b  # identical samples, none twice, the stale line gone
 

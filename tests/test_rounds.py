@@ -11,7 +11,7 @@ import pytest
 REWARD_MODELS = dict(orm__train=True, prm__train=True, reward_data__questions=8,
                      reward_data__samples_per_question=3, reward_data__max_new_tokens=12, reward_data__mc_rollouts=2,
                      reward_data__heldout_fraction=0.25, orm__batch_size=4, prm__batch_size=4, orm__lr=1e-3,
-                     prm__lr=1e-3, sft__max_steps=2, grpo__steps=1)
+                     prm__lr=1e-3, sft__max_steps=2, grpo__max_steps=1)
 
 
 @pytest.fixture

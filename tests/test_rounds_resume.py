@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 def _recipe(tmp_path: Path) -> Path:
     from tests.conftest import make_tiny_cfg
 
-    cfg = make_tiny_cfg(tmp_path, run_name="killed", rounds__count=2, grpo__steps=150, grpo__checkpoint_every=1,
+    cfg = make_tiny_cfg(tmp_path, run_name="killed", rounds__count=2, grpo__max_steps=150, grpo__checkpoint_every=1,
                         grpo__eval_every=1000, sft__max_steps=2)
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))

@@ -56,7 +56,7 @@ def test_device_choice():
 def test_grpo_step_on_gpu(precision, tiny_cfg, tiny_data_dir, tiny_model_dir, tmp_path):
     from grpo_core.stages.grpo import run_grpo
 
-    cfg = tiny_cfg(tmp_path, f"launch.precision={precision}", "launch.device=cuda", grpo__steps=2)
+    cfg = tiny_cfg(tmp_path, f"launch.precision={precision}", "launch.device=cuda", grpo__max_steps=2)
     manifest = run_grpo(cfg, tiny_data_dir, tiny_model_dir, tmp_path / "grpo")
     assert manifest["steps"] == 2 and math.isfinite(manifest["last_10_steps"]["kl"])
 

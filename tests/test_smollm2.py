@@ -33,7 +33,7 @@ def test_smollm2_gsm8k_recipe_trains_a_few_steps_on_cpu(tmp_path):
     cfg = load_config(ROOT / "configs" / "smollm2-gsm8k.yaml", [
         f"model.path={model}", f"output_dir={tmp_path}", "data.max_examples=40", "threads=2",
         "sft.max_steps=2", "sft.batch_size=2", "sft.context_length=128", "sft.eval_every=2", "sft.log_every=1",
-        "grpo.steps=1", "grpo.questions_per_step=2", "grpo.group_size=2", "grpo.max_new_tokens=16",
+        "grpo.max_steps=1", "grpo.questions_per_step=2", "grpo.group_size=2", "grpo.max_new_tokens=16",
         "grpo.eval_every=1", "eval.max_new_tokens=16", "eval.batch_size=8",
         # The stages alone: no reward model and no reward data, so the answer checker, without a curriculum.
         "grpo.reward_weights={rule: 1.0}", "grpo.supervision=outcome", "grpo.curriculum=0"])
@@ -52,7 +52,7 @@ CPU_BUDGETS = [
     "reward_data.questions=8", "reward_data.samples_per_question=2", "reward_data.max_new_tokens=32",
     "reward_data.step_questions=4", "reward_data.mc_rollouts=2", "reward_data.heldout_fraction=0.25",
     "reward_data.batch_size=32", "orm.batch_size=4", "prm.batch_size=4", "orm.epochs=1", "prm.epochs=1",
-    "grpo.steps=1", "grpo.questions_per_step=2", "grpo.group_size=2", "grpo.max_new_tokens=32",
+    "grpo.max_steps=1", "grpo.questions_per_step=2", "grpo.group_size=2", "grpo.max_new_tokens=32",
     "grpo.eval_every=1", "eval.max_new_tokens=32", "eval.batch_size=8", "eval.n_questions=8"]
 
 
@@ -107,5 +107,5 @@ def test_smollm2_gsm8k_whole_recipe_in_bf16_on_a_gpu(prefect_harness, tmp_path):
     _whole_recipe(tmp_path, [
         "launch.device=cuda", "launch.precision=bf16", "data.max_examples=400",
         "sft.max_steps=50", "sft.eval_every=25", "reward_data.questions=32", "reward_data.mc_rollouts=4",
-        "reward_data.max_new_tokens=256", "grpo.steps=5", "grpo.questions_per_step=4", "grpo.group_size=8",
+        "reward_data.max_new_tokens=256", "grpo.max_steps=5", "grpo.questions_per_step=4", "grpo.group_size=8",
         "grpo.max_new_tokens=256", "grpo.eval_every=5", "eval.max_new_tokens=256", "eval.n_questions=64"], n_eval=64)

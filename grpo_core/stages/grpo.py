@@ -420,7 +420,7 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
     val = read_split(data_dir, "val")
     policy.train()
     trained = trainer.wrap(CompletionLogprobs(policy))
-    st = trainer.start(policy, tokenizer, Plan(max_steps=grpo.steps, eval_every=grpo.eval_every, eval_first=True,
+    st = trainer.start(policy, tokenizer, Plan(max_steps=grpo.max_steps, eval_every=grpo.eval_every, eval_first=True,
                                                eval_last=True, keep_best="val/accuracy" if grpo.keep_best else None,
                                                record=RECORDED), companions)
     rollouts = rollout_log.log_path(out_dir, d.rank)
