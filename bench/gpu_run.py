@@ -250,9 +250,9 @@ def carried(run: Run, folder: Path) -> None:
     phases b and c wrote them): the SFT adapter where SFT wrote it (``--work`` is the same path in
     every window), so that it and the policy adapter trained on it find their bases by path and
     digest; the policy's is where phase c continues (both on the shipped model: nothing grows)."""
+    from grpo_core.digests import digest_dir
     from grpo_core.lm import adapters
     from grpo_core.lm.modeling import check_model_folder
-    from grpo_core.digests import digest_dir
 
     for name, key in (("sft-adapter.tar", "sft"), ("policy-adapter.tar", "policy")):
         if not (folder / name).exists():

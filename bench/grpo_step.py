@@ -14,7 +14,9 @@ linear layer, ``grpo.lora``, against full fine-tuning); each implementation runs
 peak RSS is its own), alternating, ``--rounds`` times. Prints one JSON object: median step time
 after ``--warmup`` steps, completion tokens per second, peak RSS (and for ours / PPO the peak over
 the RSS before the models were loaded), and for ``--compare`` the ratios, the machine's matmul rate
-and the step's arithmetic limit (its useful matmul FLOPs at that rate; ``step_flops``).
+and the step's arithmetic limit (its useful matmul FLOPs at that rate; ``step_flops``). Our step k
+samples with ``seeds.step_seed(0, k)``, as a run's step k does (before 2026-11-27: the seed k itself,
+so rollouts, not their cost, differ from earlier figures).
 
 ``--device cuda --precision bf16``: the same on a GPU, the forward passes under bf16 autocast (the
 stages' ``launch.precision: bf16``); each run then also reports its peak CUDA allocation and its MFU
@@ -94,8 +96,8 @@ def run_ours(model_dir: str, prompts: str, steps: int, threads: int, device: str
     from grpo_core.config import GRPOConfig, LoraSettings
     from grpo_core.data import Example
     from grpo_core.lm.modeling import load_model, load_trainable
-    from grpo_core.rewards.scorer import RewardScorer
     from grpo_core.lm.runtime import set_compute
+    from grpo_core.rewards.scorer import RewardScorer
     from grpo_core.stages.grpo import Learner, rl_step
     from grpo_core.stages.rl import Models
 
@@ -327,8 +329,8 @@ def alternate(script: str, names: list[str], rounds: int, args: list[str], env: 
 
 
 def _default_inputs(work: Path) -> tuple[str, str]:
-    from grpo_core.recipe import load_config
     from grpo_core.lm.modeling import init_model, save_model
+    from grpo_core.recipe import load_config
     from grpo_core.stages.prepare import run_prepare
 
     cfg = load_config(ROOT / "configs" / "demo.yaml")

@@ -30,13 +30,13 @@ def main() -> None:
     a = p.parse_args()
     import torch
 
-    from grpo_core.recipe import load_config
+    from grpo_core.data import read_split
     from grpo_core.env import setup_environment
     from grpo_core.lm import policy
     from grpo_core.lm.modeling import load_model
-    from grpo_core.rewards.scorer import RewardScorer
-    from grpo_core.data import read_split
     from grpo_core.lm.runtime import set_compute
+    from grpo_core.recipe import load_config
+    from grpo_core.rewards.scorer import RewardScorer
     from grpo_core.stages.grpo import Learner, rl_step
     from grpo_core.stages.questions import QuestionSampler, read_pass_rates
     from grpo_core.stages.rl import Models

@@ -116,8 +116,8 @@ def cmd_check(a: argparse.Namespace) -> None:
 
 def _tracking_ready(cfg) -> None:
     """An unusable tracking store fails here, in seconds, before any stage runs."""
-    from grpo_core.tracking import TrackingError, check_tracking
     from grpo_core.mlflow_runs import tracking_uri
+    from grpo_core.tracking import TrackingError, check_tracking
 
     try:
         check_tracking(tracking_uri(cfg))
@@ -265,15 +265,15 @@ def cmd_join(a: argparse.Namespace) -> None:
 
 def cmd_sync(a: argparse.Namespace) -> None:
     """Send what a run's loggers kept while the tracking store did not answer (``<run>/mlflow-unsent``)."""
-    from grpo_core.recipe import load_config
     from grpo_core.env import default_tracking_uri
-    from grpo_core.tracking import STORE, TrackingError, check_tracking, redact, send_unsent, unsent_dir
     from grpo_core.mlflow_runs import tracking_uri
+    from grpo_core.recipe import load_config
+    from grpo_core.tracking import STORE, TrackingError, check_tracking, redact, send_unsent, unsent_dir
 
     kept_for = unsent_dir(a.run_dir) / STORE  # the store the records are for (a URI without credentials)
     recipe = Path(a.run_dir) / "config.yaml"  # a finished run's
     uri = a.tracking_uri or (kept_for.read_text().strip() if kept_for.exists() else None)
-    uri = uri or (tracking_uri(load_config(recipe, [])) if recipe.exists() else None)
+    uri = uri or (tracking_uri(load_config(recipe, [], migrate=True)) if recipe.exists() else None)
     uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri()
     try:
         check_tracking(uri)
@@ -293,8 +293,8 @@ def cmd_rounds(a: argparse.Namespace) -> None:
         _fail(f"{run_dir / 'manifest.json'}: run the pipeline first (grpo-pipeline run ...)")
     if a.rounds < 1:
         _fail(f"--rounds {a.rounds}: must be at least 1")
-    from grpo_core.recipe import ConfigError, load_config
     from grpo_core.manifests import read_manifest
+    from grpo_core.recipe import ConfigError, load_config
 
     try:
         read_manifest(run_dir / "manifest.json")
@@ -302,7 +302,7 @@ def cmd_rounds(a: argparse.Namespace) -> None:
         _fail(str(e))
 
     try:
-        cfg = load_config(run_dir / "config.yaml", a.overrides)
+        cfg = load_config(run_dir / "config.yaml", a.overrides, migrate=True)
     except ConfigError as e:
         _fail(str(e))
     _inputs_ready(cfg)

@@ -17,8 +17,8 @@ from prefect.input import RunInput
 from flows import artifact_key
 from grpo_core.config import PipelineConfig
 from grpo_core.corpus.stage import run_corpus
-from grpo_core.tracking import MlflowLogger, check_tracking, unsent_dir
 from grpo_core.mlflow_runs import experiment_id, finishing, start_run, tracking_uri
+from grpo_core.tracking import MlflowLogger, check_tracking, unsent_dir
 from tasks.corpus import passes
 
 

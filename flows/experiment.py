@@ -35,22 +35,22 @@ from prefect.artifacts import create_markdown_artifact
 from pydantic import BaseModel, ConfigDict
 
 from flows import artifact_key, numbered_run_name, parameter
-from flows.variants import BASELINE, ONE_ROUND, PRESETS, TWO_ROUNDS, UNIFORM, VARIANTS, Budget, Preset
 from flows.reports import figure_source, mlflow_link
 from flows.rounds import RoundStart, reward_stages
+from flows.variants import BASELINE, Budget, ONE_ROUND, PRESETS, Preset, TWO_ROUNDS, UNIFORM, VARIANTS
 from grpo_core import figures
 from grpo_core.config import PipelineConfig
-from grpo_core.recipe import load_config
-from grpo_core.stages.grpo import staleness
 from grpo_core.digests import digest_dir
 from grpo_core.manifests import read_manifest, write_manifest
+from grpo_core.mlflow_runs import experiment_id, finishing, start_run, tracking_uri
+from grpo_core.recipe import load_config
+from grpo_core.stages.grpo import staleness
 from grpo_core.stages.identity import run_identity
-from grpo_core.stages.inputs import INPUTS, EvalInputs, GRPOInputs, Ref, SFTInputs
+from grpo_core.stages.inputs import EvalInputs, GRPOInputs, INPUTS, Ref, SFTInputs
 from grpo_core.stages.outputs import GRPOOutput, StageOutput, TrainedOutput
 from grpo_core.stages.sft import continued
 from grpo_core.stats import mean_std, seed_interval
 from grpo_core.tracking import MlflowLogger, unsent_dir
-from grpo_core.mlflow_runs import experiment_id, finishing, start_run, tracking_uri
 from tasks.run_lock import run_lock
 from tasks.stage_tasks import eval_task, grpo_task, run_stage, sft_task
 
@@ -144,7 +144,7 @@ def setup(run_dir: str, preset: str, variants: list[str] | None, seconds: float 
         raise ValueError(f"unknown {preset} variant(s) {', '.join(unknown)}; known: {', '.join(VARIANTS)}")
     root = Path(run_dir).resolve()
     manifest = read_manifest(root / "manifest.json")
-    cfg = load_config(root / "config.yaml", overrides)
+    cfg = load_config(root / "config.yaml", overrides, migrate=True)
     if recipe is not None:
         cfg = over_the_run(cfg, recipe, root, overrides)
     rounds = max((VARIANTS[v].rounds or cfg.rounds.count) for v in variants or p.variants)

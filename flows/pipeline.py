@@ -22,11 +22,11 @@ from flows import artifact_key, numbered_run_name, parameter
 from flows.reports import PARENT_NOTE, figure_source, pipeline_report
 from flows.rounds import RoundStart, next_start, rl_round, round_metrics
 from grpo_core.config import PipelineConfig
-from grpo_core.recipe import ConfigError, load_config
 from grpo_core.lm.runtime import numerics
 from grpo_core.manifests import read_manifest, write_manifest
-from grpo_core.stages.inputs import DataInputs, EvalInputs, Ref, SFTInputs
 from grpo_core.mlflow_runs import experiment_id, finishing, run_params, start_run, tracking_uri
+from grpo_core.recipe import ConfigError, load_config
+from grpo_core.stages.inputs import DataInputs, EvalInputs, Ref, SFTInputs
 from grpo_core.tracking import MlflowLogger, check_tracking, redact, send_unsent, unsent_count, unsent_dir
 from tasks.run_lock import run_lock
 from tasks.stage_tasks import StageRun, data_task, eval_task, run_stage, sft_task
@@ -265,7 +265,7 @@ def rl_rounds(run_dir: str = "runs/demo", rounds: Annotated[int, Field(ge=1, le=
         raise FileNotFoundError(f"{manifest_path}: not a finished run; run the pipeline first (grpo-pipeline run ...)")
     finished = read_manifest(manifest_path)
     done = len(finished.get("rounds", []))
-    cfg = load_config(root / "config.yaml", [*(overrides or []), f"rounds.count={done + rounds}"])
+    cfg = load_config(root / "config.yaml", [*(overrides or []), f"rounds.count={done + rounds}"], migrate=True)
     if cfg.run_dir.resolve() != root.resolve():
         raise ValueError(f"{root / 'config.yaml'} writes to {cfg.run_dir.resolve()}, not {root.resolve()}: run "
                          f"rl_rounds from the folder the run was started in (output_dir is relative to it)")

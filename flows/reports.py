@@ -5,8 +5,8 @@ from __future__ import annotations
 import base64
 from pathlib import Path
 
-from grpo_core.stages.reward_model import KINDS
 from grpo_core.mlflow_runs import MODEL_TRAINING_VIEW
+from grpo_core.stages.reward_model import KINDS
 
 # The pipeline run's description in MLflow (its Overview page): where a newcomer clicks.
 PARENT_NOTE = """The pipeline run. **Figures**: Artifacts -> `figures` (test accuracy per round against SFT, GRPO's

@@ -29,7 +29,7 @@ from flows import artifact_key
 from flows.reports import mlflow_link, round_report
 from grpo_core.config import PipelineConfig
 from grpo_core.rewards.gate import gate_grpo
-from grpo_core.stages.inputs import INPUTS, EvalInputs, GRPOInputs, Ref, ReplayInputs, RewardDataInputs
+from grpo_core.stages.inputs import EvalInputs, GRPOInputs, INPUTS, Ref, ReplayInputs, RewardDataInputs
 from grpo_core.mlflow_runs import (delete_run, experiment_id, finishing, logged_round, patiently, round_params,
                                    start_run)
 from grpo_core.tracking import MlflowLogger, unsent_dir

@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 from grpo_core.env import default_tracking_uri
-from grpo_core.tracking import redact
 from grpo_core.mlflow_runs import MODEL_TRAINING_VIEW
+from grpo_core.tracking import redact
 
 GRACE_S = 10.0
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)

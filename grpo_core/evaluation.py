@@ -83,8 +83,7 @@ def run_eval(cfg, data_dir: Path, models: dict[str, str], out_dir: Path, logger=
 
     from grpo_core.data import load_jsonl
     from grpo_core.lm.modeling import load_model
-    from grpo_core.lm.runtime import place
-    from grpo_core.lm.runtime import set_compute
+    from grpo_core.lm.runtime import place, set_compute
     from grpo_core.manifests import write_manifest
 
     ec = cfg.eval

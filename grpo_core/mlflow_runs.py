@@ -1,5 +1,5 @@
-"""A pipeline's MLflow runs: the store (its URI, whether it answers, a moved project's artifact
-locations), one experiment per pipeline, a parent run per pipeline run and a child per stage and
+"""A pipeline's MLflow runs: the store (its URI, a moved project's artifact locations; whether it
+answers is ``tracking.check_tracking``), one experiment per pipeline, a parent run per pipeline run and a child per stage and
 round (ids passed explicitly), and ``finishing``, where they end. Metric logging itself is
 ``tracking.py``'s."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Callable, Iterator, TypeVar
 
 from grpo_core.config import PipelineConfig
 from grpo_core.env import default_tracking_uri
-from grpo_core.tracking import UNSENT, MlflowLogger, TrackingError, is_outage, log, redact
+from grpo_core.tracking import MlflowLogger, TrackingError, UNSENT, is_outage, log, redact
 
 T = TypeVar("T")
 

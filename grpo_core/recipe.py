@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import typing
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +25,19 @@ class ConfigError(ValueError):
 RENAMED = {"grpo.steps": "grpo.max_steps"}
 
 
-def check_renamed(raw: dict[str, Any], source: str) -> None:
-    """Refuse ``raw`` (a recipe with its overrides) where it sets a key of ``RENAMED``."""
+def renamed(raw: dict[str, Any], source: str, migrate: bool = False) -> dict[str, Any]:
+    """``raw`` (a recipe file's sections) without the keys of ``RENAMED``: refused in one line naming
+    the new key, or (``migrate``: a run's own ``config.yaml``, written before the rename) read under
+    the new name with a warning."""
     for old, new in RENAMED.items():
         section, key = old.split(".")
         if isinstance(raw.get(section), dict) and key in raw[section]:
-            raise ConfigError(f"{source}: {old} is now {new} (set {new}={raw[section][key]})")
+            if not migrate:
+                raise ConfigError(f"{source}: {old} is now {new}: rename `{key}:` to `{new.split('.')[1]}:` "
+                                  f"under `{section}:`")
+            warnings.warn(f"{source}: {old} is read as {new} (renamed)", stacklevel=3)
+            raw[section][new.split(".")[1]] = raw[section].pop(key)
+    return raw
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -38,6 +46,9 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
         if "=" not in item:
             raise ConfigError(f"--set {item!r}: expected section.key=value")
         dotted, value = item.split("=", 1)
+        if dotted.strip() in RENAMED:
+            raise ConfigError(f"--set {item!r}: {dotted.strip()} is now {RENAMED[dotted.strip()]} "
+                              f"(--set {RENAMED[dotted.strip()]}={value})")
         keys = dotted.strip().split(".")
         node = raw
         for key in keys[:-1]:
@@ -86,15 +97,17 @@ def _merge(base: dict[str, Any], top: dict[str, Any], model: type[BaseModel]) ->
     return out
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> PipelineConfig:
-    """Read a YAML recipe (safe_load: a config is data, never code), apply overrides, validate."""
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
+                migrate: bool = False) -> PipelineConfig:
+    """Read a YAML recipe (safe_load: a config is data, never code), apply overrides, validate.
+    ``migrate``: ``path`` is a run's own resolved ``config.yaml``, whose renamed keys are read under
+    their new names (``renamed``)."""
     raw: dict[str, Any] = {}
     source = "<defaults>"
     if path is not None:
         source = str(path)
-        raw = _read_yaml(Path(path), seen=())
+        raw = renamed(_read_yaml(Path(path), seen=()), source, migrate)
     raw = apply_overrides(raw, overrides or [])
-    check_renamed(raw, source)
     try:
         return PipelineConfig.model_validate(raw)
     except ValidationError as e:

@@ -18,14 +18,14 @@ from typing import Any, Iterator, NamedTuple
 from prefect import task
 
 from grpo_core.config import PipelineConfig
-from grpo_core.recipe import flatten
-from grpo_core.stages.identity import code_version
 from grpo_core.digests import digest_dir
 from grpo_core.manifests import moved, read_manifest, write_manifest
+from grpo_core.mlflow_runs import finishing, patiently, start_run
+from grpo_core.recipe import flatten
+from grpo_core.stages.identity import code_version
 from grpo_core.stages.inputs import StageInputs
 from grpo_core.stages.outputs import StageOutput
 from grpo_core.tracking import MlflowLogger, unsent_dir
-from grpo_core.mlflow_runs import finishing, patiently, start_run
 from tasks.launch import LAUNCHABLE, run_launched
 
 class StageLogger(MlflowLogger):

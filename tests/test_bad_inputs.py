@@ -10,12 +10,12 @@ import pytest
 import torch
 
 import grpo_core.rewards.scorer as rewards_mod
-from grpo_core.training.checkpoint import latest_checkpoint
 from grpo_core.data import DataError, load_jsonl
 from grpo_core.lm.modeling import ModelError, load_model
 from grpo_core.rewards.scorer import RewardError
 from grpo_core.stages.grpo import run_grpo
 from grpo_core.tracking import NullLogger
+from grpo_core.training.checkpoint import latest_checkpoint
 
 
 def _jsonl(path: Path, rows: list) -> Path:

@@ -432,7 +432,7 @@ def test_a_loss_that_turns_nan_stops_the_run_and_the_same_command_resumes_to_the
     from mlflow.tracking import MlflowClient
     from prefect.client.orchestration import get_client
 
-    import grpo_core.stages.lm_step as common
+    import grpo_core.stages.lm_step as lm_step
 
     db = f"sqlite:///{tmp_path}/mlflow.db"
     minute = Path(__file__).resolve().parents[1] / "configs" / "minute.yaml"
@@ -441,14 +441,14 @@ def test_a_loss_that_turns_nan_stops_the_run_and_the_same_command_resumes_to_the
         return ["run", str(minute), "--set", f"output_dir={tmp_path / out}", "--set", f"tracking.tracking_uri={db}",
                 "--set", "sft.max_steps=4", "--set", "sft.checkpoint_every=2"]
 
-    real, calls = common.lm_loss, []
+    real, calls = lm_step.lm_loss, []
 
     def poisoned(*args, **kwargs):
         loss, n_tokens = real(*args, **kwargs)
         calls.extend([1] * args[0].training)  # training steps only (validation computes a loss too)
         return (loss * float("nan") if args[0].training and len(calls) == 3 else loss), n_tokens
 
-    monkeypatch.setattr(common, "lm_loss", poisoned)
+    monkeypatch.setattr(lm_step, "lm_loss", poisoned)
     assert _exit_code(argv("runs")) == 1
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("error: stage sft failed: FloatingPointError: sft step 3: the gradient is not finite"), err

@@ -189,10 +189,13 @@ def test_a_beta_the_algorithm_has_no_place_for_is_refused():
 def test_a_renamed_key_is_refused_in_one_line_naming_its_new_name(tmp_path):
     from grpo_core.recipe import ConfigError, load_config
 
-    with pytest.raises(ConfigError, match=r"^<defaults>: grpo.steps is now grpo.max_steps \(set grpo.max_steps=5\)$"):
+    with pytest.raises(ConfigError, match=r"^--set 'grpo.steps=5': grpo.steps is now grpo.max_steps \(--set grpo.max_steps=5\)$"):
         load_config(None, ["grpo.steps=5"])
     recipe = tmp_path / "r.yaml"
     recipe.write_text("grpo:\n  steps: 7\n")
-    with pytest.raises(ConfigError, match=r"r.yaml: grpo.steps is now grpo.max_steps"):
+    with pytest.raises(ConfigError, match=r"r.yaml: grpo.steps is now grpo.max_steps: rename `steps:` to `max_steps:` under `grpo:`$"):
         load_config(recipe)
+    # A run's own config.yaml, written before the rename, is read under the new name.
+    with pytest.warns(UserWarning, match="grpo.steps is read as grpo.max_steps"):
+        assert load_config(recipe, migrate=True).grpo.max_steps == 7
     assert load_config(None, ["grpo.max_steps=5"]).grpo.max_steps == 5

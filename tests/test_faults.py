@@ -290,8 +290,8 @@ def test_a_damaged_checkpoint_is_set_aside_and_the_one_before_resumed(tmp_path, 
 def test_a_cached_stage_whose_output_changed_is_not_served(tmp_path):
     """A replay buffer version with a shard gone, a manifest that is not JSON: ``trusted`` says why
     and the flow runs the stage again; untouched, the cache is served."""
-    from grpo_core.rewards.replay import write_version
     from grpo_core.manifests import write_manifest
+    from grpo_core.rewards.replay import write_version
     from grpo_core.stages.outputs import FolderOutput, ReplayOutput, arrow_digest
     from grpo_core.stages.reward_data import COLUMNS
     from tasks.stage_tasks import trusted
@@ -404,8 +404,8 @@ def test_sync_sends_what_a_run_kept(tmp_path, monkeypatch, capsys):
     """``grpo-pipeline sync RUN_DIR`` sends a run's kept records; a store that does not answer exits 2
     and keeps them."""
     from flows.cli import main
-    from grpo_core.tracking import MlflowLogger, unsent_count, unsent_dir
     from grpo_core.mlflow_runs import experiment_id, start_run
+    from grpo_core.tracking import MlflowLogger, unsent_count, unsent_dir
 
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     store = f"sqlite:///{tmp_path}/mlflow.db"

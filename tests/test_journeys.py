@@ -69,7 +69,7 @@ def test_the_rounds_and_mlflow_journey_runs_as_written_in_the_docs(tmp_path):
     assert set(manifest["rounds"][1]["minus_previous_round"]) >= {"mean", "low", "high", "n"}
 
     # The project moves: copied to another folder, the original deleted, one more round there. Every
-    # run, old and new, keeps its artifacts beside the moved database (tracking.relocate).
+    # run, old and new, keeps its artifacts beside the moved database (mlflow_runs.relocate).
     moved = tmp_path / "moved"
     shutil.copytree(project, moved, symlinks=True)
     shutil.rmtree(project)

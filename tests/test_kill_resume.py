@@ -17,9 +17,9 @@ import torch
 from datasets import Dataset, DatasetDict
 from safetensors.torch import load_file
 
-from grpo_core.training.checkpoint import complete_checkpoints
 from grpo_core.data import prompt_text
 from grpo_core.digests import digest_dir
+from grpo_core.training.checkpoint import complete_checkpoints
 
 WORKER = Path(__file__).with_name("stage_worker.py")
 
@@ -128,8 +128,8 @@ def test_a_same_step_rewrite_interrupted_between_its_renames_is_finished(tmp_pat
     """save_checkpoint moves an existing step-N aside before renaming the new copy into place; a
     crash in between leaves .old-step-N and .tmp-step-N. The next listing restores step-N: the new
     copy when its marker says it is complete, else the old one."""
-    from grpo_core.training.checkpoint import MARKER, save_checkpoint
     from grpo_core.lm.modeling import load_model
+    from grpo_core.training.checkpoint import MARKER, save_checkpoint
 
     model, tok = load_model(tiny_model_dir)
     root = tmp_path / "checkpoints"

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo_core.training.checkpoint import load_state
 from grpo_core.stages.grpo import run_grpo
 from grpo_core.tracking import NullLogger
+from grpo_core.training.checkpoint import load_state
 from test_grpo import FIELD_METRICS, GRPO_RESUME, PPO, _train_metrics, parity  # noqa: F401
 VALUE_METRICS = ["train/value_loss", "train/value_clip_ratio", "train/value_mean", "train/return_mean"]
 

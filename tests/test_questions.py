@@ -17,18 +17,18 @@ import pytest
 import torch
 
 import grpo_core.rewards.scorer as rewards_mod
-from grpo_core.data import Example
+from grpo_core.data import Example, read_split
 from grpo_core.lm.modeling import load_model
 from grpo_core.rewards.scorer import RewardScorer, Scored
-from grpo_core.data import read_split
 import grpo_core.stages.grpo as step_mod
 from grpo_core.config import GRPOConfig
+from grpo_core.lm.policy import Rollout
 from grpo_core.seeds import draw_seed, step_seed
 from grpo_core.stages.grpo import Learner, rl_step, run_grpo
 from grpo_core.stages.questions import QuestionSampler, read_pass_rates
 from grpo_core.stages.rl import Exploration, Models
-from grpo_core.lm.policy import Rollout
 from grpo_core.tracking import NullLogger
+from grpo_core.training.distributed import Dist
 from tests.test_grpo import _resume_check, _train_metrics
 
 
@@ -70,8 +70,9 @@ class FakeQuestions:
 
 
 def fake_explore(monkeypatch, questions: list[Example], redraws: int, table) -> tuple[step_mod.Explored, list]:
-    """``explore`` on fake groups (``fake_group``) over slots 10.. (as a second process's share would
-    be, their global rows): the step's own bookkeeping, with what it sampled recorded."""
+    """``explore`` on fake groups (``fake_group``) as a second process would run it, its share of the
+    step's questions at global slots 10, 11, ...: the step's own bookkeeping, with what it sampled
+    recorded."""
     calls = []
 
     def sample(learner, qs, slots, seed):
@@ -81,22 +82,36 @@ def fake_explore(monkeypatch, questions: list[Example], redraws: int, table) -> 
     monkeypatch.setattr(step_mod, "sample_groups", sample)
     monkeypatch.setattr(step_mod, "has_spread", lambda ex, cfg: spread_of(ex))
     cfg = GRPOConfig(questions_per_step=len(questions), group_size=2, redraws=redraws)
-    learner = step_mod.Learner(Models(None), FakeTokenizer(), None, cfg, None, seed=5, questions=FakeQuestions(table))
-    return step_mod.explore(learner, questions, step=0), calls
+    learner = step_mod.Learner(Models(None), FakeTokenizer(), None, cfg, None, seed=5, question_sampler=FakeQuestions(table),
+                               d=Offset(10))
+    others = [Example(f"other-{i}", "0") for i in range(10)]  # the first process's share of the step
+    return step_mod.explore(learner, others + questions, step=0), calls
 
 
 class FakeTokenizer:
     pad_token_id = 0
 
 
+class Offset(Dist):
+    """One process whose share of the step's questions starts at global row ``start`` (a second
+    process's, say): its slots are start, start + 1, ..."""
+
+    def __init__(self, start: int) -> None:
+        super().__init__()
+        self.start = start
+
+    def shard(self, n: int, what: str) -> slice:
+        return slice(self.start, n)
+
+
 def test_a_group_without_spread_is_dropped_and_replaced(monkeypatch):
     first = [Example("s0", "0"), Example("n1", "1"), Example("s2", "2"), Example("n3", "3")]
     # Slot 1's first redraw has no spread, its second has; slot 3's first has.
-    redraw = {(1, 1): Example("n-a", "9"), (1, 2): Example("s-b", "9"), (3, 1): Example("s-c", "9")}
+    redraw = {(11, 1): Example("n-a", "9"), (11, 2): Example("s-b", "9"), (13, 1): Example("s-c", "9")}
     (_, batch, drawn), calls = fake_explore(monkeypatch, first, 3, lambda slot, k: redraw[slot, k])
     assert [q.question for q in batch.questions] == ["s0", "s-b", "s2", "s-c"]  # slot order, dropped ones replaced
     seed = step_seed(5, 0)
-    assert calls == [([0, 1, 2, 3], seed), ([1, 3], draw_seed(seed, 1)), ([1], draw_seed(seed, 2))]  # only empty places draw again
+    assert calls == [([10, 11, 12, 13], seed), ([11, 13], draw_seed(seed, 1)), ([11], draw_seed(seed, 2))]  # only empty places draw again, with their global slot
     assert drawn["draws"].tolist() == [1, 3, 1, 2] and drawn["spread"].all()
     assert drawn["first_spread"].tolist() == [True, False, True, False]
     assert batch.rollout.texts == ["s0", "s0", "s-b", "s-b", "s2", "s2", "s-c", "s-c"]
@@ -111,7 +126,7 @@ def test_redraws_are_bounded_and_an_unfilled_place_keeps_its_last_group(monkeypa
                                             lambda slot, k: Example(f"n-{slot}-{k}", "0"))
     assert len(calls) == 3  # the first draw, then the bound: redraws more groups per place, never more
     assert drawn["draws"].tolist() == [3, 1] and drawn["spread"].tolist() == [False, True]
-    assert [q.question for q in batch.questions] == ["n-0-2", "s1"]  # the shape stays: 2 groups of 2
+    assert [q.question for q in batch.questions] == ["n-10-2", "s1"]  # the shape stays: 2 groups of 2
     assert len(batch.rewards) == 4
 
 
@@ -187,10 +202,10 @@ def test_draws_on_two_processes_equal_one(tmp_path, tiny_cfg, tiny_data_dir, tin
         d = type("Share", (), {"shard": lambda self, n, what: slice(slots[0], slots[-1] + 1),
                                "gathered": lambda self, m: contextlib.nullcontext(), "sum": lambda self, x: x})()
         learner = Learner(Models(policy), tok, None, cfg.grpo, scorer, 0, sampler, d)
-        return step_mod.explore(learner, questions, 5).batch, None
+        return step_mod.explore(learner, questions, 5).batch
 
-    one, _ = filled([0, 1, 2, 3])
-    halves = [filled([0, 1])[0], filled([2, 3])[0]]
+    one = filled([0, 1, 2, 3])
+    halves = [filled([0, 1]), filled([2, 3])]
     assert one.rollout.texts == halves[0].rollout.texts + halves[1].rollout.texts
     assert [q.question for q in one.questions] == [q.question for h in halves for q in h.questions]
 

@@ -13,8 +13,8 @@ from datasets import Dataset, DatasetDict
 
 from grpo_core.config import GRPOConfig
 from grpo_core.data import prompt_text
-from grpo_core.manifests import Ref
 from grpo_core.digests import digest_dir
+from grpo_core.manifests import Ref
 from grpo_core.stages.reward_model import run_reward_model
 
 Q = prompt_text("What is 7 + 5 - 9?")
@@ -198,8 +198,8 @@ def test_a_verifier_head_trains_the_models_own_weights(tmp_path, tiny_cfg, tiny_
     from grpo_core.lm.modeling import load_model, load_tokenizer
     from grpo_core.lm.policy import encode
     from grpo_core.rewards.likelihood import VerifierHead
-    from grpo_core.rewards.scorer import RewardScorer
     from grpo_core.rewards.score_command import reward_model_kind
+    from grpo_core.rewards.scorer import RewardScorer
 
     cfg = tiny_cfg(tmp_path, **{f"{kind}__batch_size": 2, f"{kind}__epochs": 1, f"{kind}__head": head,
                                 f"{kind}__lr": 1e-3})

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from grpo_core.rewards import rollout_log
 from grpo_core.data import prompt_text
-from grpo_core.stages.reward_data import rollout_samples, solution_rows
+from grpo_core.rewards import rollout_log
 from grpo_core.rewards.labels import outcome_pairs, step_rows
+from grpo_core.stages.reward_data import rollout_samples, solution_rows
 
 Q1, Q2, HELD = "What is 1 + 2?", "What is 5 - 3 + 1?", "What is 9 - 9?"
 RIGHT1, WRONG1 = "1 + 2 = 3\n#### 3", "1 + 2 = 4\n#### 4"

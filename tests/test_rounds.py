@@ -156,8 +156,7 @@ def test_three_rounds_chain_policies_reward_models_and_replay(prefect_harness, t
 def test_rl_rounds_continues_a_finished_run(prefect_harness, tmp_path, tiny_cfg, mixed_checker):
     from mlflow.tracking import MlflowClient
 
-    from flows.pipeline import pipeline
-    from flows.pipeline import rl_rounds
+    from flows.pipeline import pipeline, rl_rounds
 
     cfg = tiny_cfg(tmp_path, "grpo.reward_weights={prm: 1.0}", run_name="more", grpo__supervision="process",
                    **REWARD_MODELS)

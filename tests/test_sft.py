@@ -10,14 +10,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from grpo_core.training.checkpoint import MARKER, complete_checkpoints, latest_checkpoint, load_state, save_checkpoint
-from grpo_core.data import Example, prompt_text
+from grpo_core.data import Example, prompt_text, read_split
+from grpo_core.digests import digest_dir
 from grpo_core.lm.modeling import char_tokenizer, load_model
 from grpo_core.lm.packing import IGNORE, encode_examples, pack
-from grpo_core.digests import digest_dir
-from grpo_core.data import read_split
 from grpo_core.stages.sft import run_sft
 from grpo_core.tracking import NullLogger
+from grpo_core.training.checkpoint import MARKER, complete_checkpoints, latest_checkpoint, load_state, save_checkpoint
 
 
 def _state(path: Path) -> dict[str, torch.Tensor]:

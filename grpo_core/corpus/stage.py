@@ -24,18 +24,18 @@ from typing import Callable, Iterable, Iterator
 import yaml
 
 from grpo_core.config import CorpusConfig, PipelineConfig
-from grpo_core.recipe import load_config
 from grpo_core.corpus import classifier, evaluate
 from grpo_core.corpus.decontam import BenchmarkIndex
 from grpo_core.corpus.docs import CorpusError, Doc, read_docs, shards, write_jsonl
 from grpo_core.corpus.score import MapTasks, run_here, score_pool, scored
+from grpo_core.recipe import load_config
 from grpo_core.corpus.recall import (candidate_domains, domain_stats, prefix_stats, recalled_again, select,
                                      under)
 from grpo_core.data import resolve_path
 from grpo_core.env import setup_environment
 from grpo_core.manifests import write_manifest
-from grpo_core.training.trainer import Stopwatch
 from grpo_core.tracking import MetricLogger, NullLogger
+from grpo_core.training.trainer import Stopwatch
 
 ScoreShards = Callable[[Path, list[Path], Path], list[Path]]
 Approve = Callable[[int, dict[str, dict[str, int]]], list[str]]

@@ -291,10 +291,10 @@ def head_logprobs(head, hidden: torch.Tensor, targets: torch.Tensor, chunk_bytes
     n = max(1, chunk_bytes // (4 * head.out_features))
     # Logits that fit in one chunk are kept for backward (within the budget anyway): recomputing
     # them would cost a second pass through the head for no memory saved.
-    saved = torch.is_grad_enabled() and b * t > n
+    recompute = torch.is_grad_enabled() and b * t > n
     parts = [checkpoint(_chunk_logprobs, head, flat[i : i + n], ids[i : i + n], with_entropy, use_reentrant=False,
                         preserve_rng_state=False)  # no randomness inside
-             if saved else _chunk_logprobs(head, flat[i : i + n], ids[i : i + n], with_entropy)
+             if recompute else _chunk_logprobs(head, flat[i : i + n], ids[i : i + n], with_entropy)
              for i in range(0, b * t, n)]
     logp = torch.cat([p[0] for p in parts]).reshape(b, t) if parts else flat.new_zeros(b, t)
     if not with_entropy:

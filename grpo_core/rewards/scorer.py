@@ -59,7 +59,7 @@ class Scored:
     stats: dict[str, float] | None = None
     # [B] each learned reward model's own score of the solution (``orm``: its probability; ``prm``:
     # the lowest step probability), whatever its weight: staleness is measured on these against
-    # ``correct`` (``rl.step_metrics``).
+    # ``correct`` (``grpo.step_metrics``).
     learned: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def select(self, index: torch.Tensor) -> "Scored":

@@ -8,13 +8,13 @@ from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from grpo_core.training import distributed
-from grpo_core.recipe import load_config
 from grpo_core.env import setup_environment
 from grpo_core.lm.runtime import numerics, peak_memory
 from grpo_core.manifests import write_manifest
+from grpo_core.recipe import load_config
 from grpo_core.stages.inputs import read_inputs
 from grpo_core.tracking import logger_from_env
+from grpo_core.training import distributed
 
 
 @record  # under torchrun, a failing rank's traceback goes into the launcher's summary

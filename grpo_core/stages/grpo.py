@@ -2,7 +2,8 @@
 of nanochat's ``chat_rl.py``).
 
 A step (``rl_step``) runs four phases, each a function below, in the order they run, returning
-what it made and its seconds:
+what it made and its seconds (``time/*`` metrics: the first draw's sampling and scoring, the
+redraws, the estimator, the log-prob passes and the updates):
 
 1. ``explore``: G completions of each question from pi_old (RFT: the frozen starting model), scored
    by the answer checker and the reward models (process supervision scores every step); with
@@ -11,8 +12,8 @@ what it made and its seconds:
 2. ``estimate``: the algorithm's advantage estimator (``rl.ADVANTAGES``: group z-scores or
    process credit for GRPO, 1[correct] for RFT and online RFT, GAE for PPO in ``ppo.py``).
 3. ``update``: mu passes of the clipped-ratio objective (``losses.grpo_loss``) on minibatches,
-   with the k3 KL to the frozen reference where the algorithm puts it in the loss; then PPO's
-   value model.
+   with the k3 KL to the frozen reference where the algorithm puts it in the loss; after it
+   ``rl_step`` trains PPO's value model (``ppo.value_updates``).
 4. ``step_metrics``: every cross-process reduction of the step.
 
 Which model samples, which estimator, where ``grpo.beta`` goes and which models are loaded come
@@ -32,29 +33,27 @@ import torch
 
 from grpo_core.algorithms import ALGORITHMS
 from grpo_core.config import GRPOConfig, PipelineConfig
-from grpo_core.data import Example, prompt_text
+from grpo_core.data import Example, prompt_text, read_split
+from grpo_core.digests import digest_dir
 from grpo_core.evaluation import greedy_accuracy
 from grpo_core.lm import adapters
 from grpo_core.lm.modeling import load_model, load_tokenizer, load_trainable
 from grpo_core.lm.policy import CompletionLogprobs, Rollout, generate, token_logprobs
-from grpo_core.lm.runtime import autocast, device_for, place
+from grpo_core.lm.runtime import autocast, device_for, place, set_compute
 from grpo_core.losses import BatchSize, grpo_loss
+from grpo_core.manifests import write_manifest
 from grpo_core.rewards import rollout_log
 from grpo_core.rewards.heads import group_auc
 from grpo_core.rewards.scorer import COUNT_STATS, RewardError, RewardScorer
 from grpo_core.seeds import draw_seed, round_seed, step_seed
-from grpo_core.digests import digest_dir
-from grpo_core.data import read_split
 from grpo_core.stages.identity import run_identity
-from grpo_core.lm.runtime import set_compute
-from grpo_core.manifests import write_manifest
 from grpo_core.stages.ppo import value_model_from, value_updates  # (also registers PPO's estimator, "gae")
 from grpo_core.stages.questions import QuestionSampler, read_pass_rates
 from grpo_core.stages.rl import ADVANTAGES, Advantages, Exploration, Models, has_spread, spread
 from grpo_core.tracking import MetricLogger, NullLogger
 from grpo_core.training import distributed
-from grpo_core.training.distributed import SINGLE, Dist
-from grpo_core.training.trainer import Plan, Trainer, TrainState, optimizer_step
+from grpo_core.training.distributed import Dist, SINGLE
+from grpo_core.training.trainer import Plan, TrainState, Trainer, optimizer_step
 
 
 @dataclasses.dataclass
@@ -70,13 +69,13 @@ class Learner:
     cfg: GRPOConfig
     scorer: RewardScorer
     seed: int
-    questions: QuestionSampler | None = None
+    question_sampler: QuestionSampler | None = None
     d: Dist = SINGLE
     trained: torch.nn.Module | None = None
     amp: object = contextlib.nullcontext
 
     @property
-    def sampler(self) -> torch.nn.Module:
+    def sampling_model(self) -> torch.nn.Module:
         """The model the rollouts come from: pi_old, or the frozen starting model (RFT)."""
         return self.models.ref if ALGORITHMS[self.cfg.algorithm].samples == "reference" else self.models.policy
 
@@ -122,13 +121,13 @@ def row_temperatures(cfg: GRPOConfig, n_questions: int) -> list[float]:
 
 
 def sample_groups(learner: Learner, questions: list[Example], slots: list[int], seed: int) -> Exploration:
-    """G completions of each of ``questions`` from the learner's sampler, scored. ``slots``: each
+    """G completions of each of ``questions`` from the learner's sampling model, scored. ``slots``: each
     question's row of the step's global batch; sample j of slot i is seeded by (``seed``, i * G + j),
     whichever process draws it."""
     g, cfg = learner.cfg.group_size, learner.cfg
     started = time.perf_counter()
     with learner.amp():
-        rollout = generate(learner.sampler, learner.tokenizer, [prompt_text(q.question) for q in questions for _ in range(g)],
+        rollout = generate(learner.sampling_model, learner.tokenizer, [prompt_text(q.question) for q in questions for _ in range(g)],
                            max_new_tokens=cfg.max_new_tokens, temperatures=row_temperatures(cfg, len(questions)),
                            seed=seed, row_ids=[i * g + j for i in slots for j in range(g)])
     sampled = time.perf_counter()
@@ -138,7 +137,7 @@ def sample_groups(learner: Learner, questions: list[Example], slots: list[int], 
 
 def explore(learner: Learner, questions: list[Example], step: int) -> Explored:
     """Sample and score this process's share of the step's ``questions`` (whole groups:
-    ``Dist.shard``); with ``grpo.redraws``, dynamic sampling (``questions.py``): each slot whose
+    ``Dist.shard``); with ``grpo.redraws``, dynamic sampling (why: ``questions.py``): each slot whose
     group has no reward spread draws ``QuestionSampler.redraw(step, slot, k)`` and its group for
     k = 1..redraws until one has spread; a slot still without keeps its last group, so the batch
     keeps its shape. Raises ``RewardError`` when no completion of the step got a finite reward."""
@@ -153,8 +152,8 @@ def explore(learner: Learner, questions: list[Example], step: int) -> Explored:
                               f"(rule checker errors: {errors:.0f}; the others had NaN or inf scores): the reward is broken")
         if not cfg.redraws:
             return Explored(first, first)
-        if learner.questions is None:
-            raise ValueError("grpo.redraws > 0 needs the questions to redraw from (Learner.questions)")
+        if learner.question_sampler is None:
+            raise ValueError("grpo.redraws > 0 needs the questions to redraw from (Learner.question_sampler)")
         taken = frozenset(q.question for q in questions)
         kept = [(first, i) for i in range(len(slots))]  # each slot's group: (its exploration, its index there)
         first_spread = has_spread(first, cfg)
@@ -164,13 +163,13 @@ def explore(learner: Learner, questions: list[Example], step: int) -> Explored:
             empty = [i for i in range(len(slots)) if not has[i]]
             if not empty:
                 break
-            ex = sample_groups(learner, [learner.questions.redraw(step, slots[i], k, taken) for i in empty],
+            ex = sample_groups(learner, [learner.question_sampler.redraw(step, slots[i], k, taken) for i in empty],
                                [slots[i] for i in empty], draw_seed(seed, k))
             ok, tokens = has_spread(ex, cfg), tokens + ex.rollout.completion_mask.sum()
             for j, i in enumerate(empty):
                 kept[i], has[i], draws[i] = (ex, j), ok[j], draws[i] + 1
-    drawn = {"draws": draws, "first_spread": first_spread, "spread": has, "tokens": tokens,
-             "seconds": time.perf_counter() - started}
+        drawn = {"draws": draws, "first_spread": first_spread, "spread": has, "tokens": tokens,
+                 "seconds": time.perf_counter() - started}
     if all(ex is first for ex, _ in kept):
         return Explored(first, first, drawn)
     batch = Exploration.cat([ex.groups([j], cfg.group_size) for ex, j in kept], learner.tokenizer.pad_token_id)

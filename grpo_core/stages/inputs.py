@@ -12,8 +12,8 @@ from pydantic import BaseModel, ConfigDict
 
 from grpo_core.config import CorpusConfig, PipelineConfig
 from grpo_core.data import held_out_sets
-from grpo_core.manifests import Ref
 from grpo_core.digests import digest_files
+from grpo_core.manifests import Ref
 from grpo_core.stages.outputs import (CorpusOutput, EvalOutput, FolderOutput, GRPOOutput, ModelOutput, ReplayOutput,
                                       RewardDataOutput, RewardModelOutput, SFTOutput, StageOutput, reward_datasets)
 from grpo_core.tracking import MetricLogger

@@ -7,7 +7,7 @@ import contextlib
 import torch
 
 from grpo_core.lm.runtime import model_device
-from grpo_core.training.distributed import SINGLE, Dist
+from grpo_core.training.distributed import Dist, SINGLE
 
 
 def document_positions(ids: torch.Tensor, eos_id: int) -> torch.Tensor:

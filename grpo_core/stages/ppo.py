@@ -18,8 +18,8 @@ import torch
 
 from grpo_core.advantages import gae, kl_penalised_rewards, whiten
 from grpo_core.config import GRPOConfig
-from grpo_core.losses import kl_k3, value_loss
 from grpo_core.lm.policy import Rollout, token_logprobs
+from grpo_core.losses import kl_k3, value_loss
 from grpo_core.rewards.heads import reward_model_from, state_values
 from grpo_core.stages.rl import Advantages, Exploration, Models, ValueTargets, advantage_estimator
 from grpo_core.training.trainer import optimizer_step

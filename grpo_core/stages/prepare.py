@@ -7,8 +7,7 @@ import shutil
 from pathlib import Path
 
 from grpo_core.config import PipelineConfig
-from grpo_core.data import SPLITS, DataError, load_held_out, load_splits, write_jsonl
-from grpo_core.data import splits_digest
+from grpo_core.data import DataError, SPLITS, load_held_out, load_splits, splits_digest, write_jsonl
 from grpo_core.manifests import write_manifest
 
 

@@ -16,18 +16,17 @@ from pathlib import Path
 
 import torch
 
-from grpo_core.training import distributed
 from grpo_core.config import PipelineConfig
-from grpo_core.lm.modeling import init_model, load_model
-from grpo_core.lm.runtime import autocast, model_device, place
-from grpo_core.lm.packing import pack
 from grpo_core.digests import digest_dir
-from grpo_core.stages.lm_step import packed_lm_step
-from grpo_core.stages.identity import run_identity
-from grpo_core.lm.runtime import set_compute
+from grpo_core.lm.modeling import init_model, load_model
+from grpo_core.lm.packing import pack
+from grpo_core.lm.runtime import autocast, model_device, place, set_compute
 from grpo_core.manifests import write_manifest
-from grpo_core.training.trainer import Plan, Trainer, TrainState
+from grpo_core.stages.identity import run_identity
+from grpo_core.stages.lm_step import packed_lm_step
 from grpo_core.tracking import MetricLogger, NullLogger
+from grpo_core.training import distributed
+from grpo_core.training.trainer import Plan, TrainState, Trainer
 
 
 def corpus_texts(corpus_dir: Path) -> list[str]:

@@ -17,23 +17,20 @@ import time
 from pathlib import Path
 
 from grpo_core.config import PipelineConfig, RewardDataConfig
+from grpo_core.data import Example, prompt_text, read_split
+from grpo_core.digests import digest_dir
 from grpo_core.lm.modeling import load_model
 from grpo_core.lm.policy import generate
+from grpo_core.lm.runtime import place, set_compute
+from grpo_core.manifests import write_manifest
 from grpo_core.rewards import rollout_log
-from grpo_core.rewards.replay import ORIGIN, tag_rows
 from grpo_core.rewards.labels import Completer, Sampled, label_agreement, outcome_pairs, sample_solutions, step_rows
-from grpo_core.data import Example, prompt_text
+from grpo_core.rewards.replay import ORIGIN, tag_rows
 from grpo_core.rewards.steps import planted_error
 from grpo_core.seeds import batch_seed, round_seed
-from grpo_core.digests import digest_dir
-from grpo_core.data import read_split
-from grpo_core.lm.runtime import set_compute
-from grpo_core.manifests import write_manifest
-from grpo_core.training.trainer import PROGRESS_EVERY_S, time_left
 from grpo_core.stages.outputs import arrow_digest
-from grpo_core.training.trainer import Stopwatch
-from grpo_core.lm.runtime import place
 from grpo_core.tracking import MetricLogger, NullLogger
+from grpo_core.training.trainer import PROGRESS_EVERY_S, Stopwatch, time_left
 
 DATASETS = ("pairs", "steps", "solutions")
 COLUMNS = {"pairs": ("prompt", "chosen", "rejected", ORIGIN),

@@ -22,24 +22,23 @@ from typing import Callable
 
 import torch
 
-from grpo_core.training import distributed
 from grpo_core.config import PipelineConfig
 from grpo_core.lm.modeling import load_tokenizer, tiny_llama
 from grpo_core.lm.policy import encode
+from grpo_core.training import distributed
 from grpo_core.rewards.heads import (ScoreHead, bradley_terry_loss, first_wrong_step, load_reward_model, orm_logits,
                                      is_verifier_head, pointwise_bce_loss, prm_step_logits, reward_model_from, roc_auc,
                                      step_bce_loss, within_question_auc)
+from grpo_core.digests import digest_dir
+from grpo_core.lm.runtime import autocast, model_device, place, set_compute
+from grpo_core.manifests import Ref, write_manifest
 from grpo_core.rewards.gate import quality_gate
 from grpo_core.rewards.likelihood import likelihood_scores
-from grpo_core.manifests import Ref, write_manifest
-from grpo_core.digests import digest_dir
-from grpo_core.stages.identity import run_identity
-from grpo_core.lm.runtime import set_compute
-from grpo_core.training.trainer import Plan, Trainer, TrainState
-from grpo_core.lm.runtime import autocast, model_device, place
 from grpo_core.rewards.replay import load_version, retraining_set
 from grpo_core.rewards.steps import rollout_step_ends
+from grpo_core.stages.identity import run_identity
 from grpo_core.tracking import MetricLogger, NullLogger
+from grpo_core.training.trainer import Plan, TrainState, Trainer
 
 
 def solution_text(row: dict, separator: str) -> str:

@@ -12,22 +12,21 @@ from pathlib import Path
 
 import torch
 
-from grpo_core.training import distributed
 from grpo_core.config import PipelineConfig
+from grpo_core.data import read_split
+from grpo_core.digests import digest_dir
 from grpo_core.evaluation import greedy_accuracy
 from grpo_core.lm.modeling import ModelError, init_model, load_model, load_trainable
-from grpo_core.lm.runtime import autocast, model_device, place
 from grpo_core.lm.packing import encode_examples, pack
-from grpo_core.digests import digest_dir
-from grpo_core.stages.lm_step import lm_loss, packed_lm_step
-from grpo_core.data import read_split
-from grpo_core.stages.identity import run_identity
-from grpo_core.lm.runtime import set_compute
+from grpo_core.lm.runtime import autocast, model_device, place, set_compute
 from grpo_core.manifests import write_manifest
+from grpo_core.stages.identity import run_identity
+from grpo_core.stages.lm_step import lm_loss, packed_lm_step
+from grpo_core.tracking import MetricLogger, NullLogger
+from grpo_core.training import distributed
 from grpo_core.training.checkpoint import latest_checkpoint, load_state
 from grpo_core.training.schedules import learning_rate
-from grpo_core.training.trainer import Plan, Trainer, TrainState
-from grpo_core.tracking import MetricLogger, NullLogger
+from grpo_core.training.trainer import Plan, TrainState, Trainer
 
 
 @torch.no_grad()
