@@ -30,13 +30,12 @@ def renamed(raw: dict[str, Any], source: str, migrate: bool = False) -> dict[str
     the new key, or (``migrate``: a run's own ``config.yaml``, written before the rename) read under
     the new name with a warning."""
     for old, new in RENAMED.items():
-        section, key = old.split(".")
+        (section, key), new_key = old.split("."), new.split(".")[1]
         if isinstance(raw.get(section), dict) and key in raw[section]:
             if not migrate:
-                raise ConfigError(f"{source}: {old} is now {new}: rename `{key}:` to `{new.split('.')[1]}:` "
-                                  f"under `{section}:`")
+                raise ConfigError(f"{source}: {old} is now {new}: rename `{key}:` to `{new_key}:` under `{section}:`")
             warnings.warn(f"{source}: {old} is read as {new} (renamed)", stacklevel=3)
-            raw[section][new.split(".")[1]] = raw[section].pop(key)
+            raw[section][new_key] = raw[section].pop(key)
     return raw
 
 
