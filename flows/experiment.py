@@ -44,6 +44,7 @@ from grpo_core.digests import digest_dir
 from grpo_core.manifests import read_manifest, write_manifest
 from grpo_core.mlflow_runs import experiment_id, finishing, start_run, tracking_uri
 from grpo_core.recipe import load_config
+from grpo_core.rewards.gate import gate_failure
 from grpo_core.stages.grpo import staleness
 from grpo_core.stages.identity import run_identity
 from grpo_core.stages.inputs import EvalInputs, GRPOInputs, INPUTS, Ref, SFTInputs
@@ -236,9 +237,18 @@ def reward_model_quality(first: dict[str, StageOutput], uses: tuple[str, ...]) -
     for kind, pooled, name in (("orm", "auc", "AUC"), ("prm", "step_auc", "step AUC")):
         if kind in uses:
             held_out = first[kind].heldout
+            failed = " FAILED its quality gate" if gate_failure(kind, first[kind].quality_gate) else ""
             parts.append(f"{kind.upper()} within-question AUC {held_out.get('within_question_auc', float('nan')):.3f} "
-                         f"(pooled {name} {held_out.get(pooled, float('nan')):.3f})")
+                         f"(pooled {name} {held_out.get(pooled, float('nan')):.3f}){failed}")
     return ", ".join(parts) or "-"
+
+
+def gate_warnings(first: dict[str, StageOutput], uses: tuple[str, ...]) -> list[str]:
+    """One sentence per round-1 reward model a variant trains on that failed its quality gate (the
+    rounds' own check, ``gate_failure``). An experiment measures the variant as asked, the reward
+    model included, and says so first: on the sparse preset a PRM at chance drove every seed into
+    collapse (docs/results.md, "Do learned rewards help where the checker is silent?")."""
+    return [sentence for kind in uses if (sentence := gate_failure(kind, first[kind].quality_gate))]
 
 
 def own_reward_models(s: Setup, names: list[str], out: Path, data: Ref, sft: Ref, common: dict) -> dict[str, StageOutput]:
@@ -315,14 +325,15 @@ def variant_row(s: Setup, name: str, runs: list[Run], sampled: dict, sft_acc: fl
     peaks = {m: [r.peak_memory[m] for r in runs if m in r.peak_memory] for m in ("rss_mib", "cuda_mib")}
     row |= {f"peak_{m}_mean": round(mean_std(v)[0], 1) for m, v in peaks.items() if v}
     uses = () if VARIANTS[name].grpo is None else s.config(name, s.cfg.seed).grpo.reward_models_used
-    return row | {"reward_model": reward_model_quality(s.first, uses),
-                  "steps_mean": mean_std([r.steps for r in runs])[0],
-                  "steps_per_s_mean": round(mean_std([r.steps / max(r.train_s, 1e-9) for r in runs])[0], 3),
-                  "train_s_mean": round(mean_std([r.train_s for r in runs])[0], 1),
-                  "extra_s_mean": round(mean_std([r.extra_s for r in runs])[0], 1),
-                  **{f"extra_{stage}_s_mean": round(mean_std([r.extra.get(stage, 0.0) for r in runs])[0], 1)
-                     for stage in sorted({k for r in runs for k in r.extra})},
-                  "per_seed": [round(a, 4) for a in accs[name]]}
+    warned = {"quality_warnings": w} if (w := gate_warnings(s.first, uses)) else {}
+    return row | warned | {"reward_model": reward_model_quality(s.first, uses),
+                           "steps_mean": mean_std([r.steps for r in runs])[0],
+                           "steps_per_s_mean": round(mean_std([r.steps / max(r.train_s, 1e-9) for r in runs])[0], 3),
+                           "train_s_mean": round(mean_std([r.train_s for r in runs])[0], 1),
+                           "extra_s_mean": round(mean_std([r.extra_s for r in runs])[0], 1),
+                           **{f"extra_{stage}_s_mean": round(mean_std([r.extra.get(stage, 0.0) for r in runs])[0], 1)
+                              for stage in sorted({k for r in runs for k in r.extra})},
+                           "per_seed": [round(a, 4) for a in accs[name]]}
 
 
 @flow(name="experiment", flow_run_name=lambda: numbered_run_name(
@@ -374,6 +385,8 @@ def _experiment(run_dir: str, preset: str, variants: list[str] | None, seeds: in
                 log.warning("skipping %s: the run trained no %s", name, ", ".join(missing))
             else:
                 runs[name] = []
+                for sentence in gate_warnings(s.first, vgrpo.reward_models_used if vgrpo else ()):
+                    log.warning("%s trains on a reward model that failed its quality gate: %s", name, sentence)
         if not runs:
             raise ValueError(f"nothing to run: {run_dir} trained none of the reward models the variants need")
         # Seed by seed, every variant in turn: a slow spell of a shared host hits all variants alike.
@@ -469,7 +482,10 @@ def report(result: dict, link: str) -> str:
     lines = [f"# {result['preset']} of `{result['run_name']}`", "",
              f"Every variant from the SFT model, {result['seeds']} seed(s), {what}; greedy test accuracy on "
              f"{result['n_test']} questions" + (f", maj@K / pass@K on {result['n_sampled']}" if result["n_sampled"] else "")
-             + f". [MLflow run]({link})", "", format_table(result), ""]
+             + f". [MLflow run]({link})", ""]
+    warned = [f"> **{r['variant']} trains on a reward model that failed its quality gate:** {sentence}"
+              for r in result["rows"] for sentence in r.get("quality_warnings", [])]
+    lines += (warned + [""] if warned else []) + [format_table(result), ""]
     two = next((r for r in result["rows"] if "gain_over_one_round" in r), None)
     if two:
         low, high = two["gain_over_one_round_95ci"]
