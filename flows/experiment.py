@@ -237,9 +237,8 @@ def reward_model_quality(first: dict[str, StageOutput], uses: tuple[str, ...]) -
     for kind, pooled, name in (("orm", "auc", "AUC"), ("prm", "step_auc", "step AUC")):
         if kind in uses:
             held_out = first[kind].heldout
-            failed = " FAILED its quality gate" if gate_failure(kind, first[kind].quality_gate) else ""
             parts.append(f"{kind.upper()} within-question AUC {held_out.get('within_question_auc', float('nan')):.3f} "
-                         f"(pooled {name} {held_out.get(pooled, float('nan')):.3f}){failed}")
+                         f"(pooled {name} {held_out.get(pooled, float('nan')):.3f})")
     return ", ".join(parts) or "-"
 
 
@@ -378,14 +377,15 @@ def _experiment(run_dir: str, preset: str, variants: list[str] | None, seeds: in
             except ValueError as e:  # e.g. dynamic sampling under this recipe's process supervision
                 log.warning("skipping %s: its settings over this recipe's are refused: %s", name, e)
                 continue
-            missing = [m for m in (vgrpo.reward_models_used if vgrpo else ()) if m not in s.first]
+            uses = vgrpo.reward_models_used if vgrpo else ()
+            missing = [m for m in uses if m not in s.first]
             if vgrpo and vgrpo.curriculum and not getattr(s.first.get("reward_data"), "pass_rates", None):
                 missing.append("reward data with pass rates (for its curriculum)")
             if missing:
                 log.warning("skipping %s: the run trained no %s", name, ", ".join(missing))
             else:
                 runs[name] = []
-                for sentence in gate_warnings(s.first, vgrpo.reward_models_used if vgrpo else ()):
+                for sentence in gate_warnings(s.first, uses):
                     log.warning("%s trains on a reward model that failed its quality gate: %s", name, sentence)
         if not runs:
             raise ValueError(f"nothing to run: {run_dir} trained none of the reward models the variants need")
@@ -483,8 +483,7 @@ def report(result: dict, link: str) -> str:
              f"Every variant from the SFT model, {result['seeds']} seed(s), {what}; greedy test accuracy on "
              f"{result['n_test']} questions" + (f", maj@K / pass@K on {result['n_sampled']}" if result["n_sampled"] else "")
              + f". [MLflow run]({link})", ""]
-    warned = [f"> **{r['variant']} trains on a reward model that failed its quality gate:** {sentence}"
-              for r in result["rows"] for sentence in r.get("quality_warnings", [])]
+    warned = [f"> **Warning ({r['variant']}): {w}.**" for r in result["rows"] for w in r.get("quality_warnings", [])]
     lines += (warned + [""] if warned else []) + [format_table(result), ""]
     two = next((r for r in result["rows"] if "gain_over_one_round" in r), None)
     if two:
