@@ -70,7 +70,8 @@ sampling: venv
 
 # Iterative RL where a reward model can go stale: no verifier at RL time, the ORM alone, trained on few
 # samples (configs/demo-iterate.yaml), from the demo's SFT model; the ORM frozen, retrained between
-# rounds with 10% replay, without replay and with half replayed; ITERATE_SEEDS seeds, the same GRPO steps each.
+# rounds with 10% replay, without replay and with half replayed; ITERATE_SEEDS seeds, the same GRPO steps each
+# (about an hour on 2 cores at the defaults, after make demo).
 ITERATE_SEEDS ?= 5
 iterate: venv
 	$(BIN)/grpo-pipeline iterate runs/demo --recipe configs/demo-iterate.yaml --seeds $(ITERATE_SEEDS)
