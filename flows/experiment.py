@@ -465,7 +465,9 @@ def format_table(result: dict) -> str:
             drawn = r.get("groups_drawn_per_step_mean")
             cells.append(f"{100 * r['steps_with_gradient_mean']:.0f}% / {100 * r['groups_with_gradient_mean']:.0f}%"
                          + (f", {drawn:.1f}" if drawn else "") if "groups_with_gradient_mean" in r else "-")
-        cells += [", ".join(f"{r[f'{k}_within_auc_{w}_mean']:.3f}" for w in ("start", "middle", "end"))
+        # A window without a group of both right and wrong solutions in any seed has no AUC: "-".
+        cells += [", ".join(f"{r[key]:.3f}" if (key := f"{k}_within_auc_{w}_mean") in r else "-"
+                            for w in ("start", "middle", "end"))
                   if f"{k}_within_auc_start_mean" in r else "-" for k in stale]
         extra = f" (+{r['extra_s_mean']:.0f} retraining)" if r.get("extra_s_mean") else ""
         cells += [f"{r['steps_per_s_mean']:.2f}" if "steps_per_s_mean" in r else "-",

@@ -119,6 +119,15 @@ def test_rows_carry_paired_intervals_against_frozen_and_the_staleness(tmp_path, 
     table = format_table({"samples": 1, "rows": [row]})
     assert "vs frozen (95% CI)" in table and "vs retrained (95% CI)" in table and "0.900, 0.800, 0.700" in table
     assert "gain_over_frozen" not in variant_row(s, FROZEN, runs, {}, 0.4, accs, 1)
+    # A policy that collapsed onto one solution per question leaves the last window without a mixed
+    # group in every seed: no AUC there, and the table says so instead of failing.
+    collapsed = [run(i, [0.9] * 40 + [None] * 20) for i in range(3)]
+    for r in collapsed:
+        for p in r.rewards[40:]:
+            p.update(orm_within_auc=None, orm_mixed_groups=0.0)
+    row = variant_row(s, "retrained-no-replay", collapsed, {}, 0.4, accs, 1)
+    assert "orm_within_auc_end_mean" not in row and row["orm_within_auc_middle_mean"] == 0.9
+    assert "0.900, 0.900, -" in format_table({"samples": 1, "rows": [row]})
 
 
 def test_a_variant_on_a_reward_model_that_failed_its_gate_says_so_in_its_row_and_report(tmp_path, tiny_cfg):
