@@ -35,7 +35,7 @@ from prefect.artifacts import create_markdown_artifact
 from pydantic import BaseModel, ConfigDict
 
 from flows import artifact_key, numbered_run_name, parameter
-from flows.reports import figure_source, mlflow_link
+from flows.reports import figure_source, mlflow_link, warning_line
 from flows.rounds import RoundStart, reward_stages
 from flows.variants import BASELINE, Budget, ONE_ROUND, PRESETS, Preset, TWO_ROUNDS, UNIFORM, VARIANTS
 from grpo_core import figures
@@ -485,7 +485,7 @@ def report(result: dict, link: str) -> str:
              f"Every variant from the SFT model, {result['seeds']} seed(s), {what}; greedy test accuracy on "
              f"{result['n_test']} questions" + (f", maj@K / pass@K on {result['n_sampled']}" if result["n_sampled"] else "")
              + f". [MLflow run]({link})", ""]
-    warned = [f"> **Warning ({r['variant']}): {w}.**" for r in result["rows"] for w in r.get("quality_warnings", [])]
+    warned = [warning_line(w, r["variant"]) for r in result["rows"] for w in r.get("quality_warnings", [])]
     lines += (warned + [""] if warned else []) + [format_table(result), ""]
     two = next((r for r in result["rows"] if "gain_over_one_round" in r), None)
     if two:

@@ -25,6 +25,11 @@ def figure_source(path: Path) -> str:
     return "data:image/png;base64," + base64.b64encode(Path(path).read_bytes()).decode()
 
 
+def warning_line(text: str, where: str = "") -> str:
+    """A quality warning at the top of a Prefect report (``where``: the round or variant it concerns)."""
+    return f"> **Warning{f' ({where})' if where else ''}: {text}.**"
+
+
 def mlflow_link(uri: str, exp_id: str, run_id: str) -> str:
     """A link to the run in the MLflow UI (the tracking server, or what ``grpo-pipeline ui`` serves),
     in its model-training view: MLflow 3 opens its GenAI view unless the address or the browser's
@@ -52,7 +57,7 @@ def round_report(summary: dict, champion: dict, link: str) -> str:
                      f"{rm.get('baseline', {}).get(key, float('nan')):.4f})"))
     rows.append(("champion", f"version {champion['version']} (round {champion['round']})"))
     rows.append(("MLflow run", f"[round-{summary['round']}]({link})"))
-    warnings = [f"> **Warning: {w}.**" for w in summary.get("quality_warnings", [])]
+    warnings = [warning_line(w) for w in summary.get("quality_warnings", [])]
     if summary.get("excluded_reward_models"):
         warnings.append(f"> Kept out of this round's GRPO reward (rounds.on_gate_failure: exclude): "
                         f"{', '.join(k.upper() for k in summary['excluded_reward_models'])}.")
@@ -74,7 +79,7 @@ def pipeline_report(manifest: dict, exp_id: str, gains: dict[int, dict[str, dict
     sft, rounds = manifest["eval"]["sft"], manifest["rounds"]
     sets = {"test": sft} | sft.get("held_out", {})  # the test split, then each further held-out set
     lines = [f"## Pipeline run `{manifest['run_name']}`", ""]
-    lines += [f"> **Warning (round {r['round']}): {w}.**" for r in rounds for w in r.get("quality_warnings", [])]
+    lines += [warning_line(w, f"round {r['round']}") for r in rounds for w in r.get("quality_warnings", [])]
     lines += ["", "| model | " + " | ".join(f"{name} accuracy ({s['n']} questions) | minus SFT, paired (95% interval)"
                                               for name, s in sets.items()) + " | MLflow run |",
               "|---|" + "---|---|" * len(sets) + "---|",
