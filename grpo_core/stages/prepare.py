@@ -3,11 +3,13 @@ and the further held-out test sets (``held_out/<name>.jsonl``) as GSM8K-form JSO
 question is shared between splits and that no test question is trained on."""
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
+from grpo_core.benchmarks import split_record
 from grpo_core.config import PipelineConfig
-from grpo_core.data import DataError, SPLITS, load_held_out, load_splits, splits_digest, write_jsonl
+from grpo_core.data import DataError, SPLITS, held_out_examples, load_splits, splits_digest, write_jsonl
 from grpo_core.manifests import write_manifest
 
 
@@ -15,7 +17,7 @@ def prepared_splits(cfg: PipelineConfig) -> tuple[dict[str, list], dict[str, lis
     """The splits and held-out sets the data stage writes (everything but the writing; what
     ``grpo-pipeline check`` runs too): questions shared between splits refused (generated data) or
     dropped from the training splits (real data), and an error when a training split is left empty."""
-    splits = load_splits(cfg.data, cfg.seed)
+    splits = load_splits(cfg.data, cfg.seed)  # a benchmark's splits: whole clusters of near-duplicates
     seen: dict[str, str] = {}
     for split in SPLITS:
         for e in splits[split]:
@@ -24,7 +26,7 @@ def prepared_splits(cfg: PipelineConfig) -> tuple[dict[str, list], dict[str, lis
                     raise DataError(f"question shared by {seen[e.question]} and {split}: {e.question!r}")
             seen.setdefault(e.question, split)
     dc = cfg.data
-    held_out = {name: load_held_out(h.file, h.format, dc.max_examples, dc.max_chars) for name, h in dc.held_out.items()}
+    held_out = held_out_examples(dc)
     # Real datasets may repeat a question across files; drop such repeats from training splits.
     tested = {e.question for s in ("val", "test") for e in splits[s]} | {e.question for v in held_out.values() for e in v}
     for split in ("sft", "rl"):
@@ -41,6 +43,8 @@ def run_prepare(cfg: PipelineConfig, out_dir: Path) -> dict:
     shutil.rmtree(out_dir / "held_out", ignore_errors=True)  # a set an earlier recipe named is not evaluated
     for name, examples in held_out.items():
         write_jsonl(examples, out_dir / "held_out" / f"{name}.jsonl")
+    if cfg.data.source == "benchmark":  # which of the benchmark's own idx each stage saw
+        (out_dir / "split.json").write_text(json.dumps(split_record(cfg.data.benchmark, splits, held_out)))
     counts = {f"n_{s}": len(splits[s]) for s in SPLITS} | {"held_out": {k: len(v) for k, v in held_out.items()}}
     # The splits' digest is what the training stages' keys hold; the held-out sets have their own, in
     # the keys of the stages that read them (evaluation, the corpus's decontamination) only.
