@@ -1,0 +1,98 @@
+"""A finished real-benchmark run (``make real``) as the folder docs/cpu-runs/<date>-<name>/ commits: every
+evaluated model's completions per benchmark (``<benchmark>-<sft|policy>.jsonl.gz``, one JSON line per
+question: ``idx``, ``question``, ``completion``, ``answer``, ``correct``), the run's ``split.json``, and
+``summary.json``: accuracies, the policy minus SFT paired over the questions with a 95% interval, GRPO's
+share of groups with reward spread, the stages' seconds, and every completion scored again by a second
+extraction (the last number anywhere in the completion, not the text after ``####``) so that a
+disagreement between the two is visible.
+
+    python bench/cpu_run.py runs/smollm2-cpu docs/cpu-runs/2026-11-27-smollm2-mawps [--check]
+
+``--check`` reads a committed folder alone and recomputes its accuracies and intervals from the files.
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import re
+import shutil
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from grpo_core.stats import question_interval  # noqa: E402
+from grpo_core.verify import answers_match  # noqa: E402
+
+_LAST_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+def last_number_correct(completion: str, gold: str) -> bool:
+    """A second reading of a completion: its last number, wherever it stands."""
+    numbers = _LAST_NUMBER.findall(completion)
+    return bool(numbers) and answers_match(numbers[-1].replace(",", ""), gold)
+
+
+def read_rows(path: Path) -> list[dict]:
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+def score(folder: Path) -> dict:
+    """Accuracies and paired intervals recomputed from the committed completions alone."""
+    out: dict[str, dict] = {}
+    for sft_file in sorted(folder.glob("*-sft.jsonl.gz")):
+        bench = sft_file.name.removesuffix("-sft.jsonl.gz")
+        rows = {m: read_rows(folder / f"{bench}-{m}.jsonl.gz") for m in ("sft", "policy")}
+        if [r["idx"] for r in rows["sft"]] != [r["idx"] for r in rows["policy"]]:
+            raise ValueError(f"{folder}: {bench}'s SFT and policy files hold different questions")
+        correct = {m: [bool(r["correct"]) for r in rs] for m, rs in rows.items()}
+        second = {m: [last_number_correct(r["completion"], r["gold"]) for r in rs] for m, rs in rows.items()}
+        out[bench] = {"n": len(rows["sft"]), **{m: sum(c) / len(c) for m, c in correct.items()},
+                      "policy_minus_sft": question_interval(correct["policy"], correct["sft"]),
+                      "last_number": {**{m: sum(c) / len(c) for m, c in second.items()},
+                                      "policy_minus_sft": question_interval(second["policy"], second["sft"]),
+                                      "disagree": {m: sum(a != b for a, b in zip(correct[m], second[m])) for m in correct}}}
+    return out
+
+
+def record(run_dir: Path, folder: Path) -> dict:
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    config = (run_dir / "config.yaml").read_text()
+    split = json.loads((Path(manifest["data_dir"]) / "split.json").read_text())
+    main = next(name for name, parts in split.items() if "rl" in parts)
+    folder.mkdir(parents=True, exist_ok=True)
+    for model in ("sft", "policy"):
+        result = manifest["eval"][model]
+        shutil.copyfile(result["completions"], folder / f"{main}-{model}.jsonl.gz")
+        for name, held in result.get("held_out", {}).items():
+            shutil.copyfile(held["completions"], folder / f"{name}-{model}.jsonl.gz")
+    (folder / "split.json").write_text(json.dumps(split))
+    (folder / "config.yaml").write_text(config)
+    grpo = manifest["rounds"][-1]["stages"]["grpo"]
+    drawn = [1 - r["frac_reward_zero_std"] for r in grpo["rewards"]]  # of every group sampled
+    kept = [1 - r["frac_batch_zero_std"] for r in grpo["rewards"]]  # of the groups trained on, after redraws
+    summary = {"run": manifest["run_name"], "scores": score(folder),
+               "grpo": {"steps": grpo["steps"], "best_step": grpo["best_step"],
+                        "best_val_accuracy": grpo["best_val_accuracy"],
+                        "groups_with_spread": {"sampled": sum(drawn) / max(len(drawn), 1),
+                                               "trained": sum(kept) / max(len(kept), 1)},
+                        "curve": grpo["curve"]},
+               "stages_s": manifest["profile"]["stages_s"], "wall_s": manifest["profile"]["wall_s"]}
+    (folder / "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("run_dir", type=Path, nargs="?")
+    ap.add_argument("folder", type=Path)
+    ap.add_argument("--check", action="store_true", help="recompute the scores of a committed folder alone")
+    args = ap.parse_args()
+    result = score(args.folder) if args.check else record(args.run_dir, args.folder)
+    print(json.dumps(result if args.check else result["scores"], indent=1))
+
+
+if __name__ == "__main__":
+    main()

