@@ -6,9 +6,14 @@ share of groups with reward spread, the stages' seconds, and every completion sc
 extraction (the last number anywhere in the completion, not the text after ``####``) so that a
 disagreement between the two is visible.
 
-    python bench/cpu_run.py runs/smollm2-cpu docs/cpu-runs/2026-11-27-smollm2-mawps [--check]
+    python bench/cpu_run.py runs/smollm2-cpu docs/cpu-runs/2026-11-27-smollm2-mawps
+    python bench/cpu_run.py runs/smollm2-cpu docs/cpu-runs/2026-11-27-smollm2-mawps-seed-1 --grpo-seed 1
+    python bench/cpu_run.py --check docs/cpu-runs/2026-11-27-smollm2-mawps
 
-``--check`` reads a committed folder alone and recomputes its accuracies and intervals from the files.
+``--grpo-seed S`` first trains GRPO again from the run's SFT model with the recipe's seed set to S (other
+questions and samples; ``<run>/seed-S/``) and evaluates that policy on the same questions; the SFT
+model's completions are the run's. ``--check`` reads a committed folder alone and recomputes its
+accuracies and intervals from the files.
 """
 from __future__ import annotations
 
@@ -57,29 +62,45 @@ def score(folder: Path) -> dict:
     return out
 
 
-def record(run_dir: Path, folder: Path) -> dict:
+def another_seed(run_dir: Path, manifest: dict, seed: int) -> tuple[dict, dict, str]:
+    """GRPO from the run's SFT model with the recipe's seed set to ``seed``, and its evaluation."""
+    from grpo_core.evaluation import run_eval
+    from grpo_core.recipe import load_config
+    from grpo_core.stages.grpo import run_grpo
+
+    cfg = load_config(run_dir / "config.yaml", [f"seed={seed}"])
+    out, data = run_dir / f"seed-{seed}", Path(manifest["data_dir"])
+    grpo = run_grpo(cfg, data, manifest["sft_model"], out / "grpo")
+    evaluated = run_eval(cfg, data, {"policy": grpo["model"]}, out / "eval")
+    return grpo, evaluated["results"]["policy"], cfg.model_dump_json()
+
+
+def record(run_dir: Path, folder: Path, grpo_seed: int | None = None) -> dict:
     manifest = json.loads((run_dir / "manifest.json").read_text())
     config = (run_dir / "config.yaml").read_text()
+    results = {"sft": manifest["eval"]["sft"], "policy": manifest["eval"]["policy"]}
+    grpo = manifest["rounds"][-1]["stages"]["grpo"]
+    if grpo_seed is not None:
+        grpo, results["policy"], config = another_seed(run_dir, manifest, grpo_seed)
     split = json.loads((Path(manifest["data_dir"]) / "split.json").read_text())
     main = next(name for name, parts in split.items() if "rl" in parts)
     folder.mkdir(parents=True, exist_ok=True)
-    for model in ("sft", "policy"):
-        result = manifest["eval"][model]
+    for model, result in results.items():
         shutil.copyfile(result["completions"], folder / f"{main}-{model}.jsonl.gz")
         for name, held in result.get("held_out", {}).items():
             shutil.copyfile(held["completions"], folder / f"{name}-{model}.jsonl.gz")
     (folder / "split.json").write_text(json.dumps(split))
-    (folder / "config.yaml").write_text(config)
-    grpo = manifest["rounds"][-1]["stages"]["grpo"]
+    (folder / ("config.yaml" if grpo_seed is None else "config.json")).write_text(config)
     drawn = [1 - r["frac_reward_zero_std"] for r in grpo["rewards"]]  # of every group sampled
     kept = [1 - r["frac_batch_zero_std"] for r in grpo["rewards"]]  # of the groups trained on, after redraws
-    summary = {"run": manifest["run_name"], "scores": score(folder),
+    summary = {"run": manifest["run_name"], "grpo_seed": grpo_seed, "scores": score(folder),
                "grpo": {"steps": grpo["steps"], "best_step": grpo["best_step"],
                         "best_val_accuracy": grpo["best_val_accuracy"],
                         "groups_with_spread": {"sampled": sum(drawn) / max(len(drawn), 1),
                                                "trained": sum(kept) / max(len(kept), 1)},
                         "curve": grpo["curve"]},
-               "stages_s": manifest["profile"]["stages_s"], "wall_s": manifest["profile"]["wall_s"]}
+               "grpo_train_s": grpo["train_s"], "stages_s": manifest["profile"]["stages_s"],
+               "wall_s": manifest["profile"]["wall_s"]}
     (folder / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
 
@@ -88,9 +109,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("run_dir", type=Path, nargs="?")
     ap.add_argument("folder", type=Path)
+    ap.add_argument("--grpo-seed", type=int, help="first train GRPO again from the run's SFT model with this seed")
     ap.add_argument("--check", action="store_true", help="recompute the scores of a committed folder alone")
     args = ap.parse_args()
-    result = score(args.folder) if args.check else record(args.run_dir, args.folder)
+    result = score(args.folder) if args.check else record(args.run_dir, args.folder, args.grpo_seed)
     print(json.dumps(result if args.check else result["scores"], indent=1))
 
 

@@ -317,7 +317,7 @@ def phase_d(run: Run, seconds: float) -> dict:
             out[where][k] = {"accuracy": metrics["accuracy"], "n": metrics["n"], "seconds": round(last_s, 1)}
             benchmark = where.removesuffix("_test")
             write_jsonl(folder / f"{benchmark}-{EVAL_NAMES[k]}.jsonl.gz",
-                        [{"question": r["question"], "completion": r["completion"], "answer": r["predicted"],
+                        [{"idx": r["idx"], "question": r["question"], "completion": r["completion"], "answer": r["predicted"],
                           "gold": r["gold"], "correct": r["correct"]} for r in rows])
             for m, against in [(m, "sft") for m in right if m not in ("sft", "base")] + [("sft", "base")]:
                 if m in right and against in right:

@@ -125,27 +125,23 @@ def benchmark_splits(cfg: BenchmarkData, held_out: dict[str, list[Example]]) -> 
     tagged = [("main", e) for e in main] + ([] if sft_pool is main else [("sft", e) for e in sft_pool])
     tagged += [(f"held_out:{name}", e) for name, examples in held_out.items() for e in examples]
     cluster_of = clusters([e.question for _, e in tagged])
-    members: dict[int, list[int]] = defaultdict(list)
-    for i, c in enumerate(cluster_of):
-        members[c].append(i)
+    members: dict[int, list[str]] = defaultdict(list)  # a cluster's tags
+    for (tag, _), c in zip(tagged, cluster_of):
+        members[c].append(tag)
     order = sorted(members)
     random.Random(cfg.split_seed).shuffle(order)
-    order.sort(key=lambda c: not any(tagged[i][0].startswith("held_out") for i in members[c]))  # stable
+    held = {c for c in order if any(tag.startswith("held_out") for tag in members[c])}
     side: dict[int, str] = {}
     count = {"test": 0, "val": 0}
-    for c in order:
-        n_main = sum(tagged[i][0] == "main" for i in members[c])
-        held = any(tagged[i][0].startswith("held_out") for i in members[c])
-        if not held and n_main == 0:
-            side[c] = "rl"  # only SFT rows: trained on
-        elif held or count["test"] < cfg.n_test:
+    for c in sorted(order, key=lambda c: c not in held):  # clusters of held-out questions first
+        n_main = members[c].count("main")
+        if c in held or (n_main and count["test"] < cfg.n_test):
             side[c] = "test"
-        elif count["val"] < cfg.n_val:
+        elif n_main and count["val"] < cfg.n_val:
             side[c] = "val"
         else:
-            side[c] = "rl"
-        if side[c] in count:
-            count[side[c]] += n_main
+            side[c] = "rl"  # trained on (by RL, and by SFT where a row has a worked solution)
+        count[side[c]] = count.get(side[c], 0) + n_main
     splits: dict[str, list[Example]] = {"sft": [], "rl": [], "val": [], "test": []}
     for i, (tag, e) in enumerate(tagged):
         where = side[cluster_of[i]]

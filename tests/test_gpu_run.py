@@ -63,7 +63,8 @@ def test_the_gpu_command_runs_every_phase_with_tiny_sizes(tiny_model_dir, tmp_pa
         assert sorted(tar.getnames()) == sorted(f"{b}-{m}.jsonl.gz" for b in ("gsm8k", "svamp")
                                                for m in ("base", "sft", "policy"))
         rows = [json.loads(line) for line in gzip.decompress(tar.extractfile("gsm8k-policy.jsonl.gz").read()).splitlines()]
-    assert len(rows) == 6 and set(rows[0]) == {"question", "completion", "answer", "gold", "correct"}
+    assert len(rows) == 6 and set(rows[0]) == {"idx", "question", "completion", "answer", "gold", "correct"}
+    assert [r["idx"] for r in rows] == list(range(6))  # GSM8K's own idx
     assert sum(r["correct"] for r in rows) / 6 == d["result"]["gsm8k_test"]["grpo"]["accuracy"]
     for name in "abcde":
         record = _phase(out, name)
