@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import subprocess
+import sys
 from collections import defaultdict
 
 import pytest
@@ -161,3 +163,24 @@ def test_the_real_model_preset_runs_its_stages_on_a_few_questions(tmp_path):
                 rows = [json.loads(line) for line in f]
             assert len(rows) == where["n"] == 6 and [r["idx"] for r in rows] == ids[:6]
             assert sum(r["correct"] for r in rows) / 6 == where["accuracy"]
+
+
+def test_a_committed_run_folder_is_scored_again_from_its_files_alone(tmp_path):
+    """bench/cpu_run.py --check: accuracies and the paired interval from the completions, and the
+    second extraction (the last number) disagreeing where the text after #### is not the last number."""
+    def rows(correct: list[bool], completions: list[str]) -> list[dict]:
+        return [{"idx": i, "question": "q?", "completion": c, "answer": "", "gold": "3", "correct": ok}
+                for i, (ok, c) in enumerate(zip(correct, completions))]
+
+    files = {"mawps-sft": rows([True, False, False], ["#### 3", "#### 4", "#### 4 so 3"]),
+             "mawps-policy": rows([True, True, False], ["#### 3", "#### 3", "1 + 2 = 3\n#### 5"])}
+    for name, content in files.items():
+        with gzip.open(tmp_path / f"{name}.jsonl.gz", "wt") as f:
+            f.writelines(json.dumps(r) + "\n" for r in content)
+    done = subprocess.run([sys.executable, "bench/cpu_run.py", "--check", str(tmp_path)], capture_output=True, text=True, check=True)
+    mawps = json.loads(done.stdout)["mawps"]
+    assert mawps["n"] == 3 and mawps["sft"] == pytest.approx(1 / 3) and mawps["policy"] == pytest.approx(2 / 3)
+    assert mawps["policy_minus_sft"]["mean"] == pytest.approx(1 / 3)
+    # The last number: SFT's "#### 4 so 3" reads 3 (right), the policy's "... #### 5" reads 5 (wrong).
+    assert mawps["last_number"]["sft"] == pytest.approx(2 / 3) and mawps["last_number"]["policy"] == pytest.approx(2 / 3)
+    assert mawps["last_number"]["disagree"] == {"sft": 1, "policy": 0}
