@@ -10,6 +10,8 @@ disagreement between the two is visible.
     python bench/cpu_run.py runs/smollm2-cpu docs/cpu-runs/2026-11-27-smollm2-mawps-seed-1 --grpo-seed 1
     python bench/cpu_run.py --check docs/cpu-runs/2026-11-27-smollm2-mawps
 
+``--policy DIR --recipe FILE`` evaluates the run's SFT model and the model at DIR (a GRPO checkpoint of a
+run that was stopped before its end, say) with the recipe's evaluation settings, then records them.
 ``--grpo-seed S`` first trains GRPO again from the run's SFT model with the recipe's seed set to S (other
 questions and samples; ``<run>/seed-S/``) and evaluates that policy on the same questions; the SFT
 model's completions are the run's. ``--check`` reads a committed folder alone and recomputes its
@@ -75,9 +77,26 @@ def another_seed(run_dir: Path, manifest: dict, seed: int) -> tuple[dict, dict, 
     return grpo, evaluated["results"]["policy"], cfg.model_dump_json()
 
 
-def record(run_dir: Path, folder: Path, grpo_seed: int | None = None) -> dict:
-    manifest = json.loads((run_dir / "manifest.json").read_text())
-    config = (run_dir / "config.yaml").read_text()
+def evaluate_policy(run_dir: Path, recipe: Path, policy: Path) -> tuple[dict, dict, str]:
+    """The run's SFT model and ``policy`` evaluated on the run's test sets; (a manifest of the fields
+    ``record`` reads, the GRPO stage's manifest where ``policy`` is one of its checkpoints, the recipe)."""
+    from grpo_core.evaluation import run_eval
+    from grpo_core.recipe import load_config
+
+    cfg = load_config(recipe)
+    data, sft = run_dir / "data", run_dir / "sft" / "model"
+    evaluated = run_eval(cfg, data, {"sft": str(sft), "policy": str(policy)}, run_dir / f"eval-{policy.name}")["results"]
+    manifest = {"run_name": cfg.run_name, "eval": evaluated, "data_dir": str(data), "profile": {"stages_s": {}, "wall_s": None},
+                "rounds": [{"stages": {"grpo": {"steps": int(policy.name.rsplit("-", 1)[-1]), "best_step": None,
+                                                "best_val_accuracy": None, "rewards": [], "curve": [], "train_s": None}}}]}
+    return manifest, evaluated, recipe.read_text()
+
+
+def record(run_dir: Path, folder: Path, grpo_seed: int | None = None, policy: Path | None = None,
+           recipe: Path | None = None) -> dict:
+    manifest = (evaluate_policy(run_dir, recipe, policy)[0] if policy
+                else json.loads((run_dir / "manifest.json").read_text()))
+    config = recipe.read_text() if policy else (run_dir / "config.yaml").read_text()
     results = {"sft": manifest["eval"]["sft"], "policy": manifest["eval"]["policy"]}
     grpo = manifest["rounds"][-1]["stages"]["grpo"]
     if grpo_seed is not None:
@@ -96,8 +115,8 @@ def record(run_dir: Path, folder: Path, grpo_seed: int | None = None) -> dict:
     summary = {"run": manifest["run_name"], "grpo_seed": grpo_seed, "scores": score(folder),
                "grpo": {"steps": grpo["steps"], "best_step": grpo["best_step"],
                         "best_val_accuracy": grpo["best_val_accuracy"],
-                        "groups_with_spread": {"sampled": sum(drawn) / max(len(drawn), 1),
-                                               "trained": sum(kept) / max(len(kept), 1)},
+                        "groups_with_spread": {"sampled": sum(drawn) / len(drawn), "trained": sum(kept) / len(kept)}
+                        if drawn else None,
                         "curve": grpo["curve"]},
                "grpo_train_s": grpo["train_s"], "stages_s": manifest["profile"]["stages_s"],
                "wall_s": manifest["profile"]["wall_s"]}
@@ -110,9 +129,13 @@ def main() -> None:
     ap.add_argument("run_dir", type=Path, nargs="?")
     ap.add_argument("folder", type=Path)
     ap.add_argument("--grpo-seed", type=int, help="first train GRPO again from the run's SFT model with this seed")
+    ap.add_argument("--policy", type=Path, help="evaluate this model beside the run's SFT model (with --recipe)")
+    ap.add_argument("--recipe", type=Path, help="--policy: the recipe whose evaluation settings apply")
     ap.add_argument("--check", action="store_true", help="recompute the scores of a committed folder alone")
     args = ap.parse_args()
-    result = score(args.folder) if args.check else record(args.run_dir, args.folder, args.grpo_seed)
+    if args.policy and not args.recipe:
+        ap.error("--policy needs --recipe")
+    result = score(args.folder) if args.check else record(args.run_dir, args.folder, args.grpo_seed, args.policy, args.recipe)
     if not args.check:  # what a person reads after `make real`: the scores, GRPO's spread, each stage's seconds
         result = {k: result[k] for k in ("scores", "grpo_train_s", "stages_s", "wall_s")} | {
             "groups_with_spread": result["grpo"]["groups_with_spread"], "best_step": result["grpo"]["best_step"]}
