@@ -135,7 +135,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.policy and not args.recipe:
         ap.error("--policy needs --recipe")
-    result = score(args.folder) if args.check else record(args.run_dir, args.folder, args.grpo_seed, args.policy, args.recipe)
+    result = (score(args.folder) if args.check
+              else record(args.run_dir, args.folder, args.grpo_seed, args.policy, args.recipe))
     if not args.check:  # what a person reads after `make real`: the scores, GRPO's spread, each stage's seconds
         result = {k: result[k] for k in ("scores", "grpo_train_s", "stages_s", "wall_s")} | {
             "groups_with_spread": result["grpo"]["groups_with_spread"], "best_step": result["grpo"]["best_step"]}

@@ -54,8 +54,9 @@ def main() -> None:
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for mode in MODES:  # one after the other: two processes on two cores would time each other
-            done = subprocess.run([sys.executable, __file__, "--one", mode, "--steps", str(args.steps), "--model", args.model,
-                                   "--out", str(Path(tmp) / mode)], check=True, capture_output=True, text=True)
+            command = [sys.executable, __file__, "--one", mode, "--steps", str(args.steps), "--model", args.model,
+                       "--out", str(Path(tmp) / mode)]
+            done = subprocess.run(command, check=True, capture_output=True, text=True)
             results[mode] = json.loads(done.stdout.strip().splitlines()[-1])
             print(json.dumps(results[mode]), flush=True)
     full, lora = results["full"], results["lora"]

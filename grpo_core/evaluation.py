@@ -115,7 +115,8 @@ def run_eval(cfg, data_dir: Path, models: dict[str, str], out_dir: Path, logger=
             per_question = Path(out_dir) / "per_question" / ("" if set_name == "test" else set_name) / f"{name}.json"
             per_question.parent.mkdir(parents=True, exist_ok=True)  # a model's name may hold a folder: variant/seed-0
             per_question.write_text(json.dumps([int(r["correct"]) for r in rows]))
-            completions = write_completions(rows, Path(out_dir) / "completions" / per_question.relative_to(Path(out_dir) / "per_question"))
+            relative = per_question.relative_to(Path(out_dir) / "per_question")
+            completions = write_completions(rows, Path(out_dir) / "completions" / relative)
             measured[set_name] = {**metrics, "per_question": str(per_question), "completions": str(completions)}
             if logger:
                 where = name if set_name == "test" else f"{name}/{set_name}"

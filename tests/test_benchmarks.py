@@ -16,7 +16,8 @@ from grpo_core.config import BenchmarkData, DataConfig, HeldOutSet
 from grpo_core.data import DataError, Example, held_out_examples, load_jsonl, write_jsonl
 from grpo_core.evaluation import write_completions
 
-JOAN = "Joan found 70 seashells on the beach. She gave Sam some of her seashells. She has 27 seashells left. How many did she give to Sam ?"
+JOAN = ("Joan found 70 seashells on the beach. She gave Sam some of her seashells. She has 27 seashells left. "
+        "How many did she give to Sam ?")
 
 
 def test_signature_reads_number_words_as_digits():
@@ -177,7 +178,8 @@ def test_a_committed_run_folder_is_scored_again_from_its_files_alone(tmp_path):
     for name, content in files.items():
         with gzip.open(tmp_path / f"{name}.jsonl.gz", "wt") as f:
             f.writelines(json.dumps(r) + "\n" for r in content)
-    done = subprocess.run([sys.executable, "bench/cpu_run.py", "--check", str(tmp_path)], capture_output=True, text=True, check=True)
+    done = subprocess.run([sys.executable, "bench/cpu_run.py", "--check", str(tmp_path)],
+                          capture_output=True, text=True, check=True)
     mawps = json.loads(done.stdout)["mawps"]
     assert mawps["n"] == 3 and mawps["sft"] == pytest.approx(1 / 3) and mawps["policy"] == pytest.approx(2 / 3)
     assert mawps["policy_minus_sft"]["mean"] == pytest.approx(1 / 3)

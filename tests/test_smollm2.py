@@ -109,3 +109,26 @@ def test_smollm2_gsm8k_whole_recipe_in_bf16_on_a_gpu(prefect_harness, tmp_path):
         "sft.max_steps=50", "sft.eval_every=25", "reward_data.questions=32", "reward_data.mc_rollouts=4",
         "reward_data.max_new_tokens=256", "grpo.max_steps=5", "grpo.questions_per_step=4", "grpo.group_size=8",
         "grpo.max_new_tokens=256", "grpo.eval_every=5", "eval.max_new_tokens=256", "eval.n_questions=64"], n_eval=64)
+
+
+def test_smollm2_cpu_preset_runs_its_stages_on_a_few_questions(tmp_path):
+    """configs/smollm2-cpu.yaml (`make real`) on the real model with tiny budgets: SFT on ASDiv's
+    formulas, GRPO on MAWPS through a LoRA adapter, and both evaluated with their completions kept."""
+    from grpo_core.evaluation import run_eval
+    from grpo_core.lm.convert import convert_smollm2
+    from grpo_core.stages.grpo import run_grpo
+    from grpo_core.stages.prepare import run_prepare
+    from grpo_core.stages.sft import run_sft
+
+    model = MODEL if (MODEL / "config.json").exists() else convert_smollm2(tmp_path / "smollm2")
+    cfg = load_config(ROOT / "configs" / "smollm2-cpu.yaml", [
+        f"model.path={model}", f"output_dir={tmp_path}", "sft.max_steps=2", "sft.batch_size=2", "sft.eval_every=2",
+        "grpo.max_steps=1", "grpo.questions_per_step=2", "grpo.group_size=2", "grpo.eval_every=1",
+        "data.benchmark.n_val=4", "eval.n_questions=4"])
+    run_prepare(cfg, tmp_path / "data")
+    sft = run_sft(cfg, tmp_path / "data", tmp_path / "sft")
+    grpo = run_grpo(cfg, tmp_path / "data", sft["model"], tmp_path / "grpo")
+    assert grpo["steps"] == 1 and (Path(grpo["model"]) / "adapter_config.json").exists()
+    out = run_eval(cfg, tmp_path / "data", {"sft": sft["model"], "policy": grpo["model"]}, tmp_path / "eval")
+    assert out["results"]["policy"]["n"] == 4 and out["results"]["policy"]["held_out"]["svamp"]["n"] == 4
+    assert all(Path(r["completions"]).exists() for r in (out["results"]["sft"], out["results"]["policy"]))
