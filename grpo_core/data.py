@@ -235,9 +235,7 @@ def load_splits(cfg: DataConfig, seed: int) -> dict[str, list[Example]]:
     if cfg.source == "arithmetic":
         return generate_arithmetic(cfg.arithmetic, seed)
     if cfg.source == "benchmark":
-        from grpo_core.benchmarks import benchmark_splits  # it reads this module's loaders
-
-        return benchmark_splits(cfg.benchmark, held_out_examples(cfg))
+        raise ValueError("source=benchmark: its splits come from grpo_core.benchmarks.benchmark_splits")
     cap, chars = cfg.max_examples, cfg.max_chars
     splits = {
         "sft": load_jsonl(cfg.sft_file, cap, chars),  # type: ignore[arg-type]

@@ -7,7 +7,7 @@ import json
 import shutil
 from pathlib import Path
 
-from grpo_core.benchmarks import split_record
+from grpo_core.benchmarks import benchmark_splits, split_record
 from grpo_core.config import PipelineConfig
 from grpo_core.data import DataError, SPLITS, held_out_examples, load_splits, splits_digest, write_jsonl
 from grpo_core.manifests import write_manifest
@@ -17,7 +17,13 @@ def prepared_splits(cfg: PipelineConfig) -> tuple[dict[str, list], dict[str, lis
     """The splits and held-out sets the data stage writes (everything but the writing; what
     ``grpo-pipeline check`` runs too): questions shared between splits refused (generated data) or
     dropped from the training splits (real data), and an error when a training split is left empty."""
-    splits = load_splits(cfg.data, cfg.seed)  # a benchmark's splits: whole clusters of near-duplicates
+    dc = cfg.data
+    if dc.source == "benchmark":  # whole clusters of near-duplicates, none near an evaluated question
+        held_out = held_out_examples(dc)
+        splits = benchmark_splits(dc.benchmark, held_out)
+    else:
+        splits = load_splits(dc, cfg.seed)
+        held_out = held_out_examples(dc)
     seen: dict[str, str] = {}
     for split in SPLITS:
         for e in splits[split]:
@@ -25,8 +31,6 @@ def prepared_splits(cfg: PipelineConfig) -> tuple[dict[str, list], dict[str, lis
                 if cfg.data.source == "arithmetic":  # generated splits are disjoint by construction
                     raise DataError(f"question shared by {seen[e.question]} and {split}: {e.question!r}")
             seen.setdefault(e.question, split)
-    dc = cfg.data
-    held_out = held_out_examples(dc)
     # Real datasets may repeat a question across files; drop such repeats from training splits.
     tested = {e.question for s in ("val", "test") for e in splits[s]} | {e.question for v in held_out.values() for e in v}
     for split in ("sft", "rl"):
