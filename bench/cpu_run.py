@@ -77,9 +77,9 @@ def another_seed(run_dir: Path, manifest: dict, seed: int) -> tuple[dict, dict, 
     return grpo, evaluated["results"]["policy"], cfg.model_dump_json()
 
 
-def evaluate_policy(run_dir: Path, recipe: Path, policy: Path) -> tuple[dict, dict, str]:
-    """The run's SFT model and ``policy`` evaluated on the run's test sets; (a manifest of the fields
-    ``record`` reads, the GRPO stage's manifest where ``policy`` is one of its checkpoints, the recipe)."""
+def evaluate_policy(run_dir: Path, recipe: Path, policy: Path) -> dict:
+    """The run's SFT model and ``policy`` (a GRPO checkpoint ``step-N``) evaluated on the run's test
+    sets with the recipe's settings, as a manifest of the fields ``record`` reads."""
     from grpo_core.evaluation import run_eval
     from grpo_core.recipe import load_config
 
@@ -89,12 +89,12 @@ def evaluate_policy(run_dir: Path, recipe: Path, policy: Path) -> tuple[dict, di
     manifest = {"run_name": cfg.run_name, "eval": evaluated, "data_dir": str(data), "profile": {"stages_s": {}, "wall_s": None},
                 "rounds": [{"stages": {"grpo": {"steps": int(policy.name.rsplit("-", 1)[-1]), "best_step": None,
                                                 "best_val_accuracy": None, "rewards": [], "curve": [], "train_s": None}}}]}
-    return manifest, evaluated, recipe.read_text()
+    return manifest
 
 
 def record(run_dir: Path, folder: Path, grpo_seed: int | None = None, policy: Path | None = None,
            recipe: Path | None = None) -> dict:
-    manifest = (evaluate_policy(run_dir, recipe, policy)[0] if policy
+    manifest = (evaluate_policy(run_dir, recipe, policy) if policy
                 else json.loads((run_dir / "manifest.json").read_text()))
     config = recipe.read_text() if policy else (run_dir / "config.yaml").read_text()
     results = {"sft": manifest["eval"]["sft"], "policy": manifest["eval"]["policy"]}
