@@ -126,8 +126,9 @@ def _tracking_ready(cfg) -> None:
 
 
 def _measured(result: dict) -> dict:
-    """An eval result without its file paths (``model``, ``per_question``), held-out sets included."""
-    return {k: (_measured(v) if isinstance(v, dict) else v) for k, v in result.items() if k not in ("model", "per_question")}
+    """An eval result without its file paths (``model``, ``per_question``, ``completions``), held-out sets included."""
+    paths = ("model", "per_question", "completions")
+    return {k: (_measured(v) if isinstance(v, dict) else v) for k, v in result.items() if k not in paths}
 
 
 def cmd_run(a: argparse.Namespace) -> None:
