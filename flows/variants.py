@@ -60,16 +60,15 @@ VARIANTS = {
     "curriculum": Variant(about="3 in 4 of each step's questions from those the SFT model solved sometimes in its "
                                 "reward-data samples", grpo={"curriculum": 0.75, "redraws": 0}),
     "dynamic+curriculum": Variant(about="both", grpo={"curriculum": 0.75, "redraws": 3}),
-    # Where the checker is silent (most groups all wrong: no reward spread), the learned rewards
-    # give every group spread: the checker with dynamic sampling against the checker plus each.
-    "rule+orm": Variant(about="the answer checker plus the round-1 ORM (outcome supervision), questions drawn "
-                              "uniformly, every group kept", grpo={"reward_weights": {"rule": 1.0, "orm": 1.0},
-                                                                   "supervision": "outcome", "curriculum": 0.0,
-                                                                   "redraws": 0}, against=("dynamic",)),
-    "rule+prm": Variant(about="the answer checker plus the round-1 PRM's step credit (process supervision), questions "
-                              "drawn uniformly, every group kept", grpo={"reward_weights": {"rule": 1.0, "prm": 1.0},
-                                                                         "supervision": "process", "curriculum": 0.0,
-                                                                         "redraws": 0}, against=("dynamic",)),
+    # Where the checker is silent (most groups all wrong: no reward spread), a learned reward ranks
+    # solutions inside every group: the checker with dynamic sampling against the same plus each
+    # (dynamic sampling still judges a group by the checker's verdicts: ``rl.has_spread``).
+    "rule+orm": Variant(about="`dynamic` plus the round-1 ORM (outcome supervision)",
+                        grpo={"reward_weights": {"rule": 1.0, "orm": 1.0}, "supervision": "outcome", "curriculum": 0.0,
+                              "redraws": 3}, against=("dynamic",)),
+    "rule+prm": Variant(about="`dynamic` plus the round-1 PRM's step credit (process supervision)",
+                        grpo={"reward_weights": {"rule": 1.0, "prm": 1.0}, "supervision": "process", "curriculum": 0.0,
+                              "redraws": 3}, against=("dynamic",)),
     # Iterative RL (§4.2) on the recipe's own reward (``iterate``: a learned one alone), the recipe's
     # rounds sharing the budget; only what happens to the reward models between rounds differs.
     FROZEN: Variant(about="the recipe's GRPO in its rounds, the reference reset each round, the round-1 reward "

@@ -286,7 +286,7 @@ class GRPOConfig(Training):
     process_credit: Literal["sum", "min"] = Field("sum", description="supervision=process: a token's advantage is the sum (paper) or the min (PURE) of the normalised rewards of the steps at or after it")
     # Sparse rewards (stages/questions.py): a group whose rewards are all equal gives no gradient.
     curriculum: float = Field(0.0, ge=0, le=1, description="share of each step's questions drawn from those the policy solved sometimes (0 < right < samples) in the round's reward-data samples, the rest uniformly (open-r1's pass-rate filter, softened); 0 = uniform (paper)")
-    redraws: int = Field(0, ge=0, description="dynamic sampling (DAPO §3.2): a question whose group has no reward spread gives its place to another question's group, up to this many more groups per place (the bound on extra sampling); 0 = keep every group (paper)")
+    redraws: int = Field(0, ge=0, description="dynamic sampling (DAPO §3.2): a question whose group has no reward spread (where the answer checker is weighted: whose verdicts are all alike) gives its place to another question's group, up to this many more groups per place (the bound on extra sampling); 0 = keep every group (paper)")
     # The §5 comparison: the table of algorithms (``algorithms.ALGORITHMS``) says what each one
     # samples, its advantage, where the KL goes and what it trains beside the policy.
     algorithm: Literal["grpo", "ppo", "rft", "online_rft"] = Field(
@@ -344,10 +344,10 @@ class GRPOConfig(Training):
         if self.redraws and alg.advantage != "group":
             raise ValueError(f"redraws (dynamic sampling) keeps groups whose GRPO advantages have spread; {name} "
                              f"has no group advantage: set redraws to 0")
-        if self.redraws and self.supervision == "process":
-            raise ValueError("redraws (dynamic sampling) replaces groups without reward spread, but under "
-                             "supervision=process the PRM's step rewards give nearly every group spread: set redraws "
-                             "to 0, or supervision to outcome")
+        if self.redraws and self.supervision == "process" and not self.reward_weights.get("rule"):
+            raise ValueError("redraws (dynamic sampling) under supervision=process keeps the groups whose answer "
+                             "checker verdicts differ (the PRM's step rewards give nearly every group spread): give "
+                             "reward_weights.rule a weight > 0, or set redraws to 0")
         if self.ppo is not None and "value" not in alg.trains:
             raise ValueError(f"the ppo section applies to algorithm=ppo only ({name})")
         if self.lora is not None and ("value" in alg.trains or alg.samples == "reference"):

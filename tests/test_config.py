@@ -166,6 +166,11 @@ def test_process_supervision_needs_a_trained_prm():
     cfg = load_config(None, ["grpo.supervision=process", "grpo.reward_weights={prm: 1.0}", "prm.train=true",
                              "grpo.process_credit=min"])
     assert cfg.grpo.process_credit == "min"
+    # Dynamic sampling under process supervision judges a group by the answer checker: refused without it.
+    with pytest.raises(ConfigError, match="reward_weights.rule"):
+        load_config(None, ["grpo.supervision=process", "grpo.reward_weights={prm: 1.0}", "prm.train=true", "grpo.redraws=2"])
+    assert load_config(None, ["grpo.supervision=process", "grpo.reward_weights={rule: 1.0, prm: 1.0}", "prm.train=true",
+                              "grpo.redraws=2"]).grpo.redraws == 2
 
 
 @pytest.mark.parametrize("algorithm, beta, loss, reward, reference", [

@@ -65,8 +65,9 @@ def test_a_learning_rate_sweep_sets_every_rl_variant_and_only_them(tmp_path, tin
 
 
 def test_a_recipes_dynamic_sampling_stays_with_grpo_and_outcome_supervision(tmp_path, tiny_cfg):
-    """The §5 algorithms pin redraws to 0 over a recipe that sets it; under a process-supervised
-    recipe the dynamic variants are refused (the experiment skips them, saying why)."""
+    """The §5 algorithms pin redraws to 0 over a recipe that sets it; under a recipe supervised by
+    the PRM alone the dynamic variants are refused (they judge a group by the answer checker; the
+    experiment skips them, saying why), beside the checker they run."""
     from flows.experiment import setup
 
     run = _finished_run(tmp_path, tiny_cfg)
@@ -75,13 +76,16 @@ def test_a_recipes_dynamic_sampling_stays_with_grpo_and_outcome_supervision(tmp_
     (run / "config.yaml").write_text(yaml.safe_dump(recipe))
     s = setup(str(run), "study", None, None, 5, None)
     assert [s.config(v, 0).grpo.redraws for v in ("rft", "online-rft", "ppo", "rule-outcome")] == [0, 0, 0, 3]
-    recipe["grpo"] |= {"reward_weights": {"rule": 1.0, "prm": 1.0}, "supervision": "process", "redraws": 0}
+    recipe["grpo"] |= {"reward_weights": {"prm": 1.0}, "supervision": "process", "redraws": 0}
     recipe["prm"]["train"] = True
     (run / "config.yaml").write_text(yaml.safe_dump(recipe))
     s = setup(str(run), "sampling", None, None, 5, None)
     assert s.config("curriculum", 0).grpo.curriculum == 0.75
     with pytest.raises(ValueError, match="supervision=process"):
         s.config("dynamic", 0)
+    recipe["grpo"]["reward_weights"] = {"rule": 1.0, "prm": 1.0}
+    (run / "config.yaml").write_text(yaml.safe_dump(recipe))
+    assert setup(str(run), "sampling", None, None, 5, None).config("dynamic", 0).grpo.redraws == 3
 
 
 def test_rows_compare_with_uniform_and_count_steps_with_a_gradient(tmp_path, tiny_cfg):

@@ -104,6 +104,25 @@ class Offset(Dist):
         return slice(self.start, n)
 
 
+def test_under_process_supervision_a_group_is_judged_by_its_checker_verdicts():
+    """The PRM's step rewards differ within every group here; dynamic sampling keeps only the groups
+    whose answers are neither all right nor all wrong."""
+    from grpo_core.stages.rl import has_spread
+
+    qs = [Example(f"q{i}", "0") for i in range(3)]
+    correct = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 0.0])  # all right, mixed, all wrong
+    steps = torch.tensor([[0.9, 0.2], [0.3, 0.8], [0.5, 0.1], [0.7, 0.6], [0.2, 0.9], [0.4, 0.3]])
+    scored = Scored(correct + steps.min(1).values, correct, "process", steps, torch.ones(6, 2, dtype=torch.long),
+                    torch.ones(6, 2, dtype=torch.bool))
+    ex = Exploration(qs, fake_group(qs).rollout, scored)
+    process = GRPOConfig(group_size=2, supervision="process", reward_weights={"rule": 1.0, "prm": 1.0}, redraws=1)
+    assert has_spread(ex, process).tolist() == [False, True, False]
+    outcome = ex._replace(scored=Scored(scored.outcome, correct, "outcome"))  # checker + ORM, say: the same test
+    assert has_spread(outcome, GRPOConfig(group_size=2, reward_weights={"rule": 1.0, "orm": 1.0})).tolist() == [False, True, False]
+    # A learned reward alone: the spread of GRPO's advantages (every group's rewards differ here).
+    assert has_spread(outcome, GRPOConfig(group_size=2, reward_weights={"orm": 1.0})).tolist() == [True] * 3
+
+
 def test_a_group_without_spread_is_dropped_and_replaced(monkeypatch):
     first = [Example("s0", "0"), Example("n1", "1"), Example("s2", "2"), Example("n3", "3")]
     # Slot 1's first redraw has no spread, its second has; slot 3's first has.

@@ -14,7 +14,9 @@ draws questions uniformly and keeps every group):
   slot of the step whose group has no spread draws another question and samples its group again,
   up to ``redraws`` times; the first group with spread takes the slot. A slot still without one
   keeps its last group, so the batch keeps its shape (every process trains the same number of
-  rows). Extra sampling is bounded by ``redraws`` x the step's groups.
+  rows). Extra sampling is bounded by ``redraws`` x the step's groups. Where the answer checker is
+  weighted, "spread" means its verdicts differ (``rl.has_spread``), so a learned reward beside it
+  does not change which questions train.
 
 The step draws (``grpo.explore``); this module says which questions. Exact under resume and under
 several processes: slot i's k-th draw is the question ``QuestionSampler.redraw(step, i, k)``

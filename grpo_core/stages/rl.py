@@ -118,5 +118,11 @@ def spread(advantages: torch.Tensor, g: int) -> torch.Tensor:
 
 
 def has_spread(ex: Exploration, cfg: GRPOConfig) -> torch.Tensor:
-    """[N] bool: the groups of ``ex`` with reward spread under GRPO's estimator (dynamic sampling's test)."""
+    """[N] bool: dynamic sampling's test. Where the answer checker is weighted, the groups of ``ex``
+    whose verdicts differ (DAPO's accuracy filter): a learned reward gives nearly every group spread,
+    so adding one to a recipe with dynamic sampling changes the reward, not which questions train.
+    With learned rewards alone (outcome supervision), the groups with spread under GRPO's estimator."""
+    if cfg.reward_weights.get("rule"):
+        verdicts = ex.scored.correct.reshape(-1, cfg.group_size).bool()
+        return verdicts.any(-1) & ~verdicts.all(-1)
     return spread(group_advantages(ex, Models(None), cfg).values, cfg.group_size)
