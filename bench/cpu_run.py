@@ -8,14 +8,20 @@ disagreement between the two is visible.
 
     python bench/cpu_run.py runs/smollm2-cpu docs/cpu-runs/2026-11-27-smollm2-mawps
     python bench/cpu_run.py runs/smollm2-cpu docs/cpu-runs/2026-11-27-smollm2-mawps-seed-1 --grpo-seed 1
+    python bench/cpu_run.py runs/smollm2-cpu docs/cpu-runs/2026-11-28-smollm2-mawps-prm-seed-1 \
+        --experiment runs/smollm2-cpu/compare/steps-30-eval6 --variant rule+prm-process --seed 1
     python bench/cpu_run.py --check docs/cpu-runs/2026-11-27-smollm2-mawps
+    python bench/cpu_run.py --check docs/cpu-runs/<prm seed 1> --against docs/cpu-runs/<checker seed 1>
 
 ``--policy DIR --recipe FILE`` evaluates the run's SFT model and the model at DIR (a GRPO checkpoint of a
 run that was stopped before its end, say) with the recipe's evaluation settings, then records them.
 ``--grpo-seed S`` first trains GRPO again from the run's SFT model with the recipe's seed set to S (other
 questions and samples; ``<run>/seed-S/``) and evaluates that policy on the same questions; the SFT
-model's completions are the run's. ``--check`` reads a committed folder alone and recomputes its
-accuracies and intervals from the files.
+model's completions are the run's. ``--experiment DIR --variant V --seed S`` records seed S of variant V
+of a finished experiment on the run (``grpo-pipeline compare``: its GRPO, evaluation, and that seed's own
+round-1 reward models' held-out quality beside the SFT model's likelihood). ``--check`` reads a
+committed folder alone and recomputes its accuracies and intervals from the files; with ``--against``
+another folder's policy, on the same questions, is the baseline instead of SFT.
 """
 from __future__ import annotations
 
@@ -46,14 +52,16 @@ def read_rows(path: Path) -> list[dict]:
         return [json.loads(line) for line in f]
 
 
-def score(folder: Path) -> dict:
-    """Accuracies and paired intervals recomputed from the committed completions alone."""
+def score(folder: Path, against: Path | None = None) -> dict:
+    """Accuracies and paired intervals recomputed from the committed completions alone; ``against``:
+    another folder whose policy stands where SFT stands (its ``sft`` keys then name that policy)."""
     out: dict[str, dict] = {}
     for sft_file in sorted(folder.glob("*-sft.jsonl.gz")):
         bench = sft_file.name.removesuffix("-sft.jsonl.gz")
-        rows = {m: read_rows(folder / f"{bench}-{m}.jsonl.gz") for m in ("sft", "policy")}
+        base = against / f"{bench}-policy.jsonl.gz" if against else sft_file
+        rows = {"sft": read_rows(base), "policy": read_rows(folder / f"{bench}-policy.jsonl.gz")}
         if [r["idx"] for r in rows["sft"]] != [r["idx"] for r in rows["policy"]]:
-            raise ValueError(f"{folder}: {bench}'s SFT and policy files hold different questions")
+            raise ValueError(f"{folder}: {bench}'s policy and {base} hold different questions")
         correct = {m: [bool(r["correct"]) for r in rs] for m, rs in rows.items()}
         second = {m: [last_number_correct(r["completion"], r["gold"]) for r in rs] for m, rs in rows.items()}
         out[bench] = {"n": len(rows["sft"]), **{m: sum(c) / len(c) for m, c in correct.items()},
@@ -77,6 +85,25 @@ def another_seed(run_dir: Path, manifest: dict, seed: int) -> tuple[dict, dict, 
     return grpo, evaluated["results"]["policy"], cfg.model_dump_json()
 
 
+def experiment_seed(experiment: Path, variant: str, seed: int) -> tuple[dict, dict, str, dict]:
+    """Seed ``seed`` of ``variant`` in a finished experiment: its GRPO (as ``record`` reads a run's),
+    its evaluation, its recipe, and the held-out quality of the round-1 reward models of its chain."""
+    manifest = json.loads((experiment / "manifest.json").read_text())
+    run = manifest["runs"][variant][seed]
+    grpo = {"steps": run["steps"], "best_step": None, "best_val_accuracy": None, "rewards": run["rewards"],
+            "curve": run["curve"], "train_s": run["train_s"]}
+    evaluated = json.loads((experiment / "eval" / "manifest.json").read_text())["results"][f"{variant}/seed-{seed}"]
+    chain = experiment / "chains" / f"seed-{seed}" / "round-1"
+    quality = {}
+    for kind in ("orm", "prm"):
+        if (chain / kind / "manifest.json").is_file():
+            rm = json.loads((chain / kind / "manifest.json").read_text())
+            quality[kind] = {"trained": rm["heldout"], "sft_likelihood": rm["baseline"]}
+    resolved = experiment / variant / f"seed-{seed}" / "resolved.yaml"
+    config = resolved if resolved.is_file() else experiment.parents[1] / "config.yaml"  # seed 0 reused: the run's
+    return grpo, evaluated, config.read_text(), quality
+
+
 def evaluate_policy(run_dir: Path, recipe: Path, policy: Path) -> dict:
     """The run's SFT model and ``policy`` (a GRPO checkpoint ``step-N``) evaluated on the run's test
     sets with the recipe's settings, as a manifest of the fields ``record`` reads."""
@@ -93,14 +120,16 @@ def evaluate_policy(run_dir: Path, recipe: Path, policy: Path) -> dict:
 
 
 def record(run_dir: Path, folder: Path, grpo_seed: int | None = None, policy: Path | None = None,
-           recipe: Path | None = None) -> dict:
+           recipe: Path | None = None, experiment: tuple[Path, str, int] | None = None) -> dict:
     manifest = (evaluate_policy(run_dir, recipe, policy) if policy
                 else json.loads((run_dir / "manifest.json").read_text()))
     config = recipe.read_text() if policy else (run_dir / "config.yaml").read_text()
     results = {"sft": manifest["eval"]["sft"], "policy": manifest["eval"]["policy"]}
-    grpo = manifest["rounds"][-1]["stages"]["grpo"]
+    grpo, reward_models = manifest["rounds"][-1]["stages"]["grpo"], {}
     if grpo_seed is not None:
         grpo, results["policy"], config = another_seed(run_dir, manifest, grpo_seed)
+    if experiment is not None:
+        grpo, results["policy"], config, reward_models = experiment_seed(*experiment)
     split = json.loads((Path(manifest["data_dir"]) / "split.json").read_text())
     main = next(name for name, parts in split.items() if "rl" in parts)
     folder.mkdir(parents=True, exist_ok=True)
@@ -109,10 +138,11 @@ def record(run_dir: Path, folder: Path, grpo_seed: int | None = None, policy: Pa
         for name, held in result.get("held_out", {}).items():
             shutil.copyfile(held["completions"], folder / f"{name}-{model}.jsonl.gz")
     (folder / "split.json").write_text(json.dumps(split))
-    (folder / ("config.yaml" if grpo_seed is None else "config.json")).write_text(config)
+    (folder / ("config.json" if grpo_seed is not None else "config.yaml")).write_text(config)
     drawn = [1 - r["frac_reward_zero_std"] for r in grpo["rewards"]]  # of every group sampled
     kept = [1 - r["frac_batch_zero_std"] for r in grpo["rewards"]]  # of the groups trained on, after redraws
-    summary = {"run": manifest["run_name"], "grpo_seed": grpo_seed, "scores": score(folder),
+    summary = {"run": manifest["run_name"], "grpo_seed": grpo_seed if experiment is None else experiment[2],
+               "variant": experiment[1] if experiment else None, "reward_models": reward_models, "scores": score(folder),
                "grpo": {"steps": grpo["steps"], "best_step": grpo["best_step"],
                         "best_val_accuracy": grpo["best_val_accuracy"],
                         "groups_with_spread": {"sampled": sum(drawn) / len(drawn), "trained": sum(kept) / len(kept)}
@@ -131,15 +161,25 @@ def main() -> None:
     ap.add_argument("--grpo-seed", type=int, help="first train GRPO again from the run's SFT model with this seed")
     ap.add_argument("--policy", type=Path, help="evaluate this model beside the run's SFT model (with --recipe)")
     ap.add_argument("--recipe", type=Path, help="--policy: the recipe whose evaluation settings apply")
+    ap.add_argument("--experiment", type=Path, help="a finished experiment on the run (with --variant and --seed)")
+    ap.add_argument("--variant", help="--experiment: the variant to record")
+    ap.add_argument("--seed", type=int, default=0, help="--experiment: its seed (0 = the recipe's)")
     ap.add_argument("--check", action="store_true", help="recompute the scores of a committed folder alone")
+    ap.add_argument("--against", type=Path, help="--check: another committed folder whose policy is the baseline")
     args = ap.parse_args()
     if args.policy and not args.recipe:
         ap.error("--policy needs --recipe")
-    result = (score(args.folder) if args.check
-              else record(args.run_dir, args.folder, args.grpo_seed, args.policy, args.recipe))
+    if bool(args.experiment) != bool(args.variant):
+        ap.error("--experiment and --variant go together")
+    if args.against and not args.check:
+        ap.error("--against goes with --check")
+    experiment = (args.experiment, args.variant, args.seed) if args.experiment else None
+    result = (score(args.folder, args.against) if args.check
+              else record(args.run_dir, args.folder, args.grpo_seed, args.policy, args.recipe, experiment))
     if not args.check:  # what a person reads after `make real`: the scores, GRPO's spread, each stage's seconds
         result = {k: result[k] for k in ("scores", "grpo_train_s", "stages_s", "wall_s")} | {
-            "groups_with_spread": result["grpo"]["groups_with_spread"], "best_step": result["grpo"]["best_step"]}
+            "groups_with_spread": result["grpo"]["groups_with_spread"], "best_step": result["grpo"]["best_step"],
+            "reward_models": result["reward_models"]}
     print(json.dumps(result, indent=1))
 
 

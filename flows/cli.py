@@ -238,11 +238,12 @@ def cmd_experiment(a: argparse.Namespace) -> None:
             _fail(f"--{name} {getattr(a, name)}: must be positive")
     try:
         # A recipe or a setting that cannot serve is refused before a flow run starts.
-        setup(str(run_dir), a.command, variants, a.seconds, a.steps, a.eval_every, a.lr, getattr(a, "recipe", None),
+        setup(str(run_dir), a.command, variants, a.seconds, a.steps, a.eval_every, a.lr, a.recipe,
               a.overrides)
         _prefect_server()
         result = experiment(str(run_dir), a.command, variants, a.seeds, a.seconds, a.steps, a.samples,
-                            a.sample_questions, a.eval_every, a.lr, getattr(a, "recipe", None), a.overrides)
+                            a.sample_questions, a.eval_every, a.lr, a.recipe, a.overrides,
+                            a.shared_reward_models)
     except ValueError as e:
         _fail(str(e))
     print(format_table(result))
@@ -446,10 +447,13 @@ def build_parser() -> argparse.ArgumentParser:
                        "(one call per value: a sweep; default: the recipe's grpo.lr)")
         x.add_argument("--set", action="append", default=[], dest="overrides", metavar="SECTION.KEY=VALUE",
                        help="as for run, over the run's recipe (the variants' own settings apply over these)")
-        if preset.own_reward_models:
-            x.add_argument("--recipe", help="a YAML recipe for the RL side (reward data, reward models, GRPO, rounds): "
-                           "the run's SFT model must be the one it describes (e.g. configs/demo-iterate.yaml); "
-                           "default: the run's own")
+        x.add_argument("--shared-reward-models", action="store_true",
+                       help="every seed trains on the same round-1 reward models (the run's own, or the experiment's); "
+                            "default: each seed draws its own reward data and trains its own, so that the intervals "
+                            "cover the reward models' variance")
+        x.add_argument("--recipe", help="a YAML recipe for the RL side (reward data, reward models, GRPO, rounds): "
+                       "the run's SFT model must be the one it describes (e.g. configs/demo-iterate.yaml, "
+                       "configs/smollm2-cpu-rewards.yaml); default: the run's own")
         x.set_defaults(func=cmd_experiment)
     rr = sub.add_parser("rounds", help="continue a finished run for more RL rounds (the rl-rounds flow)")
     rr.add_argument("run_dir", help="a finished run, e.g. runs/demo")

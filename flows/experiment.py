@@ -14,7 +14,12 @@ The budget: every variant trains for the same seconds, ``seconds`` or by default
 trained (``train_s`` of round 1; for the baseline, of every round): evaluations are measurement,
 outside the budget and the curves' time. ``steps`` gives every RL variant that many GRPO steps
 instead (equal samples; continued SFT keeps the seconds). Seed 0 of a GRPO variant whose settings
-are the run's own, at the run's own budget, is the run's round-1 GRPO stage, reused.
+are the run's own, at the run's own budget (its seconds, or as many steps), on the run's reward models
+(or the same bits), is the run's round-1 GRPO stage, reused.
+
+Each seed has its own chain by default: seed s draws its own round-1 reward data and trains its own
+reward models (``chains/seed-<s>/``), so that an interval over seeds covers the reward models'
+variance too; ``shared_reward_models`` trains every seed on the run's (or the experiment's) own.
 
 Measured per run: validation accuracy against training time, final greedy test accuracy, maj@K and
 pass@K on the first ``sample_questions`` test questions (K = ``samples`` > 1), peak memory (each
@@ -123,9 +128,15 @@ class Setup(BaseModel):
     def is_the_runs_grpo(self, vcfg: PipelineConfig) -> bool:
         """Whether a variant's run would be the run's own round-1 GRPO: the same training (its
         checkpoints would resume it), evaluations and budget, in the same process."""
-        return ("grpo" in self.first and run_identity(vcfg, "grpo") == run_identity(self.cfg, "grpo") and not self.budget.steps
-                and self.budget.seconds == self.first["grpo"].train_s and vcfg.grpo.eval_every == self.cfg.grpo.eval_every
-                and not self.preset.own_process)
+        run = self.manifest["rounds"][0]["stages"]
+        same_rewards = all(k in run and self.first[k].ref.digest == INPUTS[k].output.model_validate(run[k]).ref.digest
+                           for k in vcfg.grpo.reward_models_used)  # each seed's own: the same bits for seed 0
+        if "grpo" not in self.first:
+            return False
+        ran = self.first["grpo"]
+        same_budget = self.budget.steps == ran.steps if self.budget.steps else self.budget.seconds == ran.train_s
+        return (run_identity(vcfg, "grpo") == run_identity(self.cfg, "grpo") and same_budget
+                and vcfg.grpo.eval_every == self.cfg.grpo.eval_every and not self.preset.own_process and same_rewards)
 
 
 # What a run's SFT model was made from: a recipe given to an experiment must agree on these.
@@ -231,14 +242,22 @@ def iterated(s: Setup, name: str, seed: int, out: Path, data: Ref, sft: Ref, com
     return Run.of(s.cfg.seed + seed, stages, extra)
 
 
-def reward_model_quality(first: dict[str, StageOutput], uses: tuple[str, ...]) -> str:
-    """The held-out quality of the reward models a variant trains on, as a short string."""
+def reward_model_quality(chains: list[dict[str, StageOutput]], uses: tuple[str, ...]) -> str:
+    """The held-out quality of the reward models a variant trains on, as a short string: mean over
+    the seeds' own reward models where each seed has its own, beside the SFT model's likelihood on
+    the same rows (the zero-training baseline)."""
+    def mean(kind: str, part: str, metric: str) -> float:
+        values = [getattr(first[kind], part).get(metric, float("nan")) for first in chains]
+        return sum(values) / len(values)
+
     parts = []
     for kind, pooled, name in (("orm", "auc", "AUC"), ("prm", "step_auc", "step AUC")):
         if kind in uses:
-            held_out = first[kind].heldout
-            parts.append(f"{kind.upper()} within-question AUC {held_out.get('within_question_auc', float('nan')):.3f} "
-                         f"(pooled {name} {held_out.get(pooled, float('nan')):.3f})")
+            sft = mean(kind, "baseline", "within_question_auc")
+            parts.append(f"{kind.upper()} within-question AUC {mean(kind, 'heldout', 'within_question_auc'):.3f} "
+                         f"(pooled {name} {mean(kind, 'heldout', pooled):.3f}"
+                         + (f"; SFT likelihood {sft:.3f}" if sft == sft else "")
+                         + (f"; mean of {len(chains)} seeds' own" if len(chains) > 1 else "") + ")")
     return ", ".join(parts) or "-"
 
 
@@ -250,15 +269,23 @@ def gate_warnings(first: dict[str, StageOutput], uses: tuple[str, ...]) -> list[
     return [sentence for kind in uses if (sentence := gate_failure(kind, first[kind].quality_gate))]
 
 
-def own_reward_models(s: Setup, names: list[str], out: Path, data: Ref, sft: Ref, common: dict) -> dict[str, StageOutput]:
-    """Round 1's reward data and the reward models the variants use, trained from the run's SFT
-    model under the experiment's recipe (``out/round-1``), shared by every variant and seed."""
+def learned_rewards(s: Setup, names: list[str]) -> set[str]:
+    """The reward models (``orm``, ``prm``) that any of the variants ``names`` trains on."""
     used = set()
     for name in names:
         with contextlib.suppress(ValueError):  # a variant the recipe refuses is skipped, and said, later
             used |= set(s.config(name, s.cfg.seed).grpo.reward_models_used) if VARIANTS[name].grpo is not None else set()
-    cfg = s.cfg.model_copy(update={kind: getattr(s.cfg, kind).model_copy(update={"train": kind in used})
-                                   for kind in ("orm", "prm")})
+    return used
+
+
+def own_reward_models(s: Setup, names: list[str], out: Path, data: Ref, sft: Ref, common: dict,
+                      seed: int = 0) -> dict[str, StageOutput]:
+    """Round 1's reward data and the reward models the variants use (and any the recipe trains, to be
+    measured), drawn and trained from the run's SFT model under the experiment's recipe with the
+    recipe's seed + ``seed`` (``out/round-1``)."""
+    used = learned_rewards(s, names) | {kind for kind in ("orm", "prm") if getattr(s.cfg, kind).train}
+    cfg = s.cfg.model_copy(update={"seed": s.cfg.seed + seed, **{
+        kind: getattr(s.cfg, kind).model_copy(update={"train": kind in used}) for kind in ("orm", "prm")}})
     done = reward_stages(cfg, 1, out / "round-1", out, data, sft, RoundStart(policy=sft), common)
     return {name: r.output for name, r in done.items()}
 
@@ -300,8 +327,9 @@ def summarise(name: str, accs: list[float], sft_acc: float, baseline: list[float
 
 
 def variant_row(s: Setup, name: str, runs: list[Run], sampled: dict, sft_acc: float, accs: dict[str, list[float]],
-                k: int) -> dict:
-    """A table row: test accuracy with its paired gains, maj@K / pass@K, the reward models' quality,
+                k: int, chains: list[dict[str, StageOutput]] | None = None) -> dict:
+    """A table row: test accuracy with its paired gains, maj@K / pass@K, the reward models' quality
+    (``chains``: each seed's round-1 stages where each seed has its own; default ``s.first``),
     memory and speed, all mean over seeds."""
     row = summarise(name, accs[name], sft_acc, accs.get(BASELINE))
     compared = [("one_round", ONE_ROUND if name == TWO_ROUNDS else None), (UNIFORM, UNIFORM if name != UNIFORM else None)]
@@ -324,8 +352,10 @@ def variant_row(s: Setup, name: str, runs: list[Run], sampled: dict, sft_acc: fl
     peaks = {m: [r.peak_memory[m] for r in runs if m in r.peak_memory] for m in ("rss_mib", "cuda_mib")}
     row |= {f"peak_{m}_mean": round(mean_std(v)[0], 1) for m, v in peaks.items() if v}
     uses = () if VARIANTS[name].grpo is None else s.config(name, s.cfg.seed).grpo.reward_models_used
-    warned = {"quality_warnings": w} if (w := gate_warnings(s.first, uses)) else {}
-    return row | warned | {"reward_model": reward_model_quality(s.first, uses),
+    chains = chains or [s.first]
+    w = sorted({sentence for first in chains for sentence in gate_warnings(first, uses)})
+    warned = {"quality_warnings": w} if w else {}
+    return row | warned | {"reward_model": reward_model_quality(chains, uses),
                            "steps_mean": mean_std([r.steps for r in runs])[0],
                            "steps_per_s_mean": round(mean_std([r.steps / max(r.train_s, 1e-9) for r in runs])[0], 3),
                            "train_s_mean": round(mean_std([r.train_s for r in runs])[0], 1),
@@ -340,7 +370,7 @@ def variant_row(s: Setup, name: str, runs: list[Run], sampled: dict, sft_acc: fl
 def experiment(run_dir: str, preset: str = "compare", variants: list[str] | None = None, seeds: int | None = None,
                seconds: float | None = None, steps: int | None = None, samples: int | None = None,
                sample_questions: int | None = None, eval_every: int | None = None, lr: float | None = None,
-               recipe: str | None = None, overrides: list[str] | None = None) -> dict:
+               recipe: str | None = None, overrides: list[str] | None = None, shared_reward_models: bool = False) -> dict:
     """Run ``preset`` (module docstring) on ``run_dir``, with any of its defaults overridden; returns
     the experiment's manifest (rows, runs, figures). ``lr``: GRPO's learning rate for every RL
     variant (one call per value is a sweep, each in a folder of its own). ``recipe``: a YAML recipe
@@ -348,17 +378,22 @@ def experiment(run_dir: str, preset: str = "compare", variants: list[str] | None
     (tasks/run_lock.py)."""
     with run_lock(Path(run_dir), f"{preset} {Path(run_dir).name}", get_run_logger()):
         return _experiment(run_dir, preset, variants, seeds, seconds, steps, samples, sample_questions, eval_every, lr,
-                           recipe, overrides)
+                           recipe, overrides, shared_reward_models)
 
 
 def _experiment(run_dir: str, preset: str, variants: list[str] | None, seeds: int | None, seconds: float | None,
                 steps: int | None, samples: int | None, sample_questions: int | None, eval_every: int | None,
-                lr: float | None, recipe: str | None, overrides: list[str] | None) -> dict:
+                lr: float | None, recipe: str | None, overrides: list[str] | None, shared_reward_models: bool) -> dict:
     log = get_run_logger()
     s = setup(run_dir, preset, variants, seconds, steps, eval_every, lr, recipe, overrides)
     seeds = seeds or s.preset.seeds
     samples = samples or s.preset.samples
-    folder = (f"{Path(recipe).stem}-" if recipe else "") + s.budget.tag(s.eval_every) + (f"-lr{lr:g}" if lr else "")
+    names = variants or list(s.preset.variants)
+    # Each seed its own chain: its round-1 reward data and reward models drawn and trained with its
+    # seed, so that the intervals cover the reward models' variance, not GRPO's sampling alone.
+    per_seed = bool(learned_rewards(s, names)) and not shared_reward_models
+    folder = ((f"{Path(recipe).stem}-" if recipe else "") + s.budget.tag(s.eval_every) + (f"-lr{lr:g}" if lr else "")
+              + ("-shared-rm" if shared_reward_models and learned_rewards(s, names) else ""))
     cfg, out_root = s.cfg, s.root / preset / folder
     uri = tracking_uri(cfg)
     unsent = unsent_dir(s.root)
@@ -368,10 +403,13 @@ def _experiment(run_dir: str, preset: str, variants: list[str] | None, seeds: in
     common = {"uri": uri, "parent_id": parent}
     with finishing(uri, [parent], unsent):
         data, sft = s.stage("data").ref, s.stage("sft").ref
-        if s.preset.own_reward_models:
-            s = s.model_copy(update={"first": own_reward_models(s, variants or s.preset.variants, out_root, data, sft, common)})
+        chain = lambda i: out_root / "chains" / f"seed-{i}"  # noqa: E731 - seed i's round-1 reward stages
+        if per_seed:
+            s = s.model_copy(update={"first": s.first | own_reward_models(s, names, chain(0), data, sft, common)})
+        elif s.preset.own_reward_models:
+            s = s.model_copy(update={"first": own_reward_models(s, names, out_root, data, sft, common)})
         runs: dict[str, list[Run]] = {}
-        for name in variants or s.preset.variants:
+        for name in names:
             try:
                 vgrpo = None if VARIANTS[name].grpo is None else s.config(name, cfg.seed).grpo
             except ValueError as e:  # e.g. dynamic sampling under this recipe's process supervision
@@ -390,9 +428,13 @@ def _experiment(run_dir: str, preset: str, variants: list[str] | None, seeds: in
         if not runs:
             raise ValueError(f"nothing to run: {run_dir} trained none of the reward models the variants need")
         # Seed by seed, every variant in turn: a slow spell of a shared host hits all variants alike.
+        chains = []
         for i in range(seeds):
+            si = s.model_copy(update={"first": s.first | own_reward_models(s, names, chain(i), data, sft, common, i)}) \
+                if per_seed and i else s
+            chains.append(si.first)
             for name, done in runs.items():
-                done.append(train_variant(s, name, i, out_root / name / f"seed-{i}", data, sft, common))
+                done.append(train_variant(si, name, i, out_root / name / f"seed-{i}", data, sft, common))
 
         # Evaluation: greedy on every test question; K samples on the first sample_questions. The
         # baseline also evaluates the run's final policy (the GRPO it is the baseline of).
@@ -413,7 +455,7 @@ def _experiment(run_dir: str, preset: str, variants: list[str] | None, seeds: in
         for ref in [m for m in ("sft", "policy") if m in models]:
             rows.append(summarise(ref, [results[ref]["accuracy"]], sft_acc, None)
                         | ({f"{m}@{samples}_mean": sampled[ref][f"{m}@{samples}"] for m in ("maj", "pass")} if sampled else {}))
-        rows += [variant_row(s, n, rs, sampled, sft_acc, accs, samples) for n, rs in runs.items()]
+        rows += [variant_row(s, n, rs, sampled, sft_acc, accs, samples, chains) for n, rs in runs.items()]
 
         # Report: manifest, figures, MLflow, Prefect.
         out = {"preset": preset, "rows": rows, "runs": {n: [r.model_dump(mode="json") for r in rs] for n, rs in runs.items()},
@@ -421,7 +463,8 @@ def _experiment(run_dir: str, preset: str, variants: list[str] | None, seeds: in
                "n_test": results["sft"]["n"], "n_sampled": sampled["sft"]["n"] if sampled else 0,
                "sft_val_accuracy": s.stage("sft").best_val_accuracy,
                "run_name": cfg.run_name, "dir": str(out_root), "mlflow_run_id": parent,
-               "grpo_lr": lr or cfg.grpo.lr, "recipe": recipe}
+               "grpo_lr": lr or cfg.grpo.lr, "recipe": recipe,
+               "reward_models": "per seed" if per_seed else "shared" if learned_rewards(s, names) else None}
         out["figures"] = {k: str(v) for k, v in figures.save(figures.study_figures(out), out_root / "figures").items()}
         tracker = MlflowLogger(uri, parent, unsent=unsent)
         tracker.log_table(rows, f"{preset}.json")
@@ -482,7 +525,9 @@ def report(result: dict, link: str) -> str:
     b = result["budget"]
     what = f"{b['steps']} GRPO steps each" if b["steps"] else f"{b['seconds']:.0f} s of training each"
     lines = [f"# {result['preset']} of `{result['run_name']}`", "",
-             f"Every variant from the SFT model, {result['seeds']} seed(s), {what}; greedy test accuracy on "
+             f"Every variant from the SFT model, {result['seeds']} seed(s), {what}"
+             + ("; each seed its own round-1 reward data and reward models" if result.get("reward_models") == "per seed"
+                else "") + "; greedy test accuracy on "
              f"{result['n_test']} questions" + (f", maj@K / pass@K on {result['n_sampled']}" if result["n_sampled"] else "")
              + f". [MLflow run]({link})", ""]
     warned = [warning_line(w, r["variant"]) for r in result["rows"] for w in r.get("quality_warnings", [])]

@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 from collections import defaultdict
+from pathlib import Path
 
 import pytest
 
@@ -186,3 +187,65 @@ def test_a_committed_run_folder_is_scored_again_from_its_files_alone(tmp_path):
     # The last number: SFT's "#### 4 so 3" reads 3 (right), the policy's "... #### 5" reads 5 (wrong).
     assert mawps["last_number"]["sft"] == pytest.approx(2 / 3) and mawps["last_number"]["policy"] == pytest.approx(2 / 3)
     assert mawps["last_number"]["disagree"] == {"sft": 1, "policy": 0}
+
+
+def test_two_committed_policies_are_paired_question_by_question(tmp_path):
+    """--check --against: another folder's policy stands where SFT stood, on the same questions."""
+    def write(folder: Path, name: str, correct: list[bool]) -> None:
+        folder.mkdir(exist_ok=True)
+        with gzip.open(folder / f"{name}.jsonl.gz", "wt") as f:
+            f.writelines(json.dumps({"idx": i, "question": "q?", "completion": f"#### {3 if ok else 4}", "answer": "",
+                                     "gold": "3", "correct": ok}) + "\n" for i, ok in enumerate(correct))
+
+    prm, checker = tmp_path / "prm", tmp_path / "checker"
+    write(prm, "mawps-sft", [False] * 4)
+    write(prm, "mawps-policy", [True, True, True, False])
+    write(checker, "mawps-policy", [True, False, False, False])
+    done = subprocess.run([sys.executable, "bench/cpu_run.py", "--check", str(prm), "--against", str(checker)],
+                          capture_output=True, text=True, check=True)
+    mawps = json.loads(done.stdout)["mawps"]
+    assert mawps["sft"] == 0.25 and mawps["policy"] == 0.75 and mawps["policy_minus_sft"]["mean"] == pytest.approx(0.5)
+    write(checker, "mawps-policy", [True, False, False])  # another question set: refused
+    done = subprocess.run([sys.executable, "bench/cpu_run.py", "--check", str(prm), "--against", str(checker)],
+                          capture_output=True, text=True)
+    assert done.returncode != 0 and "different questions" in done.stderr
+
+
+def test_a_seed_of_an_experiment_is_recorded_with_its_own_reward_models(tmp_path):
+    """cpu_run --experiment: the variant's seed against the run's SFT model, its GRPO's spread, and
+    the held-out quality of that seed's own PRM beside the SFT model's likelihood."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from cpu_run import record
+
+    def completions(name: str, correct: list[bool]) -> str:
+        path = tmp_path / f"{name}.jsonl.gz"
+        with gzip.open(path, "wt") as f:
+            f.writelines(json.dumps({"idx": i, "question": "q?", "completion": "#### 3", "answer": "3", "gold": "3",
+                                     "correct": ok}) + "\n" for i, ok in enumerate(correct))
+        return str(path)
+
+    run, exp = tmp_path / "run", tmp_path / "run" / "compare" / "steps-2-eval6"
+    for folder in (run / "data", exp / "eval", exp / "chains" / "seed-1" / "round-1" / "prm", exp / "v" / "seed-1"):
+        folder.mkdir(parents=True)
+    (run / "data" / "split.json").write_text(json.dumps({"mawps": {"rl": [1], "validation": [2], "test": [0, 1, 2]}}))
+    (run / "config.yaml").write_text("run_name: r\n")
+    (exp / "v" / "seed-1" / "resolved.yaml").write_text("seed: 1\n")
+    (run / "manifest.json").write_text(json.dumps({
+        "run_name": "r", "data_dir": str(run / "data"), "profile": {"stages_s": {}, "wall_s": 1.0},
+        "eval": {m: {"completions": completions(f"run-{m}", [True, False, False])} for m in ("sft", "policy")},
+        "rounds": [{"stages": {"grpo": {"steps": 2, "best_step": None, "best_val_accuracy": None, "rewards": [],
+                                        "curve": [], "train_s": 1.0}}}]}))
+    rewards = [{"frac_reward_zero_std": 0.5, "frac_batch_zero_std": 0.25}, {"frac_reward_zero_std": 0.5, "frac_batch_zero_std": 0.0}]
+    (exp / "manifest.json").write_text(json.dumps({"runs": {"v": [{}, {"steps": 2, "rewards": rewards, "curve": [],
+                                                                        "train_s": 3.0}]}}))
+    (exp / "eval" / "manifest.json").write_text(json.dumps({"results": {"v/seed-1": {
+        "completions": completions("v-1", [True, True, True])}}}))
+    (exp / "chains" / "seed-1" / "round-1" / "prm" / "manifest.json").write_text(json.dumps({
+        "heldout": {"within_question_auc": 0.7}, "baseline": {"within_question_auc": 0.6}}))
+    summary = record(run, tmp_path / "out", experiment=(exp, "v", 1))
+    assert summary["variant"] == "v" and summary["grpo_seed"] == 1
+    assert summary["scores"]["mawps"]["policy_minus_sft"]["mean"] == pytest.approx(2 / 3)
+    assert summary["grpo"]["groups_with_spread"] == {"sampled": 0.5, "trained": pytest.approx(0.875)}
+    assert summary["reward_models"] == {"prm": {"trained": {"within_question_auc": 0.7},
+                                                "sft_likelihood": {"within_question_auc": 0.6}}}
+    assert (tmp_path / "out" / "config.yaml").read_text() == "seed: 1\n"

@@ -314,12 +314,22 @@ def test_compare_flow_reuses_the_runs_grpo_and_tabulates(prefect_harness, tmp_pa
                    orm__train=True, reward_data__questions=8, reward_data__samples_per_question=3,
                    reward_data__max_new_tokens=12, reward_data__mc_rollouts=2, reward_data__heldout_fraction=0.25)
     manifest = pipeline(cfg)
-    out = experiment(str(tmp_path / "runs" / "cmp"), "compare", seeds=2)  # the PRM variants are skipped: no PRM was trained
+    # Each seed its own reward data and ORM: seed 0's are the run's round 1 again (the same seed: the
+    # same bits), so its GRPO (as many steps as the run's) is the run's, reused; seed 1's are its own.
+    own = experiment(str(tmp_path / "runs" / "cmp"), "compare", ["orm-outcome"], seeds=2, steps=1)
+    chains = Path(own["dir"]) / "chains"
+    orm = [json.loads((chains / f"seed-{i}" / "round-1" / "orm" / "manifest.json").read_text())["digest"] for i in (0, 1)]
+    assert own["reward_models"] == "per seed" and orm[0] == manifest["rounds"][0]["stages"]["orm"]["digest"] != orm[1]
+    assert own["runs"]["orm-outcome"][0]["model"]["path"] == manifest["rounds"][0]["stages"]["grpo"]["model"]
+    assert "mean of 2 seeds' own" in {r["variant"]: r for r in own["rows"]}["orm-outcome"]["reward_model"]
+    # Shared: every seed on the run's own reward models; the PRM variants are skipped (no PRM was trained).
+    out = experiment(str(tmp_path / "runs" / "cmp"), "compare", seeds=2, shared_reward_models=True)
     by_variant = {r["variant"]: r for r in out["rows"]}
-    assert list(by_variant) == ["sft", "continued-sft", "rule-outcome", "orm-outcome"]
+    assert list(by_variant) == ["sft", "continued-sft", "rule-outcome", "orm-outcome"] and out["reward_models"] == "shared"
     grpo = manifest["rounds"][0]["stages"]["grpo"]
     root = Path(out["dir"])
     assert out["budget"] == {"seconds": grpo["train_s"], "steps": None} and root.parent == tmp_path / "runs" / "cmp" / "compare"
+    assert root.name.endswith("-shared-rm")
     runs = out["runs"]
     assert runs["orm-outcome"][0]["model"]["path"] == grpo["model"]  # seed 0 reused
     assert [r["seed"] for r in runs["orm-outcome"]] == [cfg.seed, cfg.seed + 1]
