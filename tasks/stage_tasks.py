@@ -183,6 +183,8 @@ def stage_task(stage: str):
                 manifest = inputs.run(cfg, Path(out_dir), log)
             if "model" in manifest:
                 manifest["digest"] = digest_dir(Path(manifest["model"]))
+            if manifest.get("last_model"):  # GRPO's last policy where keep-best published another
+                manifest["last_digest"] = digest_dir(Path(manifest["last_model"]))
             manifest["mlflow_run_id"] = log.run_id
             manifest["cache_key"] = key
             return write_manifest(Path(out_dir), manifest, cfg.run_dir)

@@ -103,6 +103,24 @@ def test_rows_compare_with_uniform_and_count_steps_with_a_gradient(tmp_path, tin
     assert "vs uniform (95% CI)" in table and "75% / 62%, 2.0" in table  # tiny recipe: 2 questions a step
 
 
+def test_a_row_reports_the_last_policy_beside_the_kept_one_and_names_a_kept_step_0(tmp_path, tiny_cfg):
+    """Keep-best published step 0 (the SFT model itself) for seed 0 and the last step for seed 1: the
+    row gives the last policies' accuracy with its interval, and the table says what step 0 was."""
+    from flows.experiment import Run, format_table, setup, variant_row
+    from grpo_core.stages.outputs import GRPOOutput
+
+    s = setup(str(_finished_run(tmp_path, tiny_cfg)), "sampling", None, None, 5, None)
+    grpo = dict(stage="grpo", model="m", digest="d", best_val_accuracy=0.1, train_s=1.0, steps=4)
+    kept_0 = Run.of(0, [GRPOOutput(**grpo, best_step=0, last_model="l", last_digest="e")])
+    kept_last = Run.of(1, [GRPOOutput(**grpo, best_step=4)])
+    assert (kept_0.kept_step, kept_0.last.path, kept_last.kept_step, kept_last.last) == (0, "l", 4, None)
+    row = variant_row(s, "dynamic", [kept_0, kept_last], {}, 0.10, {"dynamic": [0.10, 0.14]}, 1, last=[0.13, 0.14])
+    assert row["kept_steps"] == [0, 4] and row["last_accuracy_mean"] == pytest.approx(0.135)
+    assert row["last_gain_over_sft"] == pytest.approx(0.035) and row["gain_over_sft"] == pytest.approx(0.02)
+    table = format_table({"samples": 1, "rows": [row]})
+    assert "last step: accuracy, vs SFT (95% CI)" in table and "0 (the SFT model), 4" in table and "13.5, +3.5" in table
+
+
 def test_stage_outputs_are_typed_and_name_a_missing_field():
     """Every stage's inputs class names its output class; a manifest read back as it is checked
     field by field, and keeps the stage's further metrics as extra fields."""

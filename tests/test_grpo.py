@@ -343,3 +343,18 @@ def test_reward_mean_means_the_same_under_outcome_and_process_supervision(tmp_pa
     # The advantages differ where a solution has several steps, and so does the gradient they give.
     # (The loss itself can be equal: a first update's is the mean of z-scored advantages, 0 either way.)
     assert any(a != b for a, b in grads), grads
+
+
+def test_keep_best_also_keeps_the_last_policy_when_it_published_another(tmp_path, tiny_cfg, tiny_data_dir,
+                                                                         tiny_model_dir, parity):
+    """The untrained model never answers right: validation stays at 0, so keep-best publishes step 0
+    (the starting model) and the policy that 2 steps trained is kept beside it as ``last``."""
+    cfg = tiny_cfg(tmp_path, grpo__max_steps=2, grpo__eval_every=1, grpo__keep_best=True, grpo__beta=0.0)
+    out = run_grpo(cfg, tiny_data_dir, tiny_model_dir, tmp_path / "grpo")
+    assert out["best_step"] == 0 and out["steps"] == 2 and out["last_model"] == str(tmp_path / "grpo" / "last")
+    _assert_same_weights(Path(out["model"]), tiny_model_dir)  # step 0: the starting model republished
+    trained, start = _state(Path(out["last_model"])), _state(tiny_model_dir)
+    assert any(not torch.equal(trained[k], start[k]) for k in start)  # what 2 steps made, not the start
+    last = run_grpo(tiny_cfg(tmp_path, grpo__max_steps=2, grpo__keep_best=False), tiny_data_dir, tiny_model_dir,
+                    tmp_path / "last-published")
+    assert last["last_model"] is None  # nothing else published: the model is the last

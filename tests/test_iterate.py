@@ -65,7 +65,7 @@ class Recorder:
         stage = lambda ref, seconds, **extra: type("StageRun", (), {"output": type("Out", (), {  # noqa: E731
             "ref": Ref(path=ref, digest=ref), "wall_s": seconds, **extra})})
         return {"reward_data": stage("data", 4.0, pass_rates_ref=None), "replay": stage(f"buffer-{k}", 1.0),
-                "orm": stage(f"orm-{k}", 6.0)}
+                "orm": stage(f"orm-{k}", 6.0, quality_gate={})}
 
 
 @pytest.mark.parametrize("arm, replay", [(FROZEN, None), (RETRAINED, 0.1), ("retrained-no-replay", 0.0),
@@ -114,10 +114,21 @@ def test_rows_carry_paired_intervals_against_frozen_and_the_staleness(tmp_path, 
     assert row["gain_over_retrained"] == pytest.approx(-0.0133, abs=1e-4)
     low, high = row["gain_over_frozen_95ci"]
     assert low < row["gain_over_frozen"] < high
-    # Windows of 20 steps: the first, the middle (steps 20-39) and the last.
+    # Windows of 20 steps: the first, the middle (steps 20-39) and the last, each with its mixed
+    # groups over the seeds (20 steps x 2 x 3 seeds).
     assert (row["orm_within_auc_start_mean"], row["orm_within_auc_middle_mean"], row["orm_within_auc_end_mean"]) == (0.9, 0.8, 0.7)
+    assert row["orm_mixed_groups_middle"] == 120
     table = format_table({"samples": 1, "rows": [row]})
-    assert "vs frozen (95% CI)" in table and "vs retrained (95% CI)" in table and "0.900, 0.800, 0.700" in table
+    assert "vs frozen (95% CI)" in table and "vs retrained (95% CI)" in table
+    assert "0.900 (120), 0.800 (120), 0.700 (120)" in table
+    # Two rounds of 30 steps: the middle window is round 2's first 20 steps, not steps 20-39 across
+    # the retraining.
+    two = [run(i, [0.9] * 30 + [0.6] * 10 + [0.7] * 20) for i in range(3)]
+    for r in two:
+        for i, p in enumerate(r.rewards):
+            p["round"] = 1 + (i >= 30)
+    row = variant_row(s, "retrained-no-replay", two, {}, 0.4, accs, 1)
+    assert row["orm_within_auc_middle_mean"] == pytest.approx(0.65) and row["orm_within_auc_start_mean"] == 0.9
     assert "gain_over_frozen" not in variant_row(s, FROZEN, runs, {}, 0.4, accs, 1)
     # A policy that collapsed onto one solution per question leaves the last window without a mixed
     # group in every seed: no AUC there, and the table says so instead of failing.
@@ -127,7 +138,7 @@ def test_rows_carry_paired_intervals_against_frozen_and_the_staleness(tmp_path, 
             p.update(orm_within_auc=None, orm_mixed_groups=0.0)
     row = variant_row(s, "retrained-no-replay", collapsed, {}, 0.4, accs, 1)
     assert "orm_within_auc_end_mean" not in row and row["orm_within_auc_middle_mean"] == 0.9
-    assert "0.900, 0.900, -" in format_table({"samples": 1, "rows": [row]})
+    assert "0.900 (120), 0.900 (120), - (0)" in format_table({"samples": 1, "rows": [row]})
 
 
 def test_a_variant_on_a_reward_model_that_failed_its_gate_says_so_in_its_row_and_report(tmp_path, tiny_cfg):
@@ -201,6 +212,13 @@ def test_iterate_flow_on_a_tiny_run(prefect_harness, tmp_path, tiny_cfg, monkeyp
     assert rows[FROZEN]["extra_s_mean"] == 0 and rows[RETRAINED]["extra_orm_s_mean"] > 0
     seed = run_dir / "iterate" / "regime-steps-4-eval1" / RETRAINED / "seed-0"
     orm = json.loads((seed / "round-2" / "orm" / "manifest.json").read_text())
+    # Each retrained ORM's quality gate, as the pipeline's rounds apply it, said in the arm's row.
+    from grpo_core.rewards.gate import gate_failure
+
+    gates = [json.loads((seed.parent / f"seed-{i}" / "round-2" / "orm" / "manifest.json").read_text())["quality_gate"]
+             for i in (0, 1)]
+    said = [f"round 2, seed {i}: {f}" for i, g in enumerate(gates) if (f := gate_failure("orm", g))]
+    assert [w for w in rows[RETRAINED].get("quality_warnings", []) if w.startswith("round ")] == said
     from grpo_core.rewards.replay import replay_size
 
     mix = orm["replay"]  # the recipe's replay share asked for, and drawn (as much as the history holds)

@@ -85,3 +85,34 @@ def test_the_rounds_and_mlflow_journey_runs_as_written_in_the_docs(tmp_path):
         figures = client.list_artifacts(run.info.run_id, "figures")
         assert figures, run.info.run_name
         assert Path(client.download_artifacts(run.info.run_id, figures[0].path, str(tmp_path / run.info.run_id))).stat().st_size
+
+
+def test_a_moved_project_re_points_its_environment_on_the_next_make(tmp_path):
+    """`make` in a moved project: the #! line of every command in .venv/bin, activate and the editable
+    install of the project's packages name the new folder, not the old one (which may be gone, or,
+    worse, still there with other code)."""
+    old, new = tmp_path / "old", tmp_path / "new"
+    site = old / ".venv" / "lib" / "python3.11" / "site-packages"
+    for folder in (old / ".venv" / "bin", site / "grpo_pipeline-0.1.0.dist-info", old / "grpo_core"):
+        folder.mkdir(parents=True)
+    shutil.copy(ROOT / "Makefile", old)
+    for name in ("requirements.txt", "pyproject.toml", "grpo_core/__init__.py"):
+        (old / name).touch()
+    files = {old / ".venv" / "bin" / "tool": f"#!{old}/.venv/bin/python3\nprint(1)\n",
+             old / ".venv" / "bin" / "activate": f'VIRTUAL_ENV="{old}/.venv"\n',
+             site / "__editable___grpo_pipeline_0_1_0_finder.py": f"MAPPING = {{'grpo_core': '{old}/grpo_core'}}\n",
+             site / "grpo_pipeline-0.1.0.dist-info" / "direct_url.json": f'{{"url": "file://{old}"}}\n'}
+    for path, text in files.items():
+        path.write_text(text)
+    stamp = old / ".venv" / "bin" / ".installed"
+    stamp.touch()
+    os.utime(stamp, (stamp.stat().st_mtime + 5,) * 2)  # installed after its inputs: no reinstall here
+    subprocess.run(["make", "-s", "venv"], cwd=old, check=True, capture_output=True)
+    assert (old / ".venv" / "project").read_text().strip() == str(old)
+    old.rename(new)
+    done = subprocess.run(["make", "-s", "venv"], cwd=new, check=True, capture_output=True, text=True)
+    assert f"installed in {old}" in done.stdout
+    for path, text in files.items():
+        moved = new / path.relative_to(old)
+        assert moved.read_text() == text.replace(str(old), str(new)), moved
+    assert (new / ".venv" / "project").read_text().strip() == str(new)

@@ -210,6 +210,23 @@ def test_a_moved_project_keeps_its_artifacts_beside_its_database(tmp_path, caplo
         assert Path(client.download_artifacts(run_id, "figures/figure.png", str(tmp_path))).read_bytes() == b"png"
 
 
+def test_the_ui_re_points_a_copied_store_before_it_serves_it(tmp_path):
+    """`make ui` as the first command in a copy: its runs' artifacts are the copy's, not the original's."""
+    import shutil
+
+    from mlflow.tracking import MlflowClient
+
+    from grpo_core.mlflow_runs import experiment_id, place_artifacts
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    made = experiment_id(f"sqlite:///{a}/mlflow.db", "demo")
+    shutil.copytree(a, b)
+    assert place_artifacts(f"sqlite:///{b}/mlflow.db") == (b / "mlartifacts").as_uri()
+    assert MlflowClient(f"sqlite:///{b}/mlflow.db").get_experiment(made).artifact_location == (b / "mlartifacts").as_uri()
+    assert place_artifacts("http://127.0.0.1:5000") is None  # a tracking server keeps its own
+
+
 def test_a_signal_during_a_tracking_write_waits_for_the_write(tmp_path):
     """Ctrl-C arriving while a record is written to MLflow's store is raised when the write is done:
     the record is whole, the handler in place before is back, and the next write does not wait."""

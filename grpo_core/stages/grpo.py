@@ -452,7 +452,7 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
 
     # The loop: [validate the start] -> (RL step -> log -> [validate -> keep best] -> checkpoint)*.
     st = trainer.fit(step, evaluate)
-    final_dir = trainer.publish()
+    final_dir = trainer.publish(keep_last=True)
     if not d.main:
         return None
     recent = st.extra.get("recent", [])
@@ -470,6 +470,8 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
     summary["staleness"] = {k.removeprefix("staleness/"): [p.get(k, float("nan")) for p in (measured[0], measured[len(measured) // 2], measured[-1])]
                             for k in (measured[-1] if measured else {}) if k.startswith("staleness/")}
     summary["curriculum_questions"] = len(draws.sometimes) if draws.share else None  # solved sometimes: drawn from
+    kept_another = grpo.keep_best and st.best_step != st.step
     return write_manifest(out_dir, {"stage": "grpo", "algorithm": grpo.algorithm, "model": str(final_dir),
+                                    "last_model": str(out_dir / "last") if kept_another else None,
                                     "init": str(init_dir), **summary,
                                     "rollouts": str(out_dir) if grpo.save_rollouts else None})

@@ -152,11 +152,21 @@ class RewardModelOutput(ModelOutput):
 class GRPOOutput(TrainedOutput):
     algorithm: str = "grpo"
     round: int = 1
+    last_model: str | None = None        # the last policy, where keep-best published another
+    last_digest: str = ""
     rollouts: str | None = None          # the folder of its checked rollouts (the next round's data)
     resumed_from_step: int = 0
     rewards: list[dict] = []             # every step: elapsed_s, the checker's accuracy, the learned rewards
     last_10_steps: dict[str, float] = {}
     staleness: dict[str, list[float]] = {}  # per metric (staleness/*): at the first, middle and last evaluation
+
+    @property
+    def last_ref(self) -> Ref:
+        """The policy training ended with: ``last_model`` where keep-best published another, else the model."""
+        return Ref(path=self.last_model, digest=self.last_digest) if self.last_model else self.ref
+
+    def written(self) -> list[tuple[Ref, Digest]]:
+        return super().written() + ([(self.last_ref, digest_dir)] if self.last_model else [])
 
 
 class EvalOutput(StageOutput):

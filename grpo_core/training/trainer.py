@@ -298,14 +298,18 @@ class Trainer:
     def stop_reason(self) -> str:
         return STOP_REASONS[self.state.stopped].format(sc=self.sc, plan=self.plan)
 
-    def publish(self) -> Path | None:
+    def publish(self, keep_last: bool = False) -> Path | None:
         """``model/``: the best-evaluated model (a copy of ``best/``), or the last one when nothing
-        is kept by score. Every rank calls it (FSDP gathers the weights); rank 0 writes and gets
-        the folder, the others None."""
+        is kept by score; ``keep_last``: the last one also as ``last/`` where another was kept (what
+        training ended with, beside what was published). Every rank calls it (FSDP gathers the
+        weights); rank 0 writes and gets the folder, the others None."""
         final_dir = self.out_dir / "model"
-        weights = self.d.full_state(self.model) if self.plan.keep_best is None else None
+        last = self.plan.keep_best is None or (keep_last and self.state.best_step != self.state.step)
+        weights = self.d.full_state(self.model) if last else None
         if not self.d.main:
             return None
         if self.plan.keep_best is None:
             return write_whole(final_dir, lambda tmp: save_model(self.model, self.tokenizer, tmp, weights))
+        if last:
+            write_whole(self.out_dir / "last", lambda tmp: save_model(self.model, self.tokenizer, tmp, weights))
         return write_whole(final_dir, lambda tmp: shutil.copytree(self.out_dir / "best", tmp))
