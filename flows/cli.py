@@ -225,7 +225,7 @@ def _at_least_one(a: argparse.Namespace, *names: str) -> None:
 
 def cmd_experiment(a: argparse.Namespace) -> None:
     """``compare``, ``study`` and ``baseline``: presets of the experiment flow."""
-    from flows.experiment import experiment, format_table, setup
+    from flows.experiment import experiment, setup
     from flows.variants import VARIANTS
     from tasks.run_lock import in_use
 
@@ -246,7 +246,7 @@ def cmd_experiment(a: argparse.Namespace) -> None:
                             a.shared_reward_models)
     except ValueError as e:
         _fail(str(e))
-    print(format_table(result))
+    # The flow's log has shown the table; what is left to say is where it is kept.
     print(f"{result['dir']}/manifest.json; figures:", *result["figures"].values(), sep="\n  ")
 
 

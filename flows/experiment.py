@@ -355,6 +355,9 @@ def variant_row(s: Setup, name: str, runs: list[Run], sampled: dict, sft_acc: fl
     memory and speed, all mean over seeds. ``last``: each seed's accuracy of the policy its training
     ended with, where keep-best published another step's for some seed (beside the kept steps)."""
     row = summarise(name, accs[name], sft_acc, accs.get(BASELINE))
+    vcfg = s.config(name, s.cfg.seed)
+    if (lora := vcfg.sft.lora if VARIANTS[name].grpo is None else vcfg.grpo.lora) is not None:
+        row["lora_rank"] = lora.rank  # an adapter trained, not every weight: the table says so
     if VARIANTS[name].grpo is not None:
         row["kept_steps"] = [r.kept_step for r in runs]  # keep-best's choice per seed; 0: the SFT model itself
     if last is not None:
@@ -536,7 +539,7 @@ def format_table(result: dict) -> str:
              + "steps/s | peak RSS (MiB) | training s | reward model |",
              "|---" * (9 + len(sampled) + uniform + gradient + len(against) + len(stale) + 2 * last) + "|"]
     for r in result["rows"]:
-        cells = [r["variant"], str(r["seeds"]), f"{100 * r['test_accuracy_mean']:.1f} ± {100 * r['test_accuracy_std']:.1f}",
+        cells = [r["variant"] + (f" (LoRA rank {r['lora_rank']})" if "lora_rank" in r else ""), str(r["seeds"]), f"{100 * r['test_accuracy_mean']:.1f} ± {100 * r['test_accuracy_std']:.1f}",
                  pts(r, "gain_over_sft"), pts(r, "gain_over_continued-sft")] + ([pts(r, f"gain_over_{UNIFORM}")] if uniform else [])
         cells += [pts(r, f"gain_over_{v}") for v in against]
         cells += [f"{100 * r[f'{s}_mean']:.1f}" + (f" ± {100 * r[f'{s}_std']:.1f}" if f"{s}_std" in r else "")

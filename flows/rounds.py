@@ -165,6 +165,10 @@ def rl_round(cfg: PipelineConfig, k: int, data: Ref, sft: Ref, start: RoundStart
             round=k, pass_rates=results["reward_data"].output.pass_rates_ref if cfg.grpo.curriculum else None),
             **common)
         grpo = results["grpo"].output
+        if gcfg.grpo.keep_best and grpo.best_step == 0 and grpo.steps:
+            log.warning("round %d: validation never rose above the starting policy's %.1f%% in %d GRPO steps: keep-best "
+                        "published the starting policy itself (for a LoRA run, an adapter that changes nothing); the "
+                        "last step's policy is %s", k, 100 * grpo.best_val_accuracy, grpo.steps, grpo.last_model)
         results["eval"] = run_stage(eval_task, cfg, str(round_dir / "eval"),
                                     EvalInputs(data=data, models={"policy": grpo.ref}), **common)
         summary = round_summary(k, results, results["eval"].output.results["policy"])

@@ -1,6 +1,6 @@
 """What a run needs, checked in seconds before anything starts (no Prefect server, no MLflow run, no
 run folder): the data files a recipe names (they exist, are UTF-8 JSONL, every row has its fields
-and its ``#### <answer>``, none is empty), the model folders (a causal LM's config and a
+and its ``#### <number>``, none is empty: every bad row listed, up to ``ROWS_SHOWN`` a file), the model folders (a causal LM's config and a
 tokenizer), that the output folder can be written and that the disk has room for the run's
 checkpoints (an estimate: ``disk_needed``), and that this machine can do what ``launch`` asks (a
 CUDA device, enough of them, the launcher, a free rendezvous port). ``grpo-pipeline check`` prints every
@@ -125,12 +125,27 @@ def _data_problems(cfg: PipelineConfig) -> list[str]:
     for key, name in files.items():
         first_key.setdefault(name, key)
     for name, key in first_key.items():
-        problems += _found(lambda: load_jsonl(name, dc.max_examples, dc.max_chars), key, DataError)
+        problems += _every_row(lambda found: load_jsonl(name, dc.max_examples, dc.max_chars, found), key)
     for name, h in dc.held_out.items():
-        problems += _found(lambda: load_held_out(h.file, h.format, dc.max_examples, dc.max_chars),
-                           f"data.held_out.{name}", DataError)
+        problems += _every_row(lambda found: load_held_out(h.file, h.format, dc.max_examples, dc.max_chars, found),
+                               f"data.held_out.{name}")
     # The splits as the data stage makes them (worked solutions, shared questions, sizes).
     return problems or _found(lambda: prepared_splits(cfg), "data", DataError)
+
+
+ROWS_SHOWN = 20  # a file's bad rows listed one by one; the rest counted
+
+
+def _every_row(read, key: str) -> list[str]:
+    """Every bad row of one file (``read(found)`` appends them to ``found``), up to ``ROWS_SHOWN``
+    and then their count, each naming the recipe ``key``; or the file's own problem (not found)."""
+    found: list[str] = []
+    try:
+        read(found)
+    except DataError as e:
+        found.append(str(e))
+    more = [f"... and {len(found) - ROWS_SHOWN} more bad rows in that file"] if len(found) > ROWS_SHOWN else []
+    return [f"{p} ({key})" for p in found[:ROWS_SHOWN] + more]
 
 
 def _model_problems(cfg: PipelineConfig) -> list[str]:

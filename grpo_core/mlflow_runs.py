@@ -85,14 +85,14 @@ def place_artifacts(uri: str) -> str | None:
     """A local SQLite store keeps its artifacts beside the database (``mlartifacts/``, not the cwd):
     that folder's URI, after re-pointing the experiments of a moved or copied project at it
     (``relocate``; once per store and process). None for any other store."""
-    from mlflow.entities import ViewType
-    from mlflow.tracking import MlflowClient
-
     if not uri.startswith("sqlite:///"):
         return None
     db = Path(uri.removeprefix("sqlite:///")).resolve()
     artifacts = (db.parent / "mlartifacts").as_uri()
     if db not in _PLACED and db.exists():
+        from mlflow.entities import ViewType
+        from mlflow.tracking import MlflowClient
+
         for exp in MlflowClient(uri).search_experiments(view_type=ViewType.ALL):
             if _ours(exp.artifact_location) and exp.artifact_location != artifacts:
                 relocate(db, exp.artifact_location, artifacts)

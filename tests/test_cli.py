@@ -64,6 +64,20 @@ def test_check_lists_every_problem_of_the_data_and_models_one_line_each(tmp_path
         f"error: {tmp_path / 'no_model'}: model folder not found (model.path)"]
 
 
+def test_check_lists_every_bad_row_of_a_file_in_one_run(tmp_path, capsys):
+    """Five different bad rows among good ones: all five, in file order, from one check."""
+    good = {"question": "What is 1 + 1?", "answer": "1 + 1 = 2\n#### 2"}
+    rows = [json.dumps(good), "{not json", json.dumps({"question": "q", "answer": "#### two"}), json.dumps(good),
+            json.dumps({"question": "", "answer": "#### 1"}), json.dumps({"question": "q", "answer": "no final"}),
+            json.dumps({"question": "q", "answer": "#### 3", "idx": "7"}), json.dumps(good)]
+    (tmp_path / "five.jsonl").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    assert _exit_code(["check", str(_jsonl_recipe(tmp_path, sft_file=tmp_path / "five.jsonl"))]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    five = str(tmp_path / "five.jsonl")
+    assert [line.split(": ")[1] for line in lines] == [f"{five}:{n}" for n in (2, 3, 5, 6, 7)]
+    assert "'two' is not a number" in lines[1] and all(line.endswith("(data.sft_file)") for line in lines)
+
+
 def test_check_passes_a_good_recipe_in_seconds(tmp_path, capsys):
     recipe = _jsonl_recipe(tmp_path)
     main(["check", str(recipe)])

@@ -119,6 +119,12 @@ def test_a_row_reports_the_last_policy_beside_the_kept_one_and_names_a_kept_step
     assert row["last_gain_over_sft"] == pytest.approx(0.035) and row["gain_over_sft"] == pytest.approx(0.02)
     table = format_table({"samples": 1, "rows": [row]})
     assert "last step: accuracy, vs SFT (95% CI)" in table and "0 (the SFT model), 4" in table and "13.5, +3.5" in table
+    assert "lora_rank" not in row and "LoRA" not in table
+    (tmp_path / "l").mkdir()
+    lora = setup(str(_finished_run(tmp_path / "l", tiny_cfg)), "sampling", None, None, 5, None,
+                 overrides=["grpo.lora={rank: 4, alpha: 8}", "grpo.beta=0.0"])
+    row = variant_row(lora, "dynamic", [kept_0, kept_last], {}, 0.10, {"dynamic": [0.10, 0.14]}, 1)
+    assert "| dynamic (LoRA rank 4) |" in format_table({"samples": 1, "rows": [row]})
 
 
 def test_stage_outputs_are_typed_and_name_a_missing_field():

@@ -48,7 +48,8 @@ def test_grpo_trains_and_saves_the_adapter_alone_and_its_reference_is_the_base(t
     manifest = run_grpo(tiny_cfg(tmp_path, **one_update), tiny_data_dir, tiny_model_dir, tmp_path / "grpo", log)
     model_dir = Path(manifest["model"])
     assert sorted(p.name for p in model_dir.iterdir() if "token" not in p.name) == [
-        "adapter_base.json", "adapter_config.json", "adapter_model.safetensors", "generation_config.json"]
+        "README.md", "adapter_base.json", "adapter_config.json", "adapter_model.safetensors", "generation_config.json"]
+    assert "Question: <question>\\nAnswer:\\n" in (model_dir / "README.md").read_text()  # the prompt, its last newline
     base = json.loads((model_dir / "adapter_base.json").read_text())
     assert Path(base["path"]) == tiny_model_dir.resolve()
     # The policy starts as its reference (peft's B = 0): the first step's KL is 0; later steps move away.
@@ -59,6 +60,16 @@ def test_grpo_trains_and_saves_the_adapter_alone_and_its_reference_is_the_base(t
     before, after = _weights(tiny_model_dir), _weights(model_dir)
     changed = {k for k in before if not torch.equal(before[k], after[k])}
     assert changed and all(k.endswith("proj.weight") for k in changed)
+    # Plain peft loads it too (task type, base named), and computes what our loader's merge does.
+    from peft import AutoPeftModelForCausalLM
+
+    config = json.loads((model_dir / "adapter_config.json").read_text())
+    assert config["task_type"] == "CAUSAL_LM" and config["base_model_name_or_path"] == str(tiny_model_dir.resolve())
+    ids = torch.tensor([[1, 5, 9, 3]])
+    with torch.no_grad():
+        theirs = AutoPeftModelForCausalLM.from_pretrained(str(model_dir)).eval()(ids).logits
+        ours = load_model(model_dir)[0].eval()(ids).logits
+    torch.testing.assert_close(theirs, ours, atol=1e-5, rtol=1e-4)
 
 
 def test_the_reference_is_the_policy_with_its_adapter_off(tiny_model_dir):
@@ -150,3 +161,17 @@ def test_lora_settings_an_algorithm_or_launch_cannot_use_are_refused(tmp_path, t
         tiny_cfg(tmp_path, sft__lora=LORA, launch__strategy="fsdp", launch__nproc=2)
     with pytest.raises(ModelError, match="fresh tiny model"):
         run_sft(tiny_cfg(tmp_path, sft__lora=LORA), tiny_data_dir, tmp_path / "sft")
+
+
+def test_peft_names_a_base_inside_the_project_relative_to_it(tmp_path, monkeypatch):
+    """From the project folder, plain peft finds the base wherever the project has moved."""
+    (tmp_path / "runs" / "r" / "sft" / "model").mkdir(parents=True)
+    adapter = tmp_path / "runs" / "r" / "grpo" / "model"
+    adapter.mkdir(parents=True)
+    (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "/elsewhere", "r": 4}))
+    monkeypatch.setattr(adapters, "PROJECT_ROOT", tmp_path)
+    model = type("M", (), {"adapter_base": {"path": str(tmp_path / "runs" / "r" / "sft" / "model"), "digest": "d"}})
+    adapters.write_base(model, adapter)
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    assert config == {"base_model_name_or_path": "runs/r/sft/model", "r": 4}
+    assert json.loads((adapter / "adapter_base.json").read_text())["relative"] == "../../sft/model"

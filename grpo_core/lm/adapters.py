@@ -14,6 +14,7 @@ from pathlib import Path
 
 from grpo_core.config import LoraSettings
 from grpo_core.digests import digest_dir
+from grpo_core.env import PROJECT_ROOT
 
 BASE_FILE = "adapter_base.json"
 
@@ -36,7 +37,8 @@ def add_lora(model, settings: LoraSettings, base: str | Path, seed: int) -> None
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model.add_adapter(LoraConfig(r=settings.rank, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
-                                     target_modules=settings.target_modules, init_lora_weights=True))
+                                     target_modules=settings.target_modules, init_lora_weights=True,
+                                     task_type="CAUSAL_LM"))  # what peft's AutoPeftModelForCausalLM reads
     model.adapter_base = {"path": str(Path(base).resolve()), "digest": digest_dir(Path(base))}
     model.adapter_settings = settings
 
@@ -48,10 +50,42 @@ def has_adapter(model) -> bool:
 def write_base(model, folder: Path) -> None:
     """Beside a saved adapter: which base it belongs to (``save_model`` calls it), by absolute path
     and by path relative to the adapter's folder (a run folder or project moved whole keeps it:
-    checkpoints, ``best/`` and ``model/`` sit at the same depth), and the base's digest."""
+    checkpoints, ``best/`` and ``model/`` sit at the same depth), and the base's digest. peft's own
+    ``base_model_name_or_path`` names the base relative to the project folder where it is inside it,
+    so that plain peft loads the adapter from the project folder wherever the project has moved."""
     folder = Path(folder)
     relative = os.path.relpath(model.adapter_base["path"], folder.resolve())
     (folder / BASE_FILE).write_text(json.dumps(model.adapter_base | {"relative": relative}, indent=1) + "\n")
+    base = Path(model.adapter_base["path"])
+    with contextlib.suppress(ValueError):  # outside the project: the absolute path stays
+        base = base.relative_to(PROJECT_ROOT.resolve())
+    config = json.loads((folder / "adapter_config.json").read_text())
+    (folder / "adapter_config.json").write_text(json.dumps(config | {"base_model_name_or_path": str(base)}, indent=2) + "\n")
+    (folder / "README.md").write_text(CARD.format(base=base, digest=model.adapter_base["digest"], rank=config.get("r"),
+                                                  alpha=config.get("lora_alpha")))
+
+
+CARD = """# A LoRA adapter (rank {rank}, alpha {alpha}) trained by grpo-pipeline
+
+- Base: `{base}` (relative paths: from the project folder), digest `{digest}` (`adapter_base.json`
+  also names it relative to this folder, and the project's loader checks the digest).
+- Prompt: `"Question: <question>\\nAnswer:\\n"`, final newline included; the answer ends with a line
+  `#### <number>`.
+
+```python
+from peft import AutoPeftModelForCausalLM
+from transformers import AutoTokenizer
+
+model = AutoPeftModelForCausalLM.from_pretrained("<this folder>")  # run from the project folder
+tokenizer = AutoTokenizer.from_pretrained("<this folder>")
+ids = tokenizer("Question: Tom has 3 apples and buys 4 more. How many apples does he have?\\nAnswer:\\n",
+                return_tensors="pt")
+print(tokenizer.decode(model.generate(**ids, max_new_tokens=64, do_sample=False)[0], skip_special_tokens=True))
+```
+
+Where the base is itself an adapter (a GRPO adapter on an SFT adapter), load it with
+`grpo_core.lm.modeling.load_model("<this folder>")`, which merges both.
+"""
 
 
 def _recorded(folder: Path) -> dict:
