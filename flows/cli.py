@@ -558,26 +558,37 @@ def _folder(a: argparse.Namespace) -> Path | None:
     return None
 
 
+STAGE_FOLDERS = ("data", "pretrain", "sft", "reward_data", "orm", "prm", "grpo", "eval")  # and replay/v<k>
+
+
 def _stopped(folder: Path | None, since: float) -> str:
-    """What a stopped command leaves, in one line: the stages it finished (their manifests written
-    since it started: cached now) and the step each unfinished stage resumes from (its newest whole
-    checkpoint; those it wrote, where it wrote any)."""
+    """What a stopped command leaves, in one line: the stages finished and cached (their manifests;
+    those of this command first) and where the same command resumes each unfinished stage (its newest
+    whole checkpoint, or its start where it wrote none)."""
     from grpo_core.training.checkpoint import marked_checkpoints
 
     if folder is None or not folder.is_dir():
         return "nothing had started; the same command starts it"
     name = lambda stage: str(stage.relative_to(folder))  # noqa: E731
-    finished = sorted(name(m.parent) for m in folder.rglob("manifest.json")
-                      if m.parent != folder and m.stat().st_mtime >= since)
-    newest = {c.parent: steps[-1] for c in folder.rglob("checkpoints") if not (c.parent / "manifest.json").exists()
-              and (steps := marked_checkpoints(c))}
-    # The stages this command checkpointed (another command's leftovers in the folder are not its);
-    # if it wrote none yet, every unfinished one.
-    now = {stage: step for stage, step in newest.items() if step.stat().st_mtime >= since} or newest
-    resumes = sorted(f"{name(stage)} from step {int(step.name.removeprefix('step-'))}" for stage, step in now.items())
-    done = (f"finished and cached {', '.join(finished) if len(finished) <= 6 else f'{len(finished)} stages'}"
-            if finished else "no stage finished this time")
-    return f"{done}; the same command resumes" + (f" {'; '.join(resumes)}" if resumes else "")
+    stages = [f for f in folder.rglob("*") if f.is_dir() and (f.name in STAGE_FOLDERS or f.parent.name == "replay")]
+    finished = [f for f in stages if (f / "manifest.json").is_file()]
+    now = sorted(name(f) for f in finished if (f / "manifest.json").stat().st_mtime >= since)
+    before = sorted(name(f) for f in finished if name(f) not in now)
+    unfinished = [f for f in stages if f not in finished]
+    # The stages this command touched (another command's leftovers in the folder are not its news);
+    # if it touched none, every unfinished one.
+    touched = lambda f: max((p.stat().st_mtime for p in f.rglob("*")), default=f.stat().st_mtime) >= since  # noqa: E731
+    unfinished = [f for f in unfinished if touched(f)] or unfinished
+    resumes = []
+    for stage in sorted(unfinished):
+        steps = marked_checkpoints(stage / "checkpoints") if (stage / "checkpoints").is_dir() else []
+        where = f"from step {int(steps[-1].name.removeprefix('step-'))}" if steps else "from its start"
+        resumes.append(f"{name(stage)} {where}")
+    listed = lambda names: ", ".join(names) if len(names) <= 8 else f"{len(names)} stages"  # noqa: E731
+    done = "; ".join(part for part in (f"finished now: {listed(now)}" if now else "",
+                                       f"finished before: {listed(before)}" if before else "") if part)
+    return ((done or "no stage had finished") + "; the same command takes the finished ones from the cache and "
+            + (f"resumes {'; '.join(resumes)}" if resumes else "goes on from there"))
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ prints one JSON object (GUIDE §3)."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -351,7 +352,18 @@ def test_ctrl_c_exits_130_saying_what_finished_and_where_the_same_command_resume
     monkeypatch.setattr("flows.cli.cmd_check", interrupted)
     assert _exit_code(["check", str(_jsonl_recipe(tmp_path))]) == 130
     assert capsys.readouterr().err.splitlines() == [
-        "interrupted: finished and cached round-1/reward_data; the same command resumes round-1/grpo from step 100"]
+        "interrupted: finished now: round-1/reward_data; finished before: data, sft; the same command takes the "
+        "finished ones from the cache and resumes round-1/grpo from step 100"]
+    # A stage stopped before its first checkpoint resumes from its start, and the line says so.
+    shutil.rmtree(run_dir / "round-1" / "grpo")
+
+    def in_the_orm(a):
+        (run_dir / "round-1" / "orm").mkdir(parents=True)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("flows.cli.cmd_check", in_the_orm)
+    assert _exit_code(["check", str(_jsonl_recipe(tmp_path))]) == 130
+    assert capsys.readouterr().err.strip().endswith("finished ones from the cache and resumes round-1/orm from its start")
 
 
 @pytest.mark.slow
@@ -396,7 +408,7 @@ def test_a_stopped_run_leaves_no_process_says_where_it_stopped_and_the_same_comm
         assert time.monotonic() - stopped < 30
     last = (tmp_path / "first.log").read_text().strip().splitlines()[-1]
     assert last.startswith("interrupted: " if how == "ctrl-c" else "terminated: ")
-    assert f"the same command resumes {stage} from step " in last, last
+    assert f"resumes {stage} from step " in last and "from the cache" in last, last
     time.sleep(2)
     assert not [p.pid for p in processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     again = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600)

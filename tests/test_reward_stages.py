@@ -226,7 +226,7 @@ def test_reward_data_sampling_says_how_far_it_is(monkeypatch, capsys):
     then (Monte-Carlo rollouts) completions past it."""
     import grpo_core.stages.reward_data as rd
 
-    complete = rd.said_every(lambda prompts: [p + "!" for p in prompts], "reward_data, round 2", 3)
+    complete = rd.said_every(lambda prompts: [p + "!" for p in prompts], "reward_data, round 2", 3, batch=2)
     assert complete(["a", "b"]) == ["a!", "b!"] and complete(["c"]) == ["c!"]
     first = capsys.readouterr().err.splitlines()  # the first batch speaks; the next, within 30 s, does not
     assert len(first) == 1 and first[0].startswith("[reward_data, round 2] 2 of 3 solutions sampled, ")
@@ -234,3 +234,10 @@ def test_reward_data_sampling_says_how_far_it_is(monkeypatch, capsys):
     monkeypatch.setattr(rd, "PROGRESS_EVERY_S", 0.0)  # a line at every call
     complete(["d"])
     assert capsys.readouterr().err.startswith("[reward_data, round 2] 4 completions sampled (rollouts included), ")
+    # One call of a whole split's prompts speaks between its batches, and passes them on batch by batch.
+    calls = []
+    long = rd.said_every(lambda prompts: calls.append(len(prompts)) or prompts, "reward_data, round 1", 5, batch=2)
+    assert long(list("abcde")) == list("abcde") and calls == [2, 2, 1]
+    lines = [line.removeprefix("[reward_data, round 1] ") for line in capsys.readouterr().err.splitlines()]
+    assert [line[:26] for line in lines] == ["2 of 5 solutions sampled, ", "4 of 5 solutions sampled, ",
+                                             "5 completions sampled (rol"]

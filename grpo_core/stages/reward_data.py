@@ -120,22 +120,26 @@ def training_extras(rc: RewardDataConfig, examples: list[Example], earlier: list
     return out
 
 
-def said_every(complete, what: str, total: int):
+def said_every(complete, what: str, total: int, batch: int):
     """``complete`` (prompts -> completions) that prints how many completions it has sampled of the
     ``total`` the stage samples first (Monte-Carlo rollouts, whose count depends on the solutions'
     steps, come after them), how fast and the time left: after its first batch (the stage speaks
-    within seconds) and then every ``PROGRESS_EVERY_S``."""
+    within seconds) and then every ``PROGRESS_EVERY_S``. It hands ``complete`` one ``batch`` of
+    prompts at a time (``policy_completer``'s own batches: the same calls, so the same seeds), so a
+    long call (a whole split's samples) speaks between its batches too."""
     done, start, said = [0], time.perf_counter(), [-math.inf]
 
     def counted(prompts: list[str]) -> list[str]:
-        out = complete(prompts)
-        done[0] += len(prompts)
-        if time.perf_counter() - said[0] >= PROGRESS_EVERY_S:
-            said[0] = time.perf_counter()
-            rate = done[0] / (said[0] - start)
-            where = (f"{done[0]:,} of {total:,} solutions sampled, {rate:.1f}/s, {time_left((total - done[0]) / rate)}"
-                     if done[0] < total else f"{done[0]:,} completions sampled (rollouts included), {rate:.1f}/s")
-            print(f"[{what}] {where}", file=sys.stderr, flush=True)
+        out: list[str] = []
+        for first in range(0, len(prompts), batch):
+            out += complete(prompts[first : first + batch])
+            done[0] += len(prompts[first : first + batch])
+            if time.perf_counter() - said[0] >= PROGRESS_EVERY_S:
+                said[0] = time.perf_counter()
+                rate = done[0] / (said[0] - start)
+                where = (f"{done[0]:,} of {total:,} solutions sampled, {rate:.1f}/s, {time_left((total - done[0]) / rate)}"
+                         if done[0] < total else f"{done[0]:,} completions sampled (rollouts included), {rate:.1f}/s")
+                print(f"[{what}] {where}", file=sys.stderr, flush=True)
         return out
     return counted
 
@@ -166,7 +170,7 @@ def run_reward_data(cfg: PipelineConfig, data_dir: Path, policy_dir: str | Path,
                 "train": rng.sample(train_pool, min(len(train_pool), n_questions - n_test))}
     questions = split_of["test"] + split_of["train"]
     complete = said_every(policy_completer(policy, tokenizer, rc, seed), f"reward_data, round {round_}",
-                          len(questions) * rc.samples_per_question)
+                          len(questions) * rc.samples_per_question, rc.batch_size)
     earlier = (rollout_samples(rollouts, {e.question for e in train_pool}, rc.rollouts, seed)
                if rollouts is not None and rc.rollouts != 0 else [])
     tables: dict[str, dict[str, list[dict]]] = {name: {} for name in DATASETS}
