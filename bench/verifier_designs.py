@@ -1,5 +1,5 @@
 """Not a timing: reward-model designs that read the SFT model's own token probabilities, measured as
-GRPO uses them (issue 28, item 3), on a finished run's round-1 reward data.
+GRPO uses them, on a finished run's round-1 reward data.
 
     .venv/bin/python bench/verifier_designs.py runs/demo [--round 1]
 

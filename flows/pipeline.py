@@ -2,7 +2,7 @@
 -> evaluation; see ``flows.rounds``) -> evaluation of the SFT model and the final policy.
 
 One MLflow parent run per pipeline run, a child run per stage and per round (``round-<k>``, with its
-stages nested); ``runs/<run_name>/manifest.json`` is the public summary (GUIDE §3): policy,
+stages nested); ``runs/<run_name>/manifest.json`` is the public summary (docs/architecture.md): policy,
 sft_model, eval, mlflow_run_id, tracking_uri, and ``rounds``. The ``rl-rounds`` flow continues a
 finished run for more rounds with its own recipe.
 """

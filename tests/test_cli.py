@@ -1,5 +1,5 @@
 """``grpo-pipeline``: invalid input fails with exit code 2 and a message naming the culprit; ``eval``
-prints one JSON object (GUIDE §3)."""
+prints one JSON object (the public contract, docs/architecture.md)."""
 from __future__ import annotations
 
 import json

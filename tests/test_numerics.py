@@ -1,7 +1,7 @@
 """Bit-for-bit results on every CPU: the math libraries' settings (``grpo_core.env.NUMERICS``) are in
 effect in this process and in every process the pipeline starts for a stage, a user's own setting
 wins, and the manifests say which was used. Without them MKL picks kernels by memory alignment, and
-a resumed run drifts from a straight one in the last bits (issue 27: AMD EPYC)."""
+a resumed run drifts from a straight one in the last bits (seen on an AMD EPYC)."""
 from __future__ import annotations
 
 import os

@@ -1,4 +1,4 @@
-"""The pipeline flow end to end on a tiny recipe: the public manifest (GUIDE §3), MLflow's parent and
+"""The pipeline flow end to end on a tiny recipe: the public manifest (docs/architecture.md), MLflow's parent and
 child runs, and content caching (a re-run skips finished stages; a deleted output is recomputed).
 
 Prefect and the flow are imported inside the test, after the session fixture has pointed

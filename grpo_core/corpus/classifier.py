@@ -1,4 +1,4 @@
-"""The math-page classifier: fastText supervised (``fasttext-community``; GUIDE §4), trained on seed
+"""The math-page classifier: fastText supervised (``fasttext-community``), trained on seed
 math pages against other pages with the paper's settings (dim 256, lr 0.1, word n-grams 3, min
 count 3, 3 epochs) on normalised text. ``thread=1`` with a fixed seed makes training deterministic.
 """

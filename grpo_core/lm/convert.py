@@ -3,7 +3,7 @@
 
 transformers loads a GGUF (dequantised to fp32) but refuses to ``save_pretrained`` a model flagged
 as loaded from GGUF, so the weights are moved into a model built from the same config without the
-quantisation flag, and that one is saved (GUIDE §5).
+quantisation flag, and that one is saved.
 
     python -m grpo_core.lm.convert [--out models/smollm2-135m-instruct]     (or: make smollm2)
 """

@@ -1,5 +1,5 @@
 """The zero-training verifier: a causal LM read through the probabilities it gives the tokens of a
-solution (issue 28). A step is as sure as the least likely token so far: a miscopied operand or a
+solution. A step is as sure as the least likely token so far: a miscopied operand or a
 wrong sum is a token the model that learnt the task finds improbable, and nothing after it can be
 right. On the demo's SFT model it ranked right above wrong solutions of one question where the first
 trained ORM and PRM were at chance (docs/reward-models.md). Every trained reward model must beat

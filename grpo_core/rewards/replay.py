@@ -68,7 +68,7 @@ def load_version(version_dir: str | Path | None, kind: str) -> list[dict]:
         return []
     path = Path(version_dir) / kind
     if kind == "pairs" and not path.exists() and (Path(version_dir) / "outcome").exists():
-        raise ValueError(f"{Path(version_dir) / 'outcome'}: a replay buffer version written before 2026-11-24, whose "
+        raise ValueError(f"{Path(version_dir) / 'outcome'}: a replay buffer version of an older layout, whose "
                          f"pairs this version reads as {path}: rename the folder, or start the rounds again")
     if not path.exists():  # a version older than the kind
         return []

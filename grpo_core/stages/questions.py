@@ -60,7 +60,7 @@ class QuestionSampler:
         rng = random.Random(step_seed(self.seed, step))
         n = min(n, len(self.pool))
         if not self.share:
-            return rng.sample(self.pool, n)  # the uniform draw, as before the curriculum existed
+            return rng.sample(self.pool, n)  # the uniform draw (the paper's)
         chosen = rng.sample(self.sometimes, min(round(self.share * n), len(self.sometimes)))
         taken = {e.question for e in chosen}
         rest = [e for e in self.pool if e.question not in taken]
