@@ -50,7 +50,7 @@ from grpo_core.manifests import read_manifest, write_manifest
 from grpo_core.mlflow_runs import experiment_id, finishing, start_run, tracking_uri
 from grpo_core.recipe import load_config
 from grpo_core.rewards.gate import gate_failure, gate_grpo
-from grpo_core.stages.grpo import staleness
+from grpo_core.stages.rl_records import staleness
 from grpo_core.stages.identity import run_identity
 from grpo_core.stages.inputs import EvalInputs, GRPOInputs, INPUTS, Ref, SFTInputs
 from grpo_core.stages.outputs import GRPOOutput, StageOutput, TrainedOutput

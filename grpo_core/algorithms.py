@@ -2,7 +2,8 @@
 
 The paper's unified paradigm (§5.2.1) sets them apart by data source, reward function and gradient
 coefficient; here each row says which model samples the rollouts, which advantage estimator gives the
-coefficient (``stages/rl.ADVANTAGES``, a registry as verl's ``core_algos``), where ``grpo.beta``'s
+coefficient (an ``Estimator``, one Enum of names as verl's ``core_algos`` has; the functions are
+``grpo.ESTIMATORS``' table), where ``grpo.beta``'s
 KL to the reference goes, and which models it trains beside the policy. The rollout, the reward
 sources, the clipped policy update and the step's metrics are shared (``stages/rl.py``). The recipe
 validator (``config.GRPOConfig``) reads this table to refuse settings an algorithm would ignore;
@@ -10,12 +11,21 @@ the stage reads it to pick the sampler, the estimator and the models it loads.
 """
 from __future__ import annotations
 
+from enum import Enum
 from typing import Literal, NamedTuple
+
+
+class Estimator(str, Enum):
+    """The advantage estimators, by name."""
+
+    GROUP = "group"      # GRPO (§4.1.2-4.1.3): group z-scores of the rewards, or the process credit of the steps'
+    CORRECT = "correct"  # RFT and online RFT (§5.2.1): 1[correct]
+    GAE = "gae"          # PPO (§4.1.1): GAE on a value model's estimates
 
 
 class Algorithm(NamedTuple):
     samples: Literal["policy", "reference"]   # the rollouts' model: pi_old, or the frozen starting model
-    advantage: Literal["group", "correct", "gae"]  # group z-scores / process credit; 1[correct]; GAE on values
+    advantage: Estimator                      # the gradient coefficient
     kl: Literal["loss", "reward", "none"]     # grpo.beta: k3 KL term in the loss, per-token penalty in the reward, none
     trains: tuple[str, ...] = ()              # models trained beside the policy
 
@@ -34,10 +44,10 @@ class KL(NamedTuple):
 
 
 ALGORITHMS: dict[str, Algorithm] = {
-    "grpo": Algorithm("policy", "group", "loss"),                  # §4.1: group-normalised rewards, KL in the loss
-    "ppo": Algorithm("policy", "gae", "reward", ("value",)),       # §4.1.1 (eq. 1-2): value model, GAE, KL in the reward
-    "online_rft": Algorithm("policy", "correct", "none"),          # §5.2.1: the policy's correct samples
-    "rft": Algorithm("reference", "correct", "none"),              # §5.2.1: the starting model's correct samples
+    "grpo": Algorithm("policy", Estimator.GROUP, "loss"),              # §4.1: group-normalised rewards, KL in the loss
+    "ppo": Algorithm("policy", Estimator.GAE, "reward", ("value",)),   # §4.1.1 (eq. 1-2): value model, GAE, KL in the reward
+    "online_rft": Algorithm("policy", Estimator.CORRECT, "none"),      # §5.2.1: the policy's correct samples
+    "rft": Algorithm("reference", Estimator.CORRECT, "none"),          # §5.2.1: the starting model's correct samples
 }
 
 

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from grpo_core.algorithms import ALGORITHMS, KL, kl_weights
+from grpo_core.algorithms import ALGORITHMS, KL, Estimator, kl_weights
 
 
 class Section(BaseModel):
@@ -336,12 +336,12 @@ class GRPOConfig(Training):
             raise ValueError(f"process_credit={self.process_credit} applies to supervision=process only")
         alg, name = ALGORITHMS[self.algorithm], f"algorithm={self.algorithm}"
         kl_weights(self.algorithm, self.beta)  # refuses a beta the algorithm has no place for
-        if alg.advantage == "correct" and (set(self.reward_weights) != {"rule"} or self.supervision != "outcome"):
+        if alg.advantage == Estimator.CORRECT and (set(self.reward_weights) != {"rule"} or self.supervision != "outcome"):
             raise ValueError(f"{name} learns from the answer checker's verdict (advantage 1[correct]): "
                              f"reward_weights must be {{rule: ...}} with supervision=outcome")
-        if alg.advantage == "gae" and self.supervision == "process":
+        if alg.advantage == Estimator.GAE and self.supervision == "process":
             raise ValueError(f"{name} takes outcome supervision (one reward per solution)")
-        if self.redraws and alg.advantage != "group":
+        if self.redraws and alg.advantage != Estimator.GROUP:
             raise ValueError(f"redraws (dynamic sampling) keeps groups whose GRPO advantages have spread; {name} "
                              f"has no group advantage: set redraws to 0")
         if self.redraws and self.supervision == "process" and not self.reward_weights.get("rule"):

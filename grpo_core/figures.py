@@ -236,7 +236,7 @@ def staleness_figure(runs_by_variant: dict[str, list[dict]], kinds: list[str], w
     end to end), mean over seeds. A frozen reward model whose curve falls is going stale."""
     import numpy as np
 
-    from grpo_core.stages.grpo import staleness
+    from grpo_core.stages.rl_records import staleness
 
     plt = _pyplot()
     fig, axes = plt.subplots(1, len(kinds), figsize=(5.5 * len(kinds), 3.8), squeeze=False)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from grpo_core.rewards.heads import group_auc
-from grpo_core.stages.grpo import staleness
+from grpo_core.stages.rl_records import staleness
 
 
 def test_group_auc_by_hand():

@@ -9,7 +9,7 @@ redraws, the estimator, the log-prob passes and the updates):
    by the answer checker and the reward models (process supervision scores every step); with
    dynamic sampling (``grpo.redraws``) a slot whose group has no reward spread samples another
    question's group instead, up to ``redraws`` times.
-2. ``estimate``: the algorithm's advantage estimator (``rl.ADVANTAGES``: group z-scores or
+2. ``estimate``: the algorithm's advantage estimator (``ESTIMATORS``: group z-scores or
    process credit for GRPO, 1[correct] for RFT and online RFT, GAE for PPO in ``ppo.py``).
 3. ``update``: mu passes of the clipped-ratio objective (``losses.grpo_loss``) on minibatches,
    with the k3 KL to the frozen reference where the algorithm puts it in the loss; after it
@@ -19,6 +19,17 @@ redraws, the estimator, the log-prob passes and the updates):
 Which model samples, which estimator, where ``grpo.beta`` goes and which models are loaded come
 from the algorithm's row of ``algorithms.ALGORITHMS``. ``run_grpo`` (the stage) runs the step on the
 shared training loop (``trainer.py``: log, validate with keep-best, checkpoint, resume).
+
+Where this GRPO differs from the paper's (§4.1, §4.2), by default or by a setting:
+
+- the reward may add the answer checker to the learned ORM / PRM (``grpo.reward_weights``); the
+  paper's RL reads its reward model alone;
+- keep-best (``grpo.keep_best``, on by default) publishes the step with the best validation
+  accuracy, the last one beside it; the paper's policy is the last;
+- a completion without a finite reward (no verdict, a NaN score) gets no advantage;
+- options the paper has not, each off by default: dynamic sampling and the pass-rate curriculum
+  (``questions.py``), PURE's min-form process credit, DAPO's clip-higher and token-mean and Dr.
+  GRPO's aggregations (``losses.py``), LoRA adapters.
 """
 from __future__ import annotations
 
@@ -31,7 +42,7 @@ from typing import NamedTuple
 
 import torch
 
-from grpo_core.algorithms import ALGORITHMS
+from grpo_core.algorithms import ALGORITHMS, Estimator
 from grpo_core.config import GRPOConfig, PipelineConfig
 from grpo_core.data import Example, prompt_text, read_split
 from grpo_core.digests import digest_dir
@@ -47,9 +58,11 @@ from grpo_core.rewards.heads import group_auc
 from grpo_core.rewards.scorer import COUNT_STATS, RewardError, RewardScorer
 from grpo_core.seeds import draw_seed, round_seed, step_seed
 from grpo_core.stages.identity import run_identity
-from grpo_core.stages.ppo import value_model_from, value_updates  # (also registers PPO's estimator, "gae")
+from grpo_core.stages.ppo import gae_advantages, value_model_from, value_updates
 from grpo_core.stages.questions import QuestionSampler, read_pass_rates
-from grpo_core.stages.rl import ADVANTAGES, Advantages, Exploration, Models, has_spread, spread
+from grpo_core.stages.rl import (Advantages, Exploration, Models, correct_advantages, group_advantages, has_spread,
+                                 spread)
+from grpo_core.stages.rl_records import RECORDED, SUMMARY_METRICS, SUMMARY_WINDOW, recorded, staleness
 from grpo_core.tracking import MetricLogger, NullLogger
 from grpo_core.training import distributed
 from grpo_core.training.distributed import Dist, SINGLE
@@ -180,10 +193,15 @@ def explore(learner: Learner, questions: list[Example], step: int) -> Explored:
 # --------------------------------------------------------------------------------------- 2. estimate
 
 
+# Every advantage estimator, by ``algorithms.Estimator`` name: (a step's ``Exploration``, its
+# ``Models``, ``GRPOConfig``, the forward passes' precision context) -> ``rl.Advantages``.
+ESTIMATORS = {Estimator.GROUP: group_advantages, Estimator.CORRECT: correct_advantages, Estimator.GAE: gae_advantages}
+
+
 def estimate(learner: Learner, batch: Exploration) -> Advantages:
-    """The algorithm's advantage estimator (``rl.ADVANTAGES``) on what trains, timed."""
+    """The algorithm's advantage estimator (``ESTIMATORS``) on what trains, timed."""
     started = time.perf_counter()
-    adv = ADVANTAGES[ALGORITHMS[learner.cfg.algorithm].advantage](batch, learner.models, learner.cfg, learner.amp)
+    adv = ESTIMATORS[ALGORITHMS[learner.cfg.algorithm].advantage](batch, learner.models, learner.cfg, learner.amp)
     return adv._replace(seconds=time.perf_counter() - started)
 
 
@@ -319,44 +337,6 @@ def step_metrics(learner: Learner, explored: Explored, advantages: Advantages, u
 
 
 # -------------------------------------------------------------------------------------- the stage
-
-
-# Training metrics averaged over the last steps for the stage's summary (a round's report).
-SUMMARY_METRICS = ("train/reward_mean", "train/kl", "train/accuracy", "train/frac_reward_zero_std", "train/frac_batch_zero_std")
-SUMMARY_WINDOW = 10
-# Kept at every step (the manifest's ``rewards``): the answer checker's accuracy on the rollouts beside
-# the learned rewards' means (a gap that widens is the policy hacking a reward model); the study draws it.
-# With them each learned reward model's within-question AUC on the policy's current samples (its
-# staleness) and how many groups it was measured on.
-RECORDED = ("train/accuracy", "train/reward_mean", "train/kl", "reward/orm_mean", "reward/prm_lowest_mean",
-            "train/frac_reward_zero_std", "train/frac_batch_zero_std", "sampling/groups_drawn",
-            "reward/orm_within_auc", "reward/orm_mixed_groups", "reward/prm_within_auc", "reward/prm_mixed_groups")
-LEARNED = {"orm": "orm_mean", "prm": "prm_lowest_mean"}  # each model's mean score of the step's solutions
-
-
-def recorded(metrics: dict) -> dict:
-    """A step's recorded metrics by their short names (``train/accuracy`` -> ``accuracy``): the
-    manifest's ``rewards`` rows."""
-    return {k.split("/")[-1]: v for k, v in metrics.items()}
-
-
-def staleness(steps: list[dict]) -> dict[str, float]:
-    """What the reward models in use are worth on the policy's samples of ``steps`` (their
-    ``recorded`` metrics): per learned model, its within-question AUC against the answer checker
-    pooled over the steps (the mean over every mixed group, so a step counts by its groups) and its
-    mean score; the checker's accuracy beside them (the reward-hacking curve: a learned reward that
-    rises while the checker's accuracy does not). Empty where no step had a learned reward with a
-    mixed group."""
-    out = {}
-    for name, mean in LEARNED.items():
-        mixed = sum(p.get(f"{name}_mixed_groups", 0.0) for p in steps)
-        if mixed:
-            out[f"staleness/{name}_within_auc"] = sum(p[f"{name}_within_auc"] * p[f"{name}_mixed_groups"]
-                                                      for p in steps if p.get(f"{name}_mixed_groups")) / mixed
-            out[f"staleness/{name}_mean"] = sum(p[mean] for p in steps) / len(steps)
-    if out:
-        out["staleness/checker_accuracy"] = sum(p["accuracy"] for p in steps) / len(steps)
-    return out
 
 
 def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir: Path,

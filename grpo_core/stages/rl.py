@@ -1,11 +1,11 @@
 """What every RL algorithm of the GRPO stage shares (``grpo.algorithm``: GRPO, online RFT, RFT, PPO;
-``algorithms.ALGORITHMS``): the models a step uses, a step's scored samples (``Exploration``), the
-advantage estimators' registry and what an estimator returns, and which groups have reward spread.
-The step itself is ``grpo.rl_step``; ``ppo.py`` registers PPO's estimator from these, so no
-algorithm imports another."""
+``algorithms.ALGORITHMS``): the models a step uses, a step's scored samples (``Exploration``), what
+an advantage estimator returns, GRPO's and RFT's estimators, and which groups have reward spread.
+The step itself is ``grpo.rl_step``, whose ``ESTIMATORS`` table names every estimator; PPO's is in
+``ppo.py``, built on these, so no algorithm imports another."""
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import torch
 
@@ -81,30 +81,22 @@ class Advantages(NamedTuple):
     seconds: float = 0.0
 
 
-# The advantage estimators by name (``algorithms.ALGORITHMS``' ``advantage`` column; verl's
-# ``core_algos`` registry shape): each registers where it is defined, GRPO's and RFT's below, PPO's
-# GAE in ``ppo.py``. Signature: (a step's ``Exploration``, its ``Models``, ``GRPOConfig``, the forward
-# passes' precision context) -> ``Advantages``.
-ADVANTAGES: dict[str, Callable[..., Advantages]] = {}
+# An advantage estimator (``grpo.ESTIMATORS``): (a step's ``Exploration``, its ``Models``,
+# ``GRPOConfig``, the forward passes' precision context) -> ``Advantages``.
 
 
-def advantage_estimator(name: str):
-    """Register the decorated function as the estimator ``name``."""
-    def register(fn):
-        ADVANTAGES[name] = fn
-        return fn
-    return register
-
-
-@advantage_estimator("group")
 def group_advantages(ex: Exploration, models: Models, cfg: GRPOConfig, amp=None) -> Advantages:
     """GRPO's estimator (§4.1.2-4.1.3): ``advantages.rollout_advantages`` of the groups' scores."""
     mask = ex.rollout.completion_mask
-    values = rollout_advantages(ex.scored, len(ex.questions), cfg.group_size, mask.shape[1], cfg.process_credit)
-    return Advantages(values, mask, {})
+    return Advantages(group_values(ex, cfg), mask, {})
 
 
-@advantage_estimator("correct")
+def group_values(ex: Exploration, cfg: GRPOConfig) -> torch.Tensor:
+    """[N x G, T] GRPO's advantages of ``ex``'s groups (outcome or process supervision)."""
+    return rollout_advantages(ex.scored, len(ex.questions), cfg.group_size, ex.rollout.completion_mask.shape[1],
+                              cfg.process_credit)
+
+
 def correct_advantages(ex: Exploration, models: Models, cfg: GRPOConfig, amp=None) -> Advantages:
     """RFT's and online RFT's gradient coefficient (§5.2.1): 1 on a correct solution's tokens, else 0."""
     mask = ex.rollout.completion_mask
@@ -125,4 +117,4 @@ def has_spread(ex: Exploration, cfg: GRPOConfig) -> torch.Tensor:
     if cfg.reward_weights.get("rule"):
         verdicts = ex.scored.correct.reshape(-1, cfg.group_size).bool()
         return verdicts.any(-1) & ~verdicts.all(-1)
-    return spread(group_advantages(ex, Models(None), cfg).values, cfg.group_size)
+    return spread(group_values(ex, cfg), cfg.group_size)
