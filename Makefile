@@ -8,7 +8,7 @@ PIP_FLAGS := --quiet --disable-pip-version-check --no-warn-script-location
 # Drops pip's notes about local package folders that some machines' pip.conf names but lack.
 QUIET := 2>&1 | { grep -v "^WARNING: Location" || true; }
 
-.PHONY: venv demo test baseline compare study sampling sparse iterate rounds ui clean smollm2 real bench gpu-pack
+.PHONY: venv demo test lint baseline compare study sampling sparse iterate rounds ui clean smollm2 real bench gpu-pack
 
 # grpo_core/__init__.py too: the editable install records which folders are packages when it runs.
 $(BIN)/.installed: requirements.txt pyproject.toml grpo_core/__init__.py
@@ -67,6 +67,11 @@ demo: venv
 
 test: venv
 	$(BIN)/python -m pytest -q
+
+# Formatting and lint (ruff; line length 120, rules in pyproject.toml): `ruff format .` mends the first.
+lint: venv
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
 
 baseline: venv
 	$(BIN)/grpo-pipeline baseline runs/demo

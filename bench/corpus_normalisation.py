@@ -8,6 +8,7 @@ fastText baseline sees) -> ``lower`` (lower case) -> ``nfkc`` (Unicode NFKC) -> 
 brackets, digits and LaTeX commands as tokens of their own) -> ``drop-punct`` (sentence punctuation
 dropped: the classifier's normalisation until 2026-11-23).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,11 +49,28 @@ def main() -> None:
         start = time.perf_counter()
         # "<variant>+chars": the same text, with fastText's character 3- to 5-grams of each word.
         base, chars = name.removesuffix("+chars"), name.endswith("+chars")
-        r = leave_one_source_out(docs, "math", {name: (VARIANTS[base], {**settings, "char_ngrams": (3, 5)} if chars else settings)},
-                                 seed=0, threshold=0.5, target_precision=a.target_precision)[name]
+        r = leave_one_source_out(
+            docs,
+            "math",
+            {name: (VARIANTS[base], {**settings, "char_ngrams": (3, 5)} if chars else settings)},
+            seed=0,
+            threshold=0.5,
+            target_precision=a.target_precision,
+        )[name]
         out["variants"][name] = {**r, "wall_s": round(time.perf_counter() - start, 1)}
-        print(json.dumps({name: {**r["macro"], "ece": r["ece"], "threshold_for_target": r["threshold_for_target"],
-                                "at_target": r["macro_at_target"]}}), flush=True)
+        print(
+            json.dumps(
+                {
+                    name: {
+                        **r["macro"],
+                        "ece": r["ece"],
+                        "threshold_for_target": r["threshold_for_target"],
+                        "at_target": r["macro_at_target"],
+                    }
+                }
+            ),
+            flush=True,
+        )
     if a.out:
         with open(a.out, "w") as f:
             json.dump(out, f, indent=1)

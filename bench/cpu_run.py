@@ -23,6 +23,7 @@ round-1 reward models' held-out quality beside the SFT model's likelihood). ``--
 committed folder alone and recomputes its accuracies and intervals from the files; with ``--against``
 another folder's policy, on the same questions, is the baseline instead of SFT.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -64,11 +65,16 @@ def score(folder: Path, against: Path | None = None) -> dict:
             raise ValueError(f"{folder}: {bench}'s policy and {base} hold different questions")
         correct = {m: [bool(r["correct"]) for r in rs] for m, rs in rows.items()}
         second = {m: [last_number_correct(r["completion"], r["gold"]) for r in rs] for m, rs in rows.items()}
-        out[bench] = {"n": len(rows["sft"]), **{m: sum(c) / len(c) for m, c in correct.items()},
-                      "policy_minus_sft": question_interval(correct["policy"], correct["sft"]),
-                      "last_number": {**{m: sum(c) / len(c) for m, c in second.items()},
-                                      "policy_minus_sft": question_interval(second["policy"], second["sft"]),
-                                      "disagree": {m: sum(a != b for a, b in zip(correct[m], second[m])) for m in correct}}}
+        out[bench] = {
+            "n": len(rows["sft"]),
+            **{m: sum(c) / len(c) for m, c in correct.items()},
+            "policy_minus_sft": question_interval(correct["policy"], correct["sft"]),
+            "last_number": {
+                **{m: sum(c) / len(c) for m, c in second.items()},
+                "policy_minus_sft": question_interval(second["policy"], second["sft"]),
+                "disagree": {m: sum(a != b for a, b in zip(correct[m], second[m])) for m in correct},
+            },
+        }
     return out
 
 
@@ -90,8 +96,14 @@ def experiment_seed(experiment: Path, variant: str, seed: int) -> tuple[dict, di
     its evaluation, its recipe, and the held-out quality of the round-1 reward models of its chain."""
     manifest = json.loads((experiment / "manifest.json").read_text())
     run = manifest["runs"][variant][seed]
-    grpo = {"steps": run["steps"], "best_step": None, "best_val_accuracy": None, "rewards": run["rewards"],
-            "curve": run["curve"], "train_s": run["train_s"]}
+    grpo = {
+        "steps": run["steps"],
+        "best_step": None,
+        "best_val_accuracy": None,
+        "rewards": run["rewards"],
+        "curve": run["curve"],
+        "train_s": run["train_s"],
+    }
     evaluated = json.loads((experiment / "eval" / "manifest.json").read_text())["results"][f"{variant}/seed-{seed}"]
     chain = experiment / "chains" / f"seed-{seed}" / "round-1"
     quality = {}
@@ -112,17 +124,43 @@ def evaluate_policy(run_dir: Path, recipe: Path, policy: Path) -> dict:
 
     cfg = load_config(recipe)
     data, sft = run_dir / "data", run_dir / "sft" / "model"
-    evaluated = run_eval(cfg, data, {"sft": str(sft), "policy": str(policy)}, run_dir / f"eval-{policy.name}")["results"]
-    manifest = {"run_name": cfg.run_name, "eval": evaluated, "data_dir": str(data), "profile": {"stages_s": {}, "wall_s": None},
-                "rounds": [{"stages": {"grpo": {"steps": int(policy.name.rsplit("-", 1)[-1]), "best_step": None,
-                                                "best_val_accuracy": None, "rewards": [], "curve": [], "train_s": None}}}]}
+    evaluated = run_eval(cfg, data, {"sft": str(sft), "policy": str(policy)}, run_dir / f"eval-{policy.name}")[
+        "results"
+    ]
+    manifest = {
+        "run_name": cfg.run_name,
+        "eval": evaluated,
+        "data_dir": str(data),
+        "profile": {"stages_s": {}, "wall_s": None},
+        "rounds": [
+            {
+                "stages": {
+                    "grpo": {
+                        "steps": int(policy.name.rsplit("-", 1)[-1]),
+                        "best_step": None,
+                        "best_val_accuracy": None,
+                        "rewards": [],
+                        "curve": [],
+                        "train_s": None,
+                    }
+                }
+            }
+        ],
+    }
     return manifest
 
 
-def record(run_dir: Path, folder: Path, grpo_seed: int | None = None, policy: Path | None = None,
-           recipe: Path | None = None, experiment: tuple[Path, str, int] | None = None) -> dict:
-    manifest = (evaluate_policy(run_dir, recipe, policy) if policy
-                else json.loads((run_dir / "manifest.json").read_text()))
+def record(
+    run_dir: Path,
+    folder: Path,
+    grpo_seed: int | None = None,
+    policy: Path | None = None,
+    recipe: Path | None = None,
+    experiment: tuple[Path, str, int] | None = None,
+) -> dict:
+    manifest = (
+        evaluate_policy(run_dir, recipe, policy) if policy else json.loads((run_dir / "manifest.json").read_text())
+    )
     config = recipe.read_text() if policy else (run_dir / "config.yaml").read_text()
     results = {"sft": manifest["eval"]["sft"], "policy": manifest["eval"]["policy"]}
     grpo, reward_models = manifest["rounds"][-1]["stages"]["grpo"], {}
@@ -141,15 +179,25 @@ def record(run_dir: Path, folder: Path, grpo_seed: int | None = None, policy: Pa
     (folder / ("config.json" if grpo_seed is not None else "config.yaml")).write_text(config)
     drawn = [1 - r["frac_reward_zero_std"] for r in grpo["rewards"]]  # of every group sampled
     kept = [1 - r["frac_batch_zero_std"] for r in grpo["rewards"]]  # of the groups trained on, after redraws
-    summary = {"run": manifest["run_name"], "grpo_seed": grpo_seed if experiment is None else experiment[2],
-               "variant": experiment[1] if experiment else None, "reward_models": reward_models, "scores": score(folder),
-               "grpo": {"steps": grpo["steps"], "best_step": grpo["best_step"],
-                        "best_val_accuracy": grpo["best_val_accuracy"],
-                        "groups_with_spread": {"sampled": sum(drawn) / len(drawn), "trained": sum(kept) / len(kept)}
-                        if drawn else None,
-                        "curve": grpo["curve"]},
-               "grpo_train_s": grpo["train_s"], "stages_s": manifest["profile"]["stages_s"],
-               "wall_s": manifest["profile"]["wall_s"]}
+    summary = {
+        "run": manifest["run_name"],
+        "grpo_seed": grpo_seed if experiment is None else experiment[2],
+        "variant": experiment[1] if experiment else None,
+        "reward_models": reward_models,
+        "scores": score(folder),
+        "grpo": {
+            "steps": grpo["steps"],
+            "best_step": grpo["best_step"],
+            "best_val_accuracy": grpo["best_val_accuracy"],
+            "groups_with_spread": {"sampled": sum(drawn) / len(drawn), "trained": sum(kept) / len(kept)}
+            if drawn
+            else None,
+            "curve": grpo["curve"],
+        },
+        "grpo_train_s": grpo["train_s"],
+        "stages_s": manifest["profile"]["stages_s"],
+        "wall_s": manifest["profile"]["wall_s"],
+    }
     (folder / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
 
@@ -174,12 +222,17 @@ def main() -> None:
     if args.against and not args.check:
         ap.error("--against goes with --check")
     experiment = (args.experiment, args.variant, args.seed) if args.experiment else None
-    result = (score(args.folder, args.against) if args.check
-              else record(args.run_dir, args.folder, args.grpo_seed, args.policy, args.recipe, experiment))
+    result = (
+        score(args.folder, args.against)
+        if args.check
+        else record(args.run_dir, args.folder, args.grpo_seed, args.policy, args.recipe, experiment)
+    )
     if not args.check:  # what a person reads after `make real`: the scores, GRPO's spread, each stage's seconds
         result = {k: result[k] for k in ("scores", "grpo_train_s", "stages_s", "wall_s")} | {
-            "groups_with_spread": result["grpo"]["groups_with_spread"], "best_step": result["grpo"]["best_step"],
-            "reward_models": result["reward_models"]}
+            "groups_with_spread": result["grpo"]["groups_with_spread"],
+            "best_step": result["grpo"]["best_step"],
+            "reward_models": result["reward_models"],
+        }
     print(json.dumps(result, indent=1))
 
 

@@ -12,6 +12,7 @@ any child it had started in a session of its own); then starts the same command 
 the digests of the finished run's weights (SFT, each round's policy and reward models) against
 those of ``--compare``, an uninterrupted run of the same recipe. Prints one JSON object.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -60,9 +61,14 @@ def interrupt(command: list[str], stage: Path, log: Path) -> dict:
     time.sleep(2)
     left = [p.pid for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     last = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
-    return {"at": str(stage), "after_start_s": round(sent - t0, 1),
-            "exit_s": round(took, 1), "exit_code": code, "processes_left": left,
-            "said": next((line for line in reversed(last) if line.startswith("interrupted:")), last[-1])}
+    return {
+        "at": str(stage),
+        "after_start_s": round(sent - t0, 1),
+        "exit_s": round(took, 1),
+        "exit_code": code,
+        "processes_left": left,
+        "said": next((line for line in reversed(last) if line.startswith("interrupted:")), last[-1]),
+    }
 
 
 def main() -> None:
@@ -83,8 +89,13 @@ def main() -> None:
     with open(a.log, "a") as out:
         final = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT)
     resumed = [line for line in a.log.read_text(errors="replace").splitlines() if "resuming from step" in line]
-    result = {"command": " ".join(command), "stops": stops, "final_exit_code": final.returncode,
-              "resumed": resumed, "wall_s": round(time.monotonic() - clock, 1)}
+    result = {
+        "command": " ".join(command),
+        "stops": stops,
+        "final_exit_code": final.returncode,
+        "resumed": resumed,
+        "wall_s": round(time.monotonic() - clock, 1),
+    }
     if a.compare:
         mine, theirs = digests(a.run_dir), digests(a.compare)
         result["equal_to_uninterrupted"] = {k: mine[k] == theirs.get(k) for k in mine}

@@ -12,6 +12,7 @@ rollout, tokens per second, and whether each path chose the same greedy tokens a
 ``--compile``: also the static step compiled by ``torch.compile`` (inductor; on the CPU its C++
 backend), the path the CPU would take instead of a graph; its first call compiles (``first_s``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,10 +25,23 @@ import time
 import torch
 
 SHAPES = {  # LlamaConfig fields
-    "demo": dict(vocab_size=64, hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
-                 num_key_value_heads=4),
-    "smollm2-135m": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                         num_attention_heads=9, num_key_value_heads=3, tie_word_embeddings=True),
+    "demo": dict(
+        vocab_size=64,
+        hidden_size=128,
+        intermediate_size=384,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+    ),
+    "smollm2-135m": dict(
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        tie_word_embeddings=True,
+    ),
 }
 
 
@@ -53,8 +67,14 @@ def main() -> None:
     if a.compile:
         paths["compiled"] = {"static": True}
     eager_step = decoding.StaticStep._step
-    result = {"rows": a.rows, "new_tokens": a.new, "prompt_tokens": a.prompt, "device": a.device,
-              "gpu": torch.cuda.get_device_name() if a.device == "cuda" else None, "models": {}}
+    result = {
+        "rows": a.rows,
+        "new_tokens": a.new,
+        "prompt_tokens": a.prompt,
+        "device": a.device,
+        "gpu": torch.cuda.get_device_name() if a.device == "cuda" else None,
+        "models": {},
+    }
     for name in a.shapes.split(","):
         shape = SHAPES[name]
         torch.manual_seed(0)
@@ -65,25 +85,30 @@ def main() -> None:
         for r in range(min(8, a.rows)):  # some left padding, as a batch of different prompts has
             mask[r, : r + 1] = 0
         for precision in ("fp32", "bf16", "bf16-weights"):
-            amp = (torch.autocast(a.device, dtype=torch.bfloat16) if precision == "bf16"
-                   else contextlib.nullcontext())
+            amp = torch.autocast(a.device, dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
             net = copy.deepcopy(model).to(torch.bfloat16) if precision == "bf16-weights" else model
             runs = {}
             for path, kw in paths.items():
                 # Compiled once per model and precision (dynamo's guards): its cost is in the first call.
-                decoding.StaticStep._step = torch.compile(eager_step, dynamic=False) if path == "compiled" else eager_step
+                decoding.StaticStep._step = (
+                    torch.compile(eager_step, dynamic=False) if path == "compiled" else eager_step
+                )
                 times = []
                 for _ in range(a.repeat + 1):  # the first is a warm-up (and the graph's capture)
                     sync()
                     t0 = time.perf_counter()
                     with amp:
-                        out = decode(net, ids, mask, max_new_tokens=a.new, eos_id=-1, pad_id=0,
-                                     choose=lambda s: s, **kw)
+                        out = decode(
+                            net, ids, mask, max_new_tokens=a.new, eos_id=-1, pad_id=0, choose=lambda s: s, **kw
+                        )
                     sync()
                     times.append(time.perf_counter() - t0)
-                runs[path] = {"median_s": round(statistics.median(times[1:]), 4), "first_s": round(times[0], 4),
-                              "tokens_per_s": round(a.rows * a.new / statistics.median(times[1:]), 1),
-                              "tokens": out.cpu()}
+                runs[path] = {
+                    "median_s": round(statistics.median(times[1:]), 4),
+                    "first_s": round(times[0], 4),
+                    "tokens_per_s": round(a.rows * a.new / statistics.median(times[1:]), 1),
+                    "tokens": out.cpu(),
+                }
             decoding.StaticStep._step = eager_step
             eager = runs["eager"]["tokens"]
             for path, r in runs.items():

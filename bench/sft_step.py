@@ -10,11 +10,13 @@ each; the medians are over the steps after ``--warmup``. Ours is the SFT stage's
 (``stages.lm_step.lm_loss`` on packed rows + ``training.trainer.optimizer_step``). TRL runs twice:
 ``trl_wrapped`` packs as we do (the examples concatenated and cut into full rows: equal work, the
 headline ratio) and ``trl`` with its default best-fit packing, which flattens each batch into one
-padding-free sequence (meant for FlashAttention; on the CPU attention then spans the whole batch). Prints one JSON object: per implementation the median step time, input
+padding-free sequence (meant for FlashAttention; on the CPU attention then spans the whole batch). Prints one JSON
+object: per implementation the median step time, input
 tokens per step and per second (TRL's ``num_tokens``; ours: the non-padding tokens of the rows) and
 peak RSS; TRL over ours; the machine's matmul rate and the step's arithmetic
 limit (6 FLOPs per weight and trained token, forward + backward, at that rate).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -72,14 +74,35 @@ def run_trl(model_dir: str, data: str, steps: int, threads: int, strategy: str =
     rows = [{"prompt": prompt_text(e.question), "completion": e.solution + tok.eos_token} for e in load_jsonl(data)]
 
     with tempfile.TemporaryDirectory() as out:
-        args = SFTConfig(output_dir=out, packing=True, packing_strategy=strategy, max_length=LENGTH, per_device_train_batch_size=ROWS,
-                         gradient_accumulation_steps=1, learning_rate=LR, adam_beta1=0.9, adam_beta2=0.95,
-                         weight_decay=0.0, max_grad_norm=1.0, lr_scheduler_type="constant", warmup_steps=0,
-                         max_steps=steps, use_cpu=True, bf16=False, fp16=False, report_to=[], save_strategy="no",
-                         logging_steps=1, seed=0, dataloader_num_workers=0, completion_only_loss=True)
+        args = SFTConfig(
+            output_dir=out,
+            packing=True,
+            packing_strategy=strategy,
+            max_length=LENGTH,
+            per_device_train_batch_size=ROWS,
+            gradient_accumulation_steps=1,
+            learning_rate=LR,
+            adam_beta1=0.9,
+            adam_beta2=0.95,
+            weight_decay=0.0,
+            max_grad_norm=1.0,
+            lr_scheduler_type="constant",
+            warmup_steps=0,
+            max_steps=steps,
+            use_cpu=True,
+            bf16=False,
+            fp16=False,
+            report_to=[],
+            save_strategy="no",
+            logging_steps=1,
+            seed=0,
+            dataloader_num_workers=0,
+            completion_only_loss=True,
+        )
         clock = step_clock()
-        trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tok,
-                             callbacks=[clock])
+        trainer = SFTTrainer(
+            model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tok, callbacks=[clock]
+        )
         trainer.train()
         tokens = [h["num_tokens"] for h in trainer.state.log_history if "num_tokens" in h]
     per_step = [b - a for a, b in zip([0.0] + tokens, tokens)]  # num_tokens is cumulative (input tokens)
@@ -97,10 +120,14 @@ WORKERS = {"ours": run_ours, "trl_wrapped": run_trl_wrapped, "trl": run_trl}
 def _summary(runs: list[dict], warmup: int) -> dict:
     steps = [t for r in runs for t in r["step_s"][warmup:]]
     tokens = [t for r in runs for t in r["tokens"][warmup:]]
-    return {"median_step_s": round(statistics.median(steps), 4), "steps_timed": len(steps),
-            "input_tokens_per_step": round(statistics.median(tokens), 1),
-            "input_tokens_per_s": round(sum(tokens) / sum(steps), 1),
-            "peak_rss_mib": round(max(r["peak_rss_mib"] for r in runs), 1), "threads": runs[0]["threads"]}
+    return {
+        "median_step_s": round(statistics.median(steps), 4),
+        "steps_timed": len(steps),
+        "input_tokens_per_step": round(statistics.median(tokens), 1),
+        "input_tokens_per_s": round(sum(tokens) / sum(steps), 1),
+        "peak_rss_mib": round(max(r["peak_rss_mib"] for r in runs), 1),
+        "threads": runs[0]["threads"],
+    }
 
 
 def step_bench(script: str, workers: dict, prefix: str, with_only: bool = False):
@@ -131,8 +158,9 @@ def step_bench(script: str, workers: dict, prefix: str, with_only: bool = False)
     data = str(Path(rl).with_name("sft.jsonl"))  # the demo's worked solutions
     threads = a.threads or torch.get_num_threads()
     names = [a.only] if getattr(a, "only", None) else list(workers)
-    runs = alternate(script, names, a.rounds, ["--model", model, "--data", data, "--steps", str(a.steps),
-                                               "--threads", str(threads)])
+    runs = alternate(
+        script, names, a.rounds, ["--model", model, "--data", data, "--steps", str(a.steps), "--threads", str(threads)]
+    )
     return a, runs, model, threads
 
 
@@ -145,8 +173,11 @@ def main() -> None:
     from grpo_core.lm.modeling import load_model
 
     m, _ = load_model(model)
-    weights = sum(p.numel() for p in m.parameters()) - m.get_input_embeddings().weight.numel() \
+    weights = (
+        sum(p.numel() for p in m.parameters())
+        - m.get_input_embeddings().weight.numel()
         + m.get_output_embeddings().weight.numel()
+    )
     limit = 6 * weights * ROWS * LENGTH / (rate * 1e9)  # every row position goes forward and backward
     result |= {"matmul_gflops": round(rate, 1), "arithmetic_limit_s": round(limit, 4)}
     for name in names:

@@ -8,6 +8,7 @@ where the shared prompt is a small part of each row.
 
 Prints one JSON object: the folders, the model's parameter count and the prompts' token lengths.
 """
+
 from __future__ import annotations
 
 import json
@@ -38,9 +39,13 @@ def build(out: Path, n_prompts: int = 256, seed: int = 0) -> dict:
         rows.append({"prompt": f"What is {text}?", "gold": str(value)})
     (out / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     lengths = [len(tok(r["prompt"], add_special_tokens=False).input_ids) for r in rows]
-    return {"model": str(out / "model"), "prompts": str(out / "prompts.jsonl"),
-            "parameters": sum(p.numel() for p in model.parameters()), "vocab": len(tok),
-            "prompt_tokens": {"min": min(lengths), "max": max(lengths), "mean": round(sum(lengths) / len(lengths), 1)}}
+    return {
+        "model": str(out / "model"),
+        "prompts": str(out / "prompts.jsonl"),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "vocab": len(tok),
+        "prompt_tokens": {"min": min(lengths), "max": max(lengths), "mean": round(sum(lengths) / len(lengths), 1)},
+    }
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ and after and compares:
 all zero; SFT continues from it, the reward data, reward models and GRPO start from it. The last
 line printed is JSON: per stage, whether weights, metrics and manifest match the other file.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,14 +35,40 @@ from grpo_core.stages.sft import run_sft  # noqa: E402
 from grpo_core.tracking import NullLogger  # noqa: E402
 
 RECIPE = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
-SMALL = ["data.arithmetic.n_sft=120", "data.arithmetic.n_rl=400", "data.arithmetic.n_val=40", "data.arithmetic.n_test=40",
-         "sft.max_steps=60", "sft.lr=3e-4", "sft.eval_every=10", "sft.checkpoint_every=25", "sft.decay_patience=1",
-         "sft.patience=4", "sft.log_every=1", "pretrain.max_steps=8", "pretrain.warmup_steps=2",
-         "pretrain.batch_size=4", "pretrain.context_length=64", "pretrain.log_every=1",
-         "reward_data.questions=64", "reward_data.samples_per_question=4", "reward_data.rollouts=64",
-         "orm.epochs=2", "prm.epochs=2", "orm.batch_size=16", "prm.batch_size=16", "orm.checkpoint_every=3",
-         "grpo.max_steps=4", "grpo.max_seconds=null", "grpo.questions_per_step=4", "grpo.group_size=4",
-         "grpo.eval_every=2", "grpo.warmup_steps=2", "grpo.save_rollouts=true", "eval.max_new_tokens=40"]
+SMALL = [
+    "data.arithmetic.n_sft=120",
+    "data.arithmetic.n_rl=400",
+    "data.arithmetic.n_val=40",
+    "data.arithmetic.n_test=40",
+    "sft.max_steps=60",
+    "sft.lr=3e-4",
+    "sft.eval_every=10",
+    "sft.checkpoint_every=25",
+    "sft.decay_patience=1",
+    "sft.patience=4",
+    "sft.log_every=1",
+    "pretrain.max_steps=8",
+    "pretrain.warmup_steps=2",
+    "pretrain.batch_size=4",
+    "pretrain.context_length=64",
+    "pretrain.log_every=1",
+    "reward_data.questions=64",
+    "reward_data.samples_per_question=4",
+    "reward_data.rollouts=64",
+    "orm.epochs=2",
+    "prm.epochs=2",
+    "orm.batch_size=16",
+    "prm.batch_size=16",
+    "orm.checkpoint_every=3",
+    "grpo.max_steps=4",
+    "grpo.max_seconds=null",
+    "grpo.questions_per_step=4",
+    "grpo.group_size=4",
+    "grpo.eval_every=2",
+    "grpo.warmup_steps=2",
+    "grpo.save_rollouts=true",
+    "eval.max_new_tokens=40",
+]
 RULE = ["grpo.reward_weights={rule: 1.0}", "grpo.supervision=outcome"]
 
 
@@ -53,15 +80,20 @@ def timeless(value):
     """``value`` without wall-time entries (``wall_s``, ``train_s``, ``elapsed_s``, ``time/...``,
     ``perf/...``), at any depth."""
     if isinstance(value, dict):
-        return {k: timeless(v) for k, v in value.items()
-                if k not in ("wall_s", "train_s", "elapsed_s") and not k.startswith(("time/", "perf/"))}
+        return {
+            k: timeless(v)
+            for k, v in value.items()
+            if k not in ("wall_s", "train_s", "elapsed_s") and not k.startswith(("time/", "perf/"))
+        }
     return [timeless(v) for v in value] if isinstance(value, list) else value
 
 
 def fingerprint(log: NullLogger, manifest: dict | None, root: Path) -> dict:
     metrics = [[step, timeless(m)] for step, m in log.history]
-    out = {"metrics": metrics, "manifest": json.loads(json.dumps(timeless(manifest or {}), default=str)
-                                                      .replace(str(root), "<root>"))}
+    out = {
+        "metrics": metrics,
+        "manifest": json.loads(json.dumps(timeless(manifest or {}), default=str).replace(str(root), "<root>")),
+    }
     return out | ({"weights": weights(manifest["model"])} if manifest and "model" in manifest else {})
 
 
@@ -87,17 +119,27 @@ def run_all(init: str, root: Path) -> dict:
     for kind in ("orm", "prm"):
         m = stage(kind, lambda log: run_reward_model(cfg, kind, reward_datasets(rd), init, root / kind, log))
         prm = m["model"] if kind == "prm" else prm
-    stage("grpo_rule", lambda log: run_grpo(load_config(RECIPE, SMALL + RULE), data, init, root / "grpo_rule", log,
-                                                       pass_rates=rd["pass_rates"]))
-    stage("grpo_rule_prm", lambda log: run_grpo(cfg, data, init, root / "grpo_prm", log, reward_models={"prm": prm},
-                                                          pass_rates=rd["pass_rates"]))
+    stage(
+        "grpo_rule",
+        lambda log: run_grpo(
+            load_config(RECIPE, SMALL + RULE), data, init, root / "grpo_rule", log, pass_rates=rd["pass_rates"]
+        ),
+    )
+    stage(
+        "grpo_rule_prm",
+        lambda log: run_grpo(
+            cfg, data, init, root / "grpo_prm", log, reward_models={"prm": prm}, pass_rates=rd["pass_rates"]
+        ),
+    )
     for algorithm in ("online_rft", "rft", "ppo"):  # the paper's §5 algorithms on the rule reward
         no_kl = ["grpo.beta=0"] if algorithm != "ppo" else []  # RFT has no KL term: beta is refused
         acfg = load_config(RECIPE, SMALL + RULE + [f"grpo.algorithm={algorithm}"] + no_kl)
         stage(algorithm, lambda log: run_grpo(acfg, data, init, root / algorithm, log, pass_rates=rd["pass_rates"]))
     # Dynamic sampling (a slot without reward spread draws again) and a LoRA policy (its reference: the adapter off).
-    for name, extra in (("grpo_redraws", ["grpo.redraws=2", "grpo.curriculum=0.0"]),
-                        ("grpo_lora", ["grpo.lora={rank: 4, alpha: 8}", "grpo.lr=1e-3"])):
+    for name, extra in (
+        ("grpo_redraws", ["grpo.redraws=2", "grpo.curriculum=0.0"]),
+        ("grpo_lora", ["grpo.lora={rank: 4, alpha: 8}", "grpo.lr=1e-3"]),
+    ):
         xcfg = load_config(RECIPE, SMALL + RULE + extra)
         stage(name, lambda log: run_grpo(xcfg, data, init, root / name, log, pass_rates=rd["pass_rates"]))
     return out

@@ -12,6 +12,7 @@ the SFT model and every (variant, seed) model of it on those questions and print
 each variant's accuracies and its paired gains, seed by seed, over the variants its row compares
 with (``against``), with 95% intervals, as the experiment's rows on its test split.
 """
+
 from __future__ import annotations
 
 import argparse

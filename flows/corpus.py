@@ -5,6 +5,7 @@ cluster (``tasks.corpus``), URL prefixes approved by a person in the Prefect UI
 (``corpus.interactive``) or read from ``corpus.annotations``, and an MLflow run
 ``corpus-<run_name>`` with a child run per iteration.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -31,11 +32,18 @@ class PrefixApproval(RunInput):
 def approve_in_ui(iteration: int, candidates: dict[str, dict[str, int]]) -> list[str]:
     """Pause the flow until a person approves math URL prefixes among the candidates (Prefect UI:
     the flow run's "Resume" form)."""
-    lines = [f"Iteration {iteration}: approve the URL prefixes that hold math pages.", "",
-             "| prefix | pages | collected | would join the seed |", "|---|---|---|---|"]
+    lines = [
+        f"Iteration {iteration}: approve the URL prefixes that hold math pages.",
+        "",
+        "| prefix | pages | collected | would join the seed |",
+        "|---|---|---|---|",
+    ]
     lines += [f"| {p} | {s['pages']} | {s['collected']} | {s['uncollected']} |" for p, s in candidates.items()]
-    answer = pause_flow_run(wait_for_input=PrefixApproval.with_initial_data(description="\n".join(lines), approved=[]),
-                            timeout=7 * 24 * 3600, poll_interval=2)
+    answer = pause_flow_run(
+        wait_for_input=PrefixApproval.with_initial_data(description="\n".join(lines), approved=[]),
+        timeout=7 * 24 * 3600,
+        poll_interval=2,
+    )
     return [p for p in answer.approved if p in candidates]
 
 
@@ -44,14 +52,22 @@ approve_in_ui.source = "a person in the Prefect UI"
 
 def loso_rows(report: dict) -> list[dict]:
     """One row per classifier: macro metrics over held-out sources and the calibration error."""
-    return [{"classifier": name, **r["macro"], "ece": r["ece"], "threshold": r["threshold"],
-             **({"threshold_for_target": r["threshold_for_target"]} if "threshold_for_target" in r else {})}
-            for name, r in report.items()]
+    return [
+        {
+            "classifier": name,
+            **r["macro"],
+            "ece": r["ece"],
+            "threshold": r["threshold"],
+            **({"threshold_for_target": r["threshold_for_target"]} if "threshold_for_target" in r else {}),
+        }
+        for name, r in report.items()
+    ]
 
 
 @flow(name="corpus", flow_run_name="{config.run_name}/corpus")
-def corpus(config: PipelineConfig, own_benchmarks: dict[str, str] | None = None,
-           parent_run_id: str | None = None) -> dict:
+def corpus(
+    config: PipelineConfig, own_benchmarks: dict[str, str] | None = None, parent_run_id: str | None = None
+) -> dict:
     """The recall loop and decontamination. ``own_benchmarks``: the project's evaluation splits,
     removed like the configured benchmarks; ``parent_run_id``: nest the MLflow run (the pipeline)."""
     log = get_run_logger()
@@ -61,8 +77,14 @@ def corpus(config: PipelineConfig, own_benchmarks: dict[str, str] | None = None,
     if parent_run_id is None:  # on its own: an unreachable server fails here (in a pipeline: it waits)
         check_tracking(uri)
     exp = experiment_id(uri, config.tracking.experiment, wait_s)
-    parent = start_run(uri, exp, "corpus" if parent_run_id else f"corpus-{config.run_name}", parent_id=parent_run_id,
-                       tags={"pipeline": "deepseekmath-corpus"}, wait_s=wait_s)
+    parent = start_run(
+        uri,
+        exp,
+        "corpus" if parent_run_id else f"corpus-{config.run_name}",
+        parent_id=parent_run_id,
+        tags={"pipeline": "deepseekmath-corpus"},
+        wait_s=wait_s,
+    )
     runs = [parent]  # and a run per iteration, as the loop starts them
 
     def iteration_logger(k: int) -> MlflowLogger:
@@ -71,18 +93,32 @@ def corpus(config: PipelineConfig, own_benchmarks: dict[str, str] | None = None,
 
     approve = approve_in_ui if config.corpus.interactive else None  # None: the annotations file
     with finishing(uri, runs, unsent), passes(config.corpus) as where:
-        manifest = run_corpus(config, out_dir, MlflowLogger(uri, parent, unsent=unsent), approve=approve, iteration_logger=iteration_logger,
-                              own_benchmarks={k: Path(v) for k, v in (own_benchmarks or {}).items()}, **where)
+        manifest = run_corpus(
+            config,
+            out_dir,
+            MlflowLogger(uri, parent, unsent=unsent),
+            approve=approve,
+            iteration_logger=iteration_logger,
+            own_benchmarks={k: Path(v) for k, v in (own_benchmarks or {}).items()},
+            **where,
+        )
     manifest["mlflow_run_id"] = parent
     check = manifest.get("seed_check") or {}
     if check.get("leave_one_source_out"):
         rows = loso_rows(check["leave_one_source_out"])
-        create_table_artifact(key=artifact_key(f"corpus-loso-{config.run_name}"),
-                              table=rows, description="the classifier on seed sources it never saw (leave-one-source-out)")
+        create_table_artifact(
+            key=artifact_key(f"corpus-loso-{config.run_name}"),
+            table=rows,
+            description="the classifier on seed sources it never saw (leave-one-source-out)",
+        )
         for r in rows:
             log.info("corpus: leave-one-source-out %s", r)
     elif check:
         log.warning("corpus: no leave-one-source-out check: %s", check["reason"])
-    log.info("corpus: %d pages after %d iterations; removed by decontamination: %s", manifest["pages"],
-             len(manifest["iterations"]), manifest["removed"] or "none")
+    log.info(
+        "corpus: %d pages after %d iterations; removed by decontamination: %s",
+        manifest["pages"],
+        len(manifest["iterations"]),
+        manifest["removed"] or "none",
+    )
     return manifest

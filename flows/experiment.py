@@ -29,6 +29,7 @@ and to continued SFT with 95% Student-t intervals; the two-round variant also ag
 Outputs: ``runs/<run>/<preset>/<budget>/`` (manifest, figures), an MLflow run ``<preset>-<run_name>``
 (table and figures), a Prefect Markdown artifact of the same name.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -67,16 +68,16 @@ class Run(BaseModel):
     model_config = ConfigDict(frozen=True)
     seed: int
     model: Ref
-    train_s: float                   # training seconds, evaluations not counted (two rounds: both GRPO stages)
+    train_s: float  # training seconds, evaluations not counted (two rounds: both GRPO stages)
     steps: int
-    extra_s: float = 0.0             # outside the budget: the reward-model retraining between rounds
-    extra: dict[str, float] = {}     # the same by stage: reward_data (sampling), replay, orm / prm
-    peak_memory: dict[str, float]    # the largest of its stages' peaks
+    extra_s: float = 0.0  # outside the budget: the reward-model retraining between rounds
+    extra: dict[str, float] = {}  # the same by stage: reward_data (sampling), replay, orm / prm
+    peak_memory: dict[str, float]  # the largest of its stages' peaks
     curve: list[tuple[float, float]]  # (training seconds, validation accuracy) at every evaluation
-    rewards: list[dict] = []         # every GRPO step: elapsed_s, the checker's accuracy, the learned rewards' means
-    kept_step: int = 0               # the step whose model was published (keep-best; 0: the starting model)
+    rewards: list[dict] = []  # every GRPO step: elapsed_s, the checker's accuracy, the learned rewards' means
+    kept_step: int = 0  # the step whose model was published (keep-best; 0: the starting model)
     quality_warnings: list[str] = []  # the retrained reward models' failed quality gates (iterative variants)
-    last: Ref | None = None          # the model training ended with, where keep-best published another
+    last: Ref | None = None  # the model training ended with, where keep-best published another
 
     @classmethod
     def of(cls, seed: int, stages: list[TrainedOutput], extra: dict[str, float] | None = None) -> "Run":
@@ -91,10 +92,19 @@ class Run(BaseModel):
         peaks = [st.peak_memory for st in stages]
         final = stages[-1]
         last = getattr(final, "last_model", None) and final.last_ref
-        return cls(seed=seed, model=final.ref, train_s=round(offset, 1),
-                   steps=sum(st.steps for st in stages), extra_s=round(sum(extra.values()), 1), extra=extra,
-                   curve=curve, rewards=rewards, kept_step=sum(st.steps for st in stages[:-1]) + final.best_step, last=last,
-                   peak_memory={k: max(p[k] for p in peaks if k in p) for k in {k for p in peaks for k in p}})
+        return cls(
+            seed=seed,
+            model=final.ref,
+            train_s=round(offset, 1),
+            steps=sum(st.steps for st in stages),
+            extra_s=round(sum(extra.values()), 1),
+            extra=extra,
+            curve=curve,
+            rewards=rewards,
+            kept_step=sum(st.steps for st in stages[:-1]) + final.best_step,
+            last=last,
+            peak_memory={k: max(p[k] for p in peaks if k in p) for k in {k for p in peaks for k in p}},
+        )
 
 
 class Setup(BaseModel):
@@ -109,7 +119,7 @@ class Setup(BaseModel):
     preset: Preset
     budget: Budget
     eval_every: int
-    lr: float | None = None        # GRPO's learning rate for every RL variant (a sweep); None: the recipe's
+    lr: float | None = None  # GRPO's learning rate for every RL variant (a sweep); None: the recipe's
 
     def stage(self, name: str) -> StageOutput:
         """One of the run's stages outside the rounds (``data``, ``sft``), typed."""
@@ -126,31 +136,53 @@ class Setup(BaseModel):
         if variant.grpo is None:
             sft = cfg.sft.model_copy(update={"max_seconds": self.budget.seconds, "max_steps": 10**9, "patience": 0})
             return cfg.model_copy(update={"sft": sft, "seed": seed, "launch": launch})
-        grpo = cfg.grpo.model_validate({**cfg.grpo.model_dump(), **variant.grpo, **self.budget.grpo(self.rounds(name), k),
-                                        "eval_every": self.eval_every, **({"lr": self.lr} if self.lr else {})})
+        grpo = cfg.grpo.model_validate(
+            {
+                **cfg.grpo.model_dump(),
+                **variant.grpo,
+                **self.budget.grpo(self.rounds(name), k),
+                "eval_every": self.eval_every,
+                **({"lr": self.lr} if self.lr else {}),
+            }
+        )
         return cfg.model_copy(update={"grpo": grpo, "seed": seed, "launch": launch})
 
     def is_the_runs_grpo(self, vcfg: PipelineConfig) -> bool:
         """Whether a variant's run would be the run's own round-1 GRPO: the same training (its
         checkpoints would resume it), evaluations and budget, in the same process."""
         run = self.manifest["rounds"][0]["stages"]
-        same_rewards = all(k in run and self.first[k].ref.digest == INPUTS[k].output.model_validate(run[k]).ref.digest
-                           for k in vcfg.grpo.reward_models_used)  # each seed's own: the same bits for seed 0
+        same_rewards = all(
+            k in run and self.first[k].ref.digest == INPUTS[k].output.model_validate(run[k]).ref.digest
+            for k in vcfg.grpo.reward_models_used
+        )  # each seed's own: the same bits for seed 0
         if "grpo" not in self.first:
             return False
         ran = self.first["grpo"]
         same_budget = self.budget.steps == ran.steps if self.budget.steps else self.budget.seconds == ran.train_s
-        return (run_identity(vcfg, "grpo") == run_identity(self.cfg, "grpo") and same_budget
-                and vcfg.grpo.eval_every == self.cfg.grpo.eval_every and not self.preset.own_process and same_rewards)
+        return (
+            run_identity(vcfg, "grpo") == run_identity(self.cfg, "grpo")
+            and same_budget
+            and vcfg.grpo.eval_every == self.cfg.grpo.eval_every
+            and not self.preset.own_process
+            and same_rewards
+        )
 
 
 # What a run's SFT model was made from: a recipe given to an experiment must agree on these.
 SFT_SECTIONS = ("seed", "data", "model", "pretrain", "corpus", "sft")
 
 
-def setup(run_dir: str, preset: str, variants: list[str] | None, seconds: float | None, steps: int | None,
-          eval_every: int | None, lr: float | None = None, recipe: str | None = None,
-          overrides: list[str] | None = None) -> Setup:
+def setup(
+    run_dir: str,
+    preset: str,
+    variants: list[str] | None,
+    seconds: float | None,
+    steps: int | None,
+    eval_every: int | None,
+    lr: float | None = None,
+    recipe: str | None = None,
+    overrides: list[str] | None = None,
+) -> Setup:
     """The finished run's parts and the budget; unknown variants and impossible budgets fail here.
     ``recipe``: a YAML recipe whose RL sections (reward data, reward models, GRPO, rounds, eval)
     replace the run's; what made the SFT model (``SFT_SECTIONS``) must be the run's.
@@ -166,16 +198,25 @@ def setup(run_dir: str, preset: str, variants: list[str] | None, seconds: float 
         cfg = over_the_run(cfg, recipe, root, overrides)
     rounds = max((VARIANTS[v].rounds or cfg.rounds.count) for v in variants or p.variants)
     if steps is not None and steps < rounds:
-        raise ValueError(f"steps = {steps}: a variant runs {rounds} GRPO rounds: it needs at least {rounds} GRPO steps "
-                         f"(one per round)")
+        raise ValueError(
+            f"steps = {steps}: a variant runs {rounds} GRPO rounds: it needs at least {rounds} GRPO steps "
+            f"(one per round)"
+        )
     runs = manifest["rounds"] if p.all_rounds else manifest["rounds"][:1]
     trained = sum(GRPOOutput.model_validate(r["stages"]["grpo"]).train_s for r in runs)  # evaluations not counted
     if p.own_reward_models and not (seconds or steps):
         steps = cfg.grpo.max_steps * cfg.rounds.count  # the recipe's GRPO steps over its rounds
     first = {name: INPUTS[name].output.model_validate(m) for name, m in manifest["rounds"][0]["stages"].items()}
-    return Setup(root=root, manifest=manifest, first=first, cfg=continued(cfg, manifest["stages"]["sft"]), preset=p,
-                 budget=Budget(seconds=seconds or trained, steps=steps),
-                 eval_every=eval_every or p.eval_every or cfg.grpo.eval_every, lr=lr)
+    return Setup(
+        root=root,
+        manifest=manifest,
+        first=first,
+        cfg=continued(cfg, manifest["stages"]["sft"]),
+        preset=p,
+        budget=Budget(seconds=seconds or trained, steps=steps),
+        eval_every=eval_every or p.eval_every or cfg.grpo.eval_every,
+        lr=lr,
+    )
 
 
 def over_the_run(cfg: PipelineConfig, recipe: str, root: Path, overrides: list[str] | None = None) -> PipelineConfig:
@@ -185,11 +226,14 @@ def over_the_run(cfg: PipelineConfig, recipe: str, root: Path, overrides: list[s
 
     theirs = load_config(recipe, overrides)
     mine, other = flatten(cfg), flatten(theirs)
-    differ = sorted(k for k in mine.keys() | other.keys()
-                    if k.split(".")[0] in SFT_SECTIONS and mine.get(k) != other.get(k))
+    differ = sorted(
+        k for k in mine.keys() | other.keys() if k.split(".")[0] in SFT_SECTIONS and mine.get(k) != other.get(k)
+    )
     if differ:
-        raise ValueError(f"{recipe} is not for the SFT model of {root}: it sets {', '.join(differ[:5])}"
-                         f"{' ...' if len(differ) > 5 else ''} otherwise than the run's config.yaml")
+        raise ValueError(
+            f"{recipe} is not for the SFT model of {root}: it sets {', '.join(differ[:5])}"
+            f"{' ...' if len(differ) > 5 else ''} otherwise than the run's config.yaml"
+        )
     return theirs.model_copy(update={"run_name": cfg.run_name, "output_dir": cfg.output_dir})
 
 
@@ -203,8 +247,18 @@ def train_variant(s: Setup, name: str, seed: int, out: Path, data: Ref, sft: Ref
         return Run.of(vcfg.seed, [s.first["grpo"]])
     rms = {k: s.first[k].ref for k in vcfg.grpo.reward_models_used}
     rates = s.first["reward_data"].pass_rates_ref if vcfg.grpo.curriculum else None
-    return Run.of(vcfg.seed, [run_stage(grpo_task, vcfg, str(out), GRPOInputs(
-        data=data, init=sft, reward_models=rms, pass_rates=rates), **common).output])
+    return Run.of(
+        vcfg.seed,
+        [
+            run_stage(
+                grpo_task,
+                vcfg,
+                str(out),
+                GRPOInputs(data=data, init=sft, reward_models=rms, pass_rates=rates),
+                **common,
+            ).output
+        ],
+    )
 
 
 def iterated(s: Setup, name: str, seed: int, out: Path, data: Ref, sft: Ref, common: dict) -> Run:
@@ -224,25 +278,51 @@ def iterated(s: Setup, name: str, seed: int, out: Path, data: Ref, sft: Ref, com
         vcfg = s.config(name, s.cfg.seed + seed, k)
         if gates:  # a retrained reward model's quality gate, as the pipeline's rounds apply it (rewards/gate.py)
             gated = gate_grpo(vcfg, gates)
-            vcfg, warned = gated.cfg, warned + [f"round {k}, seed {seed}: {failure}" + (
-                "; kept out of GRPO's reward" if gated.excluded else "") for failure in gated.failures]
+            vcfg, warned = (
+                gated.cfg,
+                warned
+                + [
+                    f"round {k}, seed {seed}: {failure}" + ("; kept out of GRPO's reward" if gated.excluded else "")
+                    for failure in gated.failures
+                ],
+            )
         # Round 1 is the same for every variant with the same GRPO settings and seed (they differ
         # only between rounds): it runs once, in a folder they share.
         shared = hashlib.sha256(vcfg.grpo.model_dump_json().encode()).hexdigest()[:8]
         where = out.parents[1] / "round-1" / f"grpo-{shared}" / out.name if k == 1 else out / f"round-{k}" / "grpo"
-        g = run_stage(grpo_task, vcfg, str(where), GRPOInputs(
-            data=data, init=policy, reward_models={m: rms[m] for m in vcfg.grpo.reward_models_used}, round=k,
-            pass_rates=rates if vcfg.grpo.curriculum else None), **common).output
+        g = run_stage(
+            grpo_task,
+            vcfg,
+            str(where),
+            GRPOInputs(
+                data=data,
+                init=policy,
+                reward_models={m: rms[m] for m in vcfg.grpo.reward_models_used},
+                round=k,
+                pass_rates=rates if vcfg.grpo.curriculum else None,
+            ),
+            **common,
+        ).output
         stages.append(g)
         policy = g.ref
         if k == s.rounds(name) or not variant.retrain:
             continue
-        retrain = vcfg.model_copy(update={
-            **{kind: getattr(vcfg, kind).model_copy(update={"train": kind in used}) for kind in ("orm", "prm")},
-            "rounds": vcfg.rounds.model_copy(update={"replay_fraction": vcfg.rounds.replay_fraction
-                                                     if variant.replay is None else variant.replay})})
-        start = RoundStart(policy=g.ref, reward_models=rms, buffer=buffer,
-                           rollouts=Ref(path=g.rollouts, digest=g.digest) if g.rollouts else None)
+        retrain = vcfg.model_copy(
+            update={
+                **{kind: getattr(vcfg, kind).model_copy(update={"train": kind in used}) for kind in ("orm", "prm")},
+                "rounds": vcfg.rounds.model_copy(
+                    update={
+                        "replay_fraction": vcfg.rounds.replay_fraction if variant.replay is None else variant.replay
+                    }
+                ),
+            }
+        )
+        start = RoundStart(
+            policy=g.ref,
+            reward_models=rms,
+            buffer=buffer,
+            rollouts=Ref(path=g.rollouts, digest=g.digest) if g.rollouts else None,
+        )
         done = reward_stages(retrain, k + 1, out / f"round-{k + 1}", out, data, sft, start, common)
         rms = {kind: done[kind].output.ref for kind in used}
         gates = {kind: done[kind].output.quality_gate for kind in used}
@@ -256,6 +336,7 @@ def reward_model_quality(chains: list[dict[str, StageOutput]], uses: tuple[str, 
     """The held-out quality of the reward models a variant trains on, as a short string: mean over
     the seeds' own reward models where each seed has its own, beside the SFT model's likelihood on
     the same rows (the zero-training baseline)."""
+
     def mean(kind: str, part: str, metric: str) -> float:
         values = [getattr(first[kind], part).get(metric, float("nan")) for first in chains]
         return sum(values) / len(values)
@@ -264,10 +345,13 @@ def reward_model_quality(chains: list[dict[str, StageOutput]], uses: tuple[str, 
     for kind, pooled, name in (("orm", "auc", "AUC"), ("prm", "step_auc", "step AUC")):
         if kind in uses:
             sft = mean(kind, "baseline", "within_question_auc")
-            parts.append(f"{kind.upper()} within-question AUC {mean(kind, 'heldout', 'within_question_auc'):.3f} "
-                         f"(pooled {name} {mean(kind, 'heldout', pooled):.3f}"
-                         + (f"; SFT likelihood {sft:.3f}" if sft == sft else "")
-                         + (f"; mean of {len(chains)} seeds' own" if len(chains) > 1 else "") + ")")
+            parts.append(
+                f"{kind.upper()} within-question AUC {mean(kind, 'heldout', 'within_question_auc'):.3f} "
+                f"(pooled {name} {mean(kind, 'heldout', pooled):.3f}"
+                + (f"; SFT likelihood {sft:.3f}" if sft == sft else "")
+                + (f"; mean of {len(chains)} seeds' own" if len(chains) > 1 else "")
+                + ")"
+            )
     return ", ".join(parts) or "-"
 
 
@@ -284,18 +368,25 @@ def learned_rewards(s: Setup, names: list[str]) -> set[str]:
     used = set()
     for name in names:
         with contextlib.suppress(ValueError):  # a variant the recipe refuses is skipped, and said, later
-            used |= set(s.config(name, s.cfg.seed).grpo.reward_models_used) if VARIANTS[name].grpo is not None else set()
+            used |= (
+                set(s.config(name, s.cfg.seed).grpo.reward_models_used) if VARIANTS[name].grpo is not None else set()
+            )
     return used
 
 
-def own_reward_models(s: Setup, names: list[str], out: Path, data: Ref, sft: Ref, common: dict,
-                      seed: int = 0) -> dict[str, StageOutput]:
+def own_reward_models(
+    s: Setup, names: list[str], out: Path, data: Ref, sft: Ref, common: dict, seed: int = 0
+) -> dict[str, StageOutput]:
     """Round 1's reward data and the reward models the variants use (and any the recipe trains, to be
     measured), drawn and trained from the run's SFT model under the experiment's recipe with the
     recipe's seed + ``seed`` (``out/round-1``)."""
     used = learned_rewards(s, names) | {kind for kind in ("orm", "prm") if getattr(s.cfg, kind).train}
-    cfg = s.cfg.model_copy(update={"seed": s.cfg.seed + seed, **{
-        kind: getattr(s.cfg, kind).model_copy(update={"train": kind in used}) for kind in ("orm", "prm")}})
+    cfg = s.cfg.model_copy(
+        update={
+            "seed": s.cfg.seed + seed,
+            **{kind: getattr(s.cfg, kind).model_copy(update={"train": kind in used}) for kind in ("orm", "prm")},
+        }
+    )
     done = reward_stages(cfg, 1, out / "round-1", out, data, sft, RoundStart(policy=sft), common)
     return {name: r.output for name, r in done.items()}
 
@@ -312,8 +403,10 @@ def staleness_columns(runs: list[Run], window: int = 20) -> dict:
         for when in ("start", "middle", "end"):
             steps = [_window(r.rewards, when, window) for r in runs]
             parts = [staleness(w) for w in steps]
-            for metric, key in ((f"{kind}_within_auc", f"staleness/{kind}_within_auc"),
-                                ("checker_accuracy", "staleness/checker_accuracy")):
+            for metric, key in (
+                (f"{kind}_within_auc", f"staleness/{kind}_within_auc"),
+                ("checker_accuracy", "staleness/checker_accuracy"),
+            ):
                 values = [p[key] for p in parts if key in p]
                 if values:
                     out[f"{metric}_{when}_mean"] = round(mean_std(values)[0], 4)
@@ -338,7 +431,12 @@ def _window(steps: list[dict], when: str, width: int) -> list[dict]:
 def summarise(name: str, accs: list[float], sft_acc: float, baseline: list[float] | None) -> dict:
     """A table row: accuracy over seeds, and the paired differences to SFT and to continued SFT."""
     mean, std = mean_std(accs)
-    row = {"variant": name, "seeds": len(accs), "test_accuracy_mean": round(mean, 4), "test_accuracy_std": round(std, 4)}
+    row = {
+        "variant": name,
+        "seeds": len(accs),
+        "test_accuracy_mean": round(mean, 4),
+        "test_accuracy_std": round(std, 4),
+    }
     for label, ref in (("sft", [sft_acc] * len(accs)), (BASELINE, baseline)):
         if ref is None or name in ("sft", "policy", label) or len(ref) != len(accs):
             continue
@@ -348,8 +446,17 @@ def summarise(name: str, accs: list[float], sft_acc: float, baseline: list[float
     return row
 
 
-def variant_row(s: Setup, name: str, runs: list[Run], sampled: dict, sft_acc: float, accs: dict[str, list[float]],
-                k: int, chains: list[dict[str, StageOutput]] | None = None, last: list[float] | None = None) -> dict:
+def variant_row(
+    s: Setup,
+    name: str,
+    runs: list[Run],
+    sampled: dict,
+    sft_acc: float,
+    accs: dict[str, list[float]],
+    k: int,
+    chains: list[dict[str, StageOutput]] | None = None,
+    last: list[float] | None = None,
+) -> dict:
     """A table row: test accuracy with its paired gains, maj@K / pass@K, the reward models' quality
     (``chains``: each seed's round-1 stages where each seed has its own; default ``s.first``),
     memory and speed, all mean over seeds. ``last``: each seed's accuracy of the policy its training
@@ -362,22 +469,38 @@ def variant_row(s: Setup, name: str, runs: list[Run], sampled: dict, sft_acc: fl
         row["kept_steps"] = [r.kept_step for r in runs]  # keep-best's choice per seed; 0: the SFT model itself
     if last is not None:
         d = seed_interval(last, [sft_acc] * len(last))
-        row |= {"last_accuracy_mean": round(mean_std(last)[0], 4), "last_gain_over_sft": round(d["mean"], 4),
-                "last_gain_over_sft_95ci": [round(d["low"], 4), round(d["high"], 4)], "last_per_seed": [round(a, 4) for a in last]}
-    compared = [("one_round", ONE_ROUND if name == TWO_ROUNDS else None), (UNIFORM, UNIFORM if name != UNIFORM else None)]
+        row |= {
+            "last_accuracy_mean": round(mean_std(last)[0], 4),
+            "last_gain_over_sft": round(d["mean"], 4),
+            "last_gain_over_sft_95ci": [round(d["low"], 4), round(d["high"], 4)],
+            "last_per_seed": [round(a, 4) for a in last],
+        }
+    compared = [
+        ("one_round", ONE_ROUND if name == TWO_ROUNDS else None),
+        (UNIFORM, UNIFORM if name != UNIFORM else None),
+    ]
     for label, ref in compared + [(other, other) for other in VARIANTS[name].against]:
         if ref in accs and len(accs[ref]) == len(accs[name]):
             d = seed_interval(accs[name], accs[ref])
-            row |= {f"gain_over_{label}": round(d["mean"], 4), f"gain_over_{label}_95ci": [round(d["low"], 4), round(d["high"], 4)]}
+            row |= {
+                f"gain_over_{label}": round(d["mean"], 4),
+                f"gain_over_{label}_95ci": [round(d["low"], 4), round(d["high"], 4)],
+            }
     row |= staleness_columns(runs)
     # Where rewards are sparse: how often a step, and how many of its groups, carried a policy gradient.
-    zero = [[p["frac_batch_zero_std"] for p in r.rewards] for r in runs if r.rewards and "frac_batch_zero_std" in r.rewards[0]]
+    zero = [
+        [p["frac_batch_zero_std"] for p in r.rewards]
+        for r in runs
+        if r.rewards and "frac_batch_zero_std" in r.rewards[0]
+    ]
     if zero:
         batch = s.config(name, s.cfg.seed).grpo.questions_per_step  # what a step draws without redraws
         drawn = [sum(p.get("groups_drawn", batch) for p in r.rewards) / len(r.rewards) for r in runs if r.rewards]
-        row |= {"steps_with_gradient_mean": round(mean_std([sum(z < 1 for z in zs) / len(zs) for zs in zero])[0], 4),
-                "groups_with_gradient_mean": round(mean_std([1 - sum(zs) / len(zs) for zs in zero])[0], 4),
-                "groups_drawn_per_step_mean": round(mean_std(drawn)[0], 2)}
+        row |= {
+            "steps_with_gradient_mean": round(mean_std([sum(z < 1 for z in zs) / len(zs) for zs in zero])[0], 4),
+            "groups_with_gradient_mean": round(mean_std([1 - sum(zs) / len(zs) for zs in zero])[0], 4),
+            "groups_drawn_per_step_mean": round(mean_std(drawn)[0], 2),
+        }
     for key in [f"{m}@{k}" for m in ("maj", "pass")] if k > 1 else []:
         mean, std = mean_std([sampled[f"{name}/seed-{i}"][key] for i in range(len(runs))])
         row |= {f"{key}_mean": round(mean, 4), f"{key}_std": round(std, 4)}
@@ -386,37 +509,84 @@ def variant_row(s: Setup, name: str, runs: list[Run], sampled: dict, sft_acc: fl
     uses = () if VARIANTS[name].grpo is None else s.config(name, s.cfg.seed).grpo.reward_models_used
     chains = chains or [s.first]
     w = sorted({sentence for first in chains for sentence in gate_warnings(first, uses)}) + [
-        w for r in runs for w in r.quality_warnings]
+        w for r in runs for w in r.quality_warnings
+    ]
     warned = {"quality_warnings": w} if w else {}
-    return row | warned | {"reward_model": reward_model_quality(chains, uses),
-                           "steps_mean": mean_std([r.steps for r in runs])[0],
-                           "steps_per_s_mean": round(mean_std([r.steps / max(r.train_s, 1e-9) for r in runs])[0], 3),
-                           "train_s_mean": round(mean_std([r.train_s for r in runs])[0], 1),
-                           "extra_s_mean": round(mean_std([r.extra_s for r in runs])[0], 1),
-                           **{f"extra_{stage}_s_mean": round(mean_std([r.extra.get(stage, 0.0) for r in runs])[0], 1)
-                              for stage in sorted({k for r in runs for k in r.extra})},
-                           "per_seed": [round(a, 4) for a in accs[name]]}
+    return (
+        row
+        | warned
+        | {
+            "reward_model": reward_model_quality(chains, uses),
+            "steps_mean": mean_std([r.steps for r in runs])[0],
+            "steps_per_s_mean": round(mean_std([r.steps / max(r.train_s, 1e-9) for r in runs])[0], 3),
+            "train_s_mean": round(mean_std([r.train_s for r in runs])[0], 1),
+            "extra_s_mean": round(mean_std([r.extra_s for r in runs])[0], 1),
+            **{
+                f"extra_{stage}_s_mean": round(mean_std([r.extra.get(stage, 0.0) for r in runs])[0], 1)
+                for stage in sorted({k for r in runs for k in r.extra})
+            },
+            "per_seed": [round(a, 4) for a in accs[name]],
+        }
+    )
 
 
-@flow(name="experiment", flow_run_name=lambda: numbered_run_name(
-    f"{parameter('preset')}-{Path(parameter('run_dir')).name}"))
-def experiment(run_dir: str, preset: str = "compare", variants: list[str] | None = None, seeds: int | None = None,
-               seconds: float | None = None, steps: int | None = None, samples: int | None = None,
-               sample_questions: int | None = None, eval_every: int | None = None, lr: float | None = None,
-               recipe: str | None = None, overrides: list[str] | None = None, shared_reward_models: bool = False) -> dict:
+@flow(
+    name="experiment",
+    flow_run_name=lambda: numbered_run_name(f"{parameter('preset')}-{Path(parameter('run_dir')).name}"),
+)
+def experiment(
+    run_dir: str,
+    preset: str = "compare",
+    variants: list[str] | None = None,
+    seeds: int | None = None,
+    seconds: float | None = None,
+    steps: int | None = None,
+    samples: int | None = None,
+    sample_questions: int | None = None,
+    eval_every: int | None = None,
+    lr: float | None = None,
+    recipe: str | None = None,
+    overrides: list[str] | None = None,
+    shared_reward_models: bool = False,
+) -> dict:
     """Run ``preset`` (module docstring) on ``run_dir``, with any of its defaults overridden; returns
     the experiment's manifest (rows, runs, figures). ``lr``: GRPO's learning rate for every RL
     variant (one call per value is a sweep, each in a folder of its own). ``recipe``: a YAML recipe
     for the RL side (``setup``; its folder is named after it). One writer per run folder
     (tasks/run_lock.py)."""
     with run_lock(Path(run_dir), f"{preset} {Path(run_dir).name}", get_run_logger()):
-        return _experiment(run_dir, preset, variants, seeds, seconds, steps, samples, sample_questions, eval_every, lr,
-                           recipe, overrides, shared_reward_models)
+        return _experiment(
+            run_dir,
+            preset,
+            variants,
+            seeds,
+            seconds,
+            steps,
+            samples,
+            sample_questions,
+            eval_every,
+            lr,
+            recipe,
+            overrides,
+            shared_reward_models,
+        )
 
 
-def _experiment(run_dir: str, preset: str, variants: list[str] | None, seeds: int | None, seconds: float | None,
-                steps: int | None, samples: int | None, sample_questions: int | None, eval_every: int | None,
-                lr: float | None, recipe: str | None, overrides: list[str] | None, shared_reward_models: bool) -> dict:
+def _experiment(
+    run_dir: str,
+    preset: str,
+    variants: list[str] | None,
+    seeds: int | None,
+    seconds: float | None,
+    steps: int | None,
+    samples: int | None,
+    sample_questions: int | None,
+    eval_every: int | None,
+    lr: float | None,
+    recipe: str | None,
+    overrides: list[str] | None,
+    shared_reward_models: bool,
+) -> dict:
     log = get_run_logger()
     s = setup(run_dir, preset, variants, seconds, steps, eval_every, lr, recipe, overrides)
     seeds = seeds or s.preset.seeds
@@ -425,14 +595,22 @@ def _experiment(run_dir: str, preset: str, variants: list[str] | None, seeds: in
     # Each seed its own chain: its round-1 reward data and reward models drawn and trained with its
     # seed, so that the intervals cover the reward models' variance, not GRPO's sampling alone.
     per_seed = bool(learned_rewards(s, names)) and not shared_reward_models
-    folder = ((f"{Path(recipe).stem}-" if recipe else "") + s.budget.tag(s.eval_every) + (f"-lr{lr:g}" if lr else "")
-              + ("-shared-rm" if shared_reward_models and learned_rewards(s, names) else ""))
+    folder = (
+        (f"{Path(recipe).stem}-" if recipe else "")
+        + s.budget.tag(s.eval_every)
+        + (f"-lr{lr:g}" if lr else "")
+        + ("-shared-rm" if shared_reward_models and learned_rewards(s, names) else "")
+    )
     cfg, out_root = s.cfg, s.root / preset / folder
     uri = tracking_uri(cfg)
     unsent = unsent_dir(s.root)
     exp_id = experiment_id(uri, cfg.tracking.experiment)
-    parent = start_run(uri, exp_id, f"{preset}-{cfg.run_name}",
-                       tags={"pipeline": "deepseekmath-grpo", f"{preset}_of": s.manifest["mlflow_run_id"]})
+    parent = start_run(
+        uri,
+        exp_id,
+        f"{preset}-{cfg.run_name}",
+        tags={"pipeline": "deepseekmath-grpo", f"{preset}_of": s.manifest["mlflow_run_id"]},
+    )
     common = {"uri": uri, "parent_id": parent}
     with finishing(uri, [parent], unsent):
         data, sft = s.stage("data").ref, s.stage("sft").ref
@@ -463,52 +641,84 @@ def _experiment(run_dir: str, preset: str, variants: list[str] | None, seeds: in
         # Seed by seed, every variant in turn: a slow spell of a shared host hits all variants alike.
         chains = []
         for i in range(seeds):
-            si = s.model_copy(update={"first": s.first | own_reward_models(s, names, chain(i), data, sft, common, i)}) \
-                if per_seed and i else s
+            si = (
+                s.model_copy(update={"first": s.first | own_reward_models(s, names, chain(i), data, sft, common, i)})
+                if per_seed and i
+                else s
+            )
             chains.append(si.first)
             for name, done in runs.items():
                 done.append(train_variant(si, name, i, out_root / name / f"seed-{i}", data, sft, common))
 
         # Evaluation: greedy on every test question; K samples on the first sample_questions. The
         # baseline also evaluates the run's final policy (the GRPO it is the baseline of).
-        models = {"sft": sft} | ({"policy": Ref(path=s.manifest["policy"], digest=digest_dir(Path(s.manifest["policy"])))}
-                                 if s.preset.all_rounds else {})
+        models = {"sft": sft} | (
+            {"policy": Ref(path=s.manifest["policy"], digest=digest_dir(Path(s.manifest["policy"])))}
+            if s.preset.all_rounds
+            else {}
+        )
         models |= {f"{n}/seed-{i}": r.model for n, rs in runs.items() for i, r in enumerate(rs)}
         models |= {f"{n}/seed-{i}/last": r.last for n, rs in runs.items() for i, r in enumerate(rs) if r.last}
-        results = run_stage(eval_task, cfg, str(out_root / "eval"), EvalInputs(data=data, models=models),
-                            **common).output.results
+        results = run_stage(
+            eval_task, cfg, str(out_root / "eval"), EvalInputs(data=data, models=models), **common
+        ).output.results
         sampled = {}
         if samples > 1:
-            ecfg = cfg.model_copy(update={"eval": cfg.eval.model_copy(update={
-                "samples": samples, "n_questions": sample_questions or s.preset.sample_questions})})
-            sampled = run_stage(eval_task, ecfg, str(out_root / f"eval-k{samples}"), EvalInputs(data=data, models=models),
-                                **common).output.results
+            ecfg = cfg.model_copy(
+                update={
+                    "eval": cfg.eval.model_copy(
+                        update={"samples": samples, "n_questions": sample_questions or s.preset.sample_questions}
+                    )
+                }
+            )
+            sampled = run_stage(
+                eval_task, ecfg, str(out_root / f"eval-k{samples}"), EvalInputs(data=data, models=models), **common
+            ).output.results
         sft_acc = results["sft"]["accuracy"]
         accs = {n: [results[f"{n}/seed-{i}"]["accuracy"] for i in range(len(rs))] for n, rs in runs.items()}
         # The policy each run ended with: the last step's, where keep-best published another.
-        last = {n: [results[f"{n}/seed-{i}/last" if r.last else f"{n}/seed-{i}"]["accuracy"] for i, r in enumerate(rs)]
-                for n, rs in runs.items() if any(r.last for r in rs)}
+        last = {
+            n: [results[f"{n}/seed-{i}/last" if r.last else f"{n}/seed-{i}"]["accuracy"] for i, r in enumerate(rs)]
+            for n, rs in runs.items()
+            if any(r.last for r in rs)
+        }
         rows = []
         for ref in [m for m in ("sft", "policy") if m in models]:
-            rows.append(summarise(ref, [results[ref]["accuracy"]], sft_acc, None)
-                        | ({f"{m}@{samples}_mean": sampled[ref][f"{m}@{samples}"] for m in ("maj", "pass")} if sampled else {}))
+            rows.append(
+                summarise(ref, [results[ref]["accuracy"]], sft_acc, None)
+                | ({f"{m}@{samples}_mean": sampled[ref][f"{m}@{samples}"] for m in ("maj", "pass")} if sampled else {})
+            )
         rows += [variant_row(s, n, rs, sampled, sft_acc, accs, samples, chains, last.get(n)) for n, rs in runs.items()]
 
         # Report: manifest, figures, MLflow, Prefect.
-        out = {"preset": preset, "rows": rows, "runs": {n: [r.model_dump(mode="json") for r in rs] for n, rs in runs.items()},
-               "budget": s.budget.model_dump(), "seeds": seeds, "samples": samples, "eval_every": s.eval_every,
-               "n_test": results["sft"]["n"], "n_sampled": sampled["sft"]["n"] if sampled else 0,
-               "sft_val_accuracy": s.stage("sft").best_val_accuracy,
-               "run_name": cfg.run_name, "dir": str(out_root), "mlflow_run_id": parent,
-               "grpo_lr": lr or cfg.grpo.lr, "recipe": recipe,
-               "reward_models": "per seed" if per_seed else "shared" if learned_rewards(s, names) else None}
+        out = {
+            "preset": preset,
+            "rows": rows,
+            "runs": {n: [r.model_dump(mode="json") for r in rs] for n, rs in runs.items()},
+            "budget": s.budget.model_dump(),
+            "seeds": seeds,
+            "samples": samples,
+            "eval_every": s.eval_every,
+            "n_test": results["sft"]["n"],
+            "n_sampled": sampled["sft"]["n"] if sampled else 0,
+            "sft_val_accuracy": s.stage("sft").best_val_accuracy,
+            "run_name": cfg.run_name,
+            "dir": str(out_root),
+            "mlflow_run_id": parent,
+            "grpo_lr": lr or cfg.grpo.lr,
+            "recipe": recipe,
+            "reward_models": "per seed" if per_seed else "shared" if learned_rewards(s, names) else None,
+        }
         out["figures"] = {k: str(v) for k, v in figures.save(figures.study_figures(out), out_root / "figures").items()}
         tracker = MlflowLogger(uri, parent, unsent=unsent)
         tracker.log_table(rows, f"{preset}.json")
         tracker.log_artifacts(out_root / "figures", "figures")
         tracker.log_metrics({f"{preset}/{r['variant']}/test_accuracy_mean": r["test_accuracy_mean"] for r in rows})
-        create_markdown_artifact(key=artifact_key(f"{preset}-{cfg.run_name}"), markdown=report(out, mlflow_link(uri, exp_id, parent)),
-                                 description=f"{preset} of {s.root}, {seeds} seed(s) per variant")
+        create_markdown_artifact(
+            key=artifact_key(f"{preset}-{cfg.run_name}"),
+            markdown=report(out, mlflow_link(uri, exp_id, parent)),
+            description=f"{preset} of {s.root}, {seeds} seed(s) per variant",
+        )
         out = write_manifest(out_root, out, s.root)
     log.info("%s:\n%s", preset, format_table(out))
     return out
@@ -516,11 +726,14 @@ def _experiment(run_dir: str, preset: str, variants: list[str] | None, seeds: in
 
 def format_table(result: dict) -> str:
     """The experiment's table in Markdown: accuracies and gains in points, memory in MiB."""
+
     def pts(r: dict, key: str) -> str:
         if key not in r:
             return "-"
         low, high = r[f"{key}_95ci"]
-        return f"{100 * r[key]:+.1f} " + (f"[{100 * low:+.1f}, {100 * high:+.1f}]" if low == low else "(one seed: no interval)")
+        return f"{100 * r[key]:+.1f} " + (
+            f"[{100 * low:+.1f}, {100 * high:+.1f}]" if low == low else "(one seed: no interval)"
+        )
 
     k = result["samples"]
     sampled = [f"maj@{k}", f"pass@{k}"] if k > 1 else []
@@ -529,38 +742,69 @@ def format_table(result: dict) -> str:
     against = [v for v in VARIANTS if any(f"gain_over_{v}" in r for r in result["rows"])]
     stale = [kind for kind in ("orm", "prm") if any(f"{kind}_within_auc_start_mean" in r for r in result["rows"])]
     last = any("last_accuracy_mean" in r for r in result["rows"])
-    lines = ["| variant | seeds | test accuracy | vs SFT (95% CI) | vs continued SFT (95% CI) | "
-             + ("vs uniform (95% CI) | " if uniform else "") + "".join(f"vs {v} (95% CI) | " for v in against)
-             + "".join(f"{s} | " for s in sampled)
-             + ("last step: accuracy, vs SFT (95% CI) | kept step per seed | " if last else "")
-             + ("steps / groups with a gradient, groups drawn a step | " if gradient else "")
-             + "".join(f"{k.upper()} within-question AUC on the policy's samples: start, middle, end (mixed groups) | "
-                       for k in stale)
-             + "steps/s | peak RSS (MiB) | training s | reward model |",
-             "|---" * (9 + len(sampled) + uniform + gradient + len(against) + len(stale) + 2 * last) + "|"]
+    lines = [
+        "| variant | seeds | test accuracy | vs SFT (95% CI) | vs continued SFT (95% CI) | "
+        + ("vs uniform (95% CI) | " if uniform else "")
+        + "".join(f"vs {v} (95% CI) | " for v in against)
+        + "".join(f"{s} | " for s in sampled)
+        + ("last step: accuracy, vs SFT (95% CI) | kept step per seed | " if last else "")
+        + ("steps / groups with a gradient, groups drawn a step | " if gradient else "")
+        + "".join(
+            f"{k.upper()} within-question AUC on the policy's samples: start, middle, end (mixed groups) | "
+            for k in stale
+        )
+        + "steps/s | peak RSS (MiB) | training s | reward model |",
+        "|---" * (9 + len(sampled) + uniform + gradient + len(against) + len(stale) + 2 * last) + "|",
+    ]
     for r in result["rows"]:
-        cells = [r["variant"] + (f" (LoRA rank {r['lora_rank']})" if "lora_rank" in r else ""), str(r["seeds"]), f"{100 * r['test_accuracy_mean']:.1f} ± {100 * r['test_accuracy_std']:.1f}",
-                 pts(r, "gain_over_sft"), pts(r, "gain_over_continued-sft")] + ([pts(r, f"gain_over_{UNIFORM}")] if uniform else [])
+        cells = [
+            r["variant"] + (f" (LoRA rank {r['lora_rank']})" if "lora_rank" in r else ""),
+            str(r["seeds"]),
+            f"{100 * r['test_accuracy_mean']:.1f} ± {100 * r['test_accuracy_std']:.1f}",
+            pts(r, "gain_over_sft"),
+            pts(r, "gain_over_continued-sft"),
+        ] + ([pts(r, f"gain_over_{UNIFORM}")] if uniform else [])
         cells += [pts(r, f"gain_over_{v}") for v in against]
-        cells += [f"{100 * r[f'{s}_mean']:.1f}" + (f" ± {100 * r[f'{s}_std']:.1f}" if f"{s}_std" in r else "")
-                  for s in sampled]
+        cells += [
+            f"{100 * r[f'{s}_mean']:.1f}" + (f" ± {100 * r[f'{s}_std']:.1f}" if f"{s}_std" in r else "")
+            for s in sampled
+        ]
         if last:  # kept step 0 is the starting model republished: said so
             kept = r.get("kept_steps")
-            cells += [f"{100 * r['last_accuracy_mean']:.1f}, {pts(r, 'last_gain_over_sft')}" if "last_accuracy_mean" in r
-                      else "= kept" if kept else "-",
-                      ", ".join("0 (the SFT model)" if k == 0 else str(k) for k in kept) if kept else "-"]
+            cells += [
+                f"{100 * r['last_accuracy_mean']:.1f}, {pts(r, 'last_gain_over_sft')}"
+                if "last_accuracy_mean" in r
+                else "= kept"
+                if kept
+                else "-",
+                ", ".join("0 (the SFT model)" if k == 0 else str(k) for k in kept) if kept else "-",
+            ]
         if gradient:
             drawn = r.get("groups_drawn_per_step_mean")
-            cells.append(f"{100 * r['steps_with_gradient_mean']:.0f}% / {100 * r['groups_with_gradient_mean']:.0f}%"
-                         + (f", {drawn:.1f}" if drawn else "") if "groups_with_gradient_mean" in r else "-")
+            cells.append(
+                f"{100 * r['steps_with_gradient_mean']:.0f}% / {100 * r['groups_with_gradient_mean']:.0f}%"
+                + (f", {drawn:.1f}" if drawn else "")
+                if "groups_with_gradient_mean" in r
+                else "-"
+            )
         # A window without a group of both right and wrong solutions in any seed has no AUC: "-".
-        cells += [", ".join((f"{r[key]:.3f}" if (key := f"{k}_within_auc_{w}_mean") in r else "-")
-                            + f" ({r.get(f'{k}_mixed_groups_{w}', 0)})" for w in ("start", "middle", "end"))
-                  if f"{k}_within_auc_start_mean" in r else "-" for k in stale]
+        cells += [
+            ", ".join(
+                (f"{r[key]:.3f}" if (key := f"{k}_within_auc_{w}_mean") in r else "-")
+                + f" ({r.get(f'{k}_mixed_groups_{w}', 0)})"
+                for w in ("start", "middle", "end")
+            )
+            if f"{k}_within_auc_start_mean" in r
+            else "-"
+            for k in stale
+        ]
         extra = f" (+{r['extra_s_mean']:.0f} retraining)" if r.get("extra_s_mean") else ""
-        cells += [f"{r['steps_per_s_mean']:.2f}" if "steps_per_s_mean" in r else "-",
-                  f"{r['peak_rss_mib_mean']:.0f}" if "peak_rss_mib_mean" in r else "-",
-                  f"{r['train_s_mean']:.0f}{extra}" if "train_s_mean" in r else "-", r.get("reward_model", "-")]
+        cells += [
+            f"{r['steps_per_s_mean']:.2f}" if "steps_per_s_mean" in r else "-",
+            f"{r['peak_rss_mib_mean']:.0f}" if "peak_rss_mib_mean" in r else "-",
+            f"{r['train_s_mean']:.0f}{extra}" if "train_s_mean" in r else "-",
+            r.get("reward_model", "-"),
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -569,24 +813,38 @@ def report(result: dict, link: str) -> str:
     """The Prefect artifact: what was run, the table, the two-round comparison, the figures inline."""
     b = result["budget"]
     what = f"{b['steps']} GRPO steps each" if b["steps"] else f"{b['seconds']:.0f} s of training each"
-    lines = [f"# {result['preset']} of `{result['run_name']}`", "",
-             f"Every variant from the SFT model, {result['seeds']} seed(s), {what}"
-             + ("; each seed its own round-1 reward data and reward models" if result.get("reward_models") == "per seed"
-                else "") + "; greedy test accuracy on "
-             f"{result['n_test']} questions" + (f", maj@K / pass@K on {result['n_sampled']}" if result["n_sampled"] else "")
-             + f". [MLflow run]({link})", ""]
+    lines = [
+        f"# {result['preset']} of `{result['run_name']}`",
+        "",
+        f"Every variant from the SFT model, {result['seeds']} seed(s), {what}"
+        + (
+            "; each seed its own round-1 reward data and reward models"
+            if result.get("reward_models") == "per seed"
+            else ""
+        )
+        + "; greedy test accuracy on "
+        f"{result['n_test']} questions"
+        + (f", maj@K / pass@K on {result['n_sampled']}" if result["n_sampled"] else "")
+        + f". [MLflow run]({link})",
+        "",
+    ]
     warned = [warning_line(w, r["variant"]) for r in result["rows"] for w in r.get("quality_warnings", [])]
     lines += (warned + [""] if warned else []) + [format_table(result), ""]
     two = next((r for r in result["rows"] if "gain_over_one_round" in r), None)
     if two:
         low, high = two["gain_over_one_round_95ci"]
-        lines += [f"Two rounds against one (same GRPO time): {100 * two['gain_over_one_round']:+.1f} points "
-                  f"[{100 * low:+.1f}, {100 * high:+.1f}].", ""]
+        lines += [
+            f"Two rounds against one (same GRPO time): {100 * two['gain_over_one_round']:+.1f} points "
+            f"[{100 * low:+.1f}, {100 * high:+.1f}].",
+            "",
+        ]
     for r in result["rows"]:
         for other in VARIANTS[r["variant"]].against if r["variant"] in VARIANTS else ():
             if f"gain_over_{other}" in r:
                 low, high = r[f"gain_over_{other}_95ci"]
-                lines.append(f"- {r['variant']} against {other} (same GRPO steps): {100 * r[f'gain_over_{other}']:+.2f} "
-                             f"points [{100 * low:+.2f}, {100 * high:+.2f}], {r['seeds']} seeds.")
+                lines.append(
+                    f"- {r['variant']} against {other} (same GRPO steps): {100 * r[f'gain_over_{other}']:+.2f} "
+                    f"points [{100 * low:+.2f}, {100 * high:+.2f}], {r['seeds']} seeds."
+                )
     lines += [""] + [f"![{name}]({figure_source(Path(path))})" for name, path in result["figures"].items()]
     return "\n".join(lines)

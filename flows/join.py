@@ -6,6 +6,7 @@ torchrun agent there as the pipeline launches it, until the run finishes (``task
     prefect deploy flows/join.py:join --name machine-1 --pool machine-1   # once, per machine
     prefect deployment run join/machine-1 -p run_dir=/shared/runs/my-run   # beside the pipeline's run
 """
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -6,6 +6,7 @@ stages nested); ``runs/<run_name>/manifest.json`` is the public summary (docs/ar
 sft_model, eval, mlflow_run_id, tracking_uri, and ``rounds``. The ``rl-rounds`` flow continues a
 finished run for more rounds with its own recipe.
 """
+
 from __future__ import annotations
 
 import json
@@ -75,17 +76,27 @@ def held_out_gains(policy: dict, sft: dict) -> dict[str, dict]:
     """Each further held-out set (``data.held_out``): its size, the SFT model's and the policy's
     accuracy, and the policy's paired gain over SFT with its 95% interval (``gain_over_sft``)."""
     both = [name for name in policy.get("held_out", {}) if name in sft.get("held_out", {})]
-    return {name: {"n": policy["held_out"][name]["n"], "sft": sft["held_out"][name]["accuracy"],
-                   "policy": policy["held_out"][name]["accuracy"],
-                   "gain_over_sft": gain_over_sft(policy["held_out"][name], sft["held_out"][name])} for name in both}
+    return {
+        name: {
+            "n": policy["held_out"][name]["n"],
+            "sft": sft["held_out"][name]["accuracy"],
+            "policy": policy["held_out"][name]["accuracy"],
+            "gain_over_sft": gain_over_sft(policy["held_out"][name], sft["held_out"][name]),
+        }
+        for name in both
+    }
 
 
 def round_gains(manifest: dict) -> dict[int, dict[str, dict]]:
     """Each round's policy minus the SFT model, paired over the questions with a 95% interval: on
     the test split (``test``) and each further held-out set, by round."""
     sft = manifest["eval"]["sft"]
-    return {r["round"]: {"test": gain_over_sft(policy, sft)} | {k: g["gain_over_sft"] for k, g in held_out_gains(policy, sft).items()}
-            for r in manifest["rounds"] for policy in [r["stages"]["eval"]["results"]["policy"]]}
+    return {
+        r["round"]: {"test": gain_over_sft(policy, sft)}
+        | {k: g["gain_over_sft"] for k, g in held_out_gains(policy, sft).items()}
+        for r in manifest["rounds"]
+        for policy in [r["stages"]["eval"]["results"]["policy"]]
+    }
 
 
 def summarise(manifest: dict, run_dir: Path, exp_id: str, tracker: MlflowLogger) -> dict[str, str]:
@@ -96,14 +107,17 @@ def summarise(manifest: dict, run_dir: Path, exp_id: str, tracker: MlflowLogger)
     paths = figures.save(figures.pipeline_figures(manifest, run_dir), run_dir / "figures")
     tracker.log_artifacts(run_dir / "figures", "figures")
     shown = {name: figure_source(path) for name, path in paths.items()}
-    create_markdown_artifact(key=artifact_key(f"{manifest['run_name']}-summary"),
-                             markdown=pipeline_report(manifest, exp_id, round_gains(manifest), shown),
-                             description=f"pipeline run {manifest['run_name']}: results, reward models, figures")
+    create_markdown_artifact(
+        key=artifact_key(f"{manifest['run_name']}-summary"),
+        markdown=pipeline_report(manifest, exp_id, round_gains(manifest), shown),
+        description=f"pipeline run {manifest['run_name']}: results, reward models, figures",
+    )
     return {name: str(path) for name, path in paths.items()}
 
 
-def time_profile(runs: dict[str, StageRun], rounds: list[dict], wall_s: float, cached: list[str],
-                 earlier: dict[str, float]) -> dict:
+def time_profile(
+    runs: dict[str, StageRun], rounds: list[dict], wall_s: float, cached: list[str], earlier: dict[str, float]
+) -> dict:
     """Where the run's wall time went: every stage (a round's as ``round-<k>/<stage>``, its model
     registration as ``round-<k>/register``) as the flow waited for it, and the share of the flow's
     wall time the stages that ran account for (the rest: MLflow and Prefect bookkeeping between
@@ -113,8 +127,11 @@ def time_profile(runs: dict[str, StageRun], rounds: list[dict], wall_s: float, c
     ran |= {f"round-{r['round']}/{s}": v for r in rounds for s, v in r["profile"].items()}
     ran = {name: round(v, 2) for name, v in ran.items()}
     share = sum(v for name, v in ran.items() if name not in cached) / wall_s
-    return {"stages_s": {name: earlier.get(name, v) if name in cached else v for name, v in ran.items()},
-            "wall_s": round(wall_s, 2), "stage_share": round(share, 4)}
+    return {
+        "stages_s": {name: earlier.get(name, v) if name in cached else v for name, v in ran.items()},
+        "wall_s": round(wall_s, 2),
+        "stage_share": round(share, 4),
+    }
 
 
 def earlier_profile(run_dir: Path) -> dict[str, float]:
@@ -163,15 +180,27 @@ def _pipeline(config: PipelineConfig, continues: str | None = None) -> dict:
     exp_id = experiment_id(uri, config.tracking.experiment)
     # A continuation is its own run, named for what it adds (the rounds before it come from the cache).
     name = config.run_name if continues is None else f"{config.run_name}: to round {config.rounds.count}"
-    parent = start_run(uri, exp_id, name, tags={"pipeline": "deepseekmath-grpo", "mlflow.note.content": PARENT_NOTE,
-                                                **({"continues": continues} if continues else {})})
+    parent = start_run(
+        uri,
+        exp_id,
+        name,
+        tags={
+            "pipeline": "deepseekmath-grpo",
+            "mlflow.note.content": PARENT_NOTE,
+            **({"continues": continues} if continues else {}),
+        },
+    )
     common = {"uri": uri, "parent_id": parent}
     with finishing(uri, [parent], unsent):
         tracker = MlflowLogger(uri, parent, unsent=unsent)
         tracker.log_params(run_params(config))
-        tracker.set_tags({"numerics.mkl_mode": str(process_numerics["mkl_mode"]),
-                          "numerics.cpu_capability": process_numerics["cpu_capability"],
-                          "numerics.cpu": process_numerics["cpu"]})
+        tracker.set_tags(
+            {
+                "numerics.mkl_mode": str(process_numerics["mkl_mode"]),
+                "numerics.cpu_capability": process_numerics["cpu_capability"],
+                "numerics.cpu": process_numerics["cpu"],
+            }
+        )
         runs = {"data": run_stage(data_task, config, str(run_dir / "data"), DataInputs(), **common)}
         data = runs["data"].output
         runs |= pretraining_stages(config, run_dir, data.ref, common) if config.pretrain.train else {}
@@ -186,10 +215,12 @@ def _pipeline(config: PipelineConfig, continues: str | None = None) -> dict:
             tracker.log_metrics(round_metrics(rounds[-1]), step=k)  # per-round curves on the parent
         policy = rounds[-1]
         # The SFT model's test accuracy; each round's eval already measured its policy on the same questions.
-        runs["eval"] = run_stage(eval_task, config, str(run_dir / "eval"),
-                                 EvalInputs(data=data.ref, models={"sft": sft.ref}), **common)
-        cached = [name for name, r in runs.items() if r.cached] + [f"round-{r['round']}/{s}" for r in rounds
-                                                                   for s in r["cached_stages"]]
+        runs["eval"] = run_stage(
+            eval_task, config, str(run_dir / "eval"), EvalInputs(data=data.ref, models={"sft": sft.ref}), **common
+        )
+        cached = [name for name, r in runs.items() if r.cached] + [
+            f"round-{r['round']}/{s}" for r in rounds for s in r["cached_stages"]
+        ]
         stages = {name: r.manifest for name, r in runs.items()}
         eval_results = {**runs["eval"].output.results, "policy": policy["stages"]["eval"]["results"]["policy"]}
         tracker.log_metrics({f"eval/{name}/accuracy": r["accuracy"] for name, r in eval_results.items()})
@@ -197,16 +228,29 @@ def _pipeline(config: PipelineConfig, continues: str | None = None) -> dict:
         held_out = held_out_gains(eval_results["policy"], eval_results["sft"])
         for where, g in [("", gain)] + [(f"{name}/", h["gain_over_sft"]) for name, h in held_out.items()]:
             if g:
-                tracker.log_metrics({f"eval/{where}gain_over_sft": g["mean"], f"eval/{where}gain_over_sft_low": g["low"],
-                                     f"eval/{where}gain_over_sft_high": g["high"]})
-        tracker.log_metrics({f"eval/{name}/{model}/accuracy": h[model] for name, h in held_out.items() for model in ("sft", "policy")})
-        tracker.set_tags({"cached_stages": ",".join(cached) or "none",
-                          "champion_version": rounds[-1]["champion"]["version"],
-                          **{f"stage_run.{s}": m["mlflow_run_id"] for s, m in stages.items()},
-                          **{f"round_run.{r['round']}": r["mlflow_run_id"] for r in rounds}})
+                tracker.log_metrics(
+                    {
+                        f"eval/{where}gain_over_sft": g["mean"],
+                        f"eval/{where}gain_over_sft_low": g["low"],
+                        f"eval/{where}gain_over_sft_high": g["high"],
+                    }
+                )
+        tracker.log_metrics(
+            {f"eval/{name}/{model}/accuracy": h[model] for name, h in held_out.items() for model in ("sft", "policy")}
+        )
+        tracker.set_tags(
+            {
+                "cached_stages": ",".join(cached) or "none",
+                "champion_version": rounds[-1]["champion"]["version"],
+                **{f"stage_run.{s}": m["mlflow_run_id"] for s, m in stages.items()},
+                **{f"round_run.{r['round']}": r["mlflow_run_id"] for r in rounds},
+            }
+        )
         profile = time_profile(runs, rounds, time.perf_counter() - clock, cached, earlier_profile(run_dir))
-        tracker.log_metrics({f"time/stage/{name}_s": s for name, s in profile["stages_s"].items()}
-                            | {"time/wall_s": profile["wall_s"], "time/stage_share": profile["stage_share"]})
+        tracker.log_metrics(
+            {f"time/stage/{name}_s": s for name, s in profile["stages_s"].items()}
+            | {"time/wall_s": profile["wall_s"], "time/stage_share": profile["stage_share"]}
+        )
         manifest = {
             "run_name": config.run_name,
             "policy": policy["policy"],
@@ -231,11 +275,19 @@ def _pipeline(config: PipelineConfig, continues: str | None = None) -> dict:
         # The resolved recipe goes beside the manifest it produced (``baseline`` reads both).
         (run_dir / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
         manifest = write_manifest(run_dir, manifest, run_dir)
-    log.info("pipeline %s finished: %s", config.run_name,
-             json.dumps({k: round(v["accuracy"], 4) for k, v in eval_results.items()}))
+    log.info(
+        "pipeline %s finished: %s",
+        config.run_name,
+        json.dumps({k: round(v["accuracy"], 4) for k, v in eval_results.items()}),
+    )
     if kept := unsent_count(unsent):
-        log.warning("tracking: %d records the MLflow store did not take are kept in %s: the next run of this "
-                    "recipe sends them (or: grpo-pipeline sync %s)", kept, unsent, run_dir)
+        log.warning(
+            "tracking: %d records the MLflow store did not take are kept in %s: the next run of this "
+            "recipe sends them (or: grpo-pipeline sync %s)",
+            kept,
+            unsent,
+            run_dir,
+        )
     return manifest
 
 
@@ -252,8 +304,9 @@ def run_recipe(recipe: str = "configs/demo.yaml", overrides: list[str] | None = 
 
 
 @flow(name="rl-rounds", flow_run_name=lambda: numbered_run_name(f"more-rounds-{Path(parameter('run_dir')).name}"))
-def rl_rounds(run_dir: str = "runs/demo", rounds: Annotated[int, Field(ge=1, le=100)] = 1,
-              overrides: list[str] | None = None) -> dict:
+def rl_rounds(
+    run_dir: str = "runs/demo", rounds: Annotated[int, Field(ge=1, le=100)] = 1, overrides: list[str] | None = None
+) -> dict:
     """Continue a finished pipeline run for ``rounds`` more RL rounds with its own recipe
     (``overrides``: ``section.key=value`` over it, as ``run`` takes them).
 
@@ -267,6 +320,8 @@ def rl_rounds(run_dir: str = "runs/demo", rounds: Annotated[int, Field(ge=1, le=
     done = len(finished.get("rounds", []))
     cfg = load_config(root / "config.yaml", [*(overrides or []), f"rounds.count={done + rounds}"], migrate=True)
     if cfg.run_dir.resolve() != root.resolve():
-        raise ValueError(f"{root / 'config.yaml'} writes to {cfg.run_dir.resolve()}, not {root.resolve()}: run "
-                         f"rl_rounds from the folder the run was started in (output_dir is relative to it)")
+        raise ValueError(
+            f"{root / 'config.yaml'} writes to {cfg.run_dir.resolve()}, not {root.resolve()}: run "
+            f"rl_rounds from the folder the run was started in (output_dir is relative to it)"
+        )
     return pipeline(cfg, continues=finished.get("mlflow_run_id"))

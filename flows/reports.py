@@ -1,5 +1,6 @@
 """What the flows show in the Prefect UI: Markdown for a round's artifact and for the pipeline run's
 summary (tables with a header row, links to the MLflow runs, the run's figures)."""
+
 from __future__ import annotations
 
 import base64
@@ -43,26 +44,47 @@ def round_report(summary: dict, champion: dict, link: str) -> str:
     g = summary["grpo"]
     rows = [("test accuracy", f"{summary['test_accuracy']:.4f}")]
     if gain := summary.get("minus_previous_round"):
-        rows.append(("against the previous round (same questions, 95%)",
-                     f"{100 * gain['mean']:+.2f} [{100 * gain['low']:+.2f}, {100 * gain['high']:+.2f}] points"))
-    rows += [("best validation accuracy", f"{summary['val_accuracy']:.4f} (step {g['best_step']})"),
-            ("GRPO steps / wall time", f"{g['steps']} / {g['wall_s']} s"),
-            ("reward, last 10 steps", f"{g.get('reward_mean', float('nan')):.4f}"),
-            ("KL, last 10 steps", f"{g.get('kl', float('nan')):.5f}")]
+        rows.append(
+            (
+                "against the previous round (same questions, 95%)",
+                f"{100 * gain['mean']:+.2f} [{100 * gain['low']:+.2f}, {100 * gain['high']:+.2f}] points",
+            )
+        )
+    rows += [
+        ("best validation accuracy", f"{summary['val_accuracy']:.4f} (step {g['best_step']})"),
+        ("GRPO steps / wall time", f"{g['steps']} / {g['wall_s']} s"),
+        ("reward, last 10 steps", f"{g.get('reward_mean', float('nan')):.4f}"),
+        ("KL, last 10 steps", f"{g.get('kl', float('nan')):.5f}"),
+    ]
     for kind, rm in summary["reward_models"].items():
         key = KINDS[kind].gate_metric
-        rows.append((f"{kind.upper()} {key} on fresh samples: before -> after retraining",
-                     f"{rm['before'].get(key, float('nan')):.4f} -> {rm['after'].get(key, float('nan')):.4f} "
-                     f"(replay share {rm['replay'].get('share', 0.0):.3f}; the SFT model's own likelihood, untrained: "
-                     f"{rm.get('baseline', {}).get(key, float('nan')):.4f})"))
+        rows.append(
+            (
+                f"{kind.upper()} {key} on fresh samples: before -> after retraining",
+                f"{rm['before'].get(key, float('nan')):.4f} -> {rm['after'].get(key, float('nan')):.4f} "
+                f"(replay share {rm['replay'].get('share', 0.0):.3f}; the SFT model's own likelihood, untrained: "
+                f"{rm.get('baseline', {}).get(key, float('nan')):.4f})",
+            )
+        )
     rows.append(("champion", f"version {champion['version']} (round {champion['round']})"))
     rows.append(("MLflow run", f"[round-{summary['round']}]({link})"))
     warnings = [warning_line(w) for w in summary.get("quality_warnings", [])]
     if summary.get("excluded_reward_models"):
-        warnings.append(f"> Kept out of this round's GRPO reward (rounds.on_gate_failure: exclude): "
-                        f"{', '.join(k.upper() for k in summary['excluded_reward_models'])}.")
-    return "\n".join([f"### RL round {summary['round']}", "", *warnings, *([""] if warnings else []),
-                      "| measure | value |", "|---|---|", *(f"| {a} | {b} |" for a, b in rows)])
+        warnings.append(
+            f"> Kept out of this round's GRPO reward (rounds.on_gate_failure: exclude): "
+            f"{', '.join(k.upper() for k in summary['excluded_reward_models'])}."
+        )
+    return "\n".join(
+        [
+            f"### RL round {summary['round']}",
+            "",
+            *warnings,
+            *([""] if warnings else []),
+            "| measure | value |",
+            "|---|---|",
+            *(f"| {a} | {b} |" for a, b in rows),
+        ]
+    )
 
 
 def _points(gain: dict) -> str:
@@ -71,7 +93,8 @@ def _points(gain: dict) -> str:
 
 def pipeline_report(manifest: dict, exp_id: str, gains: dict[int, dict[str, dict]], figures: dict[str, str]) -> str:
     """The pipeline run's Prefect summary: test accuracy of SFT and of each round's policy on the test
-    split and each further held-out set (paired differences to SFT, ``gains`` by round, then set), each reward model's held-out
+    split and each further held-out set (paired differences to SFT, ``gains`` by round, then set), each reward model's
+    held-out
     quality before and after its retraining, the champion, where the time went, links to the MLflow
     runs, and ``figures`` (name -> an image address Prefect can show)."""
     uri = manifest["tracking_uri"]
@@ -80,36 +103,67 @@ def pipeline_report(manifest: dict, exp_id: str, gains: dict[int, dict[str, dict
     sets = {"test": sft} | sft.get("held_out", {})  # the test split, then each further held-out set
     lines = [f"## Pipeline run `{manifest['run_name']}`", ""]
     lines += [warning_line(w, f"round {r['round']}") for r in rounds for w in r.get("quality_warnings", [])]
-    lines += ["", "| model | " + " | ".join(f"{name} accuracy ({s['n']} questions) | minus SFT, paired (95% interval)"
-                                              for name, s in sets.items()) + " | MLflow run |",
-              "|---|" + "---|---|" * len(sets) + "---|",
-              "| SFT | " + " | ".join(f"{100 * s['accuracy']:.2f}% | " for s in sets.values())
-              + f" | [sft]({link(manifest['stages']['sft']['mlflow_run_id'])}) |"]
+    lines += [
+        "",
+        "| model | "
+        + " | ".join(
+            f"{name} accuracy ({s['n']} questions) | minus SFT, paired (95% interval)" for name, s in sets.items()
+        )
+        + " | MLflow run |",
+        "|---|" + "---|---|" * len(sets) + "---|",
+        "| SFT | "
+        + " | ".join(f"{100 * s['accuracy']:.2f}% | " for s in sets.values())
+        + f" | [sft]({link(manifest['stages']['sft']['mlflow_run_id'])}) |",
+    ]
     for r in rounds:
         final = " (final)" if r is rounds[-1] else ""
         accuracy = {"test": r["test_accuracy"]} | r.get("held_out_accuracy", {})
         gain = gains.get(r["round"], {})
         cells = [f"{100 * accuracy[name]:.2f}% | {_points(gain[name]) if gain.get(name) else ''}" for name in sets]
-        lines.append(f"| round {r['round']} policy{final} | " + " | ".join(cells) + f" | [round-{r['round']}]({link(r['mlflow_run_id'])}) |")
+        lines.append(
+            f"| round {r['round']} policy{final} | "
+            + " | ".join(cells)
+            + f" | [round-{r['round']}]({link(r['mlflow_run_id'])}) |"
+        )
     rms = [(r["round"], kind, rm) for r in rounds for kind, rm in r["reward_models"].items()]
     if rms:
-        lines += ["", "| reward model | round | held-out, before -> after retraining | zero-training verifier | "
-                      "replay share | quality gate |", "|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "| reward model | round | held-out, before -> after retraining | zero-training verifier | "
+            "replay share | quality gate |",
+            "|---|---|---|---|---|---|",
+        ]
         for k, kind, rm in rms:
             key, gate = KINDS[kind].gate_metric, rm.get("quality_gate") or {}
-            verdict = (("passed" if gate["passed"] else "**FAILED**") + f" (>= {gate['threshold']}"
-                       + (", above the verifier" if "baseline" in gate else "") + ")") if gate else "none"
-            lines.append(f"| {kind.upper()} | {k} | {key} {rm['before'].get(key, float('nan')):.4f} -> "
-                         f"{rm['after'].get(key, float('nan')):.4f} | {rm.get('baseline', {}).get(key, float('nan')):.4f} | "
-                         f"{rm['replay'].get('share', 0.0):.3f} | {verdict} |")
+            verdict = (
+                (
+                    ("passed" if gate["passed"] else "**FAILED**")
+                    + f" (>= {gate['threshold']}"
+                    + (", above the verifier" if "baseline" in gate else "")
+                    + ")"
+                )
+                if gate
+                else "none"
+            )
+            lines.append(
+                f"| {kind.upper()} | {k} | {key} {rm['before'].get(key, float('nan')):.4f} -> "
+                f"{rm['after'].get(key, float('nan')):.4f} | {rm.get('baseline', {}).get(key, float('nan')):.4f} | "
+                f"{rm['replay'].get('share', 0.0):.3f} | {verdict} |"
+            )
     champion, profile = manifest["champion"], manifest["profile"]
     spent = sorted(profile["stages_s"].items(), key=lambda kv: -kv[1])[:6]
-    lines += ["", f"**Champion**: version {champion['version']} of `{champion['name']}` (round {champion['round']}, "
-              f"validation accuracy {100 * champion['val_accuracy']:.2f}%), alias `champion` in the MLflow model registry.",
-              "", f"**The whole run in MLflow**: [{manifest['run_name']}]({link(manifest['mlflow_run_id'])}) "
-              "(its figures under Artifacts -> figures; each stage is a child run named `round-<k>/<stage>`).",
-              "", f"**Where the {profile['wall_s'] / 60:.1f} minutes went**: "
-              + ", ".join(f"{name} {s:.0f} s" for name, s in spent) + "."]
+    lines += [
+        "",
+        f"**Champion**: version {champion['version']} of `{champion['name']}` (round {champion['round']}, "
+        f"validation accuracy {100 * champion['val_accuracy']:.2f}%), alias `champion` in the MLflow model registry.",
+        "",
+        f"**The whole run in MLflow**: [{manifest['run_name']}]({link(manifest['mlflow_run_id'])}) "
+        "(its figures under Artifacts -> figures; each stage is a child run named `round-<k>/<stage>`).",
+        "",
+        f"**Where the {profile['wall_s'] / 60:.1f} minutes went**: "
+        + ", ".join(f"{name} {s:.0f} s" for name, s in spent)
+        + ".",
+    ]
     for name, src in figures.items():
         lines += ["", f"![{name.replace('_', ' ')}]({src})"]
     return "\n".join(lines)
@@ -121,20 +175,35 @@ def terminal_report(manifest: dict, gains: dict[int, dict[str, dict]], manifest_
     with the 95% interval (paired over the same questions), the champion and where the details are."""
     sft, rounds = manifest["eval"]["sft"], manifest["rounds"]
     sets = {"test": sft} | sft.get("held_out", {})
-    head = ["model"] + [f"{name} ({s['n']:,} q)" for name, s in sets.items()] + ["minus SFT (95%)", "minus previous round (95%)"]
+    head = (
+        ["model"]
+        + [f"{name} ({s['n']:,} q)" for name, s in sets.items()]
+        + ["minus SFT (95%)", "minus previous round (95%)"]
+    )
     rows = [["SFT"] + [f"{100 * s['accuracy']:.2f}%" for s in sets.values()] + ["", ""]]
     for r in rounds:
         accuracy = {"test": r["test_accuracy"]} | r.get("held_out_accuracy", {})
         test_gain, previous = gains.get(r["round"], {}).get("test"), r.get("minus_previous_round")
-        rows.append([f"round {r['round']}" + (" (champion)" if r["round"] == manifest["champion"]["round"] else "")]
-                    + [f"{100 * accuracy[name]:.2f}%" if name in accuracy else "" for name in sets]
-                    + [_points(test_gain) if test_gain else "", _points(previous) if previous else ""])
+        rows.append(
+            [f"round {r['round']}" + (" (champion)" if r["round"] == manifest["champion"]["round"] else "")]
+            + [f"{100 * accuracy[name]:.2f}%" if name in accuracy else "" for name in sets]
+            + [_points(test_gain) if test_gain else "", _points(previous) if previous else ""]
+        )
     widths = [max(len(row[i]) for row in [head, *rows]) for i in range(len(head))]
     table = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [head, *rows]]
     champion = manifest["champion"]
-    cached = sorted(set(manifest.get("cached_stages", [])) | {f"round-{r['round']}/{s}" for r in rounds for s in r.get("cached_stages", [])})
-    return "\n".join([f"{manifest['run_name']}: {len(rounds)} RL round(s) after SFT", *table, "",
-                      f"champion: version {champion['version']} of {champion['name']} (round {champion['round']}, "
-                      f"validation {100 * champion['val_accuracy']:.2f}%)",
-                      *([f"from the cache: {', '.join(cached)}"] if cached else []),
-                      f"details: {manifest_path} (--json prints the summary as JSON)"])
+    cached = sorted(
+        set(manifest.get("cached_stages", []))
+        | {f"round-{r['round']}/{s}" for r in rounds for s in r.get("cached_stages", [])}
+    )
+    return "\n".join(
+        [
+            f"{manifest['run_name']}: {len(rounds)} RL round(s) after SFT",
+            *table,
+            "",
+            f"champion: version {champion['version']} of {champion['name']} (round {champion['round']}, "
+            f"validation {100 * champion['val_accuracy']:.2f}%)",
+            *([f"from the cache: {', '.join(cached)}"] if cached else []),
+            f"details: {manifest_path} (--json prints the summary as JSON)",
+        ]
+    )

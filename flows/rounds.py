@@ -16,6 +16,7 @@ the round publishes a Prefect artifact. A recipe that trains no reward model run
 Every stage is a cached task under ``runs/<run>/round-<k>/``: re-running a flow skips finished
 rounds, and a killed round resumes each stage from its last complete checkpoint.
 """
+
 from __future__ import annotations
 
 import time
@@ -30,12 +31,19 @@ from flows.reports import mlflow_link, round_report
 from grpo_core.config import PipelineConfig
 from grpo_core.rewards.gate import gate_grpo
 from grpo_core.stages.inputs import EvalInputs, GRPOInputs, INPUTS, Ref, ReplayInputs, RewardDataInputs
-from grpo_core.mlflow_runs import (delete_run, experiment_id, finishing, logged_round, patiently, round_params,
-                                   start_run)
+from grpo_core.mlflow_runs import delete_run, experiment_id, finishing, logged_round, patiently, round_params, start_run
 from grpo_core.tracking import MlflowLogger, unsent_dir
 from tasks.registry import promote_champion, register_policy, registered_name
-from tasks.stage_tasks import (StageRun, eval_task, grpo_task, orm_task, prm_task, replay_task, reward_data_task,
-                               run_stage)
+from tasks.stage_tasks import (
+    StageRun,
+    eval_task,
+    grpo_task,
+    orm_task,
+    prm_task,
+    replay_task,
+    reward_data_task,
+    run_stage,
+)
 
 
 class RoundStart(BaseModel):
@@ -51,24 +59,38 @@ class RoundStart(BaseModel):
     previous_answers: str | None = None  # round k-1's per-question test answers (round k against it)
 
 
-def reward_stages(cfg: PipelineConfig, k: int, round_dir: Path, run_dir: Path, data: Ref, sft: Ref,
-                  start: RoundStart, common: dict) -> dict[str, StageRun]:
+def reward_stages(
+    cfg: PipelineConfig, k: int, round_dir: Path, run_dir: Path, data: Ref, sft: Ref, start: RoundStart, common: dict
+) -> dict[str, StageRun]:
     """reward_data -> replay -> orm / prm for round ``k``, by stage (reward_data alone where only
     GRPO's curriculum needs the policy's pass rates)."""
     wanted = [kind for kind in ("orm", "prm") if getattr(cfg, kind).train]
     if not wanted and not cfg.grpo.curriculum:
         return {}
-    out = {"reward_data": run_stage(reward_data_task, cfg, str(round_dir / "reward_data"), RewardDataInputs(
-        data=data, policy=start.policy, round=k, rollouts=start.rollouts), **common)}
+    out = {
+        "reward_data": run_stage(
+            reward_data_task,
+            cfg,
+            str(round_dir / "reward_data"),
+            RewardDataInputs(data=data, policy=start.policy, round=k, rollouts=start.rollouts),
+            **common,
+        )
+    }
     if not wanted:
         return out
     datasets = out["reward_data"].output.datasets
-    out["replay"] = run_stage(replay_task, cfg, str(run_dir / "replay" / f"v{k}"),
-                              ReplayInputs(reward_data=datasets, previous=start.buffer, round=k), **common)
+    out["replay"] = run_stage(
+        replay_task,
+        cfg,
+        str(run_dir / "replay" / f"v{k}"),
+        ReplayInputs(reward_data=datasets, previous=start.buffer, round=k),
+        **common,
+    )
     for kind in wanted:
         # Round 1: from the SFT checkpoint (or what <kind>.init names, decided in the stage).
-        inputs = INPUTS[kind](reward_data=datasets, init=start.reward_models.get(kind, sft), round=k,
-                              replay=start.buffer, baseline=sft)
+        inputs = INPUTS[kind](
+            reward_data=datasets, init=start.reward_models.get(kind, sft), round=k, replay=start.buffer, baseline=sft
+        )
         out[kind] = run_stage(orm_task if kind == "orm" else prm_task, cfg, str(round_dir / kind), inputs, **common)
     return out
 
@@ -77,20 +99,38 @@ def round_summary(k: int, runs: dict[str, StageRun], test: dict) -> dict:
     """What a round produced and measured (the manifest's ``rounds`` entries)."""
     out = {name: r.output for name, r in runs.items()}
     grpo = out["grpo"]
-    rms = {kind: {"model": rm.model, "digest": rm.digest, "before": rm.heldout_before, "after": rm.heldout,
-                  "replay": rm.replay, "baseline": rm.baseline, "quality_gate": rm.quality_gate}
-           for kind, rm in out.items() if kind in ("orm", "prm")}
+    rms = {
+        kind: {
+            "model": rm.model,
+            "digest": rm.digest,
+            "before": rm.heldout_before,
+            "after": rm.heldout,
+            "replay": rm.replay,
+            "baseline": rm.baseline,
+            "quality_gate": rm.quality_gate,
+        }
+        for kind, rm in out.items()
+        if kind in ("orm", "prm")
+    }
     return {
         "round": k,
-        "policy": grpo.model, "policy_digest": grpo.digest,
-        "test_accuracy": test["accuracy"], "val_accuracy": grpo.best_val_accuracy,
+        "policy": grpo.model,
+        "policy_digest": grpo.digest,
+        "test_accuracy": test["accuracy"],
+        "val_accuracy": grpo.best_val_accuracy,
         "test_per_question": test.get("per_question"),
         "held_out_accuracy": {name: r["accuracy"] for name, r in test.get("held_out", {}).items()},
-        "grpo": {"steps": grpo.steps, "wall_s": grpo.wall_s, "train_s": grpo.train_s, "best_step": grpo.best_step,
-                 "resumed_from_step": grpo.resumed_from_step, **grpo.last_10_steps,
-                 # the reward models' within-question AUC on the policy's samples, and the reward-hacking
-                 # curve, at GRPO's first, middle and last evaluation
-                 "staleness": grpo.staleness},
+        "grpo": {
+            "steps": grpo.steps,
+            "wall_s": grpo.wall_s,
+            "train_s": grpo.train_s,
+            "best_step": grpo.best_step,
+            "resumed_from_step": grpo.resumed_from_step,
+            **grpo.last_10_steps,
+            # the reward models' within-question AUC on the policy's samples, and the reward-hacking
+            # curve, at GRPO's first, middle and last evaluation
+            "staleness": grpo.staleness,
+        },
         "reward_models": rms,
         "buffer": {"dir": out["replay"].dir, "digest": out["replay"].digest} if "replay" in out else None,
         # The rollouts are determined by the stage that wrote them: its policy's digest names them.
@@ -114,10 +154,14 @@ def against_previous(previous: str | None, now: str | None) -> dict | None:
 
 # What a comparison of rounds or recipes looks at first: MLflow lists metrics by name, and
 # ``headline/`` sorts before the round's ``rm/...`` and ``round/...`` (copies of round/ values).
-HEADLINE = {"test_accuracy": "round/test_accuracy", "minus_previous_round": "round/minus_previous_round",
-            "minus_previous_round_low": "round/minus_previous_round_low",
-            "minus_previous_round_high": "round/minus_previous_round_high",
-            "reward_mean": "round/grpo_reward_mean", "kl": "round/grpo_kl"}
+HEADLINE = {
+    "test_accuracy": "round/test_accuracy",
+    "minus_previous_round": "round/minus_previous_round",
+    "minus_previous_round_low": "round/minus_previous_round_low",
+    "minus_previous_round_high": "round/minus_previous_round_high",
+    "reward_mean": "round/grpo_reward_mean",
+    "kl": "round/grpo_kl",
+}
 
 
 def round_metrics(summary: dict) -> dict[str, float]:
@@ -126,12 +170,20 @@ def round_metrics(summary: dict) -> dict[str, float]:
     out = {"round/test_accuracy": summary["test_accuracy"], "round/val_accuracy": summary["val_accuracy"]}
     if summary.get("minus_previous_round"):  # round k against round k-1 on the same test questions
         gain = summary["minus_previous_round"]
-        out |= {"round/minus_previous_round": gain["mean"], "round/minus_previous_round_low": gain["low"],
-                "round/minus_previous_round_high": gain["high"]}
+        out |= {
+            "round/minus_previous_round": gain["mean"],
+            "round/minus_previous_round_low": gain["low"],
+            "round/minus_previous_round_high": gain["high"],
+        }
     out.update({f"round/{name}_accuracy": v for name, v in summary.get("held_out_accuracy", {}).items()})
     out.update({f"round/grpo_{k}": v for k, v in summary["grpo"].items() if isinstance(v, (int, float))})
-    out.update({f"round/staleness_{k}_{when}": v for k, vs in summary["grpo"].get("staleness", {}).items()
-                for when, v in zip(("start", "middle", "end"), vs)})
+    out.update(
+        {
+            f"round/staleness_{k}_{when}": v
+            for k, vs in summary["grpo"].get("staleness", {}).items()
+            for when, v in zip(("start", "middle", "end"), vs)
+        }
+    )
     for kind, rm in summary["reward_models"].items():
         for when in ("before", "after", "baseline"):
             out.update({f"rm/{kind}/{when}/{m}": v for m, v in rm.get(when, {}).items()})
@@ -157,20 +209,40 @@ def rl_round(cfg: PipelineConfig, k: int, data: Ref, sft: Ref, start: RoundStart
         # What GRPO optimises this round is decided in the core (rewards/gate.py); the flow reports it.
         gated = gate_grpo(cfg, {kind: rm.quality_gate for kind, rm in rms.items()})
         for failure in gated.failures:
-            log.warning("round %d: QUALITY GATE FAILED: %s%s", k, failure,
-                        "; kept out of GRPO's reward" if gated.excluded else "")
+            log.warning(
+                "round %d: QUALITY GATE FAILED: %s%s",
+                k,
+                failure,
+                "; kept out of GRPO's reward" if gated.excluded else "",
+            )
         gcfg = gated.cfg
-        results["grpo"] = run_stage(grpo_task, gcfg, str(round_dir / "grpo"), GRPOInputs(
-            data=data, init=start.policy, reward_models={m: rms[m].ref for m in gcfg.grpo.reward_models_used},
-            round=k, pass_rates=results["reward_data"].output.pass_rates_ref if cfg.grpo.curriculum else None),
-            **common)
+        results["grpo"] = run_stage(
+            grpo_task,
+            gcfg,
+            str(round_dir / "grpo"),
+            GRPOInputs(
+                data=data,
+                init=start.policy,
+                reward_models={m: rms[m].ref for m in gcfg.grpo.reward_models_used},
+                round=k,
+                pass_rates=results["reward_data"].output.pass_rates_ref if cfg.grpo.curriculum else None,
+            ),
+            **common,
+        )
         grpo = results["grpo"].output
         if gcfg.grpo.keep_best and grpo.best_step == 0 and grpo.steps:
-            log.warning("round %d: validation never rose above the starting policy's %.1f%% in %d GRPO steps: keep-best "
-                        "published the starting policy itself (for a LoRA run, an adapter that changes nothing); the "
-                        "last step's policy is %s", k, 100 * grpo.best_val_accuracy, grpo.steps, grpo.last_model)
-        results["eval"] = run_stage(eval_task, cfg, str(round_dir / "eval"),
-                                    EvalInputs(data=data, models={"policy": grpo.ref}), **common)
+            log.warning(
+                "round %d: validation never rose above the starting policy's %.1f%% in %d GRPO steps: keep-best "
+                "published the starting policy itself (for a LoRA run, an adapter that changes nothing); the "
+                "last step's policy is %s",
+                k,
+                100 * grpo.best_val_accuracy,
+                grpo.steps,
+                grpo.last_model,
+            )
+        results["eval"] = run_stage(
+            eval_task, cfg, str(round_dir / "eval"), EvalInputs(data=data, models={"policy": grpo.ref}), **common
+        )
         summary = round_summary(k, results, results["eval"].output.results["policy"])
         summary["minus_previous_round"] = against_previous(start.previous_answers, summary["test_per_question"])
         cached, stages = summary["cached_stages"], summary["stages"]
@@ -180,40 +252,62 @@ def rl_round(cfg: PipelineConfig, k: int, data: Ref, sft: Ref, start: RoundStart
         logged = logged_round(uri, stages["grpo"]["mlflow_run_id"]) if len(cached) == len(results) else None
         clock = time.perf_counter()
         name = registered_name(cfg)
-        summary["model_version"] = patiently(lambda: register_policy(
-            uri, name, logged or run_id, grpo.model, k, summary["val_accuracy"], grpo.digest), uri, wait_s,
-            f"register round {k}'s policy")
-        champion = patiently(lambda: promote_champion(uri, name, [*start.versions, summary["model_version"]]),
-                             uri, wait_s, "move the champion alias")
+        summary["model_version"] = patiently(
+            lambda: register_policy(uri, name, logged or run_id, grpo.model, k, summary["val_accuracy"], grpo.digest),
+            uri,
+            wait_s,
+            f"register round {k}'s policy",
+        )
+        champion = patiently(
+            lambda: promote_champion(uri, name, [*start.versions, summary["model_version"]]),
+            uri,
+            wait_s,
+            "move the champion alias",
+        )
         # Where the round's time went: each stage as the flow waited for it, and the model registry.
         summary["profile"] = {s: r.seconds for s, r in results.items()} | {"register": time.perf_counter() - clock}
         if logged is None:
             tracker = MlflowLogger(uri, run_id, unsent=unsent)
             tracker.log_params(round_params(gcfg, k))
             tracker.log_metrics(round_metrics(summary))
-            tracker.set_tags({"cached_stages": ",".join(cached) or "none", "model_version": summary["model_version"],
-                              "quality_gate": "FAILED: " + "; ".join(summary["quality_warnings"])
-                              if summary["quality_warnings"] else "passed",
-                              **{f"stage_run.{s}": m["mlflow_run_id"] for s, m in stages.items()}})
+            tracker.set_tags(
+                {
+                    "cached_stages": ",".join(cached) or "none",
+                    "model_version": summary["model_version"],
+                    "quality_gate": "FAILED: " + "; ".join(summary["quality_warnings"])
+                    if summary["quality_warnings"]
+                    else "passed",
+                    **{f"stage_run.{s}": m["mlflow_run_id"] for s, m in stages.items()},
+                }
+            )
         link = mlflow_link(uri, exp_id, logged or run_id)
-        create_markdown_artifact(key=artifact_key(f"{cfg.run_name}-round-{k}"),
-                                 markdown=round_report(summary, champion, link),
-                                 description=f"RL round {k} of {cfg.run_name}")
+        create_markdown_artifact(
+            key=artifact_key(f"{cfg.run_name}-round-{k}"),
+            markdown=round_report(summary, champion, link),
+            description=f"RL round {k} of {cfg.run_name}",
+        )
     if logged is not None:
         delete_run(uri, run_id)  # (empty: nothing ran or was registered in it)
     summary.update(mlflow_run_id=logged or run_id, champion=champion)
-    log.info("round %d: test %.4f, validation %.4f, cached %s", k, summary["test_accuracy"],
-             summary["val_accuracy"], cached or "none")
+    log.info(
+        "round %d: test %.4f, validation %.4f, cached %s",
+        k,
+        summary["test_accuracy"],
+        summary["val_accuracy"],
+        cached or "none",
+    )
     return summary
 
 
 def next_start(summary: dict, start_versions: list[str]) -> RoundStart:
     """Where round k+1 starts: round k's policy, reward models, replay buffer version and rollouts."""
-    return RoundStart(policy=Ref(path=summary["policy"], digest=summary["policy_digest"]),
-                      reward_models={kind: Ref(path=rm["model"], digest=rm["digest"])
-                                     for kind, rm in summary["reward_models"].items()},
-                      buffer=summary["buffer"] and Ref(path=summary["buffer"]["dir"], digest=summary["buffer"]["digest"]),
-                      rollouts=summary["rollouts"] and Ref(path=summary["rollouts"]["dir"],
-                                                           digest=summary["rollouts"]["digest"]),
-                      versions=[*start_versions, summary["model_version"]],
-                      previous_answers=summary.get("test_per_question"))
+    return RoundStart(
+        policy=Ref(path=summary["policy"], digest=summary["policy_digest"]),
+        reward_models={
+            kind: Ref(path=rm["model"], digest=rm["digest"]) for kind, rm in summary["reward_models"].items()
+        },
+        buffer=summary["buffer"] and Ref(path=summary["buffer"]["dir"], digest=summary["buffer"]["digest"]),
+        rollouts=summary["rollouts"] and Ref(path=summary["rollouts"]["dir"], digest=summary["rollouts"]["digest"]),
+        versions=[*start_versions, summary["model_version"]],
+        previous_answers=summary.get("test_per_question"),
+    )

@@ -7,6 +7,7 @@ Ctrl-C, ``kill`` (SIGTERM) and a closing terminal (SIGHUP) stop both servers, an
 server dying: each runs in a process group of its own (the servers start worker processes of their
 own), and the whole group is stopped, SIGTERM first, SIGKILL after ``GRACE_S``.
 """
+
 from __future__ import annotations
 
 import os
@@ -62,8 +63,11 @@ def experiments(uri: str) -> list[tuple[str, str]]:
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(uri)
-    return [(e.name, e.experiment_id) for e in client.search_experiments()
-            if client.search_runs([e.experiment_id], max_results=1)]
+    return [
+        (e.name, e.experiment_id)
+        for e in client.search_experiments()
+        if client.search_runs([e.experiment_id], max_results=1)
+    ]
 
 
 def serve_uis(host: str = "127.0.0.1", mlflow_port: int = 5000, prefect_port: int = 4200) -> None:
@@ -77,14 +81,33 @@ def serve_uis(host: str = "127.0.0.1", mlflow_port: int = 5000, prefect_port: in
     # The Prefect UI asks for its API at PREFECT_UI_API_URL, which defaults to port 4200 whatever --port says.
     env = {**os.environ, "PREFECT_UI_API_URL": f"http://{host}:{prefect_port}/api"}
     if not remote:
-        commands.append([sys.executable, "-m", "mlflow", "server", "--host", host, "--port", str(mlflow_port),
-                         "--backend-store-uri", uri, "--default-artifact-root", artifacts.as_uri(), "--workers", "1"])
+        commands.append(
+            [
+                sys.executable,
+                "-m",
+                "mlflow",
+                "server",
+                "--host",
+                host,
+                "--port",
+                str(mlflow_port),
+                "--backend-store-uri",
+                uri,
+                "--default-artifact-root",
+                artifacts.as_uri(),
+                "--workers",
+                "1",
+            ]
+        )
     previous = {sig: signal.signal(sig, _raise_stopped) for sig in STOP_SIGNALS}
     procs: list[subprocess.Popen] = []
     try:
         procs = [subprocess.Popen(c, start_new_session=True, env=env) for c in commands]
-        print(f"MLflow UI:  {redact(uri)}" if remote else f"MLflow UI:  http://{host}:{mlflow_port}/#/?{MODEL_TRAINING_VIEW}"
-              f"   (tracking {uri})")
+        print(
+            f"MLflow UI:  {redact(uri)}"
+            if remote
+            else f"MLflow UI:  http://{host}:{mlflow_port}/#/?{MODEL_TRAINING_VIEW}   (tracking {uri})"
+        )
         if not remote:
             for name, exp_id in experiments(uri):
                 print(f"            {name}: http://{host}:{mlflow_port}/#/experiments/{exp_id}?{MODEL_TRAINING_VIEW}")

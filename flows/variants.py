@@ -2,6 +2,7 @@
 what each of those commands runs by default (``PRESETS``), and the budget every variant gets
 (``Budget``). Data only, so that the CLI builds its flags and help from it without loading the flow
 (``flows/experiment.py``)."""
+
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
@@ -32,54 +33,101 @@ PRM = {"reward_weights": {"prm": 1.0}, "supervision": "process"}
 VARIANTS = {
     BASELINE: Variant(about="SFT continued on its worked solutions at the lr it ended with: the no-RL baseline"),
     # The paper's §5 algorithms on the answer checker; RFT has no KL term, so a recipe's beta is refused.
-    "rft": Variant(about="rejection-sampling fine-tuning on the frozen SFT model's correct samples",
-                   grpo=RULE | {"algorithm": "rft", "beta": 0.0, "redraws": 0}),
+    "rft": Variant(
+        about="rejection-sampling fine-tuning on the frozen SFT model's correct samples",
+        grpo=RULE | {"algorithm": "rft", "beta": 0.0, "redraws": 0},
+    ),
     # Dynamic sampling keeps groups by their GRPO advantages: these have none (a recipe's redraws would be refused).
-    "online-rft": Variant(about="the same on the current policy's samples",
-                          grpo=RULE | {"algorithm": "online_rft", "beta": 0.0, "redraws": 0}),
-    "ppo": Variant(about="a value model, GAE, the KL penalty in the per-token reward",
-                   grpo=RULE | {"algorithm": "ppo", "redraws": 0}),
+    "online-rft": Variant(
+        about="the same on the current policy's samples",
+        grpo=RULE | {"algorithm": "online_rft", "beta": 0.0, "redraws": 0},
+    ),
+    "ppo": Variant(
+        about="a value model, GAE, the KL penalty in the per-token reward",
+        grpo=RULE | {"algorithm": "ppo", "redraws": 0},
+    ),
     "rule-outcome": Variant(about="GRPO on the answer checker", grpo=RULE),
-    "orm-outcome": Variant(about="GRPO on the run's round-1 ORM", grpo={"reward_weights": {"orm": 1.0}, "supervision": "outcome"}),
-    ONE_ROUND: Variant(about="GRPO with process supervision by the run's round-1 PRM, the paper's sum credit", grpo=PRM),
+    "orm-outcome": Variant(
+        about="GRPO on the run's round-1 ORM", grpo={"reward_weights": {"orm": 1.0}, "supervision": "outcome"}
+    ),
+    ONE_ROUND: Variant(
+        about="GRPO with process supervision by the run's round-1 PRM, the paper's sum credit", grpo=PRM
+    ),
     # Separates the two things process supervision changes: the reward model (a PRM may rank better
     # than the ORM) and the credit (per step, not per solution).
-    "prm-outcome": Variant(about="GRPO on the run's round-1 PRM read as one reward per solution (its lowest step "
-                                 "score): the PRM without process credit", grpo={"reward_weights": {"prm": 1.0},
-                                                                                 "supervision": "outcome"}),
-    "prm-process-min-credit": Variant(about="the same with PURE's min-form credit", grpo=PRM | {"process_credit": "min"}),
-    TWO_ROUNDS: Variant(about="two iterations of prm-process, half the budget each, the PRM retrained between them",
-                        grpo=PRM, rounds=2),
-    "rule+prm-process": Variant(about="the answer checker plus the PRM's step credit, the demo's reward",
-                                grpo={"reward_weights": {"rule": 1.0, "prm": 1.0}, "supervision": "process"}),
+    "prm-outcome": Variant(
+        about="GRPO on the run's round-1 PRM read as one reward per solution (its lowest step "
+        "score): the PRM without process credit",
+        grpo={"reward_weights": {"prm": 1.0}, "supervision": "outcome"},
+    ),
+    "prm-process-min-credit": Variant(
+        about="the same with PURE's min-form credit", grpo=PRM | {"process_credit": "min"}
+    ),
+    TWO_ROUNDS: Variant(
+        about="two iterations of prm-process, half the budget each, the PRM retrained between them", grpo=PRM, rounds=2
+    ),
+    "rule+prm-process": Variant(
+        about="the answer checker plus the PRM's step credit, the demo's reward",
+        grpo={"reward_weights": {"rule": 1.0, "prm": 1.0}, "supervision": "process"},
+    ),
     # Sparse rewards (grpo_core/stages/questions.py), on the recipe's own reward: which questions a step learns from.
-    UNIFORM: Variant(about="the recipe's GRPO with questions drawn uniformly and every group kept (the paper)",
-                     grpo={"curriculum": 0.0, "redraws": 0}),
-    "dynamic": Variant(about="the same with dynamic sampling: a group without reward spread gives its place to another "
-                             "question's, up to 3 more groups per place", grpo={"curriculum": 0.0, "redraws": 3}),
-    "curriculum": Variant(about="3 in 4 of each step's questions from those the SFT model solved sometimes in its "
-                                "reward-data samples", grpo={"curriculum": 0.75, "redraws": 0}),
+    UNIFORM: Variant(
+        about="the recipe's GRPO with questions drawn uniformly and every group kept (the paper)",
+        grpo={"curriculum": 0.0, "redraws": 0},
+    ),
+    "dynamic": Variant(
+        about="the same with dynamic sampling: a group without reward spread gives its place to another "
+        "question's, up to 3 more groups per place",
+        grpo={"curriculum": 0.0, "redraws": 3},
+    ),
+    "curriculum": Variant(
+        about="3 in 4 of each step's questions from those the SFT model solved sometimes in its reward-data samples",
+        grpo={"curriculum": 0.75, "redraws": 0},
+    ),
     "dynamic+curriculum": Variant(about="both", grpo={"curriculum": 0.75, "redraws": 3}),
     # Where the checker is silent (most groups all wrong: no reward spread), a learned reward ranks
     # solutions inside every group: the checker with dynamic sampling against the same plus each
     # (dynamic sampling still judges a group by the checker's verdicts: ``rl.has_spread``).
-    "rule+orm": Variant(about="`dynamic` plus the round-1 ORM (outcome supervision)",
-                        grpo={"reward_weights": {"rule": 1.0, "orm": 1.0}, "supervision": "outcome", "curriculum": 0.0,
-                              "redraws": 3}, against=("dynamic",)),
-    "rule+prm": Variant(about="`dynamic` plus the round-1 PRM's step credit (process supervision)",
-                        grpo={"reward_weights": {"rule": 1.0, "prm": 1.0}, "supervision": "process", "curriculum": 0.0,
-                              "redraws": 3}, against=("dynamic",)),
+    "rule+orm": Variant(
+        about="`dynamic` plus the round-1 ORM (outcome supervision)",
+        grpo={"reward_weights": {"rule": 1.0, "orm": 1.0}, "supervision": "outcome", "curriculum": 0.0, "redraws": 3},
+        against=("dynamic",),
+    ),
+    "rule+prm": Variant(
+        about="`dynamic` plus the round-1 PRM's step credit (process supervision)",
+        grpo={"reward_weights": {"rule": 1.0, "prm": 1.0}, "supervision": "process", "curriculum": 0.0, "redraws": 3},
+        against=("dynamic",),
+    ),
     # Iterative RL (§4.2) on the recipe's own reward (``iterate``: a learned one alone), the recipe's
     # rounds sharing the budget; only what happens to the reward models between rounds differs.
-    FROZEN: Variant(about="the recipe's GRPO in its rounds, the reference reset each round, the round-1 reward "
-                          "models the whole way", grpo={}, rounds=None, retrain=False),
-    RETRAINED: Variant(about="the same with the reward models retrained between rounds on the policy's fresh "
-                             "samples plus the recipe's replay share of earlier data (the paper: 10%)",
-                       grpo={}, rounds=None, against=(FROZEN,)),
-    "retrained-no-replay": Variant(about="the same without replay: the fresh samples alone", grpo={}, rounds=None,
-                                   replay=0.0, against=(FROZEN, RETRAINED)),
-    "retrained-replay-50": Variant(about="the same with half of each retraining set replayed", grpo={}, rounds=None,
-                                   replay=0.5, against=(FROZEN, RETRAINED)),
+    FROZEN: Variant(
+        about="the recipe's GRPO in its rounds, the reference reset each round, the round-1 reward "
+        "models the whole way",
+        grpo={},
+        rounds=None,
+        retrain=False,
+    ),
+    RETRAINED: Variant(
+        about="the same with the reward models retrained between rounds on the policy's fresh "
+        "samples plus the recipe's replay share of earlier data (the paper: 10%)",
+        grpo={},
+        rounds=None,
+        against=(FROZEN,),
+    ),
+    "retrained-no-replay": Variant(
+        about="the same without replay: the fresh samples alone",
+        grpo={},
+        rounds=None,
+        replay=0.0,
+        against=(FROZEN, RETRAINED),
+    ),
+    "retrained-replay-50": Variant(
+        about="the same with half of each retraining set replayed",
+        grpo={},
+        rounds=None,
+        replay=0.5,
+        against=(FROZEN, RETRAINED),
+    ),
 }
 
 
@@ -103,31 +151,59 @@ class Preset(BaseModel):
 
 
 PRESETS = {
-    "compare": Preset(about="continued SFT and GRPO on the answer checker, the ORM and the PRM from one run's SFT "
-                            "model, several seeds each, with intervals",
-                      variants=(BASELINE, "rule-outcome", "orm-outcome", ONE_ROUND, "rule+prm-process")),
-    "study": Preset(about="the paper's §5 study from one run's SFT model: continued SFT, RFT, online RFT, PPO, GRPO "
-                          "outcome / process, one round against two; several seeds, figures",
-                    variants=(BASELINE, "rft", "online-rft", "ppo", "rule-outcome", "orm-outcome", ONE_ROUND,
-                              "prm-process-min-credit", TWO_ROUNDS),
-                    samples=16, sample_questions=500, eval_every=10, own_process=True),
-    "sampling": Preset(about="where rewards are sparse: the recipe's GRPO with questions drawn uniformly (the paper), "
-                             "dynamic sampling, the pass-rate curriculum and both, from one run's SFT model, several "
-                             "seeds each, with intervals",
-                       variants=(UNIFORM, "dynamic", "curriculum", "dynamic+curriculum")),
-    "sparse": Preset(about="where the checker is silent (most groups all wrong): GRPO on the checker with dynamic "
-                           "sampling against the checker plus the run's ORM and plus its PRM's step credit, from one "
-                           "run's SFT model, several seeds each, with intervals",
-                     variants=("dynamic", "rule+orm", "rule+prm"), seeds=5),
-    "iterate": Preset(about="iterative RL where a reward model can go stale: the recipe's learned reward alone, in its "
-                            "rounds, with the reward models frozen, retrained with the recipe's replay share, without "
-                            "replay and with half replayed; the same GRPO steps each, several seeds, intervals against "
-                            "frozen, the reward models' staleness on the policy's samples",
-                      variants=(FROZEN, RETRAINED, "retrained-no-replay", "retrained-replay-50"), seeds=5,
-                      own_reward_models=True),
-    "baseline": Preset(about="SFT continued for the seconds GRPO trained over every round, beside the SFT model and "
-                             "the run's policy (the no-RL baseline)",
-                       variants=(BASELINE,), seeds=1, all_rounds=True),
+    "compare": Preset(
+        about="continued SFT and GRPO on the answer checker, the ORM and the PRM from one run's SFT "
+        "model, several seeds each, with intervals",
+        variants=(BASELINE, "rule-outcome", "orm-outcome", ONE_ROUND, "rule+prm-process"),
+    ),
+    "study": Preset(
+        about="the paper's §5 study from one run's SFT model: continued SFT, RFT, online RFT, PPO, GRPO "
+        "outcome / process, one round against two; several seeds, figures",
+        variants=(
+            BASELINE,
+            "rft",
+            "online-rft",
+            "ppo",
+            "rule-outcome",
+            "orm-outcome",
+            ONE_ROUND,
+            "prm-process-min-credit",
+            TWO_ROUNDS,
+        ),
+        samples=16,
+        sample_questions=500,
+        eval_every=10,
+        own_process=True,
+    ),
+    "sampling": Preset(
+        about="where rewards are sparse: the recipe's GRPO with questions drawn uniformly (the paper), "
+        "dynamic sampling, the pass-rate curriculum and both, from one run's SFT model, several "
+        "seeds each, with intervals",
+        variants=(UNIFORM, "dynamic", "curriculum", "dynamic+curriculum"),
+    ),
+    "sparse": Preset(
+        about="where the checker is silent (most groups all wrong): GRPO on the checker with dynamic "
+        "sampling against the checker plus the run's ORM and plus its PRM's step credit, from one "
+        "run's SFT model, several seeds each, with intervals",
+        variants=("dynamic", "rule+orm", "rule+prm"),
+        seeds=5,
+    ),
+    "iterate": Preset(
+        about="iterative RL where a reward model can go stale: the recipe's learned reward alone, in its "
+        "rounds, with the reward models frozen, retrained with the recipe's replay share, without "
+        "replay and with half replayed; the same GRPO steps each, several seeds, intervals against "
+        "frozen, the reward models' staleness on the policy's samples",
+        variants=(FROZEN, RETRAINED, "retrained-no-replay", "retrained-replay-50"),
+        seeds=5,
+        own_reward_models=True,
+    ),
+    "baseline": Preset(
+        about="SFT continued for the seconds GRPO trained over every round, beside the SFT model and "
+        "the run's policy (the no-RL baseline)",
+        variants=(BASELINE,),
+        seeds=1,
+        all_rounds=True,
+    ),
 }
 
 
@@ -144,7 +220,10 @@ class Budget(BaseModel):
         """The ``grpo`` section's budget for round ``k`` of ``rounds`` sharing it (the last takes the
         steps that do not divide evenly)."""
         if self.steps:
-            return {"max_steps": self.steps // rounds + (self.steps % rounds if k == rounds else 0), "max_seconds": None}
+            return {
+                "max_steps": self.steps // rounds + (self.steps % rounds if k == rounds else 0),
+                "max_seconds": None,
+            }
         return {"max_steps": 10**9, "max_seconds": self.seconds / rounds}
 
     def tag(self, eval_every: int) -> str:

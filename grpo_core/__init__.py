@@ -5,6 +5,7 @@ results (``grpo_core.env.NUMERICS``, a user's own setting wins): every entry poi
 ``grpo-pipeline`` command, ``python -m grpo_core.stages`` under torchrun or accelerate, the tests,
 the benches) imports ``grpo_core`` before torch does any arithmetic.
 """
+
 from grpo_core.env import apply_numerics
 
 apply_numerics()

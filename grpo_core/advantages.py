@@ -3,6 +3,7 @@
 Pure tensor functions. Shapes: N questions, G completions per question, K steps per completion
 (padded, see ``step_mask``), T tokens per completion.
 """
+
 from __future__ import annotations
 
 from typing import Literal
@@ -90,8 +91,9 @@ def process_advantages(
     return adv.to(step_rewards.dtype if step_rewards.is_floating_point() else torch.float32)
 
 
-def kl_penalised_rewards(scores: torch.Tensor, logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor,
-                         beta: float) -> torch.Tensor:
+def kl_penalised_rewards(
+    scores: torch.Tensor, logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor, beta: float
+) -> torch.Tensor:
     """PPO's per-token rewards (DeepSeekMath eq. 2, the InstructGPT form): r_t = -beta * (log pi(o_t) -
     log pi_ref(o_t)) on every completion token, plus the completion's score on its last token.
 
@@ -106,8 +108,9 @@ def kl_penalised_rewards(scores: torch.Tensor, logp: torch.Tensor, ref_logp: tor
     return rewards
 
 
-def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0,
-        lam: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+def gae(
+    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0, lam: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalised advantage estimation (Schulman et al. 2016), PPO's advantage (DeepSeekMath §4.1.1).
 
     rewards, values, mask: [B, T], right-padded; the value after a completion's last token is 0 (the
@@ -138,7 +141,9 @@ def whiten(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(m, (x - mean) / (std + 1e-8), 0.0)
 
 
-def rollout_advantages(scored, n_questions: int, g: int, seq_len: int, credit: Literal["sum", "min"] = "sum") -> torch.Tensor:
+def rollout_advantages(
+    scored, n_questions: int, g: int, seq_len: int, credit: Literal["sum", "min"] = "sum"
+) -> torch.Tensor:
     """GRPO's [N x G, T] advantages from a batch's scores (a ``rewards.scorer.Scored``), by their
     supervision: every token of a completion gets its solution reward's group z-score (outcome,
     §4.1.2), or the normalised step rewards of the steps at or after it, summed or their minimum
@@ -148,6 +153,11 @@ def rollout_advantages(scored, n_questions: int, g: int, seq_len: int, credit: L
         rewards = scored.outcome.view(n_questions, g)
         return outcome_advantages(rewards, torch.isfinite(rewards)).view(-1, 1).expand(-1, seq_len)
     k = scored.step_rewards.shape[1]
-    adv = process_advantages(scored.step_rewards.view(n_questions, g, k), scored.step_ends.view(n_questions, g, k),
-                             scored.step_mask.view(n_questions, g, k), seq_len, credit)
+    adv = process_advantages(
+        scored.step_rewards.view(n_questions, g, k),
+        scored.step_ends.view(n_questions, g, k),
+        scored.step_mask.view(n_questions, g, k),
+        seq_len,
+        credit,
+    )
     return adv.view(n_questions * g, seq_len)

@@ -9,6 +9,7 @@ sources, the clipped policy update and the step's metrics are shared (``stages/r
 validator (``config.GRPOConfig``) reads this table to refuse settings an algorithm would ignore;
 the stage reads it to pick the sampler, the estimator and the models it loads.
 """
+
 from __future__ import annotations
 
 from enum import Enum
@@ -18,16 +19,16 @@ from typing import Literal, NamedTuple
 class Estimator(str, Enum):
     """The advantage estimators, by name."""
 
-    GROUP = "group"      # GRPO (§4.1.2-4.1.3): group z-scores of the rewards, or the process credit of the steps'
+    GROUP = "group"  # GRPO (§4.1.2-4.1.3): group z-scores of the rewards, or the process credit of the steps'
     CORRECT = "correct"  # RFT and online RFT (§5.2.1): 1[correct]
-    GAE = "gae"          # PPO (§4.1.1): GAE on a value model's estimates
+    GAE = "gae"  # PPO (§4.1.1): GAE on a value model's estimates
 
 
 class Algorithm(NamedTuple):
-    samples: Literal["policy", "reference"]   # the rollouts' model: pi_old, or the frozen starting model
-    advantage: Estimator                      # the gradient coefficient
-    kl: Literal["loss", "reward", "none"]     # grpo.beta: k3 KL term in the loss, per-token penalty in the reward, none
-    trains: tuple[str, ...] = ()              # models trained beside the policy
+    samples: Literal["policy", "reference"]  # the rollouts' model: pi_old, or the frozen starting model
+    advantage: Estimator  # the gradient coefficient
+    kl: Literal["loss", "reward", "none"]  # grpo.beta: k3 KL term in the loss, per-token penalty in the reward, none
+    trains: tuple[str, ...] = ()  # models trained beside the policy
 
 
 class KL(NamedTuple):
@@ -44,10 +45,12 @@ class KL(NamedTuple):
 
 
 ALGORITHMS: dict[str, Algorithm] = {
-    "grpo": Algorithm("policy", Estimator.GROUP, "loss"),              # §4.1: group-normalised rewards, KL in the loss
-    "ppo": Algorithm("policy", Estimator.GAE, "reward", ("value",)),   # §4.1.1 (eq. 1-2): value model, GAE, KL in the reward
-    "online_rft": Algorithm("policy", Estimator.CORRECT, "none"),      # §5.2.1: the policy's correct samples
-    "rft": Algorithm("reference", Estimator.CORRECT, "none"),          # §5.2.1: the starting model's correct samples
+    "grpo": Algorithm("policy", Estimator.GROUP, "loss"),  # §4.1: group-normalised rewards, KL in the loss
+    "ppo": Algorithm(
+        "policy", Estimator.GAE, "reward", ("value",)
+    ),  # §4.1.1 (eq. 1-2): value model, GAE, KL in the reward
+    "online_rft": Algorithm("policy", Estimator.CORRECT, "none"),  # §5.2.1: the policy's correct samples
+    "rft": Algorithm("reference", Estimator.CORRECT, "none"),  # §5.2.1: the starting model's correct samples
 }
 
 

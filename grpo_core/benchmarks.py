@@ -12,6 +12,7 @@ question.
 SFT's worked solutions come from ASDiv's formulas (``7+2=9`` -> ``7 + 2 = 9`` then ``#### 9``): the
 one benchmark here that ships the arithmetic, short enough to train on a CPU.
 """
+
 from __future__ import annotations
 
 import random
@@ -22,9 +23,13 @@ from fractions import Fraction
 from grpo_core.config import BenchmarkData
 from grpo_core.data import DataError, Example, load_held_out, number_text, records, row_idx
 
-NUMBER_WORDS = {w: str(i) for i, w in enumerate(
-    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
-    "sixteen seventeen eighteen nineteen twenty".split())}
+NUMBER_WORDS = {
+    w: str(i)
+    for i, w in enumerate(
+        "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
+        "sixteen seventeen eighteen nineteen twenty".split()
+    )
+}
 _TOKEN = re.compile(r"\d[\d,]*(?:\.\d+)?|[a-z]+")
 _FORMULA = re.compile(r"^\s*([\d.+\-*/() ]+?)\s*=\s*(\d+(?:\.\d+)?)\s*$")
 _OPERATOR = re.compile(r"\s*([+\-*/])\s*")
@@ -67,7 +72,7 @@ def clusters(questions: list[str]) -> list[int]:
         by_numbers[sig[0]].append(i)
     for members in by_numbers.values():
         for x, i in enumerate(members):
-            for j in members[x + 1:]:
+            for j in members[x + 1 :]:
                 if near_duplicate(sigs[i], sigs[j]):
                     parent[max(root(i), root(j))] = min(root(i), root(j))
     return [root(i) for i in range(len(questions))]
@@ -155,15 +160,22 @@ def benchmark_splits(cfg: BenchmarkData, held_out: dict[str, list[Example]]) -> 
     for split in splits.values():
         split.sort(key=lambda e: e.idx)
     if not splits["sft"] or not splits["rl"]:
-        raise DataError(f"data.benchmark: {cfg.name} leaves no {'SFT' if not splits['sft'] else 'RL'} question "
-                        f"after near-duplicates of the evaluated questions are removed (lower n_test / n_val)")
+        raise DataError(
+            f"data.benchmark: {cfg.name} leaves no {'SFT' if not splits['sft'] else 'RL'} question "
+            f"after near-duplicates of the evaluated questions are removed (lower n_test / n_val)"
+        )
     return splits
 
 
 def split_record(cfg: BenchmarkData, splits: dict[str, list[Example]], held_out: dict[str, list[Example]]) -> dict:
     """Which idx of each benchmark every stage trained, selected or was tested on (``split.json``)."""
-    record = {cfg.name: {"rl": [e.idx for e in splits["rl"]], "validation": [e.idx for e in splits["val"]],
-                         "test": [e.idx for e in splits["test"]]}}
+    record = {
+        cfg.name: {
+            "rl": [e.idx for e in splits["rl"]],
+            "validation": [e.idx for e in splits["val"]],
+            "test": [e.idx for e in splits["test"]],
+        }
+    }
     record.setdefault(cfg.sft, {})["sft"] = [e.idx for e in splits["sft"]]
     for name, examples in held_out.items():
         record.setdefault(name, {})["test"] = [e.idx for e in examples]

@@ -1,11 +1,13 @@
 """What a run needs, checked in seconds before anything starts (no Prefect server, no MLflow run, no
 run folder): the data files a recipe names (they exist, are UTF-8 JSONL, every row has its fields
-and its ``#### <number>``, none is empty: every bad row listed, up to ``ROWS_SHOWN`` a file), the model folders (a causal LM's config and a
+and its ``#### <number>``, none is empty: every bad row listed, up to ``ROWS_SHOWN`` a file), the model folders (a
+causal LM's config and a
 tokenizer), that the output folder can be written and that the disk has room for the run's
 checkpoints (an estimate: ``disk_needed``), and that this machine can do what ``launch`` asks (a
 CUDA device, enough of them, the launcher, a free rendezvous port). ``grpo-pipeline check`` prints every
 problem; ``run`` and ``rounds`` refuse to start with any (docs/reliability.md, "Bad input").
 """
+
 from __future__ import annotations
 
 import os
@@ -37,8 +39,10 @@ def machine_problems(cfg: PipelineConfig) -> list[str]:
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if lc.device == "cuda" and not gpus:
         build = f"built for CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
-        out.append(f"launch.device: cuda, but torch {torch.__version__} ({build}) sees no CUDA device on this "
-                   f"machine; set launch.device=cpu (or auto), or run it where a GPU is")
+        out.append(
+            f"launch.device: cuda, but torch {torch.__version__} ({build}) sees no CUDA device on this "
+            f"machine; set launch.device=cpu (or auto), or run it where a GPU is"
+        )
     elif lc.device == "cuda" and lc.nproc > gpus:
         out.append(f"launch.nproc: {lc.nproc} processes on cuda, one per GPU, but this machine has {gpus} GPU(s)")
     if lc.distributed and lc.launcher == "accelerate" and importlib.util.find_spec("accelerate") is None:
@@ -55,8 +59,10 @@ def machine_problems(cfg: PipelineConfig) -> list[str]:
                 try:
                     s.bind(("", int(port)))
                 except OSError:
-                    out.append(f"launch.rdzv_endpoint: port {port} on this machine is in use; the rendezvous "
-                               f"needs it free (another run, or pick another port)")
+                    out.append(
+                        f"launch.rdzv_endpoint: port {port} on this machine is in use; the rendezvous "
+                        f"needs it free (another run, or pick another port)"
+                    )
     return out
 
 
@@ -93,17 +99,22 @@ def disk_report(cfg: PipelineConfig) -> dict[str, float]:
     place, existing = _run_place(cfg)
     held = sum(f.stat().st_size for f in place.rglob("*") if f.is_file()) if place.is_dir() else 0
     mib = 2**20
-    return {"estimate_mib": round(disk_needed(cfg) / mib, 1), "in_run_folder_mib": round(held / mib, 1),
-            "free_mib": round(shutil.disk_usage(existing).free / mib, 1)}
+    return {
+        "estimate_mib": round(disk_needed(cfg) / mib, 1),
+        "in_run_folder_mib": round(held / mib, 1),
+        "free_mib": round(shutil.disk_usage(existing).free / mib, 1),
+    }
 
 
 def _disk_problems(cfg: PipelineConfig, disk: dict[str, float] | None) -> list[str]:
     needed = disk["estimate_mib"] - disk["in_run_folder_mib"] if disk else 0.0
     if disk is None or disk["free_mib"] >= needed:
         return []
-    return [f"{Path(cfg.output_dir).resolve()}: {disk['free_mib']:,.0f} MiB free, and the run's checkpoints and "
-            f"models need about {needed:,.0f} MiB more; free some space, or keep fewer checkpoints "
-            f"(sft/grpo/orm/prm.keep_checkpoints) (output_dir)"]
+    return [
+        f"{Path(cfg.output_dir).resolve()}: {disk['free_mib']:,.0f} MiB free, and the run's checkpoints and "
+        f"models need about {needed:,.0f} MiB more; free some space, or keep fewer checkpoints "
+        f"(sft/grpo/orm/prm.keep_checkpoints) (output_dir)"
+    ]
 
 
 def _found(check, key: str, errors: type[Exception] | tuple[type[Exception], ...]) -> list[str]:
@@ -119,16 +130,20 @@ def _data_problems(cfg: PipelineConfig) -> list[str]:
     from grpo_core.stages.prepare import prepared_splits
 
     dc, problems = cfg.data, []
-    files = {f"data.{k}": getattr(dc, k) for k in ("sft_file", "rl_file", "val_file", "test_file")
-             if dc.source == "jsonl" and getattr(dc, k)}
+    files = {
+        f"data.{k}": getattr(dc, k)
+        for k in ("sft_file", "rl_file", "val_file", "test_file")
+        if dc.source == "jsonl" and getattr(dc, k)
+    }
     first_key: dict[str, str] = {}  # each file once, under the first key that names it
     for key, name in files.items():
         first_key.setdefault(name, key)
     for name, key in first_key.items():
         problems += _every_row(lambda found: load_jsonl(name, dc.max_examples, dc.max_chars, found), key)
     for name, h in dc.held_out.items():
-        problems += _every_row(lambda found: load_held_out(h.file, h.format, dc.max_examples, dc.max_chars, found),
-                               f"data.held_out.{name}")
+        problems += _every_row(
+            lambda found: load_held_out(h.file, h.format, dc.max_examples, dc.max_chars, found), f"data.held_out.{name}"
+        )
     # The splits as the data stage makes them (worked solutions, shared questions, sizes).
     return problems or _found(lambda: prepared_splits(cfg), "data", DataError)
 
@@ -152,8 +167,11 @@ def _model_problems(cfg: PipelineConfig) -> list[str]:
     from grpo_core.lm.modeling import ModelError, check_model_folder
 
     folders = {"model.path": cfg.model.path} if cfg.model.init == "pretrained" else {}
-    folders |= {f"{kind}.init": getattr(cfg, kind).init for kind in ("orm", "prm")
-                if getattr(cfg, kind).train and getattr(cfg, kind).init not in ("sft", "tiny")}
+    folders |= {
+        f"{kind}.init": getattr(cfg, kind).init
+        for kind in ("orm", "prm")
+        if getattr(cfg, kind).train and getattr(cfg, kind).init not in ("sft", "tiny")
+    }
     return [p for key, path in folders.items() for p in _found(lambda: check_model_folder(path), key, ModelError)]
 
 

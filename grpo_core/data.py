@@ -4,6 +4,7 @@ held-out test sets in other benchmarks' forms (SVAMP, MAWPS).
 Every split is a list of ``Example``. A worked solution is in GSM8K form: reasoning lines, then
 ``#### <final answer>``. RL examples may carry only the final answer (``solution`` is None).
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -124,8 +125,9 @@ def reject(error: type[Exception], problems: list[str] | None, message: str) -> 
     problems.append(message)
 
 
-def json_lines(path: Path, error: type[Exception] = ValueError,
-               problems: list[str] | None = None) -> Iterator[tuple[int, Any]]:
+def json_lines(
+    path: Path, error: type[Exception] = ValueError, problems: list[str] | None = None
+) -> Iterator[tuple[int, Any]]:
     """(line number, parsed value) of every non-blank line of a JSONL file; a line that is not UTF-8
     or not JSON is ``reject``ed naming the file and line."""
     with path.open("rb") as f:
@@ -145,8 +147,14 @@ def json_lines(path: Path, error: type[Exception] = ValueError,
             yield lineno, value
 
 
-def records(name: str, fields: tuple[str, ...], limit: int | None, max_chars: int, form: str = "",
-            problems: list[str] | None = None) -> Iterator[tuple[Path, int, dict]]:
+def records(
+    name: str,
+    fields: tuple[str, ...],
+    limit: int | None,
+    max_chars: int,
+    form: str = "",
+    problems: list[str] | None = None,
+) -> Iterator[tuple[Path, int, dict]]:
     """(path, line, object) of the first ``limit`` good records of a JSONL file, each a JSON object
     whose text ``fields`` are non-empty strings of at most ``max_chars``; anything else is
     ``reject``ed with the file, the line and the field named (``form``: the format, for the message).
@@ -173,12 +181,15 @@ def _field_problem(obj: Any, fields: tuple[str, ...], max_chars: int, form: str)
         if not isinstance(obj.get(field), str) or not obj[field].strip():
             return f"field {field!r} is missing or empty{form}"
         if len(obj[field]) > max_chars:
-            return f"field {field!r} is {len(obj[field]):,} characters, over the limit of {max_chars:,} (data.max_chars)"
+            return (
+                f"field {field!r} is {len(obj[field]):,} characters, over the limit of {max_chars:,} (data.max_chars)"
+            )
     return None
 
 
-def load_jsonl(name: str, limit: int | None = None, max_chars: int = 20_000,
-               problems: list[str] | None = None) -> list[Example]:
+def load_jsonl(
+    name: str, limit: int | None = None, max_chars: int = 20_000, problems: list[str] | None = None
+) -> list[Example]:
     """Read GSM8K form (``question``, ``answer`` ending in ``#### <final>``), failing clearly: the
     message names the file, the line and the field. A field longer than ``max_chars`` is rejected
     (``data.max_chars``), as is a final answer that is not a number (an integer, a decimal or a
@@ -201,11 +212,15 @@ def _gold_problem(gold: str | None) -> str | None:
     if gold is None:
         return "field 'answer' has no '#### <final answer>'"
     if len(gold) > MAX_ANSWER_CHARS:
-        return (f"field 'answer': the final answer is {len(gold):,} characters; answers over {MAX_ANSWER_CHARS} "
-                f"are never compared, so nothing could match it")
+        return (
+            f"field 'answer': the final answer is {len(gold):,} characters; answers over {MAX_ANSWER_CHARS} "
+            f"are never compared, so nothing could match it"
+        )
     if to_number(gold) is None:
-        return (f"field 'answer': the final answer {gold!r} is not a number (an integer, a decimal or a fraction "
-                f"such as 3/4): the answer checker compares numbers")
+        return (
+            f"field 'answer': the final answer {gold!r} is not a number (an integer, a decimal or a fraction "
+            f"such as 3/4): the answer checker compares numbers"
+        )
     return None
 
 
@@ -255,8 +270,9 @@ def number_text(value: Any) -> str | None:
     return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
-def load_held_out(name: str, fmt: str, limit: int | None = None, max_chars: int = 20_000,
-                  problems: list[str] | None = None) -> list[Example]:
+def load_held_out(
+    name: str, fmt: str, limit: int | None = None, max_chars: int = 20_000, problems: list[str] | None = None
+) -> list[Example]:
     """A further test set: GSM8K form through ``load_jsonl``, another format through its entry of
     ``HELD_OUT_FORMATS``; a missing or malformed field is named with the file and line (``problems``:
     as ``load_jsonl``'s)."""
@@ -265,8 +281,12 @@ def load_held_out(name: str, fmt: str, limit: int | None = None, max_chars: int 
     spec, out = HELD_OUT_FORMATS[fmt], []
     for path, lineno, obj in records(name, spec.text_fields, limit, max_chars, f" (format {fmt})", problems):
         gold = number_text(obj.get(spec.answer_field))
-        bad = (None if gold is not None else f"field {spec.answer_field!r} must be a finite number (format {fmt}), "
-               f"got {obj.get(spec.answer_field)!r}") or _idx_problem(obj)
+        bad = (
+            None
+            if gold is not None
+            else f"field {spec.answer_field!r} must be a finite number (format {fmt}), "
+            f"got {obj.get(spec.answer_field)!r}"
+        ) or _idx_problem(obj)
         if bad:
             reject(DataError, problems, f"{path}:{lineno}: {bad}")
             continue

@@ -1,5 +1,6 @@
 """Content digests of folders (a model, a dataset, an adapter's base): what a cache key, a run's
 identity and an adapter's check of its base compare."""
+
 from __future__ import annotations
 
 import hashlib

@@ -4,6 +4,7 @@ Values already set by the user win (``setdefault``), so a real server or another
 The math libraries' settings (``NUMERICS``) are applied earlier still, when ``grpo_core`` is first
 imported (``grpo_core/__init__.py``), so that they are in place before torch computes anything.
 """
+
 from __future__ import annotations
 
 import os
@@ -47,9 +48,14 @@ def apply_numerics() -> None:
 def numerics_settings() -> dict[str, dict[str, str]]:
     """Each ``NUMERICS`` variable of this process: its value and who set it (``project`` or ``user``)."""
     ours = set(os.environ.get(DEFAULTED, "").split(","))
-    return {key: {"value": os.environ[key],
-                  "set_by": "project" if key in ours and os.environ[key] == NUMERICS[key] else "user"}
-            for key in NUMERICS if key in os.environ}
+    return {
+        key: {
+            "value": os.environ[key],
+            "set_by": "project" if key in ours and os.environ[key] == NUMERICS[key] else "user",
+        }
+        for key in NUMERICS
+        if key in os.environ
+    }
 
 
 def setup_environment(root: Path | None = None) -> None:

@@ -1,4 +1,5 @@
 """Accuracy of a policy on GSM8K-form questions: greedy pass@1, and maj@K / pass@K with sampling."""
+
 from __future__ import annotations
 
 from collections import Counter
@@ -41,13 +42,27 @@ def evaluate(
         greedy = generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens)
         if samples > 1:
             rep = [p for p in prompts for _ in range(samples)]
-            out = generate(model, tokenizer, rep, max_new_tokens=max_new_tokens,
-                           temperatures=[temperature] * len(rep), seed=seed + start)
+            out = generate(
+                model,
+                tokenizer,
+                rep,
+                max_new_tokens=max_new_tokens,
+                temperatures=[temperature] * len(rep),
+                seed=seed + start,
+            )
         for i, e in enumerate(batch):
             ok = is_correct(greedy.texts[i], e.gold)
             greedy_correct += ok
-            rows.append({"idx": e.idx, "question": e.question, "gold": e.gold, "completion": greedy.texts[i],
-                         "predicted": extract_answer(greedy.texts[i]) or "", "correct": bool(ok)})
+            rows.append(
+                {
+                    "idx": e.idx,
+                    "question": e.question,
+                    "gold": e.gold,
+                    "completion": greedy.texts[i],
+                    "predicted": extract_answer(greedy.texts[i]) or "",
+                    "correct": bool(ok),
+                }
+            )
             if samples > 1:
                 sampled = out.texts[i * samples : (i + 1) * samples]
                 answers = [extract_answer(t) for t in sampled]
@@ -85,8 +100,19 @@ def write_completions(rows: list[dict], path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     with gzip.open(path, "wt", encoding="utf-8") as f:
         for r in rows:
-            f.write(json.dumps({"idx": r["idx"], "question": r["question"], "completion": r["completion"],
-                                "answer": r["predicted"], "gold": r["gold"], "correct": r["correct"]}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "idx": r["idx"],
+                        "question": r["question"],
+                        "completion": r["completion"],
+                        "answer": r["predicted"],
+                        "gold": r["gold"],
+                        "correct": r["correct"],
+                    }
+                )
+                + "\n"
+            )
     return path
 
 
@@ -110,8 +136,16 @@ def run_eval(cfg, data_dir: Path, models: dict[str, str], out_dir: Path, logger=
         place(model, cfg.launch)
         measured: dict[str, dict] = {}
         for set_name, examples in sets.items():
-            metrics, rows = evaluate(model, tokenizer, examples, max_new_tokens=ec.max_new_tokens, batch_size=ec.batch_size,
-                                     samples=ec.samples, temperature=ec.temperature, seed=cfg.seed)
+            metrics, rows = evaluate(
+                model,
+                tokenizer,
+                examples,
+                max_new_tokens=ec.max_new_tokens,
+                batch_size=ec.batch_size,
+                samples=ec.samples,
+                temperature=ec.temperature,
+                seed=cfg.seed,
+            )
             per_question = Path(out_dir) / "per_question" / ("" if set_name == "test" else set_name) / f"{name}.json"
             per_question.parent.mkdir(parents=True, exist_ok=True)  # a model's name may hold a folder: variant/seed-0
             per_question.write_text(json.dumps([int(r["correct"]) for r in rows]))

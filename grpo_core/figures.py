@@ -5,13 +5,15 @@ MLflow run and shows them in its Prefect summary; the README shows ``run_figure`
   intervals (and ``compare``'s variants, mean ± std over seeds, when the run has them);
 - ``grpo_curves`` (``grpo_figure``): GRPO's reward, validation accuracy and KL over the steps of every round, the
   rounds one after another on one axis;
-- ``reward_models`` (``reward_model_figure``): each reward model's held-out quality on the round's fresh samples, before and
+- ``reward_models`` (``reward_model_figure``): each reward model's held-out quality on the round's fresh samples,
+before and
   after its retraining (how stale it had become, and what retraining fixed);
 - the ``study`` flow's (``study_figures``): validation accuracy over training time per variant with a band over
   seeds, maj@K / pass@K per variant, peak memory and steps per second.
 
     python -m grpo_core.figures runs/demo docs/figures/demo.png   # test accuracy + validation curves
 """
+
 from __future__ import annotations
 
 import json
@@ -19,8 +21,11 @@ import math
 import sys
 from pathlib import Path
 
-CURVES = [("train/reward_mean", "reward (mean of the group)"), ("val/accuracy", "validation accuracy"),
-          ("train/kl", "KL to the reference")]
+CURVES = [
+    ("train/reward_mean", "reward (mean of the group)"),
+    ("val/accuracy", "validation accuracy"),
+    ("train/kl", "KL to the reference"),
+]
 
 
 def _pyplot():
@@ -57,36 +62,64 @@ def _plot_rounds(ax, curves: list[tuple[int, list[int], list[float]]], scale: fl
     """The rounds' curves one after another on the x axis, a colour each."""
     offset = 0
     for k, steps, values in curves:
-        ax.plot([offset + s for s in steps], [scale * v for v in values], marker="." if len(steps) < 60 else None,
-                label=f"round {k}")
+        ax.plot(
+            [offset + s for s in steps],
+            [scale * v for v in values],
+            marker="." if len(steps) < 60 else None,
+            label=f"round {k}",
+        )
         offset += max(steps, default=0)
 
 
 def draw_test_accuracy(ax, manifest: dict, run_dir: Path | None = None) -> None:
     n = manifest["eval"]["sft"]["n"]
     bars = [("SFT", *_accuracy_with_interval(manifest["eval"]["sft"]["per_question"]))]
-    bars += [(f"round {r['round']}", *_accuracy_with_interval(r["stages"]["eval"]["results"]["policy"]["per_question"]))
-             for r in manifest["rounds"]]
+    bars += [
+        (f"round {r['round']}", *_accuracy_with_interval(r["stages"]["eval"]["results"]["policy"]["per_question"]))
+        for r in manifest["rounds"]
+    ]
     compare = Path(run_dir or ".") / "compare" / "manifest.json"
-    rows = [r for r in json.loads(compare.read_text())["rows"] if r["variant"] != "sft"] if run_dir and compare.exists() else []
+    rows = (
+        [r for r in json.loads(compare.read_text())["rows"] if r["variant"] != "sft"]
+        if run_dir and compare.exists()
+        else []
+    )
     names = [b[0] for b in bars] + [r["variant"] for r in rows]
-    ax.errorbar(range(len(bars)), [100 * b[1] for b in bars], yerr=[100 * b[2] for b in bars], fmt="o",
-                color="tab:blue", capsize=4, label=f"this run (95% interval over {n} questions)")
+    ax.errorbar(
+        range(len(bars)),
+        [100 * b[1] for b in bars],
+        yerr=[100 * b[2] for b in bars],
+        fmt="o",
+        color="tab:blue",
+        capsize=4,
+        label=f"this run (95% interval over {n} questions)",
+    )
     if rows:
-        ax.errorbar(range(len(bars), len(names)), [100 * r["test_accuracy_mean"] for r in rows],
-                    yerr=[100 * r["test_accuracy_std"] for r in rows], fmt="s", color="tab:orange", capsize=4,
-                    label=f"compare: one round from SFT, mean ± std over {rows[0]['seeds']} seeds")
+        ax.errorbar(
+            range(len(bars), len(names)),
+            [100 * r["test_accuracy_mean"] for r in rows],
+            yerr=[100 * r["test_accuracy_std"] for r in rows],
+            fmt="s",
+            color="tab:orange",
+            capsize=4,
+            label=f"compare: one round from SFT, mean ± std over {rows[0]['seeds']} seeds",
+        )
     ax.axhline(100 * bars[0][1], color="grey", lw=0.8, ls="--")
     ax.set_xticks(range(len(names)), names, rotation=30, ha="right")
     ax.set_ylabel("greedy test accuracy (%)")
     spans = [(b[1] - b[2], b[1] + b[2]) for b in bars] + [
-        (r["test_accuracy_mean"] - r["test_accuracy_std"], r["test_accuracy_mean"] + r["test_accuracy_std"]) for r in rows]
+        (r["test_accuracy_mean"] - r["test_accuracy_std"], r["test_accuracy_mean"] + r["test_accuracy_std"])
+        for r in rows
+    ]
     low, high = 100 * min(a for a, _ in spans), 100 * max(b for _, b in spans)
     ax.set_ylim(low - 0.45 * (high - low) - 0.5, None)  # room for the legend below the points
     ax.legend(fontsize=8, loc="lower right")
     if gain := manifest.get("gain_over_sft"):
-        ax.set_title(f"last round - SFT, paired over the questions: {100 * gain['mean']:+.2f} points "
-                     f"[{100 * gain['low']:+.1f}, {100 * gain['high']:+.1f}]", fontsize=9)
+        ax.set_title(
+            f"last round - SFT, paired over the questions: {100 * gain['mean']:+.2f} points "
+            f"[{100 * gain['low']:+.1f}, {100 * gain['high']:+.1f}]",
+            fontsize=9,
+        )
 
 
 def accuracy_figure(manifest: dict, run_dir: Path | None = None):
@@ -100,8 +133,11 @@ def accuracy_figure(manifest: dict, run_dir: Path | None = None):
 def grpo_figure(manifest: dict):
     # With a learned reward: its within-question AUC on the policy's rollouts at each evaluation (staleness).
     evaluated = {k for r in manifest["rounds"] for p in r["stages"]["grpo"].get("curve", []) for k in p}
-    stale = [(f"staleness/{kind}_within_auc", f"{kind.upper()} within-question\nAUC on the rollouts")
-             for kind in ("orm", "prm") if f"staleness/{kind}_within_auc" in evaluated]
+    stale = [
+        (f"staleness/{kind}_within_auc", f"{kind.upper()} within-question\nAUC on the rollouts")
+        for kind in ("orm", "prm")
+        if f"staleness/{kind}_within_auc" in evaluated
+    ]
     curves = CURVES + stale
     fig, axes = _pyplot().subplots(len(curves), 1, figsize=(7, 7 + 2 * len(stale)), sharex=True)
     for ax, (key, label) in zip(axes, curves):
@@ -125,18 +161,30 @@ def reward_model_figure(manifest: dict):
     for ax, kind in zip(axes[0], kinds):
         key = KINDS[kind].gate_metric
         rounds = [r for r in manifest["rounds"] if kind in r.get("reward_models", {})]
-        bars = (("before", -0.25, "tab:grey", "before retraining"), ("after", 0.0, "tab:green", "after retraining"),
-                ("baseline", 0.25, "tab:orange", "SFT model's own likelihood (untrained)"))
+        bars = (
+            ("before", -0.25, "tab:grey", "before retraining"),
+            ("after", 0.0, "tab:green", "after retraining"),
+            ("baseline", 0.25, "tab:orange", "SFT model's own likelihood (untrained)"),
+        )
         for when, shift, color, label in bars:
-            ax.bar([r["round"] + shift for r in rounds],
-                   [r["reward_models"][kind].get(when, {}).get(key, math.nan) for r in rounds], width=0.25, color=color,
-                   label=label)
-        gate = next((r["reward_models"][kind]["quality_gate"] for r in rounds if r["reward_models"][kind].get("quality_gate")), {})
+            ax.bar(
+                [r["round"] + shift for r in rounds],
+                [r["reward_models"][kind].get(when, {}).get(key, math.nan) for r in rounds],
+                width=0.25,
+                color=color,
+                label=label,
+            )
+        gate = next(
+            (r["reward_models"][kind]["quality_gate"] for r in rounds if r["reward_models"][kind].get("quality_gate")),
+            {},
+        )
         ax.axhline(0.5, color="black", lw=0.8, ls=":", label="chance")
         if gate:
             ax.axhline(gate["threshold"], color="tab:red", lw=0.8, ls="--", label="quality gate")
         ax.set_xticks([r["round"] for r in rounds], [f"round {r['round']}" for r in rounds])
-        values = [r["reward_models"][kind].get(w, {}).get(key, 1.0) for r in rounds for w in ("before", "after", "baseline")]
+        values = [
+            r["reward_models"][kind].get(w, {}).get(key, 1.0) for r in rounds for w in ("before", "after", "baseline")
+        ]
         values = [v for v in values if v == v]  # NaN: no question with right and wrong solutions
         ax.set_ylim(min([0.3, *values]) - 0.05, 1.0)
         ax.set_title(f"{kind.upper()}: held-out {key.replace('_', ' ')} on the round's fresh samples", fontsize=9)
@@ -147,8 +195,11 @@ def reward_model_figure(manifest: dict):
 
 def pipeline_figures(manifest: dict, run_dir: Path | None = None) -> dict:
     """The pipeline run's figures by name (``reward_models`` only when the run trained one)."""
-    figures = {"test_accuracy": accuracy_figure(manifest, run_dir), "grpo_curves": grpo_figure(manifest),
-               "reward_models": reward_model_figure(manifest)}
+    figures = {
+        "test_accuracy": accuracy_figure(manifest, run_dir),
+        "grpo_curves": grpo_figure(manifest),
+        "reward_models": reward_model_figure(manifest),
+    }
     return {name: fig for name, fig in figures.items() if fig is not None}
 
 
@@ -173,7 +224,7 @@ def draw_accuracy_over_time(ax, study: dict) -> None:
     for name, cs in curves.items():
         values = np.array([_at(c, grid) for c in cs]) * 100
         mean, std = np.nanmean(values, 0), np.nanstd(values, 0, ddof=1) if len(cs) > 1 else np.zeros(len(grid))
-        line, = ax.plot(grid, mean, label=name, lw=1.4, ls="--" if name == "continued-sft" else "-")
+        (line,) = ax.plot(grid, mean, label=name, lw=1.4, ls="--" if name == "continued-sft" else "-")
         ax.fill_between(grid, mean - std, mean + std, color=line.get_color(), alpha=0.15, lw=0)
     ax.set_xlabel("training seconds (two rounds: both GRPO stages, not the PRM retraining between them)")
     ax.set_ylabel("validation accuracy (%)")
@@ -192,11 +243,14 @@ def draw_learned_against_checked(ax, name: str, runs: list[dict], learned: str) 
 
     def smoothed(rewards: list[dict], key: str) -> list[tuple[float, float]]:
         values = [p.get(key, math.nan) for p in rewards]
-        return [(p["elapsed_s"], float(np.nanmean(values[max(0, i + 1 - window) : i + 1])))
-                for i, p in enumerate(rewards)]
+        return [
+            (p["elapsed_s"], float(np.nanmean(values[max(0, i + 1 - window) : i + 1]))) for i, p in enumerate(rewards)
+        ]
 
-    for key, label, style in (("accuracy", "answer checker: accuracy of the rollouts", "-"),
-                              (learned, f"learned reward: mean {learned}", "--")):
+    for key, label, style in (
+        ("accuracy", "answer checker: accuracy of the rollouts", "-"),
+        (learned, f"learned reward: mean {learned}", "--"),
+    ):
         values = np.array([_at(smoothed(r["rewards"], key), grid) for r in runs]) * 100
         ax.plot(grid, np.nanmean(values, 0), ls=style, lw=1.4, label=label)
     ax.set_title(name, fontsize=9)
@@ -215,8 +269,10 @@ def train_reward_figure(runs_by_variant: dict[str, list[dict]], window: int = 10
     window = max(1, min([window] + [len(r["rewards"]) for runs in runs_by_variant.values() for r in runs]))
     for name, runs in runs_by_variant.items():
         n = min(len(r["rewards"]) for r in runs)
-        for ax, values in ((reward, [[p["accuracy"] for p in r["rewards"][:n]] for r in runs]),
-                           (gradient, [[1 - p["frac_batch_zero_std"] for p in r["rewards"][:n]] for r in runs])):
+        for ax, values in (
+            (reward, [[p["accuracy"] for p in r["rewards"][:n]] for r in runs]),
+            (gradient, [[1 - p["frac_batch_zero_std"] for p in r["rewards"][:n]] for r in runs]),
+        ):
             mean = np.convolve(np.array(values).mean(0) * 100, np.ones(window) / window, mode="valid")
             ax.plot(np.arange(window, n + 1), mean, lw=1.4, label=name)
     reward.set_ylabel("train reward: accuracy of the rollouts (%)")
@@ -224,8 +280,9 @@ def train_reward_figure(runs_by_variant: dict[str, list[dict]], window: int = 10
     for ax in (reward, gradient):
         ax.set_xlabel(f"GRPO step (moving mean of {window})")
         ax.legend(fontsize=7)
-    fig.suptitle("where rewards are sparse: the train reward and the groups that carry a gradient, mean over seeds",
-                 fontsize=10)
+    fig.suptitle(
+        "where rewards are sparse: the train reward and the groups that carry a gradient, mean over seeds", fontsize=10
+    )
     fig.tight_layout()
     return fig
 
@@ -244,14 +301,24 @@ def staleness_figure(runs_by_variant: dict[str, list[dict]], kinds: list[str], w
         for name, runs in runs_by_variant.items():
             n = min(len(r["rewards"]) for r in runs)
             ends = list(range(window, n + 1, window))
-            values = np.array([[staleness(r["rewards"][e - window : e]).get(f"staleness/{kind}_within_auc", math.nan)
-                                for e in ends] for r in runs])
+            values = np.array(
+                [
+                    [
+                        staleness(r["rewards"][e - window : e]).get(f"staleness/{kind}_within_auc", math.nan)
+                        for e in ends
+                    ]
+                    for r in runs
+                ]
+            )
             ax.plot(ends, np.nanmean(values, 0), marker=".", lw=1.4, label=name)
         ax.set_xlabel(f"GRPO step, every round (windows of {window})")
         ax.set_ylabel(f"{kind.upper()} within-question AUC on the rollouts")
         ax.legend(fontsize=7)
-    fig.suptitle("staleness: the reward model's ranking of the policy's current samples\nagainst the answer checker, "
-                 "mean over seeds", fontsize=9)
+    fig.suptitle(
+        "staleness: the reward model's ranking of the policy's current samples\nagainst the answer checker, "
+        "mean over seeds",
+        fontsize=9,
+    )
     fig.tight_layout()
     return fig
 
@@ -263,20 +330,37 @@ def study_figures(study: dict) -> dict:
     reward on the rollouts) and ``staleness`` (the reward model's ranking of those rollouts)."""
     plt = _pyplot()
     rows, k = study["rows"], study["samples"]
-    what = f"{study['budget']['steps']} GRPO steps" if study["budget"]["steps"] else f"{study['budget']['seconds']:.0f} s"
+    what = (
+        f"{study['budget']['steps']} GRPO steps" if study["budget"]["steps"] else f"{study['budget']['seconds']:.0f} s"
+    )
     fig, ax = plt.subplots(figsize=(8, 4.5))
     draw_accuracy_over_time(ax, study)
-    ax.set_title(f"{study['run_name']}: every variant from the SFT model, {what}, mean ± std over "
-                 f"{study['seeds']} seed(s)", fontsize=9)
+    ax.set_title(
+        f"{study['run_name']}: every variant from the SFT model, {what}, mean ± std over {study['seeds']} seed(s)",
+        fontsize=9,
+    )
     fig.tight_layout()
     out = {"accuracy_over_time": fig}
     names = [r["variant"] for r in rows]
     if k > 1:
         fig, ax = plt.subplots(figsize=(8, 4))
-        for j, (metric, color) in enumerate(((f"maj@{k}", "tab:blue"), (f"pass@{k}", "tab:green"), ("test_accuracy", "tab:grey"))):
-            label = "greedy (all test questions)" if metric == "test_accuracy" else f"{metric} ({study['n_sampled']} questions)"
-            ax.bar([i + (j - 1) * 0.27 for i in range(len(rows))], [100 * r[f"{metric}_mean"] for r in rows], width=0.27,
-                   yerr=[100 * r.get(f"{metric}_std", 0.0) for r in rows], color=color, capsize=2, label=label)
+        for j, (metric, color) in enumerate(
+            ((f"maj@{k}", "tab:blue"), (f"pass@{k}", "tab:green"), ("test_accuracy", "tab:grey"))
+        ):
+            label = (
+                "greedy (all test questions)"
+                if metric == "test_accuracy"
+                else f"{metric} ({study['n_sampled']} questions)"
+            )
+            ax.bar(
+                [i + (j - 1) * 0.27 for i in range(len(rows))],
+                [100 * r[f"{metric}_mean"] for r in rows],
+                width=0.27,
+                yerr=[100 * r.get(f"{metric}_std", 0.0) for r in rows],
+                color=color,
+                capsize=2,
+                label=label,
+            )
         ax.axhline(100 * rows[0][f"maj@{k}_mean"], color="tab:blue", lw=0.8, ls=":")
         ax.axhline(100 * rows[0][f"pass@{k}_mean"], color="tab:green", lw=0.8, ls=":")
         ax.set_xticks(range(len(rows)), names, rotation=30, ha="right", fontsize=8)
@@ -284,7 +368,9 @@ def study_figures(study: dict) -> dict:
         low = min(100 * r[m] for r in rows for m in (f"maj@{k}_mean", "test_accuracy_mean"))
         ax.set_ylim(max(0, low - 10), 100)
         ax.legend(fontsize=7, loc="lower left")
-        ax.set_title(f"maj@{k} and pass@{k}: the SFT model (dotted) and each variant, mean ± std over seeds", fontsize=9)
+        ax.set_title(
+            f"maj@{k} and pass@{k}: the SFT model (dotted) and each variant, mean ± std over seeds", fontsize=9
+        )
         fig.tight_layout()
         out["sampling"] = fig
     trained = [r for r in rows if "steps_per_s_mean" in r]
@@ -299,24 +385,43 @@ def study_figures(study: dict) -> dict:
     fig.suptitle("memory and speed per variant (mean over seeds)", fontsize=10)
     fig.tight_layout()
     out["memory"] = fig
-    tracked = {name: runs for name, runs in study["runs"].items()
-               if runs and all(r.get("rewards") and "frac_batch_zero_std" in r["rewards"][0] for r in runs)}
+    tracked = {
+        name: runs
+        for name, runs in study["runs"].items()
+        if runs and all(r.get("rewards") and "frac_batch_zero_std" in r["rewards"][0] for r in runs)
+    }
     if tracked and study.get("preset") == "sampling":
         out["train_reward"] = train_reward_figure(tracked)
-    kinds = [kind for kind in ("orm", "prm") if any(r.get("rewards") and any(p.get(f"{kind}_mixed_groups") for p in r["rewards"])
-                                                   for runs in study["runs"].values() for r in runs)]
-    stale = {name: runs for name, runs in study["runs"].items()
-             if runs and all(r.get("rewards") and any(f"{k}_within_auc" in r["rewards"][-1] for k in kinds) for r in runs)}
+    kinds = [
+        kind
+        for kind in ("orm", "prm")
+        if any(
+            r.get("rewards") and any(p.get(f"{kind}_mixed_groups") for p in r["rewards"])
+            for runs in study["runs"].values()
+            for r in runs
+        )
+    ]
+    stale = {
+        name: runs
+        for name, runs in study["runs"].items()
+        if runs and all(r.get("rewards") and any(f"{k}_within_auc" in r["rewards"][-1] for k in kinds) for r in runs)
+    }
     if stale:
         out["staleness"] = staleness_figure(stale, kinds)
-    learned = {name: key for name, runs in study["runs"].items() for key in ("orm_mean", "prm_lowest_mean")
-               if runs and all(r.get("rewards") and key in r["rewards"][-1] for r in runs)}
+    learned = {
+        name: key
+        for name, runs in study["runs"].items()
+        for key in ("orm_mean", "prm_lowest_mean")
+        if runs and all(r.get("rewards") and key in r["rewards"][-1] for r in runs)
+    }
     if learned:
         fig, axes = plt.subplots(1, len(learned), figsize=(4 * len(learned), 3.6), squeeze=False, sharey=True)
         for ax, (name, key) in zip(axes[0], learned.items()):
             draw_learned_against_checked(ax, name, study["runs"][name], key)
         axes[0][0].set_ylabel("% (mean over seeds)")
-        fig.suptitle("reward hacking: the learned reward against\nthe answer checker on GRPO's own rollouts", fontsize=10)
+        fig.suptitle(
+            "reward hacking: the learned reward against\nthe answer checker on GRPO's own rollouts", fontsize=10
+        )
         fig.tight_layout()
         out["reward_hacking"] = fig
     return out

@@ -3,6 +3,7 @@
 All tensors are [B, T]: B = N*G completions (groups consecutive), T completion tokens; ``mask`` is 1
 on real completion tokens.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -22,8 +23,13 @@ def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return torch.exp(log_ratio) - log_ratio - 1
 
 
-def aggregate(per_token: torch.Tensor, mask: torch.Tensor, agg: Aggregation,
-              batch: BatchSize | None = None, weights: torch.Tensor | None = None) -> torch.Tensor:
+def aggregate(
+    per_token: torch.Tensor,
+    mask: torch.Tensor,
+    agg: Aggregation,
+    batch: BatchSize | None = None,
+    weights: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Reduce a [B, T] per-token loss to a scalar.
 
     seq-mean-token-mean (paper):  mean_i  1/|o_i| sum_t    (a completion with no tokens adds 0)
@@ -80,7 +86,8 @@ def grpo_loss(
     logp, old_logp, ref_logp, advantages, mask: [B, T]. ``clip_eps_high`` (DAPO clip-higher) sets the
     upper clip bound 1 + clip_eps_high; ``beta = 0`` ignores ``ref_logp`` (may be None). ``batch``:
     the global batch's sizes when these rows are one process's share; ``weights`` [B]: the rows each
-    row stands for (see ``aggregate``). Returns the scalar loss to minimise and detached metrics (token means over the mask).
+    row stands for (see ``aggregate``). Returns the scalar loss to minimise and detached metrics (token means over the
+    mask).
     """
     high = clip_eps if clip_eps_high is None else clip_eps_high
     ratio = torch.exp(logp - old_logp)
@@ -110,8 +117,15 @@ def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
     return float((torch.where(m > 0, x.detach(), 0.0) * m).sum() / m.sum().clamp(min=1))
 
 
-def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, *,
-               clip: float = 0.2, agg: Aggregation = "token-mean") -> tuple[torch.Tensor, dict[str, float]]:
+def value_loss(
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip: float = 0.2,
+    agg: Aggregation = "token-mean",
+) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO's clipped value loss: 1/2 max((V - R)^2, (V_clip - R)^2) with V_clip = V_old + clip(V - V_old,
     -clip, clip), so that one update cannot move a value estimate far from the one the advantages used.
 
@@ -120,5 +134,7 @@ def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Te
     clipped = old_values + torch.clamp(values - old_values, -clip, clip)
     per_token = 0.5 * torch.maximum((values - returns) ** 2, (clipped - returns) ** 2)
     loss = aggregate(per_token, mask, agg)
-    return loss, {"value_loss": loss.item(),
-                  "value_clip_ratio": _masked_mean(((clipped - returns) ** 2 > (values - returns) ** 2).to(values.dtype), mask)}
+    return loss, {
+        "value_loss": loss.item(),
+        "value_clip_ratio": _masked_mean(((clipped - returns) ** 2 > (values - returns) ** 2).to(values.dtype), mask),
+    }

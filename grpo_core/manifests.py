@@ -1,6 +1,7 @@
 """What a stage leaves behind for the next: its ``manifest.json`` (written last: its presence means
 the stage finished) and references to the folders it wrote, with their digests. A manifest records
 where it was written, so a moved or copied run reads its paths where they are now."""
+
 from __future__ import annotations
 
 import json
@@ -37,7 +38,10 @@ def write_manifest(out_dir: Path, manifest: dict[str, Any], run_folder: Path | N
     the folder it was written in (``written_in``) and the run folder it belongs to (``run_folder``,
     default: its own folder), so that a copied or moved run reads its paths where they are now."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    manifest = manifest | {"written_in": str(out_dir.resolve()), "run_folder": str(Path(run_folder or out_dir).resolve())}
+    manifest = manifest | {
+        "written_in": str(out_dir.resolve()),
+        "run_folder": str(Path(run_folder or out_dir).resolve()),
+    }
     tmp = out_dir / ".manifest.json.tmp"
     tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True))
     os.replace(tmp, out_dir / "manifest.json")
@@ -55,7 +59,7 @@ def relocated(manifest: dict[str, Any], folder: Path) -> dict[str, Any]:
         return manifest
     root = Path(manifest.get("run_folder") or was)
     within = Path(was).relative_to(root).parts if Path(was).is_relative_to(root) else None
-    if within is None or now.parts[len(now.parts) - len(within):] != within:
+    if within is None or now.parts[len(now.parts) - len(within) :] != within:
         root, within = Path(was), ()
     new_root = Path(*now.parts[: len(now.parts) - len(within)])
     return moved(manifest, str(root), str(new_root)) | {"written_in": str(now), "run_folder": str(new_root)}
@@ -65,7 +69,7 @@ def moved(value: Any, old: str, new: str) -> Any:
     """``value`` (JSON: strings, lists, dicts) with each path at or under the folder ``old`` put
     under ``new`` instead; other strings as they are."""
     if isinstance(value, str) and (value == old or value.startswith(old.rstrip("/") + "/")):
-        return new + value[len(old):]
+        return new + value[len(old) :]
     if isinstance(value, dict):
         return {k: moved(v, old, new) for k, v in value.items()}
     if isinstance(value, list):

@@ -1,7 +1,9 @@
 """A pipeline's MLflow runs: the store (its URI, a moved project's artifact locations; whether it
-answers is ``tracking.check_tracking``), one experiment per pipeline, a parent run per pipeline run and a child per stage and
+answers is ``tracking.check_tracking``), one experiment per pipeline, a parent run per pipeline run and a child per
+stage and
 round (ids passed explicitly), and ``finishing``, where they end. Metric logging itself is
 ``tracking.py``'s."""
+
 from __future__ import annotations
 
 import os
@@ -41,8 +43,9 @@ def round_params(config: PipelineConfig, k: int) -> dict[str, str]:
     """Round ``k``'s run's params: its number and the recipe's round sections as its GRPO ran them
     (after the reward models' quality gate); not ``rounds.count``, which decides how many rounds
     follow, not what this one does."""
-    return {"round": str(k)} | {key: v for key, v in run_params(config).items()
-                                if key.startswith(ROUND_SECTIONS) and key != "rounds.count"}
+    return {"round": str(k)} | {
+        key: v for key, v in run_params(config).items() if key.startswith(ROUND_SECTIONS) and key != "rounds.count"
+    }
 
 
 # MLflow opens an experiment of this kind in its model-training view (runs, charts, the model
@@ -124,13 +127,22 @@ def relocate(db: Path, old: str, new: str) -> None:
                 (shutil.copytree if folder.is_dir() else shutil.copy2)(folder, target / folder.name)
     with sqlite3.connect(db, timeout=60) as conn:
         for (table,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall():
-            for column in [row[1] for row in conn.execute(f'PRAGMA table_info("{table}")')
-                           if any(t in row[2].upper() for t in ("CHAR", "TEXT", "CLOB"))]:
-                conn.execute(f'UPDATE "{table}" SET "{column}" = ? || substr("{column}", ?) '
-                             f'WHERE "{column}" = ? OR substr("{column}", 1, ?) = ?',
-                             (new, len(old) + 1, old, len(old) + 1, old + "/"))
-    log.warning("the project moved or was copied: its MLflow store %s now keeps artifacts at %s (they were at %s)",
-                db, target, source)
+            for column in [
+                row[1]
+                for row in conn.execute(f'PRAGMA table_info("{table}")')
+                if any(t in row[2].upper() for t in ("CHAR", "TEXT", "CLOB"))
+            ]:
+                conn.execute(
+                    f'UPDATE "{table}" SET "{column}" = ? || substr("{column}", ?) '
+                    f'WHERE "{column}" = ? OR substr("{column}", 1, ?) = ?',
+                    (new, len(old) + 1, old, len(old) + 1, old + "/"),
+                )
+    log.warning(
+        "the project moved or was copied: its MLflow store %s now keeps artifacts at %s (they were at %s)",
+        db,
+        target,
+        source,
+    )
 
 
 def patiently(call: Callable[[], T], uri: str, wait_s: float, what: str) -> T:
@@ -150,22 +162,30 @@ def patiently(call: Callable[[], T], uri: str, wait_s: float, what: str) -> T:
                     f"{f' within tracking.wait_s ({wait_s:g} s)' if wait_s else ''}. Nothing finished is lost: the "
                     f"stages' folders and checkpoints are kept, and what tracking missed waits in the run folder's "
                     f"{UNSENT}/. Run the same command once the server answers: finished stages come from the cache "
-                    f"and the kept records are sent") from None
+                    f"and the kept records are sent"
+                ) from None
             if not warned:
-                log.warning("MLflow tracking at %s does not answer: waiting up to %g s to %s", redact(uri), wait_s, what)
+                log.warning(
+                    "MLflow tracking at %s does not answer: waiting up to %g s to %s", redact(uri), wait_s, what
+                )
                 warned = True
             time.sleep(max(0.0, min(5.0, deadline - time.monotonic())))
 
 
-def start_run(uri: str, exp_id: str, name: str, parent_id: str | None = None, tags: dict | None = None,
-              wait_s: float = 0.0) -> str:
+def start_run(
+    uri: str, exp_id: str, name: str, parent_id: str | None = None, tags: dict | None = None, wait_s: float = 0.0
+) -> str:
     from mlflow.tracking import MlflowClient
 
     all_tags = {"mlflow.runName": name, **(tags or {})}
     if parent_id:
         all_tags["mlflow.parentRunId"] = parent_id
-    return patiently(lambda: MlflowClient(uri).create_run(exp_id, tags=all_tags, run_name=name).info.run_id,
-                     uri, wait_s, f"start its MLflow run {name!r}")
+    return patiently(
+        lambda: MlflowClient(uri).create_run(exp_id, tags=all_tags, run_name=name).info.run_id,
+        uri,
+        wait_s,
+        f"start its MLflow run {name!r}",
+    )
 
 
 def logged_round(uri: str, grpo_run_id: str) -> str | None:
@@ -178,8 +198,11 @@ def logged_round(uri: str, grpo_run_id: str) -> str | None:
     client = MlflowClient(uri)
     try:
         exp = client.get_run(grpo_run_id).info.experiment_id
-        runs = client.search_runs([exp], f"tags.`stage_run.grpo` = '{grpo_run_id}' and attributes.status = 'FINISHED'",
-                                  order_by=["attributes.start_time ASC"])
+        runs = client.search_runs(
+            [exp],
+            f"tags.`stage_run.grpo` = '{grpo_run_id}' and attributes.status = 'FINISHED'",
+            order_by=["attributes.start_time ASC"],
+        )
     except MlflowException:  # the stage's run deleted since, or in another store
         return None
     return next((r.info.run_id for r in runs if "round/test_accuracy" in r.data.metrics), None)

@@ -2,6 +2,7 @@
 overrides, validation against the schema (``config.PipelineConfig``) with every bad field named,
 and the recipe as flat parameters for tracking; ``python -m grpo_core.recipe`` prints the generated
 reference table of every key (docs/recipes.md)."""
+
 from __future__ import annotations
 
 import json
@@ -46,8 +47,10 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
             raise ConfigError(f"--set {item!r}: expected section.key=value")
         dotted, value = item.split("=", 1)
         if dotted.strip() in RENAMED:
-            raise ConfigError(f"--set {item!r}: {dotted.strip()} is now {RENAMED[dotted.strip()]} "
-                              f"(--set {RENAMED[dotted.strip()]}={value})")
+            raise ConfigError(
+                f"--set {item!r}: {dotted.strip()} is now {RENAMED[dotted.strip()]} "
+                f"(--set {RENAMED[dotted.strip()]}={value})"
+            )
         keys = dotted.strip().split(".")
         node = raw
         for key in keys[:-1]:
@@ -96,8 +99,9 @@ def _merge(base: dict[str, Any], top: dict[str, Any], model: type[BaseModel]) ->
     return out
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
-                migrate: bool = False) -> PipelineConfig:
+def load_config(
+    path: str | Path | None = None, overrides: list[str] | None = None, migrate: bool = False
+) -> PipelineConfig:
     """Read a YAML recipe (safe_load: a config is data, never code), apply overrides, validate.
     ``migrate``: ``path`` is a run's own resolved ``config.yaml``, whose renamed keys are read under
     their new names (``renamed``)."""
@@ -139,8 +143,14 @@ def config_reference() -> str:
 
     def walk(model: type[BaseModel], prefix: str) -> None:
         for name, field in model.model_fields.items():
-            sub = next((a for a in typing.get_args(field.annotation) or (field.annotation,)
-                        if isinstance(a, type) and issubclass(a, Section)), None)  # a section, or one | None
+            sub = next(
+                (
+                    a
+                    for a in typing.get_args(field.annotation) or (field.annotation,)
+                    if isinstance(a, type) and issubclass(a, Section)
+                ),
+                None,
+            )  # a section, or one | None
             if sub is not None:
                 named = typing.get_origin(field.annotation) is dict  # sections by name (data.held_out)
                 if field.default is None or named:
@@ -148,10 +158,19 @@ def config_reference() -> str:
                 walk(sub, f"{prefix}{name}." + ("<name>." if named else ""))
                 continue
             default = field.default
-            shown = ("required" if field.is_required() else json.dumps(default)[1:-1] if isinstance(default, str)  # "\n" shows as \n
-                     else str(list(default)) if isinstance(default, tuple) else str(default))
+            shown = (
+                "required"
+                if field.is_required()
+                else json.dumps(default)[1:-1]
+                if isinstance(default, str)  # "\n" shows as \n
+                else str(list(default))
+                if isinstance(default, tuple)
+                else str(default)
+            )
             budget = " [budget]" if (field.json_schema_extra or {}).get("budget") else ""
-            rows.append(f"| `{prefix}{name}` | `{shown}` | {(field.description or '').replace('|', '&#124;')}{budget} |")
+            rows.append(
+                f"| `{prefix}{name}` | `{shown}` | {(field.description or '').replace('|', '&#124;')}{budget} |"
+            )
 
     walk(PipelineConfig, "")
     return "\n".join(rows)

@@ -2,6 +2,7 @@
 a reward-data batch), in one place. Each depends on its arguments alone, so a resumed run, or one on
 another number of processes, draws the same numbers. (SFT's packing and evaluation seed their own
 draws where they make them.)"""
+
 from __future__ import annotations
 
 PRIME_ROW = 1_000_003  # rows (or steps) below it never share a seed across seeds

@@ -7,6 +7,7 @@ Two intervals, each for the question it answers:
 - ``question_interval``: two fixed models on the same N questions (one seed), the paired difference
   of their accuracies with a t interval on the per-question differences (McNemar's setting).
 """
+
 from __future__ import annotations
 
 import math

@@ -5,6 +5,7 @@ answer missed. The pipeline's runs themselves (experiments, parents, children) a
 ``MlflowLogger`` writes to one run by id through ``MlflowClient`` (MLflow's active run is per thread;
 explicit ids work from any thread or subprocess). ``NullLogger`` is for tests and non-zero ranks.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,7 +19,6 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol
-
 
 
 def metric_name(key: str) -> str:
@@ -152,8 +152,13 @@ class Journal:
         refused = self.path.with_name(self.path.stem + ".refused.jsonl")
         with open(refused, "a", encoding="utf-8") as f:
             f.writelines(line + "\n" for line in lines)
-        log.warning("%s: the tracking store refused %d kept record(s) (%s): moved to %s", self.path, len(lines),
-                    str(error)[:200], refused)
+        log.warning(
+            "%s: the tracking store refused %d kept record(s) (%s): moved to %s",
+            self.path,
+            len(lines),
+            str(error)[:200],
+            refused,
+        )
 
 
 BATCH_METRICS = 1000  # MLflow's log_batch takes at most 1000 metrics a call
@@ -171,8 +176,12 @@ def batches(lines: list[str]) -> list[tuple[list[str], dict | None]]:
             out.append(([line], None))
             continue
         last = out[-1][1] if out else None
-        if (record["op"] == "metrics" and last is not None and last["op"] == "metrics"
-                and len(last["metrics"]) + len(record["metrics"]) <= BATCH_METRICS):
+        if (
+            record["op"] == "metrics"
+            and last is not None
+            and last["op"] == "metrics"
+            and len(last["metrics"]) + len(record["metrics"]) <= BATCH_METRICS
+        ):
             out[-1][0].append(line)
             last["metrics"] += record["metrics"]
         else:
@@ -190,7 +199,9 @@ def _whole():
         yield
         return
     caught: list[int] = []
-    previous = {s: signal.signal(s, lambda signum, frame: caught.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous = {
+        s: signal.signal(s, lambda signum, frame: caught.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)
+    }
     try:
         yield
     finally:
@@ -242,7 +253,9 @@ class MlflowLogger:
     the next logger does not pay MLflow's retries again), and when it answers the kept records go
     first (``send_unsent`` sends a folder's records later). Without ``unsent``, errors raise."""
 
-    def __init__(self, tracking_uri: str, run_id: str, stage: str | None = None, unsent: str | Path | None = None) -> None:
+    def __init__(
+        self, tracking_uri: str, run_id: str, stage: str | None = None, unsent: str | Path | None = None
+    ) -> None:
         from mlflow.tracking import MlflowClient
 
         self.client = MlflowClient(tracking_uri)
@@ -266,8 +279,13 @@ class MlflowLogger:
             if not (is_outage(e) or isinstance(e, TrackingError)):
                 raise
             if retry_at is None:
-                log.warning("MLflow tracking at %s failed (%s): going on; what it misses is kept in %s and sent "
-                            "when it answers again", redact(self.uri), str(e)[:200], self.journal.path.parent)
+                log.warning(
+                    "MLflow tracking at %s failed (%s): going on; what it misses is kept in %s and sent "
+                    "when it answers again",
+                    redact(self.uri),
+                    str(e)[:200],
+                    self.journal.path.parent,
+                )
             DOWN[self.uri] = time.monotonic() + RETRY_S
             return self._keep(record)
         if DOWN.pop(self.uri, None) is not None:
@@ -295,17 +313,27 @@ class MlflowLogger:
     def log_table(self, rows: list[dict[str, Any]], artifact_file: str) -> None:
         if rows:
             keys = list(dict.fromkeys(k for r in rows for k in r))  # every row's, first seen first
-            self._record({"op": "table", "columns": {k: [r.get(k) for r in rows] for k in keys},
-                          "artifact_file": artifact_file})
+            self._record(
+                {"op": "table", "columns": {k: [r.get(k) for r in rows] for k in keys}, "artifact_file": artifact_file}
+            )
 
     def log_artifacts(self, local_dir: str | Path, artifact_path: str) -> None:
         self._record({"op": "artifacts", "local_dir": str(Path(local_dir).resolve()), "artifact_path": artifact_path})
 
     def log_input(self, name: str, digest: str, source: str, rows: dict[str, int]) -> None:
         """Record a dataset the stage read or wrote as an MLflow run input (name, digest, rows)."""
-        self._record({"op": "input", "dataset": {
-            "name": name, "digest": digest[:36], "source_type": "local", "source": json.dumps({"uri": source}),
-            "profile": json.dumps({"rows": rows})}})
+        self._record(
+            {
+                "op": "input",
+                "dataset": {
+                    "name": name,
+                    "digest": digest[:36],
+                    "source_type": "local",
+                    "source": json.dumps({"uri": source}),
+                    "profile": json.dumps({"rows": rows}),
+                },
+            }
+        )
 
     def terminate(self, status: str = "FINISHED") -> None:
         self._record({"op": "terminate", "status": status, "end_time": int(time.time() * 1000)})
@@ -370,14 +398,24 @@ def check_tracking(uri: str, timeout_s: float = 5.0) -> None:
         # urllib does not read user:password@ from a URL (MLflow's client does): send it as a header.
         parts = urllib.parse.urlsplit(uri)
         host = f"[{parts.hostname}]" if ":" in (parts.hostname or "") else parts.hostname or ""
-        base = urllib.parse.urlunsplit(parts._replace(netloc=host + (f":{parts.port}" if parts.port else ""))).rstrip("/")
-        login = (f"{os.environ['MLFLOW_TRACKING_USERNAME']}:{os.environ.get('MLFLOW_TRACKING_PASSWORD', '')}"
-                 if os.environ.get("MLFLOW_TRACKING_USERNAME") else None)  # first, as MLflow's client
+        base = urllib.parse.urlunsplit(parts._replace(netloc=host + (f":{parts.port}" if parts.port else ""))).rstrip(
+            "/"
+        )
+        login = (
+            f"{os.environ['MLFLOW_TRACKING_USERNAME']}:{os.environ.get('MLFLOW_TRACKING_PASSWORD', '')}"
+            if os.environ.get("MLFLOW_TRACKING_USERNAME")
+            else None
+        )  # first, as MLflow's client
         if login is None and parts.username is not None:
             login = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
         token = os.environ.get("MLFLOW_TRACKING_TOKEN")
-        headers = ({"Authorization": "Basic " + base64.b64encode(login.encode()).decode()} if login is not None
-                   else {"Authorization": f"Bearer {token}"} if token else {})
+        headers = (
+            {"Authorization": "Basic " + base64.b64encode(login.encode()).decode()}
+            if login is not None
+            else {"Authorization": f"Bearer {token}"}
+            if token
+            else {}
+        )
         for path in ("/health", "/api/2.0/mlflow/experiments/search?max_results=1"):
             try:
                 urllib.request.urlopen(urllib.request.Request(base + path, headers=headers), timeout=timeout_s).close()
@@ -386,11 +424,13 @@ def check_tracking(uri: str, timeout_s: float = 5.0) -> None:
                     raise TrackingError(
                         f"MLflow tracking server {redact(uri)} refused this client's login (HTTP {e.code}): set "
                         f"MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN) to an "
-                        f"account of its basic-auth app") from None
+                        f"account of its basic-auth app"
+                    ) from None
             except (OSError, ValueError) as e:
                 raise TrackingError(
                     f"MLflow tracking server {redact(uri)} is unreachable ({getattr(e, 'reason', e)}): start it, or "
-                    f"point tracking.tracking_uri / MLFLOW_TRACKING_URI at a running server or a sqlite:/// file") from None
+                    f"point tracking.tracking_uri / MLFLOW_TRACKING_URI at a running server or a sqlite:/// file"
+                ) from None
     elif uri.startswith("sqlite:///"):
         folder = Path(uri.removeprefix("sqlite:///")).parent
         try:

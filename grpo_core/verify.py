@@ -3,6 +3,7 @@
 No ``eval``, ``sympify`` or ``parse_expr``: numbers are matched by strict regular expressions with a
 digit cap and compared as exact fractions, so every call is linear in the input and bounded.
 """
+
 from __future__ import annotations
 
 import re

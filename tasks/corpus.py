@@ -4,6 +4,7 @@ core, the core's ``score_pool``) and decontamination runs in the flow's process.
 both passes are tasks of ``corpus.shards_per_task`` shards each, submitted through Prefect's
 ``DaskTaskRunner`` / ``RayTaskRunner`` (prefect-dask, prefect-ray) to the cluster at
 ``corpus.address``, or to one started for the flow on 127.0.0.1 with ``corpus.workers`` processes."""
+
 from __future__ import annotations
 
 import contextlib
@@ -29,20 +30,43 @@ def score_pool_task(model_path: Path, pool: list[Path], out_dir: Path, workers: 
 
 def _local_dask(cc: CorpusConfig) -> dict:
     # One single-threaded worker process per core, every socket on loopback, no dashboard server.
-    return {"cluster_kwargs": {"n_workers": cc.workers or len(os.sched_getaffinity(0)), "threads_per_worker": 1,
-                               "processes": True, "host": "127.0.0.1", "dashboard_address": None}}
+    return {
+        "cluster_kwargs": {
+            "n_workers": cc.workers or len(os.sched_getaffinity(0)),
+            "threads_per_worker": 1,
+            "processes": True,
+            "host": "127.0.0.1",
+            "dashboard_address": None,
+        }
+    }
 
 
 def _local_ray(cc: CorpusConfig) -> dict:
     # Some of Ray's ports still bind every interface with this address (docs/scaling.md).
-    return {"init_kwargs": {"num_cpus": cc.workers or len(os.sched_getaffinity(0)), "include_dashboard": False,
-                            "_node_ip_address": "127.0.0.1"}}
+    return {
+        "init_kwargs": {
+            "num_cpus": cc.workers or len(os.sched_getaffinity(0)),
+            "include_dashboard": False,
+            "_node_ip_address": "127.0.0.1",
+        }
+    }
 
 
-# corpus.runner -> (module, its Prefect task runner, the runner's settings for a cluster the flow starts, what to install)
+# corpus.runner -> (module, its Prefect task runner, the runner's settings for a cluster the flow starts, what to
+# install)
 TASK_RUNNERS = {
-    "dask": ("prefect_dask", "DaskTaskRunner", _local_dask, 'prefect-dask (in requirements.txt: make, or pip install -e ".[cluster]")'),
-    "ray": ("prefect_ray", "RayTaskRunner", _local_ray, 'prefect-ray and ray (pip install -e ".[ray]"; not in the pinned set)'),
+    "dask": (
+        "prefect_dask",
+        "DaskTaskRunner",
+        _local_dask,
+        'prefect-dask (in requirements.txt: make, or pip install -e ".[cluster]")',
+    ),
+    "ray": (
+        "prefect_ray",
+        "RayTaskRunner",
+        _local_ray,
+        'prefect-ray and ray (pip install -e ".[ray]"; not in the pinned set)',
+    ),
 }
 
 
@@ -77,5 +101,7 @@ def passes(cc: CorpusConfig) -> Iterator[dict[str, Callable]]:
         return
     with task_runner(cc) as runner:
         map_tasks = partial(submit_all, runner)
-        yield {"score_shards": partial(score_in_groups, map_tasks=map_tasks, per_task=cc.shards_per_task),
-               "map_tasks": map_tasks}
+        yield {
+            "score_shards": partial(score_in_groups, map_tasks=map_tasks, per_task=cc.shards_per_task),
+            "map_tasks": map_tasks,
+        }

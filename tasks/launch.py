@@ -3,6 +3,7 @@
 failure); this module says which stage, with which recipe and inputs, streams the processes' output
 to the task's log line by line (rank 0 logs metrics into the task's MLflow run, ``MLFLOW_RUN_ID``)
 and reads the stage's manifest back from its folder."""
+
 from __future__ import annotations
 
 import collections
@@ -69,8 +70,9 @@ def stream(cmd: list[str], env: dict, log, label: str) -> tuple[int, list[str]]:
     lines. It runs in a session of its own: a cancelled or failing caller takes the whole torchrun
     tree down with it."""
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                          start_new_session=True) as proc:
+    with subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
+    ) as proc:
         try:
             for line in proc.stdout:
                 tail.append(line.rstrip())
@@ -92,8 +94,14 @@ def run_launched(stage: str, cfg: PipelineConfig, out_dir: str, inputs: StageInp
     except MissingContextError:  # called outside a flow (a script, a test)
         log = logging.getLogger("grpo_pipeline.launch")
     resolved = write_resolved(cfg, Path(out_dir) / "resolved.yaml")
-    args = ["--config", str(resolved), "--inputs", str(write_inputs(inputs, Path(out_dir) / "inputs.json")),
-            "--out", out_dir]
+    args = [
+        "--config",
+        str(resolved),
+        "--inputs",
+        str(write_inputs(inputs, Path(out_dir) / "inputs.json")),
+        "--out",
+        out_dir,
+    ]
     launch_id = uuid.uuid4().hex if cfg.launch.nnodes > 1 else None
     cmd = launch_command(cfg.launch, stage, args, launch_id)
     tracking = {"MLFLOW_TRACKING_URI": uri, "MLFLOW_RUN_ID": run_id, UNSENT_ENV: str(unsent_dir(cfg.run_dir.resolve()))}
@@ -105,8 +113,10 @@ def run_launched(stage: str, cfg: PipelineConfig, out_dir: str, inputs: StageInp
         if announced:
             announced.unlink(missing_ok=True)  # over: no machine joins it any more
     if code != 0:
-        raise RuntimeError(f"{stage}: its processes exited with {code}: {cause(last)}\n{' '.join(cmd)}; last lines:\n"
-                           + "\n".join(last))
+        raise RuntimeError(
+            f"{stage}: its processes exited with {code}: {cause(last)}\n{' '.join(cmd)}; last lines:\n"
+            + "\n".join(last)
+        )
     return json.loads((Path(out_dir) / "manifest.json").read_text())
 
 
@@ -136,8 +146,9 @@ def cause(lines: list[str]) -> str:
 ANNOUNCE = "launch.json"
 
 
-def announce(out_dir: Path, launch_id: str, stage: str, launch: LaunchConfig, args: list[str],
-             tracking: dict[str, str]) -> Path:
+def announce(
+    out_dir: Path, launch_id: str, stage: str, launch: LaunchConfig, args: list[str], tracking: dict[str, str]
+) -> Path:
     """Tell the joining machines to start ``stage``'s agent (``launch_id``: this launch; a relaunch
     after a failure has another). ``tracking``: the stage's MLflow run, for rank 0 wherever it lands;
     a tracking URI that holds credentials is left out (set MLFLOW_TRACKING_URI on those machines)."""
@@ -145,8 +156,11 @@ def announce(out_dir: Path, launch_id: str, stage: str, launch: LaunchConfig, ar
     path = Path(out_dir) / ANNOUNCE
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"id": launch_id, "stage": stage, "launch": launch.model_dump(mode="json"),
-                               "args": args, "env": env}))
+    tmp.write_text(
+        json.dumps(
+            {"id": launch_id, "stage": stage, "launch": launch.model_dump(mode="json"), "args": args, "env": env}
+        )
+    )
     tmp.replace(path)
     return path
 
@@ -174,7 +188,10 @@ def join(run_dir: Path, timeout_s: float = 24 * 3600, poll_s: float = 2.0, log=N
 
     log = log or logging.getLogger("grpo_pipeline.join")
     finished = Path(run_dir) / "manifest.json"
-    stamp = lambda: finished.stat().st_mtime_ns if finished.exists() else None  # noqa: E731 (this file system's clock only)
+
+    def stamp():  # (this file system's clock only)
+        return finished.stat().st_mtime_ns if finished.exists() else None
+
     before, start, joined = stamp(), time.monotonic(), set()
     out: dict[str, list[str]] = {"joined": [], "failed": []}
     while time.monotonic() - start < timeout_s:
@@ -184,7 +201,9 @@ def join(run_dir: Path, timeout_s: float = 24 * 3600, poll_s: float = 2.0, log=N
             log.info("joining %s: %s", spec["stage"], " ".join(cmd))
             code, last = stream(cmd, {**os.environ, **spec["env"], "PYTHONUNBUFFERED": "1"}, log, spec["stage"])
             if code != 0:
-                log.warning("%s: this machine's agent exited with %d; last lines:\n%s", spec["stage"], code, "\n".join(last))
+                log.warning(
+                    "%s: this machine's agent exited with %d; last lines:\n%s", spec["stage"], code, "\n".join(last)
+                )
             out["failed" if code else "joined"].append(spec["stage"])
         if stamp() != before:
             return out

@@ -5,6 +5,7 @@ A version points at the ``policy/`` artifacts of its round's MLflow run (a Huggi
 ``mlflow.artifacts.download_artifacts("models:/<name>@champion")`` fetches the champion, which
 ``AutoModelForCausalLM.from_pretrained`` then loads.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -16,8 +17,9 @@ def registered_name(cfg) -> str:
     return cfg.tracking.registered_model or f"{cfg.run_name}-policy"
 
 
-def register_policy(uri: str, name: str, run_id: str, model_dir: str | Path, round_: int, val_accuracy: float,
-                    digest: str) -> str:
+def register_policy(
+    uri: str, name: str, run_id: str, model_dir: str | Path, round_: int, val_accuracy: float, digest: str
+) -> str:
     """Register round ``round_``'s policy; returns its version. Idempotent: a re-run whose round came
     from the cache finds the version with the same round and weights digest instead of adding one."""
     from mlflow.exceptions import MlflowException
@@ -27,8 +29,11 @@ def register_policy(uri: str, name: str, run_id: str, model_dir: str | Path, rou
 
     client = MlflowClient(uri)
     try:
-        client.create_registered_model(name, description="GRPO policies, one version per RL round "
-                                                          "(Hugging Face folders); alias champion = best validation accuracy")
+        client.create_registered_model(
+            name,
+            description="GRPO policies, one version per RL round "
+            "(Hugging Face folders); alias champion = best validation accuracy",
+        )
     except MlflowException as e:
         if e.error_code != "RESOURCE_ALREADY_EXISTS":
             raise
@@ -37,9 +42,12 @@ def register_policy(uri: str, name: str, run_id: str, model_dir: str | Path, rou
             return str(version.version)
     MlflowLogger(uri, run_id).log_artifacts(model_dir, "policy")
     version = client.create_model_version(
-        name, source=f"runs:/{run_id}/policy", run_id=run_id,
+        name,
+        source=f"runs:/{run_id}/policy",
+        run_id=run_id,
         tags={"round": str(round_), "val_accuracy": f"{val_accuracy:.6f}", "digest": digest},
-        description=f"policy after RL round {round_} (validation accuracy {val_accuracy:.4f})")
+        description=f"policy after RL round {round_} (validation accuracy {val_accuracy:.4f})",
+    )
     return str(version.version)
 
 
@@ -54,5 +62,9 @@ def promote_champion(uri: str, name: str, versions: list[str]) -> dict:
     candidates = [client.get_model_version(name, v) for v in versions]
     best = max(candidates, key=lambda v: (float(v.tags.get("val_accuracy", "-1")), -int(v.version)))
     client.set_registered_model_alias(name, CHAMPION, best.version)
-    return {"name": name, "version": str(best.version), "round": int(best.tags["round"]),
-            "val_accuracy": float(best.tags["val_accuracy"])}
+    return {
+        "name": name,
+        "version": str(best.version),
+        "round": int(best.tags["round"]),
+        "val_accuracy": float(best.tags["val_accuracy"]),
+    }

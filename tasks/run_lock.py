@@ -6,6 +6,7 @@ however that process ended, and the next run takes the folder over, saying whose
 Within one process the lock is re-entrant (``rl-rounds`` runs the pipeline flow on its own folder).
 ``flock`` is per machine: on a file system shared by several machines it does not see the others.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -29,8 +30,10 @@ class RunInUse(RuntimeError):
 def _holder(text: str) -> str:
     try:
         h = json.loads(text)
-        return (f"process {h['pid']} on {h['host']} ({h['command']}, since "
-                f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(h['since']))})")
+        return (
+            f"process {h['pid']} on {h['host']} ({h['command']}, since "
+            f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(h['since']))})"
+        )
     except (ValueError, KeyError, TypeError):
         return "another process"
 

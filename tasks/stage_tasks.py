@@ -5,6 +5,7 @@ hits across runs. Ours is keyed on the stage's config sections, the digests of i
 and the library's code version, with persisted results: re-running a recipe skips finished stages.
 A stage whose output folder has gone missing is recomputed rather than served from the cache.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -28,6 +29,7 @@ from grpo_core.stages.outputs import StageOutput
 from grpo_core.tracking import MlflowLogger, unsent_dir
 from tasks.launch import LAUNCHABLE, run_launched
 
+
 class StageLogger(MlflowLogger):
     """A stage's MLflow logger (metric names prefixed by ``tracking.stage_prefix``) that also reports
     validation metrics to the Prefect run log, so a terminal running the flow (and the Prefect UI)
@@ -49,8 +51,9 @@ class StageLogger(MlflowLogger):
 
 
 @contextmanager
-def child_run(uri: str, parent_id: str, stage: str, cfg: PipelineConfig, params: dict | None = None,
-              name: str | None = None) -> Iterator[MlflowLogger]:
+def child_run(
+    uri: str, parent_id: str, stage: str, cfg: PipelineConfig, params: dict | None = None, name: str | None = None
+) -> Iterator[MlflowLogger]:
     """A nested run for one stage, marked FAILED if the stage raises; named ``name`` (default: the
     stage), ``round-<k>/<name>`` under a round's run, so that two rounds' runs differ in a comparison.
     Starting it waits up to ``tracking.wait_s`` for a store that stopped answering; what the stage
@@ -85,8 +88,13 @@ def stage_key(stage: str, cfg: PipelineConfig, inputs: StageInputs, out_dir: Pat
     or moved run folder keeps its keys (its manifests are read where they are: ``read_manifest``)."""
     # A round with a history to replay: rounds.replay_fraction decides its reward models too.
     sections = inputs.sections + (("rounds.replay_fraction",) if getattr(inputs, "replay", None) else ())
-    payload = {"stage": stage, "config": _select(cfg, sections), "upstream": inputs.model_dump(mode="json"),
-               "code": code_version(), "out": str(out_dir.resolve())} | ({"also": also} if (also := inputs.also_reads()) else {})
+    payload = {
+        "stage": stage,
+        "config": _select(cfg, sections),
+        "upstream": inputs.model_dump(mode="json"),
+        "code": code_version(),
+        "out": str(out_dir.resolve()),
+    } | ({"also": also} if (also := inputs.also_reads()) else {})
     payload = moved(payload, str(cfg.run_dir.resolve()), "<run>")
     return f"{stage}-{hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()}"
 
@@ -102,8 +110,7 @@ class StageRun(NamedTuple):
         return self.output.model_dump(mode="json")
 
 
-def run_stage(stage_task, cfg: PipelineConfig, out_dir: str, inputs: StageInputs, uri: str,
-              parent_id: str) -> StageRun:
+def run_stage(stage_task, cfg: PipelineConfig, out_dir: str, inputs: StageInputs, uri: str, parent_id: str) -> StageRun:
     """Run a stage task; returns its output (typed), whether it came from the cache, and its wall time.
 
     A cached result is trusted only while the outputs on disk are the ones it describes: the
@@ -120,7 +127,8 @@ def run_stage(stage_task, cfg: PipelineConfig, out_dir: str, inputs: StageInputs
         log = logging.getLogger("grpo_pipeline.cache")
         log.warning("%s: %s: running the stage again (from its last complete checkpoint, if any)", stage_task.name, why)
     state = stage_task.with_options(refresh_cache=why is not None)(
-        cfg=cfg, out_dir=out_dir, inputs=inputs, uri=uri, parent_id=parent_id, return_state=True)
+        cfg=cfg, out_dir=out_dir, inputs=inputs, uri=uri, parent_id=parent_id, return_state=True
+    )
     try:
         state.result()
     except Exception as e:  # the same error, marked with the stage that raised it (``failed_stage``)
@@ -159,6 +167,7 @@ def trusted(manifest_path: Path, key: str, output: type[StageOutput]) -> str | N
 def _cache_key(stage: str):
     def key_fn(context, parameters: dict[str, Any]) -> str:
         return stage_key(stage, parameters["cfg"], parameters["inputs"], Path(parameters["out_dir"]))
+
     return key_fn
 
 
@@ -170,6 +179,7 @@ def stage_task(stage: str):
     """The Prefect task of ``stage``: its inputs run in this process, or (training stages with
     ``launch.distributed`` or ``launch.own_process``) as processes of their own; the manifest records the output's
     digest, the cache key and the stage's MLflow run."""
+
     @task(name=stage, cache_key_fn=_cache_key(stage), persist_result=True)
     def run(cfg: PipelineConfig, out_dir: str, inputs: StageInputs, uri: str, parent_id: str) -> dict:
         key = stage_key(stage, cfg, inputs, Path(out_dir))
@@ -188,8 +198,10 @@ def stage_task(stage: str):
             manifest["mlflow_run_id"] = log.run_id
             manifest["cache_key"] = key
             return write_manifest(Path(out_dir), manifest, cfg.run_dir)
+
     return run
 
 
 data_task, pretrain_task, sft_task, reward_data_task, replay_task, orm_task, prm_task, grpo_task, eval_task = (
-    stage_task(s) for s in ("data", "pretrain", "sft", "reward_data", "replay", "orm", "prm", "grpo", "eval"))
+    stage_task(s) for s in ("data", "pretrain", "sft", "reward_data", "replay", "orm", "prm", "grpo", "eval")
+)

@@ -5,6 +5,7 @@ Prefect reads PREFECT_HOME and friends from the environment, so the session fixt
 temporary folder before any test imports Prefect: test modules import ``flows``/``tasks``/``prefect``
 lazily, inside the tests that need them.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,7 +27,8 @@ def session_environment(tmp_path_factory) -> Path:
     # Prefect freezes its settings (PREFECT_HOME included) when first imported.
     assert "prefect" not in sys.modules, (
         "prefect was imported before the test environment was set up: import flows/tasks/prefect "
-        "inside tests, not at module level")
+        "inside tests, not at module level"
+    )
     root = tmp_path_factory.mktemp("env")
     saved = {k: os.environ.get(k) for k in _FORCED}
     for k in _FORCED:

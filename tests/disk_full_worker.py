@@ -7,6 +7,7 @@ Trains with a checkpoint every step until the tmpfs is full, records what the fa
 tmpfs (``mount -o remount``) and runs the same stage again; writes what it saw to REPORT.json (outside
 the tmpfs, so that the test can read it once the namespace is gone).
 """
+
 from __future__ import annotations
 
 import json
@@ -46,8 +47,11 @@ def main(root: Path, out: Path, report_path: Path) -> None:
     subprocess.run(["mount", "-o", "remount,size=64m", str(out)], check=True)
     again = NullLogger()
     manifest = run_sft(cfg, root / "data", out / "sft", again)
-    report["again"] = {"steps": manifest["steps"], "first_logged_step": min(s for s, _ in again.history if s),
-                       "model": sorted(os.listdir(manifest["model"]))}
+    report["again"] = {
+        "steps": manifest["steps"],
+        "first_logged_step": min(s for s, _ in again.history if s),
+        "model": sorted(os.listdir(manifest["model"])),
+    }
     report_path.write_text(json.dumps(report))
 
 

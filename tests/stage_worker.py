@@ -9,6 +9,7 @@ when checkpoint k's files are written but not yet in place)}. Every log_metrics 
 to OUT/../<name>.metrics.jsonl (one flushed line per call), so the metrics a killed process logged
 before dying survive it.
 """
+
 from __future__ import annotations
 
 import json

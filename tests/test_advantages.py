@@ -4,6 +4,7 @@ Hand-computed values with the arithmetic in comments, then properties (zero-sum 
 permutation equivariance, zero-spread groups) and a naive-loop reference for the vectorised
 process-supervision code, as in verl's test_core_algos_on_cpu.py.
 """
+
 from __future__ import annotations
 
 import math
@@ -113,10 +114,13 @@ def test_process_min_credit_hand_computed():
     r = torch.tensor([[[1.0, 0.0], [0.0, 1.0]]])
     ends = torch.tensor([[[1, 3], [1, 2]]])  # c1's second step ends at token 2: token 3 has no step ahead
     mask = torch.ones(1, 2, 2, dtype=torch.bool)
-    torch.testing.assert_close(process_advantages(r, ends, mask, 4),
-                               torch.tensor([[[0.0, 0.0, -1.0, -1.0], [0.0, 0.0, 1.0, 0.0]]]))
-    torch.testing.assert_close(process_advantages(r, ends, mask, 4, credit="min"),
-                               torch.tensor([[[-1.0, -1.0, -1.0, -1.0], [-1.0, -1.0, 1.0, 0.0]]]))
+    torch.testing.assert_close(
+        process_advantages(r, ends, mask, 4), torch.tensor([[[0.0, 0.0, -1.0, -1.0], [0.0, 0.0, 1.0, 0.0]]])
+    )
+    torch.testing.assert_close(
+        process_advantages(r, ends, mask, 4, credit="min"),
+        torch.tensor([[[-1.0, -1.0, -1.0, -1.0], [-1.0, -1.0, 1.0, 0.0]]]),
+    )
     with pytest.raises(ValueError, match="credit"):
         process_advantages(r, ends, mask, 4, credit="max")
 
@@ -136,9 +140,12 @@ def naive_process(step_rewards, step_ends, step_mask, seq_len, credit=sum):
             continue
         for i in range(g):
             for t in range(seq_len):
-                ahead = [(float(step_rewards[q, i, j]) - mean) / std for j in range(k)
-                         # an end >= seq_len covers every token, so no clamping is needed here
-                         if step_mask[q, i, j] and int(step_ends[q, i, j]) >= t]
+                ahead = [
+                    (float(step_rewards[q, i, j]) - mean) / std
+                    for j in range(k)
+                    # an end >= seq_len covers every token, so no clamping is needed here
+                    if step_mask[q, i, j] and int(step_ends[q, i, j]) >= t
+                ]
                 out[q, i, t] = credit(ahead) if ahead else 0.0
     return out
 
@@ -157,7 +164,9 @@ def test_process_matches_naive_loop(seed, credit):
     rewards[~mask] = 1e9 if credit == "sum" else -1e9
     adv = process_advantages(rewards, ends, mask, seq_len, credit=credit)
     assert adv.shape == (n, grp, seq_len)
-    torch.testing.assert_close(adv, naive_process(rewards, ends, mask, seq_len, credit={"sum": sum, "min": min}[credit]))
+    torch.testing.assert_close(
+        adv, naive_process(rewards, ends, mask, seq_len, credit={"sum": sum, "min": min}[credit])
+    )
     assert torch.equal(adv[0, 0], torch.zeros(seq_len, dtype=torch.float64))
 
 

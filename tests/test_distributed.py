@@ -1,5 +1,6 @@
 """Data-parallel training: 2 processes (torchrun, gloo on CPU) with global batch B take the same steps
 as 1 process with batch B, and only one MLflow run (the launcher's) receives the metrics."""
+
 from __future__ import annotations
 
 import json
@@ -33,13 +34,32 @@ def test_launch_commands():
     from tasks.launch import launch_command
 
     single_node = launch_command(LaunchConfig(nproc=2), "sft", ["--config", "r.yaml"])
-    assert single_node[1:] == ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
-                               "-m", "grpo_core.stages", "--config", "r.yaml"]
+    assert single_node[1:] == [
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--standalone",
+        "-m",
+        "grpo_core.stages",
+        "--config",
+        "r.yaml",
+    ]
     multi = launch_command(LaunchConfig(nproc=8, nnodes=2, rdzv_endpoint="node0:29400"), "grpo", [])
     assert multi[-6:] == ["--rdzv_backend", "c10d", "--rdzv_endpoint", "node0:29400", "-m", "grpo_core.stages"]
     acc = launch_command(LaunchConfig(nproc=2, launcher="accelerate", accelerate_config="a.yaml"), "pretrain", [])
-    assert acc[1:] == ["-m", "accelerate.commands.launch", "--config_file", "a.yaml", "--num_processes", "2",
-                       "--num_machines", "1", "-m", "grpo_core.stages"]
+    assert acc[1:] == [
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        "a.yaml",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "-m",
+        "grpo_core.stages",
+    ]
     one = launch_command(LaunchConfig(own_process=True), "grpo", ["--out", "o"])  # a process of its own, no torchrun
     assert one == [sys.executable, "-m", "grpo_core.stages", "--out", "o"] and LaunchConfig(own_process=True).launched
     assert not LaunchConfig().launched
@@ -57,8 +77,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run(cfg, inputs, out: Path, nproc: int, tmp_path: Path, name: str, machines: int = 1,
-         strategy: str = "ddp") -> dict[str, list[float]]:
+def _run(
+    cfg, inputs, out: Path, nproc: int, tmp_path: Path, name: str, machines: int = 1, strategy: str = "ddp"
+) -> dict[str, list[float]]:
     """Run a stage's CLI on ``inputs`` in ``nproc`` processes into a fresh MLflow run; returns its
     metric histories by the names the stage logs (the run's carry the stage's prefix). ``machines``
     > 1: that many torchrun agents of ``nproc`` processes each, joined by a c10d rendezvous on
@@ -73,22 +94,31 @@ def _run(cfg, inputs, out: Path, nproc: int, tmp_path: Path, name: str, machines
     exp = client.get_experiment_by_name("dist") or client.get_experiment(client.create_experiment("dist"))
     run_id = client.create_run(exp.experiment_id, run_name=name).info.run_id
     # One process: the stage's own CLI, without torchrun (launch.own_process).
-    launch = (LaunchConfig(nproc=nproc, nnodes=machines, rdzv_endpoint=f"127.0.0.1:{_free_port()}", strategy=strategy)
-              if machines > 1 else LaunchConfig(nproc=nproc, strategy=strategy) if nproc > 1 else LaunchConfig())
+    launch = (
+        LaunchConfig(nproc=nproc, nnodes=machines, rdzv_endpoint=f"127.0.0.1:{_free_port()}", strategy=strategy)
+        if machines > 1
+        else LaunchConfig(nproc=nproc, strategy=strategy)
+        if nproc > 1
+        else LaunchConfig()
+    )
     resolved = write_resolved(cfg.model_copy(update={"launch": launch}), tmp_path / f"{name}.yaml")
     args = ["--inputs", str(write_inputs(inputs, tmp_path / f"{name}.json")), "--out", str(out)]
     cmd = launch_command(launch, inputs.stage, ["--config", str(resolved), *args])
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "MLFLOW_RUN_ID": run_id, "OMP_NUM_THREADS": "1"}
-    agents = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-              for _ in range(machines)]
+    agents = [
+        subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(machines)
+    ]
     for agent in agents:
         stdout, stderr = agent.communicate(timeout=600)
         assert agent.returncode == 0, stdout[-3000:] + stderr[-3000:]
     keys = client.get_run(run_id).data.metrics
     prefix = stage_prefix(inputs.stage)
     assert all(k.startswith(prefix) for k in keys), keys
-    return {k.removeprefix(prefix): [m.value for m in sorted(client.get_metric_history(run_id, k), key=lambda m: m.step)]
-            for k in keys}
+    return {
+        k.removeprefix(prefix): [m.value for m in sorted(client.get_metric_history(run_id, k), key=lambda m: m.step)]
+        for k in keys
+    }
 
 
 def _assert_same_curve(one: list[float], two: list[float]) -> None:
@@ -158,22 +188,35 @@ def test_grpo_on_two_processes_takes_the_steps_of_one(strategy, tiny_cfg, tiny_d
     # scores spread within every group, so the steps have real advantages and gradients.
     torch.manual_seed(0)
     load_reward_model(tiny_model_dir, "orm").save_pretrained(tmp_path / "orm")
-    cfg = tiny_cfg(tmp_path, "grpo.reward_weights={orm: 1.0}", orm__train=True, grpo__max_steps=3, grpo__questions_per_step=4,
-                   grpo__eval_every=3)
+    cfg = tiny_cfg(
+        tmp_path,
+        "grpo.reward_weights={orm: 1.0}",
+        orm__train=True,
+        grpo__max_steps=3,
+        grpo__questions_per_step=4,
+        grpo__eval_every=3,
+    )
     ref = lambda path: Ref(path=str(path), digest="-")  # noqa: E731
     inputs = GRPOInputs(data=ref(tiny_data_dir), init=ref(tiny_model_dir), reward_models={"orm": ref(tmp_path / "orm")})
     one = _run(cfg, inputs, tmp_path / "one", 1, tmp_path, "grpo-1")
     two = _run(cfg, inputs, tmp_path / "two", 2, tmp_path, "grpo-2", strategy=strategy)
     # Same rollouts (samples seeded by global row), same rewards, same updates.
-    for key in ("train/reward_mean", "train/reward_std", "train/completion_len", "train/loss", "train/kl",
-                "train/grad_norm"):
+    for key in (
+        "train/reward_mean",
+        "train/reward_std",
+        "train/completion_len",
+        "train/loss",
+        "train/kl",
+        "train/grad_norm",
+    ):
         _assert_same_curve(one[key], two[key])
     assert len(two["train/loss"]) == 3 and min(one["train/grad_norm"]) > 0 and max(one["train/reward_std"]) > 0
 
 
 @pytest.mark.slow
-def test_dynamic_sampling_and_the_curriculum_on_two_processes_draw_what_one_draws(tiny_cfg, tiny_data_dir,
-                                                                                 tiny_model_dir, tmp_path):
+def test_dynamic_sampling_and_the_curriculum_on_two_processes_draw_what_one_draws(
+    tiny_cfg, tiny_data_dir, tiny_model_dir, tmp_path
+):
     """The answer checker on a policy that is never right: every group lacks spread, so every place
     redraws up to the bound, each process for its own places; the questions each redraw picks (by
     the curriculum) and its samples are those one process picks."""
@@ -182,11 +225,20 @@ def test_dynamic_sampling_and_the_curriculum_on_two_processes_draw_what_one_draw
 
     rates = tmp_path / "pass_rates"
     rates.mkdir()
-    (rates / "pass_rates.jsonl").write_text("".join(
-        json.dumps({"question": e.question, "right": i % 2, "samples": 4}) + "\n"
-        for i, e in enumerate(read_split(tiny_data_dir, "rl"))))
-    cfg = tiny_cfg(tmp_path, grpo__max_steps=2, grpo__questions_per_step=4, grpo__eval_every=2, grpo__redraws=2,
-                   grpo__curriculum=0.5)
+    (rates / "pass_rates.jsonl").write_text(
+        "".join(
+            json.dumps({"question": e.question, "right": i % 2, "samples": 4}) + "\n"
+            for i, e in enumerate(read_split(tiny_data_dir, "rl"))
+        )
+    )
+    cfg = tiny_cfg(
+        tmp_path,
+        grpo__max_steps=2,
+        grpo__questions_per_step=4,
+        grpo__eval_every=2,
+        grpo__redraws=2,
+        grpo__curriculum=0.5,
+    )
     ref = lambda path: Ref(path=str(path), digest="-")  # noqa: E731
     inputs = GRPOInputs(data=ref(tiny_data_dir), init=ref(tiny_model_dir), pass_rates=ref(rates))
     one = _run(cfg, inputs, tmp_path / "one", 1, tmp_path, "sampled-1")
@@ -226,8 +278,14 @@ def test_a_failing_launch_fails_with_the_processes_last_lines(tiny_cfg, tmp_path
     cfg = tiny_cfg(tmp_path, "launch.nproc=2")
     missing = tmp_path / "no-such-data"
     with pytest.raises(RuntimeError, match=r"exited with \d+: (.|\n)*last lines:(.|\n)*no-such-data") as failed:
-        run_launched("sft", cfg, str(tmp_path / "sft"), SFTInputs(data=Ref(path=str(missing), digest="-")),
-                     cfg.tracking.tracking_uri, "no-such-run")
+        run_launched(
+            "sft",
+            cfg,
+            str(tmp_path / "sft"),
+            SFTInputs(data=Ref(path=str(missing), digest="-")),
+            cfg.tracking.tracking_uri,
+            "no-such-run",
+        )
     first = str(failed.value).splitlines()[0]
     assert first.startswith("sft: its processes exited with ") and "Error" in first and "no-such-data" in first, first
     assert not (tmp_path / "sft" / "manifest.json").exists()
@@ -271,26 +329,52 @@ def test_reward_models_on_two_processes_take_the_steps_of_one(kind, strategy, he
     from grpo_core.stages.inputs import INPUTS, Ref, reward_datasets
 
     sums = [(a, b) for a in range(2, 9) for b in range(1, 4)]
+
     def solution(a, b, right, steps):
         lines = [f"{a} + {b} = {a + b + (0 if right else 1)}"] + [f"{a + b} - 0 = {a + b}"] * (steps - 1)
         return "\n".join(lines + [f"#### {a + b + (0 if right else 1)}"])
+
     data = {
-        "pairs": [{"prompt": prompt_text(f"What is {a} + {b}?"), "chosen": solution(a, b, True, 1 + i % 3),
-                     "rejected": solution(a, b, False, 1 + (i + 1) % 3)} for i, (a, b) in enumerate(sums)],
-        "solutions": [{"prompt": prompt_text(f"What is {a} + {b}?"), "completion": solution(a, b, i % 2 == 0, 2),
-                       "correct": i % 2 == 0} for i, (a, b) in enumerate(sums)],
-        "steps": [{"prompt": prompt_text(f"What is {a} + {b}?"), "completion": text, "completions": text.split("\n"),
-                   "labels": labels, "soft_labels": [float(x) for x in labels], "exact_labels": labels}
-                  for i, (a, b) in enumerate(sums)
-                  for text in [solution(a, b, i % 2 == 0, 1 + i % 3)]
-                  for labels in [[i % 2 == 0 or k == 0 for k in range(len(text.split("\n")))]]],
+        "pairs": [
+            {
+                "prompt": prompt_text(f"What is {a} + {b}?"),
+                "chosen": solution(a, b, True, 1 + i % 3),
+                "rejected": solution(a, b, False, 1 + (i + 1) % 3),
+            }
+            for i, (a, b) in enumerate(sums)
+        ],
+        "solutions": [
+            {
+                "prompt": prompt_text(f"What is {a} + {b}?"),
+                "completion": solution(a, b, i % 2 == 0, 2),
+                "correct": i % 2 == 0,
+            }
+            for i, (a, b) in enumerate(sums)
+        ],
+        "steps": [
+            {
+                "prompt": prompt_text(f"What is {a} + {b}?"),
+                "completion": text,
+                "completions": text.split("\n"),
+                "labels": labels,
+                "soft_labels": [float(x) for x in labels],
+                "exact_labels": labels,
+            }
+            for i, (a, b) in enumerate(sums)
+            for text in [solution(a, b, i % 2 == 0, 1 + i % 3)]
+            for labels in [[i % 2 == 0 or k == 0 for k in range(len(text.split("\n")))]]
+        ],
     }
     reward_data = {}
     for name, rows in data.items():
         path = tmp_path / "rd" / name
-        DatasetDict({"train": Dataset.from_list(rows[:16]), "test": Dataset.from_list(rows[16:])}).save_to_disk(str(path))
+        DatasetDict({"train": Dataset.from_list(rows[:16]), "test": Dataset.from_list(rows[16:])}).save_to_disk(
+            str(path)
+        )
         reward_data[f"{name}_dir"], reward_data[f"{name}_digest"] = str(path), digest_dir(path, "*.arrow")
-    cfg = tiny_cfg(tmp_path, **{f"{kind}__batch_size": 6, f"{kind}__epochs": 1, f"{kind}__lr": 1e-3, f"{kind}__head": head})
+    cfg = tiny_cfg(
+        tmp_path, **{f"{kind}__batch_size": 6, f"{kind}__epochs": 1, f"{kind}__lr": 1e-3, f"{kind}__head": head}
+    )
     inputs = INPUTS[kind](reward_data=reward_datasets(reward_data), init=Ref(path=str(tiny_model_dir), digest="-"))
     one = _run(cfg, inputs, tmp_path / "one", 1, tmp_path, f"{kind}-1")
     two = _run(cfg, inputs, tmp_path / "two", 2, tmp_path, f"{kind}-2", strategy=strategy)
@@ -311,12 +395,22 @@ def test_a_run_on_two_machines_rehearsed_with_join(prefect_harness, tiny_cfg, tm
     from flows.pipeline import pipeline
 
     alone = pipeline(tiny_cfg(tmp_path, run_name="alone", sft__max_steps=3, grpo__max_steps=2))
-    cfg = tiny_cfg(tmp_path, "launch.nnodes=2", f"launch.rdzv_endpoint=127.0.0.1:{_free_port()}", run_name="two",
-                   sft__max_steps=3, grpo__max_steps=2)
+    cfg = tiny_cfg(
+        tmp_path,
+        "launch.nnodes=2",
+        f"launch.rdzv_endpoint=127.0.0.1:{_free_port()}",
+        run_name="two",
+        sft__max_steps=3,
+        grpo__max_steps=2,
+    )
     run_dir = tmp_path / "runs" / "two"
-    machine_1 = subprocess.Popen([sys.executable, "-m", "flows.cli", "join", str(run_dir), "--timeout", "600"],
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                 env={**os.environ, "OMP_NUM_THREADS": "1"})
+    machine_1 = subprocess.Popen(
+        [sys.executable, "-m", "flows.cli", "join", str(run_dir), "--timeout", "600"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     try:
         two = pipeline(cfg)
         out, err = machine_1.communicate(timeout=120)
@@ -340,7 +434,6 @@ def test_a_run_on_two_machines_rehearsed_with_join(prefect_harness, tiny_cfg, tm
 def _launch_and_kill_after(cmd: list[str], env: dict, checkpoints: Path, step: int) -> None:
     """Start ``cmd`` and SIGKILL its whole process tree (torchrun and its ranks, which torchrun puts in
     sessions of their own: no handler, no cleanup) once checkpoint ``step`` is complete."""
-    import time
 
     import psutil  # accelerate's dependency
 
@@ -377,8 +470,14 @@ def test_a_sharded_run_killed_resumes_on_two_processes_and_on_one(tiny_cfg, tiny
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     for resumed_on in (2, 1):
         out = tmp_path / f"killed-{resumed_on}"
-        args = ["--config", str(write_resolved(fsdp, tmp_path / "fsdp.yaml")),
-                "--inputs", str(write_inputs(inputs, tmp_path / "inputs.json")), "--out", str(out)]
+        args = [
+            "--config",
+            str(write_resolved(fsdp, tmp_path / "fsdp.yaml")),
+            "--inputs",
+            str(write_inputs(inputs, tmp_path / "inputs.json")),
+            "--out",
+            str(out),
+        ]
         _launch_and_kill_after(launch_command(fsdp.launch, "sft", args), env, out / "checkpoints", 2)
         done = int(latest_checkpoint(out / "checkpoints").name.removeprefix("step-"))  # 2, or a little past it
         assert not (out / "manifest.json").exists() and done < 8

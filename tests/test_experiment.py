@@ -1,6 +1,7 @@
 """The experiment flow's presets (``compare``, ``study``, ``baseline``) give every variant the same
 training seconds: what the run's GRPO trained (``train_s``), not its wall time (which counts its
 evaluations); the baseline the sum over every round. Checked on each variant's recipe, without training."""
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,10 @@ def _finished_run(tmp_path, tiny_cfg):
     run.mkdir()
     (run / "config.yaml").write_text(yaml.safe_dump(tiny_cfg(tmp_path).model_dump(mode="json")))
     model = {"model": str(run / "model"), "digest": "d"}
-    grpo = [{"stage": "grpo", **model, "best_val_accuracy": 0.5, "best_step": 3, "train_s": t, "wall_s": w}
-            for t, w in ((10.0, 15.0), (12.5, 19.0))]  # wall time includes evaluations
+    grpo = [
+        {"stage": "grpo", **model, "best_val_accuracy": 0.5, "best_step": 3, "train_s": t, "wall_s": w}
+        for t, w in ((10.0, 15.0), (12.5, 19.0))
+    ]  # wall time includes evaluations
     rms = {kind: {"stage": kind, **model} for kind in ("orm", "prm")}
     manifest = {"stages": {"sft": {"final_lr": 1e-4}}, "rounds": [{"stages": {"grpo": g, **rms}} for g in grpo]}
     (run / "manifest.json").write_text(json.dumps(manifest))
@@ -46,8 +49,9 @@ def test_equal_samples_and_an_explicit_time(tmp_path, tiny_cfg):
 
     run = str(_finished_run(tmp_path, tiny_cfg))
     s = setup(run, "study", None, None, 5, None)
-    assert [s.config("ppo", 0).grpo.max_steps] == [5] and [s.config("prm-process-2-rounds", 0, k).grpo.max_steps
-                                                        for k in (1, 2)] == [2, 3]
+    assert [s.config("ppo", 0).grpo.max_steps] == [5] and [
+        s.config("prm-process-2-rounds", 0, k).grpo.max_steps for k in (1, 2)
+    ] == [2, 3]
     assert s.config("continued-sft", 0).sft.max_seconds == 10.0  # continued SFT keeps the time
     assert setup(run, "compare", None, 7.0, None, None).config("rule-outcome", 0).grpo.max_seconds == 7.0
     with pytest.raises(ValueError, match="unknown baseline variant"):
@@ -92,8 +96,15 @@ def test_rows_compare_with_uniform_and_count_steps_with_a_gradient(tmp_path, tin
     from flows.experiment import Run, format_table, setup, variant_row
 
     s = setup(str(_finished_run(tmp_path, tiny_cfg)), "sampling", None, None, 5, None)
-    run = lambda seed, zero: Run(seed=seed, model={"path": "m", "digest": "d"}, train_s=1.0, steps=2,  # noqa: E731
-                                 peak_memory={}, curve=[], rewards=[{"frac_batch_zero_std": z} for z in zero])
+    run = lambda seed, zero: Run(  # noqa: E731
+        seed=seed,
+        model={"path": "m", "digest": "d"},
+        train_s=1.0,
+        steps=2,  # noqa: E731
+        peak_memory={},
+        curve=[],
+        rewards=[{"frac_batch_zero_std": z} for z in zero],
+    )
     accs = {"uniform": [0.10, 0.12], "dynamic": [0.15, 0.16]}
     row = variant_row(s, "dynamic", [run(0, [1.0, 0.5]), run(1, [0.0, 0.0])], {}, 0.1, accs, 1)
     assert row["gain_over_uniform"] == pytest.approx(0.045)
@@ -121,8 +132,15 @@ def test_a_row_reports_the_last_policy_beside_the_kept_one_and_names_a_kept_step
     assert "last step: accuracy, vs SFT (95% CI)" in table and "0 (the SFT model), 4" in table and "13.5, +3.5" in table
     assert "lora_rank" not in row and "LoRA" not in table
     (tmp_path / "l").mkdir()
-    lora = setup(str(_finished_run(tmp_path / "l", tiny_cfg)), "sampling", None, None, 5, None,
-                 overrides=["grpo.lora={rank: 4, alpha: 8}", "grpo.beta=0.0"])
+    lora = setup(
+        str(_finished_run(tmp_path / "l", tiny_cfg)),
+        "sampling",
+        None,
+        None,
+        5,
+        None,
+        overrides=["grpo.lora={rank: 4, alpha: 8}", "grpo.beta=0.0"],
+    )
     row = variant_row(lora, "dynamic", [kept_0, kept_last], {}, 0.10, {"dynamic": [0.10, 0.14]}, 1)
     assert "| dynamic (LoRA rank 4) |" in format_table({"samples": 1, "rows": [row]})
 
@@ -136,8 +154,17 @@ def test_stage_outputs_are_typed_and_name_a_missing_field():
     from grpo_core.stages.outputs import GRPOOutput, StageOutput
 
     assert all(issubclass(cls.output, StageOutput) for cls in INPUTS.values())
-    manifest = {"stage": "grpo", "model": "m", "digest": "d", "best_val_accuracy": 0.9, "best_step": 4,
-                "train_s": 12.0, "wall_s": 15.0, "steps": 8, "n_custom": 3}
+    manifest = {
+        "stage": "grpo",
+        "model": "m",
+        "digest": "d",
+        "best_val_accuracy": 0.9,
+        "best_step": 4,
+        "train_s": 12.0,
+        "wall_s": 15.0,
+        "steps": 8,
+        "n_custom": 3,
+    }
     out = INPUTS["grpo"].output.model_validate(manifest)
     assert (out.ref.path, out.train_s, out.algorithm, out.model_extra) == ("m", 12.0, "grpo", {"n_custom": 3})
     with pytest.raises(ValidationError, match="train_s"):

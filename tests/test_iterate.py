@@ -2,6 +2,7 @@
 happens to the reward models between rounds differs (frozen, retrained with the recipe's replay
 share, without replay, half replayed); its rows carry paired intervals against ``frozen``. Checked
 on the arms' recipes and on the stages they would run (recorded, not trained)."""
+
 from __future__ import annotations
 
 import json
@@ -9,7 +10,7 @@ import json
 import pytest
 import yaml
 
-from flows.variants import FROZEN, PRESETS, RETRAINED, VARIANTS
+from flows.variants import FROZEN, PRESETS, RETRAINED
 
 ARMS = PRESETS["iterate"].variants
 
@@ -17,13 +18,22 @@ ARMS = PRESETS["iterate"].variants
 def _finished_run(tmp_path, tiny_cfg, **recipe):
     run = tmp_path / "run"
     run.mkdir(parents=True)
-    cfg = tiny_cfg(tmp_path, grpo__reward_weights={"orm": 1.0}, grpo__max_steps=7, grpo__curriculum=0.0,
-                   orm__train=True, rounds__count=2, **recipe)
+    cfg = tiny_cfg(
+        tmp_path,
+        grpo__reward_weights={"orm": 1.0},
+        grpo__max_steps=7,
+        grpo__curriculum=0.0,
+        orm__train=True,
+        rounds__count=2,
+        **recipe,
+    )
     (run / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
     model = {"model": str(run / "model"), "digest": "d"}
     grpo = {"stage": "grpo", **model, "best_val_accuracy": 0.5, "best_step": 3, "train_s": 10.0, "wall_s": 15.0}
-    manifest = {"stages": {"sft": {"final_lr": 1e-4}, "data": {"stage": "data", "dir": str(run / "data"), "digest": "d"}},
-                "rounds": [{"stages": {"grpo": grpo, "orm": {"stage": "orm", **model}}}]}
+    manifest = {
+        "stages": {"sft": {"final_lr": 1e-4}, "data": {"stage": "data", "dir": str(run / "data"), "digest": "d"}},
+        "rounds": [{"stages": {"grpo": grpo, "orm": {"stage": "orm", **model}}}],
+    }
     (run / "manifest.json").write_text(json.dumps(manifest))
     return run
 
@@ -53,23 +63,49 @@ class Recorder:
 
         self.grpo.append((cfg, inputs))
         k = len(self.grpo)
-        out = GRPOOutput(stage="grpo", model=f"{out_dir}/model", digest=f"policy-{k}", best_val_accuracy=0.5,
-                         best_step=1, train_s=2.0, wall_s=3.0, steps=cfg.grpo.max_steps, rollouts=out_dir,
-                         rewards=[{"step": i, "elapsed_s": float(i), "accuracy": 0.5} for i in range(cfg.grpo.max_steps)])
+        out = GRPOOutput(
+            stage="grpo",
+            model=f"{out_dir}/model",
+            digest=f"policy-{k}",
+            best_val_accuracy=0.5,
+            best_step=1,
+            train_s=2.0,
+            wall_s=3.0,
+            steps=cfg.grpo.max_steps,
+            rollouts=out_dir,
+            rewards=[{"step": i, "elapsed_s": float(i), "accuracy": 0.5} for i in range(cfg.grpo.max_steps)],
+        )
         return type("StageRun", (), {"output": out})
 
     def reward_stages(self, cfg, k, round_dir, run_dir, data, sft, start, common):
         from flows.experiment import Ref
 
         self.retrained.append((cfg, k, start))
-        stage = lambda ref, seconds, **extra: type("StageRun", (), {"output": type("Out", (), {  # noqa: E731
-            "ref": Ref(path=ref, digest=ref), "wall_s": seconds, **extra})})
-        return {"reward_data": stage("data", 4.0, pass_rates_ref=None), "replay": stage(f"buffer-{k}", 1.0),
-                "orm": stage(f"orm-{k}", 6.0, quality_gate={})}
+        stage = lambda ref, seconds, **extra: type(  # noqa: E731
+            "StageRun",
+            (),
+            {
+                "output": type(
+                    "Out",
+                    (),
+                    {  # noqa: E731
+                        "ref": Ref(path=ref, digest=ref),
+                        "wall_s": seconds,
+                        **extra,
+                    },
+                )
+            },
+        )
+        return {
+            "reward_data": stage("data", 4.0, pass_rates_ref=None),
+            "replay": stage(f"buffer-{k}", 1.0),
+            "orm": stage(f"orm-{k}", 6.0, quality_gate={}),
+        }
 
 
-@pytest.mark.parametrize("arm, replay", [(FROZEN, None), (RETRAINED, 0.1), ("retrained-no-replay", 0.0),
-                                         ("retrained-replay-50", 0.5)])
+@pytest.mark.parametrize(
+    "arm, replay", [(FROZEN, None), (RETRAINED, 0.1), ("retrained-no-replay", 0.0), ("retrained-replay-50", 0.5)]
+)
 def test_an_arm_retrains_only_what_it_says_with_its_replay_share(tmp_path, tiny_cfg, monkeypatch, arm, replay):
     import flows.experiment as experiment
 
@@ -87,7 +123,7 @@ def test_an_arm_retrains_only_what_it_says_with_its_replay_share(tmp_path, tiny_
     if replay is None:  # frozen: the round-1 ORM the whole way, nothing retrained
         assert rec.retrained == [] and second.reward_models == first.reward_models and run.extra_s == 0
         return
-    (cfg, k, start), = rec.retrained
+    ((cfg, k, start),) = rec.retrained
     assert (k, cfg.rounds.replay_fraction, cfg.orm.train, cfg.prm.train) == (2, replay, True, False)
     assert start.policy.digest == "policy-1" and start.reward_models == first.reward_models
     assert second.reward_models["orm"].digest == "orm-2"  # round 2 trains on the retrained ORM
@@ -100,10 +136,26 @@ def test_rows_carry_paired_intervals_against_frozen_and_the_staleness(tmp_path, 
     s = setup(str(_finished_run(tmp_path, tiny_cfg)), "iterate", None, None, None, None)
 
     def run(seed, aucs):  # one recorded step per AUC, 2 mixed groups each
-        rewards = [{"step": i, "elapsed_s": float(i), "accuracy": 0.5, "orm_mean": 0.6, "orm_within_auc": a,
-                    "orm_mixed_groups": 2.0} for i, a in enumerate(aucs)]
-        return Run(seed=seed, model={"path": "m", "digest": "d"}, train_s=1.0, steps=len(aucs), peak_memory={},
-                   curve=[], rewards=rewards)
+        rewards = [
+            {
+                "step": i,
+                "elapsed_s": float(i),
+                "accuracy": 0.5,
+                "orm_mean": 0.6,
+                "orm_within_auc": a,
+                "orm_mixed_groups": 2.0,
+            }
+            for i, a in enumerate(aucs)
+        ]
+        return Run(
+            seed=seed,
+            model={"path": "m", "digest": "d"},
+            train_s=1.0,
+            steps=len(aucs),
+            peak_memory={},
+            curve=[],
+            rewards=rewards,
+        )
 
     accs = {FROZEN: [0.50, 0.52, 0.55], RETRAINED: [0.53, 0.56, 0.57], "retrained-no-replay": [0.52, 0.52, 0.58]}
     runs = [run(i, [0.9] * 20 + [0.8] * 20 + [0.7] * 20) for i in range(3)]
@@ -116,7 +168,11 @@ def test_rows_carry_paired_intervals_against_frozen_and_the_staleness(tmp_path, 
     assert low < row["gain_over_frozen"] < high
     # Windows of 20 steps: the first, the middle (steps 20-39) and the last, each with its mixed
     # groups over the seeds (20 steps x 2 x 3 seeds).
-    assert (row["orm_within_auc_start_mean"], row["orm_within_auc_middle_mean"], row["orm_within_auc_end_mean"]) == (0.9, 0.8, 0.7)
+    assert (row["orm_within_auc_start_mean"], row["orm_within_auc_middle_mean"], row["orm_within_auc_end_mean"]) == (
+        0.9,
+        0.8,
+        0.7,
+    )
     assert row["orm_mixed_groups_middle"] == 120
     table = format_table({"samples": 1, "rows": [row]})
     assert "vs frozen (95% CI)" in table and "vs retrained (95% CI)" in table
@@ -148,19 +204,33 @@ def test_a_variant_on_a_reward_model_that_failed_its_gate_says_so_in_its_row_and
     run_dir = _finished_run(tmp_path, tiny_cfg)
     manifest = json.loads((run_dir / "manifest.json").read_text())
     gate = {"metric": "within_question_auc", "value": 0.5, "threshold": 0.6, "passed": False}
-    manifest["rounds"][0]["stages"]["orm"] |= {"heldout": {"within_question_auc": 0.5, "auc": 0.52}, "quality_gate": gate}
+    manifest["rounds"][0]["stages"]["orm"] |= {
+        "heldout": {"within_question_auc": 0.5, "auc": 0.52},
+        "quality_gate": gate,
+    }
     (run_dir / "manifest.json").write_text(json.dumps(manifest))
     s = setup(str(run_dir), "iterate", None, None, None, None)
     runs = [Run(seed=0, model={"path": "m", "digest": "d"}, train_s=1.0, steps=1, peak_memory={}, curve=[], rewards=[])]
     row = variant_row(s, FROZEN, runs, {}, 0.4, {FROZEN: [0.5]}, 1)
     sentence = gate_failure("orm", gate)  # the rounds' own sentence (its wording: test_rounds.py)
     assert sentence and row["quality_warnings"] == [sentence]
-    result = {"preset": "iterate", "run_name": "r", "budget": {"steps": 14, "seconds": None}, "seeds": 1,
-              "n_test": 10, "n_sampled": 0, "samples": 1, "rows": [row], "figures": {}}
+    result = {
+        "preset": "iterate",
+        "run_name": "r",
+        "budget": {"steps": 14, "seconds": None},
+        "seeds": 1,
+        "n_test": 10,
+        "n_sampled": 0,
+        "samples": 1,
+        "rows": [row],
+        "figures": {},
+    }
     assert f"> **Warning ({FROZEN}): {sentence}.**" in report(result, "x")
     manifest["rounds"][0]["stages"]["orm"]["quality_gate"]["passed"] = True
     (run_dir / "manifest.json").write_text(json.dumps(manifest))
-    passed = variant_row(setup(str(run_dir), "iterate", None, None, None, None), FROZEN, runs, {}, 0.4, {FROZEN: [0.5]}, 1)
+    passed = variant_row(
+        setup(str(run_dir), "iterate", None, None, None, None), FROZEN, runs, {}, 0.4, {FROZEN: [0.5]}, 1
+    )
     assert "quality_warnings" not in passed
 
 
@@ -201,7 +271,9 @@ def test_iterate_flow_on_a_tiny_run(prefect_harness, tmp_path, tiny_cfg, monkeyp
     recipe["rounds"] |= {"count": 2, "replay_fraction": 0.5}
     recipe["prm"]["train"] = False
     (tmp_path / "regime.yaml").write_text(yaml.safe_dump(recipe))
-    out = experiment(str(run_dir), "iterate", [FROZEN, RETRAINED], seeds=2, eval_every=1, recipe=str(tmp_path / "regime.yaml"))
+    out = experiment(
+        str(run_dir), "iterate", [FROZEN, RETRAINED], seeds=2, eval_every=1, recipe=str(tmp_path / "regime.yaml")
+    )
 
     assert out["dir"] == str(run_dir / "iterate" / "regime-steps-4-eval1") and out["budget"]["steps"] == 4
     rows = {r["variant"]: r for r in out["rows"]}
@@ -215,8 +287,10 @@ def test_iterate_flow_on_a_tiny_run(prefect_harness, tmp_path, tiny_cfg, monkeyp
     # Each retrained ORM's quality gate, as the pipeline's rounds apply it, said in the arm's row.
     from grpo_core.rewards.gate import gate_failure
 
-    gates = [json.loads((seed.parent / f"seed-{i}" / "round-2" / "orm" / "manifest.json").read_text())["quality_gate"]
-             for i in (0, 1)]
+    gates = [
+        json.loads((seed.parent / f"seed-{i}" / "round-2" / "orm" / "manifest.json").read_text())["quality_gate"]
+        for i in (0, 1)
+    ]
     said = [f"round 2, seed {i}: {f}" for i, g in enumerate(gates) if (f := gate_failure("orm", g))]
     assert [w for w in rows[RETRAINED].get("quality_warnings", []) if w.startswith("round ")] == said
     from grpo_core.rewards.replay import replay_size

@@ -1,5 +1,6 @@
 """The rounds and MLflow journey (docs/mlflow.md): the page's commands, read from it and run as
 written in a copy of the project (``make ui`` aside), then what the page says MLflow shows."""
+
 from __future__ import annotations
 
 import json
@@ -24,7 +25,9 @@ def _commands(page: Path) -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not (ROOT / ".venv" / "bin" / "grpo-pipeline").exists(), reason="needs the project's .venv (make venv)")
+@pytest.mark.skipif(
+    not (ROOT / ".venv" / "bin" / "grpo-pipeline").exists(), reason="needs the project's .venv (make venv)"
+)
 def test_the_rounds_and_mlflow_journey_runs_as_written_in_the_docs(tmp_path):
     from mlflow.tracking import MlflowClient
 
@@ -38,31 +41,49 @@ def test_the_rounds_and_mlflow_journey_runs_as_written_in_the_docs(tmp_path):
 
     client = MlflowClient(f"sqlite:///{project / 'mlflow.db'}")  # the project's own store, as `make ui` opens it
     exp = client.get_experiment_by_name("grpo-pipeline")
-    parents = {r.info.run_name: r for r in client.search_runs([exp.experiment_id], "tags.pipeline = 'deepseekmath-grpo'")}
+    parents = {
+        r.info.run_name: r for r in client.search_runs([exp.experiment_id], "tags.pipeline = 'deepseekmath-grpo'")
+    }
     assert set(parents) == {"minute", "minute: to round 2", "minute-lr"}
     first, more, other = parents["minute"], parents["minute: to round 2"], parents["minute-lr"]
     assert more.data.tags["continues"] == first.info.run_id
 
     def children(run) -> dict:
-        return {r.info.run_name: r for r in client.search_runs(
-            [exp.experiment_id], f"tags.mlflow.parentRunId = '{run.info.run_id}'")}
+        return {
+            r.info.run_name: r
+            for r in client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{run.info.run_id}'")
+        }
 
     assert sorted(children(more)) == ["round-2"]  # round 1 (and the SFT model's eval) not logged again
     round1, round2 = children(first)["round-1"], children(more)["round-2"]
     assert more.data.tags["round_run.1"] == round1.info.run_id and more.data.tags["round_run.2"] == round2.info.run_id
     # Two rounds: the headline metrics first, round 2 against round 1 with its interval; the settings differ in round.
     names = sorted(round2.data.metrics)
-    assert names[:6] == ["headline/kl", "headline/minus_previous_round", "headline/minus_previous_round_high",
-                         "headline/minus_previous_round_low", "headline/reward_mean", "headline/test_accuracy"]
-    differ = {k for k in round1.data.params.keys() | round2.data.params.keys()
-              if round1.data.params.get(k) != round2.data.params.get(k)}
+    assert names[:6] == [
+        "headline/kl",
+        "headline/minus_previous_round",
+        "headline/minus_previous_round_high",
+        "headline/minus_previous_round_low",
+        "headline/reward_mean",
+        "headline/test_accuracy",
+    ]
+    differ = {
+        k
+        for k in round1.data.params.keys() | round2.data.params.keys()
+        if round1.data.params.get(k) != round2.data.params.get(k)
+    }
     assert differ == {"round"}
     # Two recipes: the parents' parameters differ in grpo.lr and run_name; the gain over SFT leads the metrics.
-    differ = {k for k in first.data.params.keys() | other.data.params.keys()
-              if first.data.params.get(k) != other.data.params.get(k)}
+    differ = {
+        k
+        for k in first.data.params.keys() | other.data.params.keys()
+        if first.data.params.get(k) != other.data.params.get(k)
+    }
     assert differ == {"grpo.lr", "run_name"}
     assert sorted(other.data.metrics)[0].startswith("eval/gain_over_sft")
-    assert {"test_accuracy.png", "grpo_curves.png"} <= {Path(a.path).name for a in client.list_artifacts(first.info.run_id, "figures")}
+    assert {"test_accuracy.png", "grpo_curves.png"} <= {
+        Path(a.path).name for a in client.list_artifacts(first.info.run_id, "figures")
+    }
     # What `rounds` printed: round 2 against round 1, with its interval.
     manifest = json.loads((project / "runs" / "minute" / "manifest.json").read_text())
     assert [r["round"] for r in manifest["rounds"]] == [1, 2]
@@ -73,18 +94,30 @@ def test_the_rounds_and_mlflow_journey_runs_as_written_in_the_docs(tmp_path):
     moved = tmp_path / "moved"
     shutil.copytree(project, moved, symlinks=True)
     shutil.rmtree(project)
-    more = subprocess.run([sys.executable, "-m", "flows.cli", "rounds", "runs/minute", "--rounds", "1", "--json"],
-                          cwd=moved, env=env, capture_output=True, text=True, timeout=600)
+    more = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "rounds", "runs/minute", "--rounds", "1", "--json"],
+        cwd=moved,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert more.returncode == 0, more.stderr[-3000:]
     client = MlflowClient(f"sqlite:///{moved / 'mlflow.db'}")
     runs = client.search_runs([exp.experiment_id])
-    assert len(runs) > len(parents) + 1 and all(r.info.artifact_uri.startswith((moved / "mlartifacts").as_uri()) for r in runs)
+    assert len(runs) > len(parents) + 1 and all(
+        r.info.artifact_uri.startswith((moved / "mlartifacts").as_uri()) for r in runs
+    )
     parents = client.search_runs([exp.experiment_id], "tags.pipeline = 'deepseekmath-grpo'")
     assert {r.info.run_name for r in parents} == {"minute", "minute: to round 2", "minute-lr", "minute: to round 3"}
     for run in parents:
         figures = client.list_artifacts(run.info.run_id, "figures")
         assert figures, run.info.run_name
-        assert Path(client.download_artifacts(run.info.run_id, figures[0].path, str(tmp_path / run.info.run_id))).stat().st_size
+        assert (
+            Path(client.download_artifacts(run.info.run_id, figures[0].path, str(tmp_path / run.info.run_id)))
+            .stat()
+            .st_size
+        )
 
 
 def test_a_moved_project_re_points_its_environment_on_the_next_make(tmp_path):
@@ -98,10 +131,12 @@ def test_a_moved_project_re_points_its_environment_on_the_next_make(tmp_path):
     shutil.copy(ROOT / "Makefile", old)
     for name in ("requirements.txt", "pyproject.toml", "grpo_core/__init__.py"):
         (old / name).touch()
-    files = {old / ".venv" / "bin" / "tool": f"#!{old}/.venv/bin/python3\nprint(1)\n",
-             old / ".venv" / "bin" / "activate": f'VIRTUAL_ENV="{old}/.venv"\n',
-             site / "__editable___grpo_pipeline_0_1_0_finder.py": f"MAPPING = {{'grpo_core': '{old}/grpo_core'}}\n",
-             site / "grpo_pipeline-0.1.0.dist-info" / "direct_url.json": f'{{"url": "file://{old}"}}\n'}
+    files = {
+        old / ".venv" / "bin" / "tool": f"#!{old}/.venv/bin/python3\nprint(1)\n",
+        old / ".venv" / "bin" / "activate": f'VIRTUAL_ENV="{old}/.venv"\n',
+        site / "__editable___grpo_pipeline_0_1_0_finder.py": f"MAPPING = {{'grpo_core': '{old}/grpo_core'}}\n",
+        site / "grpo_pipeline-0.1.0.dist-info" / "direct_url.json": f'{{"url": "file://{old}"}}\n',
+    }
     for path, text in files.items():
         path.write_text(text)
     stamp = old / ".venv" / "bin" / ".installed"

@@ -3,6 +3,7 @@ and in another it is SIGKILLed (no exception handler, no cleanup) right after ch
 checkpoint k is being written, then run again. The re-run resumes from the last complete
 checkpoint and logs the same losses, step for step, and ends with the same weights, bit for bit
 (CPU, the same thread count: nothing in these stages depends on timing)."""
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,16 @@ STAGES = {  # overrides, and the checkpoint the kill follows
     "grpo": ({"grpo__max_steps": 4, "grpo__checkpoint_every": 1, "grpo__eval_every": 2, "grpo__beta": 0.04}, 2),
     "orm": ({"orm__batch_size": 2, "orm__epochs": 2, "orm__lr": 1e-3, "orm__checkpoint_every": 1}, 3),
     "prm": ({"prm__batch_size": 2, "prm__epochs": 2, "prm__lr": 1e-3, "prm__checkpoint_every": 1}, 3),
-    "prm-likelihood": ({"prm__batch_size": 2, "prm__epochs": 2, "prm__lr": 1e-3, "prm__checkpoint_every": 1,
-                        "prm__head": "likelihood"}, 3),
+    "prm-likelihood": (
+        {
+            "prm__batch_size": 2,
+            "prm__epochs": 2,
+            "prm__lr": 1e-3,
+            "prm__checkpoint_every": 1,
+            "prm__head": "likelihood",
+        },
+        3,
+    ),
 }
 
 
@@ -39,30 +48,49 @@ def reward_data(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("reward_data")
 
     def step_row(q, text, labels):
-        return {"prompt": q, "completions": text.split("\n"), "labels": labels,
-                "soft_labels": [float(x) for x in labels], "exact_labels": labels, "completion": text}
+        return {
+            "prompt": q,
+            "completions": text.split("\n"),
+            "labels": labels,
+            "soft_labels": [float(x) for x in labels],
+            "exact_labels": labels,
+            "completion": text,
+        }
 
     # Distinct rows, so that a resume at the wrong batch or in another order changes the losses.
     pairs, solutions, steps = [], [], []
     for a, b in ((7, 5), (3, 4), (9, 1), (2, 8), (6, 6)):
         q = prompt_text(f"What is {a} + {b} - 1?")
-        right, wrong = f"{a} + {b} = {a + b}\n{a + b} - 1 = {a + b - 1}\n#### {a + b - 1}", \
-            f"{a} + {b} = {a + b + 1}\n{a + b + 1} - 1 = {a + b}\n#### {a + b}"
+        right, wrong = (
+            f"{a} + {b} = {a + b}\n{a + b} - 1 = {a + b - 1}\n#### {a + b - 1}",
+            f"{a} + {b} = {a + b + 1}\n{a + b + 1} - 1 = {a + b}\n#### {a + b}",
+        )
         pairs.append({"prompt": q, "chosen": right, "rejected": wrong})
-        solutions += [{"prompt": q, "completion": right, "correct": True},
-                      {"prompt": q, "completion": wrong, "correct": False}]
+        solutions += [
+            {"prompt": q, "completion": right, "correct": True},
+            {"prompt": q, "completion": wrong, "correct": False},
+        ]
         steps += [step_row(q, right, [True] * 3), step_row(q, wrong, [False] * 3)]
     out = {}
-    for name, train, test in (("pairs", pairs[:4], pairs[4:]), ("solutions", solutions[:8], solutions[8:]),
-                              ("steps", steps[:4], steps[8:])):
+    for name, train, test in (
+        ("pairs", pairs[:4], pairs[4:]),
+        ("solutions", solutions[:8], solutions[8:]),
+        ("steps", steps[:4], steps[8:]),
+    ):
         DatasetDict({"train": Dataset.from_list(train), "test": Dataset.from_list(test)}).save_to_disk(str(root / name))
         out[f"{name}_dir"], out[f"{name}_digest"] = str(root / name), digest_dir(root / name, "*.arrow")
     return out
 
 
 def _run(tmp_path: Path, stage: str, out: str, deps: dict, kill: dict | None = None) -> int:
-    spec = {"stage": stage, "root": str(tmp_path), "out": str(tmp_path / out), "overrides": STAGES[stage][0],
-            "kill": kill, **deps}
+    spec = {
+        "stage": stage,
+        "root": str(tmp_path),
+        "out": str(tmp_path / out),
+        "overrides": STAGES[stage][0],
+        "kill": kill,
+        **deps,
+    }
     path = tmp_path / f"{out}-{len(list(tmp_path.glob(out + '-*.json')))}.json"
     path.write_text(json.dumps(spec))
     done = subprocess.run([sys.executable, str(WORKER), str(path)], capture_output=True, text=True, timeout=600)
@@ -95,13 +123,21 @@ def _assert_same_end(a: Path, b: Path) -> None:
         assert not different, f"{x.name}: {different}"
 
 
-@pytest.mark.parametrize("stage, kill", [
-    ("sft", "after_checkpoint"), ("sft", "while_writing"),
-    ("grpo", "after_checkpoint"), ("grpo", "while_writing"),
-    ("orm", "after_checkpoint"), ("prm", "after_checkpoint"), ("prm-likelihood", "after_checkpoint"),
-])
-def test_a_hard_kill_then_a_rerun_equals_a_straight_run(tmp_path, tiny_data_dir, tiny_model_dir, reward_data,
-                                                        stage, kill):
+@pytest.mark.parametrize(
+    "stage, kill",
+    [
+        ("sft", "after_checkpoint"),
+        ("sft", "while_writing"),
+        ("grpo", "after_checkpoint"),
+        ("grpo", "while_writing"),
+        ("orm", "after_checkpoint"),
+        ("prm", "after_checkpoint"),
+        ("prm-likelihood", "after_checkpoint"),
+    ],
+)
+def test_a_hard_kill_then_a_rerun_equals_a_straight_run(
+    tmp_path, tiny_data_dir, tiny_model_dir, reward_data, stage, kill
+):
     deps = {"data_dir": str(tiny_data_dir), "model_dir": str(tiny_model_dir), "reward_data": reward_data}
     at = STAGES[stage][1]
     assert _run(tmp_path, stage, "straight", deps) == 0

@@ -1,5 +1,6 @@
 """The zero-training verifier (a causal LM's own token probabilities) and the metric GRPO's
 group-normalised reward sees (ranking within one question), by hand."""
+
 from __future__ import annotations
 
 import math
@@ -33,7 +34,8 @@ def test_a_step_is_as_sure_as_the_least_likely_token_so_far():
     assert step_lowest_logprobs(logp, ends, mask).exp()[0].tolist() == pytest.approx([0.5, 0.3, 0.3])
     # A surer start does not lift a later step: 0.9 then 0.8 -> 0.9, 0.8.
     assert step_lowest_logprobs(logp[:, [0, 2]], torch.tensor([[0, 1]]), torch.tensor([[True, True]])).exp()[
-        0].tolist() == pytest.approx([0.9, 0.8])
+        0
+    ].tolist() == pytest.approx([0.9, 0.8])
     # Two steps and a padding slot: the second step holds tokens 2..5; padding reads log 1.
     ends, mask = torch.tensor([[1, 5, 0]]), torch.tensor([[True, True, False]])
     lowest = step_lowest_logprobs(logp, ends, mask)
@@ -110,11 +112,13 @@ def test_prm_step_metrics_rank_a_prm_by_its_lowest_step_within_a_question():
     The wrong solution of a is caught at its first wrong step (the first below 0.5)."""
     from grpo_core.stages.reward_model import prm_step_metrics
 
-    rows = [{"prompt": "a", "labels": [True, True], "exact_labels": None},
-            {"prompt": "a", "labels": [True, False], "exact_labels": None},
-            {"prompt": "a", "labels": [], "exact_labels": None},
-            {"prompt": "b", "labels": [True], "exact_labels": None},
-            {"prompt": "b", "labels": [False], "exact_labels": None}]
+    rows = [
+        {"prompt": "a", "labels": [True, True], "exact_labels": None},
+        {"prompt": "a", "labels": [True, False], "exact_labels": None},
+        {"prompt": "a", "labels": [], "exact_labels": None},
+        {"prompt": "b", "labels": [True], "exact_labels": None},
+        {"prompt": "b", "labels": [False], "exact_labels": None},
+    ]
     m = prm_step_metrics([[0.9, 0.8], [0.7, 0.2], [], [0.3], [0.6]], rows)
     assert (m["within_question_auc"], m["mixed_questions"]) == (0.5, 2)
     # b's wrong solution is not caught (0.6 >= 0.5): 1 of the 2 with an error.
@@ -135,13 +139,20 @@ def test_the_lm_reading_is_math_shepherds_plus_against_minus(tmp_path, tiny_mode
     head = load_reward_model(tiny_model_dir, "prm", "lm").eval()
     lm, tok = load_model(tiny_model_dir)
     plus, minus = tok("+", add_special_tokens=False).input_ids[0], tok("-", add_special_tokens=False).input_ids[0]
-    assert isinstance(head, VerifierHead) and head.token_ids == (plus, minus) and (head.scale.item(), head.bias.item()) == (1, 0)
+    assert (
+        isinstance(head, VerifierHead)
+        and head.token_ids == (plus, minus)
+        and (head.scale.item(), head.bias.item()) == (1, 0)
+    )
     rollout = encode(tok, ["What is 2 + 3 - 1?\n", "What is 9 - 4?\n"], ["2 + 3 = 5\n5 - 1 = 4\n#### 4", "#### 5"])
     ends, mask = rollout_step_ends(tok, rollout, "\n")
     with torch.no_grad():
         steps, whole = prm_step_logits(head, rollout, ends), orm_logits(head, rollout)
-        logits = lm(input_ids=rollout.input_ids, attention_mask=rollout.attention_mask,
-                    position_ids=position_ids(rollout.attention_mask)).logits
+        logits = lm(
+            input_ids=rollout.input_ids,
+            attention_mask=rollout.attention_mask,
+            position_ids=position_ids(rollout.attention_mask),
+        ).logits
     p = rollout.prompt_len
     for i in range(2):
         for k in range(int(mask[i].sum())):

@@ -3,6 +3,7 @@ and is saved, with the digest of its base; an adapter folder loads as its base w
 merged; the reference is the policy with its adapter off; a run cut into two "windows" that pass
 only the checkpoint's files through a folder ends with the adapter of one uninterrupted run; an
 adapter whose base changed is refused in one line."""
+
 from __future__ import annotations
 
 import json
@@ -21,15 +22,26 @@ from grpo_core.stages.sft import run_sft
 from grpo_core.tracking import NullLogger
 
 LORA = {"rank": 4, "alpha": 8}
-GRPO = dict(grpo__lora=LORA, grpo__keep_best=False, grpo__max_steps=4, grpo__checkpoint_every=1, grpo__eval_every=2, grpo__beta=0.04,
-            grpo__inner_updates=2, grpo__minibatch_size=3)
+GRPO = dict(
+    grpo__lora=LORA,
+    grpo__keep_best=False,
+    grpo__max_steps=4,
+    grpo__checkpoint_every=1,
+    grpo__eval_every=2,
+    grpo__beta=0.04,
+    grpo__inner_updates=2,
+    grpo__minibatch_size=3,
+)
 
 
 @pytest.fixture
 def parity(monkeypatch):
     """1.0 when a completion's character codes sum to an odd number: a reward with spread."""
-    monkeypatch.setattr(rewards_mod, "rule_reward",
-                        lambda completions, golds: torch.tensor([float(sum(map(ord, c)) % 2) for c in completions]))
+    monkeypatch.setattr(
+        rewards_mod,
+        "rule_reward",
+        lambda completions, golds: torch.tensor([float(sum(map(ord, c)) % 2) for c in completions]),
+    )
 
 
 def _weights(path: Path) -> dict[str, torch.Tensor]:
@@ -40,15 +52,21 @@ def _train_metrics(log: NullLogger) -> dict[int, dict]:
     return {s: m for s, m in log.history if "train/loss" in m}
 
 
-def test_grpo_trains_and_saves_the_adapter_alone_and_its_reference_is_the_base(tmp_path, tiny_cfg, tiny_data_dir,
-                                                                            tiny_model_dir, parity):
+def test_grpo_trains_and_saves_the_adapter_alone_and_its_reference_is_the_base(
+    tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir, parity
+):
     log = NullLogger()
     # step 1's pass is at the start; the last model published (keep-best would keep the start here)
     one_update = GRPO | {"grpo__inner_updates": 1, "grpo__minibatch_size": 6, "grpo__keep_best": False}
     manifest = run_grpo(tiny_cfg(tmp_path, **one_update), tiny_data_dir, tiny_model_dir, tmp_path / "grpo", log)
     model_dir = Path(manifest["model"])
     assert sorted(p.name for p in model_dir.iterdir() if "token" not in p.name) == [
-        "README.md", "adapter_base.json", "adapter_config.json", "adapter_model.safetensors", "generation_config.json"]
+        "README.md",
+        "adapter_base.json",
+        "adapter_config.json",
+        "adapter_model.safetensors",
+        "generation_config.json",
+    ]
     assert "Question: <question>\\nAnswer:\\n" in (model_dir / "README.md").read_text()  # the prompt, its last newline
     base = json.loads((model_dir / "adapter_base.json").read_text())
     assert Path(base["path"]) == tiny_model_dir.resolve()
@@ -94,13 +112,16 @@ def test_the_reference_is_the_policy_with_its_adapter_off(tiny_model_dir):
 
 
 def test_two_windows_passing_the_checkpoint_through_a_folder_end_with_one_runs_adapter(
-        tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir, parity):
+    tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir, parity
+):
     """Window 1 runs 2 of 4 steps; only its newest checkpoint's files travel (a folder copied to a
     fresh run folder, as a device call carries them); window 2 resumes there: the adapter of 4 steps
     straight, bit for bit."""
     full = tiny_cfg(tmp_path, **GRPO)
     run_grpo(full, tiny_data_dir, tiny_model_dir, tmp_path / "straight")
-    run_grpo(tiny_cfg(tmp_path, **(GRPO | {"grpo__max_steps": 2})), tiny_data_dir, tiny_model_dir, tmp_path / "window-1")
+    run_grpo(
+        tiny_cfg(tmp_path, **(GRPO | {"grpo__max_steps": 2})), tiny_data_dir, tiny_model_dir, tmp_path / "window-1"
+    )
     newest = sorted((tmp_path / "window-1" / "checkpoints").glob("step-*"))[-1]
     assert newest.name == "step-00000002" and not (newest / "model.safetensors").exists()  # the adapter alone
     shutil.copytree(newest, tmp_path / "window-2" / "checkpoints" / newest.name)
@@ -110,8 +131,9 @@ def test_two_windows_passing_the_checkpoint_through_a_folder_end_with_one_runs_a
     assert a == b
 
 
-def test_sft_with_lora_then_grpo_with_lora_chains_the_adapters(tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir,
-                                                              parity):
+def test_sft_with_lora_then_grpo_with_lora_chains_the_adapters(
+    tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir, parity
+):
     cfg = tiny_cfg(tmp_path, sft__lora=LORA, model__init="pretrained", model__path=str(tiny_model_dir), **GRPO)
     sft = Path(run_sft(cfg, tiny_data_dir, tmp_path / "sft")["model"])
     assert adapters.is_adapter(sft)
@@ -120,12 +142,14 @@ def test_sft_with_lora_then_grpo_with_lora_chains_the_adapters(tmp_path, tiny_cf
     assert load_model(grpo)[0].config.vocab_size == load_model(tiny_model_dir)[0].config.vocab_size
 
 
-def test_an_adapter_whose_base_changed_is_refused_in_one_line(tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir,
-                                                              parity):
+def test_an_adapter_whose_base_changed_is_refused_in_one_line(
+    tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir, parity
+):
     base = tmp_path / "base"
     shutil.copytree(tiny_model_dir, base)
-    model_dir = Path(run_grpo(tiny_cfg(tmp_path, **(GRPO | {"grpo__max_steps": 1})), tiny_data_dir, base,
-                              tmp_path / "grpo")["model"])
+    model_dir = Path(
+        run_grpo(tiny_cfg(tmp_path, **(GRPO | {"grpo__max_steps": 1})), tiny_data_dir, base, tmp_path / "grpo")["model"]
+    )
     other, tok = load_model(base)
     with torch.no_grad():
         next(other.parameters()).add_(0.01)
@@ -139,19 +163,28 @@ def test_an_adapter_whose_base_changed_is_refused_in_one_line(tmp_path, tiny_cfg
 
 
 def test_a_moved_project_keeps_its_adapters_and_another_shape_of_adapter_is_refused(
-        tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir, parity):
+    tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir, parity
+):
     project = tmp_path / "project"
     shutil.copytree(tiny_model_dir, project / "base")
-    model_dir = Path(run_grpo(tiny_cfg(tmp_path, **(GRPO | {"grpo__max_steps": 1})), tiny_data_dir, project / "base",
-                              project / "grpo")["model"])
+    model_dir = Path(
+        run_grpo(
+            tiny_cfg(tmp_path, **(GRPO | {"grpo__max_steps": 1})), tiny_data_dir, project / "base", project / "grpo"
+        )["model"]
+    )
     before = _weights(model_dir)
     project.rename(tmp_path / "moved")  # the base's absolute path is gone; beside the adapter, it is not
     after = _weights(tmp_path / "moved" / "grpo" / "model")
     assert all(torch.equal(before[k], after[k]) for k in before)
     other = tiny_cfg(tmp_path, **(GRPO | {"grpo__lora": {"rank": 8, "alpha": 8}}))
     with pytest.raises(ModelError, match="an adapter of rank 4.*the recipe's lora is rank 8"):
-        run_grpo(other, tiny_data_dir, tmp_path / "moved" / "base", tmp_path / "again",
-                 adapter=tmp_path / "moved" / "grpo" / "model")
+        run_grpo(
+            other,
+            tiny_data_dir,
+            tmp_path / "moved" / "base",
+            tmp_path / "again",
+            adapter=tmp_path / "moved" / "grpo" / "model",
+        )
 
 
 def test_lora_settings_an_algorithm_or_launch_cannot_use_are_refused(tmp_path, tiny_cfg, tiny_data_dir):

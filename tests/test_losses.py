@@ -4,6 +4,7 @@ Hand-computed loss values for every aggregation, arithmetic in comments (the hab
 test_ppo_loss.py); clipping checked through its gradient; the paper's 1/G * 1/|o_i| weighting
 checked through autograd at ratio 1.
 """
+
 from __future__ import annotations
 
 import math
@@ -165,8 +166,13 @@ def test_all_masked_rows_contribute_zero(agg):
     garbage = torch.tensor([[7.0, -9.0]], dtype=torch.float64)
     logp2 = torch.cat([logp, garbage]).requires_grad_(True)
     loss2, m = grpo_loss(
-        logp2, torch.cat([old, -garbage]), torch.cat([ref, garbage * 3]), torch.cat([adv, garbage * 5]),
-        torch.cat([mask, torch.zeros(1, 2, dtype=mask.dtype)]), beta=BETA, agg=agg,
+        logp2,
+        torch.cat([old, -garbage]),
+        torch.cat([ref, garbage * 3]),
+        torch.cat([adv, garbage * 5]),
+        torch.cat([mask, torch.zeros(1, 2, dtype=mask.dtype)]),
+        beta=BETA,
+        agg=agg,
     )
     assert torch.isfinite(loss2)
     loss2.backward()
@@ -181,7 +187,9 @@ def test_all_masked_rows_contribute_zero(agg):
 @pytest.mark.parametrize("agg", sorted(EXPECTED))
 def test_fully_masked_batch_is_finite_zero(agg):
     logp = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
-    loss, m = grpo_loss(logp, logp.detach() - 0.3, logp.detach() + 0.2, torch.randn(4, 3), torch.zeros(4, 3), beta=BETA, agg=agg)
+    loss, m = grpo_loss(
+        logp, logp.detach() - 0.3, logp.detach() + 0.2, torch.randn(4, 3), torch.zeros(4, 3), beta=BETA, agg=agg
+    )
     assert loss.item() == 0.0
     loss.backward()
     assert torch.equal(logp.grad, torch.zeros(4, 3, dtype=torch.float64))
@@ -222,8 +230,11 @@ def test_weighted_rows_equal_the_rows_repeated(agg):
     loss_full, m_full = grpo_loss(full, old[repeat], ref[repeat], adv[repeat], mask[repeat], beta=BETA, agg=agg)
     once = logp.clone().requires_grad_(True)
     loss_once, m_once = grpo_loss(once, old, ref, adv, mask, beta=BETA, agg=agg, weights=torch.tensor([2.0, 1.0]))
-    hand = {"seq-mean-token-mean": (2 * ROW0 / 2 - 1.2) / 3, "token-mean": (2 * ROW0 - 1.2) / 5,
-            "seq-mean-token-sum-norm": (2 * ROW0 / 2 - 1.2 / 2) / 3}
+    hand = {
+        "seq-mean-token-mean": (2 * ROW0 / 2 - 1.2) / 3,
+        "token-mean": (2 * ROW0 - 1.2) / 5,
+        "seq-mean-token-sum-norm": (2 * ROW0 / 2 - 1.2 / 2) / 3,
+    }
     assert loss_once.item() == pytest.approx(hand[agg], abs=1e-9)
     assert loss_full.item() == pytest.approx(hand[agg], abs=1e-9)
     loss_full.backward()

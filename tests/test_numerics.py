@@ -2,6 +2,7 @@
 effect in this process and in every process the pipeline starts for a stage, a user's own setting
 wins, and the manifests say which was used. Without them MKL picks kernels by memory alignment, and
 a resumed run drifts from a straight one in the last bits (seen on an AMD EPYC)."""
+
 from __future__ import annotations
 
 import os
@@ -41,8 +42,9 @@ def test_the_project_sets_what_the_user_has_not_and_says_who_set_what(monkeypatc
 
 @needs_mkl
 @pytest.mark.parametrize("user", [None, "COMPATIBLE"])
-def test_a_stage_process_computes_in_the_projects_mode_or_the_users(user, tiny_cfg, tiny_data_dir, tmp_path,
-                                                                    monkeypatch):
+def test_a_stage_process_computes_in_the_projects_mode_or_the_users(
+    user, tiny_cfg, tiny_data_dir, tmp_path, monkeypatch
+):
     """A stage started as the pipeline starts one (its own process, ``python -m grpo_core.stages``),
     from an environment without the setting: it applies it itself; with the user's: it keeps it.
     The stage's manifest reports the mode MKL itself says it computes in."""
@@ -55,8 +57,9 @@ def test_a_stage_process_computes_in_the_projects_mode_or_the_users(user, tiny_c
     else:
         monkeypatch.setenv("MKL_CBWR", user)
     cfg = tiny_cfg(tmp_path, "launch.own_process=true", sft__max_steps=1, sft__eval_every=1)
-    manifest = run_launched("sft", cfg, str(tmp_path / "sft"), SFTInputs(data=Ref(path=str(tiny_data_dir), digest="-")),
-                            uri="", run_id="")
+    manifest = run_launched(
+        "sft", cfg, str(tmp_path / "sft"), SFTInputs(data=Ref(path=str(tiny_data_dir), digest="-")), uri="", run_id=""
+    )
     numerics = manifest["numerics"]
     assert numerics["mkl_mode"] == (user or "AUTO")
     assert numerics["settings"]["MKL_CBWR"] == {"value": user or "AUTO", "set_by": "user" if user else "project"}
@@ -68,10 +71,13 @@ def test_torch_computing_before_grpo_core_is_imported_is_a_warning():
     """MKL fixes its mode at its first call: a script that computes before importing grpo_core gets
     MKL's default, and is told so."""
     env = {k: v for k, v in os.environ.items() if k not in ("MKL_CBWR", DEFAULTED)}
-    script = ("import torch; torch.ones(4, 4) @ torch.ones(4, 4)\n"
-              "from grpo_core.lm.runtime import numerics; print(numerics()['mkl_mode'])")
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120,
-                          cwd=ROOT)
+    script = (
+        "import torch; torch.ones(4, 4) @ torch.ones(4, 4)\n"
+        "from grpo_core.lm.runtime import numerics; print(numerics()['mkl_mode'])"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["OFF"]
     assert "MKL computes in mode OFF but MKL_CBWR is 'AUTO'" in done.stderr

@@ -4,6 +4,7 @@ child runs, and content caching (a re-run skips finished stages; a deleted outpu
 Prefect and the flow are imported inside the test, after the session fixture has pointed
 PREFECT_HOME at a temporary folder.
 """
+
 from __future__ import annotations
 
 import json
@@ -75,14 +76,17 @@ def test_pipeline_end_to_end_and_cached_rerun(prefect_harness, tmp_path, tiny_cf
     assert 0 < profile["stage_share"] <= 1.0  # (a tiny run is mostly Prefect and MLflow bookkeeping)
     assert sum(profile["stages_s"].values()) == pytest.approx(profile["stage_share"] * profile["wall_s"], rel=1e-2)
     assert parent.data.metrics["time/stage/round-1/grpo_s"] == profile["stages_s"]["round-1/grpo"]
-    children = mlflow_client.search_runs(
-        [exp_id], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    children = mlflow_client.search_runs([exp_id], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
     by_name = {r.info.run_name: r for r in children}
     assert sorted(by_name) == ["data", "eval", "round-1", "sft"]
     round_run = by_name["round-1"]
     assert parent.data.tags["round_run.1"] == round_run.info.run_id == round1["mlflow_run_id"]
-    in_round = {r.info.run_name: r for r in mlflow_client.search_runs(
-        [exp_id], filter_string=f"tags.mlflow.parentRunId = '{round_run.info.run_id}'")}
+    in_round = {
+        r.info.run_name: r
+        for r in mlflow_client.search_runs(
+            [exp_id], filter_string=f"tags.mlflow.parentRunId = '{round_run.info.run_id}'"
+        )
+    }
     assert sorted(in_round) == ["round-1/eval", "round-1/grpo"]  # the round in the name: rounds differ in a comparison
     for run in [parent, *children, *in_round.values()]:
         assert run.info.status == "FINISHED"
@@ -123,7 +127,8 @@ def test_pipeline_end_to_end_and_cached_rerun(prefect_harness, tmp_path, tiny_cf
     assert (run_dir / "eval" / "manifest.json").exists()
     assert manifest3["eval"] == manifest["eval"]  # greedy evaluation of the same models
     children3 = mlflow_client.search_runs(
-        [exp_id], filter_string=f"tags.mlflow.parentRunId = '{third['mlflow_run_id']}'")
+        [exp_id], filter_string=f"tags.mlflow.parentRunId = '{third['mlflow_run_id']}'"
+    )
     assert sorted(r.info.run_name for r in children3) == ["eval"]  # (the round: all from the cache)
 
     # ---- damaged outputs (docs/reliability.md): SFT's published weights cut short, a manifest that
@@ -158,8 +163,13 @@ def test_pipeline_end_to_end_and_cached_rerun(prefect_harness, tmp_path, tiny_cf
     assert str(run_dir) not in json.dumps(manifest5)
     assert made_elsewhere(elsewhere / "e2e") is None
     # With no result in this Prefect home the task itself serves what is on disk (no MLflow run opened).
-    done = data_task.fn(cfg=moved_cfg, out_dir=str(elsewhere / "e2e" / "data"), inputs=DataInputs(),
-                        uri="sqlite:///nowhere/mlflow.db", parent_id="none")
+    done = data_task.fn(
+        cfg=moved_cfg,
+        out_dir=str(elsewhere / "e2e" / "data"),
+        inputs=DataInputs(),
+        uri="sqlite:///nowhere/mlflow.db",
+        parent_id="none",
+    )
     assert Path(done["dir"]) == elsewhere / "e2e" / "data"
 
 
@@ -170,8 +180,7 @@ def test_failed_stage_marks_runs_failed(prefect_harness, tmp_path, tiny_cfg, mlf
     from grpo_core.data import DataError
 
     # Operands 1..1 in pairs allow only two distinct questions: the data stage cannot draw 10.
-    cfg = tiny_cfg(tmp_path, run_name="broken", data__arithmetic__max_operand=1,
-                   data__arithmetic__operand_counts=[2])
+    cfg = tiny_cfg(tmp_path, run_name="broken", data__arithmetic__max_operand=1, data__arithmetic__operand_counts=[2])
     with pytest.raises(DataError, match="cannot draw"):
         pipeline(cfg)
     assert not (tmp_path / "runs" / "broken" / "manifest.json").exists()
@@ -193,10 +202,27 @@ def test_cli_run_prints_summary(prefect_harness, tmp_path, tiny_cfg, capsys):
     recipe = tmp_path / "tiny.yaml"
     recipe.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
     svamp = tmp_path / "svamp.jsonl"  # a further held-out set in SVAMP's form, named on the command line
-    svamp.write_text("".join(json.dumps({"Body": f"Sam has {i} apples.", "Question": f"What is {i} + 2?",
-                                         "Answer": float(i + 2)}) + "\n" for i in range(7)))
-    main(["run", str(recipe), "--set", "grpo.max_steps=2", "--set", "run_name=viacli2",
-          "--set", f"data.held_out.svamp.file={svamp}", "--set", "data.held_out.svamp.format=svamp", "--json"])
+    svamp.write_text(
+        "".join(
+            json.dumps({"Body": f"Sam has {i} apples.", "Question": f"What is {i} + 2?", "Answer": float(i + 2)}) + "\n"
+            for i in range(7)
+        )
+    )
+    main(
+        [
+            "run",
+            str(recipe),
+            "--set",
+            "grpo.max_steps=2",
+            "--set",
+            "run_name=viacli2",
+            "--set",
+            f"data.held_out.svamp.file={svamp}",
+            "--set",
+            "data.held_out.svamp.format=svamp",
+            "--json",
+        ]
+    )
     summary = json.loads(capsys.readouterr().out)
     run_dir = Path(cfg.output_dir) / "viacli2"
     assert summary["run_dir"] == str(run_dir)
@@ -220,11 +246,15 @@ def test_cli_run_prints_summary(prefect_harness, tmp_path, tiny_cfg, capsys):
     metrics = MlflowClient(summary["tracking_uri"]).get_run(manifest["mlflow_run_id"]).data.metrics
     assert metrics["eval/svamp/policy/accuracy"] == held_out["policy"] and "eval/svamp/gain_over_sft_low" in metrics
     summary_md, _ = _prefect_summary("viacli2-summary")
-    assert "| model | test accuracy (10 questions) | minus SFT, paired (95% interval) | svamp accuracy (7 questions) |" in summary_md
+    assert (
+        "| model | test accuracy (10 questions) | minus SFT, paired (95% interval) | svamp accuracy (7 questions) |"
+        in summary_md
+    )
 
 
-def test_pipeline_with_reward_models_and_process_supervision(prefect_harness, tmp_path, tiny_cfg,
-                                                             mlflow_client, monkeypatch):
+def test_pipeline_with_reward_models_and_process_supervision(
+    prefect_harness, tmp_path, tiny_cfg, mlflow_client, monkeypatch
+):
     """reward_data -> orm, prm -> GRPO with PRM process supervision: child runs, datasets logged as
     MLflow inputs, TRL-form datasets on disk, and a cached rerun that skips every stage."""
     import grpo_core.rewards.labels as reward_data_mod
@@ -234,11 +264,25 @@ def test_pipeline_with_reward_models_and_process_supervision(prefect_harness, tm
     # An untrained tiny policy is never right; a parity "checker" gives the mixed groups that pairs
     # and step labels need, so the wiring is exercised end to end.
     monkeypatch.setattr(reward_data_mod, "is_correct", lambda text, gold: sum(map(ord, text)) % 2 == 1)
-    cfg = tiny_cfg(tmp_path, "grpo.reward_weights={prm: 1.0, rule: 0.5}", run_name="rm", sft__max_steps=2,
-                   grpo__max_steps=2, grpo__supervision="process", orm__train=True, prm__train=True,
-                   reward_data__questions=8, reward_data__samples_per_question=3, reward_data__max_new_tokens=12,
-                   reward_data__mc_rollouts=2, reward_data__heldout_fraction=0.25, orm__batch_size=4,
-                   prm__batch_size=4, orm__lr=1e-3, prm__lr=1e-3)
+    cfg = tiny_cfg(
+        tmp_path,
+        "grpo.reward_weights={prm: 1.0, rule: 0.5}",
+        run_name="rm",
+        sft__max_steps=2,
+        grpo__max_steps=2,
+        grpo__supervision="process",
+        orm__train=True,
+        prm__train=True,
+        reward_data__questions=8,
+        reward_data__samples_per_question=3,
+        reward_data__max_new_tokens=12,
+        reward_data__mc_rollouts=2,
+        reward_data__heldout_fraction=0.25,
+        orm__batch_size=4,
+        prm__batch_size=4,
+        orm__lr=1e-3,
+        prm__lr=1e-3,
+    )
     manifest = pipeline(cfg)
     run_dir = tmp_path / "runs" / "rm"
     assert set(manifest["reward_models"]) == {"orm", "prm"}
@@ -248,7 +292,12 @@ def test_pipeline_with_reward_models_and_process_supervision(prefect_harness, tm
         assert stage["replay"]["replay"] == 0 and stage["replay"]["share"] == 0.0  # round 1 has no history
     pairs = load_from_disk(str(run_dir / "round-1" / "reward_data" / "pairs"))
     steps = load_from_disk(str(run_dir / "round-1" / "reward_data" / "steps"))
-    assert set(pairs) == {"train", "test"} and pairs["train"].column_names == ["prompt", "chosen", "rejected", "origin_round"]
+    assert set(pairs) == {"train", "test"} and pairs["train"].column_names == [
+        "prompt",
+        "chosen",
+        "rejected",
+        "origin_round",
+    ]
     assert {"prompt", "completions", "labels"} <= set(steps["train"].column_names)
 
     round_run = mlflow_client.get_run(manifest["rounds"][0]["mlflow_run_id"])
@@ -260,8 +309,12 @@ def test_pipeline_with_reward_models_and_process_supervision(prefect_harness, tm
     assert names[:3] == ["headline/kl", "headline/reward_mean", "headline/test_accuracy"], names[:5]
     assert round_run.data.metrics["headline/test_accuracy"] == round_run.data.metrics["round/test_accuracy"]
     assert any(n.startswith("rm/") for n in names)
-    children = {r.info.run_name: r for r in mlflow_client.search_runs(
-        [round_run.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{round_run.info.run_id}'")}
+    children = {
+        r.info.run_name: r
+        for r in mlflow_client.search_runs(
+            [round_run.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{round_run.info.run_id}'"
+        )
+    }
     assert sorted(children) == [f"round-1/{s}" for s in ("eval", "grpo", "orm", "prm", "replay", "reward_data")]
     prm_inputs = [d.dataset.name for d in children["round-1/prm"].inputs.dataset_inputs]
     assert prm_inputs == ["reward_data/steps"]
@@ -275,18 +328,28 @@ def test_pipeline_with_reward_models_and_process_supervision(prefect_harness, tm
     assert all(Path(p).read_bytes()[:4] == b"\x89PNG" for p in manifest["figures"].values())
     parent = mlflow_client.get_run(manifest["mlflow_run_id"])
     assert sorted(a.path for a in mlflow_client.list_artifacts(parent.info.run_id, "figures")) == [
-        "figures/grpo_curves.png", "figures/reward_models.png", "figures/test_accuracy.png"]
+        "figures/grpo_curves.png",
+        "figures/reward_models.png",
+        "figures/test_accuracy.png",
+    ]
     assert "Artifacts -> `figures`" in parent.data.tags["mlflow.note.content"]
 
     again = pipeline(cfg)
-    assert sorted(again["cached_stages"]) == ["data", "eval", *(f"round-1/{s}" for s in (
-        "eval", "grpo", "orm", "prm", "replay", "reward_data")), "sft"]
+    assert sorted(again["cached_stages"]) == [
+        "data",
+        "eval",
+        *(f"round-1/{s}" for s in ("eval", "grpo", "orm", "prm", "replay", "reward_data")),
+        "sft",
+    ]
     summary, flow_runs = _prefect_summary("rm-summary")
     assert {"rm", "rm-2", "rm/round-1"} <= flow_runs  # the recipe's run_name, numbered on a rerun
     lines = summary.splitlines()
     header = lines.index("| model | test accuracy (10 questions) | minus SFT, paired (95% interval) | MLflow run |")
     assert lines[header + 1] == "|---|---|---|---|" and lines[header + 2].startswith("| SFT | ")
-    assert lines[header + 3].startswith("| round 1 policy (final) | ") and "?workflowType=machine_learning)" in lines[header + 3]
+    assert (
+        lines[header + 3].startswith("| round 1 policy (final) | ")
+        and "?workflowType=machine_learning)" in lines[header + 3]
+    )
     assert any(line.startswith("| ORM | 1 | within_question_auc ") for line in lines) and "| | |" not in summary
     assert summary.count("](data:image/png;base64,") == 3
 
@@ -301,8 +364,9 @@ def _prefect_summary(key: str) -> tuple[str, set[str]]:
         return artifact.data, {r.name for r in client.read_flow_runs()}
 
 
-def test_compare_flow_reuses_the_runs_grpo_and_tabulates(prefect_harness, tmp_path, tiny_cfg, mlflow_client,
-                                                          monkeypatch):
+def test_compare_flow_reuses_the_runs_grpo_and_tabulates(
+    prefect_harness, tmp_path, tiny_cfg, mlflow_client, monkeypatch
+):
     """compare: the variant equal to the run's GRPO is reused, the others train for the seconds it
     trained, one eval covers all."""
     import grpo_core.rewards.labels as reward_data_mod
@@ -310,31 +374,50 @@ def test_compare_flow_reuses_the_runs_grpo_and_tabulates(prefect_harness, tmp_pa
     from flows.pipeline import pipeline
 
     monkeypatch.setattr(reward_data_mod, "is_correct", lambda text, gold: sum(map(ord, text)) % 2 == 1)
-    cfg = tiny_cfg(tmp_path, "grpo.reward_weights={orm: 1.0}", run_name="cmp", sft__max_steps=2, grpo__max_steps=1,
-                   orm__train=True, reward_data__questions=8, reward_data__samples_per_question=3,
-                   reward_data__max_new_tokens=12, reward_data__mc_rollouts=2, reward_data__heldout_fraction=0.25)
+    cfg = tiny_cfg(
+        tmp_path,
+        "grpo.reward_weights={orm: 1.0}",
+        run_name="cmp",
+        sft__max_steps=2,
+        grpo__max_steps=1,
+        orm__train=True,
+        reward_data__questions=8,
+        reward_data__samples_per_question=3,
+        reward_data__max_new_tokens=12,
+        reward_data__mc_rollouts=2,
+        reward_data__heldout_fraction=0.25,
+    )
     manifest = pipeline(cfg)
     # Each seed its own reward data and ORM: seed 0's are the run's round 1 again (the same seed: the
     # same bits), so its GRPO (as many steps as the run's) is the run's, reused; seed 1's are its own.
     own = experiment(str(tmp_path / "runs" / "cmp"), "compare", ["orm-outcome"], seeds=2, steps=1)
     chains = Path(own["dir"]) / "chains"
-    orm = [json.loads((chains / f"seed-{i}" / "round-1" / "orm" / "manifest.json").read_text())["digest"] for i in (0, 1)]
+    orm = [
+        json.loads((chains / f"seed-{i}" / "round-1" / "orm" / "manifest.json").read_text())["digest"] for i in (0, 1)
+    ]
     assert own["reward_models"] == "per seed" and orm[0] == manifest["rounds"][0]["stages"]["orm"]["digest"] != orm[1]
     assert own["runs"]["orm-outcome"][0]["model"]["path"] == manifest["rounds"][0]["stages"]["grpo"]["model"]
     assert "mean of 2 seeds' own" in {r["variant"]: r for r in own["rows"]}["orm-outcome"]["reward_model"]
     # Shared: every seed on the run's own reward models; the PRM variants are skipped (no PRM was trained).
     out = experiment(str(tmp_path / "runs" / "cmp"), "compare", seeds=2, shared_reward_models=True)
     by_variant = {r["variant"]: r for r in out["rows"]}
-    assert list(by_variant) == ["sft", "continued-sft", "rule-outcome", "orm-outcome"] and out["reward_models"] == "shared"
+    assert (
+        list(by_variant) == ["sft", "continued-sft", "rule-outcome", "orm-outcome"] and out["reward_models"] == "shared"
+    )
     grpo = manifest["rounds"][0]["stages"]["grpo"]
     root = Path(out["dir"])
-    assert out["budget"] == {"seconds": grpo["train_s"], "steps": None} and root.parent == tmp_path / "runs" / "cmp" / "compare"
+    assert (
+        out["budget"] == {"seconds": grpo["train_s"], "steps": None}
+        and root.parent == tmp_path / "runs" / "cmp" / "compare"
+    )
     assert root.name.endswith("-shared-rm")
     runs = out["runs"]
     assert runs["orm-outcome"][0]["model"]["path"] == grpo["model"]  # seed 0 reused
     assert [r["seed"] for r in runs["orm-outcome"]] == [cfg.seed, cfg.seed + 1]
     assert not (root / "orm-outcome" / "seed-0").exists() and (root / "orm-outcome" / "seed-1" / "model").is_dir()
-    assert (root / "rule-outcome" / "seed-0" / "model").is_dir() and (root / "continued-sft" / "seed-1" / "model").is_dir()
+    assert (root / "rule-outcome" / "seed-0" / "model").is_dir() and (
+        root / "continued-sft" / "seed-1" / "model"
+    ).is_dir()
     sft_acc = by_variant["sft"]["test_accuracy_mean"]
     for name in ("continued-sft", "rule-outcome", "orm-outcome"):
         row = by_variant[name]
@@ -342,10 +425,17 @@ def test_compare_flow_reuses_the_runs_grpo_and_tabulates(prefect_harness, tmp_pa
         assert row["gain_over_sft"] == pytest.approx(row["test_accuracy_mean"] - sft_acc, abs=1e-4)
         low, high = row["gain_over_sft_95ci"]
         assert low <= row["gain_over_sft"] <= high
-    assert "gain_over_continued-sft" in by_variant["rule-outcome"] and "gain_over_continued-sft" not in by_variant["continued-sft"]
+    assert (
+        "gain_over_continued-sft" in by_variant["rule-outcome"]
+        and "gain_over_continued-sft" not in by_variant["continued-sft"]
+    )
     # The paper's §5 algorithms on request, one seed each, at the same budget.
-    section5 = {r["variant"]: r for r in experiment(str(tmp_path / "runs" / "cmp"), "compare", ["rft", "online-rft", "ppo"],
-                                                    seeds=1, samples=2)["rows"]}
+    section5 = {
+        r["variant"]: r
+        for r in experiment(
+            str(tmp_path / "runs" / "cmp"), "compare", ["rft", "online-rft", "ppo"], seeds=1, samples=2
+        )["rows"]
+    }
     assert list(section5) == ["sft", "rft", "online-rft", "ppo"]
     for row in section5.values():  # maj@K and pass@K of every model (pass@K >= maj@K: any correct of K)
         assert 0 <= row["maj@2_mean"] <= row["pass@2_mean"] <= 1
@@ -359,7 +449,8 @@ def test_compare_flow_reuses_the_runs_grpo_and_tabulates(prefect_harness, tmp_pa
         experiment(str(tmp_path / "runs" / "cmp"), "compare", ["reinforce"], seeds=1)
     compare_run = mlflow_client.search_runs(
         [mlflow_client.get_run(manifest["mlflow_run_id"]).info.experiment_id],
-        filter_string="tags.mlflow.runName = 'compare-cmp'")[0]
+        filter_string="tags.mlflow.runName = 'compare-cmp'",
+    )[0]
     assert compare_run.data.metrics["compare/sft/test_accuracy_mean"] == sft_acc
 
 
@@ -371,8 +462,9 @@ def test_manifest_paths_move_with_their_folder(tmp_path):
 
     run, new_run = tmp_path / "a" / "proj" / "runs" / "demo", tmp_path / "b" / "proj" / "runs" / "demo"
     outside = [str(tmp_path / "a" / "proj" / "models" / "m"), str(tmp_path / "a" / "proj" / "runs" / "demo2"), "/opt/m"]
-    write_manifest(run / "sft", {"model": str(run / "sft" / "model"), "data": [str(run / "data")],
-                                 "outside": outside, "n": 3}, run)
+    write_manifest(
+        run / "sft", {"model": str(run / "sft" / "model"), "data": [str(run / "data")], "outside": outside, "n": 3}, run
+    )
     shutil.copytree(run, new_run)
     got = read_manifest(new_run / "sft" / "manifest.json")
     assert got["model"] == str(new_run / "sft" / "model") and got["data"] == [str(new_run / "data")]

@@ -1,5 +1,6 @@
 """Sampling and scoring (grpo_core.lm.policy): seeded reproducibility, log-probs that match what
 ``generate`` itself computed (left padding, positions), and the completion mask / truncation flags."""
+
 from __future__ import annotations
 
 import copy
@@ -33,21 +34,29 @@ def model_and_tokenizer(tiny_model_dir):
 
 def test_completion_mask_hand_made():
     eos = 2
-    ids = torch.tensor([
-        [5, 6, 2, 0, 0],  # EOS at 2, then padding
-        [5, 2, 2, 2, 2],  # pad == eos: only the first EOS counts
-        [5, 6, 7, 8, 9],  # no EOS: truncated, every token kept
-        [2, 0, 0, 0, 0],  # empty completion: just the EOS
-        [2, 2, 5, 2, 6],  # tokens after the first EOS are masked whatever they are
-    ])
+    ids = torch.tensor(
+        [
+            [5, 6, 2, 0, 0],  # EOS at 2, then padding
+            [5, 2, 2, 2, 2],  # pad == eos: only the first EOS counts
+            [5, 6, 7, 8, 9],  # no EOS: truncated, every token kept
+            [2, 0, 0, 0, 0],  # empty completion: just the EOS
+            [2, 2, 5, 2, 6],  # tokens after the first EOS are masked whatever they are
+        ]
+    )
     mask, truncated = completion_mask_from(ids, eos)
-    assert torch.equal(mask, torch.tensor([
-        [1, 1, 1, 0, 0],
-        [1, 1, 0, 0, 0],
-        [1, 1, 1, 1, 1],
-        [1, 0, 0, 0, 0],
-        [1, 0, 0, 0, 0],
-    ], dtype=mask.dtype))
+    assert torch.equal(
+        mask,
+        torch.tensor(
+            [
+                [1, 1, 1, 0, 0],
+                [1, 1, 0, 0, 0],
+                [1, 1, 1, 1, 1],
+                [1, 0, 0, 0, 0],
+                [1, 0, 0, 0, 0],
+            ],
+            dtype=mask.dtype,
+        ),
+    )
     assert truncated.tolist() == [False, False, True, False, False]
 
 
@@ -121,9 +130,17 @@ def test_greedy_logprobs_match_generate_scores(model_and_tokenizer):
     assert torch.equal(enc.input_ids, r.input_ids[:, : r.prompt_len])
     model.eval()
     with torch.no_grad():
-        out = model.generate(input_ids=enc.input_ids, attention_mask=enc.attention_mask, max_new_tokens=12,
-                             do_sample=False, pad_token_id=tok.pad_token_id, eos_token_id=eos,
-                             output_scores=True, output_logits=True, return_dict_in_generate=True)
+        out = model.generate(
+            input_ids=enc.input_ids,
+            attention_mask=enc.attention_mask,
+            max_new_tokens=12,
+            do_sample=False,
+            pad_token_id=tok.pad_token_id,
+            eos_token_id=eos,
+            output_scores=True,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
     width = r.completion_ids.shape[1]
     assert len(out.scores) == width
     scores = torch.stack(out.scores, dim=1).float()  # [B, T, V]

@@ -1,6 +1,7 @@
 """PPO, RFT and online RFT (``grpo.algorithm``) on the tiny model: a two-step PPO run logs GRPO's
 field metrics plus the value model's and trains both models (its crash-resume equivalence is
 ``test_grpo``'s, parametrized); RFT and online RFT follow the paper's unified paradigm."""
+
 from __future__ import annotations
 
 import pytest
@@ -10,13 +11,25 @@ from grpo_core.stages.grpo import run_grpo
 from grpo_core.tracking import NullLogger
 from grpo_core.training.checkpoint import load_state
 from test_grpo import FIELD_METRICS, GRPO_RESUME, PPO, _train_metrics, parity  # noqa: F401
+
 VALUE_METRICS = ["train/value_loss", "train/value_clip_ratio", "train/value_mean", "train/return_mean"]
 
 
-def test_ppo_trains_the_policy_and_the_value_model(tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir, parity):
+def test_ppo_trains_the_policy_and_the_value_model(
+    tmp_path,
+    tiny_cfg,
+    tiny_data_dir,
+    tiny_model_dir,
+    parity,  # noqa: F811 - the fixture
+):
     log = NullLogger()
-    manifest = run_grpo(tiny_cfg(tmp_path, grpo__max_steps=2, **GRPO_RESUME, **PPO), tiny_data_dir, tiny_model_dir,
-                        tmp_path / "ppo", log)
+    manifest = run_grpo(
+        tiny_cfg(tmp_path, grpo__max_steps=2, **GRPO_RESUME, **PPO),
+        tiny_data_dir,
+        tiny_model_dir,
+        tmp_path / "ppo",
+        log,
+    )
     assert manifest["steps"] == 2
     train = _train_metrics(log)
     assert sorted(train) == [1, 2]
@@ -30,8 +43,14 @@ def test_ppo_trains_the_policy_and_the_value_model(tmp_path, tiny_cfg, tiny_data
     assert states[1]["optimizer"]["state"]
 
 
-def test_the_value_model_is_trained_on_the_trainers_schedule(tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir,
-                                                              parity, monkeypatch):
+def test_the_value_model_is_trained_on_the_trainers_schedule(
+    tmp_path,
+    tiny_cfg,
+    tiny_data_dir,
+    tiny_model_dir,
+    parity,  # noqa: F811 - the fixture
+    monkeypatch,
+):
     """The value model's optimizer is the trainer's: it warms up with the policy's, at
     ``grpo.ppo.value_lr`` / ``grpo.lr`` times its lr (before, it kept value_lr from step 1)."""
     import grpo_core.stages.grpo as grpo
@@ -43,19 +62,33 @@ def test_the_value_model_is_trained_on_the_trainers_schedule(tmp_path, tiny_cfg,
         return real(models, *args, **kwargs)
 
     monkeypatch.setattr(grpo, "value_updates", recording)
-    cfg = tiny_cfg(tmp_path, grpo__max_steps=3, grpo__lr=1e-3, grpo__warmup_steps=2,
-                   grpo__ppo={"value_lr": 3e-3}, grpo__algorithm="ppo")
+    cfg = tiny_cfg(
+        tmp_path,
+        grpo__max_steps=3,
+        grpo__lr=1e-3,
+        grpo__warmup_steps=2,
+        grpo__ppo={"value_lr": 3e-3},
+        grpo__algorithm="ppo",
+    )
     run_grpo(cfg, tiny_data_dir, tiny_model_dir, tmp_path / "ppo")
     assert seen == pytest.approx([1e-3, 2e-3, 3e-3])  # linear warm-up over steps 1-2, then value_lr
 
 
-@pytest.mark.parametrize("settings, message", [
-    ({"grpo.reward_weights": "{prm: 1.0}", "grpo.supervision": "process", "grpo.algorithm": "ppo"},
-     "algorithm=ppo takes outcome supervision"),
-    ({"grpo.algorithm": "rft", "grpo.beta": 0.04}, r"algorithm=rft has no KL term: beta must be 0 \(got 0.04\)"),
-    ({"grpo.algorithm": "online_rft", "grpo.reward_weights": "{orm: 1.0}"}, "algorithm=online_rft learns from the answer checker"),
-    ({"grpo.ppo": "{gae_lambda: 0.9}"}, "the ppo section applies to algorithm=ppo only"),
-])
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (
+            {"grpo.reward_weights": "{prm: 1.0}", "grpo.supervision": "process", "grpo.algorithm": "ppo"},
+            "algorithm=ppo takes outcome supervision",
+        ),
+        ({"grpo.algorithm": "rft", "grpo.beta": 0.04}, r"algorithm=rft has no KL term: beta must be 0 \(got 0.04\)"),
+        (
+            {"grpo.algorithm": "online_rft", "grpo.reward_weights": "{orm: 1.0}"},
+            "algorithm=online_rft learns from the answer checker",
+        ),
+        ({"grpo.ppo": "{gae_lambda: 0.9}"}, "the ppo section applies to algorithm=ppo only"),
+    ],
+)
 def test_settings_an_algorithm_would_ignore_are_refused(tiny_cfg, tmp_path, settings, message):
     from grpo_core.recipe import ConfigError
 
@@ -70,8 +103,14 @@ def test_algorithm_defaults(tiny_cfg, tmp_path):
     assert tiny_cfg(tmp_path).grpo.ppo is None
 
 
-def test_online_rft_fine_tunes_on_correct_samples_and_rft_samples_the_start(tmp_path, tiny_cfg, tiny_data_dir,
-                                                                           tiny_model_dir, parity, monkeypatch):
+def test_online_rft_fine_tunes_on_correct_samples_and_rft_samples_the_start(
+    tmp_path,
+    tiny_cfg,
+    tiny_data_dir,
+    tiny_model_dir,
+    parity,  # noqa: F811 - the fixture
+    monkeypatch,
+):
     """The paper's unified paradigm: gradient coefficient 1[correct], no KL. Online RFT samples the
     current policy (and loads no reference), RFT the frozen starting model: its step-2 samples do
     not depend on step 1's update."""

@@ -1,5 +1,6 @@
 """PPO's pieces (the §5 study's baseline), on hand-computed examples: the per-token KL-penalised
 rewards, GAE and the clipped value loss."""
+
 from __future__ import annotations
 
 import pytest

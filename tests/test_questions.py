@@ -6,6 +6,7 @@ The tiny untrained model never answers right, so the reward is replaced by ``gol
 parity of a completion's characters where the gold answer is even (a group with spread, nearly
 always), 0 where it is odd (a group without spread, always).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -49,8 +50,14 @@ def fake_group(questions: list[Example], g: int = 2) -> Exploration:
     n = len(questions)
     rewards = torch.tensor([float(q.question.startswith("s") and j == 0) for q in questions for j in range(g)])
     width = 1 + n  # rollouts of another width each call: explore joins them
-    rollout = Rollout(torch.arange(n * g * (1 + width)).view(n * g, 1 + width), torch.ones(n * g, 1 + width, dtype=torch.long),
-                      torch.ones(n * g, width), 1, [q.question for q in questions for _ in range(g)], torch.zeros(n * g, dtype=torch.bool))
+    rollout = Rollout(
+        torch.arange(n * g * (1 + width)).view(n * g, 1 + width),
+        torch.ones(n * g, 1 + width, dtype=torch.long),
+        torch.ones(n * g, width),
+        1,
+        [q.question for q in questions for _ in range(g)],
+        torch.zeros(n * g, dtype=torch.bool),
+    )
     return Exploration(questions, rollout, Scored(rewards, rewards, "outcome", stats={"reward/x": 1.0}), 0.0)
 
 
@@ -82,8 +89,9 @@ def fake_explore(monkeypatch, questions: list[Example], redraws: int, table) -> 
     monkeypatch.setattr(step_mod, "sample_groups", sample)
     monkeypatch.setattr(step_mod, "has_spread", lambda ex, cfg: spread_of(ex))
     cfg = GRPOConfig(questions_per_step=len(questions), group_size=2, redraws=redraws)
-    learner = step_mod.Learner(Models(None), FakeTokenizer(), None, cfg, None, seed=5, question_sampler=FakeQuestions(table),
-                               d=Offset(10))
+    learner = step_mod.Learner(
+        Models(None), FakeTokenizer(), None, cfg, None, seed=5, question_sampler=FakeQuestions(table), d=Offset(10)
+    )
     others = [Example(f"other-{i}", "0") for i in range(10)]  # the first process's share of the step
     return step_mod.explore(learner, others + questions, step=0), calls
 
@@ -112,13 +120,23 @@ def test_under_process_supervision_a_group_is_judged_by_its_checker_verdicts():
     qs = [Example(f"q{i}", "0") for i in range(3)]
     correct = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 0.0])  # all right, mixed, all wrong
     steps = torch.tensor([[0.9, 0.2], [0.3, 0.8], [0.5, 0.1], [0.7, 0.6], [0.2, 0.9], [0.4, 0.3]])
-    scored = Scored(correct + steps.min(1).values, correct, "process", steps, torch.ones(6, 2, dtype=torch.long),
-                    torch.ones(6, 2, dtype=torch.bool))
+    scored = Scored(
+        correct + steps.min(1).values,
+        correct,
+        "process",
+        steps,
+        torch.ones(6, 2, dtype=torch.long),
+        torch.ones(6, 2, dtype=torch.bool),
+    )
     ex = Exploration(qs, fake_group(qs).rollout, scored)
     process = GRPOConfig(group_size=2, supervision="process", reward_weights={"rule": 1.0, "prm": 1.0}, redraws=1)
     assert has_spread(ex, process).tolist() == [False, True, False]
     outcome = ex._replace(scored=Scored(scored.outcome, correct, "outcome"))  # checker + ORM, say: the same test
-    assert has_spread(outcome, GRPOConfig(group_size=2, reward_weights={"rule": 1.0, "orm": 1.0})).tolist() == [False, True, False]
+    assert has_spread(outcome, GRPOConfig(group_size=2, reward_weights={"rule": 1.0, "orm": 1.0})).tolist() == [
+        False,
+        True,
+        False,
+    ]
     # A learned reward alone: the spread of GRPO's advantages (every group's rewards differ here).
     assert has_spread(outcome, GRPOConfig(group_size=2, reward_weights={"orm": 1.0})).tolist() == [True] * 3
 
@@ -130,7 +148,11 @@ def test_a_group_without_spread_is_dropped_and_replaced(monkeypatch):
     (_, batch, drawn), calls = fake_explore(monkeypatch, first, 3, lambda slot, k: redraw[slot, k])
     assert [q.question for q in batch.questions] == ["s0", "s-b", "s2", "s-c"]  # slot order, dropped ones replaced
     seed = step_seed(5, 0)
-    assert calls == [([10, 11, 12, 13], seed), ([11, 13], draw_seed(seed, 1)), ([11], draw_seed(seed, 2))]  # only empty places draw again, with their global slot
+    assert calls == [
+        ([10, 11, 12, 13], seed),
+        ([11, 13], draw_seed(seed, 1)),
+        ([11], draw_seed(seed, 2)),
+    ]  # only empty places draw again, with their global slot
     assert drawn["draws"].tolist() == [1, 3, 1, 2] and drawn["spread"].all()
     assert drawn["first_spread"].tolist() == [True, False, True, False]
     assert batch.rollout.texts == ["s0", "s0", "s-b", "s-b", "s2", "s2", "s-c", "s-c"]
@@ -141,8 +163,9 @@ def test_a_group_without_spread_is_dropped_and_replaced(monkeypatch):
 
 
 def test_redraws_are_bounded_and_an_unfilled_place_keeps_its_last_group(monkeypatch):
-    (_, batch, drawn), calls = fake_explore(monkeypatch, [Example("n0", "0"), Example("s1", "1")], 2,
-                                            lambda slot, k: Example(f"n-{slot}-{k}", "0"))
+    (_, batch, drawn), calls = fake_explore(
+        monkeypatch, [Example("n0", "0"), Example("s1", "1")], 2, lambda slot, k: Example(f"n-{slot}-{k}", "0")
+    )
     assert len(calls) == 3  # the first draw, then the bound: redraws more groups per place, never more
     assert drawn["draws"].tolist() == [3, 1] and drawn["spread"].tolist() == [False, True]
     assert [q.question for q in batch.questions] == ["n-10-2", "s1"]  # the shape stays: 2 groups of 2
@@ -184,23 +207,28 @@ def test_a_redraw_avoids_the_steps_own_questions():
 
 
 def test_pass_rates_add_up_over_rows(tmp_path):
-    (tmp_path / "r.jsonl").write_text('{"question": "a", "right": 1, "samples": 4}\n'
-                                      '{"question": "a", "right": 2, "samples": 4}\n{"question": "b", "right": 0, "samples": 4}\n')
+    (tmp_path / "r.jsonl").write_text(
+        '{"question": "a", "right": 1, "samples": 4}\n'
+        '{"question": "a", "right": 2, "samples": 4}\n{"question": "b", "right": 0, "samples": 4}\n'
+    )
     assert read_pass_rates(tmp_path / "r.jsonl") == {"a": (3, 8), "b": (0, 4)}
 
 
 # ---------------------------------------------------------------------------- on the real step
 
 
-def test_dynamic_sampling_fills_the_step_with_groups_that_carry_a_gradient(tmp_path, tiny_cfg, tiny_data_dir,
-                                                                           tiny_model_dir, sparse):
+def test_dynamic_sampling_fills_the_step_with_groups_that_carry_a_gradient(
+    tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir, sparse
+):
     cfg = tiny_cfg(tmp_path, grpo__questions_per_step=4, grpo__redraws=6, grpo__beta=0.0)  # no reference
     policy, tok = load_model(tiny_model_dir)
     opt = torch.optim.AdamW(policy.parameters(), lr=1e-3)
     sampler = QuestionSampler(read_split(tiny_data_dir, "rl"), 0)
     questions = sampler.step(0, 4)
     assert any(int(q.gold) % 2 for q in questions), "the test needs a question without spread"
-    m = rl_step(Learner(Models(policy), tok, opt, cfg.grpo, RewardScorer.for_recipe(cfg.grpo, tok), 0, sampler), questions, 0)
+    m = rl_step(
+        Learner(Models(policy), tok, opt, cfg.grpo, RewardScorer.for_recipe(cfg.grpo, tok), 0, sampler), questions, 0
+    )
     odd = sum(int(q.gold) % 2 for q in questions)
     assert m["train/frac_reward_zero_std"] >= odd / 4  # before the filter
     assert m["train/frac_batch_zero_std"] == 0.0  # after it: every place found a group with spread
@@ -218,8 +246,15 @@ def test_draws_on_two_processes_equal_one(tmp_path, tiny_cfg, tiny_data_dir, tin
     questions = sampler.step(5, 4)
 
     def filled(slots):  # the processes' shares: questions[slots] as their slots of the global batch
-        d = type("Share", (), {"shard": lambda self, n, what: slice(slots[0], slots[-1] + 1),
-                               "gathered": lambda self, m: contextlib.nullcontext(), "sum": lambda self, x: x})()
+        d = type(
+            "Share",
+            (),
+            {
+                "shard": lambda self, n, what: slice(slots[0], slots[-1] + 1),
+                "gathered": lambda self, m: contextlib.nullcontext(),
+                "sum": lambda self, x: x,
+            },
+        )()
         learner = Learner(Models(policy), tok, None, cfg.grpo, scorer, 0, sampler, d)
         return step_mod.explore(learner, questions, 5).batch
 
@@ -233,20 +268,28 @@ def _pass_rates(tmp_path: Path, data_dir: Path) -> Path:
     """Pass rates as a reward-data stage writes them: every other RL question solved sometimes."""
     folder = tmp_path / "pass_rates"
     folder.mkdir()
-    rows = [{"question": e.question, "gold": e.gold, "right": i % 2, "samples": 4}
-            for i, e in enumerate(read_split(data_dir, "rl"))]
+    rows = [
+        {"question": e.question, "gold": e.gold, "right": i % 2, "samples": 4}
+        for i, e in enumerate(read_split(data_dir, "rl"))
+    ]
     (folder / "pass_rates.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return folder
 
 
-@pytest.mark.parametrize("sampling", [dict(grpo__redraws=2), dict(grpo__redraws=2, grpo__curriculum=0.5)],
-                         ids=["dynamic", "dynamic+curriculum"])
+@pytest.mark.parametrize(
+    "sampling",
+    [dict(grpo__redraws=2), dict(grpo__redraws=2, grpo__curriculum=0.5)],
+    ids=["dynamic", "dynamic+curriculum"],
+)
 def test_resume_reproduces_the_same_batches(tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir, sparse, sampling):
     """4 steps straight == 2 steps, then the same folder to 4: the same draws, losses and weights."""
     from tests.test_grpo import GRPO_RESUME
 
     rates = _pass_rates(tmp_path, tiny_data_dir) if "grpo__curriculum" in sampling else None
-    cfg = lambda steps: tiny_cfg(tmp_path, grpo__max_steps=steps, grpo__questions_per_step=4, **GRPO_RESUME, **sampling)  # noqa: E731
+
+    def cfg(steps):
+        return tiny_cfg(tmp_path, grpo__max_steps=steps, grpo__questions_per_step=4, **GRPO_RESUME, **sampling)
+
     log_a, log_b1, log_b2 = NullLogger(), NullLogger(), NullLogger()
     run_grpo(cfg(4), tiny_data_dir, tiny_model_dir, tmp_path / "A", log_a, pass_rates=rates)
     assert any(m["sampling/groups_drawn"] > 4 for m in _train_metrics(log_a).values()), "nothing was redrawn"
@@ -257,8 +300,9 @@ def test_resume_reproduces_the_same_batches(tmp_path, tiny_cfg, tiny_data_dir, t
     assert all(a[s]["sampling/groups_drawn"] == b[s]["sampling/groups_drawn"] for s in a)
 
 
-def test_curriculum_without_pass_rates_and_redraws_outside_grpo_are_refused(tmp_path, tiny_cfg, tiny_data_dir,
-                                                                            tiny_model_dir):
+def test_curriculum_without_pass_rates_and_redraws_outside_grpo_are_refused(
+    tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir
+):
     from grpo_core.recipe import ConfigError
 
     with pytest.raises(ValueError, match="no reward-data pass rates were given"):

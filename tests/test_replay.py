@@ -1,25 +1,36 @@
 """The replay buffer of iterative RL: the retraining set's replay share, where replayed rows come from,
 reproducibility, and versions on disk."""
+
 from __future__ import annotations
 
 import pytest
 
-from grpo_core.rewards.replay import (ORIGIN, draw_replay, load_version, replay_size, retraining_set, tag_rows,
-                              write_version)
+from grpo_core.rewards.replay import (
+    ORIGIN,
+    draw_replay,
+    load_version,
+    replay_size,
+    retraining_set,
+    tag_rows,
+    write_version,
+)
 
 
 def _rows(n: int, round_: int, kind: str = "p") -> list[dict]:
     return tag_rows([{"prompt": f"{kind}{round_}-{i}"} for i in range(n)], round_)
 
 
-@pytest.mark.parametrize("n_fresh, fraction, expected", [
-    (90, 0.1, 10),    # 10 / (90 + 10) = 10%
-    (900, 0.1, 100),
-    (100, 0.1, 11),   # 100 * 0.1 / 0.9 = 11.1 -> 11; 11 / 111 = 9.9%
-    (50, 0.5, 50),
-    (7, 0.0, 0),
-    (0, 0.1, 0),
-])
+@pytest.mark.parametrize(
+    "n_fresh, fraction, expected",
+    [
+        (90, 0.1, 10),  # 10 / (90 + 10) = 10%
+        (900, 0.1, 100),
+        (100, 0.1, 11),  # 100 * 0.1 / 0.9 = 11.1 -> 11; 11 / 111 = 9.9%
+        (50, 0.5, 50),
+        (7, 0.0, 0),
+        (0, 0.1, 0),
+    ],
+)
 def test_replay_size_makes_the_fraction_of_the_set(n_fresh, fraction, expected):
     assert replay_size(n_fresh, fraction) == expected
 

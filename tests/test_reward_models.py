@@ -8,6 +8,7 @@ fed through the advantage functions to check that completions without a verdict 
 NaN score) get zero advantage. Step ends use the character tokenizer, where token t holds
 character t of the completion.
 """
+
 from __future__ import annotations
 
 import math
@@ -84,7 +85,9 @@ def test_pointwise_bce_hand_values():
     loss = pointwise_bce_loss(torch.tensor([0.0, math.log(3.0)]), torch.tensor([1.0, 0.0]))
     assert loss.item() == pytest.approx(1.5 * LN2)
     # Booleans are accepted as labels; a confident right answer costs log(1 + e^-4) = 0.018149...
-    assert pointwise_bce_loss(torch.tensor([4.0]), torch.tensor([True])).item() == pytest.approx(math.log1p(math.exp(-4)))
+    assert pointwise_bce_loss(torch.tensor([4.0]), torch.tensor([True])).item() == pytest.approx(
+        math.log1p(math.exp(-4))
+    )
 
 
 def test_pointwise_bce_gradient_is_sigmoid_minus_label():
@@ -154,17 +157,20 @@ def pairwise_auc(scores, labels) -> float:
     return sum((p > n) + 0.5 * (p == n) for p in pos for n in neg) / (len(pos) * len(neg))
 
 
-@pytest.mark.parametrize("scores, labels, expected", [
-    # negatives 0.1, 0.4; positives 0.35, 0.8: pairs (.35>.1) (.35<.4) (.8>.1) (.8>.4) -> 3/4
-    ([0.1, 0.4, 0.35, 0.8], [False, False, True, True], 0.75),
-    ([0.1, 0.2], [False, True], 1.0),  # perfect
-    ([0.1, 0.2], [True, False], 0.0),  # reversed
-    ([0.5, 0.5], [True, False], 0.5),  # a tie counts 1/2
-    # positives {2, 3}, negatives {1, 2}: 2>1 (1), 2=2 (1/2), 3>1 (1), 3>2 (1) -> 3.5 / 4
-    ([1.0, 2.0, 2.0, 3.0], [False, True, False, True], 0.875),
-    # all tied: 1/2 whatever the labels
-    ([7.0, 7.0, 7.0], [True, False, False], 0.5),
-])
+@pytest.mark.parametrize(
+    "scores, labels, expected",
+    [
+        # negatives 0.1, 0.4; positives 0.35, 0.8: pairs (.35>.1) (.35<.4) (.8>.1) (.8>.4) -> 3/4
+        ([0.1, 0.4, 0.35, 0.8], [False, False, True, True], 0.75),
+        ([0.1, 0.2], [False, True], 1.0),  # perfect
+        ([0.1, 0.2], [True, False], 0.0),  # reversed
+        ([0.5, 0.5], [True, False], 0.5),  # a tie counts 1/2
+        # positives {2, 3}, negatives {1, 2}: 2>1 (1), 2=2 (1/2), 3>1 (1), 3>2 (1) -> 3.5 / 4
+        ([1.0, 2.0, 2.0, 3.0], [False, True, False, True], 0.875),
+        # all tied: 1/2 whatever the labels
+        ([7.0, 7.0, 7.0], [True, False, False], 0.5),
+    ],
+)
 def test_roc_auc_hand_values(scores, labels, expected):
     assert roc_auc(scores, labels) == pytest.approx(expected)
 
@@ -175,8 +181,11 @@ def test_roc_auc_single_class_is_nan(labels):
 
 
 @FAST
-@given(st.lists(st.tuples(st.integers(-3, 3), st.booleans()), min_size=2, max_size=30)
-       .filter(lambda xs: 0 < sum(y for _, y in xs) < len(xs)))
+@given(
+    st.lists(st.tuples(st.integers(-3, 3), st.booleans()), min_size=2, max_size=30).filter(
+        lambda xs: 0 < sum(y for _, y in xs) < len(xs)
+    )
+)
 def test_roc_auc_equals_pairwise_definition(pairs):
     """Small integer scores make ties frequent: the average-rank form equals the O(n^2) count."""
     scores = [float(s) for s, _ in pairs]
@@ -184,9 +193,16 @@ def test_roc_auc_equals_pairwise_definition(pairs):
     assert roc_auc(scores, labels) == pytest.approx(pairwise_auc(scores, labels))
 
 
-@pytest.mark.parametrize("flags, expected", [
-    ([], None), ([True, True], None), ([False], 0), ([True, False, True], 1), ([True, True, False, False], 2),
-])
+@pytest.mark.parametrize(
+    "flags, expected",
+    [
+        ([], None),
+        ([True, True], None),
+        ([False], 0),
+        ([True, False, True], 1),
+        ([True, True, False, False], 2),
+    ],
+)
 def test_first_wrong_step(flags, expected):
     assert first_wrong_step(flags) == expected
 
@@ -197,17 +213,21 @@ def test_first_wrong_step(flags, expected):
 def test_invalid_rewards_get_zero_advantage_and_leave_the_group_statistics():
     """A NaN/inf reward gets zero advantage; mean and std come from the valid rewards only."""
     nan, inf = float("nan"), float("inf")
-    rewards = torch.tensor([[1.0, nan, 0.0, inf],  # valid {1, 0}: mean 0.5, std 0.5 -> +1, -1
-                            [nan, nan, nan, nan],  # nothing valid: all zero
-                            [0.2, 0.4, -inf, 0.6]])  # valid mean 0.4, std sqrt(0.08/3)
+    rewards = torch.tensor(
+        [
+            [1.0, nan, 0.0, inf],  # valid {1, 0}: mean 0.5, std 0.5 -> +1, -1
+            [nan, nan, nan, nan],  # nothing valid: all zero
+            [0.2, 0.4, -inf, 0.6],
+        ]
+    )  # valid mean 0.4, std sqrt(0.08/3)
     adv = outcome_advantages(rewards, torch.isfinite(rewards))
     std = math.sqrt(0.08 / 3)
-    torch.testing.assert_close(adv, torch.tensor([[1.0, 0.0, -1.0, 0.0], [0.0] * 4,
-                                                  [-0.2 / std, 0.0, 0.0, 0.2 / std]]))
+    torch.testing.assert_close(adv, torch.tensor([[1.0, 0.0, -1.0, 0.0], [0.0] * 4, [-0.2 / std, 0.0, 0.0, 0.2 / std]]))
     # All valid: the same as without a mask.
     clean = torch.tensor([[0.0, 1.0, 1.0]])
-    torch.testing.assert_close(outcome_advantages(clean, torch.ones_like(clean, dtype=torch.bool)),
-                               outcome_advantages(clean))
+    torch.testing.assert_close(
+        outcome_advantages(clean, torch.ones_like(clean, dtype=torch.bool)), outcome_advantages(clean)
+    )
 
 
 def test_rollout_step_ends_finished_rows(tok):
@@ -361,15 +381,18 @@ def step_row(steps, labels, soft):
 
 
 def test_step_batch_ends_point_at_last_characters(tok):
-    rows = [step_row(["7 + 5 = 12", "12 - 9 = 3", "#### 3"], [True, True, True], [1.0, 0.75, 1.0]),
-            step_row(["7 + 5 = 13", "#### 4"], [False, False], [0.25, 0.0])]
+    rows = [
+        step_row(["7 + 5 = 12", "12 - 9 = 3", "#### 3"], [True, True, True], [1.0, 0.75, 1.0]),
+        step_row(["7 + 5 = 13", "#### 4"], [False, False], [0.25, 0.0]),
+    ]
     rollout, ends, labels, mask = step_batch(tok, rows, "\n", "hard")
     assert rollout.texts == [RIGHT, WRONG]
     assert ends.tolist() == ENDS[:2] and mask.tolist() == MASK[:2]
     assert labels.tolist() == [[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]
     for i, row in enumerate(rows):  # the token at each end decodes to the step's last character
-        assert [tok.decode([rollout.completion_ids[i, t]]) for t in ends[i, : len(row["completions"])]] == \
-            [s[-1] for s in row["completions"]]
+        assert [tok.decode([rollout.completion_ids[i, t]]) for t in ends[i, : len(row["completions"])]] == [
+            s[-1] for s in row["completions"]
+        ]
     _, _, soft, _ = step_batch(tok, rows, "\n", "soft")
     assert soft.tolist() == [[1.0, 0.75, 1.0], [0.25, 0.0, 0.0]]
 
@@ -417,7 +440,9 @@ def test_repeated_completions_are_scored_once_and_alike(tok, reward_models, supe
     orm, prm = reward_models
     seen = []
     real = rm.token_scores
-    monkeypatch.setattr(rm, "token_scores", lambda model, rollout: seen.append(len(rollout.texts)) or real(model, rollout))
+    monkeypatch.setattr(
+        rm, "token_scores", lambda model, rollout: seen.append(len(rollout.texts)) or real(model, rollout)
+    )
     rows = [RIGHT, WRONG, RIGHT, RIGHT, WRONG, EMPTY]
     scorer = RewardScorer({"rule": 1.0, "orm": 0.5, "prm": 1.0}, supervision, tok, orm=orm, prm=prm)
     together = scorer(group_rollout(tok, rows), [GOLD] * 6)

@@ -3,6 +3,7 @@
 Datasets are written in the reward-data stage's format (``DatasetDict`` folders with ``train`` and
 ``test``), so these tests need no sampling from a policy.
 """
+
 from __future__ import annotations
 
 import math
@@ -29,8 +30,14 @@ def _save(root: Path, name: str, train: list[dict], test: list[dict]) -> tuple[s
 
 
 def _step_row(text: str, labels: list[bool]) -> dict:
-    return {"prompt": Q, "completions": text.split("\n"), "labels": labels,
-            "soft_labels": [float(x) for x in labels], "exact_labels": labels, "completion": text}
+    return {
+        "prompt": Q,
+        "completions": text.split("\n"),
+        "labels": labels,
+        "soft_labels": [float(x) for x in labels],
+        "exact_labels": labels,
+        "completion": text,
+    }
 
 
 @pytest.fixture
@@ -49,8 +56,9 @@ def reward_data(tmp_path) -> dict:
     return out
 
 
-def test_prm_with_an_undefined_heldout_auc_still_publishes_its_own_model(tmp_path, tiny_cfg, tiny_model_dir,
-                                                                         reward_data):
+def test_prm_with_an_undefined_heldout_auc_still_publishes_its_own_model(
+    tmp_path, tiny_cfg, tiny_model_dir, reward_data
+):
     cfg = tiny_cfg(tmp_path, prm__batch_size=2, prm__lr=1e-3)
     out = tmp_path / "prm"
     (out / "best").mkdir(parents=True)
@@ -64,9 +72,13 @@ def test_prm_with_an_undefined_heldout_auc_still_publishes_its_own_model(tmp_pat
 def test_orm_more_epochs_resume_from_the_last_epoch(tmp_path, tiny_cfg, tiny_model_dir, reward_data):
     """Raising `orm.epochs` is a budget change: the second run continues at step 2, not from scratch."""
     out = tmp_path / "orm"
-    first = run_reward_model(tiny_cfg(tmp_path, orm__batch_size=2, orm__epochs=1), "orm", reward_data, tiny_model_dir, out)
+    first = run_reward_model(
+        tiny_cfg(tmp_path, orm__batch_size=2, orm__epochs=1), "orm", reward_data, tiny_model_dir, out
+    )
     assert (first["steps"], first["epochs"]) == (2, 1)
-    second = run_reward_model(tiny_cfg(tmp_path, orm__batch_size=2, orm__epochs=2), "orm", reward_data, tiny_model_dir, out)
+    second = run_reward_model(
+        tiny_cfg(tmp_path, orm__batch_size=2, orm__epochs=2), "orm", reward_data, tiny_model_dir, out
+    )
     assert (second["steps"], second["epochs"]) == (4, 2)
     assert not list(tmp_path.glob("orm/checkpoints.stale-*"))
     assert 0.0 <= second["heldout"]["pairwise_accuracy"] <= 1.0 and 0.0 <= second["heldout"]["auc"] <= 1.0
@@ -75,9 +87,9 @@ def test_orm_more_epochs_resume_from_the_last_epoch(tmp_path, tiny_cfg, tiny_mod
 def test_empty_heldout_split_is_a_clear_error(tmp_path, tiny_cfg, tiny_model_dir, reward_data):
     sol = {"prompt": Q, "completion": RIGHT, "correct": True}
     path = tmp_path / "rd" / "solutions_empty"
-    DatasetDict({"train": Dataset.from_list([sol]),
-                 "test": Dataset.from_dict({"prompt": [], "completion": [], "correct": []})}).save_to_disk(
-        str(path), num_shards={"train": 1, "test": 1})
+    DatasetDict(
+        {"train": Dataset.from_list([sol]), "test": Dataset.from_dict({"prompt": [], "completion": [], "correct": []})}
+    ).save_to_disk(str(path), num_shards={"train": 1, "test": 1})
     data = {**reward_data, "solutions": Ref(path=str(path), digest=digest_dir(path, "*.arrow"))}
     with pytest.raises(ValueError, match="no held-out rows .*solutions_empty"):
         run_reward_model(tiny_cfg(tmp_path), "orm", data, tiny_model_dir, tmp_path / "orm")
@@ -96,8 +108,9 @@ def test_orm_objectives_train_on_their_datasets(tmp_path, tiny_cfg, tiny_model_d
 
 
 @pytest.mark.parametrize("kind", ["orm", "prm"])
-def test_every_reward_model_is_measured_against_the_zero_training_verifier(tmp_path, tiny_cfg, tiny_model_dir,
-                                                                           reward_data, kind):
+def test_every_reward_model_is_measured_against_the_zero_training_verifier(
+    tmp_path, tiny_cfg, tiny_model_dir, reward_data, kind
+):
     """``baseline``: the SFT model's own likelihood on the same held-out rows, by the same metrics; a
     reward model that does not beat it fails its gate."""
     from grpo_core.stages.reward_model import evaluate_likelihood
@@ -143,20 +156,28 @@ def test_reward_model_init_folder_with_another_tokenizer_is_refused(tmp_path, ti
         run_reward_model(cfg, "orm", reward_data, tiny_model_dir, tmp_path / "orm")
 
 
-def test_reward_data_stage_writes_reloadable_splits_even_when_empty(tmp_path, tiny_cfg, tiny_model_dir,
-                                                                   tiny_data_dir):
+def test_reward_data_stage_writes_reloadable_splits_even_when_empty(tmp_path, tiny_cfg, tiny_model_dir, tiny_data_dir):
     """An untrained policy is never right: no pairs at all, yet every dataset reloads (0 rows)."""
     from datasets import load_from_disk
 
     from grpo_core.stages.reward_data import COLUMNS, run_reward_data
 
-    cfg = tiny_cfg(tmp_path, reward_data__questions=6, reward_data__samples_per_question=2,
-                   reward_data__max_new_tokens=8, reward_data__mc_rollouts=1, reward_data__heldout_fraction=0.34)
+    cfg = tiny_cfg(
+        tmp_path,
+        reward_data__questions=6,
+        reward_data__samples_per_question=2,
+        reward_data__max_new_tokens=8,
+        reward_data__mc_rollouts=1,
+        reward_data__heldout_fraction=0.34,
+    )
     manifest = run_reward_data(cfg, tiny_data_dir, tiny_model_dir, tmp_path / "rd")
     for name, columns in COLUMNS.items():
         data = load_from_disk(manifest[f"{name}_dir"])
         assert set(data) == {"train", "test"}
-        assert len(data["train"]) + len(data["test"]) == manifest["metrics"][f"train/n_{name}"] + manifest["metrics"][f"test/n_{name}"]
+        assert (
+            len(data["train"]) + len(data["test"])
+            == manifest["metrics"][f"train/n_{name}"] + manifest["metrics"][f"test/n_{name}"]
+        )
     assert manifest["metrics"]["train/n_pairs"] == 0 and manifest["metrics"]["train/n_solutions"] == 4 * 2
     assert manifest["metrics"]["perf/train/step_labels_per_s"] > 0  # Monte-Carlo labels, what they cost
     assert manifest["metrics"]["train/mc_rollouts"] % cfg.reward_data.mc_rollouts == 0
@@ -174,14 +195,22 @@ def test_planted_errors_join_the_training_split_only(tmp_path, tiny_cfg, tiny_mo
 
     from grpo_core.stages.reward_data import run_reward_data
 
-    cfg = tiny_cfg(tmp_path, reward_data__questions=6, reward_data__samples_per_question=2,
-                   reward_data__max_new_tokens=8, reward_data__labeler="exact", reward_data__heldout_fraction=0.34,
-                   reward_data__planted_errors=3)
+    cfg = tiny_cfg(
+        tmp_path,
+        reward_data__questions=6,
+        reward_data__samples_per_question=2,
+        reward_data__max_new_tokens=8,
+        reward_data__labeler="exact",
+        reward_data__heldout_fraction=0.34,
+        reward_data__planted_errors=3,
+    )
     manifest = run_reward_data(cfg, tiny_data_dir, tiny_model_dir, tmp_path / "rd")
     # 4 training questions x 3 planted solutions, every one wrong, each with exact step labels.
     assert manifest["metrics"]["train/planted_solutions"] == 4 * 3
     solutions = load_from_disk(manifest["solutions_dir"])
-    planted = [r for r in solutions["train"] if r["completion"].startswith(tuple("0123456789-")) and "####" in r["completion"]]
+    planted = [
+        r for r in solutions["train"] if r["completion"].startswith(tuple("0123456789-")) and "####" in r["completion"]
+    ]
     assert len(planted) >= 4 * 3 - 4 and not any(r["correct"] for r in planted)  # (distinct: alike ones once)
     steps = load_from_disk(manifest["steps_dir"])
     assert any(False in r["labels"] for r in steps["train"])
@@ -201,8 +230,9 @@ def test_a_verifier_head_trains_the_models_own_weights(tmp_path, tiny_cfg, tiny_
     from grpo_core.rewards.score_command import reward_model_kind
     from grpo_core.rewards.scorer import RewardScorer
 
-    cfg = tiny_cfg(tmp_path, **{f"{kind}__batch_size": 2, f"{kind}__epochs": 1, f"{kind}__head": head,
-                                f"{kind}__lr": 1e-3})
+    cfg = tiny_cfg(
+        tmp_path, **{f"{kind}__batch_size": 2, f"{kind}__epochs": 1, f"{kind}__head": head, f"{kind}__lr": 1e-3}
+    )
     manifest = run_reward_model(cfg, kind, reward_data, tiny_model_dir, tmp_path / kind)
     assert reward_model_kind(manifest["model"]) == kind and manifest["steps"] == 2
     trained, start = load_model(manifest["model"])[0], load_model(tiny_model_dir)[0]
@@ -239,5 +269,8 @@ def test_reward_data_sampling_says_how_far_it_is(monkeypatch, capsys):
     long = rd.said_every(lambda prompts: calls.append(len(prompts)) or prompts, "reward_data, round 1", 5, batch=2)
     assert long(list("abcde")) == list("abcde") and calls == [2, 2, 1]
     lines = [line.removeprefix("[reward_data, round 1] ") for line in capsys.readouterr().err.splitlines()]
-    assert [line[:26] for line in lines] == ["2 of 5 solutions sampled, ", "4 of 5 solutions sampled, ",
-                                             "5 completions sampled (rol"]
+    assert [line[:26] for line in lines] == [
+        "2 of 5 solutions sampled, ",
+        "4 of 5 solutions sampled, ",
+        "5 completions sampled (rol",
+    ]

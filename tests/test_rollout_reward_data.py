@@ -1,5 +1,6 @@
 """GRPO's checked rollouts as the next round's reward data: the log GRPO writes (and trims on
 resume), and its conversion into solutions, pairs and exactly labelled steps, by hand."""
+
 from __future__ import annotations
 
 import json
@@ -24,10 +25,26 @@ def _row(q, gold, text, ok):
 def grpo_dir(tmp_path):
     """Two steps of a GRPO stage: step 1 samples Q1 and HELD twice each, step 2 samples Q2 and Q1."""
     path = rollout_log.log_path(tmp_path)
-    rollout_log.append(path, 1, [_row(Q1, "3", RIGHT1, True), _row(Q1, "3", WRONG1, False),
-                                 _row(HELD, "0", "9 - 9 = 0\n#### 0", True), _row(HELD, "0", "#### 1", False)])
-    rollout_log.append(path, 2, [_row(Q2, "3", RIGHT2, True), _row(Q2, "3", SLIP2, False),
-                                 _row(Q1, "3", RIGHT1, True), _row(Q1, "3", RIGHT1, True)])
+    rollout_log.append(
+        path,
+        1,
+        [
+            _row(Q1, "3", RIGHT1, True),
+            _row(Q1, "3", WRONG1, False),
+            _row(HELD, "0", "9 - 9 = 0\n#### 0", True),
+            _row(HELD, "0", "#### 1", False),
+        ],
+    )
+    rollout_log.append(
+        path,
+        2,
+        [
+            _row(Q2, "3", RIGHT2, True),
+            _row(Q2, "3", SLIP2, False),
+            _row(Q1, "3", RIGHT1, True),
+            _row(Q1, "3", RIGHT1, True),
+        ],
+    )
     return tmp_path
 
 
@@ -49,12 +66,20 @@ def test_rollouts_become_groups_of_training_questions_only(grpo_dir):
     groups = rollout_samples(grpo_dir, {Q1, Q2}, None, seed=0)
     # (step 1, Q1), (step 2, Q2), (step 2, Q1): the held-out question's rollouts are dropped.
     assert [(g.example.question, g.correct) for g in groups] == [
-        (Q1, [True, False]), (Q2, [True, False]), (Q1, [True, True])]
+        (Q1, [True, False]),
+        (Q2, [True, False]),
+        (Q1, [True, True]),
+    ]
     # 6 solutions, with their verdicts, for the pointwise ORM.
     sols = solution_rows(groups)
     assert [(r["prompt"], r["correct"]) for r in sols] == [
-        (prompt_text(Q1), True), (prompt_text(Q1), False), (prompt_text(Q2), True), (prompt_text(Q2), False),
-        (prompt_text(Q1), True), (prompt_text(Q1), True)]
+        (prompt_text(Q1), True),
+        (prompt_text(Q1), False),
+        (prompt_text(Q2), True),
+        (prompt_text(Q2), False),
+        (prompt_text(Q1), True),
+        (prompt_text(Q1), True),
+    ]
     # Distinct solutions (the ORM's training rows): the all-right group's two alike samples count once.
     assert len(solution_rows(groups, distinct=True)) == 5
     # Pairs: one per mixed group (1 right x 1 wrong); the all-right group gives none.
@@ -63,8 +88,12 @@ def test_rollouts_become_groups_of_training_questions_only(grpo_dir):
     # Exact step labels: a group's distinct solutions. SLIP2 is wrong from its first line on.
     steps = step_rows(groups, None, 0, "\n")
     assert [(r["completion"], r["labels"]) for r in steps] == [
-        (RIGHT1, [True, True]), (WRONG1, [False, False]), (RIGHT2, [True, True, True]),
-        (SLIP2, [False, False, False]), (RIGHT1, [True, True])]
+        (RIGHT1, [True, True]),
+        (WRONG1, [False, False]),
+        (RIGHT2, [True, True, True]),
+        (SLIP2, [False, False, False]),
+        (RIGHT1, [True, True]),
+    ]
 
 
 def test_a_subset_is_drawn_reproducibly(grpo_dir):
@@ -74,8 +103,9 @@ def test_a_subset_is_drawn_reproducibly(grpo_dir):
     assert [(g.example.question, g.completions) for g in a] == [(g.example.question, g.completions) for g in b]
 
 
-def test_grpo_logs_every_checked_rollout_and_a_resume_logs_no_step_twice(tmp_path, tiny_cfg, tiny_data_dir,
-                                                                       tiny_model_dir):
+def test_grpo_logs_every_checked_rollout_and_a_resume_logs_no_step_twice(
+    tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir
+):
     from grpo_core.stages.grpo import run_grpo
 
     kw = dict(grpo__checkpoint_every=1, grpo__questions_per_step=2, grpo__group_size=2)
@@ -88,8 +118,9 @@ def test_grpo_logs_every_checked_rollout_and_a_resume_logs_no_step_twice(tmp_pat
     assert len(a) == 3 * 2 * 2 and a == b  # identical samples, none twice, the stale line gone
 
 
-@pytest.mark.parametrize("question,gold", [("What is 7 + 5 - 9?", "3"), ("What is 1 - 2 + 3 - 4?", "-2"),
-                                           ("What is 9 + 9?", "18")])
+@pytest.mark.parametrize(
+    "question,gold", [("What is 7 + 5 - 9?", "3"), ("What is 1 - 2 + 3 - 4?", "-2"), ("What is 9 + 9?", "18")]
+)
 def test_a_planted_error_is_one_wrong_step_carried_to_a_wrong_answer(question, gold):
     import random
 
@@ -116,7 +147,9 @@ def test_planted_samples_are_negatives_of_their_questions(tmp_path):
 
     groups = planted_samples([Example(Q1, "3"), Example(Q2, "3")], 3, seed=0)
     assert [(g.example.question, len(g.completions), g.correct) for g in groups] == [
-        (Q1, 3, [False] * 3), (Q2, 3, [False] * 3)]
+        (Q1, 3, [False] * 3),
+        (Q2, 3, [False] * 3),
+    ]
     assert groups[0].completions == planted_samples([Example(Q1, "3")], 3, seed=0)[0].completions  # reproducible
     with pytest.raises(ValueError, match="arithmetic task"):
         planted_samples([Example("Name a prime.", "2")], 1, seed=0)

@@ -1,6 +1,7 @@
 """Iterative RL rounds end to end on a tiny recipe: what each round starts from, the replay buffer's
 versions and the replay in each retraining set, MLflow round runs and the model registry, Prefect
 artifacts, and ``rl_rounds`` continuing a finished run without redoing its rounds."""
+
 from __future__ import annotations
 
 import json
@@ -8,10 +9,21 @@ from pathlib import Path
 
 import pytest
 
-REWARD_MODELS = dict(orm__train=True, prm__train=True, reward_data__questions=8,
-                     reward_data__samples_per_question=3, reward_data__max_new_tokens=12, reward_data__mc_rollouts=2,
-                     reward_data__heldout_fraction=0.25, orm__batch_size=4, prm__batch_size=4, orm__lr=1e-3,
-                     prm__lr=1e-3, sft__max_steps=2, grpo__max_steps=1)
+REWARD_MODELS = dict(
+    orm__train=True,
+    prm__train=True,
+    reward_data__questions=8,
+    reward_data__samples_per_question=3,
+    reward_data__max_new_tokens=12,
+    reward_data__mc_rollouts=2,
+    reward_data__heldout_fraction=0.25,
+    orm__batch_size=4,
+    prm__batch_size=4,
+    orm__lr=1e-3,
+    prm__lr=1e-3,
+    sft__max_steps=2,
+    grpo__max_steps=1,
+)
 
 
 @pytest.fixture
@@ -30,8 +42,14 @@ def test_three_rounds_chain_policies_reward_models_and_replay(prefect_harness, t
     from flows.pipeline import pipeline
     from grpo_core.rewards.replay import ORIGIN
 
-    cfg = tiny_cfg(tmp_path, "grpo.reward_weights={orm: 1.0, rule: 1.0}", run_name="iter", rounds__count=3,
-                   rounds__replay_fraction=0.5, **REWARD_MODELS)
+    cfg = tiny_cfg(
+        tmp_path,
+        "grpo.reward_weights={orm: 1.0, rule: 1.0}",
+        run_name="iter",
+        rounds__count=3,
+        rounds__replay_fraction=0.5,
+        **REWARD_MODELS,
+    )
     manifest = pipeline(cfg)
     run_dir = tmp_path / "runs" / "iter"
     rounds = manifest["rounds"]
@@ -101,8 +119,9 @@ def test_three_rounds_chain_policies_reward_models_and_replay(prefect_harness, t
     for k in (1, 2, 3):
         version = run_dir / "replay" / f"v{k}"
         pairs = load_from_disk(str(version / "pairs"))
-        fresh = [len(load_from_disk(str(run_dir / f"round-{j}" / "reward_data" / "pairs"))["train"])
-                 for j in range(1, k + 1)]
+        fresh = [
+            len(load_from_disk(str(run_dir / f"round-{j}" / "reward_data" / "pairs"))["train"]) for j in range(1, k + 1)
+        ]
         assert len(pairs) == sum(fresh)
         assert set(pairs[ORIGIN]) <= set(range(1, k + 1))
         assert json.loads((version / "manifest.json").read_text())["round"] == k
@@ -111,16 +130,32 @@ def test_three_rounds_chain_policies_reward_models_and_replay(prefect_harness, t
     client = MlflowClient(cfg.tracking.tracking_uri)
     parent = client.get_run(manifest["mlflow_run_id"])
     exp = [parent.info.experiment_id]
-    round_runs = {r.info.run_name: r for r in client.search_runs(
-        exp, filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}' and tags.round != ''")}
+    round_runs = {
+        r.info.run_name: r
+        for r in client.search_runs(
+            exp, filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}' and tags.round != ''"
+        )
+    }
     assert sorted(round_runs) == ["round-1", "round-2", "round-3"]
-    nested = {r.info.run_name for r in client.search_runs(
-        exp, filter_string=f"tags.mlflow.parentRunId = '{round_runs['round-2'].info.run_id}'")}
+    nested = {
+        r.info.run_name
+        for r in client.search_runs(
+            exp, filter_string=f"tags.mlflow.parentRunId = '{round_runs['round-2'].info.run_id}'"
+        )
+    }
     assert nested == {f"round-2/{s}" for s in ("reward_data", "replay", "orm", "prm", "grpo", "eval")}
     metrics = round_runs["round-2"].data.metrics
-    for key in ("round/test_accuracy", "rm/orm/before/auc", "rm/orm/after/auc", "rm/orm/quality_gate_passed",
-                "rm/orm/after/within_question_auc", "rm/orm/baseline/within_question_auc",
-                "rm/prm/before/step_accuracy", "rm/prm/baseline/step_auc", "rm/orm/replay_share"):
+    for key in (
+        "round/test_accuracy",
+        "rm/orm/before/auc",
+        "rm/orm/after/auc",
+        "rm/orm/quality_gate_passed",
+        "rm/orm/after/within_question_auc",
+        "rm/orm/baseline/within_question_auc",
+        "rm/prm/before/step_accuracy",
+        "rm/prm/baseline/step_auc",
+        "rm/orm/replay_share",
+    ):
         assert key in metrics, key
     orm_run = client.get_run(round_runs["round-2"].data.tags["stage_run.orm"])
     inputs = {d.dataset.name for d in orm_run.inputs.dataset_inputs}
@@ -128,7 +163,8 @@ def test_three_rounds_chain_policies_reward_models_and_replay(prefect_harness, t
     # The ORM drives GRPO here; a tiny untrained model is near chance, and the round says so.
     gate = rounds[1]["reward_models"]["orm"]["quality_gate"]
     assert round_runs["round-2"].data.tags["quality_gate"] == (
-        "passed" if gate["passed"] else "FAILED: " + "; ".join(rounds[1]["quality_warnings"]))
+        "passed" if gate["passed"] else "FAILED: " + "; ".join(rounds[1]["quality_warnings"])
+    )
     history = client.get_metric_history(parent.info.run_id, "round/test_accuracy")
     assert sorted(m.step for m in history) == [1, 2, 3]
 
@@ -158,8 +194,9 @@ def test_rl_rounds_continues_a_finished_run(prefect_harness, tmp_path, tiny_cfg,
 
     from flows.pipeline import pipeline, rl_rounds
 
-    cfg = tiny_cfg(tmp_path, "grpo.reward_weights={prm: 1.0}", run_name="more", grpo__supervision="process",
-                   **REWARD_MODELS)
+    cfg = tiny_cfg(
+        tmp_path, "grpo.reward_weights={prm: 1.0}", run_name="more", grpo__supervision="process", **REWARD_MODELS
+    )
     first = pipeline(cfg)
     run_dir = tmp_path / "runs" / "more"
     mtime = (run_dir / "round-1" / "grpo" / "model" / "model.safetensors").stat().st_mtime_ns
@@ -196,21 +233,51 @@ def test_a_reward_model_near_chance_that_drives_grpo_is_reported_loudly(tiny_cfg
     from flows.reports import round_report
     from grpo_core.rewards.gate import gate_grpo
 
-    summary = {"round": 2, "test_accuracy": 0.5, "val_accuracy": 0.5,
-               "grpo": {"steps": 3, "wall_s": 1.0, "best_step": 3, "reward_mean": 0.5, "kl": 0.0},
-               "reward_models": {
-                   "orm": {"before": {"within_question_auc": 0.5}, "after": {"within_question_auc": 0.55},
-                           "baseline": {"within_question_auc": 0.8}, "replay": {"share": 0.1},
-                           "quality_gate": {"metric": "within_question_auc", "value": 0.55, "threshold": 0.6,
-                                            "baseline": 0.8, "beats_baseline": False, "passed": False}},
-                   "prm": {"before": {"within_question_auc": 0.9}, "after": {"within_question_auc": 0.7},
-                           "baseline": {"within_question_auc": 0.85}, "replay": {"share": 0.1},
-                           "quality_gate": {"metric": "within_question_auc", "value": 0.7, "threshold": 0.6,
-                                            "baseline": 0.85, "beats_baseline": False, "passed": False}}}}
+    summary = {
+        "round": 2,
+        "test_accuracy": 0.5,
+        "val_accuracy": 0.5,
+        "grpo": {"steps": 3, "wall_s": 1.0, "best_step": 3, "reward_mean": 0.5, "kl": 0.0},
+        "reward_models": {
+            "orm": {
+                "before": {"within_question_auc": 0.5},
+                "after": {"within_question_auc": 0.55},
+                "baseline": {"within_question_auc": 0.8},
+                "replay": {"share": 0.1},
+                "quality_gate": {
+                    "metric": "within_question_auc",
+                    "value": 0.55,
+                    "threshold": 0.6,
+                    "baseline": 0.8,
+                    "beats_baseline": False,
+                    "passed": False,
+                },
+            },
+            "prm": {
+                "before": {"within_question_auc": 0.9},
+                "after": {"within_question_auc": 0.7},
+                "baseline": {"within_question_auc": 0.85},
+                "replay": {"share": 0.1},
+                "quality_gate": {
+                    "metric": "within_question_auc",
+                    "value": 0.7,
+                    "threshold": 0.6,
+                    "baseline": 0.85,
+                    "beats_baseline": False,
+                    "passed": False,
+                },
+            },
+        },
+    }
     gates = {kind: rm["quality_gate"] for kind, rm in summary["reward_models"].items()}
     assert gate_grpo(tiny_cfg(tmp_path), gates).failures == []  # near chance, but driving nothing (rule only)
-    drives = tiny_cfg(tmp_path, "grpo.reward_weights={rule: 1.0, orm: 0.5, prm: 1.0}", grpo__supervision="process",
-                      orm__train=True, prm__train=True)
+    drives = tiny_cfg(
+        tmp_path,
+        "grpo.reward_weights={rule: 1.0, orm: 0.5, prm: 1.0}",
+        grpo__supervision="process",
+        orm__train=True,
+        prm__train=True,
+    )
     gated = gate_grpo(drives, gates)
     assert gated.cfg is drives and gated.excluded == []  # rounds.on_gate_failure: report (the default) uses them
     warnings = gated.failures
@@ -218,12 +285,15 @@ def test_a_reward_model_near_chance_that_drives_grpo_is_reported_loudly(tiny_cfg
         "ORM held-out within_question_auc 0.550 < 0.6 and no better than the zero-training verifier (the SFT "
         "model's own likelihood: 0.800): GRPO's group-normalised reward ranks one question's solutions by it",
         "PRM held-out no better than the zero-training verifier (the SFT model's own likelihood: 0.850): GRPO's "
-        "group-normalised reward ranks one question's solutions by it"]
+        "group-normalised reward ranks one question's solutions by it",
+    ]
     report = round_report({**summary, "quality_warnings": warnings}, {"version": "2", "round": 2}, "http://x")
     lines = report.splitlines()
     assert lines[2].startswith("> **Warning: ORM held-out within_question_auc 0.550 < 0.6")
-    assert ("| ORM within_question_auc on fresh samples: before -> after retraining | 0.5000 -> 0.5500 (replay share "
-            "0.100; the SFT model's own likelihood, untrained: 0.8000) |") in report
+    assert (
+        "| ORM within_question_auc on fresh samples: before -> after retraining | 0.5000 -> 0.5500 (replay share "
+        "0.100; the SFT model's own likelihood, untrained: 0.8000) |"
+    ) in report
 
 
 def test_a_reward_model_that_fails_its_gate_can_be_kept_out_of_grpos_reward(tiny_cfg, tmp_path):
@@ -232,9 +302,19 @@ def test_a_reward_model_that_fails_its_gate_can_be_kept_out_of_grpos_reward(tiny
     from flows.reports import round_report
     from grpo_core.rewards.gate import gate_grpo
 
-    cfg = tiny_cfg(tmp_path, "grpo.reward_weights={rule: 1.0, orm: 0.5, prm: 1.0}", grpo__supervision="process",
-                   grpo__process_credit="min", rounds__on_gate_failure="exclude", orm__train=True, prm__train=True)
-    passed, failed = {"passed": True}, {"metric": "within_question_auc", "value": 0.5, "threshold": 0.6, "passed": False}
+    cfg = tiny_cfg(
+        tmp_path,
+        "grpo.reward_weights={rule: 1.0, orm: 0.5, prm: 1.0}",
+        grpo__supervision="process",
+        grpo__process_credit="min",
+        rounds__on_gate_failure="exclude",
+        orm__train=True,
+        prm__train=True,
+    )
+    passed, failed = (
+        {"passed": True},
+        {"metric": "within_question_auc", "value": 0.5, "threshold": 0.6, "passed": False},
+    )
     assert gate_grpo(cfg, {"orm": passed, "prm": passed}) == (cfg, [], [])
     no_orm = gate_grpo(cfg, {"orm": failed, "prm": passed})
     assert no_orm.excluded == ["orm"] and no_orm.failures[0].startswith("ORM held-out within_question_auc 0.500 < 0.6")
@@ -242,19 +322,32 @@ def test_a_reward_model_that_fails_its_gate_can_be_kept_out_of_grpos_reward(tiny
     no_prm = gate_grpo(cfg, {"orm": passed, "prm": failed}).cfg.grpo
     assert no_prm.reward_weights == {"rule": 1.0, "orm": 0.5} and no_prm.supervision == "outcome"
     assert no_orm.cfg.grpo.process_credit == "min" and no_prm.process_credit == "sum"
-    only_prm = tiny_cfg(tmp_path, "grpo.reward_weights={prm: 1.0}", grpo__supervision="process", prm__train=True,
-                        rounds__on_gate_failure="exclude")
+    only_prm = tiny_cfg(
+        tmp_path,
+        "grpo.reward_weights={prm: 1.0}",
+        grpo__supervision="process",
+        prm__train=True,
+        rounds__on_gate_failure="exclude",
+    )
     with pytest.raises(ValueError, match="nothing is left to drive GRPO"):
         gate_grpo(only_prm, {"prm": failed})
-    summary = {"round": 1, "test_accuracy": 0.5, "val_accuracy": 0.5, "reward_models": {},
-               "grpo": {"steps": 1, "wall_s": 1.0, "best_step": 1}, "excluded_reward_models": ["prm"]}
+    summary = {
+        "round": 1,
+        "test_accuracy": 0.5,
+        "val_accuracy": 0.5,
+        "reward_models": {},
+        "grpo": {"steps": 1, "wall_s": 1.0, "best_step": 1},
+        "excluded_reward_models": ["prm"],
+    }
     assert "Kept out of this round's GRPO reward (rounds.on_gate_failure: exclude): PRM." in round_report(
-        summary, {"version": "1", "round": 1}, "http://x")
+        summary, {"version": "1", "round": 1}, "http://x"
+    )
 
 
 @pytest.mark.parametrize("curriculum, stages", [(0.0, []), (0.5, ["reward_data"])])
-def test_a_curriculum_alone_samples_the_reward_data_for_its_pass_rates(tiny_cfg, tmp_path, monkeypatch, curriculum,
-                                                                       stages):
+def test_a_curriculum_alone_samples_the_reward_data_for_its_pass_rates(
+    tiny_cfg, tmp_path, monkeypatch, curriculum, stages
+):
     """No reward model trained: reward_data runs only where GRPO's curriculum needs pass rates (no replay)."""
     import flows.rounds as rounds
     from grpo_core.manifests import Ref
@@ -272,13 +365,20 @@ def test_run_and_rounds_end_with_a_table_a_person_reads():
     interval, the champion marked, what came from the cache, where the details are."""
     from flows.reports import terminal_report
 
-    manifest = {"run_name": "demo", "eval": {"sft": {"accuracy": 0.832, "n": 2000}}, "cached_stages": ["data", "sft"],
-                "rounds": [{"round": 1, "test_accuracy": 0.8635, "cached_stages": ["grpo"]},
-                           {"round": 2, "test_accuracy": 0.879,
-                            "minus_previous_round": {"mean": 0.0155, "low": 0.009, "high": 0.022}}],
-                "champion": {"version": "2", "name": "demo-policy", "round": 2, "val_accuracy": 0.92}}
-    gains = {1: {"test": {"mean": 0.0315, "low": 0.021, "high": 0.042}},
-             2: {"test": {"mean": 0.047, "low": 0.036, "high": 0.058}}}
+    manifest = {
+        "run_name": "demo",
+        "eval": {"sft": {"accuracy": 0.832, "n": 2000}},
+        "cached_stages": ["data", "sft"],
+        "rounds": [
+            {"round": 1, "test_accuracy": 0.8635, "cached_stages": ["grpo"]},
+            {"round": 2, "test_accuracy": 0.879, "minus_previous_round": {"mean": 0.0155, "low": 0.009, "high": 0.022}},
+        ],
+        "champion": {"version": "2", "name": "demo-policy", "round": 2, "val_accuracy": 0.92},
+    }
+    gains = {
+        1: {"test": {"mean": 0.0315, "low": 0.021, "high": 0.042}},
+        2: {"test": {"mean": 0.047, "low": 0.036, "high": 0.058}},
+    }
     assert terminal_report(manifest, gains, Path("runs/demo/manifest.json")).splitlines() == [
         "demo: 2 RL round(s) after SFT",
         "model               test (2,000 q)  minus SFT (95%)            minus previous round (95%)",
@@ -288,4 +388,5 @@ def test_run_and_rounds_end_with_a_table_a_person_reads():
         "",
         "champion: version 2 of demo-policy (round 2, validation 92.00%)",
         "from the cache: data, round-1/grpo, sft",
-        "details: runs/demo/manifest.json (--json prints the summary as JSON)"]
+        "details: runs/demo/manifest.json (--json prints the summary as JSON)",
+    ]

@@ -1,6 +1,7 @@
 """A pipeline process killed (SIGKILL) in the middle of RL round 2 and run again: rounds already done
 come from the cache, and round 2's GRPO resumes from its last complete checkpoint. Slow: two
 processes, each starting a temporary Prefect server (~30-60 s in all on 2 cores)."""
+
 from __future__ import annotations
 
 import json
@@ -22,16 +23,29 @@ pytestmark = pytest.mark.slow
 def _recipe(tmp_path: Path) -> Path:
     from tests.conftest import make_tiny_cfg
 
-    cfg = make_tiny_cfg(tmp_path, run_name="killed", rounds__count=2, grpo__max_steps=150, grpo__checkpoint_every=1,
-                        grpo__eval_every=1000, sft__max_steps=2)
+    cfg = make_tiny_cfg(
+        tmp_path,
+        run_name="killed",
+        rounds__count=2,
+        grpo__max_steps=150,
+        grpo__checkpoint_every=1,
+        grpo__eval_every=1000,
+        sft__max_steps=2,
+    )
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
     return path
 
 
 def _run(recipe: Path, env: dict) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "flows.cli", "run", str(recipe)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "flows.cli", "run", str(recipe)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def test_killed_mid_round_resumes_without_redoing_finished_rounds(tmp_path):

@@ -1,5 +1,6 @@
 """Device, precision and memory options of the training stages (``launch``): bf16 autocast and
 gradient checkpointing run on the CPU here; the CUDA tests run where a GPU is (``pytest -m gpu``)."""
+
 from __future__ import annotations
 
 import math
@@ -25,8 +26,12 @@ class Recorder(NullLogger):
 
 def _sft_losses(tiny_cfg, tiny_data_dir, tmp_path, name: str, *launch: str) -> list[float]:
     log = Recorder()
-    run_sft(tiny_cfg(tmp_path / name, *launch, sft__max_steps=3, sft__eval_every=3), tiny_data_dir,
-            tmp_path / name / "sft", log)
+    run_sft(
+        tiny_cfg(tmp_path / name, *launch, sft__max_steps=3, sft__eval_every=3),
+        tiny_data_dir,
+        tmp_path / name / "sft",
+        log,
+    )
     return log.losses
 
 
@@ -85,8 +90,10 @@ def test_cuda_graph_decoding_samples_what_the_eager_loop_samples(tiny_model_dir,
     runs = {}
     for graphs in (True, False):
         monkeypatch.setattr(fast_decode, "CUDA_GRAPHS", graphs)
-        runs[graphs] = [generate(model, tok, prompts, max_new_tokens=16).texts,
-                        generate(model, tok, prompts, max_new_tokens=16, temperatures=[1.0] * 8, seed=1).texts]
+        runs[graphs] = [
+            generate(model, tok, prompts, max_new_tokens=16).texts,
+            generate(model, tok, prompts, max_new_tokens=16, temperatures=[1.0] * 8, seed=1).texts,
+        ]
     assert runs[True] == runs[False]
 
 

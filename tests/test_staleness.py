@@ -1,5 +1,6 @@
 """A reward model's staleness on the policy's current samples: its within-question AUC against the
 answer checker on a GRPO step's groups, pooled over the steps between two evaluations."""
+
 import math
 
 import pytest
@@ -40,9 +41,11 @@ def test_staleness_pools_steps_by_their_mixed_groups():
     # Step 1: AUC 0.9 on 3 mixed groups; step 2: 0.5 on 1; step 3: none (NaN, 0 groups).
     # Pooled: (0.9 * 3 + 0.5 * 1) / 4 = 3.2 / 4 = 0.8. Means over the 3 steps: ORM score
     # (0.6 + 0.7 + 0.8) / 3 = 0.7; checker (0.5 + 0.4 + 0.3) / 3 = 0.4.
-    steps = [{"accuracy": 0.5, "orm_mean": 0.6, "orm_within_auc": 0.9, "orm_mixed_groups": 3.0},
-             {"accuracy": 0.4, "orm_mean": 0.7, "orm_within_auc": 0.5, "orm_mixed_groups": 1.0},
-             {"accuracy": 0.3, "orm_mean": 0.8, "orm_within_auc": math.nan, "orm_mixed_groups": 0.0}]
+    steps = [
+        {"accuracy": 0.5, "orm_mean": 0.6, "orm_within_auc": 0.9, "orm_mixed_groups": 3.0},
+        {"accuracy": 0.4, "orm_mean": 0.7, "orm_within_auc": 0.5, "orm_mixed_groups": 1.0},
+        {"accuracy": 0.3, "orm_mean": 0.8, "orm_within_auc": math.nan, "orm_mixed_groups": 0.0},
+    ]
     out = staleness(steps)
     assert out["staleness/orm_within_auc"] == pytest.approx(0.8)
     assert out["staleness/orm_mean"] == pytest.approx(0.7)

@@ -1,4 +1,5 @@
 """The comparison statistics, by hand."""
+
 from __future__ import annotations
 
 import math

@@ -7,6 +7,7 @@ probability per step prefix is known, so hard labels (any success) and soft labe
 can be predicted. Properties (hypothesis) cover the splitter, step-end tokens, outcome pairs and
 the label counts.
 """
+
 from __future__ import annotations
 
 import math
@@ -20,10 +21,24 @@ from hypothesis import strategies as st
 from grpo_core.config import ArithmeticTask
 from grpo_core.data import Example, generate_arithmetic, prompt_text
 from grpo_core.lm.modeling import char_tokenizer
-from grpo_core.rewards.labels import (Sampled, label_agreement, mc_step_labels, mc_step_labels_batch,
-                                   outcome_pairs, sample_solutions, step_rows)
-from grpo_core.rewards.steps import (char_ends_of_tokens, exact_step_labels, planted_error, reference_steps,
-                                    split_steps, step_end_tokens, step_texts)
+from grpo_core.rewards.labels import (
+    Sampled,
+    label_agreement,
+    mc_step_labels,
+    mc_step_labels_batch,
+    outcome_pairs,
+    sample_solutions,
+    step_rows,
+)
+from grpo_core.rewards.steps import (
+    char_ends_of_tokens,
+    exact_step_labels,
+    planted_error,
+    reference_steps,
+    split_steps,
+    step_end_tokens,
+    step_texts,
+)
 from grpo_core.verify import is_correct
 
 QUESTION = "What is 7 + 5 - 9?"
@@ -182,7 +197,12 @@ def test_exact_labels_early_answer_extra_step_and_prose():
     # An equation past the end of the chain is wrong.
     assert exact_step_labels(QUESTION, STEPS[:2] + ["3 + 0 = 3", "#### 3"], GOLD) == [True, True, False, False]
     # A prose line is neither an equation of the chain nor an answer.
-    assert exact_step_labels(QUESTION, ["7 + 5 = 12", "so", "12 - 9 = 3", "#### 3"], GOLD) == [True, False, False, False]
+    assert exact_step_labels(QUESTION, ["7 + 5 = 12", "so", "12 - 9 = 3", "#### 3"], GOLD) == [
+        True,
+        False,
+        False,
+        False,
+    ]
 
 
 def test_exact_labels_non_arithmetic_question_is_none():
@@ -190,12 +210,15 @@ def test_exact_labels_non_arithmetic_question_is_none():
     assert exact_step_labels("How many apples does Tom have?", STEPS, GOLD) is None
 
 
-@pytest.mark.parametrize("steps", [
-    ["9" * 100_000 + " + 5 = 12", "#### 3"],  # an operand far past the 12-digit cap
-    ["7 + 5 = " + "1" * 13, "#### " + "9" * 10_000],  # 13 digits: not an equation; huge answer
-    [" " * 50_000 + "+" * 50_000 + "=", "#" * 100_000],
-    ["7 + 5 = 12\x00", "####", "#### \\boxed{" * 1000],
-])
+@pytest.mark.parametrize(
+    "steps",
+    [
+        ["9" * 100_000 + " + 5 = 12", "#### 3"],  # an operand far past the 12-digit cap
+        ["7 + 5 = " + "1" * 13, "#### " + "9" * 10_000],  # 13 digits: not an equation; huge answer
+        [" " * 50_000 + "+" * 50_000 + "=", "#" * 100_000],
+        ["7 + 5 = 12\x00", "####", "#### \\boxed{" * 1000],
+    ],
+)
 def test_exact_labels_hostile_steps_do_not_crash(steps):
     """Over-long numbers are not equations (12-digit cap) nor answers: every step is False."""
     assert exact_step_labels(QUESTION, steps, GOLD) == [False] * len(steps)
@@ -257,7 +280,8 @@ def test_outcome_pairs_only_from_mixed_questions_without_duplicates():
     rows = outcome_pairs([ALL_RIGHT, MIXED, ALL_WRONG], max_pairs=10, seed=0)
     assert len(rows) == 4
     assert {(r["chosen"], r["rejected"]) for r in rows} == {
-        (g, b) for g in ("#### 3", "12 - 9 = 3\n#### 3") for b in ("#### 4", "#### 5")}
+        (g, b) for g in ("#### 3", "12 - 9 = 3\n#### 3") for b in ("#### 4", "#### 5")
+    }
     for r in rows:
         assert set(r) == {"prompt", "chosen", "rejected"}  # TRL's preference columns
         assert r["prompt"] == prompt_text(QUESTION)
@@ -275,8 +299,11 @@ def test_outcome_pairs_cap_and_determinism():
 
 
 @FAST
-@given(flags=st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=6), min_size=1, max_size=4),
-       cap=st.integers(0, 5), seed=st.integers(0, 100))
+@given(
+    flags=st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=6), min_size=1, max_size=4),
+    cap=st.integers(0, 5),
+    seed=st.integers(0, 100),
+)
 def test_outcome_pairs_count_property(flags, cap, seed):
     """Per question: min(cap, #distinct good x #distinct bad) rows (answer 0 is right, 1..3 wrong)."""
     samples = [sampled([f"#### {a}" for a in answers], f"What is {i} + 0?", "0") for i, answers in enumerate(flags)]
@@ -407,8 +434,11 @@ def test_step_rows_exact_labeler_rejects_non_arithmetic():
 def test_step_rows_mc_labeler():
     wrong = ["7 + 5 = 12", "12 - 9 = 4", "#### 4"]
     other = "How many apples does Tom have?"
-    p = {**prefix_probs(QUESTION, STEPS, [1.0, 1.0]), **prefix_probs(QUESTION, wrong, [1.0, 0.0]),
-         **prefix_probs(other, ["Tom has 3.", "#### 3"], [1.0])}
+    p = {
+        **prefix_probs(QUESTION, STEPS, [1.0, 1.0]),
+        **prefix_probs(QUESTION, wrong, [1.0, 0.0]),
+        **prefix_probs(other, ["Tom has 3.", "#### 3"], [1.0]),
+    }
     stub = StubCompleter(p, {QUESTION: GOLD, other: "3"})
     samples = [sampled([SOLUTION, "\n".join(wrong)]), sampled(["Tom has 3.\n#### 3"], other, "3")]
     rows = step_rows(samples, stub, n=2, separator="\n")
@@ -426,8 +456,12 @@ def test_label_agreement_hand_computed():
         {"labels": [True, True], "exact_labels": []},  # not arithmetic: ignored
     ]
     # 4 compared steps: agree on (T,T), (F,F) -> 2/4; MC True / exact False once; the reverse once.
-    assert label_agreement(rows) == {"mc_exact_agreement": 0.5, "mc_true_exact_false": 0.25,
-                                     "mc_false_exact_true": 0.25, "steps_compared": 4.0}
+    assert label_agreement(rows) == {
+        "mc_exact_agreement": 0.5,
+        "mc_true_exact_false": 0.25,
+        "mc_false_exact_true": 0.25,
+        "steps_compared": 4.0,
+    }
     assert label_agreement([rows[2]]) == {} and label_agreement([]) == {}
 
 
@@ -460,8 +494,11 @@ def chain_continuer(success: float, seed: int = 0):
             lines = prefix.split("\n")[:-1]
             on_track = lines == reference[: len(lines)]
             answer = chain[-1][3]
-            out.append("\n".join(reference[len(lines):] + [f"#### {answer}"]) if on_track and rng.random() < success
-                       else f"#### {answer + 1}")
+            out.append(
+                "\n".join(reference[len(lines) :] + [f"#### {answer}"])
+                if on_track and rng.random() < success
+                else f"#### {answer + 1}"
+            )
         return out
 
     return complete
@@ -476,12 +513,16 @@ def test_mc_labels_agree_with_the_exact_labeller(success, n, floor):
     solutions of one question share their common prefixes' rollouts."""
     task = ArithmeticTask(operand_counts=(3, 4, 5, 6), n_sft=60, n_rl=1, n_val=1, n_test=1)
     rng = random.Random(0)
-    samples = [Sampled(e, [e.solution] + [planted_error(e.question, rng) for _ in range(3)], [True, False, False, False])
-               for e in generate_arithmetic(task, seed=0)["sft"]]
+    samples = [
+        Sampled(e, [e.solution] + [planted_error(e.question, rng) for _ in range(3)], [True, False, False, False])
+        for e in generate_arithmetic(task, seed=0)["sft"]
+    ]
     calls = []
     continuer = chain_continuer(success)
     rows = step_rows(samples, lambda prompts: calls.append(len(prompts)) or continuer(prompts), n, "\n")
     agreement = label_agreement(rows)
     assert agreement["steps_compared"] > 500 and agreement["mc_exact_agreement"] >= floor
-    prefixes = {(r["prompt"], "\n".join(r["completions"][: k + 1])) for r in rows for k in range(len(r["completions"]) - 1)}
+    prefixes = {
+        (r["prompt"], "\n".join(r["completions"][: k + 1])) for r in rows for k in range(len(r["completions"]) - 1)
+    }
     assert calls == [n * len(prefixes)] and len(prefixes) < sum(len(r["completions"]) - 1 for r in rows)

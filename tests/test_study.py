@@ -2,6 +2,7 @@
 intervals, the two-round variant's PRM retraining, peak memory from stages in processes of their own,
 the figures on disk, in MLflow and in the Prefect artifact; and the study's figures from a hand-made
 manifest."""
+
 from __future__ import annotations
 
 import json
@@ -26,12 +27,18 @@ def test_study_flow_two_seeds(prefect_harness, tmp_path, tiny_cfg, monkeypatch):
     from grpo_core.stages.sft import continued
 
     monkeypatch.setattr(reward_data_mod, "is_correct", lambda text, gold: sum(map(ord, text)) % 2 == 1)
-    cfg = tiny_cfg(tmp_path, "grpo.reward_weights={prm: 1.0, rule: 1.0}", run_name="st", grpo__supervision="process",
-                   **REWARD_MODELS)
+    cfg = tiny_cfg(
+        tmp_path,
+        "grpo.reward_weights={prm: 1.0, rule: 1.0}",
+        run_name="st",
+        grpo__supervision="process",
+        **REWARD_MODELS,
+    )
     manifest = pipeline(cfg)
     run_dir = tmp_path / "runs" / "st"
-    out = experiment(str(run_dir), "study", VARIANTS, seeds=2, seconds=3, steps=2, samples=2, sample_questions=4,
-                     eval_every=1)
+    out = experiment(
+        str(run_dir), "study", VARIANTS, seeds=2, seconds=3, steps=2, samples=2, sample_questions=4, eval_every=1
+    )
 
     # Continued SFT goes on at the lr SFT ended with (from the manifest, or its last checkpoint).
     sft = manifest["stages"]["sft"]
@@ -80,9 +87,12 @@ def test_study_flow_two_seeds(prefect_harness, tmp_path, tiny_cfg, monkeypatch):
     run = client.get_run(out["mlflow_run_id"])
     assert run.info.run_name == "study-st" and run.info.status == "FINISHED"
     assert {f.path for f in client.list_artifacts(run.info.run_id, "figures")} == {
-        f"figures/{n}.png" for n in out["figures"]}
+        f"figures/{n}.png" for n in out["figures"]
+    }
     with get_client(sync_client=True) as prefect:
-        [artifact] = prefect.read_latest_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["study-st"])))
+        [artifact] = prefect.read_latest_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["study-st"]))
+        )
     assert "| prm-process-2-rounds | 2 |" in artifact.data and artifact.data.count("data:image/png;base64,") == 4
     table = json.loads(Path(client.download_artifacts(run.info.run_id, "study.json", str(tmp_path))).read_text())
     assert {"gain_over_one_round", "peak_rss_mib_mean"} <= set(table["columns"])  # not just the SFT row's
@@ -96,19 +106,52 @@ def test_study_figures_from_a_manifest(tmp_path):
     """The figures draw from the manifest alone: curves of unequal length, a missing seed value, K."""
     from grpo_core import figures
 
-    run = {"seed": 0, "model": {"path": "m", "digest": "d"}, "train_s": 10.0, "steps": 4, "extra_s": 0.0,
-           "peak_memory": {"rss_mib": 600.0}, "curve": [[0.0, 0.5], [4.0, 0.6], [10.0, 0.7]]}
+    run = {
+        "seed": 0,
+        "model": {"path": "m", "digest": "d"},
+        "train_s": 10.0,
+        "steps": 4,
+        "extra_s": 0.0,
+        "peak_memory": {"rss_mib": 600.0},
+        "curve": [[0.0, 0.5], [4.0, 0.6], [10.0, 0.7]],
+    }
     short = run | {"seed": 1, "curve": [[0.0, 0.5], [6.0, 0.55]]}
-    row = {"test_accuracy_mean": 0.6, "test_accuracy_std": 0.01, "maj@4_mean": 0.62, "maj@4_std": 0.01,
-           "pass@4_mean": 0.8, "pass@4_std": 0.02, "steps_per_s_mean": 0.4, "peak_rss_mib_mean": 600.0}
-    study = {"run_name": "x", "seeds": 2, "samples": 4, "n_sampled": 10, "sft_val_accuracy": 0.5,
-             "budget": {"seconds": 10.0, "steps": None}, "runs": {"grpo": [run, short], "continued-sft": [run, run]},
-             "rows": [{"variant": "sft", "test_accuracy_mean": 0.5, "test_accuracy_std": 0.0, "maj@4_mean": 0.55,
-                       "pass@4_mean": 0.7}, row | {"variant": "grpo"}, row | {"variant": "continued-sft"}]}
+    row = {
+        "test_accuracy_mean": 0.6,
+        "test_accuracy_std": 0.01,
+        "maj@4_mean": 0.62,
+        "maj@4_std": 0.01,
+        "pass@4_mean": 0.8,
+        "pass@4_std": 0.02,
+        "steps_per_s_mean": 0.4,
+        "peak_rss_mib_mean": 600.0,
+    }
+    study = {
+        "run_name": "x",
+        "seeds": 2,
+        "samples": 4,
+        "n_sampled": 10,
+        "sft_val_accuracy": 0.5,
+        "budget": {"seconds": 10.0, "steps": None},
+        "runs": {"grpo": [run, short], "continued-sft": [run, run]},
+        "rows": [
+            {
+                "variant": "sft",
+                "test_accuracy_mean": 0.5,
+                "test_accuracy_std": 0.0,
+                "maj@4_mean": 0.55,
+                "pass@4_mean": 0.7,
+            },
+            row | {"variant": "grpo"},
+            row | {"variant": "continued-sft"},
+        ],
+    }
     assert figures._at([(0.0, 0.5), (4.0, 0.6)], [0.0, 3.9, 4.0, 9.0]) == [0.5, 0.5, 0.6, 0.6]
     assert figures._at([(2.0, 0.5)], [1.0])[0] != figures._at([(2.0, 0.5)], [1.0])[0]  # NaN before the first
     paths = figures.save(figures.study_figures(study), tmp_path)
-    assert set(paths) == {"accuracy_over_time", "sampling", "memory"} and all(p.stat().st_size > 1000 for p in paths.values())
+    assert set(paths) == {"accuracy_over_time", "sampling", "memory"} and all(
+        p.stat().st_size > 1000 for p in paths.values()
+    )
     # A variant on a learned reward adds the checker against that reward; rule-only steps have none.
     rewards = [{"elapsed_s": t, "accuracy": 0.5 + t / 100, "orm_mean": 0.6 + t / 50} for t in (0.0, 3.0, 7.0)]
     study["runs"]["orm"] = [run | {"rewards": rewards}, short | {"rewards": rewards[:2]}]
@@ -120,13 +163,16 @@ def test_study_figures_from_a_manifest(tmp_path):
     figures.save(drawn, tmp_path)
 
 
-@pytest.mark.parametrize("args, message", [
-    ([], "manifest.json: run the pipeline first"),
-    (["--variants", "ppo,reinforce"], "--variants: unknown reinforce; choose from continued-sft"),
-    (["--steps", "0"], "--steps 0: must be at least 1"),
-    (["--sample-questions", "0"], "--sample-questions 0: must be at least 1"),
-    (["--seconds", "-1"], "--seconds -1.0: must be positive"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ([], "manifest.json: run the pipeline first"),
+        (["--variants", "ppo,reinforce"], "--variants: unknown reinforce; choose from continued-sft"),
+        (["--steps", "0"], "--steps 0: must be at least 1"),
+        (["--sample-questions", "0"], "--sample-questions 0: must be at least 1"),
+        (["--seconds", "-1"], "--seconds -1.0: must be positive"),
+    ],
+)
 def test_study_command_rejects_bad_input_before_any_work(tmp_path, capsys, args, message):
     from flows.cli import main
 

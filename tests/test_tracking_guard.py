@@ -1,6 +1,7 @@
 """Tracking and servers: an unreachable tracking server fails at start (seconds, exit 2, nothing
 written), credentials and environment values never reach the logged params, and the UIs listen on
 127.0.0.1 unless told otherwise."""
+
 from __future__ import annotations
 
 import os
@@ -25,8 +26,16 @@ def test_unreachable_tracking_server_fails_at_start(tmp_path, capsys):
     uri = f"http://alice:s3cret-pw@127.0.0.1:{_closed_port()}"
     t0 = time.perf_counter()
     with pytest.raises(SystemExit) as exc:
-        main(["run", "configs/demo.yaml", "--set", f"output_dir={tmp_path / 'runs'}",
-              "--set", f"tracking.tracking_uri={uri}"])
+        main(
+            [
+                "run",
+                "configs/demo.yaml",
+                "--set",
+                f"output_dir={tmp_path / 'runs'}",
+                "--set",
+                f"tracking.tracking_uri={uri}",
+            ]
+        )
     assert exc.value.code == 2
     assert time.perf_counter() - t0 < 30  # not MLflow's minutes of retries
     err = capsys.readouterr().err
@@ -69,8 +78,16 @@ def test_a_tracking_folder_that_cannot_be_created_fails_at_start(tmp_path, capsy
     blocker = tmp_path / "file"
     blocker.write_text("")
     with pytest.raises(SystemExit) as exc:
-        main(["run", "configs/demo.yaml", "--set", f"output_dir={tmp_path / 'runs'}",
-              "--set", f"tracking.tracking_uri=sqlite:///{blocker}/sub/mlflow.db"])
+        main(
+            [
+                "run",
+                "configs/demo.yaml",
+                "--set",
+                f"output_dir={tmp_path / 'runs'}",
+                "--set",
+                f"tracking.tracking_uri=sqlite:///{blocker}/sub/mlflow.db",
+            ]
+        )
     assert exc.value.code == 2
     assert "cannot create its folder" in capsys.readouterr().err
 
@@ -140,19 +157,48 @@ def test_a_shared_server_behind_mlflows_basic_auth(tmp_path, monkeypatch):
     password = "s3cret-Adm1n-pw"
     (tmp_path / "auth.ini").write_text(
         f"[mlflow]\ndefault_permission = READ\ndatabase_uri = sqlite:///{tmp_path}/users.db\nadmin_username = admin\n"
-        f"admin_password = {password}\nauthorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
+        f"admin_password = {password}\nauthorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+    )
     port = _free_port()
     uri = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "MLFLOW_AUTH_CONFIG_PATH": str(tmp_path / "auth.ini"), "MLFLOW_FLASK_SERVER_SECRET_KEY": "test-only"}
-    command = [sys.executable, "-m", "mlflow", "server", "--app-name", "basic-auth", "--backend-store-uri",
-               f"sqlite:///{tmp_path}/store.db", "--default-artifact-root", str(tmp_path / "artifacts"),
-               "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    env = {
+        **os.environ,
+        "MLFLOW_AUTH_CONFIG_PATH": str(tmp_path / "auth.ini"),
+        "MLFLOW_FLASK_SERVER_SECRET_KEY": "test-only",
+    }
+    command = [
+        sys.executable,
+        "-m",
+        "mlflow",
+        "server",
+        "--app-name",
+        "basic-auth",
+        "--backend-store-uri",
+        f"sqlite:///{tmp_path}/store.db",
+        "--default-artifact-root",
+        str(tmp_path / "artifacts"),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+    ]
     with server(command, f"{uri}/health", env):
         monkeypatch.delenv("MLFLOW_TRACKING_USERNAME", raising=False)
         with pytest.raises(TrackingError, match="refused this client's login .*MLFLOW_TRACKING_USERNAME"):
             check_tracking(uri)
         with pytest.raises(SystemExit) as exc:  # the command line: exit 2, nothing started
-            main(["run", "configs/demo.yaml", "--set", f"output_dir={tmp_path / 'runs'}", "--set", f"tracking.tracking_uri={uri}"])
+            main(
+                [
+                    "run",
+                    "configs/demo.yaml",
+                    "--set",
+                    f"output_dir={tmp_path / 'runs'}",
+                    "--set",
+                    f"tracking.tracking_uri={uri}",
+                ]
+            )
         assert exc.value.code == 2 and not (tmp_path / "runs").exists()
 
         monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "admin")
@@ -198,8 +244,11 @@ def test_a_moved_project_keeps_its_artifacts_beside_its_database(tmp_path, caplo
         assert experiment_id(f"sqlite:///{b}/mlflow.db", "demo") == made  # once moved, nothing more to do
     assert [r.getMessage() for r in caplog.records if r.name == "grpo_pipeline.tracking"] == [
         f"the project moved or was copied: its MLflow store {b / 'mlflow.db'} now keeps artifacts at "
-        f"{b / 'mlartifacts'} (they were at {a / 'mlartifacts'})"]
-    assert MlflowClient(f"sqlite:///{a}/mlflow.db").get_experiment(made).artifact_location == (a / "mlartifacts").as_uri()
+        f"{b / 'mlartifacts'} (they were at {a / 'mlartifacts'})"
+    ]
+    assert (
+        MlflowClient(f"sqlite:///{a}/mlflow.db").get_experiment(made).artifact_location == (a / "mlartifacts").as_uri()
+    )
     shutil.rmtree(a)
     client = MlflowClient(f"sqlite:///{b}/mlflow.db")
     assert client.get_experiment(made).artifact_location == (b / "mlartifacts").as_uri()
@@ -223,7 +272,9 @@ def test_the_ui_re_points_a_copied_store_before_it_serves_it(tmp_path):
     made = experiment_id(f"sqlite:///{a}/mlflow.db", "demo")
     shutil.copytree(a, b)
     assert place_artifacts(f"sqlite:///{b}/mlflow.db") == (b / "mlartifacts").as_uri()
-    assert MlflowClient(f"sqlite:///{b}/mlflow.db").get_experiment(made).artifact_location == (b / "mlartifacts").as_uri()
+    assert (
+        MlflowClient(f"sqlite:///{b}/mlflow.db").get_experiment(made).artifact_location == (b / "mlartifacts").as_uri()
+    )
     assert place_artifacts("http://127.0.0.1:5000") is None  # a tracking server keeps its own
 
 

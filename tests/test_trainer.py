@@ -1,5 +1,6 @@
 """The one training loop, on a model it knows nothing of: checkpoint and evaluation cadence, keep-best,
 the plateau schedule and patience, epochs, and resume equal to a straight run."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -41,6 +42,7 @@ def _trainer(tmp_path, plan: Plan, *sets: str, log=None):
             st.epoch, st.row = st.epoch + 1, 0
         loss = (model(x) - 1.0).pow(2).sum()
         return {"train/loss": loss.item(), "train/grad_norm": trainer.update(loss)}
+
     return trainer, step
 
 
@@ -57,7 +59,9 @@ def test_checkpoints_on_the_grid_and_at_the_end_not_at_epoch_ends(tmp_path):
 
 def test_per_epoch_plans_evaluate_and_checkpoint_when_an_epoch_ends(tmp_path):
     seen = []
-    trainer, step = _trainer(tmp_path, Plan(max_epochs=2, per_epoch=True, keep_best="score"), "sft.checkpoint_every=100")
+    trainer, step = _trainer(
+        tmp_path, Plan(max_epochs=2, per_epoch=True, keep_best="score"), "sft.checkpoint_every=100"
+    )
     st = trainer.fit(step, lambda st: seen.append(st.step) or {"score": float(st.step)})
     assert seen == [3, 6] and _steps(tmp_path) == [3, 6]
     assert (st.best_acc, st.best_step, trainer.stop_reason()) == (6.0, 6, "epochs done")
@@ -71,7 +75,11 @@ def test_plateau_halves_the_lr_and_patience_stops(tmp_path):
     plan = Plan(max_steps=100, eval_every=2, keep_best="score", patience=2, decay_patience=1, decay_factor=0.5)
     trainer, step = _trainer(tmp_path, plan, "sft.schedule=plateau", "sft.lr=0.1", log=log)
     st = trainer.fit(step, lambda st: {"score": 0.5})
-    assert (st.step, st.bad_evals, trainer.stop_reason()) == (6, 2, "validation accuracy did not improve for 2 evaluations")
+    assert (st.step, st.bad_evals, trainer.stop_reason()) == (
+        6,
+        2,
+        "validation accuracy did not improve for 2 evaluations",
+    )
     lrs = [m["train/lr"] for s, m in log.history if "train/lr" in m]
     assert lrs == pytest.approx([0.1, 0.1, 0.1, 0.1, 0.05, 0.05])
     assert st.best_step == 2 and _steps(tmp_path)[-1] == 6
@@ -95,10 +103,14 @@ def test_a_progress_line_says_where_a_stage_is_and_how_long_is_left():
     from grpo_core.training.trainer import Plan, TrainState, progress_line
 
     st = TrainState(step=120, epoch=1, elapsed=70.0, eval_s=10.0)  # 60 s of training: 2 steps/s
-    assert progress_line("prm", st, Plan(max_steps=400, max_epochs=3), None) == \
-        "[prm] step 120/400, epoch 2/3, 2.00 steps/s, about 2 min left"
+    assert (
+        progress_line("prm", st, Plan(max_steps=400, max_epochs=3), None)
+        == "[prm] step 120/400, epoch 2/3, 2.00 steps/s, about 2 min left"
+    )
     assert progress_line("grpo", st, Plan(max_steps=400), 80.0) == "[grpo] step 120/400, 2.00 steps/s, about 20 s left"
     assert progress_line("sft", st, Plan(), None) == "[sft] step 120, 2.00 steps/s"
     # A reward model's budget is in epochs: its total steps from the epoch's length (3 x 60 = 180).
-    assert progress_line("orm", st, Plan(max_epochs=3, steps_per_epoch=60), None) == \
-        "[orm] step 120/180, epoch 2/3, 2.00 steps/s, about 30 s left"
+    assert (
+        progress_line("orm", st, Plan(max_epochs=3, steps_per_epoch=60), None)
+        == "[orm] step 120/180, epoch 2/3, 2.00 steps/s, about 30 s left"
+    )

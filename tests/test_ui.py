@@ -1,5 +1,6 @@
 """``grpo-pipeline ui`` with real servers on loopback ports: SIGTERM, SIGHUP or one server dying stops
 both, and their ports close within seconds (the servers' own worker processes included)."""
+
 from __future__ import annotations
 
 import json
@@ -43,7 +44,7 @@ def _listener_pid(port: int) -> int:
             args = (proc / "cmdline").read_bytes().split(b"\0")
         except (OSError, ValueError):
             continue
-        if proc.name.isdigit() and b"--port" in args and args[args.index(b"--port") + 1:][:1] == [str(port).encode()]:
+        if proc.name.isdigit() and b"--port" in args and args[args.index(b"--port") + 1 :][:1] == [str(port).encode()]:
             return int(proc.name)
     raise LookupError(port)
 
@@ -51,13 +52,32 @@ def _listener_pid(port: int) -> int:
 @pytest.fixture
 def ui(tmp_path):
     ports = {"mlflow": _free_port(), "prefect": _free_port()}
-    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"),
-           "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
-    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "ui", "--mlflow-port", str(ports["mlflow"]),
-                             "--prefect-port", str(ports["prefect"])], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    env = {
+        **os.environ,
+        "PREFECT_HOME": str(tmp_path / "prefect"),
+        "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
+    }
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "flows.cli",
+            "ui",
+            "--mlflow-port",
+            str(ports["mlflow"]),
+            "--prefect-port",
+            str(ports["prefect"]),
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
-        assert _wait(lambda: all(map(_answers, ports.values())) or proc.poll() is not None, 180), "servers never answered"
+        assert _wait(lambda: all(map(_answers, ports.values())) or proc.poll() is not None, 180), (
+            "servers never answered"
+        )
         assert proc.poll() is None, proc.stdout.read()
         yield proc, ports
     finally:

@@ -4,6 +4,7 @@ A completion is attacker-controlled text: nothing may be executed, and no input 
 slow (``1e999999999`` parsed as a float/Fraction would be a 10**999999999 bomb). The time bounds
 below are generous guards against hangs, not benchmarks.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -79,7 +80,15 @@ def test_to_number_rejects(answer):
 
 @pytest.mark.parametrize(
     "pred, gold",
-    [("1000", "1,000"), ("0.50", ".5"), ("1/2", "0.5"), ("\\frac{1}{2}", "0.5"), ("$5", "5"), ("5%", "5"), ("-5", "-5.0")],
+    [
+        ("1000", "1,000"),
+        ("0.50", ".5"),
+        ("1/2", "0.5"),
+        ("\\frac{1}{2}", "0.5"),
+        ("$5", "5"),
+        ("5%", "5"),
+        ("-5", "-5.0"),
+    ],
 )
 def test_answers_match(pred, gold):
     assert answers_match(pred, gold)

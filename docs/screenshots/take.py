@@ -15,6 +15,7 @@ browser.
 It starts an MLflow server on 127.0.0.1 for the store, opens each comparison by its address, turns
 on the parameters' "Show diff only", and saves the page; then stops the server.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,9 +29,20 @@ from pathlib import Path
 
 def _serve(store: Path, port: int) -> subprocess.Popen:
     mlflow = Path(sys.executable).with_name("mlflow")
-    server = subprocess.Popen([str(mlflow), "server", "--backend-store-uri", f"sqlite:///{store.resolve()}",
-                               "--host", "127.0.0.1", "--port", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [
+            str(mlflow),
+            "server",
+            "--backend-store-uri",
+            f"sqlite:///{store.resolve()}",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     for _ in range(120):
         try:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
@@ -50,8 +62,10 @@ def _comparisons(store: Path, rounds_of: str, recipes: list[str]) -> tuple[str, 
     exp = client.get_experiment_by_name("grpo-pipeline").experiment_id
     parents = {r.info.run_name: r.info.run_id for r in client.search_runs([exp], "tags.pipeline = 'deepseekmath-grpo'")}
     tags = client.get_run(parents[rounds_of]).data.tags
-    return exp, {"compare-rounds": [tags["round_run.1"], tags["round_run.2"]],
-                 "compare-recipes": [parents[name] for name in recipes]}
+    return exp, {
+        "compare-rounds": [tags["round_run.1"], tags["round_run.2"]],
+        "compare-recipes": [parents[name] for name in recipes],
+    }
 
 
 def _mlflow(a, browser) -> None:
@@ -60,8 +74,10 @@ def _mlflow(a, browser) -> None:
     try:
         for name, runs in comparisons.items():
             page = browser.new_page(viewport={"width": 1400, "height": 2600})  # (the view reads its runs once)
-            page.goto(f"http://127.0.0.1:{a.port}/#/compare-runs?runs={json.dumps(runs)}"
-                      f"&experiments={json.dumps([exp])}&workflowType=machine_learning")
+            page.goto(
+                f"http://127.0.0.1:{a.port}/#/compare-runs?runs={json.dumps(runs)}"
+                f"&experiments={json.dumps([exp])}&workflowType=machine_learning"
+            )
             page.get_by_text("Show diff only").first.wait_for(timeout=30_000)
             for close in page.get_by_role("button", name="Close").all():  # the assistant's side panel
                 close.click()
@@ -85,8 +101,10 @@ def _artifact(a, browser) -> None:
     server = _serve(a.store, a.port)
     try:
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.goto(f"http://127.0.0.1:{a.port}/#/experiments/{exp}/runs/{run.info.run_id}/artifacts"
-                  "?workflowType=machine_learning")
+        page.goto(
+            f"http://127.0.0.1:{a.port}/#/experiments/{exp}/runs/{run.info.run_id}/artifacts"
+            "?workflowType=machine_learning"
+        )
         for part in a.artifact[1].split("/"):  # the artifact tree, as a person clicks it
             page.get_by_text(part, exact=True).first.click()
         page.locator("img:not([src^='data:'])").first.wait_for(timeout=60_000)  # the figure, read from the server
@@ -113,8 +131,13 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=5077)
     ap.add_argument("--rounds", default="demo", help="the parent run whose rounds 1 and 2 are compared")
     ap.add_argument("--recipes", nargs=2, default=["demo", "demo-lr"], help="two parent runs to compare")
-    ap.add_argument("--artifact", nargs=2, metavar=("RUN", "PATH"), help="instead of the comparisons: the first run "
-                    "named RUN with its artifact PATH open (figures/test_accuracy.png)")
+    ap.add_argument(
+        "--artifact",
+        nargs=2,
+        metavar=("RUN", "PATH"),
+        help="instead of the comparisons: the first run "
+        "named RUN with its artifact PATH open (figures/test_accuracy.png)",
+    )
     a = ap.parse_args()
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=a.browser, args=["--no-sandbox"])

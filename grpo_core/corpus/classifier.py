@@ -2,6 +2,7 @@
 math pages against other pages with the paper's settings (dim 256, lr 0.1, word n-grams 3, min
 count 3, 3 epochs) on normalised text. ``thread=1`` with a fixed seed makes training deterministic.
 """
+
 from __future__ import annotations
 
 import random
@@ -14,30 +15,58 @@ POSITIVE = "__label__math"
 NEGATIVE = "__label__other"
 
 
-def write_training_file(path: Path, positives: Iterable[str], negatives: Iterable[str], seed: int,
-                        normalizer: Callable[[str], str] = normalize) -> dict[str, int]:
+def write_training_file(
+    path: Path,
+    positives: Iterable[str],
+    negatives: Iterable[str],
+    seed: int,
+    normalizer: Callable[[str], str] = normalize,
+) -> dict[str, int]:
     """fastText's input: one ``__label__<class> <normalised text>`` line per page, shuffled (SGD over
     all positives then all negatives would end on one class)."""
     lines = [f"{POSITIVE} {normalizer(t)}" for t in positives] + [f"{NEGATIVE} {normalizer(t)}" for t in negatives]
     n_pos = sum(1 for line in lines if line.startswith(POSITIVE))
     if n_pos == 0 or n_pos == len(lines):
-        raise ValueError(f"classifier training needs math and other pages; got {n_pos} math and "
-                         f"{len(lines) - n_pos} other")
+        raise ValueError(
+            f"classifier training needs math and other pages; got {n_pos} math and {len(lines) - n_pos} other"
+        )
     random.Random(seed).shuffle(lines)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return {"positives": n_pos, "negatives": len(lines) - n_pos}
 
 
-def train(train_file: Path, *, dim: int, lr: float, word_ngrams: int, min_count: int, epochs: int, seed: int,
-          threads: int = 1, bucket: int = 2_000_000, char_ngrams: tuple[int, int] = (0, 0)):
+def train(
+    train_file: Path,
+    *,
+    dim: int,
+    lr: float,
+    word_ngrams: int,
+    min_count: int,
+    epochs: int,
+    seed: int,
+    threads: int = 1,
+    bucket: int = 2_000_000,
+    char_ngrams: tuple[int, int] = (0, 0),
+):
     """``char_ngrams``: (min, max) length of the character n-grams fastText adds to each word; (0, 0),
     supervised fastText's default and the paper's, adds none."""
     import fasttext
 
-    return fasttext.train_supervised(input=str(train_file), dim=dim, lr=lr, wordNgrams=word_ngrams,
-                                     minCount=min_count, epoch=epochs, thread=threads, seed=seed, bucket=bucket,
-                                     minn=char_ngrams[0], maxn=char_ngrams[1], verbose=0)
+    return fasttext.train_supervised(
+        input=str(train_file),
+        dim=dim,
+        lr=lr,
+        wordNgrams=word_ngrams,
+        minCount=min_count,
+        epoch=epochs,
+        thread=threads,
+        seed=seed,
+        bucket=bucket,
+        minn=char_ngrams[0],
+        maxn=char_ngrams[1],
+        verbose=0,
+    )
 
 
 def load(path: Path):

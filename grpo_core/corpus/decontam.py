@@ -7,6 +7,7 @@ Words are the normalised word and number tokens of ``corpus.text.words``, so ``2
 matches ``2 + 2 = 4`` in a benchmark. The index holds hashes of the benchmark n-grams: memory grows
 with the benchmarks, not with the corpus.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -28,9 +29,9 @@ class BenchmarkIndex:
 
     n: int = 10
     min_short: int = 3
-    grams: dict[int, str] = field(default_factory=dict)        # hash of an n-gram -> benchmark
-    short: dict[str, str] = field(default_factory=dict)        # a short text, normalised -> benchmark
-    texts: Counter = field(default_factory=Counter)            # texts indexed per benchmark
+    grams: dict[int, str] = field(default_factory=dict)  # hash of an n-gram -> benchmark
+    short: dict[str, str] = field(default_factory=dict)  # a short text, normalised -> benchmark
+    texts: Counter = field(default_factory=Counter)  # texts indexed per benchmark
 
     def add(self, benchmark: str, text: str) -> None:
         w = words(text)

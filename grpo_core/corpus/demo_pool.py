@@ -5,6 +5,7 @@ other pages. Each page gets a made-up URL (``.demo`` sites), so that domain disc
 group by: a forum with a math section and a talk section, a drill site of arithmetic chains the seed
 has never seen, a contest site, a library's API docs.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -17,11 +18,45 @@ from pathlib import Path
 from grpo_core.config import ArithmeticTask
 from grpo_core.data import draw_arithmetic
 
-STDLIB_MODULES = ("collections", "email.message", "json", "pathlib", "argparse", "logging", "textwrap", "inspect",
-                  "subprocess", "threading", "zipfile", "tarfile", "shutil", "tempfile", "unittest", "http.client",
-                  "urllib.request", "asyncio", "configparser", "csv", "sqlite3", "xml.dom.minidom", "smtplib",
-                  "email.parser", "http.server", "socketserver", "ftplib", "imaplib", "mailbox", "tkinter",
-                  "pydoc", "pdb", "venv", "zipimport", "ssl", "selectors", "multiprocessing.pool")
+STDLIB_MODULES = (
+    "collections",
+    "email.message",
+    "json",
+    "pathlib",
+    "argparse",
+    "logging",
+    "textwrap",
+    "inspect",
+    "subprocess",
+    "threading",
+    "zipfile",
+    "tarfile",
+    "shutil",
+    "tempfile",
+    "unittest",
+    "http.client",
+    "urllib.request",
+    "asyncio",
+    "configparser",
+    "csv",
+    "sqlite3",
+    "xml.dom.minidom",
+    "smtplib",
+    "email.parser",
+    "http.server",
+    "socketserver",
+    "ftplib",
+    "imaplib",
+    "mailbox",
+    "tkinter",
+    "pydoc",
+    "pdb",
+    "venv",
+    "zipimport",
+    "ssl",
+    "selectors",
+    "multiprocessing.pool",
+)
 ANNOTATIONS = ["forum.demo/math", "drill.demo/chains", "contest.demo/problems"]
 
 
@@ -80,13 +115,16 @@ def build_demo_pool(out_dir: Path, seed: int) -> dict[str, str]:
     rng = random.Random(seed)
     rng.shuffle(prose)
     n_prose = len(prose) // 2
-    seed_rows = ([{"url": f"https://seed.demo/math/{i}", "text": t, "label": "math"} for i, t in enumerate(gsm8k[:1000])]
-                 + [{"url": f"https://seed.demo/other/{i}", "text": t, "label": "nonmath"} for i, t in enumerate(prose[:n_prose])])
+    seed_rows = [
+        {"url": f"https://seed.demo/math/{i}", "text": t, "label": "math"} for i, t in enumerate(gsm8k[:1000])
+    ] + [{"url": f"https://seed.demo/other/{i}", "text": t, "label": "nonmath"} for i, t in enumerate(prose[:n_prose])]
     rest = prose[n_prose:]
     pool = {
         "forum": [{"url": f"https://forum.demo/math/{i}", "text": t} for i, t in enumerate(gsm8k[1000:3000])]
-                 + [{"url": f"https://forum.demo/talk/{i}", "text": t} for i, t in enumerate(rest[: len(rest) // 2])],
-        "drill": [{"url": f"https://drill.demo/chains/{i}", "text": t} for i, t in enumerate(arithmetic_pages(2000, seed))],
+        + [{"url": f"https://forum.demo/talk/{i}", "text": t} for i, t in enumerate(rest[: len(rest) // 2])],
+        "drill": [
+            {"url": f"https://drill.demo/chains/{i}", "text": t} for i, t in enumerate(arithmetic_pages(2000, seed))
+        ],
         "contest": [{"url": f"https://contest.demo/problems/{i}", "text": t} for i, t in enumerate(math)],
         "library": [{"url": f"https://library.demo/api/{i}", "text": t} for i, t in enumerate(rest[len(rest) // 2 :])],
     }
@@ -95,5 +133,8 @@ def build_demo_pool(out_dir: Path, seed: int) -> dict[str, str]:
     for name, rows in pool.items():
         (out_dir / "pool" / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     (out_dir / "annotations.yaml").write_text("approved:\n" + "".join(f"  - {p}\n" for p in ANNOTATIONS))
-    return {"seed": str(out_dir / "seed.jsonl"), "pool": str(out_dir / "pool"),
-            "annotations": str(out_dir / "annotations.yaml")}
+    return {
+        "seed": str(out_dir / "seed.jsonl"),
+        "pool": str(out_dir / "pool"),
+        "annotations": str(out_dir / "annotations.yaml"),
+    }

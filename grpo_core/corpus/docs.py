@@ -2,6 +2,7 @@
 ``text``. A pool larger than memory works: documents are read one shard at a time, Parquet in
 record batches. A malformed document stops the stream with the file, line (or row) and field.
 """
+
 from __future__ import annotations
 
 import glob

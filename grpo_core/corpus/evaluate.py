@@ -18,6 +18,7 @@ nothing else; when the two are the same classifier it is trained once and the ba
   out-of-fold scores;
 - ``threshold_for_precision``: the lowest cut-off whose macro precision reaches a stated target.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -67,8 +68,14 @@ def _train_and_score(train_file: str, held_out: list[str], settings: dict, seed:
     return classifier.math_scores(model, held_out, normalizer=str)
 
 
-def out_of_fold_scores(docs: list[Doc], is_math: list[bool], normalizer: Callable[[str], str], settings: dict,
-                       seed: int, workers: int | None = None) -> tuple[list[float | None], list[str]]:
+def out_of_fold_scores(
+    docs: list[Doc],
+    is_math: list[bool],
+    normalizer: Callable[[str], str],
+    settings: dict,
+    seed: int,
+    workers: int | None = None,
+) -> tuple[list[float | None], list[str]]:
     """Every page's score from the classifier trained without its source (``None`` for pages of a
     source that cannot be held out: the only source of its class). Folds run in parallel, one
     fastText thread each (deterministic)."""
@@ -78,16 +85,23 @@ def out_of_fold_scores(docs: list[Doc], is_math: list[bool], normalizer: Callabl
     skipped, jobs = [], {}
     # At most 4 folds at a time: each holds its own classifier (2 GB with the paper's 2M buckets x 256).
     workers = workers or min(os.cpu_count() or 1, MAX_WORKERS)
-    with tempfile.TemporaryDirectory() as tmp, ProcessPoolExecutor(
-            workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool,
+    ):
         for src in sorted(set(sources)):
             train = [i for i, s in enumerate(sources) if s != src]
             if len({is_math[i] for i in train}) < 2:
                 skipped.append(src)
                 continue
             path = Path(tmp) / f"{len(jobs)}.txt"
-            classifier.write_training_file(path, [texts[i] for i in train if is_math[i]],
-                                           [texts[i] for i in train if not is_math[i]], seed, normalizer=str)
+            classifier.write_training_file(
+                path,
+                [texts[i] for i in train if is_math[i]],
+                [texts[i] for i in train if not is_math[i]],
+                seed,
+                normalizer=str,
+            )
             held = [i for i, s in enumerate(sources) if s == src]
             jobs[pool.submit(_train_and_score, str(path), [texts[i] for i in held], settings, seed)] = held
         for job, held in jobs.items():
@@ -101,8 +115,12 @@ def per_source(scores: list[float], is_math: list[bool], sources: list[str], thr
     for src in sorted(set(sources)):
         s = [x for x, y in zip(scores, sources) if y == src]
         label = "math" if is_math[sources.index(src)] else "other"
-        out[src] = {"label": label, "pages": len(s), "flagged": round(sum(x >= threshold for x in s) / len(s), 4),
-                    "median_score": round(statistics.median(s), 4)}
+        out[src] = {
+            "label": label,
+            "pages": len(s),
+            "flagged": round(sum(x >= threshold for x in s) / len(s), 4),
+            "median_score": round(statistics.median(s), 4),
+        }
     return out
 
 
@@ -127,7 +145,9 @@ def expected_calibration_error(scores: list[float], is_math: list[bool], bins: i
     return round(total / max(1, len(scores)), 4)
 
 
-def threshold_for_precision(scores: list[float], is_math: list[bool], sources: list[str], target: float) -> float | None:
+def threshold_for_precision(
+    scores: list[float], is_math: list[bool], sources: list[str], target: float
+) -> float | None:
     """The lowest cut-off (among the scores) whose macro precision is >= ``target``: the most recall
     at that precision. ``None`` when no cut-off reaches it."""
     by_source: dict[str, list[float]] = {}
@@ -146,8 +166,15 @@ def threshold_for_precision(scores: list[float], is_math: list[bool], sources: l
     return None
 
 
-def leave_one_source_out(docs: list[Doc], positive_label: str, classifiers: Classifiers, seed: int,
-                         threshold: float, target_precision: float | None = None, workers: int | None = None) -> dict:
+def leave_one_source_out(
+    docs: list[Doc],
+    positive_label: str,
+    classifiers: Classifiers,
+    seed: int,
+    threshold: float,
+    target_precision: float | None = None,
+    workers: int | None = None,
+) -> dict:
     """The report of the module docstring, one entry per classifier."""
     is_math = [d.label == positive_label for d in docs]
     if len({source_of(d.url) for d in docs}) < 2:
@@ -158,19 +185,34 @@ def leave_one_source_out(docs: list[Doc], positive_label: str, classifiers: Clas
         kept = [i for i, s in enumerate(scores) if s is not None]
         s, y, src = [scores[i] for i in kept], [is_math[i] for i in kept], [source_of(docs[i].url) for i in kept]
         rows = per_source(s, y, src, threshold)
-        entry = {"settings": settings, "threshold": threshold, "macro": macro(rows),
-                 "ece": expected_calibration_error(s, y), "sources": rows, "not_held_out": skipped}
+        entry = {
+            "settings": settings,
+            "threshold": threshold,
+            "macro": macro(rows),
+            "ece": expected_calibration_error(s, y),
+            "sources": rows,
+            "not_held_out": skipped,
+        }
         if target_precision is not None:
             cut = threshold_for_precision(s, y, src, target_precision)
-            entry |= {"target_precision": target_precision, "threshold_for_target": cut,
-                      "macro_at_target": macro(per_source(s, y, src, cut)) if cut is not None else None}
+            entry |= {
+                "target_precision": target_precision,
+                "threshold_for_target": cut,
+                "macro_at_target": macro(per_source(s, y, src, cut)) if cut is not None else None,
+            }
         return entry
 
     return _each(classifiers, evaluate)
 
 
-def on_test_set(train_docs: list[Doc], test_docs: list[Doc], positive_label: str, classifiers: Classifiers,
-                seed: int, threshold: float) -> dict:
+def on_test_set(
+    train_docs: list[Doc],
+    test_docs: list[Doc],
+    positive_label: str,
+    classifiers: Classifiers,
+    seed: int,
+    threshold: float,
+) -> dict:
     """Each classifier trained on every training page, scored on another labelled set, per source."""
     y_train = [d.label == positive_label for d in train_docs]
     y_test = [d.label == positive_label for d in test_docs]
@@ -179,33 +221,54 @@ def on_test_set(train_docs: list[Doc], test_docs: list[Doc], positive_label: str
     def evaluate(normalizer: Normalizer, settings: dict) -> dict:
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "train.txt"
-            classifier.write_training_file(path, [d.text for d, y in zip(train_docs, y_train) if y],
-                                           [d.text for d, y in zip(train_docs, y_train) if not y], seed,
-                                           normalizer=normalizer)
+            classifier.write_training_file(
+                path,
+                [d.text for d, y in zip(train_docs, y_train) if y],
+                [d.text for d, y in zip(train_docs, y_train) if not y],
+                seed,
+                normalizer=normalizer,
+            )
             model = classifier.train(path, seed=seed, **settings)
         scores = classifier.math_scores(model, [d.text for d in test_docs], normalizer=normalizer)
         rows = per_source(scores, y_test, sources, threshold)
-        return {"settings": settings, "threshold": threshold, "macro": macro(rows),
-                "ece": expected_calibration_error(scores, y_test),
-                "pooled": {k: round(v, 4) for k, v in classifier.precision_recall_f1(scores, y_test, threshold).items()},
-                "sources": rows}
+        return {
+            "settings": settings,
+            "threshold": threshold,
+            "macro": macro(rows),
+            "ece": expected_calibration_error(scores, y_test),
+            "pooled": {k: round(v, 4) for k, v in classifier.precision_recall_f1(scores, y_test, threshold).items()},
+            "sources": rows,
+        }
 
     return _each(classifiers, evaluate)
 
 
 def sources_per_class(docs: list[Doc], positive_label: str) -> dict[str, int]:
-    return {c: len({source_of(d.url) for d in docs if (d.label == positive_label) == (c == "math")})
-            for c in ("math", "other")}
+    return {
+        c: len({source_of(d.url) for d in docs if (d.label == positive_label) == (c == "math")})
+        for c in ("math", "other")
+    }
 
 
-def seed_report(docs: list[Doc], positive_label: str, classifiers: Classifiers, seed: int, threshold: float,
-                target_precision: float | None) -> dict:
+def seed_report(
+    docs: list[Doc],
+    positive_label: str,
+    classifiers: Classifiers,
+    seed: int,
+    threshold: float,
+    target_precision: float | None,
+) -> dict:
     """The corpus stage's check before its loop: leave-one-source-out over the seed when it has two
     sources of each class (else ``None`` with the reason)."""
     counts = sources_per_class(docs, positive_label)
     if min(counts.values()) < 2:
-        return {"leave_one_source_out": None,
-                "reason": f"the seed has {counts['math']} math and {counts['other']} other source(s) (URL hosts); "
-                          "leave-one-source-out needs two of each"}
-    return {"leave_one_source_out": leave_one_source_out(docs, positive_label, classifiers, seed, threshold,
-                                                         target_precision)}
+        return {
+            "leave_one_source_out": None,
+            "reason": f"the seed has {counts['math']} math and {counts['other']} other source(s) (URL hosts); "
+            "leave-one-source-out needs two of each",
+        }
+    return {
+        "leave_one_source_out": leave_one_source_out(
+            docs, positive_label, classifiers, seed, threshold, target_precision
+        )
+    }

@@ -6,6 +6,7 @@ candidate; within candidates, URL path prefixes are what people approve as math;
 under approved prefixes join the seed. The loop stops when an iteration recalls mostly what the
 previous one did (the paper stopped when the 4th recalled 98% of the 3rd's pages).
 """
+
 from __future__ import annotations
 
 import heapq

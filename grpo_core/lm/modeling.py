@@ -2,6 +2,7 @@
 
 Everything is saved in standard Hugging Face format so any transformers tool loads it.
 """
+
 from __future__ import annotations
 
 import string
@@ -40,8 +41,13 @@ def char_tokenizer() -> PreTrainedTokenizerFast:
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     tok.decoder = decoders.Fuse()
     return PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>",
-        unk_token="<unk>", padding_side="left", model_max_length=4096,
+        tokenizer_object=tok,
+        pad_token="<pad>",
+        bos_token="<bos>",
+        eos_token="<eos>",
+        unk_token="<unk>",
+        padding_side="left",
+        model_max_length=4096,
     )
 
 
@@ -87,8 +93,10 @@ def check_model_folder(path: str | Path) -> PreTrainedTokenizerFast:
     except (OSError, ValueError, KeyError) as e:
         raise ModelError(f"{path / 'config.json'}: cannot read the model's config: {e}") from None
     if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
-        raise ModelError(f"{path}: a {config.model_type!r} model is not a causal language model; the policy "
-                         f"needs a decoder LM folder (Llama, Qwen2, Mistral, SmolLM2, ...)")
+        raise ModelError(
+            f"{path}: a {config.model_type!r} model is not a causal language model; the policy "
+            f"needs a decoder LM folder (Llama, Qwen2, Mistral, SmolLM2, ...)"
+        )
     return load_tokenizer(path)
 
 
@@ -111,8 +119,9 @@ def load_model(path: str | Path) -> tuple[PreTrainedModel, PreTrainedTokenizerFa
     return model, tokenizer
 
 
-def load_trainable(start: str | Path, lora: LoraSettings | None, resume: str | Path | None = None,
-                   seed: int = 0) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
+def load_trainable(
+    start: str | Path, lora: LoraSettings | None, resume: str | Path | None = None, seed: int = 0
+) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
     """The model a training stage trains: the checkpoint ``resume`` or the folder ``start``; with
     ``lora``, ``start``'s weights frozen under an adapter, the checkpoint's or a fresh one drawn
     with ``seed``."""

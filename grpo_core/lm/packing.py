@@ -4,6 +4,7 @@ DeepSeekMath SFT: "training examples are randomly concatenated until reaching a 
 length". Each example is ``<bos> prompt solution <eos>``; rows are cut at the context length, so an
 example may continue into the next row, and the last row of an epoch is padded.
 """
+
 from __future__ import annotations
 
 import random
@@ -25,13 +26,16 @@ def encode_examples(examples: list[Example], tokenizer, loss_on_prompt: bool) ->
         answer = tokenizer(e.solution, add_special_tokens=False).input_ids
         bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []  # many have none
         ids = bos + prompt + answer + [tokenizer.eos_token_id]
-        labels = list(ids) if loss_on_prompt else [IGNORE] * (len(bos) + len(prompt)) + answer + [tokenizer.eos_token_id]
+        labels = (
+            list(ids) if loss_on_prompt else [IGNORE] * (len(bos) + len(prompt)) + answer + [tokenizer.eos_token_id]
+        )
         out.append((ids, labels))
     return out
 
 
-def pack(encoded: list[tuple[list[int], list[int]]], context_length: int, pad_id: int,
-         rng: random.Random | None) -> tuple[torch.Tensor, torch.Tensor]:
+def pack(
+    encoded: list[tuple[list[int], list[int]]], context_length: int, pad_id: int, rng: random.Random | None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Concatenate examples (shuffled when ``rng`` is given) into [R, context_length] ids and labels."""
     order = list(range(len(encoded)))
     if rng is not None:

@@ -3,6 +3,7 @@
 Rows are left-padded prompts followed by right-padded completions: [B, P + T]. Positions follow the
 attention mask so that a left-padded row sees the same positions in training as in generation.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -31,14 +32,25 @@ class Rollout:
 
     def rows(self, start: int, stop: int) -> "Rollout":
         """Rows [start, stop) (a minibatch of whole groups)."""
-        return Rollout(self.input_ids[start:stop], self.attention_mask[start:stop],
-                       self.completion_mask[start:stop], self.prompt_len, self.texts[start:stop],
-                       self.truncated[start:stop])
+        return Rollout(
+            self.input_ids[start:stop],
+            self.attention_mask[start:stop],
+            self.completion_mask[start:stop],
+            self.prompt_len,
+            self.texts[start:stop],
+            self.truncated[start:stop],
+        )
 
     def select(self, index: torch.Tensor) -> "Rollout":
         """The rows ``index`` [U] (long), in that order."""
-        return Rollout(self.input_ids[index], self.attention_mask[index], self.completion_mask[index], self.prompt_len,
-                       [self.texts[i] for i in index.tolist()], self.truncated[index])
+        return Rollout(
+            self.input_ids[index],
+            self.attention_mask[index],
+            self.completion_mask[index],
+            self.prompt_len,
+            [self.texts[i] for i in index.tolist()],
+            self.truncated[index],
+        )
 
     @staticmethod
     def cat(parts: list["Rollout"], pad_id: int) -> "Rollout":
@@ -51,10 +63,14 @@ class Rollout:
             left, right = p - r.prompt_len, t - (x.shape[1] - r.prompt_len)
             return F.pad(x, (left, right), value=fill)
 
-        return Rollout(torch.cat([widen(r.input_ids, r, pad_id) for r in parts]),
-                       torch.cat([widen(r.attention_mask, r, 0) for r in parts]),
-                       torch.cat([F.pad(r.completion_mask, (0, t - r.completion_mask.shape[1])) for r in parts]),
-                       p, [text for r in parts for text in r.texts], torch.cat([r.truncated for r in parts]))
+        return Rollout(
+            torch.cat([widen(r.input_ids, r, pad_id) for r in parts]),
+            torch.cat([widen(r.attention_mask, r, 0) for r in parts]),
+            torch.cat([F.pad(r.completion_mask, (0, t - r.completion_mask.shape[1])) for r in parts]),
+            p,
+            [text for r in parts for text in r.texts],
+            torch.cat([r.truncated for r in parts]),
+        )
 
     def distinct(self, *keys: torch.Tensor) -> "Distinct":
         """The rows that differ in their tokens or in any of ``keys`` ([B, ...] per row, e.g. their
@@ -109,12 +125,18 @@ def right_pad(rows: list, pad_id: int) -> torch.Tensor:
     return out
 
 
-def _after_prompts(enc, completion: torch.Tensor, cmask: torch.Tensor, texts: list[str],
-                   truncated: torch.Tensor) -> Rollout:
+def _after_prompts(
+    enc, completion: torch.Tensor, cmask: torch.Tensor, texts: list[str], truncated: torch.Tensor
+) -> Rollout:
     """The Rollout of the encoded prompts ``enc`` ([B, P]) followed by ``completion`` [B, T] (mask ``cmask``)."""
-    return Rollout(input_ids=torch.cat([enc.input_ids, completion], dim=1),
-                   attention_mask=torch.cat([enc.attention_mask, cmask.long()], dim=1),
-                   completion_mask=cmask, prompt_len=enc.input_ids.shape[1], texts=texts, truncated=truncated)
+    return Rollout(
+        input_ids=torch.cat([enc.input_ids, completion], dim=1),
+        attention_mask=torch.cat([enc.attention_mask, cmask.long()], dim=1),
+        completion_mask=cmask,
+        prompt_len=enc.input_ids.shape[1],
+        texts=texts,
+        truncated=truncated,
+    )
 
 
 def completion_mask_from(ids: torch.Tensor, eos_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -195,32 +217,51 @@ def generate(
     if fast_decode.supports(model):
         sampler = processors[0] if processors else None
         graphs = device.type == "cuda" and fast_decode.CUDA_GRAPHS
-        chosen = fast_decode.decode(model, ids, mask, max_new_tokens=max_new_tokens, eos_id=tokenizer.eos_token_id,
-                                    pad_id=tokenizer.pad_token_id,
-                                    choose=(lambda scores: sampler(None, scores)) if sampler else (lambda scores: scores),
-                                    static=graphs, graph=graphs)
+        chosen = fast_decode.decode(
+            model,
+            ids,
+            mask,
+            max_new_tokens=max_new_tokens,
+            eos_id=tokenizer.eos_token_id,
+            pad_id=tokenizer.pad_token_id,
+            choose=(lambda scores: sampler(None, scores)) if sampler else (lambda scores: scores),
+            static=graphs,
+            graph=graphs,
+        )
     else:
         from transformers import GenerationConfig
 
         # A bare config: a model's shipped generation settings (repetition penalty, suppressed
         # tokens, ...) would make the samples' distribution differ from the log-probs trained on.
-        bare = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id,
-                                eos_token_id=tokenizer.eos_token_id)
+        bare = GenerationConfig(
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        )
         # synced_gpus off: transformers turns it on for an FSDP-managed model and then steps every
         # rank together; ours sample on gathered weights, each process its own rows (Dist.gathered).
-        chosen = model.generate(input_ids=ids, attention_mask=mask, generation_config=bare,
-                                logits_processor=processors, synced_gpus=False)[:, prompt_len:]
+        chosen = model.generate(
+            input_ids=ids, attention_mask=mask, generation_config=bare, logits_processor=processors, synced_gpus=False
+        )[:, prompt_len:]
     chosen = chosen.cpu()  # rollouts live on the CPU; forward passes move their inputs to the model (token_logprobs)
     model.train(was_training)
     completion = right_pad(list(chosen), tokenizer.pad_token_id)
     cmask, truncated = completion_mask_from(completion, tokenizer.eos_token_id)
-    texts = tokenizer.batch_decode(completion * cmask.long() + tokenizer.pad_token_id * (1 - cmask.long()),
-                                   skip_special_tokens=True)
+    texts = tokenizer.batch_decode(
+        completion * cmask.long() + tokenizer.pad_token_id * (1 - cmask.long()), skip_special_tokens=True
+    )
     return _after_prompts(enc, completion, cmask, texts, truncated)
 
 
-def encode(tokenizer, prompts: list[str], completions: list[str], *, add_eos: bool = True,
-           max_completion_tokens: int | None = None) -> Rollout:
+def encode(
+    tokenizer,
+    prompts: list[str],
+    completions: list[str],
+    *,
+    add_eos: bool = True,
+    max_completion_tokens: int | None = None,
+) -> Rollout:
     """The Rollout layout for given texts (reward-model training and scoring of stored solutions).
 
     Each completion is tokenized on its own and ends with EOS (as a finished sample does), so a
@@ -243,8 +284,9 @@ def _attention_only(cache) -> bool:
     """A cache of keys and values only, whose rows ``batch_select_indices`` copies whole."""
     from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
 
-    return isinstance(cache, DynamicCache) and all(type(layer) in (DynamicLayer, DynamicSlidingWindowLayer)
-                                                   for layer in cache.layers)
+    return isinstance(cache, DynamicCache) and all(
+        type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) for layer in cache.layers
+    )
 
 
 # Log-probabilities are read from the logits this many bytes at a time (fp32): SmolLM2's 49,152-token
@@ -276,8 +318,9 @@ def _chunk_logprobs(head, hidden: torch.Tensor, targets: torch.Tensor, with_entr
         return logp, -(logp_all.exp() * logp_all).sum(-1)
 
 
-def head_logprobs(head, hidden: torch.Tensor, targets: torch.Tensor, chunk_bytes: int = LOGIT_CHUNK_BYTES,
-                  with_entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+def head_logprobs(
+    head, hidden: torch.Tensor, targets: torch.Tensor, chunk_bytes: int = LOGIT_CHUNK_BYTES, with_entropy: bool = True
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """hidden [B, T, E], targets [B, T] -> log-probabilities of the targets under ``head``'s logits
     [B, T] and the logits' entropies [B, T] (detached; None unless ``with_entropy``), reading
     ``chunk_bytes`` of fp32 logits at a time (a chunk's working set is a few times that: the head's
@@ -292,10 +335,20 @@ def head_logprobs(head, hidden: torch.Tensor, targets: torch.Tensor, chunk_bytes
     # Logits that fit in one chunk are kept for backward (within the budget anyway): recomputing
     # them would cost a second pass through the head for no memory saved.
     recompute = torch.is_grad_enabled() and b * t > n
-    parts = [checkpoint(_chunk_logprobs, head, flat[i : i + n], ids[i : i + n], with_entropy, use_reentrant=False,
-                        preserve_rng_state=False)  # no randomness inside
-             if recompute else _chunk_logprobs(head, flat[i : i + n], ids[i : i + n], with_entropy)
-             for i in range(0, b * t, n)]
+    parts = [
+        checkpoint(
+            _chunk_logprobs,
+            head,
+            flat[i : i + n],
+            ids[i : i + n],
+            with_entropy,
+            use_reentrant=False,
+            preserve_rng_state=False,
+        )  # no randomness inside
+        if recompute
+        else _chunk_logprobs(head, flat[i : i + n], ids[i : i + n], with_entropy)
+        for i in range(0, b * t, n)
+    ]
     logp = torch.cat([p[0] for p in parts]).reshape(b, t) if parts else flat.new_zeros(b, t)
     if not with_entropy:
         return logp, None
@@ -340,24 +393,36 @@ class CompletionLogprobs(torch.nn.Module):
             # the prompt would cost [B, P, V] (gigabytes with a 49k vocabulary) for nothing.
             return self._read(width + 1, input_ids=ids, attention_mask=mask, position_ids=positions)[0][:, :-1]
 
-        shared = None if getattr(self.model, "is_activation_checkpointing", False) else distinct_prompts(ids, mask, prompt_len)
+        shared = (
+            None
+            if getattr(self.model, "is_activation_checkpointing", False)
+            else distinct_prompts(ids, mask, prompt_len)
+        )
         if shared is None:
             return plain()
         prompt_ids, prompt_mask, inverse = shared
-        head, cache = self._read(1, input_ids=prompt_ids, attention_mask=prompt_mask,
-                                 position_ids=position_ids(prompt_mask), use_cache=True)
+        head, cache = self._read(
+            1, input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=position_ids(prompt_mask), use_cache=True
+        )
         first = head[inverse]  # [B, 1, X]: the last prompt position predicts completion token 0
         if width == 1:
             return first
         if not _attention_only(cache):  # recurrent or linear-attention state: no row selection
             return plain()
         cache.batch_select_indices(inverse)  # [U, ...] -> [B, ...], differentiable indexing
-        rest, _ = self._read(width - 1, input_ids=ids[:, prompt_len:-1], attention_mask=mask[:, :-1],
-                             position_ids=positions[:, prompt_len:-1], past_key_values=cache, use_cache=True)
+        rest, _ = self._read(
+            width - 1,
+            input_ids=ids[:, prompt_len:-1],
+            attention_mask=mask[:, :-1],
+            position_ids=positions[:, prompt_len:-1],
+            past_key_values=cache,
+            use_cache=True,
+        )
         return torch.cat([first, rest], 1)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int,
-                with_entropy: bool = False):
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int, with_entropy: bool = False
+    ):
         """[B, P + T] -> log-probabilities of the completion tokens [B, T] (and their entropies,
         [B, T]) on the inputs' device (the CPU) whatever the model's: the [B, T, V] work stays on the
         model's device, and only [B, T] comes back (differentiably) for the loss."""

@@ -2,6 +2,7 @@
 the CPU), bf16 autocast, gradient checkpointing. The stages move a model here once and move each
 batch to its model's device at the few places batches are made (``policy``, ``stages.lm_step.lm_loss``), so
 the math functions never think about devices."""
+
 from __future__ import annotations
 
 import contextlib
@@ -61,8 +62,21 @@ def peak_memory() -> dict[str, float]:
 
 
 # MKL's conditional-numerical-reproducibility modes as its mkl_cbwr_get reports them (mkl_service.h).
-_MKL_MODES = {1: "OFF", 2: "AUTO", 3: "COMPATIBLE", 4: "SSE2", 6: "SSSE3", 7: "SSE4_1", 8: "SSE4_2", 9: "AVX",
-              10: "AVX2", 11: "AVX512_MIC", 12: "AVX512", 13: "AVX512_MIC_E1", 14: "AVX512_E1"}
+_MKL_MODES = {
+    1: "OFF",
+    2: "AUTO",
+    3: "COMPATIBLE",
+    4: "SSE2",
+    6: "SSSE3",
+    7: "SSE4_1",
+    8: "SSE4_2",
+    9: "AVX",
+    10: "AVX2",
+    11: "AVX512_MIC",
+    12: "AVX512",
+    13: "AVX512_MIC_E1",
+    14: "AVX512_E1",
+}
 _MKL_STRICT, _MKL_ALL = 0x10000, -1
 
 
@@ -93,12 +107,19 @@ def numerics() -> dict:
     mode = mkl_mode()
     wanted = os.environ.get("MKL_CBWR", "").strip()
     if mode is not None and (mode != "OFF") != bool(wanted):
-        warnings.warn(f"MKL computes in mode {mode} but MKL_CBWR is {wanted or 'empty'!r}: MKL fixed its mode at its "
-                      "first call, before the setting; import grpo_core before computing with torch, or set "
-                      "MKL_CBWR in the environment. Results may differ in the last bits across resumes.",
-                      RuntimeWarning, stacklevel=2)
-    return {"settings": numerics_settings(), "mkl_mode": mode, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "cpu": cpu_model()}
+        warnings.warn(
+            f"MKL computes in mode {mode} but MKL_CBWR is {wanted or 'empty'!r}: MKL fixed its mode at its "
+            "first call, before the setting; import grpo_core before computing with torch, or set "
+            "MKL_CBWR in the environment. Results may differ in the last bits across resumes.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return {
+        "settings": numerics_settings(),
+        "mkl_mode": mode,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cpu": cpu_model(),
+    }
 
 
 def cpu_model() -> str:
@@ -127,8 +148,11 @@ def probe_cases(trials: int = 150, seed: int = 0):
     for _ in range(trials):
         k = size()
         yield "linear", F.linear, (torch.randn(size(), k, generator=gen), torch.randn(size(), k, generator=gen))
-        yield ("causal_attention", lambda q: F.scaled_dot_product_attention(q, q * 0.5, q + 1, is_causal=True),
-               (torch.randn(2, 2, size(), 16, generator=gen),))
+        yield (
+            "causal_attention",
+            lambda q: F.scaled_dot_product_attention(q, q * 0.5, q + 1, is_causal=True),
+            (torch.randn(2, 2, size(), 16, generator=gen),),
+        )
         yield "log_softmax", lambda x: torch.log_softmax(x, -1), (torch.randn(size(), 16 * size(), generator=gen),)
 
 
@@ -145,7 +169,9 @@ def alignment_mismatches(trials: int = 150, seed: int = 0) -> dict[str, int]:
     out: dict[str, int] = {}
     for name, op, inputs in probe_cases(trials, seed):
         first = op(*inputs)
-        out[name] = out.get(name, 0) + sum(not torch.equal(op(*(moved(x, k) for x in inputs)), first) for k in (1, 3, 8))
+        out[name] = out.get(name, 0) + sum(
+            not torch.equal(op(*(moved(x, k) for x in inputs)), first) for k in (1, 3, 8)
+        )
     return out
 
 

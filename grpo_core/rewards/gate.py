@@ -6,6 +6,7 @@ threshold and against the SFT model's own likelihood). ``gate_grpo`` decides fro
 ``rounds.on_gate_failure`` what a round's GRPO optimises; the flow only carries it out and reports
 the sentences.
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -39,11 +40,19 @@ def gate_failure(kind: str, gate: dict) -> str | None:
     """What is wrong with a reward model whose quality gate failed (None when it passed or had none)."""
     if not gate or gate["passed"]:
         return None
-    why = [f"{gate['metric']} {gate['value']:.3f} < {gate['threshold']}"] if not gate["value"] >= gate["threshold"] else []
+    why = (
+        [f"{gate['metric']} {gate['value']:.3f} < {gate['threshold']}"]
+        if not gate["value"] >= gate["threshold"]
+        else []
+    )
     if not gate.get("beats_baseline", True):
-        why.append(f"no better than the zero-training verifier (the SFT model's own likelihood: {gate['baseline']:.3f})")
-    return (f"{kind.upper()} held-out {' and '.join(why)}: GRPO's group-normalised reward ranks one question's "
-            f"solutions by it")
+        why.append(
+            f"no better than the zero-training verifier (the SFT model's own likelihood: {gate['baseline']:.3f})"
+        )
+    return (
+        f"{kind.upper()} held-out {' and '.join(why)}: GRPO's group-normalised reward ranks one question's "
+        f"solutions by it"
+    )
 
 
 def gate_grpo(cfg: PipelineConfig, gates: dict[str, dict]) -> Gated:
@@ -58,9 +67,11 @@ def gate_grpo(cfg: PipelineConfig, gates: dict[str, dict]) -> Gated:
         return Gated(cfg, [], list(failures.values()))
     weights = {k: w for k, w in cfg.grpo.reward_weights.items() if k not in excluded and w > 0}
     if not weights:
-        raise ValueError(f"every reward source of grpo.reward_weights ({', '.join(excluded)}) failed its quality gate and "
-                         f"rounds.on_gate_failure is exclude: nothing is left to drive GRPO; add rule: 1.0 or set "
-                         f"rounds.on_gate_failure: report")
+        raise ValueError(
+            f"every reward source of grpo.reward_weights ({', '.join(excluded)}) failed its quality gate and "
+            f"rounds.on_gate_failure is exclude: nothing is left to drive GRPO; add rule: 1.0 or set "
+            f"rounds.on_gate_failure: report"
+        )
     process = {} if "prm" in weights else {"supervision": "outcome", "process_credit": "sum"}
     grpo = cfg.grpo.model_validate({**cfg.grpo.model_dump(), "reward_weights": weights, **process})
     return Gated(cfg.model_copy(update={"grpo": grpo}), excluded, list(failures.values()))

@@ -7,6 +7,7 @@ solution's last token, the PRM at each step's last token) rather than through th
 pooling: sequence classification finds "the last non-pad token", which is wrong when pad == eos
 or rows are left-padded, as GRPO's rollouts are.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -70,8 +71,11 @@ def within_question_auc(scores: list[float], labels: list[bool], questions: list
     by_question: dict[str, list[int]] = {}
     for i, q in enumerate(questions):
         by_question.setdefault(q, []).append(i)
-    aucs = [roc_auc([scores[i] for i in rows], [labels[i] for i in rows]) for rows in by_question.values()
-            if 0 < sum(bool(labels[i]) for i in rows) < len(rows)]
+    aucs = [
+        roc_auc([scores[i] for i in rows], [labels[i] for i in rows])
+        for rows in by_question.values()
+        if 0 < sum(bool(labels[i]) for i in rows) < len(rows)
+    ]
     return (sum(aucs) / len(aucs) if aucs else float("nan")), len(aucs)
 
 
@@ -92,6 +96,7 @@ def first_wrong_step(flags: list[bool]) -> int | None:
 
 
 # ------------------------------------------------------------------------------- models
+
 
 def load_reward_model(path: str | Path, kind: str, head: str = "linear", lm_tokens: tuple[str, str] = ("+", "-")):
     """An ORM (``kind="orm"``) or PRM (``"prm"``) from a causal-LM or RM folder: a trained
@@ -125,8 +130,10 @@ def load_reward_model(path: str | Path, kind: str, head: str = "linear", lm_toke
     except (OSError, ValueError) as e:
         raise ModelError(f"{path}: cannot load a {kind.upper()} from this folder: {e}") from None
     if not isinstance(getattr(model, "score", None), torch.nn.Linear):
-        raise ModelError(f"{path}: {type(model).__name__} has no `score` head (Llama, Qwen, Mistral and "
-                         f"SmolLM2 have one); reward models are read through it")
+        raise ModelError(
+            f"{path}: {type(model).__name__} has no `score` head (Llama, Qwen, Mistral and "
+            f"SmolLM2 have one); reward models are read through it"
+        )
     if model.config.pad_token_id is None:
         model.config.pad_token_id = model.config.eos_token_id
     return model
@@ -157,8 +164,9 @@ class ScoreHead(torch.nn.Module):
         model may sit on a GPU: the hidden states stay there)."""
         device = model_device(self.model)
         mask = attention_mask.to(device)
-        hidden = self.model.base_model(input_ids=input_ids.to(device), attention_mask=mask,
-                                       position_ids=position_ids(mask)).last_hidden_state[:, start:]
+        hidden = self.model.base_model(
+            input_ids=input_ids.to(device), attention_mask=mask, position_ids=position_ids(mask)
+        ).last_hidden_state[:, start:]
         return self.model.score(hidden).squeeze(-1).float().to(input_ids.device)
 
 
@@ -192,8 +200,9 @@ def orm_logits(orm, rollout: Rollout) -> torch.Tensor:
     """[B] ORM logit of each whole solution, read at its last token (EOS when it finished); a
     ``VerifierHead`` reads its causal LM (``rewards.likelihood``)."""
     if is_verifier_head(orm):
-        return orm(rollout.input_ids, rollout.attention_mask, rollout.prompt_len,
-                   rollout.completion_mask).to(rollout.input_ids.device)
+        return orm(rollout.input_ids, rollout.attention_mask, rollout.prompt_len, rollout.completion_mask).to(
+            rollout.input_ids.device
+        )
     scores = token_scores(orm, rollout)
     return scores.gather(1, last_token_index(rollout.completion_mask)[:, None]).squeeze(1)
 
@@ -202,7 +211,8 @@ def prm_step_logits(prm, rollout: Rollout, step_ends: torch.Tensor) -> torch.Ten
     """[B, K] PRM logit at each step's last token; step_ends [B, K] long (padding: any index). A
     ``VerifierHead`` reads its causal LM (``rewards.likelihood``)."""
     if is_verifier_head(prm):
-        return prm(rollout.input_ids, rollout.attention_mask, rollout.prompt_len, rollout.completion_mask,
-                   step_ends).to(rollout.input_ids.device)
+        return prm(
+            rollout.input_ids, rollout.attention_mask, rollout.prompt_len, rollout.completion_mask, step_ends
+        ).to(rollout.input_ids.device)
     scores = token_scores(prm, rollout)
     return scores.gather(1, step_ends.clamp(0, scores.shape[1] - 1))

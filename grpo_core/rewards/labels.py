@@ -7,6 +7,7 @@ some rollout reaches the gold answer; soft label: the fraction that do), in TRL'
 ``prompt`` / ``completions`` / ``labels`` form. ``Completer`` is any function from prompts to
 completions (the policy, or a stub with known success probabilities in tests).
 """
+
 from __future__ import annotations
 
 import random
@@ -53,8 +54,9 @@ def outcome_pairs(samples: list[Sampled], max_pairs: int, seed: int) -> list[dic
     return rows
 
 
-def mc_step_labels(complete: Completer, prompt: str, steps: list[str], gold: str, n: int,
-                   separator: str = "\n") -> tuple[list[bool], list[float]]:
+def mc_step_labels(
+    complete: Completer, prompt: str, steps: list[str], gold: str, n: int, separator: str = "\n"
+) -> tuple[list[bool], list[float]]:
     """Math-Shepherd labels of one solution's steps: (hard, soft), each [K].
 
     For step k, ``n`` completions continue from ``prompt + steps[0..k] + separator``; hard = any
@@ -64,8 +66,9 @@ def mc_step_labels(complete: Completer, prompt: str, steps: list[str], gold: str
     return mc_step_labels_batch(complete, [(prompt, steps, gold)], n, separator)[0]
 
 
-def mc_step_labels_batch(complete: Completer, items: list[tuple[str, list[str], str]], n: int,
-                         separator: str = "\n") -> list[tuple[list[bool], list[float]]]:
+def mc_step_labels_batch(
+    complete: Completer, items: list[tuple[str, list[str], str]], n: int, separator: str = "\n"
+) -> list[tuple[list[bool], list[float]]]:
     """``mc_step_labels`` for many solutions with one call to ``complete`` (batched generation).
     Solutions of one question that begin alike share the rollouts of their common prefixes: a
     prefix is rolled out ``n`` times once, however many solutions it begins (the same estimate)."""
@@ -112,9 +115,10 @@ def step_rows(samples: list[Sampled], complete: Completer | None, n: int, separa
         mc = [([bool(y) for y in x], [float(y) for y in x]) for x in exact]
     else:
         mc = mc_step_labels_batch(complete, items, n, separator)
-    return [{"prompt": p, "completions": steps, "labels": hard, "soft_labels": soft, "exact_labels": ex,
-             "completion": raw}
-            for (p, steps, _), (hard, soft), ex, raw in zip(items, mc, exact, raws)]
+    return [
+        {"prompt": p, "completions": steps, "labels": hard, "soft_labels": soft, "exact_labels": ex, "completion": raw}
+        for (p, steps, _), (hard, soft), ex, raw in zip(items, mc, exact, raws)
+    ]
 
 
 def label_agreement(rows: list[dict]) -> dict[str, float]:

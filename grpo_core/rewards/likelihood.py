@@ -5,6 +5,7 @@ right. On the demo's SFT model it ranked right above wrong solutions of one ques
 trained ORM and PRM were at chance (docs/reward-models.md). Every trained reward model must beat
 this baseline, read from the model it was initialised from.
 """
+
 from __future__ import annotations
 
 import torch
@@ -47,19 +48,25 @@ def likelihood_scores(model, tokenizer, rollout: Rollout, separator: str):
 
     ends, mask = rollout_step_ends(tokenizer, rollout, separator)
     logp = token_logprobs(model, rollout).float()
-    return (lowest_logprob(logp, rollout.completion_mask).exp(), step_lowest_logprobs(logp, ends, mask).exp(),
-            mask)
+    return (lowest_logprob(logp, rollout.completion_mask).exp(), step_lowest_logprobs(logp, ends, mask).exp(), mask)
 
 
-def lm_verdicts(lm, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int, at: torch.Tensor,
-                tokens: tuple[int, int]) -> torch.Tensor:
+def lm_verdicts(
+    lm,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    prompt_len: int,
+    at: torch.Tensor,
+    tokens: tuple[int, int],
+) -> torch.Tensor:
     """[B, K] the Math-Shepherd reading of a causal LM: the logit of the "good" token minus that of
     the "bad" one, as the LM predicts the token after completion token ``at`` ([B, K] long, 0-based).
     Only the two output rows are computed, not the whole vocabulary."""
     from grpo_core.lm.policy import position_ids
 
-    hidden = lm.base_model(input_ids=input_ids, attention_mask=attention_mask,
-                           position_ids=position_ids(attention_mask)).last_hidden_state[:, prompt_len:]  # [B, T, H]
+    hidden = lm.base_model(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask)
+    ).last_hidden_state[:, prompt_len:]  # [B, T, H]
     at = at.clamp(0, hidden.shape[1] - 1)
     picked = hidden.gather(1, at[..., None].expand(-1, -1, hidden.shape[-1]))  # [B, K, H]
     good, bad = (picked @ lm.get_output_embeddings().weight[list(tokens)].T).float().unbind(-1)
@@ -91,12 +98,26 @@ class VerifierHead(torch.nn.Module):
     # moved), so they learn 100x faster, without decay.
     CALIBRATION_LR_SCALE = 100.0
 
-    def __init__(self, lm, kind: str, reading: str = "likelihood", scale: float | None = None,
-                 bias: float | None = None, tokens: tuple[str, str] = ("+", "-"), token_ids: tuple[int, int] = (-1, -1)):
+    def __init__(
+        self,
+        lm,
+        kind: str,
+        reading: str = "likelihood",
+        scale: float | None = None,
+        bias: float | None = None,
+        tokens: tuple[str, str] = ("+", "-"),
+        token_ids: tuple[int, int] = (-1, -1),
+    ):
         super().__init__()
         if reading not in self.START:
             raise ValueError(f"reward head reading {reading!r}: choose from {', '.join(self.START)}")
-        self.lm, self.kind, self.reading, self.tokens, self.token_ids = lm, kind, reading, tuple(tokens), tuple(token_ids)
+        self.lm, self.kind, self.reading, self.tokens, self.token_ids = (
+            lm,
+            kind,
+            reading,
+            tuple(tokens),
+            tuple(token_ids),
+        )
         start = self.START[reading]
         # One-element vectors, not scalars: FSDP shards every parameter along its first dimension.
         self.scale = torch.nn.Parameter(torch.tensor([float(start[0] if scale is None else scale)]))
@@ -104,8 +125,10 @@ class VerifierHead(torch.nn.Module):
 
     def optimizer_groups(self, weight_decay: float) -> list[dict]:
         """The trainer's AdamW groups: the LM's weights, and the calibration at its own pace."""
-        return [{"params": list(self.lm.parameters()), "weight_decay": weight_decay},
-                {"params": [self.scale, self.bias], "weight_decay": 0.0, "lr_scale": self.CALIBRATION_LR_SCALE}]
+        return [
+            {"params": list(self.lm.parameters()), "weight_decay": weight_decay},
+            {"params": [self.scale, self.bias], "weight_decay": 0.0, "lr_scale": self.CALIBRATION_LR_SCALE},
+        ]
 
     @property
     def config(self):
@@ -114,8 +137,14 @@ class VerifierHead(torch.nn.Module):
     def activation_checkpointing_enable(self) -> None:
         self.lm.activation_checkpointing_enable()
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int,
-                completion_mask: torch.Tensor, ends: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        prompt_len: int,
+        completion_mask: torch.Tensor,
+        ends: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """[B] solution logits, or with ``ends`` ([B, K] long, step ends; padding: any index) [B, K]
         step logits, on the model's device."""
         from grpo_core.lm.policy import CompletionLogprobs
@@ -124,26 +153,39 @@ class VerifierHead(torch.nn.Module):
         completion_mask = completion_mask.to(device)
         if self.reading == "lm":
             at = ends if ends is not None else (completion_mask.sum(1).long() - 1).clamp(min=0)[:, None]
-            reading = lm_verdicts(self.lm, input_ids.to(device), attention_mask.to(device), prompt_len, at.to(device),
-                                  self.token_ids)
+            reading = lm_verdicts(
+                self.lm, input_ids.to(device), attention_mask.to(device), prompt_len, at.to(device), self.token_ids
+            )
             reading = reading if ends is not None else reading[:, 0]
         else:
             logp = CompletionLogprobs(self.lm)(input_ids, attention_mask, prompt_len)[0].float()
-            reading = (lowest_logprob(logp, completion_mask) if ends is None else
-                       step_lowest_logprobs(logp, ends.to(device), torch.ones_like(ends, dtype=torch.bool, device=device)))
+            reading = (
+                lowest_logprob(logp, completion_mask)
+                if ends is None
+                else step_lowest_logprobs(logp, ends.to(device), torch.ones_like(ends, dtype=torch.bool, device=device))
+            )
         return self.scale * reading + self.bias
 
     def save_pretrained(self, path, state_dict: dict | None = None) -> None:
         """The language model's folder with the head in its config; ``state_dict``: the head's whole
         state where it is sharded (FSDP)."""
         whole = state_dict or {"scale": self.scale, "bias": self.bias}
-        self.lm.config.reward_head = {"kind": self.kind, "reading": self.reading, "scale": whole["scale"].detach().item(),
-                                      "bias": whole["bias"].detach().item(), **({"tokens": list(self.tokens)} if self.reading == "lm" else {})}
-        self.lm.save_pretrained(path, state_dict=state_dict and {k.removeprefix("lm."): v for k, v in state_dict.items()
-                                                                  if k.startswith("lm.")})
+        self.lm.config.reward_head = {
+            "kind": self.kind,
+            "reading": self.reading,
+            "scale": whole["scale"].detach().item(),
+            "bias": whole["bias"].detach().item(),
+            **({"tokens": list(self.tokens)} if self.reading == "lm" else {}),
+        }
+        self.lm.save_pretrained(
+            path,
+            state_dict=state_dict and {k.removeprefix("lm."): v for k, v in state_dict.items() if k.startswith("lm.")},
+        )
 
     @classmethod
-    def from_folder(cls, path, kind: str, reading: str = "likelihood", tokens: tuple[str, str] = ("+", "-")) -> "VerifierHead":
+    def from_folder(
+        cls, path, kind: str, reading: str = "likelihood", tokens: tuple[str, str] = ("+", "-")
+    ) -> "VerifierHead":
         """From a causal-LM folder: its saved reading and calibration when it is one of ours, else a
         fresh ``reading`` (``lm``: ``tokens`` must each be one token of the folder's tokenizer)."""
         from grpo_core.lm.modeling import ModelError, load_model
@@ -155,8 +197,10 @@ class VerifierHead(torch.nn.Module):
         for t in tokens if reading == "lm" else ():
             encoded = tokenizer(t, add_special_tokens=False).input_ids
             if len(encoded) != 1:
-                raise ModelError(f"{path}: the reward head's token {t!r} is {len(encoded)} tokens of this tokenizer; "
-                                 f"<kind>.lm_tokens must name two single tokens (Math-Shepherd: '+' and '-')")
+                raise ModelError(
+                    f"{path}: the reward head's token {t!r} is {len(encoded)} tokens of this tokenizer; "
+                    f"<kind>.lm_tokens must name two single tokens (Math-Shepherd: '+' and '-')"
+                )
             ids += encoded
         return cls(lm, kind, reading, saved.get("scale"), saved.get("bias"), tokens, tuple(ids) or (-1, -1))
 

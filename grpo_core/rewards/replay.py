@@ -7,6 +7,7 @@ Face dataset per kind (``pairs``, ``steps`` rows, checked ``solutions``) holding
 version k-1, drawn reproducibly from (seed, round). A version is written to a temporary folder and
 renamed, and never changed afterwards, so a crashed round loses nothing already in the buffer.
 """
+
 from __future__ import annotations
 
 import os
@@ -36,8 +37,9 @@ def draw_replay(history: list[dict], n: int, seed: int, round_: int) -> list[dic
     return [history[i] for i in sorted(rng.sample(range(len(history)), n))]
 
 
-def retraining_set(fresh: list[dict], history: list[dict], fraction: float, seed: int,
-                   round_: int) -> tuple[list[dict], dict[str, Any]]:
+def retraining_set(
+    fresh: list[dict], history: list[dict], fraction: float, seed: int, round_: int
+) -> tuple[list[dict], dict[str, Any]]:
     """Round ``round_``'s training rows (fresh, then the replay sample) and what they are made of.
 
     ``history`` must come only from rounds before ``round_`` (checked: a row of this round or a
@@ -46,13 +48,19 @@ def retraining_set(fresh: list[dict], history: list[dict], fraction: float, seed
     """
     late = sorted({r[ORIGIN] for r in history if r[ORIGIN] >= round_})
     if late:
-        raise ValueError(f"round {round_}: the replay history holds rows of rounds {late}; only earlier rounds may be replayed")
+        raise ValueError(
+            f"round {round_}: the replay history holds rows of rounds {late}; only earlier rounds may be replayed"
+        )
     wanted = replay_size(len(fresh), fraction) if history else 0
     replay = draw_replay(history, wanted, seed, round_)
     by_round = Counter(r[ORIGIN] for r in replay)
-    stats = {"fresh": len(fresh), "replay": len(replay), "replay_wanted": wanted,
-             "share": len(replay) / max(1, len(fresh) + len(replay)),
-             "by_round": {int(k): by_round[k] for k in sorted(by_round)}}
+    stats = {
+        "fresh": len(fresh),
+        "replay": len(replay),
+        "replay_wanted": wanted,
+        "share": len(replay) / max(1, len(fresh) + len(replay)),
+        "by_round": {int(k): by_round[k] for k in sorted(by_round)},
+    }
     return fresh + replay, stats
 
 
@@ -68,8 +76,10 @@ def load_version(version_dir: str | Path | None, kind: str) -> list[dict]:
         return []
     path = Path(version_dir) / kind
     if kind == "pairs" and not path.exists() and (Path(version_dir) / "outcome").exists():
-        raise ValueError(f"{Path(version_dir) / 'outcome'}: a replay buffer version of an older layout, whose "
-                         f"pairs this version reads as {path}: rename the folder, or start the rounds again")
+        raise ValueError(
+            f"{Path(version_dir) / 'outcome'}: a replay buffer version of an older layout, whose "
+            f"pairs this version reads as {path}: rename the folder, or start the rounds again"
+        )
     if not path.exists():  # a version older than the kind
         return []
     from datasets import load_from_disk
@@ -77,11 +87,16 @@ def load_version(version_dir: str | Path | None, kind: str) -> list[dict]:
     return load_from_disk(str(path)).to_list()
 
 
-def write_version(previous: str | Path | None, fresh: dict[str, list[dict]], round_: int, out_dir: Path,
-                  columns: dict[str, tuple[str, ...]]) -> dict[str, Any]:
+def write_version(
+    previous: str | Path | None,
+    fresh: dict[str, list[dict]],
+    round_: int,
+    out_dir: Path,
+    columns: dict[str, tuple[str, ...]],
+) -> dict[str, Any]:
     """Version ``round_`` = ``previous`` + this round's ``fresh`` training rows (tagged), written to a
-    temporary folder and renamed into ``out_dir``: one dataset per kind of ``columns`` (its column
-names, for an empty one). Returns rows per kind and per round of origin."""
+        temporary folder and renamed into ``out_dir``: one dataset per kind of ``columns`` (its column
+    names, for an empty one). Returns rows per kind and per round of origin."""
     from datasets import Dataset
 
     tmp = out_dir.with_name(out_dir.name + ".tmp")

@@ -8,6 +8,7 @@ round's reward-data stage reads them back as labelled solutions of their round o
 Crash safety: lines of steps after the checkpoint a run resumes from are dropped on resume (the
 resumed run samples those steps again, identically), so the log never holds a step twice.
 """
+
 from __future__ import annotations
 
 import json

@@ -10,6 +10,7 @@ its tokens; it gives
 both fields. A trained ``VerifierHead`` (a causal-LM folder whose config holds ``reward_head``) is
 an ORM or PRM like the others. Solutions are untrusted text: they are only tokenized.
 """
+
 from __future__ import annotations
 
 import json
@@ -41,8 +42,10 @@ def reward_model_kind(model_dir: str | Path) -> str:
         return "prm"
     if arch.endswith("ForCausalLM"):  # a trained VerifierHead says which it is
         return reward_head_kind(config) or "lm"
-    raise ScoreInputError(f"{model_dir}: a {arch or 'model of unknown architecture'} is not a reward model; pass an "
-                          f"ORM or PRM folder (runs/<run>/round-<k>/orm/model or .../prm/model) or a causal LM")
+    raise ScoreInputError(
+        f"{model_dir}: a {arch or 'model of unknown architecture'} is not a reward model; pass an "
+        f"ORM or PRM folder (runs/<run>/round-<k>/orm/model or .../prm/model) or a causal LM"
+    )
 
 
 def read_rows(path: str | Path) -> list[tuple[str, str]]:
@@ -89,8 +92,10 @@ def score(model_dir: str | Path, rows: list[tuple[str, str]], batch_size: int = 
         rollout = encode(tokenizer, [p for p, _ in part], [c for _, c in part])
         if kind == "lm":
             whole, steps, mask = likelihood_scores(model, tokenizer, rollout, separator)
-            out += [{"score": whole[i].item(), "step_scores": steps[i, : int(mask[i].sum())].tolist()}
-                    for i in range(len(part))]
+            out += [
+                {"score": whole[i].item(), "step_scores": steps[i, : int(mask[i].sum())].tolist()}
+                for i in range(len(part))
+            ]
             continue
         if kind == "orm":
             out += [{"score": p} for p in torch.sigmoid(orm_logits(model, rollout)).tolist()]

@@ -5,6 +5,7 @@ Completions are untrusted model output: the rule reward only parses and compares
 silently: they are counted, and the affected completion gets no advantage (its group's statistics
 are taken over the others).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -65,16 +66,28 @@ class Scored:
     def select(self, index: torch.Tensor) -> "Scored":
         """The completions ``index`` [U] (long), in that order; ``stats`` stay those of the whole batch."""
         pick = lambda x: None if x is None else x[index]  # noqa: E731
-        return Scored(self.outcome[index], self.correct[index], self.supervision, pick(self.step_rewards),
-                      pick(self.step_ends), pick(self.step_mask), self.stats,
-                      {k: v[index] for k, v in self.learned.items()})
+        return Scored(
+            self.outcome[index],
+            self.correct[index],
+            self.supervision,
+            pick(self.step_rewards),
+            pick(self.step_ends),
+            pick(self.step_mask),
+            self.stats,
+            {k: v[index] for k, v in self.learned.items()},
+        )
 
     @staticmethod
     def cat(parts: list["Scored"]) -> "Scored":
         """The completions of ``parts`` in order (steps padded to the most, as absent steps);
         ``stats`` are the first part's."""
-        out = Scored(torch.cat([s.outcome for s in parts]), torch.cat([s.correct for s in parts]), parts[0].supervision,
-                     stats=parts[0].stats, learned={k: torch.cat([s.learned[k] for s in parts]) for k in parts[0].learned})
+        out = Scored(
+            torch.cat([s.outcome for s in parts]),
+            torch.cat([s.correct for s in parts]),
+            parts[0].supervision,
+            stats=parts[0].stats,
+            learned={k: torch.cat([s.learned[k] for s in parts]) for k in parts[0].learned},
+        )
         if parts[0].supervision == "outcome":
             return out
         k = max(s.step_rewards.shape[1] for s in parts)
@@ -95,16 +108,23 @@ class RewardScorer:
     is counted (``reward/nonfinite_completions``).
     """
 
-    def __init__(self, weights: dict[str, float], supervision: str, tokenizer, separator: str = "\n",
-                 orm=None, prm=None) -> None:
+    def __init__(
+        self, weights: dict[str, float], supervision: str, tokenizer, separator: str = "\n", orm=None, prm=None
+    ) -> None:
         self.weights = {k: w for k, w in weights.items() if w > 0}
         self.supervision, self.tokenizer, self.separator = supervision, tokenizer, separator
         self.orm, self.prm = orm, prm
         require_reward_models(self.weights, [k for k in ("orm", "prm") if getattr(self, k) is not None])
 
     @classmethod
-    def for_recipe(cls, cfg: GRPOConfig, tokenizer, separator: str = "\n", paths: dict[str, str | Path] | None = None,
-                   device: torch.device | str = "cpu") -> "RewardScorer":
+    def for_recipe(
+        cls,
+        cfg: GRPOConfig,
+        tokenizer,
+        separator: str = "\n",
+        paths: dict[str, str | Path] | None = None,
+        device: torch.device | str = "cpu",
+    ) -> "RewardScorer":
         """The recipe's reward (``grpo.reward_weights`` under ``grpo.supervision``, read here only).
         ``paths``: the folders of the reward models the weights use (``orm``, ``prm``), placed on
         ``device`` (the policy's); a weighted one missing is an error."""
@@ -112,7 +132,9 @@ class RewardScorer:
 
         paths = paths or {}
         require_reward_models(cfg.reward_weights, paths)
-        models = {k: load_reward_model(paths[k], k).to(device).eval().requires_grad_(False) for k in cfg.reward_models_used}
+        models = {
+            k: load_reward_model(paths[k], k).to(device).eval().requires_grad_(False) for k in cfg.reward_models_used
+        }
         return cls(cfg.reward_weights, cfg.supervision, tokenizer, separator, **models)
 
     @torch.no_grad()
@@ -129,7 +151,9 @@ class RewardScorer:
         outcome = self.weights["rule"] * rule if "rule" in self.weights else torch.zeros_like(rule)
         if "orm" in self.weights:
             orm = torch.sigmoid(orm_logits(self.orm, once))[rows.inverse]
-            stats["reward/orm_mean"] = float(orm[torch.isfinite(orm)].mean()) if torch.isfinite(orm).any() else float("nan")
+            stats["reward/orm_mean"] = (
+                float(orm[torch.isfinite(orm)].mean()) if torch.isfinite(orm).any() else float("nan")
+            )
             outcome = outcome + self.weights["orm"] * orm
             learned["orm"] = orm
         if "prm" not in self.weights:
@@ -142,10 +166,14 @@ class RewardScorer:
         # A completion with no step has no PRM verdict: NaN here, counted and neutralised later.
         lowest = torch.where(no_steps, torch.nan, torch.where(mask, steps, torch.inf).min(dim=1).values)
         finite = torch.isfinite(lowest)
-        stats.update({"reward/no_step_completions": float(no_steps.sum()),
-                      "reward/steps_per_completion": float(mask.sum(dim=1).float().mean()),
-                      # the learned reward beside train/accuracy (the checker's): a widening gap is a hack
-                      "reward/prm_lowest_mean": float(lowest[finite].mean()) if finite.any() else float("nan")})
+        stats.update(
+            {
+                "reward/no_step_completions": float(no_steps.sum()),
+                "reward/steps_per_completion": float(mask.sum(dim=1).float().mean()),
+                # the learned reward beside train/accuracy (the checker's): a widening gap is a hack
+                "reward/prm_lowest_mean": float(lowest[finite].mean()) if finite.any() else float("nan"),
+            }
+        )
         learned["prm"] = lowest
         solution = outcome + self.weights["prm"] * lowest
         if self.supervision == "outcome":

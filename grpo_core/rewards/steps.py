@@ -4,6 +4,7 @@ A step is one line by default (``separator="\\n"``); the process reward model re
 the token that holds a step's last character. Completions are untrusted text: nothing here
 evaluates them, the checker only parses integers with a regex and compares.
 """
+
 from __future__ import annotations
 
 import re

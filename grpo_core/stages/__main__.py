@@ -1,6 +1,7 @@
 """The one entry point of every stage: ``python -m grpo_core.stages --config C --inputs FILE --out
 DIR`` (torchrun / accelerate launch it as data-parallel processes). FILE says which stage and what
 it consumes (``inputs.py``); rank 0 prints the manifest."""
+
 from __future__ import annotations
 
 import argparse

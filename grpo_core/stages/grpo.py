@@ -31,6 +31,7 @@ Where this GRPO differs from the paper's (§4.1, §4.2), by default or by a sett
   (``questions.py``), PURE's min-form process credit, DAPO's clip-higher and token-mean and Dr.
   GRPO's aggregations (``losses.py``), LoRA adapters.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -60,8 +61,15 @@ from grpo_core.seeds import draw_seed, round_seed, step_seed
 from grpo_core.stages.identity import run_identity
 from grpo_core.stages.ppo import gae_advantages, value_model_from, value_updates
 from grpo_core.stages.questions import QuestionSampler, read_pass_rates
-from grpo_core.stages.rl import (Advantages, Exploration, Models, correct_advantages, group_advantages, has_spread,
-                                 spread)
+from grpo_core.stages.rl import (
+    Advantages,
+    Exploration,
+    Models,
+    correct_advantages,
+    group_advantages,
+    has_spread,
+    spread,
+)
 from grpo_core.stages.rl_records import RECORDED, SUMMARY_METRICS, SUMMARY_WINDOW, recorded, staleness
 from grpo_core.tracking import MetricLogger, NullLogger
 from grpo_core.training import distributed
@@ -93,7 +101,9 @@ class Learner:
         return self.models.ref if ALGORITHMS[self.cfg.algorithm].samples == "reference" else self.models.policy
 
 
-def rl_step(learner: Learner, questions: list[Example], step: int, record: list[dict] | None = None) -> dict[str, float]:
+def rl_step(
+    learner: Learner, questions: list[Example], step: int, record: list[dict] | None = None
+) -> dict[str, float]:
     """One exploration stage and its mu updates on the step's ``questions`` (the global batch) by
     ``grpo.algorithm``'s row of ``ALGORITHMS``; returns the step's metrics. ``record``: this
     process's checked completions are appended to it (reward-model data for the next round).
@@ -108,8 +118,18 @@ def rl_step(learner: Learner, questions: list[Example], step: int, record: list[
     advantages = estimate(learner, explored.batch)
     updated = update(learner, explored.batch.rollout, advantages, len(questions))
     alg = ALGORITHMS[learner.cfg.algorithm]
-    after = value_updates(learner.models, dataclasses.replace(explored.batch.rollout, completion_mask=advantages.mask),
-                          advantages.mask, advantages.value_targets, learner.cfg, learner.amp) if "value" in alg.trains else {}
+    after = (
+        value_updates(
+            learner.models,
+            dataclasses.replace(explored.batch.rollout, completion_mask=advantages.mask),
+            advantages.mask,
+            advantages.value_targets,
+            learner.cfg,
+            learner.amp,
+        )
+        if "value" in alg.trains
+        else {}
+    )
     return step_metrics(learner, explored, advantages, updated) | after
 
 
@@ -140,9 +160,15 @@ def sample_groups(learner: Learner, questions: list[Example], slots: list[int], 
     g, cfg = learner.cfg.group_size, learner.cfg
     started = time.perf_counter()
     with learner.amp():
-        rollout = generate(learner.sampling_model, learner.tokenizer, [prompt_text(q.question) for q in questions for _ in range(g)],
-                           max_new_tokens=cfg.max_new_tokens, temperatures=row_temperatures(cfg, len(questions)),
-                           seed=seed, row_ids=[i * g + j for i in slots for j in range(g)])
+        rollout = generate(
+            learner.sampling_model,
+            learner.tokenizer,
+            [prompt_text(q.question) for q in questions for _ in range(g)],
+            max_new_tokens=cfg.max_new_tokens,
+            temperatures=row_temperatures(cfg, len(questions)),
+            seed=seed,
+            row_ids=[i * g + j for i in slots for j in range(g)],
+        )
     sampled = time.perf_counter()
     scored = learner.scorer(rollout, [q.gold for q in questions for _ in range(g)])
     return Exploration(questions, rollout, scored, sampled - started, time.perf_counter() - sampled)
@@ -161,8 +187,10 @@ def explore(learner: Learner, questions: list[Example], step: int) -> Explored:
         first = sample_groups(learner, questions[mine], slots, seed)
         if float(d.sum(torch.isfinite(first.rewards).sum())) == 0:  # before any update: nothing to learn from
             errors = float(d.sum((first.scored.stats or {}).get("reward/rule_errors", 0.0)))
-            raise RewardError(f"none of the step's {len(questions) * cfg.group_size} completions got a finite reward "
-                              f"(rule checker errors: {errors:.0f}; the others had NaN or inf scores): the reward is broken")
+            raise RewardError(
+                f"none of the step's {len(questions) * cfg.group_size} completions got a finite reward "
+                f"(rule checker errors: {errors:.0f}; the others had NaN or inf scores): the reward is broken"
+            )
         if not cfg.redraws:
             return Explored(first, first)
         if learner.question_sampler is None:
@@ -170,19 +198,32 @@ def explore(learner: Learner, questions: list[Example], step: int) -> Explored:
         taken = frozenset(q.question for q in questions)
         kept = [(first, i) for i in range(len(slots))]  # each slot's group: (its exploration, its index there)
         first_spread = has_spread(first, cfg)
-        has, draws, tokens = first_spread.clone(), torch.ones(len(slots), dtype=torch.long), first.rollout.completion_mask.sum()
+        has, draws, tokens = (
+            first_spread.clone(),
+            torch.ones(len(slots), dtype=torch.long),
+            first.rollout.completion_mask.sum(),
+        )
         started = time.perf_counter()
         for k in range(1, cfg.redraws + 1):
             empty = [i for i in range(len(slots)) if not has[i]]
             if not empty:
                 break
-            ex = sample_groups(learner, [learner.question_sampler.redraw(step, slots[i], k, taken) for i in empty],
-                               [slots[i] for i in empty], draw_seed(seed, k))
+            ex = sample_groups(
+                learner,
+                [learner.question_sampler.redraw(step, slots[i], k, taken) for i in empty],
+                [slots[i] for i in empty],
+                draw_seed(seed, k),
+            )
             ok, tokens = has_spread(ex, cfg), tokens + ex.rollout.completion_mask.sum()
             for j, i in enumerate(empty):
                 kept[i], has[i], draws[i] = (ex, j), ok[j], draws[i] + 1
-        drawn = {"draws": draws, "first_spread": first_spread, "spread": has, "tokens": tokens,
-                 "seconds": time.perf_counter() - started}
+        drawn = {
+            "draws": draws,
+            "first_spread": first_spread,
+            "spread": has,
+            "tokens": tokens,
+            "seconds": time.perf_counter() - started,
+        }
     if all(ex is first for ex, _ in kept):
         return Explored(first, first, drawn)
     batch = Exploration.cat([ex.groups([j], cfg.group_size) for ex, j in kept], learner.tokenizer.pad_token_id)
@@ -228,7 +269,9 @@ def update(learner: Learner, rollout: Rollout, advantages: Advantages, n_global:
     rollout = dataclasses.replace(rollout, completion_mask=advantages.mask)  # the tokens that learn
     beta = cfg.kl.loss
     if beta > 0 and ref is None:
-        raise ValueError(f"grpo.beta = {beta} weighs a KL to the reference in the loss, but no reference model was given")
+        raise ValueError(
+            f"grpo.beta = {beta} weighs a KL to the reference in the loss, but no reference model was given"
+        )
     started = time.perf_counter()
     batch = rollout.completion_mask.shape[0]
     # A minibatch is minibatch_size rows of the global batch: each process's share of it.
@@ -252,7 +295,11 @@ def update(learner: Learner, rollout: Rollout, advantages: Advantages, n_global:
     width = d.max(rollout.completion_mask.shape[1])
     tokens = d.sum(torch.stack([rollout.completion_mask[s : s + mb].sum() for s in starts])).tolist()
     sizes = [BatchSize(mb * d.world, n, width) for n in tokens]
-    with d.gathered(trained), torch.no_grad(), learner.amp():  # FSDP: on the whole policy, as many passes as a process has
+    with (
+        d.gathered(trained),
+        torch.no_grad(),
+        learner.amp(),
+    ):  # FSDP: on the whole policy, as many passes as a process has
         old_logp = None if single_update else [token_logprobs(policy, part) for part, *_ in parts]
         with adapters.off(ref):  # a LoRA policy is its own reference, its adapter off
             ref_logp = [token_logprobs(ref, part) for part, *_ in parts] if beta > 0 else None
@@ -264,9 +311,19 @@ def update(learner: Learner, rollout: Rollout, advantages: Advantages, n_global:
             with learner.amp():
                 logp, entropy = token_logprobs(trained, part, with_entropy=True)
             old = logp.detach() if old_logp is None else old_logp[i]
-            loss, m = grpo_loss(logp, old, None if ref_logp is None else ref_logp[i], adv, part.completion_mask,
-                                clip_eps=cfg.clip_eps, clip_eps_high=cfg.clip_eps_high, beta=beta, agg=cfg.loss_agg,
-                                batch=global_mb, weights=counts)
+            loss, m = grpo_loss(
+                logp,
+                old,
+                None if ref_logp is None else ref_logp[i],
+                adv,
+                part.completion_mask,
+                clip_eps=cfg.clip_eps,
+                clip_eps_high=cfg.clip_eps_high,
+                beta=beta,
+                agg=cfg.loss_agg,
+                batch=global_mb,
+                weights=counts,
+            )
             # This process's share of the global loss, times the world size: DDP averages.
             grad_norm = optimizer_step(policy, learner.opt, loss, d.world, cfg.max_grad_norm)
             mask = part.completion_mask * counts[:, None]  # each distinct row's tokens, once per row it stands for
@@ -293,34 +350,47 @@ def step_metrics(learner: Learner, explored: Explored, advantages: Advantages, u
     with and without it); lengths and groups without spread those of ``explored.batch``, what trained."""
     d, g, (first, batch, drawn) = learner.d, learner.cfg.group_size, explored
     no_spread = ~spread(advantages.values, g)  # [n] this process's groups without a gradient
-    metrics = {f"train/{k}": (v if k == "grad_norm" else float(d.sum(v))) / updated.n_updates
-               for k, v in updated.sums.items()}
+    metrics = {
+        f"train/{k}": (v if k == "grad_norm" else float(d.sum(v))) / updated.n_updates for k, v in updated.sums.items()
+    }
     stats = first.scored.stats or {}
     redraw_s = 0.0 if drawn is None else drawn["seconds"]
-    metrics |= d.mean({k: v for k, v in stats.items() if k not in COUNT_STATS}
-                      | {"time/rollout_s": first.sample_s, "time/reward_s": first.score_s,
-                         "time/advantage_s": advantages.seconds, "time/logprob_s": updated.logprob_s,
-                         "time/update_s": updated.update_s} | ({} if drawn is None else {"time/redraw_s": redraw_s}))
+    metrics |= d.mean(
+        {k: v for k, v in stats.items() if k not in COUNT_STATS}
+        | {
+            "time/rollout_s": first.sample_s,
+            "time/reward_s": first.score_s,
+            "time/advantage_s": advantages.seconds,
+            "time/logprob_s": updated.logprob_s,
+            "time/update_s": updated.update_s,
+        }
+        | ({} if drawn is None else {"time/redraw_s": redraw_s})
+    )
     metrics |= {k: float(d.sum(v)) for k, v in stats.items() if k in COUNT_STATS}
     # Per-completion statistics over the global batch.
     rewards, correct = d.gather(first.rewards.double()), d.gather(first.scored.correct.double())
-    lengths, truncated = d.gather(batch.rollout.completion_mask.sum(1).double()), d.gather(batch.rollout.truncated.double())
+    lengths, truncated = (
+        d.gather(batch.rollout.completion_mask.sum(1).double()),
+        d.gather(batch.rollout.truncated.double()),
+    )
     batch_no_spread = d.gather(no_spread.double())
     first_no_spread = batch_no_spread if drawn is None else d.gather((~drawn["first_spread"]).double())
     tokens = float(lengths.sum()) if drawn is None else float(d.sum(drawn["tokens"]))  # every draw's
     finite = torch.isfinite(rewards)
     metrics.update({k: float(d.sum(v)) for k, v in advantages.stats.items()})
-    metrics.update({
-        "train/accuracy": float(correct.mean()),
-        "train/reward_mean": float(rewards.nanmean()),
-        "train/reward_std": float(rewards[finite].std(unbiased=False)) if finite.sum() > 1 else 0.0,
-        "train/frac_reward_zero_std": float(first_no_spread.mean()),  # before any filter
-        "train/frac_batch_zero_std": float(batch_no_spread.mean()),   # what trained: groups without a gradient
-        "train/completion_len": float(lengths.mean()),
-        "train/frac_truncated": float(truncated.mean()),
-        "train/lr": learner.opt.param_groups[0]["lr"],
-        "perf/tokens_per_s": tokens / (first.sample_s + redraw_s),
-    })
+    metrics.update(
+        {
+            "train/accuracy": float(correct.mean()),
+            "train/reward_mean": float(rewards.nanmean()),
+            "train/reward_std": float(rewards[finite].std(unbiased=False)) if finite.sum() > 1 else 0.0,
+            "train/frac_reward_zero_std": float(first_no_spread.mean()),  # before any filter
+            "train/frac_batch_zero_std": float(batch_no_spread.mean()),  # what trained: groups without a gradient
+            "train/completion_len": float(lengths.mean()),
+            "train/frac_truncated": float(truncated.mean()),
+            "train/lr": learner.opt.param_groups[0]["lr"],
+            "perf/tokens_per_s": tokens / (first.sample_s + redraw_s),
+        }
+    )
     # Staleness: each learned reward model's ranking of a group's solutions against the checker, on
     # the samples the policy draws now (what GRPO's group z-score sees; a frozen one goes stale as
     # the policy moves away from the samples it was trained on). Logged whatever its weight.
@@ -330,18 +400,28 @@ def step_metrics(learner: Learner, explored: Explored, advantages: Advantages, u
     if drawn is not None:
         draws = d.gather(drawn["draws"].double())
         # Groups sampled in all; in the batch with spread; sampled and left out (the bound: redraws x batch).
-        metrics |= {"sampling/groups_drawn": float(draws.sum()),
-                    "sampling/groups_kept": float(d.gather(drawn["spread"].double()).sum()),
-                    "sampling/groups_dropped": float(draws.sum()) - len(draws)}
+        metrics |= {
+            "sampling/groups_drawn": float(draws.sum()),
+            "sampling/groups_kept": float(d.gather(drawn["spread"].double()).sum()),
+            "sampling/groups_dropped": float(draws.sum()) - len(draws),
+        }
     return metrics
 
 
 # -------------------------------------------------------------------------------------- the stage
 
 
-def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir: Path,
-             logger: MetricLogger | None = None, reward_models: dict[str, str] | None = None,
-             round_: int = 1, pass_rates: str | Path | None = None, adapter: str | Path | None = None) -> dict:
+def run_grpo(
+    cfg: PipelineConfig,
+    data_dir: Path,
+    init_dir: str | Path,
+    out_dir: Path,
+    logger: MetricLogger | None = None,
+    reward_models: dict[str, str] | None = None,
+    round_: int = 1,
+    pass_rates: str | Path | None = None,
+    adapter: str | Path | None = None,
+) -> dict:
     """Train from ``init_dir`` (the SFT policy in round 1, the previous round's policy later; also
     the frozen reference), resuming if possible.
 
@@ -353,8 +433,10 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
     Under torchrun rank 0 validates, logs, checkpoints and returns the manifest (others: None)."""
     grpo = cfg.grpo
     if grpo.curriculum and pass_rates is None:
-        raise ValueError(f"grpo.curriculum = {grpo.curriculum} draws questions by the policy's pass rates, but no "
-                         f"reward-data pass rates were given")
+        raise ValueError(
+            f"grpo.curriculum = {grpo.curriculum} draws questions by the policy's pass rates, but no "
+            f"reward-data pass rates were given"
+        )
     d = distributed.init(cfg.launch)
     device = device_for(cfg.launch)  # this process's
     logger = (logger or NullLogger()) if d.main else NullLogger()
@@ -362,15 +444,21 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
     # The reward (the answer checker and the reward models the recipe weighs): a weighted model that
     # was not given is an error here, before any checkpoint is looked at.
     reward_models = reward_models or {}
-    scorer = RewardScorer.for_recipe(grpo, load_tokenizer(init_dir), cfg.reward_data.step_separator, reward_models,
-                                     device=device)
+    scorer = RewardScorer.for_recipe(
+        grpo, load_tokenizer(init_dir), cfg.reward_data.step_separator, reward_models, device=device
+    )
     used = {k: reward_models[k] for k in grpo.reward_models_used}
     seed = round_seed(cfg.seed, round_)
-    identity = run_identity(cfg, "grpo", init=digest_dir(Path(init_dir)), round=round_,
-                            reward_models={k: digest_dir(Path(p)) for k, p in used.items()},
-                            separator=cfg.reward_data.step_separator if "prm" in used else None,
-                            **({"pass_rates": digest_dir(Path(pass_rates))} if grpo.curriculum else {}),
-                            **({"adapter": digest_dir(Path(adapter))} if adapter else {}))
+    identity = run_identity(
+        cfg,
+        "grpo",
+        init=digest_dir(Path(init_dir)),
+        round=round_,
+        reward_models={k: digest_dir(Path(p)) for k, p in used.items()},
+        separator=cfg.reward_data.step_separator if "prm" in used else None,
+        **({"pass_rates": digest_dir(Path(pass_rates))} if grpo.curriculum else {}),
+        **({"adapter": digest_dir(Path(adapter))} if adapter else {}),
+    )
     if adapter is not None and grpo.lora is None:
         raise ValueError(f"an adapter to continue ({adapter}) needs grpo.lora: the adapter's rank and layers")
     trainer = Trainer(cfg, "grpo", out_dir, identity, d, logger)
@@ -389,8 +477,9 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
     companions = {}
     if "value" in alg.trains:
         if d.world > 1:
-            raise ValueError(f"grpo.algorithm={grpo.algorithm} runs in one process (its value model has no "
-                             f"data-parallel wrapper)")
+            raise ValueError(
+                f"grpo.algorithm={grpo.algorithm} runs in one process (its value model has no data-parallel wrapper)"
+            )
         value = place(value_model_from(policy, seed), cfg.launch, train=True)
         companions["value"] = (value, (grpo.ppo.value_lr or grpo.lr) / grpo.lr)
     pool = read_split(data_dir, "rl")
@@ -399,9 +488,19 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
     val = read_split(data_dir, "val")
     policy.train()
     trained = trainer.wrap(CompletionLogprobs(policy))
-    st = trainer.start(policy, tokenizer, Plan(max_steps=grpo.max_steps, eval_every=grpo.eval_every, eval_first=True,
-                                               eval_last=True, keep_best="val/accuracy" if grpo.keep_best else None,
-                                               record=RECORDED), companions)
+    st = trainer.start(
+        policy,
+        tokenizer,
+        Plan(
+            max_steps=grpo.max_steps,
+            eval_every=grpo.eval_every,
+            eval_first=True,
+            eval_last=True,
+            keep_best="val/accuracy" if grpo.keep_best else None,
+            record=RECORDED,
+        ),
+        companions,
+    )
     rollouts = rollout_log.log_path(out_dir, d.rank)
     if grpo.save_rollouts:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -409,15 +508,19 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
     resumed_from = st.step
 
     value, value_opt = trainer.companions.get("value", (None, None))
-    learner = Learner(Models(policy, ref, value, value_opt), tokenizer, trainer.opt, grpo, scorer, seed, draws, d, trained, amp)
+    learner = Learner(
+        Models(policy, ref, value, value_opt), tokenizer, trainer.opt, grpo, scorer, seed, draws, d, trained, amp
+    )
 
     def step(st: TrainState) -> dict:
         record: list[dict] = []
         try:
             metrics = rl_step(learner, draws.step(st.step, grpo.questions_per_step), st.step, record)
         except RewardError as e:
-            raise RewardError(f"{grpo.algorithm.upper()} step {st.step + 1} of {out_dir}: {e}; the stage stops, and "
-                              f"its last checkpoint is where a re-run resumes") from None
+            raise RewardError(
+                f"{grpo.algorithm.upper()} step {st.step + 1} of {out_dir}: {e}; the stage stops, and "
+                f"its last checkpoint is where a re-run resumes"
+            ) from None
         if grpo.save_rollouts:
             rollout_log.append(rollouts, st.step + 1, record)
         recent = st.extra.get("recent", []) + [{k: metrics[k] for k in SUMMARY_METRICS if k in metrics}]
@@ -427,8 +530,10 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
     def evaluate(st: TrainState) -> dict:
         # Beside validation accuracy: the reward models' staleness on the rollouts since the last evaluation.
         since = st.curve[-1]["step"] if st.curve else 0
-        return {"val/accuracy": greedy_accuracy(policy, tokenizer, val, cfg.eval.max_new_tokens),
-                **staleness([recorded(h) for h in st.history if h["step"] > since])}
+        return {
+            "val/accuracy": greedy_accuracy(policy, tokenizer, val, cfg.eval.max_new_tokens),
+            **staleness([recorded(h) for h in st.history if h["step"] > since]),
+        }
 
     # The loop: [validate the start] -> (RL step -> log -> [validate -> keep best] -> checkpoint)*.
     st = trainer.fit(step, evaluate)
@@ -436,22 +541,46 @@ def run_grpo(cfg: PipelineConfig, data_dir: Path, init_dir: str | Path, out_dir:
     if not d.main:
         return None
     recent = st.extra.get("recent", [])
-    last = {k.removeprefix("train/"): sum(m[k] for m in recent) / len(recent)
-            for k in SUMMARY_METRICS if recent and all(k in m for m in recent)}
+    last = {
+        k.removeprefix("train/"): sum(m[k] for m in recent) / len(recent)
+        for k in SUMMARY_METRICS
+        if recent and all(k in m for m in recent)
+    }
     published = (st.best_acc, st.best_step) if grpo.keep_best else (st.curve[-1]["val/accuracy"], st.step)  # the last
-    summary = {"best_val_accuracy": published[0], "best_step": published[1], "steps": st.step,
-               "wall_s": round(st.elapsed, 2), "train_s": round(st.train_s, 2), "stopped": trainer.stop_reason(),
-               "resumed_from_step": resumed_from, "round": round_,
-               f"last_{SUMMARY_WINDOW}_steps": last, "curve": st.curve,
-               "rewards": [recorded(h) for h in st.history]}
+    summary = {
+        "best_val_accuracy": published[0],
+        "best_step": published[1],
+        "steps": st.step,
+        "wall_s": round(st.elapsed, 2),
+        "train_s": round(st.train_s, 2),
+        "stopped": trainer.stop_reason(),
+        "resumed_from_step": resumed_from,
+        "round": round_,
+        f"last_{SUMMARY_WINDOW}_steps": last,
+        "curve": st.curve,
+        "rewards": [recorded(h) for h in st.history],
+    }
     logger.log_metrics({"val/best_accuracy": published[0], "time/wall_s": st.elapsed}, step=st.step)
     # The staleness curve at its start, middle and end (the evaluations that measured it).
     measured = [p for p in st.curve if any(k.startswith("staleness/") for k in p)]
-    summary["staleness"] = {k.removeprefix("staleness/"): [p.get(k, float("nan")) for p in (measured[0], measured[len(measured) // 2], measured[-1])]
-                            for k in (measured[-1] if measured else {}) if k.startswith("staleness/")}
+    summary["staleness"] = {
+        k.removeprefix("staleness/"): [
+            p.get(k, float("nan")) for p in (measured[0], measured[len(measured) // 2], measured[-1])
+        ]
+        for k in (measured[-1] if measured else {})
+        if k.startswith("staleness/")
+    }
     summary["curriculum_questions"] = len(draws.sometimes) if draws.share else None  # solved sometimes: drawn from
     kept_another = grpo.keep_best and st.best_step != st.step
-    return write_manifest(out_dir, {"stage": "grpo", "algorithm": grpo.algorithm, "model": str(final_dir),
-                                    "last_model": str(out_dir / "last") if kept_another else None,
-                                    "init": str(init_dir), **summary,
-                                    "rollouts": str(out_dir) if grpo.save_rollouts else None})
+    return write_manifest(
+        out_dir,
+        {
+            "stage": "grpo",
+            "algorithm": grpo.algorithm,
+            "model": str(final_dir),
+            "last_model": str(out_dir / "last") if kept_another else None,
+            "init": str(init_dir),
+            **summary,
+            "rollouts": str(out_dir) if grpo.save_rollouts else None,
+        },
+    )

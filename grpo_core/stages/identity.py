@@ -1,5 +1,6 @@
 """What a stage's output is valid for: the code that made it and the recipe it ran (its budget
 aside), so a cached stage or a checkpoint is reused only where nothing it depends on changed."""
+
 from __future__ import annotations
 
 import hashlib
@@ -30,5 +31,4 @@ def run_identity(cfg, section: str, **extra) -> dict:
     shaped = cfg_json[section].get("schedule") in ("cosine", "multistep")
     budget = budget_fields(type(getattr(cfg, section))) - ({"max_steps"} if shaped else set())
     stage = {k: v for k, v in cfg_json[section].items() if k not in budget}
-    return {"seed": cfg_json["seed"], "model": cfg_json["model"], "data": cfg_json["data"],
-            section: stage, **extra}
+    return {"seed": cfg_json["seed"], "model": cfg_json["model"], "data": cfg_json["data"], section: stage, **extra}

@@ -2,6 +2,7 @@
 stage entry point (``python -m grpo_core.stages --config C --inputs FILE --out DIR``, which
 torchrun and accelerate start too) reads them from a JSON file, so the in-process and the launched
 route run the same ``run``."""
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,19 @@ from grpo_core.config import CorpusConfig, PipelineConfig
 from grpo_core.data import held_out_sets
 from grpo_core.digests import digest_files
 from grpo_core.manifests import Ref
-from grpo_core.stages.outputs import (CorpusOutput, EvalOutput, FolderOutput, GRPOOutput, ModelOutput, ReplayOutput,
-                                      RewardDataOutput, RewardModelOutput, SFTOutput, StageOutput, reward_datasets)
+from grpo_core.stages.outputs import (
+    CorpusOutput,
+    EvalOutput,
+    FolderOutput,
+    GRPOOutput,
+    ModelOutput,
+    ReplayOutput,
+    RewardDataOutput,
+    RewardModelOutput,
+    SFTOutput,
+    StageOutput,
+    reward_datasets,  # noqa: F401 - read from here by the stage worker and the benches
+)
 from grpo_core.tracking import MetricLogger
 
 
@@ -56,8 +68,10 @@ class DataInputs(StageInputs):
 
         manifest = run_prepare(cfg, out_dir)
         if logger:
-            logger.log_metrics({k: v for k, v in manifest.items() if k.startswith("n_")}
-                               | {f"n_held_out/{k}": v for k, v in manifest["held_out"].items()})
+            logger.log_metrics(
+                {k: v for k, v in manifest.items() if k.startswith("n_")}
+                | {f"n_held_out/{k}": v for k, v in manifest["held_out"].items()}
+            )
         return manifest
 
 
@@ -65,8 +79,10 @@ class CorpusInputs(StageInputs):
     stage: ClassVar[str] = "corpus"
     output: ClassVar[type[StageOutput]] = CorpusOutput
     # Where the passes run (corpus.runner, ...) is not what they compute: not part of the key.
-    sections: ClassVar[tuple[str, ...]] = ("seed", *(f"corpus.{k}" for k in CorpusConfig.model_fields
-                                                     if k not in CorpusConfig.RUNNER_FIELDS))
+    sections: ClassVar[tuple[str, ...]] = (
+        "seed",
+        *(f"corpus.{k}" for k in CorpusConfig.model_fields if k not in CorpusConfig.RUNNER_FIELDS),
+    )
     data: Ref  # the pipeline's data: its test, validation and held-out questions are benchmarks to decontaminate
 
     def benchmarks(self) -> dict[str, str]:
@@ -120,8 +136,15 @@ class RewardDataInputs(StageInputs):
     def run(self, cfg, out_dir, logger=None):
         from grpo_core.stages.reward_data import run_reward_data
 
-        return run_reward_data(cfg, Path(self.data.path), self.policy.path, out_dir, logger, round_=self.round,
-                               rollouts=self.rollouts and self.rollouts.path)
+        return run_reward_data(
+            cfg,
+            Path(self.data.path),
+            self.policy.path,
+            out_dir,
+            logger,
+            round_=self.round,
+            rollouts=self.rollouts and self.rollouts.path,
+        )
 
 
 class ReplayInputs(StageInputs):
@@ -135,8 +158,13 @@ class ReplayInputs(StageInputs):
     def run(self, cfg, out_dir, logger=None):
         from grpo_core.stages.reward_data import run_replay
 
-        return run_replay({k: r.path for k, r in self.reward_data.items()}, self.previous and self.previous.path,
-                          self.round, out_dir, logger)
+        return run_replay(
+            {k: r.path for k, r in self.reward_data.items()},
+            self.previous and self.previous.path,
+            self.round,
+            out_dir,
+            logger,
+        )
 
 
 class RewardModelInputs(StageInputs):
@@ -151,8 +179,17 @@ class RewardModelInputs(StageInputs):
     def run(self, cfg, out_dir, logger=None):
         from grpo_core.stages.reward_model import run_reward_model
 
-        return run_reward_model(cfg, self.stage, self.reward_data, self.init.path, out_dir, logger, self.round,
-                                self.replay, baseline=self.baseline and self.baseline.path)
+        return run_reward_model(
+            cfg,
+            self.stage,
+            self.reward_data,
+            self.init.path,
+            out_dir,
+            logger,
+            self.round,
+            self.replay,
+            baseline=self.baseline and self.baseline.path,
+        )
 
 
 class ORMInputs(RewardModelInputs):
@@ -181,9 +218,17 @@ class GRPOInputs(StageInputs):
     def run(self, cfg, out_dir, logger=None):
         from grpo_core.stages.grpo import run_grpo
 
-        return run_grpo(cfg, Path(self.data.path), self.init.path, out_dir, logger,
-                        reward_models={k: r.path for k, r in self.reward_models.items()}, round_=self.round,
-                        pass_rates=self.pass_rates and self.pass_rates.path, adapter=self.adapter and self.adapter.path)
+        return run_grpo(
+            cfg,
+            Path(self.data.path),
+            self.init.path,
+            out_dir,
+            logger,
+            reward_models={k: r.path for k, r in self.reward_models.items()},
+            round_=self.round,
+            pass_rates=self.pass_rates and self.pass_rates.path,
+            adapter=self.adapter and self.adapter.path,
+        )
 
     def run_name(self, cfg):
         return cfg.grpo.algorithm  # grpo, ppo, rft, online_rft
@@ -205,8 +250,21 @@ class EvalInputs(StageInputs):
         return held_out_digest(self.data)
 
 
-INPUTS = {cls.stage: cls for cls in (DataInputs, CorpusInputs, PretrainInputs, SFTInputs, RewardDataInputs, ReplayInputs,
-                                     ORMInputs, PRMInputs, GRPOInputs, EvalInputs)}
+INPUTS = {
+    cls.stage: cls
+    for cls in (
+        DataInputs,
+        CorpusInputs,
+        PretrainInputs,
+        SFTInputs,
+        RewardDataInputs,
+        ReplayInputs,
+        ORMInputs,
+        PRMInputs,
+        GRPOInputs,
+        EvalInputs,
+    )
+}
 
 
 def write_inputs(inputs: StageInputs, path: Path) -> Path:

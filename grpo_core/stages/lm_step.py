@@ -1,5 +1,6 @@
 """The causal-LM training step that SFT and continued pretraining share: the loss of packed rows
 (each example attends within itself) and one clipped update per batch."""
+
 from __future__ import annotations
 
 import contextlib
@@ -21,8 +22,14 @@ def document_positions(ids: torch.Tensor, eos_id: int) -> torch.Tensor:
     return at - torch.where(starts, at, 0).cummax(-1).values
 
 
-def lm_loss(model, ids: torch.Tensor, labels: torch.Tensor, d: Dist = SINGLE, amp=contextlib.nullcontext,
-            eos_id: int | None = None):
+def lm_loss(
+    model,
+    ids: torch.Tensor,
+    labels: torch.Tensor,
+    d: Dist = SINGLE,
+    amp=contextlib.nullcontext,
+    eos_id: int | None = None,
+):
     """Causal-LM loss of this rank's [B, T] ``ids`` / ``labels`` (-100 = no loss): (the sum over
     its loss tokens, the global batch's loss-token count). SFT and continued pretraining share it.
     ``eos_id``: each example of a packed row sees itself only (``document_positions``) and the
@@ -45,14 +52,16 @@ def lm_loss(model, ids: torch.Tensor, labels: torch.Tensor, d: Dist = SINGLE, am
     return loss_sum, max(float(d.sum(float((targets != -100).sum()))), 1.0)
 
 
-def packed_lm_step(trainer, rows_of, batch_size: int, trained, d: Dist = SINGLE, amp=contextlib.nullcontext,
-                   eos_id: int | None = None):
+def packed_lm_step(
+    trainer, rows_of, batch_size: int, trained, d: Dist = SINGLE, amp=contextlib.nullcontext, eos_id: int | None = None
+):
     """The training step of SFT and continued pretraining, for ``Trainer.fit``: the epoch's next
     ``batch_size`` packed rows (``rows_of(epoch)`` -> [R, T] ids and labels, a fresh concatenation
     per epoch), this process's share of them, and one clipped update on their loss (``lm_loss``,
     with ``eos_id``).
     Returns None for an epoch's last batch when it is too short to give every process a row
     (skipped by all; never in one process)."""
+
     def step(st) -> dict | None:
         if st.row >= len(rows_of(st.epoch)[0]):  # a new epoch
             st.epoch, st.row = st.epoch + 1, 0
@@ -66,6 +75,10 @@ def packed_lm_step(trainer, rows_of, batch_size: int, trained, d: Dist = SINGLE,
         loss_sum, n_tokens = lm_loss(trained, ids, labels, d, amp, eos_id)
         grad_norm = trainer.update(loss_sum, d.world / n_tokens)
         st.tokens += int(d.sum(int((labels != -100).sum())))
-        return {"train/loss": (d.sum(loss_sum.detach().cpu()) / n_tokens).item(), "train/grad_norm": grad_norm,
-                "train/epoch": st.epoch}
+        return {
+            "train/loss": (d.sum(loss_sum.detach().cpu()) / n_tokens).item(),
+            "train/grad_norm": grad_norm,
+            "train/epoch": st.epoch,
+        }
+
     return step

@@ -3,6 +3,7 @@ the cache key, the model's digest and the MLflow run), read back as one class pe
 inputs class (``StageInputs.output``). Flows read these fields, not a dict's keys; a manifest that
 lacks one fails here, naming it. A stage's further measurements (its metrics) ride along as extra
 fields (``model_extra``) for the reports."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -29,8 +30,8 @@ class StageOutput(BaseModel):
     stage: str
     mlflow_run_id: str = ""
     cache_key: str = ""
-    wall_s: float = 0.0                  # the stage's own time, evaluations included
-    peak_memory: dict[str, float] = {}   # a stage in a process of its own: its peak RSS (CUDA on a GPU)
+    wall_s: float = 0.0  # the stage's own time, evaluations included
+    peak_memory: dict[str, float] = {}  # a stage in a process of its own: its peak RSS (CUDA on a GPU)
 
     def written(self) -> list[tuple[Ref, Digest]]:
         """The folders the stage wrote, with how their digests were computed."""
@@ -65,7 +66,7 @@ class CorpusOutput(StageOutput):
     """The decontaminated math corpus (the corpus flow's manifest)."""
 
     corpus_dir: str
-    digest: str = ""                     # set by the flow that ran it
+    digest: str = ""  # set by the flow that ran it
     pages: int = 0
 
     @property
@@ -89,7 +90,7 @@ class RewardDataOutput(StageOutput):
 
     dir: str
     round: int = 1
-    pass_rates: str | None = None        # folder of pass_rates.jsonl: each sampled question's right / samples
+    pass_rates: str | None = None  # folder of pass_rates.jsonl: each sampled question's right / samples
     pass_rates_digest: str = ""
 
     @property
@@ -107,8 +108,11 @@ class RewardDataOutput(StageOutput):
 
 def reward_datasets(fields: dict) -> dict[str, Ref]:
     """The reward-data datasets by name, from a manifest's ``<name>_dir`` / ``<name>_digest`` fields."""
-    return {k.removesuffix("_dir"): Ref(path=v, digest=fields[k.replace("_dir", "_digest")])
-            for k, v in fields.items() if k.endswith("_dir") and k != "dir"}
+    return {
+        k.removesuffix("_dir"): Ref(path=v, digest=fields[k.replace("_dir", "_digest")])
+        for k, v in fields.items()
+        if k.endswith("_dir") and k != "dir"
+    }
 
 
 class ModelOutput(StageOutput):
@@ -131,20 +135,20 @@ class TrainedOutput(ModelOutput):
 
     best_val_accuracy: float
     best_step: int
-    train_s: float                       # training seconds: evaluations not counted
+    train_s: float  # training seconds: evaluations not counted
     stopped: str = ""
-    curve: list[dict] = []               # every evaluation: step, elapsed_s (training seconds), metrics
+    curve: list[dict] = []  # every evaluation: step, elapsed_s (training seconds), metrics
 
 
 class SFTOutput(TrainedOutput):
-    final_lr: float | None = None        # where continued SFT goes on (``sft.continued``)
+    final_lr: float | None = None  # where continued SFT goes on (``sft.continued``)
 
 
 class RewardModelOutput(ModelOutput):
     round: int = 1
-    heldout: dict[str, float] = {}       # held-out metrics after training, before (``heldout_before``)
+    heldout: dict[str, float] = {}  # held-out metrics after training, before (``heldout_before``)
     heldout_before: dict[str, float] = {}
-    baseline: dict[str, float] = {}      # the zero-training verifier on the same rows
+    baseline: dict[str, float] = {}  # the zero-training verifier on the same rows
     quality_gate: dict = {}
     replay: dict = {}
 
@@ -152,11 +156,11 @@ class RewardModelOutput(ModelOutput):
 class GRPOOutput(TrainedOutput):
     algorithm: str = "grpo"
     round: int = 1
-    last_model: str | None = None        # the last policy, where keep-best published another
+    last_model: str | None = None  # the last policy, where keep-best published another
     last_digest: str = ""
-    rollouts: str | None = None          # the folder of its checked rollouts (the next round's data)
+    rollouts: str | None = None  # the folder of its checked rollouts (the next round's data)
     resumed_from_step: int = 0
-    rewards: list[dict] = []             # every step: elapsed_s, the checker's accuracy, the learned rewards
+    rewards: list[dict] = []  # every step: elapsed_s, the checker's accuracy, the learned rewards
     last_10_steps: dict[str, float] = {}
     staleness: dict[str, list[float]] = {}  # per metric (staleness/*): at the first, middle and last evaluation
 
@@ -170,4 +174,4 @@ class GRPOOutput(TrainedOutput):
 
 
 class EvalOutput(StageOutput):
-    results: dict[str, dict]             # per model: n, accuracy (maj@K, pass@K), per_question
+    results: dict[str, dict]  # per model: n, accuracy (maj@K, pass@K), per_question

@@ -10,6 +10,7 @@ model then takes the clipped value loss (``losses.value_loss``) with the optimiz
 for it. The KL lives in the reward (``algorithms.ALGORITHMS``), so the policy loss has none. One
 process only: the value model has no data-parallel wrapper.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -42,7 +43,9 @@ def gae_advantages(ex: Exploration, models: Models, cfg: GRPOConfig, amp=context
     ``train/return_mean`` and the value loss's."""
     pc, rollout = cfg.ppo, ex.rollout
     if cfg.kl.reward > 0 and models.ref is None:
-        raise ValueError(f"grpo.beta = {cfg.kl.reward} puts a KL to the reference in PPO's reward, but no reference model was given")
+        raise ValueError(
+            f"grpo.beta = {cfg.kl.reward} puts a KL to the reference in PPO's reward, but no reference model was given"
+        )
     valid = torch.isfinite(ex.rewards)
     mask = rollout.completion_mask * valid[:, None].to(rollout.completion_mask.dtype)
     with torch.no_grad(), amp():
@@ -52,14 +55,22 @@ def gae_advantages(ex: Exploration, models: Models, cfg: GRPOConfig, amp=context
     rewards = kl_penalised_rewards(torch.where(valid, ex.rewards, 0.0), old_logp, ref_logp, mask, cfg.kl.reward)
     advantages, returns = gae(rewards, old_values, mask, pc.gae_gamma, pc.gae_lambda)
     m = mask.bool()
-    stats = {"train/kl": float(kl_k3(old_logp, ref_logp)[m].mean()) if m.any() else 0.0,
-             "train/value_mean": float(old_values[m].mean()) if m.any() else 0.0,
-             "train/return_mean": float(returns[m].mean()) if m.any() else 0.0}
+    stats = {
+        "train/kl": float(kl_k3(old_logp, ref_logp)[m].mean()) if m.any() else 0.0,
+        "train/value_mean": float(old_values[m].mean()) if m.any() else 0.0,
+        "train/return_mean": float(returns[m].mean()) if m.any() else 0.0,
+    }
     return Advantages(whiten(advantages, mask), mask, stats, ValueTargets(old_values, returns))
 
 
-def value_updates(models: Models, rollout: Rollout, mask: torch.Tensor, targets: ValueTargets, cfg: GRPOConfig,
-                  amp=contextlib.nullcontext) -> dict[str, float]:
+def value_updates(
+    models: Models,
+    rollout: Rollout,
+    mask: torch.Tensor,
+    targets: ValueTargets,
+    cfg: GRPOConfig,
+    amp=contextlib.nullcontext,
+) -> dict[str, float]:
     """PPO's value model after the policy's update: mu passes of minibatch updates of the clipped
     value loss towards ``targets`` on ``mask``'s tokens; the mean loss and clip ratio."""
     value_model, value_opt, (old_values, returns) = models.value, models.value_opt, targets
@@ -72,8 +83,9 @@ def value_updates(models: Models, rollout: Rollout, mask: torch.Tensor, targets:
             part = rollout.rows(s, s + mb)
             with amp():
                 values = state_values(value_model, part)
-            loss, m = value_loss(values, old_values[s : s + mb], returns[s : s + mb], mask[s : s + mb],
-                                 clip=cfg.ppo.value_clip)
+            loss, m = value_loss(
+                values, old_values[s : s + mb], returns[s : s + mb], mask[s : s + mb], clip=cfg.ppo.value_clip
+            )
             optimizer_step(value_model, value_opt, loss, 1.0, cfg.max_grad_norm)
             for k in sums:
                 sums[k] += m[k]

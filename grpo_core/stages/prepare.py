@@ -1,6 +1,7 @@
 """Data stage: write the splits (SFT worked solutions, RL answer-only questions, validation, test)
 and the further held-out test sets (``held_out/<name>.jsonl``) as GSM8K-form JSONL, checking that no
 question is shared between splits and that no test question is trained on."""
+
 from __future__ import annotations
 
 import json
@@ -32,7 +33,9 @@ def prepared_splits(cfg: PipelineConfig) -> tuple[dict[str, list], dict[str, lis
                     raise DataError(f"question shared by {seen[e.question]} and {split}: {e.question!r}")
             seen.setdefault(e.question, split)
     # Real datasets may repeat a question across files; drop such repeats from training splits.
-    tested = {e.question for s in ("val", "test") for e in splits[s]} | {e.question for v in held_out.values() for e in v}
+    tested = {e.question for s in ("val", "test") for e in splits[s]} | {
+        e.question for v in held_out.values() for e in v
+    }
     for split in ("sft", "rl"):
         splits[split] = [e for e in splits[split] if e.question not in tested]
         if not splits[split]:

@@ -6,6 +6,7 @@ saved to ``model/``. Pages are ``<bos> text <eos>`` packed into rows of the cont
 reshuffled every epoch. Resumes from the last complete checkpoint of the same recipe, start model
 and corpus.
 """
+
 from __future__ import annotations
 
 import functools
@@ -55,8 +56,9 @@ def run_pretrain(cfg: PipelineConfig, corpus_dir: Path, out_dir: Path, logger: M
     pc = cfg.pretrain
     set_compute(cfg.threads)
     torch.manual_seed(cfg.seed)
-    trainer = Trainer(cfg, "pretrain", out_dir, run_identity(cfg, "pretrain", corpus=digest_dir(Path(corpus_dir))),
-                      d, logger)
+    trainer = Trainer(
+        cfg, "pretrain", out_dir, run_identity(cfg, "pretrain", corpus=digest_dir(Path(corpus_dir))), d, logger
+    )
     if trainer.resume is not None or cfg.model.init == "pretrained":
         model, tokenizer = load_model(trainer.resume or cfg.model.path)
     else:
@@ -86,7 +88,18 @@ def run_pretrain(cfg: PipelineConfig, corpus_dir: Path, out_dir: Path, logger: M
     final_dir = trainer.publish()
     if not d.main:
         return None
-    return write_manifest(out_dir, {"stage": "pretrain", "model": str(final_dir), "corpus": str(corpus_dir),
-                                    "pages": len(pages), "steps": st.step, "epochs": st.epoch,
-                                    "tokens": st.tokens, "last_loss": st.extra.get("last_loss", float("nan")),
-                                    "stopped": trainer.stop_reason(), "wall_s": round(st.elapsed, 1)})
+    return write_manifest(
+        out_dir,
+        {
+            "stage": "pretrain",
+            "model": str(final_dir),
+            "corpus": str(corpus_dir),
+            "pages": len(pages),
+            "steps": st.step,
+            "epochs": st.epoch,
+            "tokens": st.tokens,
+            "last_loss": st.extra.get("last_loss", float("nan")),
+            "stopped": trainer.stop_reason(),
+            "wall_s": round(st.elapsed, 1),
+        },
+    )

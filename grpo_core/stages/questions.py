@@ -24,6 +24,7 @@ sampled with the seed ``seeds.draw_seed(step seed, k)`` on rows i * G ..., so it
 step, slot, k) only, never on which process draws it or on the other slots. Not a library's: TRL
 and verl filter whole generation batches, which is not exact under a change of process count.
 """
+
 from __future__ import annotations
 
 import json
@@ -44,15 +45,19 @@ class QuestionSampler:
     """A step's questions from the RL ``pool``: uniformly (the paper), or ``share`` of them from
     the questions the policy solved sometimes in ``rates`` (question -> (right, samples))."""
 
-    def __init__(self, pool: list[Example], seed: int, rates: dict[str, tuple[int, int]] | None = None,
-                 share: float = 0.0) -> None:
+    def __init__(
+        self, pool: list[Example], seed: int, rates: dict[str, tuple[int, int]] | None = None, share: float = 0.0
+    ) -> None:
         self.pool, self.seed, self.share = pool, seed, share
         sometimes = solved_sometimes(rates or {})
         self.sometimes = [e for e in pool if e.question in sometimes]
         if share > 0 and not self.sometimes:  # a policy that now solves all (or none): a later round goes on
-            warnings.warn(f"grpo.curriculum = {share}: none of the {len(pool)} RL questions was solved sometimes by the "
-                          f"policy in its reward-data samples ({len(rates or {})} questions measured): questions are "
-                          f"drawn uniformly; sample more (reward_data.questions, samples_per_question)", stacklevel=2)
+            warnings.warn(
+                f"grpo.curriculum = {share}: none of the {len(pool)} RL questions was solved sometimes by the "
+                f"policy in its reward-data samples ({len(rates or {})} questions measured): questions are "
+                f"drawn uniformly; sample more (reward_data.questions, samples_per_question)",
+                stacklevel=2,
+            )
             self.share = 0.0
 
     def step(self, step: int, n: int) -> list[Example]:

@@ -6,6 +6,7 @@ other tools read: ``pairs`` (TRL ``prompt``/``chosen``/``rejected``), ``steps`` 
 ``solutions`` (``prompt``/``completion``/``correct``: the ORM's pointwise data and its AUC), every row
 tagged with its round of origin. The training split also holds the previous round's GRPO rollouts.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -33,9 +34,11 @@ from grpo_core.tracking import MetricLogger, NullLogger
 from grpo_core.training.trainer import PROGRESS_EVERY_S, Stopwatch, time_left
 
 DATASETS = ("pairs", "steps", "solutions")
-COLUMNS = {"pairs": ("prompt", "chosen", "rejected", ORIGIN),
-           "steps": ("prompt", "completions", "labels", "soft_labels", "exact_labels", "completion", ORIGIN),
-           "solutions": ("prompt", "completion", "correct", ORIGIN)}
+COLUMNS = {
+    "pairs": ("prompt", "chosen", "rejected", ORIGIN),
+    "steps": ("prompt", "completions", "labels", "soft_labels", "exact_labels", "completion", ORIGIN),
+    "solutions": ("prompt", "completion", "correct", ORIGIN),
+}
 
 
 def policy_completer(policy, tokenizer, rc: RewardDataConfig, seed: int) -> Completer:
@@ -47,8 +50,14 @@ def policy_completer(policy, tokenizer, rc: RewardDataConfig, seed: int) -> Comp
         for start in range(0, len(prompts), rc.batch_size):
             chunk = prompts[start : start + rc.batch_size]
             calls[0] += 1
-            out += generate(policy, tokenizer, chunk, max_new_tokens=rc.max_new_tokens,
-                            temperatures=[rc.temperature] * len(chunk), seed=batch_seed(seed, calls[0])).texts
+            out += generate(
+                policy,
+                tokenizer,
+                chunk,
+                max_new_tokens=rc.max_new_tokens,
+                temperatures=[rc.temperature] * len(chunk),
+                seed=batch_seed(seed, calls[0]),
+            ).texts
         return out
 
     return complete
@@ -69,9 +78,11 @@ def planted_samples(examples: list[Example], n: int, seed: int) -> list[Sampled]
 def solution_rows(samples: list[Sampled], distinct: bool = False) -> list[dict]:
     """Every sampled solution with its verdict (the ORM's pointwise data and its AUC); ``distinct``:
     each different solution of a group once (a right answer is often sampled 8 times alike)."""
-    return [{"prompt": prompt_text(s.example.question), "completion": c, "correct": ok}
-            for s in samples for c, ok in (dict(zip(s.completions, s.correct)).items() if distinct
-                                           else zip(s.completions, s.correct))]
+    return [
+        {"prompt": prompt_text(s.example.question), "completion": c, "correct": ok}
+        for s in samples
+        for c, ok in (dict(zip(s.completions, s.correct)).items() if distinct else zip(s.completions, s.correct))
+    ]
 
 
 def heldout_split(pool: set[Example], fraction: float) -> tuple[list[Example], list[Example]]:
@@ -99,8 +110,14 @@ def rollout_samples(grpo_dir: str | Path, allowed: set[str], n: int | None, seed
     return list(groups.values())
 
 
-def training_extras(rc: RewardDataConfig, examples: list[Example], earlier: list[Sampled], seed: int, round_: int,
-                    metrics: dict[str, float]) -> dict[str, list[dict]]:
+def training_extras(
+    rc: RewardDataConfig,
+    examples: list[Example],
+    earlier: list[Sampled],
+    seed: int,
+    round_: int,
+    metrics: dict[str, float],
+) -> dict[str, list[dict]]:
     """Rows only the training split gets, per dataset: solutions with planted errors (negatives
     that differ from a right solution only where wrong) and the previous round's GRPO rollouts
     (samples of round ``round_ - 1``; their steps labelled only by the exact checker, which is free
@@ -137,15 +154,26 @@ def said_every(complete, what: str, total: int, batch: int):
             if time.perf_counter() - said[0] >= PROGRESS_EVERY_S:
                 said[0] = time.perf_counter()
                 rate = done[0] / (said[0] - start)
-                where = (f"{done[0]:,} of {total:,} solutions sampled, {rate:.1f}/s, {time_left((total - done[0]) / rate)}"
-                         if done[0] < total else f"{done[0]:,} completions sampled (rollouts included), {rate:.1f}/s")
+                where = (
+                    f"{done[0]:,} of {total:,} solutions sampled, {rate:.1f}/s, {time_left((total - done[0]) / rate)}"
+                    if done[0] < total
+                    else f"{done[0]:,} completions sampled (rollouts included), {rate:.1f}/s"
+                )
                 print(f"[{what}] {where}", file=sys.stderr, flush=True)
         return out
+
     return counted
 
 
-def run_reward_data(cfg: PipelineConfig, data_dir: Path, policy_dir: str | Path, out_dir: Path,
-                    logger: MetricLogger | None = None, round_: int = 1, rollouts: str | Path | None = None) -> dict:
+def run_reward_data(
+    cfg: PipelineConfig,
+    data_dir: Path,
+    policy_dir: str | Path,
+    out_dir: Path,
+    logger: MetricLogger | None = None,
+    round_: int = 1,
+    rollouts: str | Path | None = None,
+) -> dict:
     """Samples of the policy of RL round ``round_`` (the SFT model in round 1) on RL questions drawn
     for that round, labelled and split by question. ``rollouts``: the previous round's GRPO stage
     folder, whose checked rollouts of training questions join the training split
@@ -160,26 +188,39 @@ def run_reward_data(cfg: PipelineConfig, data_dir: Path, policy_dir: str | Path,
     place(policy, cfg.launch)
     heldout_pool, train_pool = heldout_split(set(read_split(data_dir, "rl")), rc.heldout_fraction)
     if not train_pool:
-        raise ValueError(f"{data_dir / 'rl.jsonl'}: {len(heldout_pool)} distinct question(s) cannot be split into "
-                         f"training and held-out reward data; raise reward_data.questions (and the RL pool)")
+        raise ValueError(
+            f"{data_dir / 'rl.jsonl'}: {len(heldout_pool)} distinct question(s) cannot be split into "
+            f"training and held-out reward data; raise reward_data.questions (and the RL pool)"
+        )
     seed = round_seed(cfg.seed, round_)
     rng = random.Random(seed)
     n_questions = min(rc.questions, len(heldout_pool) + len(train_pool))
     n_test = min(len(heldout_pool), max(1, round(n_questions * rc.heldout_fraction)))
-    split_of = {"test": rng.sample(heldout_pool, n_test),
-                "train": rng.sample(train_pool, min(len(train_pool), n_questions - n_test))}
+    split_of = {
+        "test": rng.sample(heldout_pool, n_test),
+        "train": rng.sample(train_pool, min(len(train_pool), n_questions - n_test)),
+    }
     questions = split_of["test"] + split_of["train"]
-    complete = said_every(policy_completer(policy, tokenizer, rc, seed), f"reward_data, round {round_}",
-                          len(questions) * rc.samples_per_question, rc.batch_size)
-    earlier = (rollout_samples(rollouts, {e.question for e in train_pool}, rc.rollouts, seed)
-               if rollouts is not None and rc.rollouts != 0 else [])
+    complete = said_every(
+        policy_completer(policy, tokenizer, rc, seed),
+        f"reward_data, round {round_}",
+        len(questions) * rc.samples_per_question,
+        rc.batch_size,
+    )
+    earlier = (
+        rollout_samples(rollouts, {e.question for e in train_pool}, rc.rollouts, seed)
+        if rollouts is not None and rc.rollouts != 0
+        else []
+    )
     tables: dict[str, dict[str, list[dict]]] = {name: {} for name in DATASETS}
     metrics: dict[str, float] = {}
     rates: list[dict] = []  # each question's pass rate under this round's policy: GRPO's curriculum
     for split, examples in split_of.items():
         samples = sample_solutions(complete, examples, rc.samples_per_question)
-        rates += [{"question": s.example.question, "gold": s.example.gold, "right": sum(s.correct),
-                   "samples": len(s.correct)} for s in samples]
+        rates += [
+            {"question": s.example.question, "gold": s.example.gold, "right": sum(s.correct), "samples": len(s.correct)}
+            for s in samples
+        ]
         share = 1.0 if rc.step_questions is None else min(1.0, rc.step_questions / len(questions))
         labelled = samples[: max(1, round(len(samples) * share))]
         # What the step labels cost: Monte-Carlo rollouts (none where no solution has a second step).
@@ -191,14 +232,17 @@ def run_reward_data(cfg: PipelineConfig, data_dir: Path, policy_dir: str | Path,
 
         steps = step_rows(labelled, counted if rc.labeler == "mc" else None, rc.mc_rollouts, rc.step_separator)
         metrics[f"{split}/mc_rollouts"] = rolled[0]
-        metrics[f"perf/{split}/step_labels_per_s"] = (sum(len(r["labels"]) for r in steps)
-                                                      / max(time.perf_counter() - started, 1e-9))
+        metrics[f"perf/{split}/step_labels_per_s"] = sum(len(r["labels"]) for r in steps) / max(
+            time.perf_counter() - started, 1e-9
+        )
         pairs = outcome_pairs(samples, rc.max_pairs_per_question, seed)
         # Held-out rows keep every sample: the AUC is over what the policy actually samples.
         solutions = solution_rows(samples, distinct=rc.distinct_solutions and split == "train")
         flags = [ok for s in samples for ok in s.correct]
         metrics[f"{split}/sample_accuracy"] = sum(flags) / len(flags)
-        metrics[f"{split}/frac_questions_mixed"] = sum(0 < sum(s.correct) < len(s.correct) for s in samples) / len(samples)
+        metrics[f"{split}/frac_questions_mixed"] = sum(0 < sum(s.correct) < len(s.correct) for s in samples) / len(
+            samples
+        )
         if rc.labeler == "mc":  # (exact labels agree with themselves)
             metrics.update({f"{split}/{k}": v for k, v in label_agreement(steps).items()})
         tables["pairs"][split] = tag_rows(pairs, round_)
@@ -209,13 +253,24 @@ def run_reward_data(cfg: PipelineConfig, data_dir: Path, policy_dir: str | Path,
                 tables[name][split] += rows
         for name in DATASETS:
             metrics[f"{split}/n_{name}"] = len(tables[name][split])
-    manifest: dict = {"stage": "reward_data", "round": round_, "dir": str(out_dir), "questions": len(questions),
-                      "labeler": rc.labeler, "rollouts_from": str(rollouts) if earlier else None}
+    manifest: dict = {
+        "stage": "reward_data",
+        "round": round_,
+        "dir": str(out_dir),
+        "questions": len(questions),
+        "labeler": rc.labeler,
+        "rollouts_from": str(rollouts) if earlier else None,
+    }
     for name in DATASETS:
         path = out_dir / name
-        DatasetDict({s: Dataset.from_list(rows) if rows else Dataset.from_dict({c: [] for c in COLUMNS[name]})
-                     for s, rows in tables[name].items()}).save_to_disk(
-            str(path), num_shards={s: 1 for s in tables[name]})  # datasets cannot reload an empty split saved in 0 shards
+        DatasetDict(
+            {
+                s: Dataset.from_list(rows) if rows else Dataset.from_dict({c: [] for c in COLUMNS[name]})
+                for s, rows in tables[name].items()
+            }
+        ).save_to_disk(
+            str(path), num_shards={s: 1 for s in tables[name]}
+        )  # datasets cannot reload an empty split saved in 0 shards
         manifest[f"{name}_dir"] = str(path)
         manifest[f"{name}_digest"] = arrow_digest(path)
     rates_dir = out_dir / "pass_rates"
@@ -226,14 +281,18 @@ def run_reward_data(cfg: PipelineConfig, data_dir: Path, policy_dir: str | Path,
     metrics["time/wall_s"] = clock.elapsed
     logger.log_metrics(metrics)
     for name in DATASETS:
-        logger.log_input(name=f"reward_data/{name}", digest=manifest[f"{name}_digest"],
-                         source=manifest[f"{name}_dir"],
-                         rows={s: len(tables[name][s]) for s in ("train", "test")})
+        logger.log_input(
+            name=f"reward_data/{name}",
+            digest=manifest[f"{name}_digest"],
+            source=manifest[f"{name}_dir"],
+            rows={s: len(tables[name][s]) for s in ("train", "test")},
+        )
     return write_manifest(out_dir, {**manifest, "metrics": metrics, "wall_s": round(clock.elapsed, 1)})
 
 
-def run_replay(reward_data: dict[str, str], previous: str | None, round_: int, out_dir: Path,
-               logger: MetricLogger | None = None) -> dict:
+def run_replay(
+    reward_data: dict[str, str], previous: str | None, round_: int, out_dir: Path, logger: MetricLogger | None = None
+) -> dict:
     """Replay buffer version ``round_``: version ``previous`` plus this round's fresh training rows
     of each dataset in ``reward_data`` (name -> the reward-data stage's folder)."""
     from datasets import load_from_disk
@@ -245,8 +304,13 @@ def run_replay(reward_data: dict[str, str], previous: str | None, round_: int, o
     contents = write_version(previous, fresh, round_, Path(out_dir), COLUMNS)
     digest = arrow_digest(Path(out_dir))
     for kind, c in contents.items():
-        logger.log_input(name=f"replay/{Path(out_dir).name}/{kind}", digest=digest, source=str(Path(out_dir) / kind),
-                         rows={"total": c["rows"], **{f"from_round_{r}": n for r, n in c["by_round"].items()}})
+        logger.log_input(
+            name=f"replay/{Path(out_dir).name}/{kind}",
+            digest=digest,
+            source=str(Path(out_dir) / kind),
+            rows={"total": c["rows"], **{f"from_round_{r}": n for r, n in c["by_round"].items()}},
+        )
         logger.log_metrics({f"buffer/{kind}_rows": c["rows"]})
-    return write_manifest(Path(out_dir), {"stage": "replay", "dir": str(out_dir), "round": round_,
-                                          "contents": contents, "digest": digest})
+    return write_manifest(
+        Path(out_dir), {"stage": "replay", "dir": str(out_dir), "round": round_, "contents": contents, "digest": digest}
+    )

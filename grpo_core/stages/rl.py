@@ -3,6 +3,7 @@
 an advantage estimator returns, GRPO's and RFT's estimators, and which groups have reward spread.
 The step itself is ``grpo.rl_step``, whose ``ESTIMATORS`` table names every estimator; PPO's is in
 ``ppo.py``, built on these, so no algorithm imports another."""
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -49,16 +50,23 @@ class Exploration(NamedTuple):
     @staticmethod
     def cat(parts: list["Exploration"], pad_id: int) -> "Exploration":
         """The groups of ``parts`` in order, as one batch (reward statistics: the first part's)."""
-        return Exploration([q for p in parts for q in p.questions], Rollout.cat([p.rollout for p in parts], pad_id),
-                           Scored.cat([p.scored for p in parts]), sum(p.sample_s for p in parts),
-                           sum(p.score_s for p in parts))
+        return Exploration(
+            [q for p in parts for q in p.questions],
+            Rollout.cat([p.rollout for p in parts], pad_id),
+            Scored.cat([p.scored for p in parts]),
+            sum(p.sample_s for p in parts),
+            sum(p.score_s for p in parts),
+        )
 
     def checked(self) -> list[dict]:
         """Every completion with its question and the answer checker's verdict (the rollout log's rows)."""
         g = len(self.rewards) // max(len(self.questions), 1)
-        return [{"question": q.question, "gold": q.gold, "completion": text, "correct": bool(ok)}
-                for q, text, ok in zip((q for q in self.questions for _ in range(g)), self.rollout.texts,
-                                       self.scored.correct)]
+        return [
+            {"question": q.question, "gold": q.gold, "completion": text, "correct": bool(ok)}
+            for q, text, ok in zip(
+                (q for q in self.questions for _ in range(g)), self.rollout.texts, self.scored.correct
+            )
+        ]
 
 
 class ValueTargets(NamedTuple):
@@ -93,8 +101,9 @@ def group_advantages(ex: Exploration, models: Models, cfg: GRPOConfig, amp=None)
 
 def group_values(ex: Exploration, cfg: GRPOConfig) -> torch.Tensor:
     """[N x G, T] GRPO's advantages of ``ex``'s groups (outcome or process supervision)."""
-    return rollout_advantages(ex.scored, len(ex.questions), cfg.group_size, ex.rollout.completion_mask.shape[1],
-                              cfg.process_credit)
+    return rollout_advantages(
+        ex.scored, len(ex.questions), cfg.group_size, ex.rollout.completion_mask.shape[1], cfg.process_credit
+    )
 
 
 def correct_advantages(ex: Exploration, models: Models, cfg: GRPOConfig, amp=None) -> Advantages:

@@ -2,18 +2,36 @@
 (``flows/experiment.py``, ``figures.py``): the metrics recorded at every step (the manifest's
 ``rewards`` rows), those averaged over the last steps for the stage's summary, and the reward
 models' staleness pooled over a span of steps."""
+
 from __future__ import annotations
 
 # Training metrics averaged over the last steps for the stage's summary (a round's report).
-SUMMARY_METRICS = ("train/reward_mean", "train/kl", "train/accuracy", "train/frac_reward_zero_std", "train/frac_batch_zero_std")
+SUMMARY_METRICS = (
+    "train/reward_mean",
+    "train/kl",
+    "train/accuracy",
+    "train/frac_reward_zero_std",
+    "train/frac_batch_zero_std",
+)
 SUMMARY_WINDOW = 10
 # Kept at every step (the manifest's ``rewards``): the answer checker's accuracy on the rollouts beside
 # the learned rewards' means (a gap that widens is the policy hacking a reward model); the study draws it.
 # With them each learned reward model's within-question AUC on the policy's current samples (its
 # staleness) and how many groups it was measured on.
-RECORDED = ("train/accuracy", "train/reward_mean", "train/kl", "reward/orm_mean", "reward/prm_lowest_mean",
-            "train/frac_reward_zero_std", "train/frac_batch_zero_std", "sampling/groups_drawn",
-            "reward/orm_within_auc", "reward/orm_mixed_groups", "reward/prm_within_auc", "reward/prm_mixed_groups")
+RECORDED = (
+    "train/accuracy",
+    "train/reward_mean",
+    "train/kl",
+    "reward/orm_mean",
+    "reward/prm_lowest_mean",
+    "train/frac_reward_zero_std",
+    "train/frac_batch_zero_std",
+    "sampling/groups_drawn",
+    "reward/orm_within_auc",
+    "reward/orm_mixed_groups",
+    "reward/prm_within_auc",
+    "reward/prm_mixed_groups",
+)
 LEARNED = {"orm": "orm_mean", "prm": "prm_lowest_mean"}  # each model's mean score of the step's solutions
 
 
@@ -34,8 +52,10 @@ def staleness(steps: list[dict]) -> dict[str, float]:
     for name, mean in LEARNED.items():
         mixed = sum(p.get(f"{name}_mixed_groups", 0.0) for p in steps)
         if mixed:
-            out[f"staleness/{name}_within_auc"] = sum(p[f"{name}_within_auc"] * p[f"{name}_mixed_groups"]
-                                                      for p in steps if p.get(f"{name}_mixed_groups")) / mixed
+            out[f"staleness/{name}_within_auc"] = (
+                sum(p[f"{name}_within_auc"] * p[f"{name}_mixed_groups"] for p in steps if p.get(f"{name}_mixed_groups"))
+                / mixed
+            )
             out[f"staleness/{name}_mean"] = sum(p[mean] for p in steps) / len(steps)
     if out:
         out["staleness/checker_accuracy"] = sum(p["accuracy"] for p in steps) / len(steps)

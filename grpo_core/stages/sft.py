@@ -4,6 +4,7 @@ Setup, then the shared training loop (``trainer.py``) with this stage's step (a 
 rows, reshuffled every epoch) and evaluation (greedy validation accuracy). The model kept is the
 one with the best validation accuracy, saved to ``model/``.
 """
+
 from __future__ import annotations
 
 import functools
@@ -30,8 +31,9 @@ from grpo_core.training.trainer import Plan, TrainState, Trainer
 
 
 @torch.no_grad()
-def validation_loss(model, val_ids: torch.Tensor, val_labels: torch.Tensor, batch: int = 32,
-                    eos_id: int | None = None) -> float:
+def validation_loss(
+    model, val_ids: torch.Tensor, val_labels: torch.Tensor, batch: int = 32, eos_id: int | None = None
+) -> float:
     """The mean loss per loss token of packed rows, read as training reads them (``lm_loss``)."""
     total, count = 0.0, 0.0
     for i in range(0, len(val_ids), batch):
@@ -40,8 +42,9 @@ def validation_loss(model, val_ids: torch.Tensor, val_labels: torch.Tensor, batc
     return total / max(count, 1.0)
 
 
-def run_sft(cfg: PipelineConfig, data_dir: Path, out_dir: Path, logger: MetricLogger | None = None,
-            init_from: str | None = None) -> dict:
+def run_sft(
+    cfg: PipelineConfig, data_dir: Path, out_dir: Path, logger: MetricLogger | None = None, init_from: str | None = None
+) -> dict:
     """Train, or resume from the last complete checkpoint under ``out_dir/checkpoints``.
 
     Under torchrun each process trains on its share of every batch of ``sft.batch_size`` rows;
@@ -53,29 +56,45 @@ def run_sft(cfg: PipelineConfig, data_dir: Path, out_dir: Path, logger: MetricLo
     set_compute(cfg.threads)
     start = init_from or (cfg.model.path if cfg.model.init == "pretrained" else None)
     if sc.lora is not None and start is None:
-        raise ModelError("sft.lora trains an adapter on a saved model, but SFT starts from a fresh tiny model: "
-                         "set model.init=pretrained with model.path, or pretrain.train")
+        raise ModelError(
+            "sft.lora trains an adapter on a saved model, but SFT starts from a fresh tiny model: "
+            "set model.init=pretrained with model.path, or pretrain.train"
+        )
     # An adapter's checkpoints belong to the weights under it: other weights at model.path set them aside.
     identity = run_identity(cfg, "sft", init=digest_dir(Path(start)) if init_from or sc.lora else "config")
     trainer = Trainer(cfg, "sft", out_dir, identity, d, logger)
     if sc.lora is not None or trainer.resume is not None or init_from is not None:
-        model, tokenizer = load_trainable(start, sc.lora, trainer.resume, cfg.seed) if start else load_model(trainer.resume)
+        model, tokenizer = (
+            load_trainable(start, sc.lora, trainer.resume, cfg.seed) if start else load_model(trainer.resume)
+        )
     else:
         model, tokenizer = init_model(cfg.model, cfg.seed)
     place(model, cfg.launch, train=True)
     amp = functools.partial(autocast, cfg.launch, model_device(model))
     train = encode_examples(read_split(data_dir, "sft"), tokenizer, sc.loss_on_prompt)
     val_examples = read_split(data_dir, "val")
-    val_ids, val_labels = pack(encode_examples(val_examples, tokenizer, sc.loss_on_prompt),
-                               sc.context_length, tokenizer.pad_token_id, rng=None)
+    val_ids, val_labels = pack(
+        encode_examples(val_examples, tokenizer, sc.loss_on_prompt), sc.context_length, tokenizer.pad_token_id, rng=None
+    )
     model.train()
     trained = trainer.wrap(model)
     # SFT continued from a trained model (the no-RL baseline) has it as its step-0 candidate, as GRPO
     # has: neither returns a model worse on validation than the one it started from.
-    trainer.start(model, tokenizer, Plan(
-        max_steps=sc.max_steps, log_every=sc.log_every, eval_every=sc.eval_every, keep_best="val/accuracy",
-        eval_first=init_from is not None, patience=sc.patience, decay_patience=sc.decay_patience,
-        decay_factor=sc.decay_factor, min_lr=sc.min_lr))
+    trainer.start(
+        model,
+        tokenizer,
+        Plan(
+            max_steps=sc.max_steps,
+            log_every=sc.log_every,
+            eval_every=sc.eval_every,
+            keep_best="val/accuracy",
+            eval_first=init_from is not None,
+            patience=sc.patience,
+            decay_patience=sc.decay_patience,
+            decay_factor=sc.decay_factor,
+            min_lr=sc.min_lr,
+        ),
+    )
 
     @functools.lru_cache(maxsize=1)
     def rows_of(epoch: int) -> tuple[torch.Tensor, torch.Tensor]:  # a fresh random concatenation per epoch
@@ -96,10 +115,18 @@ def run_sft(cfg: PipelineConfig, data_dir: Path, out_dir: Path, logger: MetricLo
     final_dir = trainer.publish()
     if not d.main:
         return None
-    summary = {"best_val_accuracy": st.best_acc, "best_step": st.best_step, "steps": st.step,
-               "epochs": st.epoch, "wall_s": round(st.elapsed, 2), "train_s": round(st.train_s, 2), "stopped": trainer.stop_reason(),
-               "final_lr": learning_rate(sc, st.step, st.plateau_lr),
-               "n_train_examples": len(train), "curve": st.curve}
+    summary = {
+        "best_val_accuracy": st.best_acc,
+        "best_step": st.best_step,
+        "steps": st.step,
+        "epochs": st.epoch,
+        "wall_s": round(st.elapsed, 2),
+        "train_s": round(st.train_s, 2),
+        "stopped": trainer.stop_reason(),
+        "final_lr": learning_rate(sc, st.step, st.plateau_lr),
+        "n_train_examples": len(train),
+        "curve": st.curve,
+    }
     logger.log_metrics({"val/best_accuracy": st.best_acc, "time/wall_s": st.elapsed}, step=st.step)
     return write_manifest(out_dir, {"stage": "sft", "model": str(final_dir), "init": init_from or "config", **summary})
 
@@ -116,4 +143,3 @@ def continued(cfg: PipelineConfig, sft_manifest: dict) -> PipelineConfig:
         counters = load_state(ckpt)["counters"] if ckpt else None
         lr = learning_rate(cfg.sft, counters["step"], counters["plateau_lr"]) if counters else cfg.sft.lr
     return cfg.model_copy(update={"sft": cfg.sft.model_copy(update={"lr": lr})})
-

@@ -9,6 +9,7 @@ every file's size: a checkpoint damaged later (a file truncated or removed, a st
 load) is set aside and the one before it resumed (``resume_point``). A full disk removes the partial
 copy and says how much space is needed (``DiskFull``).
 """
+
 from __future__ import annotations
 
 import errno
@@ -77,8 +78,12 @@ def _no_space(error: Exception, folder: Path) -> bool:
     "No space left on device (os error 28)" in its message, ``shutil.copytree`` lists them, and
     ``torch.save`` only "unexpected pos": then the file system's free space (under 1 MiB) says it."""
     text = str(error)
-    return (getattr(error, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "No space left" in text
-            or "Disk quota exceeded" in text or shutil.disk_usage(folder).free < 2**20)
+    return (
+        getattr(error, "errno", None) in (errno.ENOSPC, errno.EDQUOT)
+        or "No space left" in text
+        or "Disk quota exceeded" in text
+        or shutil.disk_usage(folder).free < 2**20
+    )
 
 
 def write_whole(final: Path, write: Callable[[Path], Any], marker: str | None = None) -> Path:
@@ -104,13 +109,19 @@ def write_whole(final: Path, write: Callable[[Path], Any], marker: str | None = 
         written = _size(tmp)
         shutil.rmtree(tmp, ignore_errors=True)
         previous = max([_size(final)] + ([_size(p) for p in complete_checkpoints(final.parent)] if marker else []))
-        need = f"about {previous / 2**20:,.1f} MiB, as the last complete copy" if previous else \
-            f"more than {written / 2**20:,.1f} MiB (written before the disk filled)"
+        need = (
+            f"about {previous / 2**20:,.1f} MiB, as the last complete copy"
+            if previous
+            else f"more than {written / 2**20:,.1f} MiB (written before the disk filled)"
+        )
         free = shutil.disk_usage(final.parent).free
-        raise DiskFull(errno.ENOSPC, f"{final}: no space left on the device while writing it ({free / 2**20:,.1f} MiB "
-                                f"free there; it needs {need}). The partial copy was removed and what was there "
-                                f"before is kept: free some space and run the same command, which resumes from "
-                                f"the last complete checkpoint") from None
+        raise DiskFull(
+            errno.ENOSPC,
+            f"{final}: no space left on the device while writing it ({free / 2**20:,.1f} MiB "
+            f"free there; it needs {need}). The partial copy was removed and what was there "
+            f"before is kept: free some space and run the same command, which resumes from "
+            f"the last complete checkpoint",
+        ) from None
     if final.exists():  # written again: keep the old one until the new one is in place
         shutil.rmtree(aside, ignore_errors=True)
         os.replace(final, aside)
@@ -120,8 +131,9 @@ def write_whole(final: Path, write: Callable[[Path], Any], marker: str | None = 
     return final
 
 
-def save_checkpoint(root: Path, step: int, model, tokenizer, state: dict[str, Any], keep: int,
-                    weights: dict | None = None) -> Path:
+def save_checkpoint(
+    root: Path, step: int, model, tokenizer, state: dict[str, Any], keep: int, weights: dict | None = None
+) -> Path:
     """Write ``root/step-<step>`` atomically (``write_whole``); keep the newest ``keep`` complete checkpoints.
 
     ``state`` holds everything else a resume needs: optimizer, scheduler, counters, RNG, data order.
@@ -171,8 +183,12 @@ def resume_point(root: Path) -> tuple[Path | None, dict[str, Any] | None]:
         aside = checkpoint.with_name(f"damaged-{checkpoint.name}")
         shutil.rmtree(aside, ignore_errors=True)
         os.replace(checkpoint, aside)
-        print(f"warning: checkpoint {checkpoint} is damaged ({why}): moved to {aside}; resuming from the one "
-              f"before it, if any", file=sys.stderr, flush=True)
+        print(
+            f"warning: checkpoint {checkpoint} is damaged ({why}): moved to {aside}; resuming from the one "
+            f"before it, if any",
+            file=sys.stderr,
+            flush=True,
+        )
     return None, None
 
 

@@ -11,6 +11,7 @@ passes differ between ranks (sampling, rank 0's evaluation: ``gathered``) and fo
 (``full_state``), as DeepSpeed ZeRO-3 gathers them for generation. Rank 0 alone logs, evaluates and
 writes files.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -198,8 +199,10 @@ def _by_name(model, opt, state: dict) -> dict:
     name instead, as the distributed state-dict functions read it."""
     name_of = {id(p): n for n, p in model.named_parameters()}
     names = [name_of[id(p)] for g in opt.param_groups for p in g["params"]]
-    return {"state": {names[i]: v for i, v in state["state"].items()},
-            "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]]}
+    return {
+        "state": {names[i]: v for i, v in state["state"].items()},
+        "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]],
+    }
 
 
 # Rank 0 validates and writes checkpoints while the others wait in a collective: far longer than

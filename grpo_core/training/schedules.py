@@ -1,6 +1,7 @@
 """Learning-rate schedules, one registry for every stage (verl's ``core_algos`` registry is the
 model). Each maps (config section, 0-based optimizer step, the plateau controller's lr) to the lr;
 a section names its schedule in ``schedule``."""
+
 from __future__ import annotations
 
 import math

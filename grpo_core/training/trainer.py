@@ -6,6 +6,7 @@ budget (steps, epochs, wall time), the learning-rate schedule, the AdamW optimiz
 config section, the gradient step with clipping, periodic evaluation with keep-best and
 plateau / patience, crash-safe checkpoints with resume, and the stop reason.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -29,18 +30,18 @@ from grpo_core.training.schedules import learning_rate
 class TrainState:
     """Everything a resume restores besides the weights, the optimizer and the RNG."""
 
-    step: int = 0            # optimizer steps (GRPO: exploration stages) taken
+    step: int = 0  # optimizer steps (GRPO: exploration stages) taken
     epoch: int = 0
-    row: int = 0             # where the epoch's next batch starts (a packed row, an RM's batch)
-    tokens: int = 0          # loss tokens trained on, all processes
-    elapsed: float = 0.0     # wall seconds, across resumes
-    eval_s: float = 0.0      # of which evaluating: not training, so outside the time budget
+    row: int = 0  # where the epoch's next batch starts (a packed row, an RM's batch)
+    tokens: int = 0  # loss tokens trained on, all processes
+    elapsed: float = 0.0  # wall seconds, across resumes
+    eval_s: float = 0.0  # of which evaluating: not training, so outside the time budget
     best_acc: float = -math.inf  # best evaluation score so far (accuracy, an RM's AUC)
     best_step: int = 0
     best_metrics: dict = field(default_factory=dict)
-    bad_evals: int = 0       # regular evaluations in a row without improvement
+    bad_evals: int = 0  # regular evaluations in a row without improvement
     plateau_lr: float = 0.0  # the reduce-on-plateau schedule's lr
-    stopped: str = ""        # "", "steps", "epochs", "time" or "patience"
+    stopped: str = ""  # "", "steps", "epochs", "time" or "patience"
     extra: dict = field(default_factory=dict)  # a stage's own counters (GRPO's recent metrics, ...)
     curve: list = field(default_factory=list)  # every evaluation: {step, elapsed_s (training seconds), metrics...}
     history: list = field(default_factory=list)  # every step: {step, elapsed_s, the Plan's ``record`` metrics}
@@ -60,20 +61,24 @@ class Plan:
     steps_per_epoch: int | None = None  # with max_epochs: the total the progress lines count down from
     log_every: int = 1
     eval_every: int | None = None  # steps between evaluations
-    per_epoch: bool = False        # also evaluate and checkpoint when an epoch ends (the reward models)
-    eval_first: bool = False       # the starting model is a candidate (GRPO never returns a worse one)
-    eval_last: bool = False        # evaluate the final model even off the grid (otherwise only if none was)
-    keep_best: str | None = None   # the metric whose best model is published; None: the last model
-    record: tuple[str, ...] = ()   # step metrics kept at every step with its training time (``TrainState.history``)
-    patience: int = 0              # stop after this many regular evaluations without improvement
-    decay_patience: int = 1        # plateau schedule: lower the lr after this many
+    per_epoch: bool = False  # also evaluate and checkpoint when an epoch ends (the reward models)
+    eval_first: bool = False  # the starting model is a candidate (GRPO never returns a worse one)
+    eval_last: bool = False  # evaluate the final model even off the grid (otherwise only if none was)
+    keep_best: str | None = None  # the metric whose best model is published; None: the last model
+    record: tuple[str, ...] = ()  # step metrics kept at every step with its training time (``TrainState.history``)
+    patience: int = 0  # stop after this many regular evaluations without improvement
+    decay_patience: int = 1  # plateau schedule: lower the lr after this many
     decay_factor: float = 0.5
     min_lr: float = 0.0
 
 
-STOP_REASONS = {"": "max_steps reached", "steps": "max_steps reached", "epochs": "epochs done",
-                "time": "time budget of {sc.max_seconds}s reached",
-                "patience": "validation accuracy did not improve for {plan.patience} evaluations"}
+STOP_REASONS = {
+    "": "max_steps reached",
+    "steps": "max_steps reached",
+    "epochs": "epochs done",
+    "time": "time budget of {sc.max_seconds}s reached",
+    "patience": "validation accuracy did not improve for {plan.patience} evaluations",
+}
 
 
 class Stopwatch:
@@ -96,8 +101,9 @@ def optimizer_step(model, opt, loss: torch.Tensor, scale: float, max_grad_norm: 
     norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)  # FSDP: a DTensor
     if not math.isfinite(norm):  # the same on every process (DDP averaged the gradients): all stop
         opt.zero_grad(set_to_none=True)
-        raise FloatingPointError(f"the gradient is not finite (norm {norm}, loss {float(loss.detach()):.4g}): "
-                                 f"the update was not applied")
+        raise FloatingPointError(
+            f"the gradient is not finite (norm {norm}, loss {float(loss.detach()):.4g}): the update was not applied"
+        )
     opt.step()
     return norm
 
@@ -113,7 +119,10 @@ def find_resume(ckpt_root: Path, identity: dict):
         while (stale := ckpt_root.with_name(f"{ckpt_root.name}.stale-{n}")).exists():
             n += 1
         ckpt_root.rename(stale)
-        print(f"warning: checkpoints in {ckpt_root} were written by another recipe or start; moved to {stale}", file=sys.stderr)
+        print(
+            f"warning: checkpoints in {ckpt_root} were written by another recipe or start; moved to {stale}",
+            file=sys.stderr,
+        )
         return None, None
     return latest, state
 
@@ -126,13 +135,16 @@ def progress_line(stage: str, st: TrainState, plan: Plan, max_seconds: float | N
     """``[prm] step 120/400, epoch 2/3, 2.10 steps/s, about 2 min left``: where a stage is, from its
     counters (steps across resumes over training seconds) and its budget."""
     rate = st.step / max(st.train_s, 1e-9)
-    total = plan.max_steps or (plan.steps_per_epoch * plan.max_epochs if plan.steps_per_epoch and plan.max_epochs else None)
+    total = plan.max_steps or (
+        plan.steps_per_epoch * plan.max_epochs if plan.steps_per_epoch and plan.max_epochs else None
+    )
     parts = [f"step {st.step}" + (f"/{total}" if total else "")]
     if plan.max_epochs:
         parts.append(f"epoch {min(st.epoch + 1, plan.max_epochs)}/{plan.max_epochs}")
     parts.append(f"{rate:.2f} steps/s")
-    left = ([max(total - st.step, 0) / rate] if total and rate > 0 else []) + \
-           ([max_seconds - st.train_s] if max_seconds else [])
+    left = ([max(total - st.step, 0) / rate] if total and rate > 0 else []) + (
+        [max_seconds - st.train_s] if max_seconds else []
+    )
     if left:
         parts.append(time_left(min(left)))
     return f"[{stage}] " + ", ".join(parts)
@@ -150,7 +162,14 @@ class Trainer:
 
     def __init__(self, cfg, section: str, out_dir: Path, identity: dict, d: Dist, logger) -> None:
         self.cfg, self.section, self.sc, self.out_dir, self.identity, self.d, self.logger = (
-            cfg, section, getattr(cfg, section), out_dir, identity, d, logger)
+            cfg,
+            section,
+            getattr(cfg, section),
+            out_dir,
+            identity,
+            d,
+            logger,
+        )
         self.root = out_dir / "checkpoints"
         self.resume, self._saved = d.main_first(lambda: find_resume(self.root, identity))
         self.wrapped = None
@@ -169,8 +188,10 @@ class Trainer:
         (``self.companions[name]``: (module, optimizer)) on the same schedule, its lr ``lr_scale``
         times the model's, checkpointed with the model and restored on resume."""
         if self.d.sharded and self.wrapped is None:
-            raise RuntimeError("launch.strategy=fsdp: call Trainer.wrap before Trainer.start (FSDP replaces the "
-                               "parameters the optimizer is built on)")
+            raise RuntimeError(
+                "launch.strategy=fsdp: call Trainer.wrap before Trainer.start (FSDP replaces the "
+                "parameters the optimizer is built on)"
+            )
         self.model, self.tokenizer, self.plan = model, tokenizer, plan
         sc = self.sc
 
@@ -179,10 +200,13 @@ class Trainer:
 
         # A model may ask for its own parameter groups (minGPT's ``configure_optimizers``): a group's
         # ``lr_scale`` multiplies the scheduled learning rate.
-        self.opt = adamw(model.optimizer_groups(sc.weight_decay) if hasattr(model, "optimizer_groups")
-                         else model.parameters())
-        self.companions = {name: (module, adamw([{"params": list(module.parameters()), "lr_scale": scale}]))
-                           for name, (module, scale) in (companions or {}).items()}
+        self.opt = adamw(
+            model.optimizer_groups(sc.weight_decay) if hasattr(model, "optimizer_groups") else model.parameters()
+        )
+        self.companions = {
+            name: (module, adamw([{"params": list(module.parameters()), "lr_scale": scale}]))
+            for name, (module, scale) in (companions or {}).items()
+        }
         self.state = TrainState(plateau_lr=sc.lr)
         if self._saved is not None:
             self.d.load_optimizer_state(model, self.opt, self._saved["optimizer"])
@@ -192,14 +216,19 @@ class Trainer:
                 module.load_state_dict(self._saved["companions"][name]["module"])
                 opt.load_state_dict(self._saved["companions"][name]["optimizer"])
             if self.d.main:
-                print(f"[{self.section}] resuming from step {self.state.step} ({self.resume})", file=sys.stderr, flush=True)
+                print(
+                    f"[{self.section}] resuming from step {self.state.step} ({self.resume})",
+                    file=sys.stderr,
+                    flush=True,
+                )
         return self.state
 
     def update(self, loss: torch.Tensor, scale: float = 1.0) -> float:
         return optimizer_step(self.model, self.opt, loss, scale, self.sc.max_grad_norm)
 
-    def fit(self, step: Callable[[TrainState], dict | None],
-            evaluate: Callable[[TrainState], dict] | None = None) -> TrainState:
+    def fit(
+        self, step: Callable[[TrainState], dict | None], evaluate: Callable[[TrainState], dict] | None = None
+    ) -> TrainState:
         """Run ``step`` until the budget is spent. ``step`` returns its metrics, or None when it
         trained nothing (a batch too short to split over the processes); it advances ``row`` /
         ``epoch`` itself. ``evaluate`` (rank 0 only) returns metrics including ``plan.keep_best``."""
@@ -225,9 +254,14 @@ class Trainer:
             try:
                 metrics = step(st)
             except FloatingPointError as e:
-                resume = (f"its last checkpoint (step {saved}) is where the same command resumes" if saved else
-                          "it has no checkpoint yet: the same command starts it over")
-                raise FloatingPointError(f"{self.section} step {st.step + 1}: {e}; the stage stops, and {resume}") from e
+                resume = (
+                    f"its last checkpoint (step {saved}) is where the same command resumes"
+                    if saved
+                    else "it has no checkpoint yet: the same command starts it over"
+                )
+                raise FloatingPointError(
+                    f"{self.section} step {st.step + 1}: {e}; the stage stops, and {resume}"
+                ) from e
             epoch_end = plan.per_epoch and st.epoch > epoch
             if metrics is None and not epoch_end:
                 continue
@@ -235,8 +269,13 @@ class Trainer:
                 st.step += 1
                 st.elapsed = clock.elapsed
                 if plan.record:
-                    st.history.append({"step": st.step, "elapsed_s": round(st.train_s, 2),
-                                       **{k: metrics[k] for k in plan.record if k in metrics}})
+                    st.history.append(
+                        {
+                            "step": st.step,
+                            "elapsed_s": round(st.train_s, 2),
+                            **{k: metrics[k] for k in plan.record if k in metrics},
+                        }
+                    )
                 if st.step % plan.log_every == 0:  # a tracking call per step can cost more than the step
                     rate = {"perf/tokens_per_s": st.tokens / max(st.elapsed, 1e-9)} if st.tokens else {}
                     self.logger.log_metrics({"train/lr": lr} | metrics | rate, step=st.step)
@@ -247,8 +286,9 @@ class Trainer:
                     said = time.monotonic()
                     print(progress_line(self.section, st, plan, sc.max_seconds), file=sys.stderr, flush=True)
             last = bool(st.stopped) or st.step == plan.max_steps or st.epoch == plan.max_epochs
-            regular = epoch_end or (metrics is not None and plan.eval_every is not None
-                                    and st.step % plan.eval_every == 0)
+            regular = epoch_end or (
+                metrics is not None and plan.eval_every is not None and st.step % plan.eval_every == 0
+            )
             if evaluate and (regular or (last and (plan.eval_last or st.best_acc == -math.inf))):
                 self._evaluate(evaluate, regular)
             grid = metrics is not None and sc.checkpoint_every and st.step % sc.checkpoint_every == 0
@@ -256,13 +296,25 @@ class Trainer:
                 st.elapsed = clock.elapsed
                 weights, optimizer = d.full_state(self.model), d.optimizer_state(self.model, self.opt)  # every rank
                 if d.main:
-                    save_checkpoint(self.root, st.step, self.model, self.tokenizer,
-                                    {"optimizer": optimizer, "counters": dataclasses.asdict(st),
-                                     "companions": {name: {"module": m.state_dict(), "optimizer": o.state_dict()}
-                                                    for name, (m, o) in self.companions.items()},
-                                     "rng": rng_state(), "identity": self.identity,
-                                     "config": self.cfg.model_dump(mode="json")}, keep=sc.keep_checkpoints,
-                                    weights=weights)
+                    save_checkpoint(
+                        self.root,
+                        st.step,
+                        self.model,
+                        self.tokenizer,
+                        {
+                            "optimizer": optimizer,
+                            "counters": dataclasses.asdict(st),
+                            "companions": {
+                                name: {"module": m.state_dict(), "optimizer": o.state_dict()}
+                                for name, (m, o) in self.companions.items()
+                            },
+                            "rng": rng_state(),
+                            "identity": self.identity,
+                            "config": self.cfg.model_dump(mode="json"),
+                        },
+                        keep=sc.keep_checkpoints,
+                        weights=weights,
+                    )
                 saved = st.step
         st.elapsed = clock.elapsed
         return st
