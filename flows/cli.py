@@ -719,7 +719,11 @@ def _stopped(folder: Path | None, since: float) -> str:
     if folder is None or not folder.is_dir():
         return "nothing had started; the same command starts it"
     name = lambda stage: str(stage.relative_to(folder))  # noqa: E731
-    stages = [f for f in folder.rglob("*") if f.is_dir() and (f.name in STAGE_FOLDERS or f.parent.name == "replay")]
+    # A stage's folder: one with a manifest or checkpoints (an experiment's variant/seed-<i> too), or named
+    # as the pipeline names them (a stage stopped before its first checkpoint).
+    stages = {m.parent for m in folder.rglob("manifest.json") if m.parent != folder}
+    stages |= {c.parent for c in folder.rglob("checkpoints") if c.is_dir()}
+    stages |= {f for f in folder.rglob("*") if f.is_dir() and (f.name in STAGE_FOLDERS or f.parent.name == "replay")}
     finished = [f for f in stages if (f / "manifest.json").is_file()]
     now = sorted(name(f) for f in finished if (f / "manifest.json").stat().st_mtime >= since)
     before = sorted(name(f) for f in finished if name(f) not in now)

@@ -116,6 +116,7 @@ class Setup(BaseModel):
     manifest: dict
     first: dict[str, StageOutput]  # round 1's stages (GRPO, reward data, reward models from the SFT model), typed
     cfg: PipelineConfig
+    run_cfg: PipelineConfig  # the recipe the run itself ran (without the experiment's --recipe or --set)
     preset: Preset
     budget: Budget
     eval_every: int
@@ -148,8 +149,9 @@ class Setup(BaseModel):
         return cfg.model_copy(update={"grpo": grpo, "seed": seed, "launch": launch})
 
     def is_the_runs_grpo(self, vcfg: PipelineConfig) -> bool:
-        """Whether a variant's run would be the run's own round-1 GRPO: the same training (its
-        checkpoints would resume it), evaluations and budget, in the same process."""
+        """Whether a variant's run would be the run's own round-1 GRPO: the same training as the run's
+        recipe (not the experiment's: a --recipe or --set may change GRPO), evaluations and budget, in
+        the same process, on the same reward models."""
         run = self.manifest["rounds"][0]["stages"]
         same_rewards = all(
             k in run and self.first[k].ref.digest == INPUTS[k].output.model_validate(run[k]).ref.digest
@@ -160,9 +162,9 @@ class Setup(BaseModel):
         ran = self.first["grpo"]
         same_budget = self.budget.steps == ran.steps if self.budget.steps else self.budget.seconds == ran.train_s
         return (
-            run_identity(vcfg, "grpo") == run_identity(self.cfg, "grpo")
+            run_identity(vcfg, "grpo") == run_identity(self.run_cfg, "grpo")
             and same_budget
-            and vcfg.grpo.eval_every == self.cfg.grpo.eval_every
+            and vcfg.grpo.eval_every == self.run_cfg.grpo.eval_every
             and not self.preset.own_process
             and same_rewards
         )
@@ -212,6 +214,7 @@ def setup(
         manifest=manifest,
         first=first,
         cfg=continued(cfg, manifest["stages"]["sft"]),
+        run_cfg=load_config(root / "config.yaml", migrate=True),
         preset=p,
         budget=Budget(seconds=seconds or trained, steps=steps),
         eval_every=eval_every or p.eval_every or cfg.grpo.eval_every,
@@ -273,19 +276,16 @@ def iterated(s: Setup, name: str, seed: int, out: Path, data: Ref, sft: Ref, com
     rms = {kind: s.first[kind].ref for kind in used}
     buffer = s.first["replay"].ref if "replay" in s.first else None
     rates = s.first["reward_data"].pass_rates_ref if "reward_data" in s.first else None
-    policy, stages, extra, gates, warned = sft, [], {}, {}, []
+    policy, stages, extra, warned = sft, [], {}, []
+    # Every round's GRPO passes its reward models' quality gates as the pipeline's rounds do
+    # (rewards/gate.py): round 1's (whose failures the row already reports), then each retrained one's.
+    gates, retrained = {kind: s.first[kind].quality_gate for kind in used}, False
     for k in range(1, s.rounds(name) + 1):
-        vcfg = s.config(name, s.cfg.seed + seed, k)
-        if gates:  # a retrained reward model's quality gate, as the pipeline's rounds apply it (rewards/gate.py)
-            gated = gate_grpo(vcfg, gates)
-            vcfg, warned = (
-                gated.cfg,
-                warned
-                + [
-                    f"round {k}, seed {seed}: {failure}" + ("; kept out of GRPO's reward" if gated.excluded else "")
-                    for failure in gated.failures
-                ],
-            )
+        gated = gate_grpo(s.config(name, s.cfg.seed + seed, k), gates)
+        vcfg = gated.cfg
+        if retrained:
+            kept_out = "; kept out of GRPO's reward" if gated.excluded else ""
+            warned += [f"round {k}, seed {seed}: {failure}{kept_out}" for failure in gated.failures]
         # Round 1 is the same for every variant with the same GRPO settings and seed (they differ
         # only between rounds): it runs once, in a folder they share.
         shared = hashlib.sha256(vcfg.grpo.model_dump_json().encode()).hexdigest()[:8]
@@ -325,7 +325,7 @@ def iterated(s: Setup, name: str, seed: int, out: Path, data: Ref, sft: Ref, com
         )
         done = reward_stages(retrain, k + 1, out / f"round-{k + 1}", out, data, sft, start, common)
         rms = {kind: done[kind].output.ref for kind in used}
-        gates = {kind: done[kind].output.quality_gate for kind in used}
+        gates, retrained = {kind: done[kind].output.quality_gate for kind in used}, True
         buffer, rates = done["replay"].output.ref, done["reward_data"].output.pass_rates_ref
         for stage, r in done.items():  # the stages' own time (cached or not)
             extra[stage] = extra.get(stage, 0.0) + r.output.wall_s
@@ -688,7 +688,10 @@ def _experiment(
                 summarise(ref, [results[ref]["accuracy"]], sft_acc, None)
                 | ({f"{m}@{samples}_mean": sampled[ref][f"{m}@{samples}"] for m in ("maj", "pass")} if sampled else {})
             )
-        rows += [variant_row(s, n, rs, sampled, sft_acc, accs, samples, chains, last.get(n)) for n, rs in runs.items()]
+        rows += [
+            variant_row(s, n, rs, sampled, sft_acc, accs, samples, chains if per_seed else None, last.get(n))
+            for n, rs in runs.items()
+        ]
 
         # Report: manifest, figures, MLflow, Prefect.
         out = {
@@ -708,6 +711,8 @@ def _experiment(
             "grpo_lr": lr or cfg.grpo.lr,
             "recipe": recipe,
             "reward_models": "per seed" if per_seed else "shared" if learned_rewards(s, names) else None,
+            # Each variant's recipe as it trained (seed i: the recipe's seed + i).
+            "recipes": {n: s.config(n, cfg.seed).model_dump(mode="json") for n in runs},
         }
         out["figures"] = {k: str(v) for k, v in figures.save(figures.study_figures(out), out_root / "figures").items()}
         tracker = MlflowLogger(uri, parent, unsent=unsent)

@@ -233,12 +233,11 @@ def rl_round(cfg: PipelineConfig, k: int, data: Ref, sft: Ref, start: RoundStart
         if gcfg.grpo.keep_best and grpo.best_step == 0 and grpo.steps:
             log.warning(
                 "round %d: validation never rose above the starting policy's %.1f%% in %d GRPO steps: keep-best "
-                "published the starting policy itself (for a LoRA run, an adapter that changes nothing); the "
-                "last step's policy is %s",
+                "published the starting policy itself (for a LoRA run, an adapter that changes nothing)%s",
                 k,
                 100 * grpo.best_val_accuracy,
                 grpo.steps,
-                grpo.last_model,
+                f"; the last step's policy is {grpo.last_model}" if grpo.last_model else "",
             )
         results["eval"] = run_stage(
             eval_task, cfg, str(round_dir / "eval"), EvalInputs(data=data, models={"policy": grpo.ref}), **common

@@ -13,6 +13,7 @@ import math
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -264,10 +265,11 @@ HELD_OUT_FORMATS = {
 
 
 def number_text(value: Any) -> str | None:
-    """A JSON number as the answer checker compares it: 145.0 -> ``145``, 11.5 -> ``11.5``."""
+    """A JSON number as the answer checker compares it: 145.0 -> ``145``, 11.5 -> ``11.5``, 1e-05 ->
+    ``0.00001`` (never an exponent, which the checker does not read)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return None
-    return str(int(value)) if float(value).is_integer() else repr(float(value))
+    return str(int(value)) if float(value).is_integer() else format(Decimal(repr(float(value))), "f")
 
 
 def load_held_out(

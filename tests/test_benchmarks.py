@@ -12,6 +12,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
+import yaml
 
 from grpo_core.benchmarks import asdiv_solution, benchmark_splits, clusters, near_duplicate, signature, split_record
 from grpo_core.config import BenchmarkData, DataConfig, HeldOutSet
@@ -302,7 +303,6 @@ def test_a_seed_of_an_experiment_is_recorded_with_its_own_reward_models(tmp_path
         folder.mkdir(parents=True)
     (run / "data" / "split.json").write_text(json.dumps({"mawps": {"rl": [1], "validation": [2], "test": [0, 1, 2]}}))
     (run / "config.yaml").write_text("run_name: r\n")
-    (exp / "v" / "seed-1" / "resolved.yaml").write_text("seed: 1\n")
     (run / "manifest.json").write_text(
         json.dumps(
             {
@@ -332,7 +332,12 @@ def test_a_seed_of_an_experiment_is_recorded_with_its_own_reward_models(tmp_path
         {"frac_reward_zero_std": 0.5, "frac_batch_zero_std": 0.0},
     ]
     (exp / "manifest.json").write_text(
-        json.dumps({"runs": {"v": [{}, {"steps": 2, "rewards": rewards, "curve": [], "train_s": 3.0}]}})
+        json.dumps(
+            {
+                "runs": {"v": [{}, {"steps": 2, "rewards": rewards, "curve": [], "train_s": 3.0, "kept_step": 2}]},
+                "recipes": {"v": {"seed": 5, "grpo": {"lr": 1e-4}}},
+            }
+        )
     )
     (exp / "eval" / "manifest.json").write_text(
         json.dumps({"results": {"v/seed-1": {"completions": completions("v-1", [True, True, True])}}})
@@ -347,4 +352,6 @@ def test_a_seed_of_an_experiment_is_recorded_with_its_own_reward_models(tmp_path
     assert summary["reward_models"] == {
         "prm": {"trained": {"within_question_auc": 0.7}, "sft_likelihood": {"within_question_auc": 0.6}}
     }
-    assert (tmp_path / "out" / "config.yaml").read_text() == "seed: 1\n"
+    # Its recipe as it trained: the variant's, with the seed of seed 1 (the recipe's + 1).
+    assert yaml.safe_load((tmp_path / "out" / "config.yaml").read_text()) == {"seed": 6, "grpo": {"lr": 1e-4}}
+    assert summary["grpo"]["best_step"] == 2

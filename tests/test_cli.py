@@ -440,6 +440,17 @@ def test_ctrl_c_exits_130_saying_what_finished_and_where_the_same_command_resume
     assert (
         capsys.readouterr().err.strip().endswith("finished ones from the cache and resumes round-1/orm from its start")
     )
+    # An experiment's seed, stopped after its step-20 checkpoint, is named where it resumes.
+    seed = run_dir / "compare" / "steps-30-eval6" / "rule-outcome" / "seed-1"
+
+    def in_an_experiment(a):
+        (seed / "checkpoints" / "step-00000020").mkdir(parents=True)
+        (seed / "checkpoints" / "step-00000020" / "COMPLETE").write_text("{}")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("flows.cli.cmd_check", in_an_experiment)
+    assert _exit_code(["check", str(_jsonl_recipe(tmp_path))]) == 130
+    assert capsys.readouterr().err.strip().endswith("resumes compare/steps-30-eval6/rule-outcome/seed-1 from step 20")
 
 
 @pytest.mark.slow

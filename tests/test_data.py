@@ -277,3 +277,12 @@ def test_the_data_stage_writes_held_out_sets_and_trains_on_none_of_their_questio
     assert rl[0].question not in {e.question for e in load_jsonl(str(out / "rl.jsonl"))}
     run_prepare(tiny_cfg(tmp_path), out)
     assert not (out / "held_out").exists()
+
+
+def test_a_benchmark_number_is_written_as_the_checker_reads_it():
+    from grpo_core.data import number_text
+    from grpo_core.verify import to_number
+
+    cases = {145.0: "145", 11.5: "11.5", 1e-05: "0.00001", -0.25: "-0.25", 3: "3", True: None, float("nan"): None}
+    assert {v: number_text(v) for v in cases} == cases
+    assert all(to_number(t) is not None for t in cases.values() if t)

@@ -202,9 +202,9 @@ def test_peft_names_a_base_inside_the_project_relative_to_it(tmp_path, monkeypat
     adapter = tmp_path / "runs" / "r" / "grpo" / "model"
     adapter.mkdir(parents=True)
     (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "/elsewhere", "r": 4}))
-    monkeypatch.setattr(adapters, "PROJECT_ROOT", tmp_path)
+    monkeypatch.setattr(adapters, "PROJECT", tmp_path)
     model = type("M", (), {"adapter_base": {"path": str(tmp_path / "runs" / "r" / "sft" / "model"), "digest": "d"}})
     adapters.write_base(model, adapter)
     config = json.loads((adapter / "adapter_config.json").read_text())
-    assert config == {"base_model_name_or_path": "runs/r/sft/model", "r": 4}
+    assert config == {"base_model_name_or_path": "./runs/r/sft/model", "r": 4}
     assert json.loads((adapter / "adapter_base.json").read_text())["relative"] == "../../sft/model"

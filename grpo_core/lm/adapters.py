@@ -15,9 +15,9 @@ from pathlib import Path
 
 from grpo_core.config import LoraSettings
 from grpo_core.digests import digest_dir
-from grpo_core.env import PROJECT_ROOT
 
 BASE_FILE = "adapter_base.json"
+PROJECT = Path(__file__).resolve().parents[2]  # the project folder (this package's, installed editable)
 
 
 class AdapterError(ValueError):
@@ -64,13 +64,11 @@ def write_base(model, folder: Path) -> None:
     folder = Path(folder)
     relative = os.path.relpath(model.adapter_base["path"], folder.resolve())
     (folder / BASE_FILE).write_text(json.dumps(model.adapter_base | {"relative": relative}, indent=1) + "\n")
-    base = Path(model.adapter_base["path"])
+    base = model.adapter_base["path"]
     with contextlib.suppress(ValueError):  # outside the project: the absolute path stays
-        base = base.relative_to(PROJECT_ROOT.resolve())
+        base = f"./{Path(base).relative_to(PROJECT)}"  # "./": a local folder, never read as a Hub repo id
     config = json.loads((folder / "adapter_config.json").read_text())
-    (folder / "adapter_config.json").write_text(
-        json.dumps(config | {"base_model_name_or_path": str(base)}, indent=2) + "\n"
-    )
+    (folder / "adapter_config.json").write_text(json.dumps(config | {"base_model_name_or_path": base}, indent=2) + "\n")
     (folder / "README.md").write_text(
         CARD.format(
             base=base, digest=model.adapter_base["digest"], rank=config.get("r"), alpha=config.get("lora_alpha")

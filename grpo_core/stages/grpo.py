@@ -374,7 +374,10 @@ def step_metrics(learner: Learner, explored: Explored, advantages: Advantages, u
         d.gather(batch.rollout.truncated.double()),
     )
     batch_no_spread = d.gather(no_spread.double())
-    first_no_spread = batch_no_spread if drawn is None else d.gather((~drawn["first_spread"]).double())
+    # The first draw's groups without spread by dynamic sampling's test (the checker's verdicts where it
+    # is weighted), with or without the redraws: one meaning across arms.
+    first_spread = has_spread(first, learner.cfg) if drawn is None else drawn["first_spread"]
+    first_no_spread = d.gather((~first_spread).double())
     tokens = float(lengths.sum()) if drawn is None else float(d.sum(drawn["tokens"]))  # every draw's
     finite = torch.isfinite(rewards)
     metrics.update({k: float(d.sum(v)) for k, v in advantages.stats.items()})

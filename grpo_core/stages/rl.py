@@ -123,7 +123,8 @@ def has_spread(ex: Exploration, cfg: GRPOConfig) -> torch.Tensor:
     whose verdicts differ (DAPO's accuracy filter): a learned reward gives nearly every group spread,
     so adding one to a recipe with dynamic sampling changes the reward, not which questions train.
     With learned rewards alone (outcome supervision), the groups with spread under GRPO's estimator."""
-    if cfg.reward_weights.get("rule"):
+    if cfg.reward_weights.get("rule"):  # a right and a wrong answer among the rows that got a reward
         verdicts = ex.scored.correct.reshape(-1, cfg.group_size).bool()
-        return verdicts.any(-1) & ~verdicts.all(-1)
+        scored = torch.isfinite(ex.rewards).reshape(-1, cfg.group_size)
+        return (verdicts & scored).any(-1) & (~verdicts & scored).any(-1)
     return spread(group_values(ex, cfg), cfg.group_size)
