@@ -10,11 +10,11 @@ each; the medians are over the steps after ``--warmup``. Ours is the SFT stage's
 (``stages.lm_step.lm_loss`` on packed rows + ``training.trainer.optimizer_step``). TRL runs twice:
 ``trl_wrapped`` packs as we do (the examples concatenated and cut into full rows: equal work, the
 headline ratio) and ``trl`` with its default best-fit packing, which flattens each batch into one
-padding-free sequence (meant for FlashAttention; on the CPU attention then spans the whole batch). Prints one JSON
-object: per implementation the median step time, input
-tokens per step and per second (TRL's ``num_tokens``; ours: the non-padding tokens of the rows) and
-peak RSS; TRL over ours; the machine's matmul rate and the step's arithmetic
-limit (6 FLOPs per weight and trained token, forward + backward, at that rate).
+padding-free sequence (meant for FlashAttention; on the CPU attention then spans the whole batch).
+Prints one JSON object: per implementation the median step time, input tokens per step and per second
+(TRL's ``num_tokens``; ours: the non-padding tokens of the rows) and peak RSS; TRL over ours; the
+machine's matmul rate and the step's arithmetic limit (6 FLOPs per weight and trained token, forward +
+backward, at that rate).
 """
 
 from __future__ import annotations

@@ -93,10 +93,9 @@ def _points(gain: dict) -> str:
 
 def pipeline_report(manifest: dict, exp_id: str, gains: dict[int, dict[str, dict]], figures: dict[str, str]) -> str:
     """The pipeline run's Prefect summary: test accuracy of SFT and of each round's policy on the test
-    split and each further held-out set (paired differences to SFT, ``gains`` by round, then set), each reward model's
-    held-out
-    quality before and after its retraining, the champion, where the time went, links to the MLflow
-    runs, and ``figures`` (name -> an image address Prefect can show)."""
+    split and each further held-out set (paired differences to SFT, ``gains`` by round, then set), each
+    reward model's held-out quality before and after its retraining, the champion, where the time went,
+    links to the MLflow runs, and ``figures`` (name -> an image address Prefect can show)."""
     uri = manifest["tracking_uri"]
     link = lambda run_id: mlflow_link(uri, exp_id, run_id)  # noqa: E731
     sft, rounds = manifest["eval"]["sft"], manifest["rounds"]

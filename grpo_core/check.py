@@ -1,11 +1,11 @@
-"""What a run needs, checked in seconds before anything starts (no Prefect server, no MLflow run, no
-run folder): the data files a recipe names (they exist, are UTF-8 JSONL, every row has its fields
-and its ``#### <number>``, none is empty: every bad row listed, up to ``ROWS_SHOWN`` a file), the model folders (a
-causal LM's config and a
-tokenizer), that the output folder can be written and that the disk has room for the run's
-checkpoints (an estimate: ``disk_needed``), and that this machine can do what ``launch`` asks (a
-CUDA device, enough of them, the launcher, a free rendezvous port). ``grpo-pipeline check`` prints every
-problem; ``run`` and ``rounds`` refuse to start with any (docs/reliability.md, "Bad input").
+"""What a run needs, checked in seconds before anything starts (no Prefect server, no MLflow run, no run
+folder): the data files a recipe names (they exist, are UTF-8 JSONL, every row has its fields and its
+``#### <number>``, none is empty: every bad row listed, up to ``ROWS_SHOWN`` a file), the model folders
+(a causal LM's config and a tokenizer), that the output folder can be written and that the disk has room
+for the run's checkpoints (an estimate: ``disk_needed``), and that this machine can do what ``launch``
+asks (a CUDA device, enough of them, the launcher, a free rendezvous port). ``grpo-pipeline check``
+prints every problem; ``run`` and ``rounds`` refuse to start with any (docs/reliability.md, "Bad
+input").
 """
 
 from __future__ import annotations

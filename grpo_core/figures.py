@@ -5,9 +5,8 @@ MLflow run and shows them in its Prefect summary; the README shows ``run_figure`
   intervals (and ``compare``'s variants, mean ± std over seeds, when the run has them);
 - ``grpo_curves`` (``grpo_figure``): GRPO's reward, validation accuracy and KL over the steps of every round, the
   rounds one after another on one axis;
-- ``reward_models`` (``reward_model_figure``): each reward model's held-out quality on the round's fresh samples,
-before and
-  after its retraining (how stale it had become, and what retraining fixed);
+- ``reward_models`` (``reward_model_figure``): each reward model's held-out quality on the round's
+  fresh samples, before and after its retraining (how stale it had become, and what retraining fixed);
 - the ``study`` flow's (``study_figures``): validation accuracy over training time per variant with a band over
   seeds, maj@K / pass@K per variant, peak memory and steps per second.
 

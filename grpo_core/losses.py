@@ -86,8 +86,8 @@ def grpo_loss(
     logp, old_logp, ref_logp, advantages, mask: [B, T]. ``clip_eps_high`` (DAPO clip-higher) sets the
     upper clip bound 1 + clip_eps_high; ``beta = 0`` ignores ``ref_logp`` (may be None). ``batch``:
     the global batch's sizes when these rows are one process's share; ``weights`` [B]: the rows each
-    row stands for (see ``aggregate``). Returns the scalar loss to minimise and detached metrics (token means over the
-    mask).
+    row stands for (see ``aggregate``). Returns the scalar loss to minimise and detached metrics
+    (token means over the mask).
     """
     high = clip_eps if clip_eps_high is None else clip_eps_high
     ratio = torch.exp(logp - old_logp)

@@ -1,7 +1,6 @@
 """A pipeline's MLflow runs: the store (its URI, a moved project's artifact locations; whether it
-answers is ``tracking.check_tracking``), one experiment per pipeline, a parent run per pipeline run and a child per
-stage and
-round (ids passed explicitly), and ``finishing``, where they end. Metric logging itself is
+answers is ``tracking.check_tracking``), one experiment per pipeline, a parent run per pipeline run
+and a child per stage and round (ids passed explicitly), and ``finishing``, where they end. Metric logging itself is
 ``tracking.py``'s."""
 
 from __future__ import annotations

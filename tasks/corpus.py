@@ -52,8 +52,8 @@ def _local_ray(cc: CorpusConfig) -> dict:
     }
 
 
-# corpus.runner -> (module, its Prefect task runner, the runner's settings for a cluster the flow starts, what to
-# install)
+# corpus.runner -> (module, its Prefect task runner, the runner's settings for a cluster the flow
+# starts, what to install)
 TASK_RUNNERS = {
     "dask": (
         "prefect_dask",

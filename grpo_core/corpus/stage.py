@@ -2,11 +2,11 @@
 decontamination (DeepSeekMath §2.1).
 
 iteration k: train the classifier on the seed (+ pages added by annotation) -> measure it on the
-held-out seed -> score every pool shard (``score_shards``: ``score.score_pool``, one process that
-loads the classifier once and forks a worker per core; a Prefect task of it in the flow) -> keep pages above the
-threshold -> domain shares -> candidate domains -> approved URL
-prefixes (``approve``: an annotations file, or a person in the Prefect UI) -> uncollected pages under
-them join the seed -> stop after ``iterations`` or when most pages were recalled before.
+held-out seed -> score every pool shard (``score_shards``: ``score.score_pool``, one process that loads
+the classifier once and forks a worker per core; a Prefect task of it in the flow) -> keep pages above
+the threshold -> domain shares -> candidate domains -> approved URL prefixes (``approve``: an
+annotations file, or a person in the Prefect UI) -> uncollected pages under them join the seed -> stop
+after ``iterations`` or when most pages were recalled before.
 Finally the collected pages minus benchmark matches are written to ``corpus/``; the removed ones go
 to ``decontaminated.jsonl.gz`` for audit. Memory holds URLs and scores, never the pool's text.
 """
