@@ -11,7 +11,7 @@ import torch
 from grpo_core.recipe import load_config
 from grpo_core.training.checkpoint import complete_checkpoints
 from grpo_core.training.distributed import Dist
-from grpo_core.training.trainer import Plan, Trainer
+from grpo_core.training.trainer import Plan, Trainer, optimizer_step
 from grpo_core.tracking import NullLogger
 
 
@@ -41,7 +41,10 @@ def _trainer(tmp_path, plan: Plan, *sets: str, log=None):
         if st.row == 3:
             st.epoch, st.row = st.epoch + 1, 0
         loss = (model(x) - 1.0).pow(2).sum()
-        return {"train/loss": loss.item(), "train/grad_norm": trainer.update(loss)}
+        return {
+            "train/loss": loss.item(),
+            "train/grad_norm": optimizer_step(trainer.model, trainer.opt, loss, 1.0, trainer.sc.max_grad_norm),
+        }
 
     return trainer, step
 

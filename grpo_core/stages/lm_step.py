@@ -9,6 +9,7 @@ import torch
 
 from grpo_core.lm.runtime import model_device
 from grpo_core.training.distributed import Dist, SINGLE
+from grpo_core.training.trainer import optimizer_step
 
 
 def document_positions(ids: torch.Tensor, eos_id: int) -> torch.Tensor:
@@ -73,7 +74,7 @@ def packed_lm_step(
         if n < d.world:
             return None
         loss_sum, n_tokens = lm_loss(trained, ids, labels, d, amp, eos_id)
-        grad_norm = trainer.update(loss_sum, d.world / n_tokens)
+        grad_norm = optimizer_step(trainer.model, trainer.opt, loss_sum, d.world / n_tokens, trainer.sc.max_grad_norm)
         st.tokens += int(d.sum(int((labels != -100).sum())))
         return {
             "train/loss": (d.sum(loss_sum.detach().cpu()) / n_tokens).item(),

@@ -50,7 +50,7 @@ from grpo_core.rewards.replay import load_version, retraining_set
 from grpo_core.rewards.steps import rollout_step_ends
 from grpo_core.stages.identity import run_identity
 from grpo_core.tracking import MetricLogger, NullLogger
-from grpo_core.training.trainer import Plan, TrainState, Trainer
+from grpo_core.training.trainer import Plan, TrainState, Trainer, optimizer_step
 
 
 def solution_text(row: dict, separator: str) -> str:
@@ -435,7 +435,7 @@ def run_reward_model(
             terms = spec.loss_terms(trained, tokenizer, by_dataset, cfg)
         # Each local mean re-weighted into this process's share of the global batch's mean.
         share = sum(local * (n / max(float(d.sum(n)), 1.0)) for local, n in terms)
-        grad_norm = trainer.update(share, d.world)  # DDP averages the processes' gradients
+        grad_norm = optimizer_step(trainer.model, trainer.opt, share, d.world, trainer.sc.max_grad_norm)  # DDP averages
         return {"train/loss": float(d.sum(share.detach())), "train/grad_norm": grad_norm}
 
     # The loop: (batch -> update -> log -> [epoch end: evaluate -> keep best -> checkpoint])*.

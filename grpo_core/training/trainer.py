@@ -223,9 +223,6 @@ class Trainer:
                 )
         return self.state
 
-    def update(self, loss: torch.Tensor, scale: float = 1.0) -> float:
-        return optimizer_step(self.model, self.opt, loss, scale, self.sc.max_grad_norm)
-
     def fit(
         self, step: Callable[[TrainState], dict | None], evaluate: Callable[[TrainState], dict] | None = None
     ) -> TrainState:
