@@ -75,7 +75,7 @@ class Run(BaseModel):
     peak_memory: dict[str, float]  # the largest of its stages' peaks
     curve: list[tuple[float, float]]  # (training seconds, validation accuracy) at every evaluation
     rewards: list[dict] = []  # every GRPO step: elapsed_s, the checker's accuracy, the learned rewards' means
-    kept_step: int = 0  # the step whose model was published (keep-best; 0: the starting model)
+    kept_step: int = 0  # the step of its last GRPO stage whose model was published (keep-best; 0: that stage's start)
     quality_warnings: list[str] = []  # the retrained reward models' failed quality gates (iterative variants)
     last: Ref | None = None  # the model training ended with, where keep-best published another
 
@@ -101,7 +101,7 @@ class Run(BaseModel):
             extra=extra,
             curve=curve,
             rewards=rewards,
-            kept_step=sum(st.steps for st in stages[:-1]) + final.best_step,
+            kept_step=final.best_step,
             last=last,
             peak_memory={k: max(p[k] for p in peaks if k in p) for k in {k for p in peaks for k in p}},
         )
@@ -466,7 +466,7 @@ def variant_row(
     if (lora := vcfg.sft.lora if VARIANTS[name].grpo is None else vcfg.grpo.lora) is not None:
         row["lora_rank"] = lora.rank  # an adapter trained, not every weight: the table says so
     if VARIANTS[name].grpo is not None:
-        row["kept_steps"] = [r.kept_step for r in runs]  # keep-best's choice per seed; 0: the SFT model itself
+        row["kept_steps"] = [r.kept_step for r in runs]  # keep-best's choice per seed; 0: the stage's own start
     if last is not None:
         d = seed_interval(last, [sft_acc] * len(last))
         row |= {
@@ -782,7 +782,7 @@ def format_table(result: dict) -> str:
                 else "= kept"
                 if kept
                 else "-",
-                ", ".join("0 (the SFT model)" if k == 0 else str(k) for k in kept) if kept else "-",
+                ", ".join("0 (its start, unchanged)" if k == 0 else str(k) for k in kept) if kept else "-",
             ]
         if gradient:
             drawn = r.get("groups_drawn_per_step_mean")

@@ -129,7 +129,11 @@ def test_a_row_reports_the_last_policy_beside_the_kept_one_and_names_a_kept_step
     assert row["kept_steps"] == [0, 4] and row["last_accuracy_mean"] == pytest.approx(0.135)
     assert row["last_gain_over_sft"] == pytest.approx(0.035) and row["gain_over_sft"] == pytest.approx(0.02)
     table = format_table({"samples": 1, "rows": [row]})
-    assert "last step: accuracy, vs SFT (95% CI)" in table and "0 (the SFT model), 4" in table and "13.5, +3.5" in table
+    assert (
+        "last step: accuracy, vs SFT (95% CI)" in table
+        and "0 (its start, unchanged), 4" in table
+        and "13.5, +3.5" in table
+    )
     assert "lora_rank" not in row and "LoRA" not in table
     (tmp_path / "l").mkdir()
     lora = setup(
