@@ -136,7 +136,11 @@ def _measured(result: dict) -> dict:
 
 
 def cmd_run(a: argparse.Namespace) -> None:
+    from tasks.run_lock import in_use
+
     cfg = _recipe(a)
+    if held := in_use(cfg.run_dir):  # refused before anything heavy is imported or checked
+        _fail(held)
     _inputs_ready(cfg)
     _tracking_ready(cfg)
     from flows.pipeline import pipeline
@@ -311,9 +315,13 @@ def cmd_sync(a: argparse.Namespace) -> None:
 
 
 def cmd_rounds(a: argparse.Namespace) -> None:
-    from flows.pipeline import rl_rounds
+    from tasks.run_lock import in_use
 
     run_dir = Path(a.run_dir)
+    if held := in_use(run_dir):  # refused before anything heavy is imported or checked
+        _fail(held)
+    from flows.pipeline import rl_rounds
+
     if not (run_dir / "manifest.json").exists():
         _fail(f"{run_dir / 'manifest.json'}: run the pipeline first (grpo-pipeline run ...)")
     if a.rounds < 1:

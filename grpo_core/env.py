@@ -89,9 +89,3 @@ def setup_environment(root: Path | None = None) -> None:
     }
     for key, value in defaults.items():
         os.environ.setdefault(key, value)
-    try:
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
-    except ImportError:  # pragma: no cover
-        pass

@@ -19,8 +19,12 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
+from transformers.utils import logging as hf_logging
+
 from grpo_core.config import LoraSettings, ModelConfig
 from grpo_core.lm import adapters
+
+hf_logging.disable_progress_bar()  # transformers' own bars (loading weights); here, where models load
 
 SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>"]
 
