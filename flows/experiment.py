@@ -494,7 +494,7 @@ def variant_row(
         if r.rewards and "frac_batch_zero_std" in r.rewards[0]
     ]
     if zero:
-        batch = s.config(name, s.cfg.seed).grpo.questions_per_step  # what a step draws without redraws
+        batch = vcfg.grpo.questions_per_step  # what a step draws without redraws
         drawn = [sum(p.get("groups_drawn", batch) for p in r.rewards) / len(r.rewards) for r in runs if r.rewards]
         row |= {
             "steps_with_gradient_mean": round(mean_std([sum(z < 1 for z in zs) / len(zs) for zs in zero])[0], 4),
@@ -506,7 +506,7 @@ def variant_row(
         row |= {f"{key}_mean": round(mean, 4), f"{key}_std": round(std, 4)}
     peaks = {m: [r.peak_memory[m] for r in runs if m in r.peak_memory] for m in ("rss_mib", "cuda_mib")}
     row |= {f"peak_{m}_mean": round(mean_std(v)[0], 1) for m, v in peaks.items() if v}
-    uses = () if VARIANTS[name].grpo is None else s.config(name, s.cfg.seed).grpo.reward_models_used
+    uses = () if VARIANTS[name].grpo is None else vcfg.grpo.reward_models_used
     chains = chains or [s.first]
     w = sorted({sentence for first in chains for sentence in gate_warnings(first, uses)}) + [
         w for r in runs for w in r.quality_warnings
@@ -594,12 +594,13 @@ def _experiment(
     names = variants or list(s.preset.variants)
     # Each seed its own chain: its round-1 reward data and reward models drawn and trained with its
     # seed, so that the intervals cover the reward models' variance, not GRPO's sampling alone.
-    per_seed = bool(learned_rewards(s, names)) and not shared_reward_models
+    learned = learned_rewards(s, names)
+    per_seed = bool(learned) and not shared_reward_models
     folder = (
         (f"{Path(recipe).stem}-" if recipe else "")
         + s.budget.tag(s.eval_every)
         + (f"-lr{lr:g}" if lr else "")
-        + ("-shared-rm" if shared_reward_models and learned_rewards(s, names) else "")
+        + ("-shared-rm" if shared_reward_models and learned else "")
     )
     cfg, out_root = s.cfg, s.root / preset / folder
     uri = tracking_uri(cfg)
@@ -710,7 +711,7 @@ def _experiment(
             "mlflow_run_id": parent,
             "grpo_lr": lr or cfg.grpo.lr,
             "recipe": recipe,
-            "reward_models": "per seed" if per_seed else "shared" if learned_rewards(s, names) else None,
+            "reward_models": "per seed" if per_seed else "shared" if learned else None,
             # Each variant's recipe as it trained (seed i: the recipe's seed + i).
             "recipes": {n: s.config(n, cfg.seed).model_dump(mode="json") for n in runs},
         }
