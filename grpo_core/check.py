@@ -139,10 +139,11 @@ def _data_problems(cfg: PipelineConfig) -> list[str]:
     for key, name in files.items():
         first_key.setdefault(name, key)
     for name, key in first_key.items():
-        problems += _every_row(lambda found: load_jsonl(name, dc.max_examples, dc.max_chars, found), key)
+        problems += _every_row(lambda found: load_jsonl(name, dc.max_examples, dc.max_chars, found, numeric=True), key)
     for name, h in dc.held_out.items():
         problems += _every_row(
-            lambda found: load_held_out(h.file, h.format, dc.max_examples, dc.max_chars, found), f"data.held_out.{name}"
+            lambda found: load_held_out(h.file, h.format, dc.max_examples, dc.max_chars, found, numeric=True),
+            f"data.held_out.{name}",
         )
     # The splits as the data stage makes them (worked solutions, shared questions, sizes).
     return problems or _found(lambda: prepared_splits(cfg), "data", DataError)

@@ -189,17 +189,23 @@ def _field_problem(obj: Any, fields: tuple[str, ...], max_chars: int, form: str)
 
 
 def load_jsonl(
-    name: str, limit: int | None = None, max_chars: int = 20_000, problems: list[str] | None = None
+    name: str,
+    limit: int | None = None,
+    max_chars: int = 20_000,
+    problems: list[str] | None = None,
+    numeric: bool = False,
 ) -> list[Example]:
     """Read GSM8K form (``question``, ``answer`` ending in ``#### <final>``), failing clearly: the
     message names the file, the line and the field. A field longer than ``max_chars`` is rejected
-    (``data.max_chars``), as is a final answer that is not a number (an integer, a decimal or a
-    fraction: what the checker compares) or too long for the checker ever to compare. ``problems``:
-    every bad row is appended there and left out, instead of the first one raising (``check``)."""
+    (``data.max_chars``), as is a final answer too long for the checker ever to compare, and with
+    ``numeric`` (a recipe's data: every task here has numbers for answers) one that is not a number
+    (an integer, a decimal or a fraction); ``eval`` on another file compares its answers as text.
+    ``problems``: every bad row is appended there and left out, instead of the first one raising
+    (``check``)."""
     out: list[Example] = []
     for path, lineno, obj in records(name, ("question", "answer"), limit, max_chars, problems=problems):
         gold = gold_from_solution(obj["answer"])
-        if bad := _gold_problem(gold) or _idx_problem(obj):
+        if bad := _gold_problem(gold, numeric) or _idx_problem(obj):
             reject(DataError, problems, f"{path}:{lineno}: {bad}")
             continue
         # An answer that is only "#### N" carries no worked solution (an RL-only example).
@@ -209,7 +215,7 @@ def load_jsonl(
     return out
 
 
-def _gold_problem(gold: str | None) -> str | None:
+def _gold_problem(gold: str | None, numeric: bool) -> str | None:
     if gold is None:
         return "field 'answer' has no '#### <final answer>'"
     if len(gold) > MAX_ANSWER_CHARS:
@@ -217,7 +223,7 @@ def _gold_problem(gold: str | None) -> str | None:
             f"field 'answer': the final answer is {len(gold):,} characters; answers over {MAX_ANSWER_CHARS} "
             f"are never compared, so nothing could match it"
         )
-    if to_number(gold) is None:
+    if numeric and to_number(gold) is None:
         return (
             f"field 'answer': the final answer {gold!r} is not a number (an integer, a decimal or a fraction "
             f"such as 3/4): the answer checker compares numbers"
@@ -273,13 +279,18 @@ def number_text(value: Any) -> str | None:
 
 
 def load_held_out(
-    name: str, fmt: str, limit: int | None = None, max_chars: int = 20_000, problems: list[str] | None = None
+    name: str,
+    fmt: str,
+    limit: int | None = None,
+    max_chars: int = 20_000,
+    problems: list[str] | None = None,
+    numeric: bool = False,
 ) -> list[Example]:
     """A further test set: GSM8K form through ``load_jsonl``, another format through its entry of
     ``HELD_OUT_FORMATS``; a missing or malformed field is named with the file and line (``problems``:
     as ``load_jsonl``'s)."""
     if fmt == "gsm8k":
-        return load_jsonl(name, limit, max_chars, problems)
+        return load_jsonl(name, limit, max_chars, problems, numeric)
     spec, out = HELD_OUT_FORMATS[fmt], []
     for path, lineno, obj in records(name, spec.text_fields, limit, max_chars, f" (format {fmt})", problems):
         gold = number_text(obj.get(spec.answer_field))
@@ -303,12 +314,12 @@ def load_splits(cfg: DataConfig, seed: int) -> dict[str, list[Example]]:
         raise ValueError("source=benchmark: its splits come from grpo_core.benchmarks.benchmark_splits")
     cap, chars = cfg.max_examples, cfg.max_chars
     splits = {
-        "sft": load_jsonl(cfg.sft_file, cap, chars),  # type: ignore[arg-type]
-        "rl": [Example(e.question, e.gold) for e in load_jsonl(cfg.rl_file, cap, chars)],  # type: ignore[arg-type]
-        "test": load_jsonl(cfg.test_file, cap, chars),  # type: ignore[arg-type]
+        "sft": load_jsonl(cfg.sft_file, cap, chars, numeric=True),  # type: ignore[arg-type]
+        "rl": [Example(e.question, e.gold) for e in load_jsonl(cfg.rl_file, cap, chars, numeric=True)],  # type: ignore[arg-type]
+        "test": load_jsonl(cfg.test_file, cap, chars, numeric=True),  # type: ignore[arg-type]
     }
     if cfg.val_file:
-        splits["val"] = load_jsonl(cfg.val_file, cap, chars)
+        splits["val"] = load_jsonl(cfg.val_file, cap, chars, numeric=True)
     else:  # hold out part of the RL pool for validation so that no question is shared
         n_val = max(1, min(200, len(splits["rl"]) // 10))
         splits["val"], splits["rl"] = splits["rl"][:n_val], splits["rl"][n_val:]
@@ -319,7 +330,10 @@ def load_splits(cfg: DataConfig, seed: int) -> dict[str, list[Example]]:
 
 def held_out_examples(cfg: DataConfig) -> dict[str, list[Example]]:
     """The recipe's further held-out test sets, by name."""
-    return {name: load_held_out(h.file, h.format, cfg.max_examples, cfg.max_chars) for name, h in cfg.held_out.items()}
+    return {
+        name: load_held_out(h.file, h.format, cfg.max_examples, cfg.max_chars, numeric=True)
+        for name, h in cfg.held_out.items()
+    }
 
 
 def held_out_sets(data_dir: Path) -> dict[str, Path]:

@@ -286,3 +286,14 @@ def test_a_benchmark_number_is_written_as_the_checker_reads_it():
     cases = {145.0: "145", 11.5: "11.5", 1e-05: "0.00001", -0.25: "-0.25", 3: "3", True: None, float("nan"): None}
     assert {v: number_text(v) for v in cases} == cases
     assert all(to_number(t) is not None for t in cases.values() if t)
+
+
+def test_a_text_answer_is_refused_in_a_recipe_and_read_by_eval(tmp_path):
+    """A recipe's tasks have numbers for answers; `eval` on another GSM8K-form file compares text."""
+    from grpo_core.data import DataError, load_jsonl
+
+    path = tmp_path / "words.jsonl"
+    path.write_text(json.dumps({"question": "Spell 2.", "answer": "#### two"}) + "\n")
+    assert [e.gold for e in load_jsonl(str(path))] == ["two"]
+    with pytest.raises(DataError, match="'two' is not a number"):
+        load_jsonl(str(path), numeric=True)
