@@ -95,8 +95,9 @@ sampling: venv
 
 # Iterative RL where a reward model can go stale: no verifier at RL time, the ORM alone, trained on few
 # samples (configs/demo-iterate.yaml), from the demo's SFT model; the ORM frozen, retrained between
-# rounds with 10% replay, without replay and with half replayed; ITERATE_SEEDS seeds, the same GRPO steps each
-# (about an hour on 2 cores at the defaults, after make demo).
+# rounds with 10% replay, frozen after as many labels and updates as that retraining gets, retrained
+# without replay and with half replayed; ITERATE_SEEDS seeds, the same GRPO steps each (after make demo;
+# time: docs/pipeline.md).
 ITERATE_SEEDS ?= 5
 iterate: venv
 	$(BIN)/grpo-pipeline iterate runs/demo --recipe configs/demo-iterate.yaml --seeds $(ITERATE_SEEDS)

@@ -77,6 +77,8 @@ class Run(BaseModel):
     rewards: list[dict] = []  # every GRPO step: elapsed_s, the checker's accuracy, the learned rewards' means
     kept_step: int = 0  # the step of its last GRPO stage whose model was published (keep-best; 0: that stage's start)
     quality_warnings: list[str] = []  # the retrained reward models' failed quality gates (iterative variants)
+    reward_model_updates: dict[str, int] = {}  # per reward model it trained on: its updates over all rounds
+    reward_model_labels: int = 0  # the checker-labelled solutions those were given over all rounds
     last: Ref | None = None  # the model training ended with, where keep-best published another
 
     @classmethod
@@ -193,6 +195,12 @@ def setup(
     unknown = [v for v in variants or () if v not in VARIANTS]
     if unknown:
         raise ValueError(f"unknown {preset} variant(s) {', '.join(unknown)}; known: {', '.join(VARIANTS)}")
+    for v in variants or p.variants:
+        if (matched := VARIANTS[v].labels_of) and matched not in (variants or p.variants):
+            raise ValueError(
+                f"{v} is trained on as many labels as {matched} is given, with as many updates: "
+                f"run it beside {matched} (--variants {matched},{v})"
+            )
     root = Path(run_dir).resolve()
     manifest = read_manifest(root / "manifest.json")
     cfg = load_config(root / "config.yaml", overrides, migrate=True)
@@ -246,22 +254,21 @@ def train_variant(s: Setup, name: str, seed: int, out: Path, data: Ref, sft: Ref
         return Run.of(vcfg.seed, [run_stage(sft_task, vcfg, str(out), SFTInputs(data=data, init=sft), **common).output])
     if s.rounds(name) > 1:
         return iterated(s, name, seed, out, data, sft, common)
+    learned = learned_reward_models(s, vcfg.grpo.reward_models_used)
     if s.is_the_runs_grpo(vcfg):
-        return Run.of(vcfg.seed, [s.first["grpo"]])
+        return Run.of(vcfg.seed, [s.first["grpo"]]).model_copy(update=learned)
     rms = {k: s.first[k].ref for k in vcfg.grpo.reward_models_used}
     rates = s.first["reward_data"].pass_rates_ref if vcfg.grpo.curriculum else None
-    return Run.of(
-        vcfg.seed,
-        [
-            run_stage(
-                grpo_task,
-                vcfg,
-                str(out),
-                GRPOInputs(data=data, init=sft, reward_models=rms, pass_rates=rates),
-                **common,
-            ).output
-        ],
+    g = run_stage(
+        grpo_task, vcfg, str(out), GRPOInputs(data=data, init=sft, reward_models=rms, pass_rates=rates), **common
     )
+    return Run.of(vcfg.seed, [g.output]).model_copy(update=learned)
+
+
+def learned_reward_models(s: Setup, used: tuple[str, ...]) -> dict:
+    """A run's ``reward_model_updates`` and ``reward_model_labels`` from its round-1 reward models."""
+    labels = s.first["reward_data"].labelled(s.cfg.reward_data.samples_per_question) if used else 0
+    return {"reward_model_updates": {kind: s.first[kind].steps for kind in used}, "reward_model_labels": labels}
 
 
 def iterated(s: Setup, name: str, seed: int, out: Path, data: Ref, sft: Ref, common: dict) -> Run:
@@ -274,6 +281,7 @@ def iterated(s: Setup, name: str, seed: int, out: Path, data: Ref, sft: Ref, com
     variant = VARIANTS[name]
     used = s.config(name, s.cfg.seed).grpo.reward_models_used
     rms = {kind: s.first[kind].ref for kind in used}
+    learned = learned_reward_models(s, used)
     buffer = s.first["replay"].ref if "replay" in s.first else None
     rates = s.first["reward_data"].pass_rates_ref if "reward_data" in s.first else None
     policy, stages, extra, warned = sft, [], {}, []
@@ -286,10 +294,14 @@ def iterated(s: Setup, name: str, seed: int, out: Path, data: Ref, sft: Ref, com
         if retrained:
             kept_out = "; kept out of GRPO's reward" if gated.excluded else ""
             warned += [f"round {k}, seed {seed}: {failure}{kept_out}" for failure in gated.failures]
-        # Round 1 is the same for every variant with the same GRPO settings and seed (they differ
-        # only between rounds): it runs once, in a folder they share.
+        # Round 1 is the same for every variant with the same GRPO settings, seed and round-1
+        # reward models (they differ only between rounds): it runs once, in a folder they share.
         shared = hashlib.sha256(vcfg.grpo.model_dump_json().encode()).hexdigest()[:8]
-        where = out.parents[1] / "round-1" / f"grpo-{shared}" / out.name if k == 1 else out / f"round-{k}" / "grpo"
+        where = (
+            out.parents[1] / "round-1" / f"grpo-{shared}" / out.name
+            if k == 1 and not variant.labels_of
+            else out / f"round-{k}" / "grpo"
+        )
         g = run_stage(
             grpo_task,
             vcfg,
@@ -325,11 +337,16 @@ def iterated(s: Setup, name: str, seed: int, out: Path, data: Ref, sft: Ref, com
         )
         done = reward_stages(retrain, k + 1, out / f"round-{k + 1}", out, data, sft, start, common)
         rms = {kind: done[kind].output.ref for kind in used}
+        learned = {
+            "reward_model_updates": {k: n + done[k].output.steps for k, n in learned["reward_model_updates"].items()},
+            "reward_model_labels": learned["reward_model_labels"]
+            + done["reward_data"].output.labelled(s.cfg.reward_data.samples_per_question),
+        }
         gates, retrained = {kind: done[kind].output.quality_gate for kind in used}, True
         buffer, rates = done["replay"].output.ref, done["reward_data"].output.pass_rates_ref
         for stage, r in done.items():  # the stages' own time (cached or not)
             extra[stage] = extra.get(stage, 0.0) + r.output.wall_s
-    return Run.of(s.cfg.seed + seed, stages, extra).model_copy(update={"quality_warnings": warned})
+    return Run.of(s.cfg.seed + seed, stages, extra).model_copy(update={"quality_warnings": warned, **learned})
 
 
 def reward_model_quality(chains: list[dict[str, StageOutput]], uses: tuple[str, ...]) -> str:
@@ -389,6 +406,36 @@ def own_reward_models(
     )
     done = reward_stages(cfg, 1, out / "round-1", out, data, sft, RoundStart(policy=sft), common)
     return {name: r.output for name, r in done.items()}
+
+
+def equal_label_reward_models(
+    s: Setup, name: str, matched: Run, out: Path, data: Ref, sft: Ref, common: dict, seed: int = 0
+) -> dict[str, StageOutput]:
+    """A ``labels_of`` arm's round-1 reward data and reward models (``out/round-1``): as many
+    checker-labelled samples of the SFT model as the matched variant's reward models were given over
+    its rounds (its samples and the GRPO rollouts its retrainings added), trained for as many updates
+    as they made in all (``matched``: that variant's run of this seed)."""
+    rd, rounds = s.cfg.reward_data, s.rounds(VARIANTS[name].labels_of)
+    sampled = {
+        "questions": -(-matched.reward_model_labels // rd.samples_per_question),
+        "step_questions": rd.step_questions and rounds * rd.step_questions,  # as many step-labelled questions
+    }
+    trained = matched.reward_model_updates
+    cfg = s.cfg.model_copy(
+        update={
+            "seed": s.cfg.seed + seed,
+            "reward_data": rd.model_copy(update=sampled),
+            # The updates end training: its epochs (at least one update each) never do.
+            **{
+                kind: getattr(s.cfg, kind).model_copy(
+                    update={"train": kind in trained, "max_steps": trained.get(kind), "epochs": trained.get(kind, 1)}
+                )
+                for kind in ("orm", "prm")
+            },
+        }
+    )
+    done = reward_stages(cfg, 1, out / "round-1", out, data, sft, RoundStart(policy=sft), common)
+    return {stage: r.output for stage, r in done.items()}
 
 
 def staleness_columns(runs: list[Run], window: int = 20) -> dict:
@@ -522,6 +569,16 @@ def variant_row(
             "train_s_mean": round(mean_std([r.train_s for r in runs])[0], 1),
             "extra_s_mean": round(mean_std([r.extra_s for r in runs])[0], 1),
             **{
+                f"{kind}_updates_mean": round(mean_std([r.reward_model_updates[kind] for r in runs])[0], 1)
+                for kind in uses
+                if all(kind in r.reward_model_updates for r in runs)
+            },
+            **(
+                {"reward_model_labels_mean": round(mean_std([r.reward_model_labels for r in runs])[0], 1)}
+                if uses
+                else {}
+            ),
+            **{
                 f"extra_{stage}_s_mean": round(mean_std([r.extra.get(stage, 0.0) for r in runs])[0], 1)
                 for stage in sorted({k for r in runs for k in r.extra})
             },
@@ -591,7 +648,8 @@ def _experiment(
     s = setup(run_dir, preset, variants, seconds, steps, eval_every, lr, recipe, overrides)
     seeds = seeds or s.preset.seeds
     samples = samples or s.preset.samples
-    names = variants or list(s.preset.variants)
+    # A variant matched to another's labels (``labels_of``) runs after it, seed by seed.
+    names = sorted(variants or s.preset.variants, key=lambda n: VARIANTS[n].labels_of is not None)
     # Each seed its own chain: its round-1 reward data and reward models drawn and trained with its
     # seed, so that the intervals cover the reward models' variance, not GRPO's sampling alone.
     learned = learned_rewards(s, names)
@@ -631,7 +689,9 @@ def _experiment(
             missing = [m for m in uses if m not in s.first]
             if vgrpo and vgrpo.curriculum and not getattr(s.first.get("reward_data"), "pass_rates", None):
                 missing.append("reward data with pass rates (for its curriculum)")
-            if missing:
+            if (matched := VARIANTS[name].labels_of) and matched not in runs:
+                log.warning("skipping %s: %s, whose labels and updates it is matched to, does not run", name, matched)
+            elif missing:
                 log.warning("skipping %s: the run trained no %s", name, ", ".join(missing))
             else:
                 runs[name] = []
@@ -640,7 +700,7 @@ def _experiment(
         if not runs:
             raise ValueError(f"nothing to run: {run_dir} trained none of the reward models the variants need")
         # Seed by seed, every variant in turn: a slow spell of a shared host hits all variants alike.
-        chains = []
+        chains, own_chains = [], {name: [] for name in runs if VARIANTS[name].labels_of}
         for i in range(seeds):
             si = (
                 s.model_copy(update={"first": s.first | own_reward_models(s, names, chain(i), data, sft, common, i)})
@@ -649,7 +709,12 @@ def _experiment(
             )
             chains.append(si.first)
             for name, done in runs.items():
-                done.append(train_variant(si, name, i, out_root / name / f"seed-{i}", data, sft, common))
+                sv, where = si, out_root / name / f"seed-{i}"
+                if matched := VARIANTS[name].labels_of:
+                    own = equal_label_reward_models(si, name, runs[matched][i], where, data, sft, common, i)
+                    sv = si.model_copy(update={"first": si.first | own})
+                    own_chains[name].append(sv.first)
+                done.append(train_variant(sv, name, i, where, data, sft, common))
 
         # Evaluation: greedy on every test question; K samples on the first sample_questions. The
         # baseline also evaluates the run's final policy (the GRPO it is the baseline of).
@@ -690,7 +755,17 @@ def _experiment(
                 | ({f"{m}@{samples}_mean": sampled[ref][f"{m}@{samples}"] for m in ("maj", "pass")} if sampled else {})
             )
         rows += [
-            variant_row(s, n, rs, sampled, sft_acc, accs, samples, chains if per_seed else None, last.get(n))
+            variant_row(
+                s,
+                n,
+                rs,
+                sampled,
+                sft_acc,
+                accs,
+                samples,
+                own_chains.get(n) or (chains if per_seed else None),
+                last.get(n),
+            )
             for n, rs in runs.items()
         ]
 

@@ -5,7 +5,7 @@ what each of those commands runs by default (``PRESETS``), and the budget every 
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
 
 class Variant(BaseModel):
@@ -15,7 +15,10 @@ class Variant(BaseModel):
     ``rounds.count``). Between rounds the reward models it uses are retrained on the policy's fresh
     samples plus a ``replay`` share of earlier data (None: the recipe's ``rounds.replay_fraction``),
     outside the budget, unless ``retrain`` is off: the round-1 reward models the whole way.
-    ``against``: the variants its row is compared with, seed by seed (``gain_over_<name>``)."""
+    ``against``: the variants its row is compared with, seed by seed (``gain_over_<name>``).
+    ``labels_of``: a frozen arm whose round-1 reward models are its own, trained once before RL on as
+    many of the SFT model's checker-labelled samples as that (retrained) variant's reward models are
+    given over all its rounds, for as many updates as they made (that variant runs first, seed by seed)."""
 
     model_config = ConfigDict(frozen=True)
     about: str
@@ -24,10 +27,17 @@ class Variant(BaseModel):
     retrain: bool = True
     replay: float | None = None
     against: tuple[str, ...] = ()
+    labels_of: str | None = None
+
+    @model_validator(mode="after")
+    def _labels_only_when_frozen(self):
+        if self.labels_of and self.retrain:
+            raise ValueError(f"labels_of={self.labels_of!r} is for a frozen arm (retrain=False)")
+        return self
 
 
 BASELINE, ONE_ROUND, TWO_ROUNDS, UNIFORM = "continued-sft", "prm-process", "prm-process-2-rounds", "uniform"
-FROZEN, RETRAINED = "frozen", "retrained"
+FROZEN, RETRAINED, EQUAL_LABELS = "frozen", "retrained", "frozen-equal-labels"
 RULE = {"reward_weights": {"rule": 1.0}, "supervision": "outcome"}
 PRM = {"reward_weights": {"prm": 1.0}, "supervision": "process"}
 VARIANTS = {
@@ -112,6 +122,17 @@ VARIANTS = {
         "samples plus the recipe's replay share of earlier data (the paper: 10%)",
         grpo={},
         rounds=None,
+        against=(FROZEN, EQUAL_LABELS),
+    ),
+    # Separates what retraining changes: fresher labels (the policy's own samples) from more labels
+    # and more training, which this frozen arm gets too, all of them on the SFT model's samples.
+    EQUAL_LABELS: Variant(
+        about="frozen, its reward models trained once before RL on as many of the SFT model's "
+        "checker-labelled samples as `retrained`'s are given in all its rounds, with as many updates",
+        grpo={},
+        rounds=None,
+        retrain=False,
+        labels_of=RETRAINED,
         against=(FROZEN,),
     ),
     "retrained-no-replay": Variant(
@@ -190,10 +211,11 @@ PRESETS = {
     ),
     "iterate": Preset(
         about="iterative RL where a reward model can go stale: the recipe's learned reward alone, in its "
-        "rounds, with the reward models frozen, retrained with the recipe's replay share, without "
-        "replay and with half replayed; the same GRPO steps each, several seeds, intervals against "
-        "frozen, the reward models' staleness on the policy's samples",
-        variants=(FROZEN, RETRAINED, "retrained-no-replay", "retrained-replay-50"),
+        "rounds, with the reward models frozen, retrained with the recipe's replay share, frozen after "
+        "training on as many labels as retraining gives, retrained without replay and with half replayed; "
+        "the same GRPO steps each, several seeds, intervals against frozen, the reward models' staleness "
+        "on the policy's samples",
+        variants=(FROZEN, RETRAINED, EQUAL_LABELS, "retrained-no-replay", "retrained-replay-50"),
         seeds=5,
         own_reward_models=True,
     ),

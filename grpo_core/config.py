@@ -636,6 +636,9 @@ class RewardModelConfig(Training):
         ),
     )
     epochs: int = BudgetField(1, ge=1, description="passes over the training data")
+    max_steps: int | None = BudgetField(
+        None, ge=1, description="stop after this many updates, or after the epochs, whichever comes first"
+    )
     batch_size: int = Field(32, ge=1, description="pairs (ORM) or solutions (PRM) per step")
     checkpoint_every: int | None = BudgetField(
         None, ge=1, description="also checkpoint every N steps within an epoch (None: at each epoch's end only)"

@@ -10,7 +10,7 @@ import json
 import pytest
 import yaml
 
-from flows.variants import FROZEN, PRESETS, RETRAINED
+from flows.variants import EQUAL_LABELS, FROZEN, PRESETS, RETRAINED
 
 ARMS = PRESETS["iterate"].variants
 
@@ -32,7 +32,15 @@ def _finished_run(tmp_path, tiny_cfg, **recipe):
     grpo = {"stage": "grpo", **model, "best_val_accuracy": 0.5, "best_step": 3, "train_s": 10.0, "wall_s": 15.0}
     manifest = {
         "stages": {"sft": {"final_lr": 1e-4}, "data": {"stage": "data", "dir": str(run / "data"), "digest": "d"}},
-        "rounds": [{"stages": {"grpo": grpo, "orm": {"stage": "orm", **model}}}],
+        "rounds": [
+            {
+                "stages": {
+                    "grpo": grpo,
+                    "orm": {"stage": "orm", **model, "steps": 40},
+                    "reward_data": {"stage": "reward_data", "dir": str(run / "rd"), "questions": 16},
+                }
+            }
+        ],
     }
     (run / "manifest.json").write_text(json.dumps(manifest))
     return run
@@ -96,10 +104,10 @@ class Recorder:
                 )
             },
         )
-        return {
-            "reward_data": stage("data", 4.0, pass_rates_ref=None),
+        return {  # a retraining: 16 questions' samples plus 40 GRPO rollouts, 30 updates
+            "reward_data": stage("data", 4.0, pass_rates_ref=None, labelled=lambda k: 16 * k + 40),
             "replay": stage(f"buffer-{k}", 1.0),
-            "orm": stage(f"orm-{k}", 6.0, quality_gate={}),
+            "orm": stage(f"orm-{k}", 6.0, quality_gate={}, steps=30),
         }
 
 
@@ -128,6 +136,56 @@ def test_an_arm_retrains_only_what_it_says_with_its_replay_share(tmp_path, tiny_
     assert start.policy.digest == "policy-1" and start.reward_models == first.reward_models
     assert second.reward_models["orm"].digest == "orm-2"  # round 2 trains on the retrained ORM
     assert run.extra == {"reward_data": 4.0, "replay": 1.0, "orm": 6.0} and run.extra_s == 11.0
+    # What its reward model was given in all: round 1's 16 questions x 8 samples, 40 updates, plus the retraining's.
+    assert run.reward_model_updates == {"orm": 40 + 30} and run.reward_model_labels == 16 * 8 + (16 * 8 + 40)
+
+
+def test_the_equal_labels_arm_differs_from_frozen_in_its_reward_models_labels_and_updates_alone(
+    tmp_path, tiny_cfg, monkeypatch
+):
+    import flows.experiment as experiment
+
+    s = experiment.setup(str(_finished_run(tmp_path, tiny_cfg)), "iterate", None, None, None, None)
+    rec = Recorder()
+    monkeypatch.setattr(experiment, "run_stage", rec.run_stage)
+    monkeypatch.setattr(experiment, "reward_stages", rec.reward_stages)
+    data, sft = experiment.Ref(path="data", digest="d"), experiment.Ref(path="sft", digest="sft")
+    retrained = experiment.train_variant(s, RETRAINED, 0, tmp_path / RETRAINED, data, sft, {})
+    rec.retrained.clear()
+
+    own = experiment.equal_label_reward_models(s, EQUAL_LABELS, retrained, tmp_path / "eq", data, sft, {})
+    ((cfg, k, start),) = rec.retrained  # trained once, before RL, from the SFT model's samples
+    assert (k, start.policy, start.reward_models) == (1, sft, {})
+    assert cfg.reward_data.questions * 8 == retrained.reward_model_labels == 296  # 37 questions x 8 samples
+    assert (cfg.orm.train, cfg.orm.max_steps, cfg.prm.train) == (True, 70, False)  # retrained's 40 + 30 updates
+    # Besides what it trains its reward model on, its recipe is frozen's: the same GRPO, rounds and seed.
+    assert cfg.model_copy(update={"reward_data": s.cfg.reward_data, "orm": s.cfg.orm}) == s.cfg.model_copy(
+        update={"orm": s.cfg.orm.model_copy(update={"train": True})}
+    )
+    for k in (1, 2):
+        assert s.config(EQUAL_LABELS, 0, k) == s.config(FROZEN, 0, k)
+
+    rec.grpo.clear()
+    eq = experiment.train_variant(
+        s.model_copy(update={"first": s.first | own}),
+        EQUAL_LABELS,
+        0,
+        tmp_path / "iterate" / EQUAL_LABELS / "seed-0",
+        data,
+        sft,
+        {},
+    )
+    (_, first), (_, second) = rec.grpo
+    assert rec.retrained == [(cfg, 1, start)]  # frozen: nothing retrained between its rounds
+    assert first.reward_models == second.reward_models == {"orm": own["orm"].ref}
+    assert eq.reward_model_updates == {"orm": 30}  # (the recorder's reward-model stage makes 30 updates)
+
+
+def test_the_equal_labels_arm_is_refused_without_the_arm_it_is_matched_to(tmp_path, tiny_cfg):
+    from flows.experiment import setup
+
+    with pytest.raises(ValueError, match=f"run it beside {RETRAINED}"):
+        setup(str(_finished_run(tmp_path, tiny_cfg)), "iterate", [FROZEN, EQUAL_LABELS], None, None, None)
 
 
 def test_rows_carry_paired_intervals_against_frozen_and_the_staleness(tmp_path, tiny_cfg):
@@ -272,12 +330,17 @@ def test_iterate_flow_on_a_tiny_run(prefect_harness, tmp_path, tiny_cfg, monkeyp
     recipe["prm"]["train"] = False
     (tmp_path / "regime.yaml").write_text(yaml.safe_dump(recipe))
     out = experiment(
-        str(run_dir), "iterate", [FROZEN, RETRAINED], seeds=2, eval_every=1, recipe=str(tmp_path / "regime.yaml")
+        str(run_dir),
+        "iterate",
+        [FROZEN, EQUAL_LABELS, RETRAINED],  # the equal-labels arm runs after the arm it is matched to
+        seeds=2,
+        eval_every=1,
+        recipe=str(tmp_path / "regime.yaml"),
     )
 
     assert out["dir"] == str(run_dir / "iterate" / "regime-steps-4-eval1") and out["budget"]["steps"] == 4
     rows = {r["variant"]: r for r in out["rows"]}
-    assert [r["steps"] for rs in out["runs"].values() for r in rs] == [4] * 4  # 2 rounds x 2 steps, every arm
+    assert [r["steps"] for rs in out["runs"].values() for r in rs] == [4] * 6  # 2 rounds x 2 steps, every arm
     low, high = rows[RETRAINED]["gain_over_frozen_95ci"]
     assert low <= rows[RETRAINED]["gain_over_frozen"] <= high
     assert 0 <= rows[FROZEN]["orm_within_auc_start_mean"] <= 1 and "orm_within_auc_end_mean" in rows[RETRAINED]
@@ -303,6 +366,13 @@ def test_iterate_flow_on_a_tiny_run(prefect_harness, tmp_path, tiny_cfg, monkeyp
     [shared] = (run_dir / "iterate" / "regime-steps-4-eval1" / "round-1").glob("grpo-*/seed-0")
     assert g2["init"] == str(shared / "model") and g2["staleness"]["orm_within_auc"]
     assert [r["steps"] for r in out["runs"][FROZEN]] == [4, 4]
+    # Frozen on as many labels (to a question's samples) and updates as retrained's ORM was given, seed by seed.
+    for eq, re in zip(out["runs"][EQUAL_LABELS], out["runs"][RETRAINED]):
+        assert eq["reward_model_updates"] == re["reward_model_updates"]
+        assert (
+            0 <= eq["reward_model_labels"] - re["reward_model_labels"] < recipe["reward_data"]["samples_per_question"]
+        )
+    assert "gain_over_frozen-equal-labels" in rows[RETRAINED]
     assert "staleness" in out["figures"]
 
 

@@ -90,8 +90,14 @@ class RewardDataOutput(StageOutput):
 
     dir: str
     round: int = 1
+    questions: int = 0  # sampled, held-out ones included
+    metrics: dict[str, float] = {}
     pass_rates: str | None = None  # folder of pass_rates.jsonl: each sampled question's right / samples
     pass_rates_digest: str = ""
+
+    def labelled(self, samples_per_question: int) -> int:
+        """The checker-labelled solutions it gathered: its questions' samples and the GRPO rollouts it added."""
+        return self.questions * samples_per_question + int(self.metrics.get("train/rollout_solutions", 0))
 
     @property
     def datasets(self) -> dict[str, Ref]:

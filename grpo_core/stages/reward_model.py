@@ -389,6 +389,7 @@ def run_reward_model(
         model,
         tokenizer,
         Plan(
+            max_steps=rc.max_steps,
             max_epochs=rc.epochs,
             steps_per_epoch=-(-len(train) // rc.batch_size),
             per_epoch=True,

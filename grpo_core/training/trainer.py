@@ -135,9 +135,8 @@ def progress_line(stage: str, st: TrainState, plan: Plan, max_seconds: float | N
     """``[prm] step 120/400, epoch 2/3, 2.10 steps/s, about 2 min left``: where a stage is, from its
     counters (steps across resumes over training seconds) and its budget."""
     rate = st.step / max(st.train_s, 1e-9)
-    total = plan.max_steps or (
-        plan.steps_per_epoch * plan.max_epochs if plan.steps_per_epoch and plan.max_epochs else None
-    )
+    by_epochs = plan.steps_per_epoch * plan.max_epochs if plan.steps_per_epoch and plan.max_epochs else None
+    total = min((b for b in (plan.max_steps, by_epochs) if b), default=None)  # whichever budget ends first
     parts = [f"step {st.step}" + (f"/{total}" if total else "")]
     if plan.max_epochs:
         parts.append(f"epoch {min(st.epoch + 1, plan.max_epochs)}/{plan.max_epochs}")
