@@ -249,6 +249,8 @@ def cmd_experiment(a: argparse.Namespace) -> None:
     if held := in_use(run_dir):
         _fail(held)
     _at_least_one(a, "seeds", "samples", "eval_every", "steps", "sample_questions")
+    if a.first_seed < 0:
+        _fail(f"--first-seed {a.first_seed}: must be 0 or more")
     for name in ("seconds", "lr"):
         if getattr(a, name) is not None and getattr(a, name) <= 0:
             _fail(f"--{name} {getattr(a, name)}: must be positive")
@@ -270,6 +272,7 @@ def cmd_experiment(a: argparse.Namespace) -> None:
             a.recipe,
             a.overrides,
             a.shared_reward_models,
+            a.first_seed,
         )
     except ValueError as e:
         _fail(str(e))
@@ -529,6 +532,12 @@ def build_parser() -> argparse.ArgumentParser:
         )
         x.add_argument(
             "--seeds", type=int, help=f"runs per variant, seed = the recipe's seed + 0..N-1 (default {preset.seeds})"
+        )
+        x.add_argument(
+            "--first-seed",
+            type=int,
+            default=0,
+            help="seeds from the recipe's seed + this on (new seeds, to confirm a planned result; their own folder)",
         )
         x.add_argument(
             "--seconds",

@@ -549,7 +549,7 @@ def variant_row(
             "groups_drawn_per_step_mean": round(mean_std(drawn)[0], 2),
         }
     for key in [f"{m}@{k}" for m in ("maj", "pass")] if k > 1 else []:
-        mean, std = mean_std([sampled[f"{name}/seed-{i}"][key] for i in range(len(runs))])
+        mean, std = mean_std([sampled[f"{name}/seed-{r.seed - s.cfg.seed}"][key] for r in runs])
         row |= {f"{key}_mean": round(mean, 4), f"{key}_std": round(std, 4)}
     peaks = {m: [r.peak_memory[m] for r in runs if m in r.peak_memory] for m in ("rss_mib", "cuda_mib")}
     row |= {f"peak_{m}_mean": round(mean_std(v)[0], 1) for m, v in peaks.items() if v}
@@ -605,12 +605,14 @@ def experiment(
     recipe: str | None = None,
     overrides: list[str] | None = None,
     shared_reward_models: bool = False,
+    first_seed: int = 0,
 ) -> dict:
     """Run ``preset`` (module docstring) on ``run_dir``, with any of its defaults overridden; returns
     the experiment's manifest (rows, runs, figures). ``lr``: GRPO's learning rate for every RL
     variant (one call per value is a sweep, each in a folder of its own). ``recipe``: a YAML recipe
-    for the RL side (``setup``; its folder is named after it). One writer per run folder
-    (tasks/run_lock.py)."""
+    for the RL side (``setup``; its folder is named after it). ``first_seed``: seeds the recipe's
+    seed + first_seed onwards (new seeds for a planned confirmation, in a folder of their own). One
+    writer per run folder (tasks/run_lock.py)."""
     with run_lock(Path(run_dir), f"{preset} {Path(run_dir).name}", get_run_logger()):
         return _experiment(
             run_dir,
@@ -626,6 +628,7 @@ def experiment(
             recipe,
             overrides,
             shared_reward_models,
+            first_seed,
         )
 
 
@@ -643,10 +646,11 @@ def _experiment(
     recipe: str | None,
     overrides: list[str] | None,
     shared_reward_models: bool,
+    first_seed: int = 0,
 ) -> dict:
     log = get_run_logger()
     s = setup(run_dir, preset, variants, seconds, steps, eval_every, lr, recipe, overrides)
-    seeds = seeds or s.preset.seeds
+    ids = range(first_seed, first_seed + (seeds or s.preset.seeds))  # seed i: the recipe's seed + i
     samples = samples or s.preset.samples
     # A variant matched to another's labels (``labels_of``) runs after it, seed by seed.
     names = sorted(variants or s.preset.variants, key=lambda n: VARIANTS[n].labels_of is not None)
@@ -659,6 +663,7 @@ def _experiment(
         + s.budget.tag(s.eval_every)
         + (f"-lr{lr:g}" if lr else "")
         + ("-shared-rm" if shared_reward_models and learned else "")
+        + (f"-from-seed-{first_seed}" if first_seed else "")
     )
     cfg, out_root = s.cfg, s.root / preset / folder
     uri = tracking_uri(cfg)
@@ -675,7 +680,8 @@ def _experiment(
         data, sft = s.stage("data").ref, s.stage("sft").ref
         chain = lambda i: out_root / "chains" / f"seed-{i}"  # noqa: E731 - seed i's round-1 reward stages
         if per_seed:
-            s = s.model_copy(update={"first": s.first | own_reward_models(s, names, chain(0), data, sft, common)})
+            own = own_reward_models(s, names, chain(ids[0]), data, sft, common, ids[0])
+            s = s.model_copy(update={"first": s.first | own})
         elif s.preset.own_reward_models:
             s = s.model_copy(update={"first": own_reward_models(s, names, out_root, data, sft, common)})
         runs: dict[str, list[Run]] = {}
@@ -701,17 +707,17 @@ def _experiment(
             raise ValueError(f"nothing to run: {run_dir} trained none of the reward models the variants need")
         # Seed by seed, every variant in turn: a slow spell of a shared host hits all variants alike.
         chains, own_chains = [], {name: [] for name in runs if VARIANTS[name].labels_of}
-        for i in range(seeds):
+        for j, i in enumerate(ids):
             si = (
                 s.model_copy(update={"first": s.first | own_reward_models(s, names, chain(i), data, sft, common, i)})
-                if per_seed and i
+                if per_seed and j
                 else s
             )
             chains.append(si.first)
             for name, done in runs.items():
                 sv, where = si, out_root / name / f"seed-{i}"
                 if matched := VARIANTS[name].labels_of:
-                    own = equal_label_reward_models(si, name, runs[matched][i], where, data, sft, common, i)
+                    own = equal_label_reward_models(si, name, runs[matched][j], where, data, sft, common, i)
                     sv = si.model_copy(update={"first": si.first | own})
                     own_chains[name].append(sv.first)
                 done.append(train_variant(sv, name, i, where, data, sft, common))
@@ -723,8 +729,9 @@ def _experiment(
             if s.preset.all_rounds
             else {}
         )
-        models |= {f"{n}/seed-{i}": r.model for n, rs in runs.items() for i, r in enumerate(rs)}
-        models |= {f"{n}/seed-{i}/last": r.last for n, rs in runs.items() for i, r in enumerate(rs) if r.last}
+        key = lambda n, r: f"{n}/seed-{r.seed - cfg.seed}"  # noqa: E731 - a run's model among those evaluated
+        models |= {key(n, r): r.model for n, rs in runs.items() for r in rs}
+        models |= {f"{key(n, r)}/last": r.last for n, rs in runs.items() for r in rs if r.last}
         results = run_stage(
             eval_task, cfg, str(out_root / "eval"), EvalInputs(data=data, models=models), **common
         ).output.results
@@ -741,10 +748,10 @@ def _experiment(
                 eval_task, ecfg, str(out_root / f"eval-k{samples}"), EvalInputs(data=data, models=models), **common
             ).output.results
         sft_acc = results["sft"]["accuracy"]
-        accs = {n: [results[f"{n}/seed-{i}"]["accuracy"] for i in range(len(rs))] for n, rs in runs.items()}
+        accs = {n: [results[key(n, r)]["accuracy"] for r in rs] for n, rs in runs.items()}
         # The policy each run ended with: the last step's, where keep-best published another.
         last = {
-            n: [results[f"{n}/seed-{i}/last" if r.last else f"{n}/seed-{i}"]["accuracy"] for i, r in enumerate(rs)]
+            n: [results[f"{key(n, r)}/last" if r.last else key(n, r)]["accuracy"] for r in rs]
             for n, rs in runs.items()
             if any(r.last for r in rs)
         }
@@ -775,7 +782,8 @@ def _experiment(
             "rows": rows,
             "runs": {n: [r.model_dump(mode="json") for r in rs] for n, rs in runs.items()},
             "budget": s.budget.model_dump(),
-            "seeds": seeds,
+            "seeds": len(ids),
+            "seed_ids": list(ids),  # seed i ran with the recipe's seed + i
             "samples": samples,
             "eval_every": s.eval_every,
             "n_test": results["sft"]["n"],
@@ -798,7 +806,7 @@ def _experiment(
         create_markdown_artifact(
             key=artifact_key(f"{preset}-{cfg.run_name}"),
             markdown=report(out, mlflow_link(uri, exp_id, parent)),
-            description=f"{preset} of {s.root}, {seeds} seed(s) per variant",
+            description=f"{preset} of {s.root}, {len(ids)} seed(s) per variant",
         )
         out = write_manifest(out_root, out, s.root)
     log.info("%s:\n%s", preset, format_table(out))

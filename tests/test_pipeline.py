@@ -398,6 +398,14 @@ def test_compare_flow_reuses_the_runs_grpo_and_tabulates(
     assert own["reward_models"] == "per seed" and orm[0] == manifest["rounds"][0]["stages"]["orm"]["digest"] != orm[1]
     assert own["runs"]["orm-outcome"][0]["model"]["path"] == manifest["rounds"][0]["stages"]["grpo"]["model"]
     assert "mean of 2 seeds' own" in {r["variant"]: r for r in own["rows"]}["orm-outcome"]["reward_model"]
+    # New seeds for a planned confirmation: from seed 1 on, in a folder of their own; seed 1 is the same bits.
+    again = experiment(str(tmp_path / "runs" / "cmp"), "compare", ["orm-outcome"], seeds=1, steps=1, first_seed=1)
+    assert again["dir"] == own["dir"] + "-from-seed-1" and again["seed_ids"] == [1]
+    (run,) = again["runs"]["orm-outcome"]
+    assert run["seed"] == cfg.seed + 1 and run["model"]["digest"] == own["runs"]["orm-outcome"][1]["model"]["digest"]
+    assert {r["variant"]: r for r in again["rows"]}["orm-outcome"]["per_seed"] == (
+        {r["variant"]: r for r in own["rows"]}["orm-outcome"]["per_seed"][1:]
+    )
     # Shared: every seed on the run's own reward models; the PRM variants are skipped (no PRM was trained).
     out = experiment(str(tmp_path / "runs" / "cmp"), "compare", seeds=2, shared_reward_models=True)
     by_variant = {r["variant"]: r for r in out["rows"]}
