@@ -44,6 +44,23 @@ def test_every_variant_trains_for_the_seconds_grpo_trained(tmp_path, tiny_cfg, p
         assert rounds[0].launch.own_process == PRESETS[preset].own_process
 
 
+def test_an_arm_differs_from_the_arms_it_is_compared_with_only_in_what_it_names(tmp_path, tiny_cfg):
+    """Each ``against`` pair (the rows' paired gains): the arm's recipe differs from its control's
+    only in ``grpo`` settings the arm names (e.g. a learned-reward arm keeps its control's dynamic
+    sampling); rounds, retraining and replay are the variants' own fields."""
+    from flows.experiment import setup
+    from grpo_core.recipe import flatten
+
+    s = setup(str(_finished_run(tmp_path, tiny_cfg)), "compare", None, None, 6, None)
+    pairs = [(name, other) for name, v in VARIANTS.items() for other in v.against]
+    assert len(pairs) >= 6
+    for name, other in pairs:
+        mine, theirs = flatten(s.config(name, 0)), flatten(s.config(other, 0))
+        named = {f"grpo.{k}" for k in VARIANTS[name].grpo or {}}
+        differ = {k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k)}
+        assert {k.split(".")[0] + "." + k.split(".")[1] for k in differ} <= named, (name, other, differ)
+
+
 def test_equal_samples_and_an_explicit_time(tmp_path, tiny_cfg):
     from flows.experiment import setup
 
