@@ -51,7 +51,7 @@ def main() -> None:
     rates = (
         read_pass_rates(run / "round-1" / "reward_data" / "pass_rates" / "pass_rates.jsonl") if gc.curriculum else None
     )
-    draws = QuestionSampler(pool, cfg.seed, rates, gc.curriculum)  # the run's own draw of questions
+    sampler = QuestionSampler(pool, cfg.seed, rates, gc.curriculum)  # the run's own draw of questions
     distinct = policy.Rollout.distinct
     seen: list[float] = []
 
@@ -76,8 +76,8 @@ def main() -> None:
             opt = torch.optim.AdamW(model.parameters(), lr=gc.lr, betas=(0.9, 0.95), weight_decay=0.0)
             scorer = RewardScorer.for_recipe(gc, tok, cfg.reward_data.step_separator, models)
             for step in range(a.steps):
-                learner = Learner(Models(model, ref), tok, opt, gc, scorer, cfg.seed, draws)
-                m = rl_step(learner, draws.step(step, gc.questions_per_step), step)
+                learner = Learner(Models(model, ref), tok, opt, gc, scorer, cfg.seed, sampler)
+                m = rl_step(learner, sampler.step(step, gc.questions_per_step), step)
                 if step:
                     for k in (*PARTS, "train/loss"):
                         out[mode].setdefault(k, []).append(m.get(k, 0.0))  # redraw_s: with dynamic sampling

@@ -475,7 +475,7 @@ def _window(steps: list[dict], when: str, width: int) -> list[dict]:
     return steps[middle : middle + width]
 
 
-def summarise(name: str, accs: list[float], sft_acc: float, baseline: list[float] | None) -> dict:
+def accuracy_row(name: str, accs: list[float], sft_acc: float, baseline: list[float] | None) -> dict:
     """A table row: accuracy over seeds, and the paired differences to SFT and to continued SFT."""
     mean, std = mean_std(accs)
     row = {
@@ -508,7 +508,7 @@ def variant_row(
     (``chains``: each seed's round-1 stages where each seed has its own; default ``s.first``),
     memory and speed, all mean over seeds. ``last``: each seed's accuracy of the policy its training
     ended with, where keep-best published another step's for some seed (beside the kept steps)."""
-    row = summarise(name, accs[name], sft_acc, accs.get(BASELINE))
+    row = accuracy_row(name, accs[name], sft_acc, accs.get(BASELINE))
     vcfg = s.config(name, s.cfg.seed)
     if (lora := vcfg.sft.lora if VARIANTS[name].grpo is None else vcfg.grpo.lora) is not None:
         row["lora_rank"] = lora.rank  # an adapter trained, not every weight: the table says so
@@ -758,7 +758,7 @@ def _experiment(
         rows = []
         for ref in [m for m in ("sft", "policy") if m in models]:
             rows.append(
-                summarise(ref, [results[ref]["accuracy"]], sft_acc, None)
+                accuracy_row(ref, [results[ref]["accuracy"]], sft_acc, None)
                 | ({f"{m}@{samples}_mean": sampled[ref][f"{m}@{samples}"] for m in ("maj", "pass")} if sampled else {})
             )
         rows += [

@@ -99,7 +99,7 @@ def round_gains(manifest: dict) -> dict[int, dict[str, dict]]:
     }
 
 
-def summarise(manifest: dict, run_dir: Path, exp_id: str, tracker: MlflowLogger) -> dict[str, str]:
+def report_run(manifest: dict, run_dir: Path, exp_id: str, tracker: MlflowLogger) -> dict[str, str]:
     """The run's figures, saved under ``run_dir/figures``, logged as images on its MLflow run, and
     shown with its tables in a Prefect summary artifact; returns the figures' paths."""
     from grpo_core import figures
@@ -271,7 +271,7 @@ def _pipeline(config: PipelineConfig, continues: str | None = None) -> dict:
             "numerics": process_numerics,
             "tracking_unsent": unsent_count(unsent),
         }
-        manifest["figures"] = summarise(manifest, run_dir, exp_id, tracker)
+        manifest["figures"] = report_run(manifest, run_dir, exp_id, tracker)
         # The resolved recipe goes beside the manifest it produced (``baseline`` reads both).
         (run_dir / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
         manifest = write_manifest(run_dir, manifest, run_dir)

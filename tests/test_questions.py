@@ -27,7 +27,7 @@ from grpo_core.lm.policy import Rollout
 from grpo_core.seeds import draw_seed, step_seed
 from grpo_core.stages.grpo import Learner, rl_step, run_grpo
 from grpo_core.stages.questions import QuestionSampler, read_pass_rates
-from grpo_core.stages.rl import Exploration, Models
+from grpo_core.stages.rl import ScoredGroups, Models
 from grpo_core.tracking import NullLogger
 from grpo_core.training.distributed import Dist
 from tests.test_grpo import _resume_check, _train_metrics
@@ -45,7 +45,7 @@ def sparse(monkeypatch):
 # ---------------------------------------------------------------------------- fill: pure, with fake groups
 
 
-def fake_group(questions: list[Example], g: int = 2) -> Exploration:
+def fake_group(questions: list[Example], g: int = 2) -> ScoredGroups:
     """Groups whose rewards have spread where the question's text starts with "s"."""
     n = len(questions)
     rewards = torch.tensor([float(q.question.startswith("s") and j == 0) for q in questions for j in range(g)])
@@ -58,10 +58,10 @@ def fake_group(questions: list[Example], g: int = 2) -> Exploration:
         [q.question for q in questions for _ in range(g)],
         torch.zeros(n * g, dtype=torch.bool),
     )
-    return Exploration(questions, rollout, Scored(rewards, rewards, "outcome", stats={"reward/x": 1.0}), 0.0)
+    return ScoredGroups(questions, rollout, Scored(rewards, rewards, "outcome", stats={"reward/x": 1.0}), 0.0)
 
 
-def spread_of(ex: Exploration) -> torch.Tensor:
+def spread_of(ex: ScoredGroups) -> torch.Tensor:
     r = ex.rewards.view(len(ex.questions), -1)
     return r.max(1).values != r.min(1).values
 
@@ -76,7 +76,7 @@ class FakeQuestions:
         return self.table(slot, k)
 
 
-def fake_explore(monkeypatch, questions: list[Example], redraws: int, table) -> tuple[step_mod.Explored, list]:
+def fake_explore(monkeypatch, questions: list[Example], redraws: int, table) -> tuple[step_mod.StepSamples, list]:
     """``explore`` on fake groups (``fake_group``) as a second process would run it, its share of the
     step's questions at global slots 10, 11, ...: the step's own bookkeeping, with what it sampled
     recorded."""
@@ -128,7 +128,7 @@ def test_under_process_supervision_a_group_is_judged_by_its_checker_verdicts():
         torch.ones(6, 2, dtype=torch.long),
         torch.ones(6, 2, dtype=torch.bool),
     )
-    ex = Exploration(qs, fake_group(qs).rollout, scored)
+    ex = ScoredGroups(qs, fake_group(qs).rollout, scored)
     process = GRPOConfig(group_size=2, supervision="process", reward_weights={"rule": 1.0, "prm": 1.0}, redraws=1)
     assert has_spread(ex, process).tolist() == [False, True, False]
     outcome = ex._replace(scored=Scored(scored.outcome, correct, "outcome"))  # checker + ORM, say: the same test
@@ -145,7 +145,7 @@ def test_a_group_without_spread_is_dropped_and_replaced(monkeypatch):
     first = [Example("s0", "0"), Example("n1", "1"), Example("s2", "2"), Example("n3", "3")]
     # Slot 1's first redraw has no spread, its second has; slot 3's first has.
     redraw = {(11, 1): Example("n-a", "9"), (11, 2): Example("s-b", "9"), (13, 1): Example("s-c", "9")}
-    (_, batch, drawn), calls = fake_explore(monkeypatch, first, 3, lambda slot, k: redraw[slot, k])
+    (_, batch, redraws), calls = fake_explore(monkeypatch, first, 3, lambda slot, k: redraw[slot, k])
     assert [q.question for q in batch.questions] == ["s0", "s-b", "s2", "s-c"]  # slot order, dropped ones replaced
     seed = step_seed(5, 0)
     assert calls == [
@@ -153,8 +153,8 @@ def test_a_group_without_spread_is_dropped_and_replaced(monkeypatch):
         ([11, 13], draw_seed(seed, 1)),
         ([11], draw_seed(seed, 2)),
     ]  # only empty places draw again, with their global slot
-    assert drawn["draws"].tolist() == [1, 3, 1, 2] and drawn["spread"].all()
-    assert drawn["first_spread"].tolist() == [True, False, True, False]
+    assert redraws.groups_per_slot.tolist() == [1, 3, 1, 2] and redraws.spread.all()
+    assert redraws.first_spread.tolist() == [True, False, True, False]
     assert batch.rollout.texts == ["s0", "s0", "s-b", "s-b", "s2", "s2", "s-c", "s-c"]
     assert batch.scored.stats == {"reward/x": 1.0} and spread_of(batch).all()
     # Rows keep their tokens under the wider padding: completion tokens where the mask says so.
@@ -163,11 +163,11 @@ def test_a_group_without_spread_is_dropped_and_replaced(monkeypatch):
 
 
 def test_redraws_are_bounded_and_an_unfilled_place_keeps_its_last_group(monkeypatch):
-    (_, batch, drawn), calls = fake_explore(
+    (_, batch, redraws), calls = fake_explore(
         monkeypatch, [Example("n0", "0"), Example("s1", "1")], 2, lambda slot, k: Example(f"n-{slot}-{k}", "0")
     )
     assert len(calls) == 3  # the first draw, then the bound: redraws more groups per place, never more
-    assert drawn["draws"].tolist() == [3, 1] and drawn["spread"].tolist() == [False, True]
+    assert redraws.groups_per_slot.tolist() == [3, 1] and redraws.spread.tolist() == [False, True]
     assert [q.question for q in batch.questions] == ["n-10-2", "s1"]  # the shape stays: 2 groups of 2
     assert len(batch.rewards) == 4
 

@@ -63,7 +63,7 @@ from grpo_core.stages.ppo import gae_advantages, value_model_from, value_updates
 from grpo_core.stages.questions import QuestionSampler, read_pass_rates
 from grpo_core.stages.rl import (
     Advantages,
-    Exploration,
+    ScoredGroups,
     Models,
     correct_advantages,
     group_advantages,
@@ -81,8 +81,9 @@ from grpo_core.training.trainer import Plan, TrainState, Trainer, optimizer_step
 class Learner:
     """What every step of a run uses: the models, the tokenizer, the policy's optimizer, the recipe's
     ``grpo`` section, the reward, the questions a redraw takes from (``grpo.redraws``), the round's
-    seed, the processes, the policy as trained (DDP/FSDP's wrapper; the policy itself in one
-    process) and the forward passes' precision context (``runtime.autocast``)."""
+    seed, the processes, the module whose forward gives the policy's log-probs as trained
+    (``wrapped``: DDP/FSDP's wrapper; None in one process: the policy) and the forward passes'
+    precision context (``runtime.autocast``)."""
 
     models: Models
     tokenizer: object
@@ -92,7 +93,7 @@ class Learner:
     seed: int
     question_sampler: QuestionSampler | None = None
     d: Dist = SINGLE
-    trained: torch.nn.Module | None = None
+    wrapped: torch.nn.Module | None = None
     amp: object = contextlib.nullcontext
 
     @property
@@ -112,16 +113,16 @@ def rl_step(
     whole groups, so advantages need no communication; the loss is normalised by the global batch
     (``BatchSize``) and DDP averages the gradients. Samples are seeded by (step, global row), so N
     processes draw the rollouts one process would."""
-    explored = explore(learner, questions, step)
+    samples = explore(learner, questions, step)
     if record is not None:
-        record += explored.batch.checked()  # what trained (with dynamic sampling: the kept groups, not those dropped)
-    advantages = estimate(learner, explored.batch)
-    updated = update(learner, explored.batch.rollout, advantages, len(questions))
+        record += samples.batch.checked()  # what trained (with dynamic sampling: the kept groups, not those dropped)
+    advantages = estimate(learner, samples.batch)
+    updated = update(learner, samples.batch.rollout, advantages, len(questions))
     alg = ALGORITHMS[learner.cfg.algorithm]
     after = (
         value_updates(
             learner.models,
-            dataclasses.replace(explored.batch.rollout, completion_mask=advantages.mask),
+            dataclasses.replace(samples.batch.rollout, completion_mask=advantages.mask),
             advantages.mask,
             advantages.value_targets,
             learner.cfg,
@@ -130,21 +131,32 @@ def rl_step(
         if "value" in alg.trains
         else {}
     )
-    return step_metrics(learner, explored, advantages, updated) | after
+    return step_metrics(learner, samples, advantages, updated) | after
 
 
 # ---------------------------------------------------------------------------------------- 1. explore
 
 
-class Explored(NamedTuple):
-    """A step's exploration: ``first``, the step's questions as drawn; ``batch``, what trains (the
-    same, or with dynamic sampling each slot's first group with spread); ``drawn``, dynamic
-    sampling's counts (None without it): ``draws`` [n] groups sampled per slot, ``first_spread`` and
-    ``spread`` [n] bool, ``tokens`` (every draw's), ``seconds`` (the redraws' sampling and scoring)."""
+class Redraws(NamedTuple):
+    """Dynamic sampling's counts for this process's n slots: groups sampled per slot [n], whether
+    the first group and the kept one had spread [n] bool, the tokens every draw sampled, and the
+    seconds the redraws took (sampling and scoring)."""
 
-    first: Exploration
-    batch: Exploration
-    drawn: dict[str, torch.Tensor] | None = None
+    groups_per_slot: torch.Tensor
+    first_spread: torch.Tensor
+    spread: torch.Tensor
+    tokens: torch.Tensor
+    seconds: float
+
+
+class StepSamples(NamedTuple):
+    """What a step sampled: ``first``, the groups of its questions as drawn; ``batch``, what trains
+    (the same, or with dynamic sampling each slot's first group with spread); ``redraws``, dynamic
+    sampling's counts (None without it)."""
+
+    first: ScoredGroups
+    batch: ScoredGroups
+    redraws: Redraws | None = None
 
 
 def row_temperatures(cfg: GRPOConfig, n_questions: int) -> list[float]:
@@ -153,7 +165,7 @@ def row_temperatures(cfg: GRPOConfig, n_questions: int) -> list[float]:
     return [temps[i % len(temps)] for _ in range(n_questions) for i in range(cfg.group_size)]
 
 
-def sample_groups(learner: Learner, questions: list[Example], slots: list[int], seed: int) -> Exploration:
+def sample_groups(learner: Learner, questions: list[Example], slots: list[int], seed: int) -> ScoredGroups:
     """G completions of each of ``questions`` from the learner's sampling model, scored. ``slots``: each
     question's row of the step's global batch; sample j of slot i is seeded by (``seed``, i * G + j),
     whichever process draws it."""
@@ -171,19 +183,17 @@ def sample_groups(learner: Learner, questions: list[Example], slots: list[int], 
         )
     sampled = time.perf_counter()
     scored = learner.scorer(rollout, [q.gold for q in questions for _ in range(g)])
-    return Exploration(questions, rollout, scored, sampled - started, time.perf_counter() - sampled)
+    return ScoredGroups(questions, rollout, scored, sampled - started, time.perf_counter() - sampled)
 
 
-def explore(learner: Learner, questions: list[Example], step: int) -> Explored:
+def explore(learner: Learner, questions: list[Example], step: int) -> StepSamples:
     """Sample and score this process's share of the step's ``questions`` (whole groups:
-    ``Dist.shard``); with ``grpo.redraws``, dynamic sampling (why: ``questions.py``): each slot whose
-    group has no reward spread draws ``QuestionSampler.redraw(step, slot, k)`` and its group for
-    k = 1..redraws until one has spread; a slot still without keeps its last group, so the batch
-    keeps its shape. Raises ``RewardError`` when no completion of the step got a finite reward."""
+    ``Dist.shard``), then, with ``grpo.redraws``, redraw the groups without reward spread
+    (``redraw``). Raises ``RewardError`` when no completion of the step got a finite reward."""
     cfg, d, seed = learner.cfg, learner.d, step_seed(learner.seed, step)
     mine = d.shard(len(questions), "grpo.questions_per_step")  # whole groups: advantages need no communication
     slots = list(range(mine.start, mine.stop))
-    with d.gathered(learner.trained):  # FSDP: each process samples its share on the whole policy
+    with d.gathered(learner.wrapped):  # FSDP: each process samples its share on the whole policy
         first = sample_groups(learner, questions[mine], slots, seed)
         if float(d.sum(torch.isfinite(first.rewards).sum())) == 0:  # before any update: nothing to learn from
             errors = float(d.sum((first.scored.stats or {}).get("reward/rule_errors", 0.0)))
@@ -192,54 +202,59 @@ def explore(learner: Learner, questions: list[Example], step: int) -> Explored:
                 f"(rule checker errors: {errors:.0f}; the others had NaN or inf scores): the reward is broken"
             )
         if not cfg.redraws:
-            return Explored(first, first)
-        if learner.question_sampler is None:
-            raise ValueError("grpo.redraws > 0 needs the questions to redraw from (Learner.question_sampler)")
-        taken = frozenset(q.question for q in questions)
-        kept = [(first, i) for i in range(len(slots))]  # each slot's group: (its exploration, its index there)
-        first_spread = has_spread(first, cfg)
-        has, draws, tokens = (
-            first_spread.clone(),
-            torch.ones(len(slots), dtype=torch.long),
-            first.rollout.completion_mask.sum(),
-        )
-        started = time.perf_counter()
-        for k in range(1, cfg.redraws + 1):
-            empty = [i for i in range(len(slots)) if not has[i]]
-            if not empty:
-                break
-            ex = sample_groups(
-                learner,
-                [learner.question_sampler.redraw(step, slots[i], k, taken) for i in empty],
-                [slots[i] for i in empty],
-                draw_seed(seed, k),
-            )
-            ok, tokens = has_spread(ex, cfg), tokens + ex.rollout.completion_mask.sum()
-            for j, i in enumerate(empty):
-                kept[i], has[i], draws[i] = (ex, j), ok[j], draws[i] + 1
-        drawn = {
-            "draws": draws,
-            "first_spread": first_spread,
-            "spread": has,
-            "tokens": tokens,
-            "seconds": time.perf_counter() - started,
-        }
-    if all(ex is first for ex, _ in kept):
-        return Explored(first, first, drawn)
-    batch = Exploration.cat([ex.groups([j], cfg.group_size) for ex, j in kept], learner.tokenizer.pad_token_id)
+            return StepSamples(first, first)
+        kept, redraws = redraw(learner, first, frozenset(q.question for q in questions), slots, step)
+    if all(groups is first for groups, _ in kept):
+        return StepSamples(first, first, redraws)
+    batch = ScoredGroups.cat([groups.groups([j], cfg.group_size) for groups, j in kept], learner.tokenizer.pad_token_id)
     batch.scored.stats = first.scored.stats  # reward statistics: of the step's questions as first drawn
-    return Explored(first, batch, drawn)
+    return StepSamples(first, batch, redraws)
+
+
+def redraw(
+    learner: Learner, first: ScoredGroups, taken: frozenset[str], slots: list[int], step: int
+) -> tuple[list[tuple[ScoredGroups, int]], Redraws]:
+    """Dynamic sampling (why: ``questions.py``): each slot whose group in ``first`` has no reward
+    spread draws ``QuestionSampler.redraw(step, slot, k)`` (never one of the step's questions,
+    ``taken``) and its group for k = 1..redraws until one has spread; a slot still without keeps its
+    last group, so the batch keeps its shape. Returns each slot's group (the groups it is in, its
+    index there) and the counts."""
+    cfg, seed = learner.cfg, step_seed(learner.seed, step)
+    if learner.question_sampler is None:
+        raise ValueError("grpo.redraws > 0 needs the questions to redraw from (Learner.question_sampler)")
+    kept = [(first, i) for i in range(len(slots))]
+    first_spread = has_spread(first, cfg)
+    has, per_slot, tokens = (
+        first_spread.clone(),
+        torch.ones(len(slots), dtype=torch.long),
+        first.rollout.completion_mask.sum(),
+    )
+    started = time.perf_counter()
+    for k in range(1, cfg.redraws + 1):
+        empty = [i for i in range(len(slots)) if not has[i]]
+        if not empty:
+            break
+        groups = sample_groups(
+            learner,
+            [learner.question_sampler.redraw(step, slots[i], k, taken) for i in empty],
+            [slots[i] for i in empty],
+            draw_seed(seed, k),
+        )
+        ok, tokens = has_spread(groups, cfg), tokens + groups.rollout.completion_mask.sum()
+        for j, i in enumerate(empty):
+            kept[i], has[i], per_slot[i] = (groups, j), ok[j], per_slot[i] + 1
+    return kept, Redraws(per_slot, first_spread, has, tokens, time.perf_counter() - started)
 
 
 # --------------------------------------------------------------------------------------- 2. estimate
 
 
-# Every advantage estimator, by ``algorithms.Estimator`` name: (a step's ``Exploration``, its
+# Every advantage estimator, by ``algorithms.Estimator`` name: (a step's ``ScoredGroups``, its
 # ``Models``, ``GRPOConfig``, the forward passes' precision context) -> ``rl.Advantages``.
 ESTIMATORS = {Estimator.GROUP: group_advantages, Estimator.CORRECT: correct_advantages, Estimator.GAE: gae_advantages}
 
 
-def estimate(learner: Learner, batch: Exploration) -> Advantages:
+def estimate(learner: Learner, batch: ScoredGroups) -> Advantages:
     """The algorithm's advantage estimator (``ESTIMATORS``) on what trains, timed."""
     started = time.perf_counter()
     adv = ESTIMATORS[ALGORITHMS[learner.cfg.algorithm].advantage](batch, learner.models, learner.cfg, learner.amp)
@@ -264,97 +279,137 @@ def update(learner: Learner, rollout: Rollout, advantages: Advantages, n_global:
     ``grpo.minibatch_size`` rows of the global batch (``n_global`` questions) of the clipped-ratio
     loss, with the k3 KL to the reference weighted by ``kl.loss`` (GRPO's beta; 0 where the
     algorithm puts the KL in the reward, PPO, or has none, RFT)."""
-    cfg, d, policy, ref = learner.cfg, learner.d, learner.models.policy, learner.models.ref
-    trained = learner.trained or policy
-    rollout = dataclasses.replace(rollout, completion_mask=advantages.mask)  # the tokens that learn
-    beta = cfg.kl.loss
-    if beta > 0 and ref is None:
+    cfg, policy = learner.cfg, learner.models.policy
+    wrapped = learner.wrapped or policy
+    if cfg.kl.loss > 0 and learner.models.ref is None:
         raise ValueError(
-            f"grpo.beta = {beta} weighs a KL to the reference in the loss, but no reference model was given"
+            f"grpo.beta = {cfg.kl.loss} weighs a KL to the reference in the loss, but no reference model was given"
         )
     started = time.perf_counter()
-    batch = rollout.completion_mask.shape[0]
-    # A minibatch is minibatch_size rows of the global batch: each process's share of it.
-    if cfg.minibatch_size and cfg.minibatch_size % d.world:
-        raise ValueError(f"grpo.minibatch_size = {cfg.minibatch_size} does not split evenly over {d.world} processes")
-    mb = (cfg.minibatch_size or n_global * cfg.group_size) // d.world
-    starts = range(0, batch, mb)
+    rollout = dataclasses.replace(rollout, completion_mask=advantages.mask)  # the tokens that learn
+    rows = minibatch_rows(learner, n_global)
+    parts, sizes = minibatches(learner, rollout, advantages, rows)
     # With a single update on the whole batch pi_old is the current policy: its log-probs are the
     # update's own (detached), which saves a forward pass. Otherwise they are fixed up front.
-    single_update = cfg.inner_updates == 1 and mb == batch
-    # A minibatch's repeated rows (a group's solutions sampled alike, with equal advantages) are
-    # passed once, weighted by their count: every pass below costs its distinct rows only, and the
-    # loss and its gradient are those of all the rows.
-    parts = []
-    for s in starts:
-        part, adv = rollout.rows(s, s + mb), advantages.values[s : s + mb]
-        rows = part.distinct(adv, part.completion_mask)
-        parts.append((part.select(rows.index), adv[rows.index], rows.counts))
-    # The global minibatches' sizes (the loss's normalisers): the widest completion and every
-    # minibatch's token count over the processes, in two reductions.
-    width = d.max(rollout.completion_mask.shape[1])
-    tokens = d.sum(torch.stack([rollout.completion_mask[s : s + mb].sum() for s in starts])).tolist()
-    sizes = [BatchSize(mb * d.world, n, width) for n in tokens]
-    with (
-        d.gathered(trained),
-        torch.no_grad(),
-        learner.amp(),
-    ):  # FSDP: on the whole policy, as many passes as a process has
-        old_logp = None if single_update else [token_logprobs(policy, part) for part, *_ in parts]
-        with adapters.off(ref):  # a LoRA policy is its own reference, its adapter off
-            ref_logp = [token_logprobs(ref, part) for part, *_ in parts] if beta > 0 else None
+    single_update = cfg.inner_updates == 1 and rows == rollout.completion_mask.shape[0]
+    old_logp, ref_logp = fixed_logprobs(learner, wrapped, parts, single_update)
     logprobs_done = time.perf_counter()
     sums: dict[str, float] = {}
     n_updates = 0
     for _ in range(cfg.inner_updates):
-        for i, ((part, adv, counts), global_mb) in enumerate(zip(parts, sizes)):
-            with learner.amp():
-                logp, entropy = token_logprobs(trained, part, with_entropy=True)
-            old = logp.detach() if old_logp is None else old_logp[i]
-            loss, m = grpo_loss(
-                logp,
-                old,
-                None if ref_logp is None else ref_logp[i],
-                adv,
-                part.completion_mask,
-                clip_eps=cfg.clip_eps,
-                clip_eps_high=cfg.clip_eps_high,
-                beta=beta,
-                agg=cfg.loss_agg,
-                batch=global_mb,
-                weights=counts,
-            )
-            # This process's share of the global loss, times the world size: DDP averages.
-            grad_norm = optimizer_step(policy, learner.opt, loss, d.world, cfg.max_grad_norm)
-            mask = part.completion_mask * counts[:, None]  # each distinct row's tokens, once per row it stands for
-            m.update(entropy=float((entropy * mask).sum() / mask.sum().clamp(min=1)))
-            # Token means (kl, clip_ratio, ratio_mean, entropy) weighted by this process's share of
-            # the minibatch's tokens: summed over the processes they are the global token means,
-            # as the loss terms (already shares) sum to the global loss.
-            share = float(mask.sum()) / max(global_mb.tokens, 1.0)
-            m = {k: v if k == "pg_loss" else v * share for k, v in m.items()} | {"loss": loss.item()}
+        for i, (part, size) in enumerate(zip(parts, sizes)):
+            old = None if old_logp is None else old_logp[i]
+            m = minibatch_update(learner, wrapped, part, size, old, None if ref_logp is None else ref_logp[i])
             for k, v in m.items():
                 sums[k] = sums.get(k, 0.0) + v
-            sums["grad_norm"] = sums.get("grad_norm", 0.0) + grad_norm  # the same on every process
             n_updates += 1
     return Updated(sums, n_updates, logprobs_done - started, time.perf_counter() - logprobs_done)
+
+
+class Minibatch(NamedTuple):
+    """A minibatch's distinct rows: a group's solutions sampled alike (with equal advantages) are
+    one row, weighted by ``counts``, so every pass costs the distinct rows only while the loss and
+    its gradient are those of all the rows."""
+
+    rollout: Rollout
+    advantages: torch.Tensor
+    counts: torch.Tensor
+
+
+def minibatch_rows(learner: Learner, n_global: int) -> int:
+    """This process's rows in a minibatch: its share of ``grpo.minibatch_size`` rows of the global
+    batch (default: the whole batch, ``n_global`` questions x G)."""
+    cfg, d = learner.cfg, learner.d
+    if cfg.minibatch_size and cfg.minibatch_size % d.world:
+        raise ValueError(f"grpo.minibatch_size = {cfg.minibatch_size} does not split evenly over {d.world} processes")
+    return (cfg.minibatch_size or n_global * cfg.group_size) // d.world
+
+
+def minibatches(
+    learner: Learner, rollout: Rollout, advantages: Advantages, rows: int
+) -> tuple[list[Minibatch], list[BatchSize]]:
+    """This process's minibatches of ``rows`` rows, and the global minibatches' sizes (the loss's
+    normalisers: the widest completion and every minibatch's token count over the processes, in
+    two reductions)."""
+    d, mask = learner.d, rollout.completion_mask
+    starts = range(0, mask.shape[0], rows)
+    parts = []
+    for s in starts:
+        part, adv = rollout.rows(s, s + rows), advantages.values[s : s + rows]
+        distinct = part.distinct(adv, part.completion_mask)
+        parts.append(Minibatch(part.select(distinct.index), adv[distinct.index], distinct.counts))
+    width = d.max(mask.shape[1])
+    tokens = d.sum(torch.stack([mask[s : s + rows].sum() for s in starts])).tolist()
+    return parts, [BatchSize(rows * d.world, n, width) for n in tokens]
+
+
+def fixed_logprobs(
+    learner: Learner, wrapped: torch.nn.Module, parts: list[Minibatch], single_update: bool
+) -> tuple[list[torch.Tensor] | None, list[torch.Tensor] | None]:
+    """The log-probs that stay fixed during the updates, per minibatch: pi_old's (None with a single
+    update: the update's own, detached) and the reference's (None without a KL in the loss)."""
+    d, policy, ref = learner.d, learner.models.policy, learner.models.ref
+    with (
+        d.gathered(wrapped),
+        torch.no_grad(),
+        learner.amp(),
+    ):  # FSDP: on the whole policy, as many passes as a process has
+        old_logp = None if single_update else [token_logprobs(policy, part.rollout) for part in parts]
+        with adapters.off(ref):  # a LoRA policy is its own reference, its adapter off
+            ref_logp = [token_logprobs(ref, part.rollout) for part in parts] if learner.cfg.kl.loss > 0 else None
+    return old_logp, ref_logp
+
+
+def minibatch_update(
+    learner: Learner,
+    wrapped: torch.nn.Module,
+    part: Minibatch,
+    size: BatchSize,
+    old_logp: torch.Tensor | None,
+    ref_logp: torch.Tensor | None,
+) -> dict[str, float]:
+    """One optimizer update on ``part`` (``size``: its global minibatch's): this process's share of
+    its loss terms, and the gradient norm (the same on every process)."""
+    cfg = learner.cfg
+    with learner.amp():
+        logp, entropy = token_logprobs(wrapped, part.rollout, with_entropy=True)
+    loss, m = grpo_loss(
+        logp,
+        logp.detach() if old_logp is None else old_logp,
+        ref_logp,
+        part.advantages,
+        part.rollout.completion_mask,
+        clip_eps=cfg.clip_eps,
+        clip_eps_high=cfg.clip_eps_high,
+        beta=cfg.kl.loss,
+        agg=cfg.loss_agg,
+        batch=size,
+        weights=part.counts,
+    )
+    # This process's share of the global loss, times the world size: DDP averages.
+    grad_norm = optimizer_step(learner.models.policy, learner.opt, loss, learner.d.world, cfg.max_grad_norm)
+    mask = part.rollout.completion_mask * part.counts[:, None]  # each distinct row's tokens, once per row it stands for
+    m.update(entropy=float((entropy * mask).sum() / mask.sum().clamp(min=1)))
+    # Token means (kl, clip_ratio, ratio_mean, entropy) weighted by this process's share of the
+    # minibatch's tokens: summed over the processes they are the global token means, as the loss
+    # terms (already shares) sum to the global loss.
+    share = float(mask.sum()) / max(size.tokens, 1.0)
+    return {k: v if k == "pg_loss" else v * share for k, v in m.items()} | {"loss": loss.item(), "grad_norm": grad_norm}
 
 
 # ---------------------------------------------------------------------------------------- 4. metrics
 
 
-def step_metrics(learner: Learner, explored: Explored, advantages: Advantages, updated: Updated) -> dict[str, float]:
+def step_metrics(learner: Learner, samples: StepSamples, advantages: Advantages, updated: Updated) -> dict[str, float]:
     """The step's metrics over the global batch: loss terms summed over processes, timings and
     rates averaged, counts summed, per-completion statistics gathered. The rewards are those of
-    ``explored.first``, the step's questions as drawn (before dynamic sampling's filter: comparable
-    with and without it); lengths and groups without spread those of ``explored.batch``, what trained."""
-    d, g, (first, batch, drawn) = learner.d, learner.cfg.group_size, explored
-    no_spread = ~spread(advantages.values, g)  # [n] this process's groups without a gradient
+    ``samples.first``, the step's questions as drawn (before dynamic sampling's filter: comparable
+    with and without it); lengths and groups without spread those of ``samples.batch``, what trained."""
+    d, first, redraws = learner.d, samples.first, samples.redraws
     metrics = {
         f"train/{k}": (v if k == "grad_norm" else float(d.sum(v))) / updated.n_updates for k, v in updated.sums.items()
     }
     stats = first.scored.stats or {}
-    redraw_s = 0.0 if drawn is None else drawn["seconds"]
     metrics |= d.mean(
         {k: v for k, v in stats.items() if k not in COUNT_STATS}
         | {
@@ -364,11 +419,23 @@ def step_metrics(learner: Learner, explored: Explored, advantages: Advantages, u
             "time/logprob_s": updated.logprob_s,
             "time/update_s": updated.update_s,
         }
-        | ({} if drawn is None else {"time/redraw_s": redraw_s})
+        | ({} if redraws is None else {"time/redraw_s": redraws.seconds})
     )
     metrics |= {k: float(d.sum(v)) for k, v in stats.items() if k in COUNT_STATS}
-    # Per-completion statistics over the global batch.
-    rewards, correct = d.gather(first.rewards.double()), d.gather(first.scored.correct.double())
+    correct = d.gather(first.scored.correct.double())
+    metrics |= completion_metrics(learner, samples, advantages, correct)
+    metrics |= staleness_metrics(learner, first, correct)
+    return metrics | ({} if redraws is None else redraw_metrics(d, redraws))
+
+
+def completion_metrics(
+    learner: Learner, samples: StepSamples, advantages: Advantages, correct: torch.Tensor
+) -> dict[str, float]:
+    """Per-completion statistics over the global batch (``correct``: the first draw's, gathered):
+    accuracy, rewards and their spread, lengths, the sampling rate."""
+    d, g, (first, batch, redraws) = learner.d, learner.cfg.group_size, samples
+    no_spread = ~spread(advantages.values, g)  # [n] this process's groups without a gradient
+    rewards = d.gather(first.rewards.double())
     lengths, truncated = (
         d.gather(batch.rollout.completion_mask.sum(1).double()),
         d.gather(batch.rollout.truncated.double()),
@@ -376,39 +443,43 @@ def step_metrics(learner: Learner, explored: Explored, advantages: Advantages, u
     batch_no_spread = d.gather(no_spread.double())
     # The first draw's groups without spread by dynamic sampling's test (the checker's verdicts where it
     # is weighted), with or without the redraws: one meaning across arms.
-    first_spread = has_spread(first, learner.cfg) if drawn is None else drawn["first_spread"]
+    first_spread = has_spread(first, learner.cfg) if redraws is None else redraws.first_spread
     first_no_spread = d.gather((~first_spread).double())
-    tokens = float(lengths.sum()) if drawn is None else float(d.sum(drawn["tokens"]))  # every draw's
+    tokens = float(lengths.sum()) if redraws is None else float(d.sum(redraws.tokens))  # every draw's
     finite = torch.isfinite(rewards)
-    metrics.update({k: float(d.sum(v)) for k, v in advantages.stats.items()})
-    metrics.update(
-        {
-            "train/accuracy": float(correct.mean()),
-            "train/reward_mean": float(rewards.nanmean()),
-            "train/reward_std": float(rewards[finite].std(unbiased=False)) if finite.sum() > 1 else 0.0,
-            "train/frac_reward_zero_std": float(first_no_spread.mean()),  # before any filter
-            "train/frac_batch_zero_std": float(batch_no_spread.mean()),  # what trained: groups without a gradient
-            "train/completion_len": float(lengths.mean()),
-            "train/frac_truncated": float(truncated.mean()),
-            "train/lr": learner.opt.param_groups[0]["lr"],
-            "perf/tokens_per_s": tokens / (first.sample_s + redraw_s),
-        }
-    )
-    # Staleness: each learned reward model's ranking of a group's solutions against the checker, on
-    # the samples the policy draws now (what GRPO's group z-score sees; a frozen one goes stale as
-    # the policy moves away from the samples it was trained on). Logged whatever its weight.
+    redraw_s = 0.0 if redraws is None else redraws.seconds
+    return {k: float(d.sum(v)) for k, v in advantages.stats.items()} | {
+        "train/accuracy": float(correct.mean()),
+        "train/reward_mean": float(rewards.nanmean()),
+        "train/reward_std": float(rewards[finite].std(unbiased=False)) if finite.sum() > 1 else 0.0,
+        "train/frac_reward_zero_std": float(first_no_spread.mean()),  # before any filter
+        "train/frac_batch_zero_std": float(batch_no_spread.mean()),  # what trained: groups without a gradient
+        "train/completion_len": float(lengths.mean()),
+        "train/frac_truncated": float(truncated.mean()),
+        "train/lr": learner.opt.param_groups[0]["lr"],
+        "perf/tokens_per_s": tokens / (first.sample_s + redraw_s),
+    }
+
+
+def staleness_metrics(learner: Learner, first: ScoredGroups, correct: torch.Tensor) -> dict[str, float]:
+    """Each learned reward model's ranking of a group's solutions against the checker, on the
+    samples the policy draws now (what GRPO's group z-score sees; a frozen one goes stale as the
+    policy moves away from the samples it was trained on). Logged whatever its weight."""
+    out = {}
     for name, scores in first.scored.learned.items():
-        auc, mixed = group_auc(d.gather(scores.double()), correct, g)
-        metrics |= {f"reward/{name}_within_auc": auc, f"reward/{name}_mixed_groups": float(mixed)}
-    if drawn is not None:
-        draws = d.gather(drawn["draws"].double())
-        # Groups sampled in all; in the batch with spread; sampled and left out (the bound: redraws x batch).
-        metrics |= {
-            "sampling/groups_drawn": float(draws.sum()),
-            "sampling/groups_kept": float(d.gather(drawn["spread"].double()).sum()),
-            "sampling/groups_dropped": float(draws.sum()) - len(draws),
-        }
-    return metrics
+        auc, mixed = group_auc(learner.d.gather(scores.double()), correct, learner.cfg.group_size)
+        out |= {f"reward/{name}_within_auc": auc, f"reward/{name}_mixed_groups": float(mixed)}
+    return out
+
+
+def redraw_metrics(d: Dist, redraws: Redraws) -> dict[str, float]:
+    """Groups sampled in all; in the batch with spread; sampled and left out (the bound: redraws x batch)."""
+    per_slot = d.gather(redraws.groups_per_slot.double())
+    return {
+        "sampling/groups_drawn": float(per_slot.sum()),
+        "sampling/groups_kept": float(d.gather(redraws.spread.double()).sum()),
+        "sampling/groups_dropped": float(per_slot.sum()) - len(per_slot),
+    }
 
 
 # -------------------------------------------------------------------------------------- the stage
@@ -450,60 +521,33 @@ def run_grpo(
     scorer = RewardScorer.for_recipe(
         grpo, load_tokenizer(init_dir), cfg.reward_data.step_separator, reward_models, device=device
     )
-    used = {k: reward_models[k] for k in grpo.reward_models_used}
-    seed = round_seed(cfg.seed, round_)
-    identity = run_identity(
-        cfg,
-        "grpo",
-        init=digest_dir(Path(init_dir)),
-        round=round_,
-        reward_models={k: digest_dir(Path(p)) for k, p in used.items()},
-        separator=cfg.reward_data.step_separator if "prm" in used else None,
-        **({"pass_rates": digest_dir(Path(pass_rates))} if grpo.curriculum else {}),
-        **({"adapter": digest_dir(Path(adapter))} if adapter else {}),
-    )
     if adapter is not None and grpo.lora is None:
         raise ValueError(f"an adapter to continue ({adapter}) needs grpo.lora: the adapter's rank and layers")
-    trainer = Trainer(cfg, "grpo", out_dir, identity, d, logger)
+    seed = round_seed(cfg.seed, round_)
+    trainer = Trainer(
+        cfg, "grpo", out_dir, identity(cfg, init_dir, round_, reward_models, pass_rates, adapter), d, logger
+    )
     policy, tokenizer = load_trainable(init_dir, grpo.lora, trainer.resume or adapter, seed)
     place(policy, cfg.launch, train=True)
     amp = functools.partial(autocast, cfg.launch, device)
-    # The models the algorithm uses: the frozen reference where it samples it or weighs a KL to it;
-    # PPO's value model from the policy (on resume its weights come from the checkpoint).
-    alg = ALGORITHMS[grpo.algorithm]
-    ref = None
-    if grpo.loads_reference and grpo.lora is not None:
-        ref = policy  # with its adapter off (adapters.off): the starting model, no second copy
-    elif grpo.loads_reference:
-        ref, _ = load_model(init_dir)
-        place(ref, cfg.launch).eval().requires_grad_(False)
-    companions = {}
-    if "value" in alg.trains:
-        if d.world > 1:
-            raise ValueError(
-                f"grpo.algorithm={grpo.algorithm} runs in one process (its value model has no data-parallel wrapper)"
-            )
-        value = place(value_model_from(policy, seed), cfg.launch, train=True)
-        companions["value"] = (value, (grpo.ppo.value_lr or grpo.lr) / grpo.lr)
+    ref, companions = algorithm_models(cfg, init_dir, policy, seed, d.world)
     pool = read_split(data_dir, "rl")
     rates = read_pass_rates(Path(pass_rates) / "pass_rates.jsonl") if grpo.curriculum else None
-    draws = QuestionSampler(pool, seed, rates, grpo.curriculum)
+    sampler = QuestionSampler(pool, seed, rates, grpo.curriculum)
     val = read_split(data_dir, "val")
     policy.train()
-    trained = trainer.wrap(CompletionLogprobs(policy))
-    st = trainer.start(
-        policy,
-        tokenizer,
-        Plan(
-            max_steps=grpo.max_steps,
-            eval_every=grpo.eval_every,
-            eval_first=True,
-            eval_last=True,
-            keep_best="val/accuracy" if grpo.keep_best else None,
-            record=RECORDED,
-        ),
-        companions,
+    wrapped = trainer.wrap(CompletionLogprobs(policy))
+    # The loop's plan: validate the start (GRPO never publishes a worse model), keep-best by
+    # validation accuracy where on, every step's recorded rewards kept.
+    plan = Plan(
+        max_steps=grpo.max_steps,
+        eval_every=grpo.eval_every,
+        eval_first=True,
+        eval_last=True,
+        keep_best="val/accuracy" if grpo.keep_best else None,
+        record=RECORDED,
     )
+    st = trainer.start(policy, tokenizer, plan, companions)
     rollouts = rollout_log.log_path(out_dir, d.rank)
     if grpo.save_rollouts:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -512,13 +556,13 @@ def run_grpo(
 
     value, value_opt = trainer.companions.get("value", (None, None))
     learner = Learner(
-        Models(policy, ref, value, value_opt), tokenizer, trainer.opt, grpo, scorer, seed, draws, d, trained, amp
+        Models(policy, ref, value, value_opt), tokenizer, trainer.opt, grpo, scorer, seed, sampler, d, wrapped, amp
     )
 
     def step(st: TrainState) -> dict:
         record: list[dict] = []
         try:
-            metrics = rl_step(learner, draws.step(st.step, grpo.questions_per_step), st.step, record)
+            metrics = rl_step(learner, sampler.step(st.step, grpo.questions_per_step), st.step, record)
         except RewardError as e:
             raise RewardError(
                 f"{grpo.algorithm.upper()} step {st.step + 1} of {out_dir}: {e}; the stage stops, and "
@@ -543,37 +587,7 @@ def run_grpo(
     final_dir = trainer.publish(keep_last=True)
     if not d.main:
         return None
-    recent = st.extra.get("recent", [])
-    last = {
-        k.removeprefix("train/"): sum(m[k] for m in recent) / len(recent)
-        for k in SUMMARY_METRICS
-        if recent and all(k in m for m in recent)
-    }
-    published = (st.best_acc, st.best_step) if grpo.keep_best else (st.curve[-1]["val/accuracy"], st.step)  # the last
-    summary = {
-        "best_val_accuracy": published[0],
-        "best_step": published[1],
-        "steps": st.step,
-        "wall_s": round(st.elapsed, 2),
-        "train_s": round(st.train_s, 2),
-        "stopped": trainer.stop_reason(),
-        "resumed_from_step": resumed_from,
-        "round": round_,
-        f"last_{SUMMARY_WINDOW}_steps": last,
-        "curve": st.curve,
-        "rewards": [recorded(h) for h in st.history],
-    }
-    logger.log_metrics({"val/best_accuracy": published[0], "time/wall_s": st.elapsed}, step=st.step)
-    # The staleness curve at its start, middle and end (the evaluations that measured it).
-    measured = [p for p in st.curve if any(k.startswith("staleness/") for k in p)]
-    summary["staleness"] = {
-        k.removeprefix("staleness/"): [
-            p.get(k, float("nan")) for p in (measured[0], measured[len(measured) // 2], measured[-1])
-        ]
-        for k in (measured[-1] if measured else {})
-        if k.startswith("staleness/")
-    }
-    summary["curriculum_questions"] = len(draws.sometimes) if draws.share else None  # solved sometimes: drawn from
+    logger.log_metrics({"val/best_accuracy": published_accuracy(st, grpo), "time/wall_s": st.elapsed}, step=st.step)
     kept_another = grpo.keep_best and st.best_step != st.step
     return write_manifest(
         out_dir,
@@ -583,7 +597,94 @@ def run_grpo(
             "model": str(final_dir),
             "last_model": str(out_dir / "last") if kept_another else None,
             "init": str(init_dir),
-            **summary,
+            **summary(st, grpo, trainer.stop_reason(), resumed_from, round_),
+            "curriculum_questions": len(sampler.sometimes) if sampler.share else None,  # solved sometimes: drawn from
             "rollouts": str(out_dir) if grpo.save_rollouts else None,
         },
     )
+
+
+def identity(
+    cfg: PipelineConfig,
+    init_dir: str | Path,
+    round_: int,
+    reward_models: dict[str, str],
+    pass_rates: str | Path | None,
+    adapter: str | Path | None,
+) -> dict:
+    """The run's identity (a checkpoint resumes only under the same): the recipe and the digests of
+    every input the step reads."""
+    used = {k: reward_models[k] for k in cfg.grpo.reward_models_used}
+    return run_identity(
+        cfg,
+        "grpo",
+        init=digest_dir(Path(init_dir)),
+        round=round_,
+        reward_models={k: digest_dir(Path(p)) for k, p in used.items()},
+        separator=cfg.reward_data.step_separator if "prm" in used else None,
+        **({"pass_rates": digest_dir(Path(pass_rates))} if cfg.grpo.curriculum else {}),
+        **({"adapter": digest_dir(Path(adapter))} if adapter else {}),
+    )
+
+
+def algorithm_models(
+    cfg: PipelineConfig, init_dir: str | Path, policy: torch.nn.Module, seed: int, world: int
+) -> tuple[torch.nn.Module | None, dict]:
+    """The models the algorithm uses beside the policy: the frozen reference where it samples it or
+    weighs a KL to it (a LoRA policy with its adapter off: no second copy), and the companions the
+    trainer optimises beside it (PPO's value model from the policy, with its lr scale; on resume
+    its weights come from the checkpoint)."""
+    grpo = cfg.grpo
+    ref = None
+    if grpo.loads_reference and grpo.lora is not None:
+        ref = policy  # with its adapter off (adapters.off): the starting model
+    elif grpo.loads_reference:
+        ref, _ = load_model(init_dir)
+        place(ref, cfg.launch).eval().requires_grad_(False)
+    companions = {}
+    if "value" in ALGORITHMS[grpo.algorithm].trains:
+        if world > 1:
+            raise ValueError(
+                f"grpo.algorithm={grpo.algorithm} runs in one process (its value model has no data-parallel wrapper)"
+            )
+        value = place(value_model_from(policy, seed), cfg.launch, train=True)
+        companions["value"] = (value, (grpo.ppo.value_lr or grpo.lr) / grpo.lr)
+    return ref, companions
+
+
+def published_accuracy(st: TrainState, grpo: GRPOConfig) -> float:
+    """The validation accuracy of the published policy: keep-best's, or the last evaluation's."""
+    return st.best_acc if grpo.keep_best else st.curve[-1]["val/accuracy"]
+
+
+def summary(st: TrainState, grpo: GRPOConfig, stopped: str, resumed_from: int, round_: int) -> dict:
+    """What the stage's manifest says of its training: the published step and its accuracy, the
+    budget spent, the curve, every step's recorded rewards, the last steps' means and the reward
+    models' staleness at the first, middle and last evaluation that measured it."""
+    recent = st.extra.get("recent", [])
+    last = {
+        k.removeprefix("train/"): sum(m[k] for m in recent) / len(recent)
+        for k in SUMMARY_METRICS
+        if recent and all(k in m for m in recent)
+    }
+    measured = [p for p in st.curve if any(k.startswith("staleness/") for k in p)]
+    return {
+        "best_val_accuracy": published_accuracy(st, grpo),
+        "best_step": st.best_step if grpo.keep_best else st.step,  # the last
+        "steps": st.step,
+        "wall_s": round(st.elapsed, 2),
+        "train_s": round(st.train_s, 2),
+        "stopped": stopped,
+        "resumed_from_step": resumed_from,
+        "round": round_,
+        f"last_{SUMMARY_WINDOW}_steps": last,
+        "curve": st.curve,
+        "rewards": [recorded(h) for h in st.history],
+        "staleness": {
+            k.removeprefix("staleness/"): [
+                p.get(k, float("nan")) for p in (measured[0], measured[len(measured) // 2], measured[-1])
+            ]
+            for k in (measured[-1] if measured else {})
+            if k.startswith("staleness/")
+        },
+    }

@@ -22,7 +22,7 @@ from grpo_core.config import GRPOConfig
 from grpo_core.lm.policy import Rollout, token_logprobs
 from grpo_core.losses import kl_k3, value_loss
 from grpo_core.rewards.heads import reward_model_from, state_values
-from grpo_core.stages.rl import Advantages, Exploration, Models, ValueTargets
+from grpo_core.stages.rl import Advantages, ScoredGroups, Models, ValueTargets
 from grpo_core.training.trainer import optimizer_step
 
 
@@ -35,7 +35,7 @@ def value_model_from(policy, seed: int):
         return reward_model_from(policy, "prm")
 
 
-def gae_advantages(ex: Exploration, models: Models, cfg: GRPOConfig, amp=contextlib.nullcontext) -> Advantages:
+def gae_advantages(ex: ScoredGroups, models: Models, cfg: GRPOConfig, amp=contextlib.nullcontext) -> Advantages:
     """PPO's estimator (``Estimator.GAE``): per-token KL-penalised rewards, the value model's
     estimates, GAE, whitened; the value model's mu passes of the clipped value loss come after the
     policy's update (``value_updates``, on the returned ``ValueTargets``). A completion without a

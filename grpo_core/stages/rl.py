@@ -1,5 +1,5 @@
 """What every RL algorithm of the GRPO stage shares (``grpo.algorithm``: GRPO, online RFT, RFT, PPO;
-``algorithms.ALGORITHMS``): the models a step uses, a step's scored samples (``Exploration``), what
+``algorithms.ALGORITHMS``): the models a step uses, a step's groups of scored samples (``ScoredGroups``), what
 an advantage estimator returns, GRPO's and RFT's estimators, and which groups have reward spread.
 The step itself is ``grpo.rl_step``, whose ``ESTIMATORS`` table names every estimator; PPO's is in
 ``ppo.py``, built on these, so no algorithm imports another."""
@@ -27,7 +27,7 @@ class Models(NamedTuple):
     value_opt: torch.optim.Optimizer | None = None
 
 
-class Exploration(NamedTuple):
+class ScoredGroups(NamedTuple):
     """Scored samples: N questions, the rollout of their groups (N x G rows, a group's rows
     consecutive), their scores, and the seconds spent sampling and scoring them."""
 
@@ -42,15 +42,15 @@ class Exploration(NamedTuple):
         """[N x G] each solution's weighted reward (NaN where none could be given), either supervision."""
         return self.scored.outcome
 
-    def groups(self, index: list[int], g: int) -> "Exploration":
+    def groups(self, index: list[int], g: int) -> "ScoredGroups":
         """Groups ``index`` (of the N, each G rows), in that order: len(index) x G rows."""
         rows = torch.tensor([i * g + j for i in index for j in range(g)], dtype=torch.long)
-        return Exploration([self.questions[i] for i in index], self.rollout.select(rows), self.scored.select(rows))
+        return ScoredGroups([self.questions[i] for i in index], self.rollout.select(rows), self.scored.select(rows))
 
     @staticmethod
-    def cat(parts: list["Exploration"], pad_id: int) -> "Exploration":
+    def cat(parts: list["ScoredGroups"], pad_id: int) -> "ScoredGroups":
         """The groups of ``parts`` in order, as one batch (reward statistics: the first part's)."""
-        return Exploration(
+        return ScoredGroups(
             [q for p in parts for q in p.questions],
             Rollout.cat([p.rollout for p in parts], pad_id),
             Scored.cat([p.scored for p in parts]),
@@ -89,24 +89,24 @@ class Advantages(NamedTuple):
     seconds: float = 0.0
 
 
-# An advantage estimator (``grpo.ESTIMATORS``): (a step's ``Exploration``, its ``Models``,
+# An advantage estimator (``grpo.ESTIMATORS``): (a step's ``ScoredGroups``, its ``Models``,
 # ``GRPOConfig``, the forward passes' precision context) -> ``Advantages``.
 
 
-def group_advantages(ex: Exploration, models: Models, cfg: GRPOConfig, amp=None) -> Advantages:
+def group_advantages(ex: ScoredGroups, models: Models, cfg: GRPOConfig, amp=None) -> Advantages:
     """GRPO's estimator (§4.1.2-4.1.3): ``advantages.rollout_advantages`` of the groups' scores."""
     mask = ex.rollout.completion_mask
     return Advantages(group_values(ex, cfg), mask, {})
 
 
-def group_values(ex: Exploration, cfg: GRPOConfig) -> torch.Tensor:
+def group_values(ex: ScoredGroups, cfg: GRPOConfig) -> torch.Tensor:
     """[N x G, T] GRPO's advantages of ``ex``'s groups (outcome or process supervision)."""
     return rollout_advantages(
         ex.scored, len(ex.questions), cfg.group_size, ex.rollout.completion_mask.shape[1], cfg.process_credit
     )
 
 
-def correct_advantages(ex: Exploration, models: Models, cfg: GRPOConfig, amp=None) -> Advantages:
+def correct_advantages(ex: ScoredGroups, models: Models, cfg: GRPOConfig, amp=None) -> Advantages:
     """RFT's and online RFT's gradient coefficient (§5.2.1): 1 on a correct solution's tokens, else 0."""
     mask = ex.rollout.completion_mask
     return Advantages(ex.scored.correct.float()[:, None].expand(-1, mask.shape[1]), mask, {})
@@ -118,7 +118,7 @@ def spread(advantages: torch.Tensor, g: int) -> torch.Tensor:
     return advantages.reshape(-1, g * advantages.shape[-1]).ne(0).any(-1)
 
 
-def has_spread(ex: Exploration, cfg: GRPOConfig) -> torch.Tensor:
+def has_spread(ex: ScoredGroups, cfg: GRPOConfig) -> torch.Tensor:
     """[N] bool: dynamic sampling's test. Where the answer checker is weighted, the groups of ``ex``
     whose verdicts differ (DAPO's accuracy filter): a learned reward gives nearly every group spread,
     so adding one to a recipe with dynamic sampling changes the reward, not which questions train.
