@@ -1,7 +1,7 @@
 """The GPU run: SmolLM2-135M on GSM8K, the phases in order of value, each within its own seconds,
 each writing its record into ``--out``/phases.json the moment it ends, so a call cut short still returns
 what finished. ``make gpu-pack`` prints the two device calls that run it (``bench/gpu_call.sh``);
-``--sizes tiny`` runs every phase on the CPU in about a minute (``tests/test_gpu_run.py``); ``--sizes cpu``
+``--sizes tiny`` runs every phase on the CPU in about a minute (``tests/bench/test_gpu_run.py``); ``--sizes cpu``
 is SmolLM2's short run on a CPU (docs/recipes.md).
 
     python3 bench/gpu_run.py --model DIR --out DIR [--sizes gpu|cpu|tiny] [--phases b,c,d,a,e] [--base]

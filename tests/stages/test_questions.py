@@ -30,7 +30,7 @@ from grpo_core.stages.questions import QuestionSampler, read_pass_rates
 from grpo_core.stages.rl import ScoredGroups, Models
 from grpo_core.tracking import NullLogger
 from grpo_core.training.distributed import Dist
-from tests.test_grpo import _resume_check, _train_metrics
+from tests.stages.test_grpo import _resume_check, _train_metrics
 
 
 def gold_parity(completions: list[str], golds: list[str]) -> torch.Tensor:
@@ -283,7 +283,7 @@ def _pass_rates(tmp_path: Path, data_dir: Path) -> Path:
 )
 def test_resume_reproduces_the_same_batches(tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir, sparse, sampling):
     """4 steps straight == 2 steps, then the same folder to 4: the same draws, losses and weights."""
-    from tests.test_grpo import GRPO_RESUME
+    from tests.stages.test_grpo import GRPO_RESUME
 
     rates = _pass_rates(tmp_path, tiny_data_dir) if "grpo__curriculum" in sampling else None
 

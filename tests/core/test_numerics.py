@@ -15,7 +15,7 @@ import pytest
 from grpo_core.env import DEFAULTED, apply_numerics, numerics_settings
 from grpo_core.lm.runtime import alignment_mismatches, mkl_mode
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 needs_mkl = pytest.mark.skipif(mkl_mode() is None, reason="this torch build has no MKL (its mode cannot be read)")
 
 

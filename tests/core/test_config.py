@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from grpo_core.config import PipelineConfig
 from grpo_core.recipe import ConfigError, load_config
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _write(tmp_path: Path, text: str, name: str = "recipe.yaml") -> Path:
@@ -134,7 +134,7 @@ def test_readme_config_table_matches_the_models():
     """The recipe reference in docs/recipes.md is generated (`python -m grpo_core.recipe`); it must not drift."""
     from grpo_core.recipe import config_reference
 
-    reference = (Path(__file__).resolve().parents[1] / "docs" / "recipes.md").read_text()
+    reference = (Path(__file__).resolve().parents[2] / "docs" / "recipes.md").read_text()
     assert config_reference() in reference, (
         "docs/recipes.md's config table is stale: paste `python -m grpo_core.recipe`"
     )

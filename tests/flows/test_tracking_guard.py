@@ -152,7 +152,7 @@ def test_a_shared_server_behind_mlflows_basic_auth(tmp_path, monkeypatch):
     from grpo_core.tracking import MlflowLogger, TrackingError, check_tracking
 
     from grpo_core.mlflow_runs import experiment_id, start_run
-    from tests.test_faults import _free_port, server
+    from tests.faults.test_faults import _free_port, server
 
     password = "s3cret-Adm1n-pw"
     (tmp_path / "auth.ini").write_text(

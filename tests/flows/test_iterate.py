@@ -316,7 +316,7 @@ def test_iterate_flow_on_a_tiny_run(prefect_harness, tmp_path, tiny_cfg, monkeyp
 
     from flows.experiment import experiment
     from flows.pipeline import pipeline
-    from tests.test_rounds import REWARD_MODELS
+    from tests.flows.test_rounds import REWARD_MODELS
 
     parity = lambda text, gold: sum(map(ord, text)) % 2 == 1  # noqa: E731 - mixed groups from an untrained policy
     monkeypatch.setattr(reward_data_mod, "is_correct", parity)

@@ -1,7 +1,7 @@
-"""Tiny SFT onto a disk that fills, for tests/test_faults.py: run inside a mount namespace
+"""Tiny SFT onto a disk that fills, for tests/faults/test_faults.py: run inside a mount namespace
 (``unshare``) where OUT is a small tmpfs.
 
-    python tests/disk_full_worker.py ROOT OUT REPORT.json
+    python tests/faults/disk_full_worker.py ROOT OUT REPORT.json
 
 Trains with a checkpoint every step until the tmpfs is full, records what the failure left, grows the
 tmpfs (``mount -o remount``) and runs the same stage again; writes what it saw to REPORT.json (outside
@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 def main(root: Path, out: Path, report_path: Path) -> None:

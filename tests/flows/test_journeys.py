@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_deployments import ROOT, _blocks, project_copy
+from tests.flows.test_deployments import ROOT, _blocks, project_copy
 
 PAGE = ROOT / "docs" / "mlflow.md"
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.test_rounds import REWARD_MODELS
+from tests.flows.test_rounds import REWARD_MODELS
 
 VARIANTS = ["continued-sft", "ppo", "prm-process", "prm-process-2-rounds"]
 

@@ -14,7 +14,7 @@ import torch
 
 from grpo_core.recipe import load_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MODEL = ROOT / "models" / "smollm2-135m-instruct"
 
 pytestmark = [

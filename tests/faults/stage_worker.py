@@ -1,6 +1,6 @@
-"""A training stage in its own process, for the hard-kill tests (tests/test_kill_resume.py).
+"""A training stage in its own process, for the hard-kill tests (tests/faults/test_kill_resume.py).
 
-    python tests/stage_worker.py SPEC.json
+    python tests/faults/stage_worker.py SPEC.json
 
 SPEC: {"stage": "sft" | "orm" | "prm" | "prm-likelihood" | "grpo", "root": tmp dir for the recipe, "out": stage folder,
 "data_dir", "model_dir", "reward_data" (orm/prm), "overrides": {...}, "kill": null or
@@ -18,7 +18,7 @@ import signal
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 class JsonlLogger:

@@ -123,7 +123,7 @@ def test_check_estimates_the_disk_a_run_needs_and_refuses_too_little(tmp_path, c
     from grpo_core.lm.modeling import init_model, parameter_count
     from grpo_core.recipe import load_config
 
-    minute = Path(__file__).resolve().parents[1] / "configs" / "minute.yaml"
+    minute = Path(__file__).resolve().parents[2] / "configs" / "minute.yaml"
     base = disk_needed(load_config(minute))
     model, _ = init_model(load_config(minute).model, seed=0)
     assert parameter_count(load_config(minute).model) == sum(p.numel() for p in model.parameters())
@@ -360,7 +360,7 @@ def test_a_run_folder_has_one_writer(prefect_harness, tiny_cfg, tmp_path, capsys
         ],
         stdout=subprocess.PIPE,
         text=True,
-        cwd=Path(__file__).resolve().parents[1],
+        cwd=Path(__file__).resolve().parents[2],
     )
     try:
         assert holder.stdout.readline().strip() == "held"
@@ -467,7 +467,7 @@ def test_a_stopped_run_leaves_no_process_says_where_it_stopped_and_the_same_comm
 
     import psutil
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_API", "MLFLOW_"))}
     env |= {"PREFECT_HOME": str(tmp_path / "prefect"), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db"}
     run_dir = tmp_path / "runs" / "minute"
@@ -565,7 +565,7 @@ def test_a_loss_that_turns_nan_stops_the_run_and_the_same_command_resumes_to_the
     import grpo_core.stages.lm_step as lm_step
 
     db = f"sqlite:///{tmp_path}/mlflow.db"
-    minute = Path(__file__).resolve().parents[1] / "configs" / "minute.yaml"
+    minute = Path(__file__).resolve().parents[2] / "configs" / "minute.yaml"
 
     def argv(out: str) -> list[str]:
         return [

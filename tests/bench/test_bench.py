@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "grpo_step.py"
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "grpo_step.py"
 
 
 def _bench(*args: str) -> dict:

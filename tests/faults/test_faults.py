@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _free_port() -> int:
@@ -259,7 +259,7 @@ def test_a_full_disk_during_a_checkpoint_keeps_the_last_one(tmp_path):
         pytest.skip(why)
     out, report = tmp_path / "disk", tmp_path / "report.json"
     out.mkdir()
-    worker = f"{sys.executable} {ROOT / 'tests' / 'disk_full_worker.py'} {tmp_path / 'root'} {out} {report}"
+    worker = f"{sys.executable} {ROOT / 'tests' / 'faults' / 'disk_full_worker.py'} {tmp_path / 'root'} {out} {report}"
     done = subprocess.run(
         ["unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o size=700k tmpfs {out} && exec {worker}"],
         capture_output=True,

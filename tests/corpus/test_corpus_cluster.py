@@ -17,7 +17,7 @@ import pytest
 from grpo_core.corpus import score
 from grpo_core.corpus.docs import CorpusError
 
-from tests.test_corpus_score import MATH, OTHER, _classifier
+from tests.corpus.test_corpus_score import MATH, OTHER, _classifier
 
 needs_dask = pytest.mark.skipif(
     importlib.util.find_spec("prefect_dask") is None,

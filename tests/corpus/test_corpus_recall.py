@@ -70,7 +70,7 @@ def test_recalled_again_is_the_stopping_statistic():
     assert recalled_again(set(), set()) == 1.0
 
 
-CORPUS = Path(__file__).resolve().parents[2] / "shared" / "data" / "corpus" / "docs.jsonl.gz"
+CORPUS = Path(__file__).resolve().parents[3] / "shared" / "data" / "corpus" / "docs.jsonl.gz"
 
 
 @pytest.mark.skipif(not CORPUS.exists(), reason="../shared/data/corpus/docs.jsonl.gz is absent (development data)")

@@ -54,7 +54,7 @@ def test_pipeline_end_to_end_and_cached_rerun(prefect_harness, tmp_path, tiny_cf
         assert result["n"] == 10 and 0.0 <= result["accuracy"] <= 1.0, name
     assert manifest["cached_stages"] == []
     assert (run_dir / "config.yaml").exists()
-    # The numerics the run computed with (tests/test_numerics.py: who set them, in stage processes too).
+    # The numerics the run computed with (tests/core/test_numerics.py: who set them, in stage processes too).
     assert manifest["numerics"]["settings"]["MKL_CBWR"]["value"] == os.environ["MKL_CBWR"]
 
     [round1] = manifest["rounds"]

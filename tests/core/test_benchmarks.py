@@ -169,7 +169,7 @@ PRESET_BUDGETS = [
 
 def test_the_real_model_preset_runs_its_stages_on_a_few_questions(tmp_path):
     """configs/smollm2-cpu.yaml's stages with tiny budgets, on a tiny model in SmolLM2's place (the
-    real model's run is tests/test_smollm2.py's, marked slow): the split written into the run, and
+    real model's run is tests/lm/test_smollm2.py's, marked slow): the split written into the run, and
     every evaluated model's completions on MAWPS and SVAMP, each row with its benchmark's idx."""
     from grpo_core.evaluation import run_eval
     from grpo_core.recipe import load_config
@@ -283,7 +283,7 @@ def test_two_committed_policies_are_paired_question_by_question(tmp_path):
 def test_a_seed_of_an_experiment_is_recorded_with_its_own_reward_models(tmp_path):
     """cpu_run --experiment: the variant's seed against the run's SFT model, its GRPO's spread, and
     the held-out quality of that seed's own PRM beside the SFT model's likelihood."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
     from cpu_run import record
 
     def completions(name: str, correct: list[bool]) -> str:
