@@ -33,18 +33,19 @@ def machine_problems(cfg: PipelineConfig) -> list[str]:
     import importlib.util
     import socket
 
-    import torch
-
     lc, out = cfg.launch, []
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if lc.device == "cuda" and not gpus:
-        build = f"built for CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
-        out.append(
-            f"launch.device: cuda, but torch {torch.__version__} ({build}) sees no CUDA device on this "
-            f"machine; set launch.device=cpu (or auto), or run it where a GPU is"
-        )
-    elif lc.device == "cuda" and lc.nproc > gpus:
-        out.append(f"launch.nproc: {lc.nproc} processes on cuda, one per GPU, but this machine has {gpus} GPU(s)")
+    if lc.device == "cuda":  # (torch is imported only to answer this)
+        import torch
+
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if not gpus:
+            build = f"built for CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+            out.append(
+                f"launch.device: cuda, but torch {torch.__version__} ({build}) sees no CUDA device on this "
+                f"machine; set launch.device=cpu (or auto), or run it where a GPU is"
+            )
+        elif lc.nproc > gpus:
+            out.append(f"launch.nproc: {lc.nproc} processes on cuda, one per GPU, but this machine has {gpus} GPU(s)")
     if lc.distributed and lc.launcher == "accelerate" and importlib.util.find_spec("accelerate") is None:
         out.append("launch.launcher: accelerate is not installed in this environment; install it or use torchrun")
     if lc.nnodes > 1:
@@ -73,7 +74,7 @@ def disk_needed(cfg: PipelineConfig) -> int:
     its value model's checkpoints too), the ORM and the PRM; and one checkpoint more at the peak (a new
     one is written before the oldest is removed). Rollouts, datasets and logs are small beside them."""
     from grpo_core.algorithms import ALGORITHMS
-    from grpo_core.lm.modeling import parameter_count
+    from grpo_core.lm.shapes import parameter_count
 
     weights = 4 * parameter_count(cfg.model)
     value = len(ALGORITHMS[cfg.grpo.algorithm].trains)
@@ -165,14 +166,16 @@ def _every_row(read, key: str) -> list[str]:
 
 
 def _model_problems(cfg: PipelineConfig) -> list[str]:
-    from grpo_core.lm.modeling import ModelError, check_model_folder
-
     folders = {"model.path": cfg.model.path} if cfg.model.init == "pretrained" else {}
     folders |= {
         f"{kind}.init": getattr(cfg, kind).init
         for kind in ("orm", "prm")
         if getattr(cfg, kind).train and getattr(cfg, kind).init not in ("sft", "tiny")
     }
+    if not folders:  # (a folder's tokenizer is read through transformers: imported only then)
+        return []
+    from grpo_core.lm.modeling import ModelError, check_model_folder
+
     return [p for key, path in folders.items() for p in _found(lambda: check_model_folder(path), key, ModelError)]
 
 

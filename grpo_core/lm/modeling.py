@@ -5,7 +5,6 @@ Everything is saved in standard Hugging Face format so any transformers tool loa
 
 from __future__ import annotations
 
-import string
 from pathlib import Path
 
 import torch
@@ -23,10 +22,9 @@ from transformers.utils import logging as hf_logging
 
 from grpo_core.config import LoraSettings, ModelConfig
 from grpo_core.lm import adapters
+from grpo_core.lm.shapes import CHARACTERS, SPECIALS
 
 hf_logging.disable_progress_bar()  # transformers' own bars (loading weights); here, where models load
-
-SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>"]
 
 
 class ModelError(ValueError):
@@ -39,8 +37,7 @@ def char_tokenizer() -> PreTrainedTokenizerFast:
     Built with the ``tokenizers`` library (WordLevel over single characters) so that it saves as an
     ordinary ``tokenizer.json``; other characters map to ``<unk>``.
     """
-    chars = sorted(set(string.printable) - set("\t\r\x0b\x0c"))
-    vocab = {tok: i for i, tok in enumerate(SPECIALS + chars)}
+    vocab = {tok: i for i, tok in enumerate(SPECIALS + CHARACTERS)}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     tok.decoder = decoders.Fuse()
@@ -161,8 +158,9 @@ def init_model(cfg: ModelConfig, seed: int) -> tuple[PreTrainedModel, PreTrained
     return tiny_llama(cfg, tokenizer, seed), tokenizer
 
 
-def parameter_count(cfg: ModelConfig) -> int:
-    """The policy's parameters, counted on the meta device (nothing allocated, no weights read)."""
+def meta_parameter_count(cfg: ModelConfig) -> int:
+    """The policy's parameters, counted on the meta device (nothing allocated, no weights read);
+    ``shapes.parameter_count`` reads them without torch where it can."""
     with torch.device("meta"):
         if cfg.init == "pretrained":
             from transformers import AutoConfig

@@ -99,6 +99,22 @@ def test_short_prompts_build_the_outside_checks_shape(tmp_path):
     assert all(r["prompt"].startswith("What is ") and r["gold"].lstrip("-").isdigit() for r in rows)
 
 
+def test_cli_startup_bench_times_the_answers_and_lists_the_slowest_imports():
+    done = subprocess.run(
+        [sys.executable, str(BENCH.with_name("cli_startup.py")), "--repeat", "1", "--imports", "3"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    for key in ("help", "check_demo", "refuse_in_use"):
+        assert out[f"{key}_s"] > out["python_s"] > 0 and out[f"{key}_over_python"] > 1
+    assert len(out["check_demo_slowest_imports"]) == 3
+    # check on the demo's recipe imports neither torch nor transformers, Prefect nor MLflow
+    assert out["check_demo_imports"] == {"torch": False, "transformers": False, "prefect": False, "mlflow": False}
+
+
 def test_sampling_bench_times_ours_and_generate():
     done = subprocess.run(
         [sys.executable, str(BENCH.with_name("sampling.py")), "--repeat", "1", "--threads", "1", "--json"],

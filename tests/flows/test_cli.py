@@ -120,13 +120,19 @@ def test_check_estimates_the_disk_a_run_needs_and_refuses_too_little(tmp_path, c
     from types import SimpleNamespace
 
     from grpo_core.check import disk_needed
-    from grpo_core.lm.modeling import init_model, parameter_count
+    from grpo_core.config import ModelConfig
+    from grpo_core.lm.modeling import init_model, meta_parameter_count, save_model
+    from grpo_core.lm.shapes import parameter_count
     from grpo_core.recipe import load_config
 
     minute = Path(__file__).resolve().parents[2] / "configs" / "minute.yaml"
     base = disk_needed(load_config(minute))
-    model, _ = init_model(load_config(minute).model, seed=0)
-    assert parameter_count(load_config(minute).model) == sum(p.numel() for p in model.parameters())
+    model, tokenizer = init_model(load_config(minute).model, seed=0)
+    # Counted without torch: the tiny model's from its shape, a folder's from its safetensors headers.
+    numel = sum(p.numel() for p in model.parameters())
+    assert parameter_count(load_config(minute).model) == meta_parameter_count(load_config(minute).model) == numel
+    folder = ModelConfig(init="pretrained", path=str(save_model(model, tokenizer, tmp_path / "saved")))
+    assert parameter_count(folder) == meta_parameter_count(folder) == numel
     weights = 4 * parameter_count(load_config(minute).model)  # fp32
     # SFT and one round's GRPO (2 checkpoints, best, model each), and a third checkpoint at the peak
     assert base == (3 * 2 + 2) * weights * 2 + 3 * weights

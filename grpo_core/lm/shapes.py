@@ -1,0 +1,38 @@
+"""What a model is made of, read without torch or transformers (so that ``check`` answers in
+seconds): the tiny model's character vocabulary and a model's parameter count."""
+
+from __future__ import annotations
+
+import json
+import math
+import string
+from pathlib import Path
+
+from grpo_core.config import ModelConfig
+
+SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>"]
+CHARACTERS = sorted(set(string.printable) - set("\t\r\x0b\x0c"))  # one token each: printable ASCII and newline
+
+
+def parameter_count(cfg: ModelConfig) -> int:
+    """The policy's parameters: a pretrained folder's from its safetensors headers (no weights read),
+    the tiny Llama's from its shape (``modeling.tiny_llama``: tied embeddings, as many key-value heads
+    as heads, no biases). A folder without safetensors files is counted by building the model on
+    the meta device (torch and transformers imported, nothing allocated)."""
+    if cfg.init == "pretrained":
+        files = sorted(Path(cfg.path).glob("*.safetensors"))
+        if not files:
+            from grpo_core.lm.modeling import meta_parameter_count
+
+            return meta_parameter_count(cfg)
+        return sum(safetensors_parameters(f) for f in files)
+    h, i = cfg.hidden_size, cfg.intermediate_size
+    layer = 4 * h * h + 3 * h * i + 2 * h  # q, k, v, o; gate, up, down; two norms
+    return (len(SPECIALS) + len(CHARACTERS)) * h + cfg.num_layers * layer + h  # the embedding; the final norm
+
+
+def safetensors_parameters(path: Path) -> int:
+    """The parameters in one safetensors file, from its JSON header (an 8-byte length, then the header)."""
+    with open(path, "rb") as f:
+        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+    return sum(math.prod(t["shape"]) for name, t in header.items() if name != "__metadata__")
