@@ -5,6 +5,7 @@ continue a run for more RL rounds, open the UIs."""
 from __future__ import annotations
 
 import argparse
+import atexit
 import errno
 import json
 import os
@@ -30,22 +31,35 @@ def _terminated(signum, frame) -> None:
 
 def _prefect_server() -> None:
     """Prefect's temporary server, started now by Prefect's own class (the instance its client
-    uses), with SIGINT blocked in the server process. A terminal's Ctrl-C goes to the whole
-    foreground process group: without this the server died with the run's main process, and the
-    run then spent minutes retrying a dead API to report its flow run crashed. With it, the run
-    reports to a server still answering and stops the server at exit (Prefect's atexit). A child
-    inherits its parent's signal mask across exec, so blocking SIGINT around the start is all it
-    takes; Prefect's stop sends SIGTERM. Nothing to do with a real server (PREFECT_API_URL)."""
+    uses), with SIGINT and SIGTERM blocked in the server process. Ctrl-C in a terminal, ``timeout``,
+    a scheduler or a container stop signal the whole process group: without this the server died
+    with the run's main process, and the run then spent minutes retrying a dead API to report its
+    flow run crashed. With it, the run reports to a server still answering and stops the server at
+    exit. A child inherits its parent's signal mask across exec, so blocking the two around the
+    start is all it takes; since the server no longer heeds SIGTERM, the exit stops it with SIGKILL
+    (``_stop``: once every report is in, before Prefect's own stop, which would wait 5 s for a
+    SIGTERM). Nothing to do with a real server (PREFECT_API_URL)."""
     from prefect.server.api.server import SubprocessASGIServer
     from prefect.settings import PREFECT_API_URL
 
     if PREFECT_API_URL.value():
         return
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     try:
-        SubprocessASGIServer().start()
+        server = SubprocessASGIServer()
+        server.start()
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a Ctrl-C during the start arrives now
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a signal during the start arrives now
+    atexit.register(_stop, server)  # after Prefect's own: run before it
+
+
+def _stop(server) -> None:
+    """Prefect's temporary server stopped at exit (it ignores SIGTERM: ``_prefect_server``)."""
+    if server.server_process is not None:
+        server.server_process.kill()
+        server.server_process.wait()
+        server.server_process = None
+    server.stop()  # Prefect's own bookkeeping; the process is gone
 
 
 def _stage_failed(error: Exception, debug: bool) -> "None":

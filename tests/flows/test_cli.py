@@ -460,13 +460,17 @@ def test_ctrl_c_exits_130_saying_what_finished_and_where_the_same_command_resume
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("command,how", [("run", "ctrl-c"), ("rounds", "ctrl-c"), ("run", "sigterm")])
+@pytest.mark.parametrize(
+    "command,how",
+    [("run", "ctrl-c"), ("rounds", "ctrl-c"), ("run", "sigterm"), ("run", "sigterm-group")],
+)
 def test_a_stopped_run_leaves_no_process_says_where_it_stopped_and_the_same_command_resumes(tmp_path, command, how):
     """Ctrl-C as a terminal sends it (SIGINT to the command's whole process group, Prefect's
-    temporary server included) or SIGTERM to the command alone, mid-run (``run``, or ``rounds``
-    adding a round to a finished run): exit 130 / 143 within seconds, one line naming the stage that
-    resumes and its step, no process left, and the same command finishes from the cache and the
-    checkpoint."""
+    temporary server included), SIGTERM to the command alone, or SIGTERM to its whole group (what
+    ``timeout``, a scheduler or a container stop send), mid-run (``run``, or ``rounds`` adding a
+    round to a finished run): exit 130 / 143 within seconds, one line naming the stage that resumes
+    and its step and no word of a server, no process left, and the same command finishes from the
+    cache and the checkpoint."""
     import os
     import signal
     import time
@@ -510,12 +514,16 @@ def test_a_stopped_run_leaves_no_process_says_where_it_stopped_and_the_same_comm
         stopped = time.monotonic()
         if how == "ctrl-c":
             os.killpg(run.pid, signal.SIGINT)
+        elif how == "sigterm-group":
+            os.killpg(run.pid, signal.SIGTERM)
         else:
             run.send_signal(signal.SIGTERM)
         assert run.wait(timeout=60) == (130 if how == "ctrl-c" else 143)
         assert time.monotonic() - stopped < 30
-    last = (tmp_path / "first.log").read_text().strip().splitlines()[-1]
+    said = (tmp_path / "first.log").read_text()
+    last = said.strip().splitlines()[-1]
     assert last.startswith("interrupted: " if how == "ctrl-c" else "terminated: ")
+    assert "server" not in said.lower().replace("temporary server on", ""), said[-2000:]
     assert f"resumes {stage} from step " in last and "from the cache" in last, last
     time.sleep(2)
     assert not [p.pid for p in processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
