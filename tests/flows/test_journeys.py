@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import shutil
 import subprocess
 import sys
@@ -151,3 +152,74 @@ def test_a_moved_project_re_points_its_environment_on_the_next_make(tmp_path):
         moved = new / path.relative_to(old)
         assert moved.read_text() == text.replace(str(old), str(new)), moved
     assert (new / ".venv" / "project").read_text().strip() == str(new)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (ROOT / ".venv" / "project").exists(), reason="needs the project's .venv made by make venv")
+def test_a_copied_project_whose_original_is_deleted_runs_its_own_code_from_its_own_environment(tmp_path):
+    """As a user copies a project: the tracked files and .venv (hard links where the file system allows,
+    so nothing of the source changes) to ``first``, where ``make`` makes it that folder's; ``first``
+    copied again to ``second`` and deleted. In ``second`` one ``make`` says it re-points the
+    environment, then every way in runs the copy's own code: ``.venv/bin/grpo-pipeline``, an
+    activated shell, ``check`` and a one-minute run, and ``ui`` (its servers answer, then stop)."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    for name in files:
+        (first / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, first / name)
+    for source, dest in ((ROOT / ".venv", first / ".venv"), (first, second)):
+        if subprocess.run(["cp", "-al", str(source), str(dest)], capture_output=True).returncode:
+            subprocess.run(["cp", "-a", str(source), str(dest)], check=True)
+        if dest == first / ".venv":
+            made = subprocess.run(["make", "-s", "venv"], cwd=first, capture_output=True, text=True, check=True)
+            assert f"re-pointing it at {first}" in made.stdout
+    shutil.rmtree(first)
+
+    made = subprocess.run(["make", "-s", "venv"], cwd=second, capture_output=True, text=True)
+    assert made.returncode == 0 and f"was installed in {first}: re-pointing it at {second}" in made.stdout, made
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_", "VIRTUAL_ENV"))}
+    env |= {"PREFECT_HOME": str(tmp_path / "prefect"), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db"}
+
+    def sh(script: str) -> str:
+        done = subprocess.run(["bash", "-c", script], cwd=second, env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        return done.stdout
+
+    where = "import grpo_core, flows; print(grpo_core.__file__, flows.__file__)"
+    assert sh(f".venv/bin/python -c '{where}'").split() == [
+        str(second / "grpo_core" / "__init__.py"),
+        str(second / "flows" / "__init__.py"),
+    ]
+    assert "usage: grpo-pipeline" in sh(".venv/bin/grpo-pipeline --help")
+    activated = sh("source .venv/bin/activate && echo $VIRTUAL_ENV && grpo-pipeline check configs/minute.yaml")
+    assert activated.splitlines()[0] == str(second / ".venv") and '"ok": true' in activated
+    ran = json.loads(sh(".venv/bin/grpo-pipeline run configs/minute.yaml --json"))
+    assert ran["run_dir"] == "runs/minute" and (second / "runs" / "minute" / "manifest.json").exists()
+    ui = subprocess.Popen(
+        [".venv/bin/grpo-pipeline", "ui", "--mlflow-port", "5391", "--prefect-port", "4392"],
+        cwd=second,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        import time
+        import urllib.request
+
+        answered = set()
+        for _ in range(240):
+            for port in (5391, 4392):
+                try:
+                    urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=1)
+                    answered.add(port)
+                except OSError:
+                    pass
+            if answered == {5391, 4392} or ui.poll() is not None:
+                break
+            time.sleep(0.5)
+        assert answered == {5391, 4392}, ui.stdout.read() if ui.poll() is not None else "no answer in 2 minutes"
+    finally:
+        os.killpg(ui.pid, signal.SIGTERM)
+        ui.wait(timeout=60)
