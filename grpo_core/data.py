@@ -315,7 +315,10 @@ def load_splits(cfg: DataConfig, seed: int) -> dict[str, list[Example]]:
     cap, chars = cfg.max_examples, cfg.max_chars
     splits = {
         "sft": load_jsonl(cfg.sft_file, cap, chars, numeric=True),  # type: ignore[arg-type]
-        "rl": [Example(e.question, e.gold) for e in load_jsonl(cfg.rl_file, cap, chars, numeric=True)],  # type: ignore[arg-type]
+        "rl": [
+            Example(e.question, e.gold)
+            for e in load_jsonl(cfg.rl_file, cap, chars, numeric=True)  # type: ignore[arg-type]
+        ],
         "test": load_jsonl(cfg.test_file, cap, chars, numeric=True),  # type: ignore[arg-type]
     }
     if cfg.val_file:
