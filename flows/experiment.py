@@ -684,25 +684,7 @@ def _experiment(
             s = s.model_copy(update={"first": s.first | own})
         elif s.preset.own_reward_models:
             s = s.model_copy(update={"first": own_reward_models(s, names, out_root, data, sft, common)})
-        runs: dict[str, list[Run]] = {}
-        for name in names:
-            try:
-                vgrpo = None if VARIANTS[name].grpo is None else s.config(name, cfg.seed).grpo
-            except ValueError as e:  # e.g. dynamic sampling under this recipe's process supervision
-                log.warning("skipping %s: its settings over this recipe's are refused: %s", name, e)
-                continue
-            uses = vgrpo.reward_models_used if vgrpo else ()
-            missing = [m for m in uses if m not in s.first]
-            if vgrpo and vgrpo.curriculum and not getattr(s.first.get("reward_data"), "pass_rates", None):
-                missing.append("reward data with pass rates (for its curriculum)")
-            if (matched := VARIANTS[name].labels_of) and matched not in runs:
-                log.warning("skipping %s: %s, whose labels and updates it is matched to, does not run", name, matched)
-            elif missing:
-                log.warning("skipping %s: the run trained no %s", name, ", ".join(missing))
-            else:
-                runs[name] = []
-                for sentence in gate_warnings(s.first, uses):
-                    log.warning("%s trains on a reward model that failed its quality gate: %s", name, sentence)
+        runs = runnable(s, names, log)
         if not runs:
             raise ValueError(f"nothing to run: {run_dir} trained none of the reward models the variants need")
         # Seed by seed, every variant in turn: a slow spell of a shared host hits all variants alike.
@@ -722,61 +704,10 @@ def _experiment(
                     own_chains[name].append(sv.first)
                 done.append(train_variant(sv, name, i, where, data, sft, common))
 
-        # Evaluation: greedy on every test question; K samples on the first sample_questions. The
-        # baseline also evaluates the run's final policy (the GRPO it is the baseline of).
-        models = {"sft": sft} | (
-            {"policy": Ref(path=s.manifest["policy"], digest=digest_dir(Path(s.manifest["policy"])))}
-            if s.preset.all_rounds
-            else {}
+        results, sampled = evaluate(s, runs, out_root, data, sft, samples, sample_questions, common)
+        rows = table_rows(
+            s, runs, results, sampled, samples, {n: own_chains.get(n) or (chains if per_seed else None) for n in runs}
         )
-        key = lambda n, r: f"{n}/seed-{r.seed - cfg.seed}"  # noqa: E731 - a run's model among those evaluated
-        models |= {key(n, r): r.model for n, rs in runs.items() for r in rs}
-        models |= {f"{key(n, r)}/last": r.last for n, rs in runs.items() for r in rs if r.last}
-        results = run_stage(
-            eval_task, cfg, str(out_root / "eval"), EvalInputs(data=data, models=models), **common
-        ).output.results
-        sampled = {}
-        if samples > 1:
-            ecfg = cfg.model_copy(
-                update={
-                    "eval": cfg.eval.model_copy(
-                        update={"samples": samples, "n_questions": sample_questions or s.preset.sample_questions}
-                    )
-                }
-            )
-            sampled = run_stage(
-                eval_task, ecfg, str(out_root / f"eval-k{samples}"), EvalInputs(data=data, models=models), **common
-            ).output.results
-        sft_acc = results["sft"]["accuracy"]
-        accs = {n: [results[key(n, r)]["accuracy"] for r in rs] for n, rs in runs.items()}
-        # The policy each run ended with: the last step's, where keep-best published another.
-        last = {
-            n: [results[f"{key(n, r)}/last" if r.last else key(n, r)]["accuracy"] for r in rs]
-            for n, rs in runs.items()
-            if any(r.last for r in rs)
-        }
-        rows = []
-        for ref in [m for m in ("sft", "policy") if m in models]:
-            rows.append(
-                accuracy_row(ref, [results[ref]["accuracy"]], sft_acc, None)
-                | ({f"{m}@{samples}_mean": sampled[ref][f"{m}@{samples}"] for m in ("maj", "pass")} if sampled else {})
-            )
-        rows += [
-            variant_row(
-                s,
-                n,
-                rs,
-                sampled,
-                sft_acc,
-                accs,
-                samples,
-                own_chains.get(n) or (chains if per_seed else None),
-                last.get(n),
-            )
-            for n, rs in runs.items()
-        ]
-
-        # Report: manifest, figures, MLflow, Prefect.
         out = {
             "preset": preset,
             "rows": rows,
@@ -798,19 +729,119 @@ def _experiment(
             # Each variant's recipe as it trained (seed i: the recipe's seed + i).
             "recipes": {n: s.config(n, cfg.seed).model_dump(mode="json") for n in runs},
         }
-        out["figures"] = {k: str(v) for k, v in figures.save(figures.study_figures(out), out_root / "figures").items()}
-        tracker = MlflowLogger(uri, parent, unsent=unsent)
-        tracker.log_table(rows, f"{preset}.json")
-        tracker.log_artifacts(out_root / "figures", "figures")
-        tracker.log_metrics({f"{preset}/{r['variant']}/test_accuracy_mean": r["test_accuracy_mean"] for r in rows})
-        create_markdown_artifact(
-            key=artifact_key(f"{preset}-{cfg.run_name}"),
-            markdown=report(out, mlflow_link(uri, exp_id, parent)),
-            description=f"{preset} of {s.root}, {len(ids)} seed(s) per variant",
-        )
-        out = write_manifest(out_root, out, s.root)
+        out = publish(s, preset, out, out_root, uri, exp_id, parent, unsent)
     log.info("%s:\n%s", preset, format_table(out))
     return out
+
+
+def runnable(s: Setup, names: list[str], log) -> dict[str, list["Run"]]:
+    """The variants that can run on this run and recipe, each with an empty list for its seeds' runs;
+    each one left out is said in a line (settings the recipe refuses, a reward model the run did not
+    train, the variant an equal-labels arm is matched to not running), and a reward model that
+    failed its quality gate is said before any training."""
+    runs: dict[str, list[Run]] = {}
+    for name in names:
+        try:
+            vgrpo = None if VARIANTS[name].grpo is None else s.config(name, s.cfg.seed).grpo
+        except ValueError as e:  # e.g. dynamic sampling under this recipe's process supervision
+            log.warning("skipping %s: its settings over this recipe's are refused: %s", name, e)
+            continue
+        uses = vgrpo.reward_models_used if vgrpo else ()
+        missing = [m for m in uses if m not in s.first]
+        if vgrpo and vgrpo.curriculum and not getattr(s.first.get("reward_data"), "pass_rates", None):
+            missing.append("reward data with pass rates (for its curriculum)")
+        if (matched := VARIANTS[name].labels_of) and matched not in runs:
+            log.warning("skipping %s: %s, whose labels and updates it is matched to, does not run", name, matched)
+        elif missing:
+            log.warning("skipping %s: the run trained no %s", name, ", ".join(missing))
+        else:
+            runs[name] = []
+            for sentence in gate_warnings(s.first, uses):
+                log.warning("%s trains on a reward model that failed its quality gate: %s", name, sentence)
+    return runs
+
+
+def model_key(s: Setup, name: str, run: "Run") -> str:
+    """A run's model among those an experiment evaluates: ``<variant>/seed-<i>``."""
+    return f"{name}/seed-{run.seed - s.cfg.seed}"
+
+
+def evaluate(
+    s: Setup,
+    runs: dict[str, list["Run"]],
+    out_root: Path,
+    data: Ref,
+    sft: Ref,
+    samples: int,
+    sample_questions: int | None,
+    common: dict,
+) -> tuple[dict, dict]:
+    """Every model greedy on every test question, and with ``samples`` > 1 K samples on the first
+    ``sample_questions``: the SFT model, each run's published model and, where keep-best published
+    another, its last (``<key>/last``); the baseline preset also the run's final policy (the GRPO it
+    is the baseline of). Returns the greedy results and the sampled ones (empty without)."""
+    cfg = s.cfg
+    models = {"sft": sft} | (
+        {"policy": Ref(path=s.manifest["policy"], digest=digest_dir(Path(s.manifest["policy"])))}
+        if s.preset.all_rounds
+        else {}
+    )
+    models |= {model_key(s, n, r): r.model for n, rs in runs.items() for r in rs}
+    models |= {f"{model_key(s, n, r)}/last": r.last for n, rs in runs.items() for r in rs if r.last}
+    results = run_stage(eval_task, cfg, str(out_root / "eval"), EvalInputs(data=data, models=models), **common)
+    if samples <= 1:
+        return results.output.results, {}
+    n = sample_questions or s.preset.sample_questions
+    ecfg = cfg.model_copy(update={"eval": cfg.eval.model_copy(update={"samples": samples, "n_questions": n})})
+    sampled = run_stage(
+        eval_task, ecfg, str(out_root / f"eval-k{samples}"), EvalInputs(data=data, models=models), **common
+    )
+    return results.output.results, sampled.output.results
+
+
+def table_rows(
+    s: Setup,
+    runs: dict[str, list["Run"]],
+    results: dict,
+    sampled: dict,
+    samples: int,
+    chains: dict[str, list[dict[str, StageOutput]] | None],
+) -> list[dict]:
+    """The table: the SFT model (and the run's policy where evaluated), then a row per variant
+    (``variant_row``; ``chains``: each variant's seeds' round-1 stages where they have their own)."""
+    sft_acc = results["sft"]["accuracy"]
+    accs = {n: [results[model_key(s, n, r)]["accuracy"] for r in rs] for n, rs in runs.items()}
+    # The policy each run ended with: the last step's, where keep-best published another.
+    last = {
+        n: [results[f"{model_key(s, n, r)}/last" if r.last else model_key(s, n, r)]["accuracy"] for r in rs]
+        for n, rs in runs.items()
+        if any(r.last for r in rs)
+    }
+    rows = [
+        accuracy_row(ref, [results[ref]["accuracy"]], sft_acc, None)
+        | ({f"{m}@{samples}_mean": sampled[ref][f"{m}@{samples}"] for m in ("maj", "pass")} if sampled else {})
+        for ref in ("sft", "policy")
+        if ref in results
+    ]
+    return rows + [
+        variant_row(s, n, rs, sampled, sft_acc, accs, samples, chains[n], last.get(n)) for n, rs in runs.items()
+    ]
+
+
+def publish(s: Setup, preset: str, out: dict, out_root: Path, uri: str, exp_id: str, parent: str, unsent: Path) -> dict:
+    """The experiment's figures, its table and figures on its MLflow run, its Prefect report, and its
+    manifest (returned as written)."""
+    out["figures"] = {k: str(v) for k, v in figures.save(figures.study_figures(out), out_root / "figures").items()}
+    tracker = MlflowLogger(uri, parent, unsent=unsent)
+    tracker.log_table(out["rows"], f"{preset}.json")
+    tracker.log_artifacts(out_root / "figures", "figures")
+    tracker.log_metrics({f"{preset}/{r['variant']}/test_accuracy_mean": r["test_accuracy_mean"] for r in out["rows"]})
+    create_markdown_artifact(
+        key=artifact_key(f"{preset}-{s.cfg.run_name}"),
+        markdown=report(out, mlflow_link(uri, exp_id, parent)),
+        description=f"{preset} of {s.root}, {out['seeds']} seed(s) per variant",
+    )
+    return write_manifest(out_root, out, s.root)
 
 
 def format_table(result: dict) -> str:
