@@ -76,7 +76,12 @@ def disk_needed(cfg: PipelineConfig) -> int:
     from grpo_core.algorithms import ALGORITHMS
     from grpo_core.lm.shapes import parameter_count
 
-    weights = 4 * parameter_count(cfg.model)
+    count = parameter_count(cfg.model)
+    if count is None:  # a folder without safetensors headers: the model built on the meta device
+        from grpo_core.lm.modeling import meta_parameter_count
+
+        count = meta_parameter_count(cfg.model)
+    weights = 4 * count
     value = len(ALGORITHMS[cfg.grpo.algorithm].trains)
 
     def stage(section, companions: int = 0) -> int:

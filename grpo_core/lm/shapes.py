@@ -14,18 +14,14 @@ SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>"]
 CHARACTERS = sorted(set(string.printable) - set("\t\r\x0b\x0c"))  # one token each: printable ASCII and newline
 
 
-def parameter_count(cfg: ModelConfig) -> int:
-    """The policy's parameters: a pretrained folder's from its safetensors headers (no weights read),
-    the tiny Llama's from its shape (``modeling.tiny_llama``: tied embeddings, as many key-value heads
-    as heads, no biases). A folder without safetensors files is counted by building the model on
-    the meta device (torch and transformers imported, nothing allocated)."""
+def parameter_count(cfg: ModelConfig) -> int | None:
+    """The policy's parameters: a pretrained folder's from its safetensors headers (no weights read;
+    None for a folder without safetensors files: ``modeling.meta_parameter_count`` counts those), the
+    tiny Llama's from its shape (``modeling.tiny_llama``: tied embeddings, as many key-value heads as
+    heads, no biases)."""
     if cfg.init == "pretrained":
         files = sorted(Path(cfg.path).glob("*.safetensors"))
-        if not files:
-            from grpo_core.lm.modeling import meta_parameter_count
-
-            return meta_parameter_count(cfg)
-        return sum(safetensors_parameters(f) for f in files)
+        return sum(safetensors_parameters(f) for f in files) if files else None
     h, i = cfg.hidden_size, cfg.intermediate_size
     layer = 4 * h * h + 3 * h * i + 2 * h  # q, k, v, o; gate, up, down; two norms
     return (len(SPECIALS) + len(CHARACTERS)) * h + cfg.num_layers * layer + h  # the embedding; the final norm
