@@ -177,7 +177,10 @@ def _model_problems(cfg: PipelineConfig) -> list[str]:
         for kind in ("orm", "prm")
         if getattr(cfg, kind).train and getattr(cfg, kind).init not in ("sft", "tiny")
     }
-    if not folders:  # (a folder's tokenizer is read through transformers: imported only then)
+    from grpo_core.lm.shapes import looks_loadable
+
+    folders = {key: path for key, path in folders.items() if not looks_loadable(path)}  # told in ~0.2 s, no torch
+    if not folders:
         return []
     from grpo_core.lm.modeling import ModelError, check_model_folder
 

@@ -32,3 +32,27 @@ def safetensors_parameters(path: Path) -> int:
     with open(path, "rb") as f:
         header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
     return sum(math.prod(t["shape"]) for name, t in header.items() if name != "__metadata__")
+
+
+def looks_loadable(path: str | Path) -> bool:
+    """Whether a model folder is one the pipeline loads, told from its files alone (``json`` and the
+    ``tokenizers`` library, no torch): a ``config.json`` naming a causal-LM architecture and a
+    ``tokenizer.json`` that loads; for an adapter folder, the same of its base, which must hold the
+    weights the adapter was trained on. False where that cannot be told so: ``modeling.check_model_folder``
+    then checks the folder through transformers and names any problem."""
+    from grpo_core.lm import adapters
+
+    path = Path(path)
+    if adapters.is_adapter(path):
+        try:
+            return looks_loadable(adapters.checked_base(path))
+        except adapters.AdapterError:
+            return False
+    try:
+        from tokenizers import Tokenizer
+
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+        Tokenizer.from_file(str(path / "tokenizer.json"))
+    except Exception:  # anything unreadable: the full check says what
+        return False
+    return any(a.endswith("ForCausalLM") for a in config.get("architectures") or [])
