@@ -549,7 +549,7 @@ def variant_row(
             "groups_drawn_per_step_mean": round(mean_std(drawn)[0], 2),
         }
     for key in [f"{m}@{k}" for m in ("maj", "pass")] if k > 1 else []:
-        mean, std = mean_std([sampled[f"{name}/seed-{r.seed - s.cfg.seed}"][key] for r in runs])
+        mean, std = mean_std([sampled[model_key(s, name, r)][key] for r in runs])
         row |= {f"{key}_mean": round(mean, 4), f"{key}_std": round(std, 4)}
     peaks = {m: [r.peak_memory[m] for r in runs if m in r.peak_memory] for m in ("rss_mib", "cuda_mib")}
     row |= {f"peak_{m}_mean": round(mean_std(v)[0], 1) for m, v in peaks.items() if v}
