@@ -8,6 +8,8 @@ disagreement between the two is visible.
 
     python bench/cpu_run.py runs/smollm2-cpu docs/cpu-runs/2026-11-27-smollm2-mawps
     python bench/cpu_run.py runs/smollm2-cpu docs/cpu-runs/2026-11-27-smollm2-mawps-seed-1 --grpo-seed 1
+    python bench/cpu_run.py runs/smollm2-cpu docs/cpu-runs/2026-11-27-smollm2-mawps-steps-45 \
+        --grpo-seed 0 --grpo-steps 45
     python bench/cpu_run.py runs/smollm2-cpu docs/cpu-runs/2026-11-28-smollm2-mawps-prm-seed-1 \
         --experiment runs/smollm2-cpu/compare/steps-30-eval6 --variant rule+prm-process --seed 1
     python bench/cpu_run.py --check docs/cpu-runs/2026-11-27-smollm2-mawps
@@ -17,7 +19,8 @@ disagreement between the two is visible.
 run that was stopped before its end, say) with the recipe's evaluation settings, then records them.
 ``--grpo-seed S`` first trains GRPO again from the run's SFT model with the recipe's seed set to S (other
 questions and samples; ``<run>/seed-S/``) and evaluates that policy on the same questions; the SFT
-model's completions are the run's. ``--experiment DIR --variant V --seed S`` records seed S of variant V
+model's completions are the run's. ``--grpo-steps N`` with it trains N steps instead of the recipe's
+(``<run>/seed-S-steps-N/``). ``--experiment DIR --variant V --seed S`` records seed S of variant V
 of a finished experiment on the run (``grpo-pipeline compare``: its GRPO, evaluation, and that seed's own
 round-1 reward models' held-out quality beside the SFT model's likelihood). ``--check`` reads a
 committed folder alone and recomputes its accuracies and intervals from the files; with ``--against``
@@ -80,14 +83,16 @@ def score(folder: Path, against: Path | None = None) -> dict:
     return out
 
 
-def another_seed(run_dir: Path, manifest: dict, seed: int) -> tuple[dict, dict, str]:
-    """GRPO from the run's SFT model with the recipe's seed set to ``seed``, and its evaluation."""
+def another_seed(run_dir: Path, manifest: dict, seed: int, steps: int | None = None) -> tuple[dict, dict, str]:
+    """GRPO from the run's SFT model with the recipe's seed set to ``seed`` (and its ``grpo.max_steps``
+    to ``steps``, where given), and its evaluation."""
     from grpo_core.evaluation import run_eval
     from grpo_core.recipe import load_config
     from grpo_core.stages.grpo import run_grpo
 
-    cfg = load_config(run_dir / "config.yaml", [f"seed={seed}"])
-    out, data = run_dir / f"seed-{seed}", Path(manifest["data_dir"])
+    cfg = load_config(run_dir / "config.yaml", [f"seed={seed}"] + ([f"grpo.max_steps={steps}"] if steps else []))
+    name = f"seed-{seed}" + (f"-steps-{steps}" if steps else "")
+    out, data = run_dir / name, Path(manifest["data_dir"])
     grpo = run_grpo(cfg, data, manifest["sft_model"], out / "grpo")
     evaluated = run_eval(cfg, data, {"policy": grpo["model"]}, out / "eval")
     return grpo, evaluated["results"]["policy"], cfg.model_dump_json()
@@ -159,6 +164,7 @@ def record(
     policy: Path | None = None,
     recipe: Path | None = None,
     experiment: tuple[Path, str, int] | None = None,
+    grpo_steps: int | None = None,
 ) -> dict:
     manifest = (
         evaluate_policy(run_dir, recipe, policy) if policy else json.loads((run_dir / "manifest.json").read_text())
@@ -167,7 +173,7 @@ def record(
     results = {"sft": manifest["eval"]["sft"], "policy": manifest["eval"]["policy"]}
     grpo, reward_models = manifest["rounds"][-1]["stages"]["grpo"], {}
     if grpo_seed is not None:
-        grpo, results["policy"], config = another_seed(run_dir, manifest, grpo_seed)
+        grpo, results["policy"], config = another_seed(run_dir, manifest, grpo_seed, grpo_steps)
     if experiment is not None:
         grpo, results["policy"], config, reward_models = experiment_seed(*experiment)
     split = json.loads((Path(manifest["data_dir"]) / "split.json").read_text())
@@ -209,6 +215,7 @@ def main() -> None:
     ap.add_argument("run_dir", type=Path, nargs="?")
     ap.add_argument("folder", type=Path)
     ap.add_argument("--grpo-seed", type=int, help="first train GRPO again from the run's SFT model with this seed")
+    ap.add_argument("--grpo-steps", type=int, help="--grpo-seed: this many GRPO steps instead of the recipe's")
     ap.add_argument("--policy", type=Path, help="evaluate this model beside the run's SFT model (with --recipe)")
     ap.add_argument("--recipe", type=Path, help="--policy: the recipe whose evaluation settings apply")
     ap.add_argument("--experiment", type=Path, help="a finished experiment on the run (with --variant and --seed)")
@@ -221,13 +228,15 @@ def main() -> None:
         ap.error("--policy needs --recipe")
     if bool(args.experiment) != bool(args.variant):
         ap.error("--experiment and --variant go together")
+    if args.grpo_steps is not None and args.grpo_seed is None:
+        ap.error("--grpo-steps goes with --grpo-seed")
     if args.against and not args.check:
         ap.error("--against goes with --check")
     experiment = (args.experiment, args.variant, args.seed) if args.experiment else None
     result = (
         score(args.folder, args.against)
         if args.check
-        else record(args.run_dir, args.folder, args.grpo_seed, args.policy, args.recipe, experiment)
+        else record(args.run_dir, args.folder, args.grpo_seed, args.policy, args.recipe, experiment, args.grpo_steps)
     )
     if not args.check:  # what a person reads after `make real`: the scores, GRPO's spread, each stage's seconds
         result = {k: result[k] for k in ("scores", "grpo_train_s", "stages_s", "wall_s")} | {

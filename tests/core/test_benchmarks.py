@@ -355,3 +355,35 @@ def test_a_seed_of_an_experiment_is_recorded_with_its_own_reward_models(tmp_path
     # Its recipe as it trained: the variant's, with the seed of seed 1 (the recipe's + 1).
     assert yaml.safe_load((tmp_path / "out" / "config.yaml").read_text()) == {"seed": 6, "grpo": {"lr": 1e-4}}
     assert summary["grpo"]["best_step"] == 2
+
+
+def test_another_seed_trains_the_steps_asked_for_in_a_folder_of_its_own(tmp_path, monkeypatch):
+    """cpu_run --grpo-seed S --grpo-steps N: GRPO from the run's SFT model with the recipe's seed and
+    max_steps replaced, and nothing else; the run's own seed folder is left alone."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    import grpo_core.evaluation
+    import grpo_core.stages.grpo
+    from cpu_run import another_seed
+
+    seen = {}
+
+    def fake_grpo(cfg, data, init, out):
+        seen.update(cfg=cfg, init=init, out=out)
+        return {"model": str(out / "model")}
+
+    monkeypatch.setattr(grpo_core.stages.grpo, "run_grpo", fake_grpo)
+    monkeypatch.setattr(grpo_core.evaluation, "run_eval", lambda cfg, data, models, out: {"results": {"policy": {}}})
+    (tmp_path / "config.yaml").write_text("run_name: r\nseed: 0\ngrpo: {max_steps: 30, lr: 1.0e-4}\n")
+    manifest = {"data_dir": str(tmp_path / "data"), "sft_model": "sft/model"}
+    another_seed(tmp_path, manifest, 0, 45)
+    cfg = seen["cfg"]
+    assert (cfg.seed, cfg.grpo.max_steps, cfg.grpo.lr) == (0, 45, 1e-4)
+    assert seen["out"] == tmp_path / "seed-0-steps-45" / "grpo" and seen["init"] == "sft/model"
+    another_seed(tmp_path, manifest, 2)
+    assert (seen["cfg"].seed, seen["cfg"].grpo.max_steps) == (2, 30) and seen["out"] == tmp_path / "seed-2" / "grpo"
+    done = subprocess.run(
+        [sys.executable, "bench/cpu_run.py", str(tmp_path), str(tmp_path / "out"), "--grpo-steps", "45"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode != 0 and "--grpo-steps goes with --grpo-seed" in done.stderr
