@@ -7,16 +7,18 @@ loss settings (beta 0.04, clip 0.2, one update per exploration stage, lr 1e-6).
 ``--model``: any local Hugging Face causal-LM folder (default: the demo's tiny model, freshly
 initialised). ``--prompts``: JSONL of ``{"prompt": ..., "gold": ...}`` or GSM8K form (default: the
 arithmetic task's RL questions). ``--compare`` also runs TRL's ``GRPOTrainer`` on the same work
-(``pip install trl``: the ``bench`` extra) and bare ``generate`` + forward/backward + reference
-forward, and for memory the PPO setting GRPO replaces (our step plus a value model of the policy's
-size with its own update: ``_ValueModel``) and LoRA (``--only ours,lora``: a rank-16 adapter on every
-linear layer, ``grpo.lora``, against full fine-tuning); each implementation runs in its own process (so that
-peak RSS is its own), alternating, ``--rounds`` times. Prints one JSON object: median step time
-after ``--warmup`` steps, completion tokens per second, peak RSS (and for ours / PPO the peak over
-the RSS before the models were loaded), and for ``--compare`` the ratios, the machine's matmul rate
-and the step's arithmetic limit (its useful matmul FLOPs at that rate; ``step_flops``). Our step k
-samples with ``seeds.step_seed(0, k)``, as a run's step k does (before 2026-11-27: the seed k itself,
-so rollouts, not their cost, differ from earlier figures).
+(``pip install trl``: the ``bench`` extra): ``trl`` with GRPOConfig's default gradient checkpointing
+(each layer recomputed in backward), ``trl-no-checkpointing`` keeping every activation as ours does;
+bare ``generate`` + forward/backward + reference forward; for memory the PPO setting GRPO replaces
+(our step plus a value model of the policy's size with its own update: ``_ValueModel``) and LoRA
+(``--only ours,lora``: a rank-16 adapter on every linear layer, ``grpo.lora``, against full
+fine-tuning). Each implementation runs in its own process (so that peak RSS is its own),
+alternating, ``--rounds`` times. Prints one JSON object: median step time after ``--warmup`` steps,
+completion tokens per second, peak RSS and the peak over the RSS before the models were loaded, and
+for ``--compare`` the ratios of time and memory to ours, the machine's matmul rate and the step's
+arithmetic limit (its useful matmul FLOPs at that rate; ``step_flops``). Our step k samples with
+``seeds.step_seed(0, k)``, as a run's step k does (before 2026-11-27: the seed k itself, so
+rollouts, not their cost, differ from earlier figures).
 
 ``--device cuda --precision bf16``: the same on a GPU, the forward passes under bf16 autocast (the
 stages' ``launch.precision: bf16``); each run then also reports its peak CUDA allocation and its MFU
@@ -33,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import grpo_core  # noqa: F401  (first: the numerics settings, env.NUMERICS, before torch computes)
@@ -195,8 +198,16 @@ class _ValueModel:
 
 
 def run_trl(
-    model_dir: str, prompts: str, steps: int, threads: int, device: str = "cpu", precision: str = "fp32"
+    model_dir: str,
+    prompts: str,
+    steps: int,
+    threads: int,
+    device: str = "cpu",
+    precision: str = "fp32",
+    gradient_checkpointing: bool = True,
 ) -> dict:
+    """TRL's ``GRPOTrainer`` on the same work; ``gradient_checkpointing`` on is GRPOConfig's default
+    (TRL recomputes each layer in backward, ours keeps its activations: off, the two keep the same)."""
     import torch
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
@@ -205,6 +216,7 @@ def run_trl(
     from grpo_core.rewards.scorer import rule_reward
 
     torch.set_num_threads(threads)
+    before_models = _rss_mib()
     model, tok = load_model(model_dir)
     rows = [p for batch in _batches(_questions(prompts), steps) for p in batch]
     data = Dataset.from_list([{"prompt": p, "gold": gold} for p, gold in rows])
@@ -235,6 +247,7 @@ def run_trl(
             seed=0,
             dataloader_num_workers=0,
             lr_scheduler_type="constant",
+            gradient_checkpointing=gradient_checkpointing,
         )
         clock = step_clock()
         trainer = GRPOTrainer(
@@ -247,6 +260,8 @@ def run_trl(
         "tokens": [x * PROMPTS * GROUP for x in lengths],
         "peak_rss_mib": _peak_rss_mib(),
         "threads": threads,
+        "gradient_checkpointing": gradient_checkpointing,
+        "rss_before_models_mib": before_models,
         **_device_memory(device),
     }
 
@@ -319,7 +334,14 @@ def run_lora(
     return run_ours(model_dir, prompts, steps, threads, device, precision, lora_rank=16)
 
 
-WORKERS = {"ours": run_ours, "trl": run_trl, "bare": run_bare, "ppo": run_ppo, "lora": run_lora}
+WORKERS = {
+    "ours": run_ours,
+    "trl": run_trl,
+    "trl-no-checkpointing": partial(run_trl, gradient_checkpointing=False),
+    "bare": run_bare,
+    "ppo": run_ppo,
+    "lora": run_lora,
+}
 
 
 def matmul_gflops(n: int = 1024, threads: int = 1, device: str = "cpu") -> float:
@@ -499,16 +521,17 @@ def main() -> None:
         result["gpu"] = torch.cuda.get_device_name()
     result.update({name: _summary(r, a.warmup) for name, r in runs.items()})
     if a.compare:
-        for name in ("trl", "bare"):
+        memory = "peak_cuda_mib" if a.device == "cuda" else "peak_rss_over_start_mib"
+        for name in ("trl", "trl-no-checkpointing", "bare"):
             if name in names and "ours" in names:
                 result[f"{name}_over_ours"] = round(result[name]["median_step_s"] / result["ours"]["median_step_s"], 3)
+            if name.startswith("trl") and name in names and "ours" in names and memory in result[name]:
+                result[f"memory_{name}_over_ours"] = round(result[name][memory] / result["ours"][memory], 3)
         if "lora" in names and "ours" in names:  # LoRA against full fine-tuning: time and memory
-            memory = "peak_cuda_mib" if a.device == "cuda" else "peak_rss_over_start_mib"
             result["lora_over_ours"] = round(result["lora"]["median_step_s"] / result["ours"]["median_step_s"], 3)
             result["memory_lora_over_ours"] = round(result["lora"][memory] / result["ours"][memory], 3)
         if "ppo" in names and "ours" in names:
             # Memory: GRPO (policy + reference) against the PPO setting it replaces (+ a value model).
-            memory = "peak_cuda_mib" if a.device == "cuda" else "peak_rss_over_start_mib"
             result["memory_ppo_over_grpo"] = round(result["ppo"][memory] / result["ours"][memory], 3)
         if a.device == "cpu":
             result["matmul_gflops_1_thread"] = round(matmul_gflops(threads=1), 1)

@@ -314,8 +314,8 @@ def _chunk_logprobs(head, hidden: torch.Tensor, targets: torch.Tensor, with_entr
     logp = logp_all.gather(-1, targets[:, None]).squeeze(-1)
     if not with_entropy:
         return logp, None
-    with torch.no_grad():
-        return logp, -(logp_all.exp() * logp_all).sum(-1)
+    with torch.no_grad():  # p log p in place: one [N, V] working copy, not two
+        return logp, -logp_all.exp().mul_(logp_all).sum(-1)
 
 
 def head_logprobs(

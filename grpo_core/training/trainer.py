@@ -94,7 +94,8 @@ class Stopwatch:
 
 def optimizer_step(model, opt, loss: torch.Tensor, scale: float, max_grad_norm: float) -> float:
     """One optimizer step on ``loss * scale`` (a process's share of the global loss, times the
-    world size as DDP averages the gradients), clipped; returns the gradient norm before clipping."""
+    world size as DDP averages the gradients), clipped; returns the gradient norm before clipping.
+    The gradients are freed once applied, so they are not held through the next step's forward."""
     opt.zero_grad(set_to_none=True)
     (loss * scale).backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
@@ -105,6 +106,7 @@ def optimizer_step(model, opt, loss: torch.Tensor, scale: float, max_grad_norm: 
             f"the gradient is not finite (norm {norm}, loss {float(loss.detach()):.4g}): the update was not applied"
         )
     opt.step()
+    opt.zero_grad(set_to_none=True)
     return norm
 
 

@@ -117,3 +117,18 @@ def test_a_progress_line_says_where_a_stage_is_and_how_long_is_left():
         progress_line("orm", st, Plan(max_epochs=3, steps_per_epoch=60), None)
         == "[orm] step 120/180, epoch 2/3, 2.00 steps/s, about 30 s left"
     )
+
+
+def test_an_optimizer_step_frees_the_gradients_it_applied():
+    """Gradients are not held between steps (through the next rollout and forward): after the update
+    every parameter's grad is None, and the update is the one the gradient asked for."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    before = model.weight.detach().clone()
+    x = torch.tensor([[1.0, 2.0]])
+    loss = model(x).sum()
+    norm = optimizer_step(model, opt, loss, 1.0, 100.0)
+    assert all(p.grad is None for p in model.parameters())
+    assert norm == pytest.approx((1 + 4 + 1) ** 0.5)  # d/dw = x, d/db = 1
+    assert torch.allclose(model.weight, before - 0.5 * x)
