@@ -98,7 +98,7 @@ SIZES = {
             "--precision",
             "bf16",
             "--only",
-            "ours,trl,trl-no-checkpointing",
+            "ours,trl-no-checkpointing,trl",
             "--rounds",
             "1",
             "--steps",
