@@ -4,7 +4,9 @@ question: ``idx``, ``question``, ``completion``, ``answer``, ``correct``), the r
 ``summary.json``: accuracies, the policy minus SFT paired over the questions with a 95% interval, GRPO's
 share of groups with reward spread, the stages' seconds, and every completion scored again by a second
 extraction (the last number anywhere in the completion, not the text after ``####``) so that a
-disagreement between the two is visible.
+disagreement between the two is visible. Each difference has a second interval,
+``policy_minus_sft_by_cluster``: cluster-robust over the evaluated questions' near-duplicate clusters
+(``benchmarks.clusters``), whose verdicts are not independent.
 
     python bench/cpu_run.py runs/smollm2-cpu docs/cpu-runs/2026-11-27-smollm2-mawps
     python bench/cpu_run.py runs/smollm2-cpu docs/cpu-runs/2026-11-27-smollm2-mawps-seed-1 --grpo-seed 1
@@ -41,6 +43,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from grpo_core.benchmarks import clusters  # noqa: E402
 from grpo_core.stats import question_interval  # noqa: E402
 from grpo_core.verify import answers_match  # noqa: E402
 
@@ -69,11 +72,14 @@ def score(folder: Path, against: Path | None = None) -> dict:
         if [r["idx"] for r in rows["sft"]] != [r["idx"] for r in rows["policy"]]:
             raise ValueError(f"{folder}: {bench}'s policy and {base} hold different questions")
         correct = {m: [bool(r["correct"]) for r in rs] for m, rs in rows.items()}
+        # Near-duplicates among the evaluated questions (MAWPS repeats its problems) are not independent.
+        groups = clusters([r["question"] for r in rows["sft"]])
         second = {m: [last_number_correct(r["completion"], r["gold"]) for r in rs] for m, rs in rows.items()}
         out[bench] = {
             "n": len(rows["sft"]),
             **{m: sum(c) / len(c) for m, c in correct.items()},
             "policy_minus_sft": question_interval(correct["policy"], correct["sft"]),
+            "policy_minus_sft_by_cluster": question_interval(correct["policy"], correct["sft"], clusters=groups),
             "last_number": {
                 **{m: sum(c) / len(c) for m, c in second.items()},
                 "policy_minus_sft": question_interval(second["policy"], second["sft"]),

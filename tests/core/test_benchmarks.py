@@ -212,10 +212,13 @@ def test_a_committed_run_folder_is_scored_again_from_its_files_alone(tmp_path):
     """bench/cpu_run.py --check: accuracies and the paired interval from the completions, and the
     second extraction (the last number) disagreeing where the text after #### is not the last number."""
 
+    # The first two questions are near-duplicates (the same numbers and words): one cluster.
+    questions = ["Tom has 1 apple and 2 pears. How many?", "Tom has 1 apple and 2 pears; how many?", "Ann has 3 hats?"]
+
     def rows(correct: list[bool], completions: list[str]) -> list[dict]:
         return [
-            {"idx": i, "question": "q?", "completion": c, "answer": "", "gold": "3", "correct": ok}
-            for i, (ok, c) in enumerate(zip(correct, completions))
+            {"idx": i, "question": q, "completion": c, "answer": "", "gold": "3", "correct": ok}
+            for i, (q, ok, c) in enumerate(zip(questions, correct, completions))
         ]
 
     files = {
@@ -231,6 +234,9 @@ def test_a_committed_run_folder_is_scored_again_from_its_files_alone(tmp_path):
     mawps = json.loads(done.stdout)["mawps"]
     assert mawps["n"] == 3 and mawps["sft"] == pytest.approx(1 / 3) and mawps["policy"] == pytest.approx(2 / 3)
     assert mawps["policy_minus_sft"]["mean"] == pytest.approx(1 / 3)
+    # By cluster: d = 0, 1 | 0, mean 1/3; deviation sums 1/3 and -1/3; se = sqrt(2 * 2/9) / 3 = 2/9, t with 1 df.
+    by_cluster = mawps["policy_minus_sft_by_cluster"]
+    assert by_cluster["clusters"] == 2 and by_cluster["high"] - 1 / 3 == pytest.approx(12.706205 * 2 / 9)
     # The last number: SFT's "#### 4 so 3" reads 3 (right), the policy's "... #### 5" reads 5 (wrong).
     assert mawps["last_number"]["sft"] == pytest.approx(2 / 3) and mawps["last_number"]["policy"] == pytest.approx(
         2 / 3

@@ -37,6 +37,23 @@ def test_question_interval_hand_computed():
     assert (out["low"], out["high"]) == pytest.approx((0.2 - 1.038844, 0.2 + 1.038844), abs=1e-5)
 
 
+def test_clustered_question_interval_hand_computed():
+    # d = 1, 0, 0, -1, 1 as above (mean 0.2) in clusters {0, 1}, {2, 3}, {4}: deviation sums
+    # 0.8 - 0.2 = 0.6, -0.2 - 1.2 = -1.4, 0.8: squares 0.36 + 1.96 + 0.64 = 2.96; G = 3;
+    # se = sqrt(3 / 2 * 2.96) / 5 = 0.421426; t(0.975, 2) = 4.302653; half = 1.813253.
+    a, b = [True, True, False, False, True], [False, True, False, True, False]
+    out = question_interval(a, b, clusters=["x", "x", "y", "y", "z"])
+    assert out["mean"] == pytest.approx(0.2) and (out["n"], out["clusters"]) == (5, 3)
+    assert (out["low"], out["high"]) == pytest.approx((0.2 - 1.813253, 0.2 + 1.813253), abs=1e-5)
+    # Every question its own cluster is the plain paired interval.
+    plain = question_interval(a, b)
+    assert question_interval(a, b, clusters=[0, 1, 2, 3, 4]) == pytest.approx(plain) and plain["clusters"] == 5
+    one = question_interval(a, b, clusters=[7] * 5)
+    assert one["mean"] == pytest.approx(0.2) and math.isnan(one["low"]) and math.isnan(one["high"])
+    with pytest.raises(ValueError, match="one cluster per question"):
+        question_interval(a, b, clusters=[0, 1])
+
+
 def test_unpaired_inputs_are_refused():
     with pytest.raises(ValueError, match="equal, non-empty"):
         seed_interval([0.1, 0.2], [0.1])
