@@ -57,7 +57,8 @@ def question_interval(
         deviations[c] += d - mean
     g = len(deviations)
     if g == 1:  # one cluster (or one question) says nothing about the spread
-        return {"mean": mean, "low": math.nan, "high": math.nan, "n": n, "clusters": g}
-    se = math.sqrt(g / (g - 1) * sum(v * v for v in deviations.values())) / n
-    half = student_t.ppf((1 + confidence) / 2, g - 1) * se
-    return {"mean": mean, "low": mean - half, "high": mean + half, "n": n, "clusters": g}
+        half = math.nan
+    else:
+        se = math.sqrt(g / (g - 1) * sum(v * v for v in deviations.values())) / n
+        half = student_t.ppf((1 + confidence) / 2, g - 1) * se
+    return {"mean": mean, "low": mean - half, "high": mean + half, "n": n} | ({"clusters": g} if clusters else {})
