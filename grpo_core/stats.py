@@ -61,4 +61,5 @@ def question_interval(
     else:
         se = math.sqrt(g / (g - 1) * sum(v * v for v in deviations.values())) / n
         half = student_t.ppf((1 + confidence) / 2, g - 1) * se
-    return {"mean": mean, "low": mean - half, "high": mean + half, "n": n} | ({"clusters": g} if clusters else {})
+    out = {"mean": mean, "low": mean - half, "high": mean + half, "n": n}
+    return out if clusters is None else out | {"clusters": g}
