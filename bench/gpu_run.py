@@ -98,7 +98,7 @@ SIZES = {
             "--precision",
             "bf16",
             "--only",
-            "ours,trl-no-checkpointing,trl",
+            "ours-checkpointing,trl,ours,trl-no-checkpointing",
             "--rounds",
             "1",
             "--steps",

@@ -8,7 +8,8 @@ loss settings (beta 0.04, clip 0.2, one update per exploration stage, lr 1e-6).
 initialised). ``--prompts``: JSONL of ``{"prompt": ..., "gold": ...}`` or GSM8K form (default: the
 arithmetic task's RL questions). ``--compare`` also runs TRL's ``GRPOTrainer`` on the same work
 (``pip install trl``: the ``bench`` extra): ``trl`` with GRPOConfig's default gradient checkpointing
-(each layer recomputed in backward), ``trl-no-checkpointing`` keeping every activation as ours does;
+(each layer recomputed in backward, as ``ours-checkpointing`` does: ``launch.gradient_checkpointing``),
+``trl-no-checkpointing`` keeping every activation as ``ours`` does;
 bare ``generate`` + forward/backward + reference forward; for memory the PPO setting GRPO replaces
 (our step plus a value model of the policy's size with its own update: ``_ValueModel``) and LoRA
 (``--only ours,lora``: a rank-16 adapter on every linear layer, ``grpo.lora``, against full
@@ -102,27 +103,30 @@ def run_ours(
     precision: str = "fp32",
     value_model: bool = False,
     lora_rank: int = 0,
+    gradient_checkpointing: bool = False,
 ) -> dict:
     import torch
 
-    from grpo_core.config import GRPOConfig, LoraSettings
+    from grpo_core.config import GRPOConfig, LaunchConfig, LoraSettings
     from grpo_core.data import Example
     from grpo_core.lm.modeling import load_model, load_trainable
-    from grpo_core.lm.runtime import set_compute
+    from grpo_core.lm.runtime import place, set_compute
     from grpo_core.rewards.scorer import RewardScorer
     from grpo_core.stages.grpo import Learner, rl_step
     from grpo_core.stages.rl import Models
 
     set_compute(threads)  # as every stage computes: its threads, torch's deterministic algorithms
     before_models = _rss_mib()
+    # Placed as the GRPO stage places them (``launch.gradient_checkpointing``: each layer recomputed).
+    launch = LaunchConfig(device=device, precision=precision, gradient_checkpointing=gradient_checkpointing)
     if lora_rank:  # the reference is the policy with its adapter off: one copy of the weights
         policy, tok = load_trainable(model_dir, LoraSettings(rank=lora_rank, alpha=2 * lora_rank), seed=0)
-        ref = policy.to(device)
+        ref = place(policy, launch, train=True)
     else:
         policy, tok = load_model(model_dir)
         ref, _ = load_model(model_dir)
-        policy.to(device)
-        ref.to(device).eval().requires_grad_(False)
+        place(policy, launch, train=True)
+        place(ref, launch).eval().requires_grad_(False)
     opt = torch.optim.AdamW(
         [p for p in policy.parameters() if p.requires_grad], lr=LR, betas=(0.9, 0.95), weight_decay=0.0
     )
@@ -336,6 +340,7 @@ def run_lora(
 
 WORKERS = {
     "ours": run_ours,
+    "ours-checkpointing": partial(run_ours, gradient_checkpointing=True),
     "trl": run_trl,
     "trl-no-checkpointing": partial(run_trl, gradient_checkpointing=False),
     "bare": run_bare,
@@ -522,11 +527,15 @@ def main() -> None:
     result.update({name: _summary(r, a.warmup) for name, r in runs.items()})
     if a.compare:
         memory = "peak_cuda_mib" if a.device == "cuda" else "peak_rss_over_start_mib"
-        for name in ("trl", "trl-no-checkpointing", "bare"):
-            if name in names and "ours" in names:
-                result[f"{name}_over_ours"] = round(result[name]["median_step_s"] / result["ours"]["median_step_s"], 3)
-            if name.startswith("trl") and name in names and "ours" in names and memory in result[name]:
-                result[f"memory_{name}_over_ours"] = round(result[name][memory] / result["ours"][memory], 3)
+        # TRL's default recomputes each layer in backward, as ours-checkpointing does; like against like too.
+        for name, base in (
+            *((n, "ours") for n in ("trl", "trl-no-checkpointing", "bare")),
+            ("trl", "ours-checkpointing"),
+        ):
+            if name in names and base in names:
+                result[f"{name}_over_{base}"] = round(result[name]["median_step_s"] / result[base]["median_step_s"], 3)
+            if name.startswith("trl") and name in names and base in names and memory in result[name]:
+                result[f"memory_{name}_over_{base}"] = round(result[name][memory] / result[base][memory], 3)
         if "lora" in names and "ours" in names:  # LoRA against full fine-tuning: time and memory
             result["lora_over_ours"] = round(result["lora"]["median_step_s"] / result["ours"]["median_step_s"], 3)
             result["memory_lora_over_ours"] = round(result["lora"][memory] / result["ours"][memory], 3)

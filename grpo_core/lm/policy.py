@@ -281,7 +281,7 @@ def encode(
 
 
 def _attention_only(cache) -> bool:
-    """A cache of keys and values only, whose rows ``batch_select_indices`` copies whole."""
+    """A cache of keys and values only, whose rows can be selected whole (``PrefixKV``)."""
     from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
 
     return isinstance(cache, DynamicCache) and all(
@@ -360,8 +360,8 @@ class CompletionLogprobs(torch.nn.Module):
     (what DDP must wrap). A GRPO batch holds each prompt G times; causal attention makes a prompt's
     keys and values independent of what follows, so they are computed once per distinct prompt and
     shared by its G rows through the model's KV cache: the same numbers (and gradients, summed over
-    the rows) for about half the work at the paper's lengths. Rows whose prompts are all distinct,
-    models with activation checkpointing (which drops the cache) and models whose cache holds more
+    the rows) for about half the work at the paper's lengths, with activation checkpointing or
+    without (``prompt_cache``). Rows whose prompts are all distinct and models whose cache holds more
     than keys and values (recurrent, linear attention) take one plain forward.
 
     A model with a ``plain_head`` is read as hidden states, then through its head ``chunk_bytes`` of
@@ -393,31 +393,33 @@ class CompletionLogprobs(torch.nn.Module):
             # the prompt would cost [B, P, V] (gigabytes with a 49k vocabulary) for nothing.
             return self._read(width + 1, input_ids=ids, attention_mask=mask, position_ids=positions)[0][:, :-1]
 
-        shared = (
-            None
-            if getattr(self.model, "is_activation_checkpointing", False)
-            else distinct_prompts(ids, mask, prompt_len)
-        )
+        shared = distinct_prompts(ids, mask, prompt_len)
         if shared is None:
             return plain()
+        from grpo_core.lm.prompt_cache import PrefixKV, PromptKV, keeping_cache
+
         prompt_ids, prompt_mask, inverse = shared
-        head, cache = self._read(
-            1, input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=position_ids(prompt_mask), use_cache=True
-        )
-        first = head[inverse]  # [B, 1, X]: the last prompt position predicts completion token 0
-        if width == 1:
-            return first
-        if not _attention_only(cache):  # recurrent or linear-attention state: no row selection
-            return plain()
-        cache.batch_select_indices(inverse)  # [U, ...] -> [B, ...], differentiable indexing
-        rest, _ = self._read(
-            width - 1,
-            input_ids=ids[:, prompt_len:-1],
-            attention_mask=mask[:, :-1],
-            position_ids=positions[:, prompt_len:-1],
-            past_key_values=cache,
-            use_cache=True,
-        )
+        prompt = PromptKV(config=self.model.config)
+        with keeping_cache(self.model):
+            head, _ = self._read(
+                1,
+                input_ids=prompt_ids,
+                attention_mask=prompt_mask,
+                position_ids=position_ids(prompt_mask),
+                past_key_values=prompt,
+            )
+            first = head[inverse]  # [B, 1, X]: the last prompt position predicts completion token 0
+            if width == 1:
+                return first
+            if not _attention_only(prompt):  # recurrent or linear-attention state: no row selection
+                return plain()
+            rest, _ = self._read(
+                width - 1,
+                input_ids=ids[:, prompt_len:-1],
+                attention_mask=mask[:, :-1],
+                position_ids=positions[:, prompt_len:-1],
+                past_key_values=PrefixKV(prompt, inverse),  # [U, ...] -> [B, ...], differentiable indexing
+            )
         return torch.cat([first, rest], 1)
 
     def forward(

@@ -25,12 +25,16 @@ def device_for(launch: LaunchConfig) -> torch.device:
 
 
 def place(model, launch: LaunchConfig, train: bool = False):
-    """``model`` on the stage's device; with gradient checkpointing when it is trained and asked for.
-    Also where the process takes ``launch.cuda_graphs`` (how ``generate`` decodes on a GPU)."""
+    """``model`` on the stage's device; with gradient checkpointing when it is trained and asked for;
+    grouped-query attention over a mask without repeated keys and values (``attention``: the same
+    numbers, less memory). Also where the process takes ``launch.cuda_graphs`` (how ``generate``
+    decodes on a GPU)."""
     from grpo_core.lm import decode
+    from grpo_core.lm.attention import use_grouped_sdpa
 
     decode.CUDA_GRAPHS = launch.cuda_graphs
     model.to(device_for(launch))
+    use_grouped_sdpa(model)
     if train and launch.gradient_checkpointing:
         model.activation_checkpointing_enable()  # transformers 5: the new name of gradient checkpointing
         model.config.use_cache = False  # the cache is useless with checkpointing, and transformers warns

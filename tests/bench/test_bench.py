@@ -58,6 +58,34 @@ def test_the_ppo_worker_adds_a_value_model(tmp_path, tiny_model_dir):
     assert len(ppo["step_s"]) == 1 and ppo["peak_rss_mib"] > ppo["rss_before_models_mib"] > 0
 
 
+def test_the_checkpointing_worker_runs_our_step_with_each_layer_recomputed(tmp_path, tiny_model_dir):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"{i}+1=", "gold": str(i + 1)}) + "\n" for i in range(8)))
+    args = ("--model", str(tiny_model_dir), "--prompts", str(prompts), "--steps", "1", "--threads", "1")
+    out = _bench("--worker", "ours-checkpointing", *args)
+    assert len(out["step_s"]) == 1 and out["peak_rss_mib"] > 0
+
+
+def test_saved_activations_fall_with_grouped_attention_and_with_the_shared_prompt_under_checkpointing():
+    """bench/saved_activations.py at small sizes: keys and values not repeated save bytes; with each
+    layer recomputed, computing each prompt once keeps fewer layer inputs than every row's."""
+    done = subprocess.run(
+        [sys.executable, str(BENCH.parent / "saved_activations.py"), "--prompt", "24", "--tokens", "6", "--group", "4"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["grouped"]["per_layer_mib"] < out["stored"]["per_layer_mib"]
+    assert (
+        out["checkpointed"]["per_layer_mib"]
+        < out["checkpointed-plain"]["per_layer_mib"]
+        < out["grouped"]["per_layer_mib"]
+    )
+    assert 0 < out["checkpointed_over_checkpointed-plain"] < 1
+
+
 def test_sft_bench_prints_ours_against_the_limit():
     done = subprocess.run(
         [

@@ -109,13 +109,17 @@ def test_distinct_prompts():
     assert distinct_prompts(ids[1:], mask[1:], 3) is None  # nothing to share
 
 
+@pytest.mark.parametrize("checkpointed", [False, True], ids=["stored", "checkpointed"])
 @pytest.mark.parametrize("kind", ["llama", "llama-gqa", "qwen2"])
-def test_shared_prompt_logprobs_and_gradients_equal_one_plain_forward(tiny_model_dir, monkeypatch, kind):
+def test_shared_prompt_logprobs_and_gradients_equal_one_plain_forward(tiny_model_dir, monkeypatch, kind, checkpointed):
     """Each prompt's keys and values computed once for its G rows: the same log-probs, entropies
-    and gradients as the plain forward over every row (fp32 rounding apart)."""
+    and gradients as the plain forward over every row (fp32 rounding apart), also where every layer
+    is recomputed in backward (activation checkpointing keeps the shared prompt)."""
     model, tok = _model(tiny_model_dir, kind)
     rollout = generate(model, tok, PROMPTS, max_new_tokens=9, temperatures=[1.0] * len(PROMPTS), seed=1)
     model.train()
+    if checkpointed:
+        model.activation_checkpointing_enable()
 
     def run():
         model.zero_grad()
@@ -134,6 +138,35 @@ def test_shared_prompt_logprobs_and_gradients_equal_one_plain_forward(tiny_model
     torch.testing.assert_close(shared[1], plain[1], atol=2e-5, rtol=0)
     for a, b in zip(shared[2], plain[2]):  # summed in a different order: compare whole tensors
         assert (a - b).norm() <= 1e-5 * b.norm() + 1e-7
+
+
+def test_grouped_attention_without_repeated_keys_gives_transformers_sdpa_numbers(tiny_model_dir, tmp_path):
+    """Query heads folded onto their key/value head (``attention.grouped_sdpa``): the log-probs of
+    transformers' SDPA with repeated keys and values, gradients equal up to summation order; the
+    setting is not saved with the model."""
+    from transformers import AutoConfig
+
+    from grpo_core.lm.attention import NAME, use_grouped_sdpa
+
+    model, tok = _model(tiny_model_dir, "llama-gqa")
+    rollout = generate(model, tok, PROMPTS, max_new_tokens=9, temperatures=[1.0] * len(PROMPTS), seed=3)
+
+    def run():
+        model.zero_grad()
+        logp = token_logprobs(model, rollout)
+        (logp * rollout.completion_mask).sum().backward()
+        return logp.detach(), [p.grad.clone() for p in model.parameters()]
+
+    assert model.config._attn_implementation == "sdpa"
+    repeated = run()
+    use_grouped_sdpa(model)
+    assert model.config._attn_implementation == NAME
+    grouped = run()
+    torch.testing.assert_close(grouped[0], repeated[0], atol=1e-6, rtol=0)
+    for a, b in zip(grouped[1], repeated[1]):
+        assert (a - b).norm() <= 1e-5 * b.norm() + 1e-7
+    model.save_pretrained(tmp_path)
+    assert AutoConfig.from_pretrained(tmp_path)._attn_implementation != NAME
 
 
 def test_one_completion_token_reads_the_prompt_pass_only(tiny_model_dir):
