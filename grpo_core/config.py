@@ -738,7 +738,7 @@ class LaunchConfig(Section):
         "fp32", description="bf16: autocast forward passes to bfloat16 (weights and optimizer stay fp32)"
     )
     gradient_checkpointing: bool = Field(
-        False, description="recompute activations in backward (less memory, ~30% more time)"
+        False, description="recompute each layer in backward, prompts still shared (less memory, more time)"
     )
     cuda_graphs: bool = Field(
         True,
