@@ -127,6 +127,7 @@ def run_ours(
         ref, _ = load_model(model_dir)
         place(policy, launch, train=True)
         place(ref, launch).eval().requires_grad_(False)
+    policy.train()  # as the stage trains it (activation checkpointing acts in training mode only)
     opt = torch.optim.AdamW(
         [p for p in policy.parameters() if p.requires_grad], lr=LR, betas=(0.9, 0.95), weight_decay=0.0
     )
