@@ -375,12 +375,10 @@ class CompletionLogprobs(torch.nn.Module):
 
     def _read(self, keep: int, **inputs):
         """The model's outputs at the last ``keep`` positions of ``inputs``: hidden states [B, keep, E]
-        when read through the head in chunks, else logits [B, keep, V]; and the cache when asked."""
+        when read through the head in chunks, else logits [B, keep, V]."""
         if self.chunk_bytes is None:
-            out = self.model(**inputs, logits_to_keep=keep)
-            return out.logits, out.past_key_values
-        out = self.model.base_model(**inputs)
-        return out.last_hidden_state[:, -keep:], out.past_key_values
+            return self.model(**inputs, logits_to_keep=keep).logits
+        return self.model.base_model(**inputs).last_hidden_state[:, -keep:]
 
     def _completion_states(self, ids: torch.Tensor, mask: torch.Tensor, prompt_len: int) -> torch.Tensor:
         """[B, L] -> [B, T, X]: the logits (X = V) or hidden states (X = E) that predict the completion
@@ -391,7 +389,7 @@ class CompletionLogprobs(torch.nn.Module):
         def plain():
             # Only the positions that predict completion tokens are read: the output layer over
             # the prompt would cost [B, P, V] (gigabytes with a 49k vocabulary) for nothing.
-            return self._read(width + 1, input_ids=ids, attention_mask=mask, position_ids=positions)[0][:, :-1]
+            return self._read(width + 1, input_ids=ids, attention_mask=mask, position_ids=positions)[:, :-1]
 
         shared = distinct_prompts(ids, mask, prompt_len)
         if shared is None:
@@ -401,7 +399,7 @@ class CompletionLogprobs(torch.nn.Module):
         prompt_ids, prompt_mask, inverse = shared
         prompt = PromptKV(config=self.model.config)
         with keeping_cache(self.model):
-            head, _ = self._read(
+            head = self._read(
                 1,
                 input_ids=prompt_ids,
                 attention_mask=prompt_mask,
@@ -413,7 +411,7 @@ class CompletionLogprobs(torch.nn.Module):
                 return first
             if not _attention_only(prompt):  # recurrent or linear-attention state: no row selection
                 return plain()
-            rest, _ = self._read(
+            rest = self._read(
                 width - 1,
                 input_ids=ids[:, prompt_len:-1],
                 attention_mask=mask[:, :-1],
