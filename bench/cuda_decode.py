@@ -20,34 +20,18 @@ import contextlib
 import copy
 import json
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-SHAPES = {  # LlamaConfig fields
-    "demo": dict(
-        vocab_size=64,
-        hidden_size=128,
-        intermediate_size=384,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-    ),
-    "smollm2-135m": dict(
-        vocab_size=49152,
-        hidden_size=576,
-        intermediate_size=1536,
-        num_hidden_layers=30,
-        num_attention_heads=9,
-        num_key_value_heads=3,
-        tie_word_embeddings=True,
-    ),
-}
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.shapes import SHAPES, llama  # noqa: E402
 
 
 def main() -> None:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     from grpo_core.lm import decode as decoding
     from grpo_core.lm.decode import decode
 
@@ -76,11 +60,9 @@ def main() -> None:
         "models": {},
     }
     for name in a.shapes.split(","):
-        shape = SHAPES[name]
-        torch.manual_seed(0)
-        model = LlamaForCausalLM(LlamaConfig(max_position_embeddings=1024, **shape)).to(a.device).eval()
+        model = llama(name, max_position_embeddings=1024).to(a.device).eval()
         g = torch.Generator().manual_seed(0)
-        ids = torch.randint(3, shape["vocab_size"], (a.rows, a.prompt), generator=g).to(a.device)
+        ids = torch.randint(3, SHAPES[name]["vocab_size"], (a.rows, a.prompt), generator=g).to(a.device)
         mask = torch.ones_like(ids)
         for r in range(min(8, a.rows)):  # some left padding, as a batch of different prompts has
             mask[r, : r + 1] = 0

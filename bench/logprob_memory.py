@@ -26,24 +26,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-VOCAB, WIDTH = 49_152, 576  # SmolLM2-135M's
+from bench.shapes import SHAPES, llama  # noqa: E402
 
-
-def _model():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    return LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=VOCAB,
-            hidden_size=WIDTH,
-            intermediate_size=1536,
-            num_hidden_layers=2,
-            num_attention_heads=9,
-            num_key_value_heads=3,
-            tie_word_embeddings=True,
-        )
-    ).float()
+VOCAB = SHAPES["smollm2-135m"]["vocab_size"]
 
 
 def _batch(rows: int, prompt: int, tokens: int):
@@ -56,7 +41,7 @@ def worker(mode: str, rows: int, prompt: int, tokens: int, out: Path | None) -> 
     """One pass (forward + backward of the summed log-probs) in this process; its peak memory."""
     from grpo_core.lm.policy import LOGIT_CHUNK_BYTES, CompletionLogprobs
 
-    model = _model()
+    model = llama("smollm2-135m", num_hidden_layers=2)
     ids, mask = _batch(rows, prompt, tokens)
     reader = CompletionLogprobs(model, chunk_bytes=None if mode == "whole" else LOGIT_CHUNK_BYTES)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -30,27 +30,18 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-LAYERS = 30  # SmolLM2-135M's
+from bench.shapes import SHAPES, llama  # noqa: E402
+
+VOCAB = SHAPES["smollm2-135m"]["vocab_size"]
+
+LAYERS = SHAPES["smollm2-135m"]["num_hidden_layers"]
 
 
 def _model(layers: int, grouped: bool, checkpointed: bool):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     from grpo_core.lm.attention import use_grouped_sdpa
 
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=49_152,
-            hidden_size=576,
-            intermediate_size=1536,
-            num_hidden_layers=layers,
-            num_attention_heads=9,
-            num_key_value_heads=3,
-            tie_word_embeddings=True,
-            use_cache=not checkpointed,  # as ``runtime.place`` leaves a checkpointed model
-        )
-    ).float()
+    # use_cache as ``runtime.place`` leaves a checkpointed model
+    model = llama("smollm2-135m", num_hidden_layers=layers, use_cache=not checkpointed)
     if grouped:
         use_grouped_sdpa(model)
     if checkpointed:
@@ -67,8 +58,8 @@ def saved_bytes(layers: int, mode: str, prompts: int, group: int, prompt: int, t
     g = torch.Generator().manual_seed(1)
     ids = torch.cat(
         [
-            torch.randint(0, 49_152, (prompts, prompt), generator=g).repeat_interleave(group, 0),
-            torch.randint(0, 49_152, (prompts * group, tokens), generator=g),
+            torch.randint(0, VOCAB, (prompts, prompt), generator=g).repeat_interleave(group, 0),
+            torch.randint(0, VOCAB, (prompts * group, tokens), generator=g),
         ],
         1,
     )
