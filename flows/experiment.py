@@ -933,6 +933,7 @@ def report(result: dict, link: str) -> str:
     """The Prefect artifact: what was run, the table, the two-round comparison, the figures inline."""
     b = result["budget"]
     what = f"{b['steps']} GRPO steps each" if b["steps"] else f"{b['seconds']:.0f} s of training each"
+    same = "same GRPO steps" if b["steps"] else "same training seconds"
     lines = [
         f"# {result['preset']} of `{result['run_name']}`",
         "",
@@ -954,7 +955,7 @@ def report(result: dict, link: str) -> str:
     if two:
         low, high = two["gain_over_one_round_95ci"]
         lines += [
-            f"Two rounds against one (same GRPO time): {100 * two['gain_over_one_round']:+.1f} points "
+            f"Two rounds against one ({same}): {100 * two['gain_over_one_round']:+.1f} points "
             f"[{100 * low:+.1f}, {100 * high:+.1f}].",
             "",
         ]
@@ -963,7 +964,7 @@ def report(result: dict, link: str) -> str:
             if f"gain_over_{other}" in r:
                 low, high = r[f"gain_over_{other}_95ci"]
                 lines.append(
-                    f"- {r['variant']} against {other} (same GRPO steps): {100 * r[f'gain_over_{other}']:+.2f} "
+                    f"- {r['variant']} against {other} ({same}): {100 * r[f'gain_over_{other}']:+.2f} "
                     f"points [{100 * low:+.2f}, {100 * high:+.2f}], {r['seeds']} seeds."
                 )
     lines += [""] + [f"![{name}]({figure_source(Path(path))})" for name, path in result["figures"].items()]

@@ -43,6 +43,8 @@ PRM = {"reward_weights": {"prm": 1.0}, "supervision": "process"}
 VARIANTS = {
     BASELINE: Variant(about="SFT continued on its worked solutions at the lr it ended with: the no-RL baseline"),
     # The paper's §5 algorithms on the answer checker; RFT has no KL term, so a recipe's beta is refused.
+    # ``against`` pairs carry the §5 comparisons: online RFT with RFT and GRPO, PPO with GRPO, process
+    # supervision with outcome supervision, PURE's min-form credit with the sum.
     "rft": Variant(
         about="rejection-sampling fine-tuning on the frozen SFT model's correct samples",
         grpo=RULE | {"algorithm": "rft", "beta": 0.0, "redraws": 0},
@@ -51,17 +53,21 @@ VARIANTS = {
     "online-rft": Variant(
         about="the same on the current policy's samples",
         grpo=RULE | {"algorithm": "online_rft", "beta": 0.0, "redraws": 0},
+        against=("rft", "rule-outcome"),
     ),
     "ppo": Variant(
         about="a value model, GAE, the KL penalty in the per-token reward",
         grpo=RULE | {"algorithm": "ppo", "redraws": 0},
+        against=("rule-outcome",),
     ),
     "rule-outcome": Variant(about="GRPO on the answer checker", grpo=RULE),
     "orm-outcome": Variant(
         about="GRPO on the run's round-1 ORM", grpo={"reward_weights": {"orm": 1.0}, "supervision": "outcome"}
     ),
     ONE_ROUND: Variant(
-        about="GRPO with process supervision by the run's round-1 PRM, the paper's sum credit", grpo=PRM
+        about="GRPO with process supervision by the run's round-1 PRM, the paper's sum credit",
+        grpo=PRM,
+        against=("orm-outcome",),
     ),
     # Separates the two things process supervision changes: the reward model (a PRM may rank better
     # than the ORM) and the credit (per step, not per solution).
@@ -71,7 +77,7 @@ VARIANTS = {
         grpo={"reward_weights": {"prm": 1.0}, "supervision": "outcome"},
     ),
     "prm-process-min-credit": Variant(
-        about="the same with PURE's min-form credit", grpo=PRM | {"process_credit": "min"}
+        about="the same with PURE's min-form credit", grpo=PRM | {"process_credit": "min"}, against=(ONE_ROUND,)
     ),
     TWO_ROUNDS: Variant(
         about="two iterations of prm-process, half the budget each, the PRM retrained between them", grpo=PRM, rounds=2

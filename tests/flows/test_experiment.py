@@ -47,7 +47,8 @@ def test_every_variant_trains_for_the_seconds_grpo_trained(tmp_path, tiny_cfg, p
 def test_an_arm_differs_from_the_arms_it_is_compared_with_only_in_what_it_names(tmp_path, tiny_cfg):
     """Each ``against`` pair (the rows' paired gains): the arm's recipe differs from its control's
     only in ``grpo`` settings the arm names (e.g. a learned-reward arm keeps its control's dynamic
-    sampling); rounds, retraining and replay are the variants' own fields."""
+    sampling), an algorithm named bringing its own section (PPO's ``grpo.ppo``); rounds, retraining
+    and replay are the variants' own fields."""
     from flows.experiment import setup
     from grpo_core.recipe import flatten
 
@@ -57,6 +58,9 @@ def test_an_arm_differs_from_the_arms_it_is_compared_with_only_in_what_it_names(
     for name, other in pairs:
         mine, theirs = flatten(s.config(name, 0)), flatten(s.config(other, 0))
         named = {f"grpo.{k}" for k in VARIANTS[name].grpo or {}}
+        named |= {
+            f"grpo.{a}" for a in (mine.get("grpo.algorithm"), theirs.get("grpo.algorithm")) if "grpo.algorithm" in named
+        }
         differ = {k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k)}
         assert {k.split(".")[0] + "." + k.split(".")[1] for k in differ} <= named, (name, other, differ)
 
