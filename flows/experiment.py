@@ -502,25 +502,27 @@ def variant_row(
     accs: dict[str, list[float]],
     k: int,
     chains: list[dict[str, StageOutput]] | None = None,
-    last: list[float] | None = None,
+    last: dict[str, list[float]] | None = None,
 ) -> dict:
     """A table row: test accuracy with its paired gains, maj@K / pass@K, the reward models' quality
     (``chains``: each seed's round-1 stages where each seed has its own; default ``s.first``),
-    memory and speed, all mean over seeds. ``last``: each seed's accuracy of the policy its training
-    ended with, where keep-best published another step's for some seed (beside the kept steps)."""
+    memory and speed, all mean over seeds. ``last``: per variant where keep-best published another
+    step's for some seed, each seed's accuracy of the policy its training ended with (beside the kept
+    steps; every comparison made again between the policies the runs ended with)."""
     row = accuracy_row(name, accs[name], sft_acc, accs.get(BASELINE))
     vcfg = s.config(name, s.cfg.seed)
     if (lora := vcfg.sft.lora if VARIANTS[name].grpo is None else vcfg.grpo.lora) is not None:
         row["lora_rank"] = lora.rank  # an adapter trained, not every weight: the table says so
     if VARIANTS[name].grpo is not None:
         row["kept_steps"] = [r.kept_step for r in runs]  # keep-best's choice per seed; 0: the stage's own start
-    if last is not None:
-        d = seed_interval(last, [sft_acc] * len(last))
+    last = last or {}
+    if (mine := last.get(name)) is not None:
+        d = seed_interval(mine, [sft_acc] * len(mine))
         row |= {
-            "last_accuracy_mean": round(mean_std(last)[0], 4),
+            "last_accuracy_mean": round(mean_std(mine)[0], 4),
             "last_gain_over_sft": round(d["mean"], 4),
             "last_gain_over_sft_95ci": [round(d["low"], 4), round(d["high"], 4)],
-            "last_per_seed": [round(a, 4) for a in last],
+            "last_per_seed": [round(a, 4) for a in mine],
         }
     compared = [
         ("one_round", ONE_ROUND if name == TWO_ROUNDS else None),
@@ -533,6 +535,12 @@ def variant_row(
                 f"gain_over_{label}": round(d["mean"], 4),
                 f"gain_over_{label}_95ci": [round(d["low"], 4), round(d["high"], 4)],
             }
+            if name in last or ref in last:  # the policies the runs ended with (a run's kept = its last elsewhere)
+                d = seed_interval(last.get(name, accs[name]), last.get(ref, accs[ref]))
+                row |= {
+                    f"last_gain_over_{label}": round(d["mean"], 4),
+                    f"last_gain_over_{label}_95ci": [round(d["low"], 4), round(d["high"], 4)],
+                }
     row |= staleness_columns(runs)
     # Where rewards are sparse: how often a step, and how many of its groups, carried a policy gradient.
     zero = [
@@ -823,9 +831,7 @@ def table_rows(
         for ref in ("sft", "policy")
         if ref in results
     ]
-    return rows + [
-        variant_row(s, n, rs, sampled, sft_acc, accs, samples, chains[n], last.get(n)) for n, rs in runs.items()
-    ]
+    return rows + [variant_row(s, n, rs, sampled, sft_acc, accs, samples, chains[n], last) for n, rs in runs.items()]
 
 
 def publish(s: Setup, preset: str, out: dict, out_root: Path, uri: str, exp_id: str, parent: str, unsent: Path) -> dict:
@@ -963,9 +969,14 @@ def report(result: dict, link: str) -> str:
         for other in VARIANTS[r["variant"]].against if r["variant"] in VARIANTS else ():
             if f"gain_over_{other}" in r:
                 low, high = r[f"gain_over_{other}_95ci"]
+                ended = ""
+                if f"last_gain_over_{other}" in r:
+                    lo, hi = r[f"last_gain_over_{other}_95ci"]
+                    gain = 100 * r[f"last_gain_over_{other}"]
+                    ended = f"; the policies the runs ended with: {gain:+.2f} [{100 * lo:+.2f}, {100 * hi:+.2f}]"
                 lines.append(
                     f"- {r['variant']} against {other} ({same}): {100 * r[f'gain_over_{other}']:+.2f} "
-                    f"points [{100 * low:+.2f}, {100 * high:+.2f}], {r['seeds']} seeds."
+                    f"points [{100 * low:+.2f}, {100 * high:+.2f}], {r['seeds']} seeds{ended}."
                 )
     lines += [""] + [f"![{name}]({figure_source(Path(path))})" for name, path in result["figures"].items()]
     return "\n".join(lines)

@@ -138,7 +138,7 @@ def test_rows_compare_with_uniform_and_count_steps_with_a_gradient(tmp_path, tin
 def test_a_row_reports_the_last_policy_beside_the_kept_one_and_names_a_kept_step_0(tmp_path, tiny_cfg):
     """Keep-best published step 0 (the SFT model itself) for seed 0 and the last step for seed 1: the
     row gives the last policies' accuracy with its interval, and the table says what step 0 was."""
-    from flows.experiment import Run, format_table, setup, variant_row
+    from flows.experiment import Run, format_table, report, setup, variant_row
     from grpo_core.stages.outputs import GRPOOutput
 
     s = setup(str(_finished_run(tmp_path, tiny_cfg)), "sampling", None, None, 5, None)
@@ -146,9 +146,12 @@ def test_a_row_reports_the_last_policy_beside_the_kept_one_and_names_a_kept_step
     kept_0 = Run.of(0, [GRPOOutput(**grpo, best_step=0, last_model="l", last_digest="e")])
     kept_last = Run.of(1, [GRPOOutput(**grpo, best_step=4)])
     assert (kept_0.kept_step, kept_0.last.path, kept_last.kept_step, kept_last.last) == (0, "l", 4, None)
-    row = variant_row(s, "dynamic", [kept_0, kept_last], {}, 0.10, {"dynamic": [0.10, 0.14]}, 1, last=[0.13, 0.14])
+    accs = {"dynamic": [0.10, 0.14], "uniform": [0.11, 0.12]}
+    row = variant_row(s, "dynamic", [kept_0, kept_last], {}, 0.10, accs, 1, last={"dynamic": [0.13, 0.14]})
     assert row["kept_steps"] == [0, 4] and row["last_accuracy_mean"] == pytest.approx(0.135)
     assert row["last_gain_over_sft"] == pytest.approx(0.035) and row["gain_over_sft"] == pytest.approx(0.02)
+    # Against its control as kept, and between the policies the runs ended with (uniform's kept = its last).
+    assert row["gain_over_uniform"] == pytest.approx(0.005) and row["last_gain_over_uniform"] == pytest.approx(0.02)
     table = format_table({"samples": 1, "rows": [row]})
     assert (
         "last step: accuracy, vs SFT (95% CI)" in table
@@ -156,6 +159,21 @@ def test_a_row_reports_the_last_policy_beside_the_kept_one_and_names_a_kept_step
         and "13.5, +3.5" in table
     )
     assert "lora_rank" not in row and "LoRA" not in table
+    # The report's line for an arm against its control gives both comparisons.
+    gains = {"gain_over_dynamic": 0.01, "gain_over_dynamic_95ci": [0.0, 0.02]}
+    gains |= {"last_gain_over_dynamic": -0.03, "last_gain_over_dynamic_95ci": [-0.05, -0.01]}
+    result = {"preset": "sparse", "run_name": "r", "budget": {"steps": 5, "seconds": None}, "seeds": 2}
+    result |= {
+        "n_test": 10,
+        "n_sampled": 0,
+        "samples": 1,
+        "figures": {},
+        "rows": [row | {"variant": "rule+orm"} | gains],
+    }
+    assert (
+        "- rule+orm against dynamic (same GRPO steps): +1.00 points [+0.00, +2.00], 2 seeds; "
+        "the policies the runs ended with: -3.00 [-5.00, -1.00]." in report(result, "x")
+    )
     (tmp_path / "l").mkdir()
     lora = setup(
         str(_finished_run(tmp_path / "l", tiny_cfg)),
