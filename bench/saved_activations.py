@@ -33,7 +33,6 @@ sys.path.insert(0, str(ROOT))
 from bench.shapes import SHAPES, llama  # noqa: E402
 
 VOCAB = SHAPES["smollm2-135m"]["vocab_size"]
-
 LAYERS = SHAPES["smollm2-135m"]["num_hidden_layers"]
 
 

@@ -1,5 +1,6 @@
-"""The model shapes the benches measure on randomly initialised Llamas (no files needed): the demo's
-and SmolLM2-135M's, as ``LlamaConfig`` fields, and a seeded fp32 model of one."""
+"""The model shapes some benches measure on randomly initialised Llamas (no files needed), as
+``LlamaConfig`` fields: a demo-sized one (the demo's width and depth; a 64-token vocabulary, untied,
+not the demo's character vocabulary) and SmolLM2-135M's; and a seeded fp32 model of one."""
 
 from __future__ import annotations
 

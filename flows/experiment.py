@@ -43,7 +43,7 @@ from pydantic import BaseModel, ConfigDict
 from flows import artifact_key, numbered_run_name, parameter
 from flows.reports import figure_source, mlflow_link, warning_line
 from flows.rounds import RoundStart, reward_stages
-from flows.variants import BASELINE, Budget, ONE_ROUND, PRESETS, Preset, TWO_ROUNDS, UNIFORM, VARIANTS
+from flows.variants import BASELINE, Budget, PRESETS, Preset, UNIFORM, VARIANTS
 from grpo_core import figures
 from grpo_core.config import PipelineConfig
 from grpo_core.digests import digest_dir
@@ -475,22 +475,22 @@ def _window(steps: list[dict], when: str, width: int) -> list[dict]:
     return steps[middle : middle + width]
 
 
-def accuracy_row(name: str, accs: list[float], sft_acc: float, baseline: list[float] | None) -> dict:
-    """A table row: accuracy over seeds, and the paired differences to SFT and to continued SFT."""
+def gain(key: str, a: list[float], b: list[float]) -> dict:
+    """Row fields ``key`` and ``key_95ci``: the mean paired difference ``a - b`` over seeds and its
+    95% Student-t interval, rounded."""
+    d = seed_interval(a, b)
+    return {key: round(d["mean"], 4), f"{key}_95ci": [round(d["low"], 4), round(d["high"], 4)]}
+
+
+def accuracy_row(name: str, accs: list[float]) -> dict:
+    """A table row's start: test accuracy over seeds."""
     mean, std = mean_std(accs)
-    row = {
+    return {
         "variant": name,
         "seeds": len(accs),
         "test_accuracy_mean": round(mean, 4),
         "test_accuracy_std": round(std, 4),
     }
-    for label, ref in (("sft", [sft_acc] * len(accs)), (BASELINE, baseline)):
-        if ref is None or name in ("sft", "policy", label) or len(ref) != len(accs):
-            continue
-        d = seed_interval(accs, ref)
-        row[f"gain_over_{label}"] = round(d["mean"], 4)
-        row[f"gain_over_{label}_95ci"] = [round(d["low"], 4), round(d["high"], 4)]
-    return row
 
 
 def variant_row(
@@ -504,12 +504,15 @@ def variant_row(
     chains: list[dict[str, StageOutput]] | None = None,
     last: dict[str, list[float]] | None = None,
 ) -> dict:
-    """A table row: test accuracy with its paired gains, maj@K / pass@K, the reward models' quality
+    """A table row: test accuracy with its paired gains over SFT, continued SFT, the uniform draw and
+    the variants it is compared with (``against``), maj@K / pass@K, the reward models' quality
     (``chains``: each seed's round-1 stages where each seed has its own; default ``s.first``),
     memory and speed, all mean over seeds. ``last``: per variant where keep-best published another
-    step's for some seed, each seed's accuracy of the policy its training ended with (beside the kept
-    steps; every comparison made again between the policies the runs ended with)."""
-    row = accuracy_row(name, accs[name], sft_acc, accs.get(BASELINE))
+    step's for some seed, each seed's accuracy of the policy its training ended with; the row then
+    gives it beside the kept steps, and each of those gains again between the policies the runs
+    ended with (``last_gain_over_<other>``; a variant not in ``last`` ended with what it kept)."""
+    n = len(accs[name])
+    row = accuracy_row(name, accs[name]) | gain("gain_over_sft", accs[name], [sft_acc] * n)
     vcfg = s.config(name, s.cfg.seed)
     if (lora := vcfg.sft.lora if VARIANTS[name].grpo is None else vcfg.grpo.lora) is not None:
         row["lora_rank"] = lora.rank  # an adapter trained, not every weight: the table says so
@@ -517,30 +520,14 @@ def variant_row(
         row["kept_steps"] = [r.kept_step for r in runs]  # keep-best's choice per seed; 0: the stage's own start
     last = last or {}
     if (mine := last.get(name)) is not None:
-        d = seed_interval(mine, [sft_acc] * len(mine))
-        row |= {
-            "last_accuracy_mean": round(mean_std(mine)[0], 4),
-            "last_gain_over_sft": round(d["mean"], 4),
-            "last_gain_over_sft_95ci": [round(d["low"], 4), round(d["high"], 4)],
-            "last_per_seed": [round(a, 4) for a in mine],
-        }
-    compared = [
-        ("one_round", ONE_ROUND if name == TWO_ROUNDS else None),
-        (UNIFORM, UNIFORM if name != UNIFORM else None),
-    ]
-    for label, ref in compared + [(other, other) for other in VARIANTS[name].against]:
-        if ref in accs and len(accs[ref]) == len(accs[name]):
-            d = seed_interval(accs[name], accs[ref])
-            row |= {
-                f"gain_over_{label}": round(d["mean"], 4),
-                f"gain_over_{label}_95ci": [round(d["low"], 4), round(d["high"], 4)],
-            }
-            if name in last or ref in last:  # the policies the runs ended with (a run's kept = its last elsewhere)
-                d = seed_interval(last.get(name, accs[name]), last.get(ref, accs[ref]))
-                row |= {
-                    f"last_gain_over_{label}": round(d["mean"], 4),
-                    f"last_gain_over_{label}_95ci": [round(d["low"], 4), round(d["high"], 4)],
-                }
+        row |= {"last_accuracy_mean": round(mean_std(mine)[0], 4), "last_per_seed": [round(a, 4) for a in mine]}
+        row |= gain("last_gain_over_sft", mine, [sft_acc] * n)
+    for other in dict.fromkeys((BASELINE, UNIFORM, *VARIANTS[name].against)):
+        if other == name or len(accs.get(other, ())) != n:
+            continue
+        row |= gain(f"gain_over_{other}", accs[name], accs[other])
+        if name in last or other in last:
+            row |= gain(f"last_gain_over_{other}", last.get(name, accs[name]), last.get(other, accs[other]))
     row |= staleness_columns(runs)
     # Where rewards are sparse: how often a step, and how many of its groups, carried a policy gradient.
     zero = [
@@ -826,7 +813,7 @@ def table_rows(
         if any(r.last for r in rs)
     }
     rows = [
-        accuracy_row(ref, [results[ref]["accuracy"]], sft_acc, None)
+        accuracy_row(ref, [results[ref]["accuracy"]])
         | ({f"{m}@{samples}_mean": sampled[ref][f"{m}@{samples}"] for m in ("maj", "pass")} if sampled else {})
         for ref in ("sft", "policy")
         if ref in results
@@ -850,22 +837,25 @@ def publish(s: Setup, preset: str, out: dict, out_root: Path, uri: str, exp_id: 
     return write_manifest(out_root, out, s.root)
 
 
+def pts(r: dict, key: str, digits: int = 1) -> str:
+    """A row's gain ``key`` (``gain``'s fields) in points with its interval; "-" where absent."""
+    if key not in r:
+        return "-"
+    low, high = r[f"{key}_95ci"]
+    return f"{100 * r[key]:+.{digits}f} " + (
+        f"[{100 * low:+.{digits}f}, {100 * high:+.{digits}f}]" if low == low else "(one seed: no interval)"
+    )
+
+
 def format_table(result: dict) -> str:
     """The experiment's table in Markdown: accuracies and gains in points, memory in MiB."""
-
-    def pts(r: dict, key: str) -> str:
-        if key not in r:
-            return "-"
-        low, high = r[f"{key}_95ci"]
-        return f"{100 * r[key]:+.1f} " + (
-            f"[{100 * low:+.1f}, {100 * high:+.1f}]" if low == low else "(one seed: no interval)"
-        )
-
     k = result["samples"]
     sampled = [f"maj@{k}", f"pass@{k}"] if k > 1 else []
     uniform = any(f"gain_over_{UNIFORM}" in r for r in result["rows"])
     gradient = any("groups_with_gradient_mean" in r for r in result["rows"])
-    against = [v for v in VARIANTS if any(f"gain_over_{v}" in r for r in result["rows"])]
+    against = [
+        v for v in VARIANTS if v not in (BASELINE, UNIFORM) and any(f"gain_over_{v}" in r for r in result["rows"])
+    ]
     stale = [kind for kind in ("orm", "prm") if any(f"{kind}_within_auc_start_mean" in r for r in result["rows"])]
     last = any("last_accuracy_mean" in r for r in result["rows"])
     lines = [
@@ -957,26 +947,15 @@ def report(result: dict, link: str) -> str:
     ]
     warned = [warning_line(w, r["variant"]) for r in result["rows"] for w in r.get("quality_warnings", [])]
     lines += (warned + [""] if warned else []) + [format_table(result), ""]
-    two = next((r for r in result["rows"] if "gain_over_one_round" in r), None)
-    if two:
-        low, high = two["gain_over_one_round_95ci"]
-        lines += [
-            f"Two rounds against one ({same}): {100 * two['gain_over_one_round']:+.1f} points "
-            f"[{100 * low:+.1f}, {100 * high:+.1f}].",
-            "",
-        ]
     for r in result["rows"]:
         for other in VARIANTS[r["variant"]].against if r["variant"] in VARIANTS else ():
             if f"gain_over_{other}" in r:
-                low, high = r[f"gain_over_{other}_95ci"]
-                ended = ""
-                if f"last_gain_over_{other}" in r:
-                    lo, hi = r[f"last_gain_over_{other}_95ci"]
-                    gain = 100 * r[f"last_gain_over_{other}"]
-                    ended = f"; the policies the runs ended with: {gain:+.2f} [{100 * lo:+.2f}, {100 * hi:+.2f}]"
+                ended = f"last_gain_over_{other}"
                 lines.append(
-                    f"- {r['variant']} against {other} ({same}): {100 * r[f'gain_over_{other}']:+.2f} "
-                    f"points [{100 * low:+.2f}, {100 * high:+.2f}], {r['seeds']} seeds{ended}."
+                    f"- {r['variant']} against {other} ({same}): {pts(r, f'gain_over_{other}', 2)} points, "
+                    f"{r['seeds']} seeds"
+                    + (f"; the policies the runs ended with: {pts(r, ended, 2)}" if ended in r else "")
+                    + "."
                 )
     lines += [""] + [f"![{name}]({figure_source(Path(path))})" for name, path in result["figures"].items()]
     return "\n".join(lines)

@@ -15,7 +15,8 @@ class Variant(BaseModel):
     ``rounds.count``). Between rounds the reward models it uses are retrained on the policy's fresh
     samples plus a ``replay`` share of earlier data (None: the recipe's ``rounds.replay_fraction``),
     outside the budget, unless ``retrain`` is off: the round-1 reward models the whole way.
-    ``against``: the variants its row is compared with, seed by seed (``gain_over_<name>``).
+    ``against``: the variants its row is compared with, seed by seed (``gain_over_<name>``, and
+    ``last_gain_over_<name>`` between the policies the runs ended with where keep-best kept another).
     ``labels_of``: a frozen arm whose round-1 reward models are its own, trained once before RL on as
     many of the SFT model's checker-labelled samples as that (retrained) variant's reward models are
     given over all its rounds, for as many updates as they made (that variant runs first, seed by seed)."""
@@ -43,8 +44,6 @@ PRM = {"reward_weights": {"prm": 1.0}, "supervision": "process"}
 VARIANTS = {
     BASELINE: Variant(about="SFT continued on its worked solutions at the lr it ended with: the no-RL baseline"),
     # The paper's §5 algorithms on the answer checker; RFT has no KL term, so a recipe's beta is refused.
-    # ``against`` pairs carry the §5 comparisons: online RFT with RFT and GRPO, PPO with GRPO, process
-    # supervision with outcome supervision, PURE's min-form credit with the sum.
     "rft": Variant(
         about="rejection-sampling fine-tuning on the frozen SFT model's correct samples",
         grpo=RULE | {"algorithm": "rft", "beta": 0.0, "redraws": 0},
@@ -80,7 +79,10 @@ VARIANTS = {
         about="the same with PURE's min-form credit", grpo=PRM | {"process_credit": "min"}, against=(ONE_ROUND,)
     ),
     TWO_ROUNDS: Variant(
-        about="two iterations of prm-process, half the budget each, the PRM retrained between them", grpo=PRM, rounds=2
+        about="two iterations of prm-process, half the budget each, the PRM retrained between them",
+        grpo=PRM,
+        rounds=2,
+        against=(ONE_ROUND,),
     ),
     "rule+prm-process": Variant(
         about="the answer checker plus the PRM's step credit, the demo's reward",

@@ -47,22 +47,31 @@ def test_every_variant_trains_for_the_seconds_grpo_trained(tmp_path, tiny_cfg, p
 def test_an_arm_differs_from_the_arms_it_is_compared_with_only_in_what_it_names(tmp_path, tiny_cfg):
     """Each ``against`` pair (the rows' paired gains): the arm's recipe differs from its control's
     only in ``grpo`` settings the arm names (e.g. a learned-reward arm keeps its control's dynamic
-    sampling), an algorithm named bringing its own section (PPO's ``grpo.ppo``); rounds, retraining
-    and replay are the variants' own fields."""
+    sampling), PPO bringing its own section (``grpo.ppo``); rounds, retraining and replay are the
+    variants' own fields. The §5 and sparse comparisons are among the pairs, and a sparse arm differs
+    from its control in the reward alone."""
     from flows.experiment import setup
     from grpo_core.recipe import flatten
 
     s = setup(str(_finished_run(tmp_path, tiny_cfg)), "compare", None, None, 6, None)
     pairs = [(name, other) for name, v in VARIANTS.items() for other in v.against]
-    assert len(pairs) >= 6
+    section_5 = {("online-rft", "rft"), ("online-rft", "rule-outcome"), ("ppo", "rule-outcome")}
+    section_5 |= {("prm-process", "orm-outcome"), ("prm-process-min-credit", "prm-process")}
+    sparse = {("rule+orm", "dynamic"), ("rule+prm", "dynamic")}
+    assert section_5 | sparse | {("prm-process-2-rounds", "prm-process"), ("retrained", "frozen")} <= set(pairs)
     for name, other in pairs:
         mine, theirs = flatten(s.config(name, 0)), flatten(s.config(other, 0))
         named = {f"grpo.{k}" for k in VARIANTS[name].grpo or {}}
-        named |= {
-            f"grpo.{a}" for a in (mine.get("grpo.algorithm"), theirs.get("grpo.algorithm")) if "grpo.algorithm" in named
+        if "grpo.algorithm" in named and mine["grpo.algorithm"] == "ppo":
+            named.add("grpo.ppo")  # PPO's own settings (the value model, GAE) come with it
+        if VARIANTS[name].rounds != VARIANTS[other].rounds:
+            named |= {"grpo.max_steps", "grpo.max_seconds"}  # the budget shared over the rounds
+        differ = {
+            k.split(".")[0] + "." + k.split(".")[1] for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k)
         }
-        differ = {k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k)}
-        assert {k.split(".")[0] + "." + k.split(".")[1] for k in differ} <= named, (name, other, differ)
+        assert differ <= named, (name, other, differ)
+        if (name, other) in sparse:  # the reward alone: dynamic sampling and the draw are the control's
+            assert "grpo.reward_weights" in differ and differ <= {"grpo.reward_weights", "grpo.supervision"}, differ
 
 
 def test_equal_samples_and_an_explicit_time(tmp_path, tiny_cfg):
@@ -152,6 +161,11 @@ def test_a_row_reports_the_last_policy_beside_the_kept_one_and_names_a_kept_step
     assert row["last_gain_over_sft"] == pytest.approx(0.035) and row["gain_over_sft"] == pytest.approx(0.02)
     # Against its control as kept, and between the policies the runs ended with (uniform's kept = its last).
     assert row["gain_over_uniform"] == pytest.approx(0.005) and row["last_gain_over_uniform"] == pytest.approx(0.02)
+    # The other way round: the control ended elsewhere, the arm kept its last; neither: no such gain.
+    other_way = variant_row(s, "dynamic", [kept_last, kept_last], {}, 0.10, accs, 1, last={"uniform": [0.09, 0.10]})
+    assert other_way["last_gain_over_uniform"] == pytest.approx(0.025) and "last_accuracy_mean" not in other_way
+    neither = variant_row(s, "dynamic", [kept_last, kept_last], {}, 0.10, accs, 1)
+    assert not any(key.startswith("last_") for key in neither)
     table = format_table({"samples": 1, "rows": [row]})
     assert (
         "last step: accuracy, vs SFT (95% CI)" in table
@@ -171,7 +185,7 @@ def test_a_row_reports_the_last_policy_beside_the_kept_one_and_names_a_kept_step
         "rows": [row | {"variant": "rule+orm"} | gains],
     }
     assert (
-        "- rule+orm against dynamic (same GRPO steps): +1.00 points [+0.00, +2.00], 2 seeds; "
+        "- rule+orm against dynamic (same GRPO steps): +1.00 [+0.00, +2.00] points, 2 seeds; "
         "the policies the runs ended with: -3.00 [-5.00, -1.00]." in report(result, "x")
     )
     (tmp_path / "l").mkdir()

@@ -57,7 +57,7 @@ def test_study_flow_two_seeds(prefect_harness, tmp_path, tiny_cfg, monkeypatch):
         assert 0 <= row["maj@2_mean"] <= 1 and 0 <= row["pass@2_mean"] <= 1
         assert row["peak_rss_mib_mean"] > 50  # a torch process of its own, measured there
         assert row["steps_per_s_mean"] > 0
-    assert "gain_over_continued-sft" in rows["ppo"] and "gain_over_one_round" in rows["prm-process-2-rounds"]
+    assert "gain_over_continued-sft" in rows["ppo"] and "gain_over_prm-process" in rows["prm-process-2-rounds"]
     # Equal samples: 2 GRPO steps per RL run, split 1 + 1 over the two rounds.
     runs = out["runs"]
     assert [r["steps"] for r in runs["ppo"]] == [2, 2] and [r["steps"] for r in runs["prm-process-2-rounds"]] == [2, 2]
@@ -95,7 +95,7 @@ def test_study_flow_two_seeds(prefect_harness, tmp_path, tiny_cfg, monkeypatch):
         )
     assert "| prm-process-2-rounds | 2 |" in artifact.data and artifact.data.count("data:image/png;base64,") == 4
     table = json.loads(Path(client.download_artifacts(run.info.run_id, "study.json", str(tmp_path))).read_text())
-    assert {"gain_over_one_round", "peak_rss_mib_mean"} <= set(table["columns"])  # not just the SFT row's
+    assert {"gain_over_prm-process", "peak_rss_mib_mean"} <= set(table["columns"])  # not just the SFT row's
     with pytest.raises(ValueError, match="unknown study variant"):
         experiment(str(run_dir), "study", ["reinforce"], seeds=1)
     with pytest.raises(ValueError, match="at least 2 GRPO steps"):
