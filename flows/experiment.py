@@ -926,7 +926,7 @@ def format_table(result: dict) -> str:
 
 
 def report(result: dict, link: str) -> str:
-    """The Prefect artifact: what was run, the table, the two-round comparison, the figures inline."""
+    """The Prefect artifact: what was run, the table, a line per compared pair, the figures inline."""
     b = result["budget"]
     what = f"{b['steps']} GRPO steps each" if b["steps"] else f"{b['seconds']:.0f} s of training each"
     same = "same GRPO steps" if b["steps"] else "same training seconds"
