@@ -255,7 +255,8 @@ def _at_least_one(a: argparse.Namespace, *names: str) -> None:
 
 def cmd_experiment(a: argparse.Namespace) -> None:
     """``compare``, ``study`` and ``baseline``: presets of the experiment flow."""
-    from flows.experiment import experiment, setup
+    from flows.experiment import experiment
+    from flows.experiment_setup import setup
     from flows.variants import VARIANTS
     from tasks.run_lock import in_use
 

@@ -29,7 +29,7 @@ def _finished_run(tmp_path, tiny_cfg):
 
 @pytest.mark.parametrize("preset, seconds", [("compare", 10.0), ("study", 10.0), ("baseline", 22.5)])
 def test_every_variant_trains_for_the_seconds_grpo_trained(tmp_path, tiny_cfg, preset, seconds):
-    from flows.experiment import setup  # imports prefect: after the test environment is set
+    from flows.experiment_setup import setup  # imports prefect: after the test environment is set
 
     s = setup(str(_finished_run(tmp_path, tiny_cfg)), preset, list(VARIANTS), None, None, None)
     assert s.budget.seconds == seconds
@@ -50,7 +50,7 @@ def test_an_arm_differs_from_the_arms_it_is_compared_with_only_in_what_it_names(
     sampling), PPO bringing its own section (``grpo.ppo``); rounds, retraining and replay are the
     variants' own fields. The §5 and sparse comparisons are among the pairs, and a sparse arm differs
     from its control in the reward alone."""
-    from flows.experiment import setup
+    from flows.experiment_setup import setup
     from grpo_core.recipe import flatten
 
     s = setup(str(_finished_run(tmp_path, tiny_cfg)), "compare", None, None, 6, None)
@@ -75,7 +75,7 @@ def test_an_arm_differs_from_the_arms_it_is_compared_with_only_in_what_it_names(
 
 
 def test_equal_samples_and_an_explicit_time(tmp_path, tiny_cfg):
-    from flows.experiment import setup
+    from flows.experiment_setup import setup
 
     run = str(_finished_run(tmp_path, tiny_cfg))
     s = setup(run, "study", None, None, 5, None)
@@ -89,7 +89,7 @@ def test_equal_samples_and_an_explicit_time(tmp_path, tiny_cfg):
 
 
 def test_a_learning_rate_sweep_sets_every_rl_variant_and_only_them(tmp_path, tiny_cfg):
-    from flows.experiment import setup
+    from flows.experiment_setup import setup
 
     s = setup(str(_finished_run(tmp_path, tiny_cfg)), "sampling", None, None, 5, None, lr=3e-5)
     assert {s.config(v, 0).grpo.lr for v in PRESETS["sampling"].variants} == {3e-5}
@@ -102,7 +102,7 @@ def test_a_recipes_dynamic_sampling_stays_with_grpo_and_outcome_supervision(tmp_
     """The §5 algorithms pin redraws to 0 over a recipe that sets it; under a recipe supervised by
     the PRM alone the dynamic variants are refused (they judge a group by the answer checker; the
     experiment skips them, saying why), beside the checker they run."""
-    from flows.experiment import setup
+    from flows.experiment_setup import setup
 
     run = _finished_run(tmp_path, tiny_cfg)
     recipe = yaml.safe_load((run / "config.yaml").read_text())
@@ -123,7 +123,8 @@ def test_a_recipes_dynamic_sampling_stays_with_grpo_and_outcome_supervision(tmp_
 
 
 def test_rows_compare_with_uniform_and_count_steps_with_a_gradient(tmp_path, tiny_cfg):
-    from flows.experiment import Run, format_table, setup, variant_row
+    from flows.experiment_setup import Run, setup
+    from flows.experiment_table import format_table, variant_row
 
     s = setup(str(_finished_run(tmp_path, tiny_cfg)), "sampling", None, None, 5, None)
     run = lambda seed, zero: Run(  # noqa: E731
@@ -147,7 +148,8 @@ def test_rows_compare_with_uniform_and_count_steps_with_a_gradient(tmp_path, tin
 def test_a_row_reports_the_last_policy_beside_the_kept_one_and_names_a_kept_step_0(tmp_path, tiny_cfg):
     """Keep-best published step 0 (the SFT model itself) for seed 0 and the last step for seed 1: the
     row gives the last policies' accuracy with its interval, and the table says what step 0 was."""
-    from flows.experiment import Run, format_table, report, setup, variant_row
+    from flows.experiment_setup import Run, setup
+    from flows.experiment_table import format_table, report, variant_row
     from grpo_core.stages.outputs import GRPOOutput
 
     s = setup(str(_finished_run(tmp_path, tiny_cfg)), "sampling", None, None, 5, None)

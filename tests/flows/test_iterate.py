@@ -47,7 +47,7 @@ def _finished_run(tmp_path, tiny_cfg, **recipe):
 
 
 def test_every_arm_trains_the_recipes_steps_over_its_rounds(tmp_path, tiny_cfg):
-    from flows.experiment import setup
+    from flows.experiment_setup import setup
 
     s = setup(str(_finished_run(tmp_path, tiny_cfg)), "iterate", None, None, None, None)
     assert s.budget.steps == 14  # grpo.max_steps 7 x rounds.count 2, the default budget
@@ -67,7 +67,7 @@ class Recorder:
         self.grpo, self.retrained = [], []
 
     def run_stage(self, task, cfg, out_dir, inputs, **common):
-        from flows.experiment import GRPOOutput
+        from grpo_core.stages.outputs import GRPOOutput
 
         self.grpo.append((cfg, inputs))
         k = len(self.grpo)
@@ -86,7 +86,7 @@ class Recorder:
         return type("StageRun", (), {"output": out})
 
     def reward_stages(self, cfg, k, round_dir, run_dir, data, sft, start, common):
-        from flows.experiment import Ref
+        from grpo_core.stages.inputs import Ref
 
         self.retrained.append((cfg, k, start))
         stage = lambda ref, seconds, **extra: type(  # noqa: E731
@@ -182,14 +182,15 @@ def test_the_equal_labels_arm_differs_from_frozen_in_its_reward_models_labels_an
 
 
 def test_the_equal_labels_arm_is_refused_without_the_arm_it_is_matched_to(tmp_path, tiny_cfg):
-    from flows.experiment import setup
+    from flows.experiment_setup import setup
 
     with pytest.raises(ValueError, match=f"run it beside {RETRAINED}"):
         setup(str(_finished_run(tmp_path, tiny_cfg)), "iterate", [FROZEN, EQUAL_LABELS], None, None, None)
 
 
 def test_rows_carry_paired_intervals_against_frozen_and_the_staleness(tmp_path, tiny_cfg):
-    from flows.experiment import Run, format_table, setup, variant_row
+    from flows.experiment_setup import Run, setup
+    from flows.experiment_table import format_table, variant_row
 
     s = setup(str(_finished_run(tmp_path, tiny_cfg)), "iterate", None, None, None, None)
 
@@ -256,7 +257,8 @@ def test_rows_carry_paired_intervals_against_frozen_and_the_staleness(tmp_path, 
 
 
 def test_a_variant_on_a_reward_model_that_failed_its_gate_says_so_in_its_row_and_report(tmp_path, tiny_cfg):
-    from flows.experiment import Run, report, setup, variant_row
+    from flows.experiment_setup import Run, setup
+    from flows.experiment_table import report, variant_row
     from grpo_core.rewards.gate import gate_failure
 
     run_dir = _finished_run(tmp_path, tiny_cfg)
@@ -293,7 +295,7 @@ def test_a_variant_on_a_reward_model_that_failed_its_gate_says_so_in_its_row_and
 
 
 def test_a_recipe_for_another_sft_model_is_refused_in_one_line(tmp_path, tiny_cfg):
-    from flows.experiment import setup
+    from flows.experiment_setup import setup
 
     run = _finished_run(tmp_path, tiny_cfg)
     recipe = yaml.safe_load((run / "config.yaml").read_text())
