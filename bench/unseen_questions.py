@@ -10,7 +10,7 @@ An evaluation on data the project never tuned on:
 ``--experiment DIR`` (an experiment preset's folder, e.g. runs/demo/iterate/<budget>) also evaluates
 the SFT model and every (variant, seed) model of it on those questions and prints one JSON object:
 each variant's accuracies and its paired gains, seed by seed, over the variants its row compares
-with (``against``), with 95% intervals, as the experiment's rows on its test split.
+with (``against``), with 95% intervals, as the experiment's rows on its test split (``on_unseen``).
 """
 
 from __future__ import annotations
@@ -50,11 +50,14 @@ def unseen_questions(run_dir: Path, n: int, seed: int) -> list[tuple[list[int], 
 
 
 def on_unseen(experiment: Path, questions: str, max_new_tokens: int) -> dict:
-    """The experiment's models on ``questions``: accuracy per variant and seed, paired gains."""
+    """The experiment's models on ``questions``: accuracy per variant and seed, and the paired gains
+    of its rows (``against``); where keep-best published another step for some seed, the same for the
+    policies the runs ended with (``last_``), as the experiment's rows on its test split."""
+    from flows.experiment_table import gain
     from flows.variants import VARIANTS
     from grpo_core.evaluation import greedy_accuracy
     from grpo_core.lm.modeling import load_model
-    from grpo_core.stats import mean_std, seed_interval
+    from grpo_core.stats import mean_std
 
     result = json.loads((experiment / "manifest.json").read_text())
     examples = load_jsonl(questions)
@@ -65,13 +68,21 @@ def on_unseen(experiment: Path, questions: str, max_new_tokens: int) -> dict:
 
     sft = json.loads((experiment.parents[1] / "manifest.json").read_text())["sft_model"]
     accs = {name: [accuracy(r["model"]["path"]) for r in runs] for name, runs in result["runs"].items()}
+    last = {
+        name: [accuracy(r["last"]["path"]) if r.get("last") else acc for r, acc in zip(runs, accs[name])]
+        for name, runs in result["runs"].items()
+        if any(r.get("last") for r in runs)
+    }
     rows = [{"variant": "sft", "accuracy": accuracy(sft)}]
     for name, values in accs.items():
         row = {"variant": name, "accuracy_mean": mean_std(values)[0], "per_seed": values}
+        if name in last:
+            row |= {"last_accuracy_mean": mean_std(last[name])[0], "last_per_seed": last[name]}
         for other in VARIANTS[name].against:
             if other in accs:
-                d = seed_interval(values, accs[other])
-                row |= {f"gain_over_{other}": d["mean"], f"gain_over_{other}_95ci": [d["low"], d["high"]]}
+                row |= gain(f"gain_over_{other}", values, accs[other])
+                if name in last or other in last:
+                    row |= gain(f"last_gain_over_{other}", last.get(name, values), last.get(other, accs[other]))
         rows.append(row)
     return {"experiment": str(experiment), "questions": questions, "n": len(examples), "rows": rows}
 
