@@ -79,7 +79,7 @@ def on_unseen(experiment: Path, questions: str, max_new_tokens: int) -> dict:
         if name in last:
             row |= {"last_accuracy_mean": mean_std(last[name])[0], "last_per_seed": last[name]}
         for other in VARIANTS[name].against:
-            if other in accs:
+            if len(accs.get(other, ())) == len(values):
                 row |= gain(f"gain_over_{other}", values, accs[other])
                 if name in last or other in last:
                     row |= gain(f"last_gain_over_{other}", last.get(name, values), last.get(other, accs[other]))

@@ -1,6 +1,7 @@
-"""An experiment's fixed parts (``flows/experiment.py``): the finished run it starts from, its
-recipe, preset and budget (``Setup``, made by ``setup``), and what one (variant, seed) trained
-(``Run``)."""
+"""The fixed parts of the experiment flow (``flows/experiment.py``): the finished run it starts
+from, its recipe, preset and budget (``Setup``, made by ``setup``; a ``--recipe`` checked against
+the run's by ``over_the_run``), what one (variant, seed) trained (``Run``) and the name its model is
+evaluated under (``model_key``)."""
 
 from __future__ import annotations
 

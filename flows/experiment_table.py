@@ -1,6 +1,6 @@
-"""An experiment's table and report (``flows/experiment.py``): a row per variant from its seeds'
-runs and evaluations (accuracy, paired gains with 95% intervals, maj@K / pass@K, the reward models'
-quality and staleness, memory and speed), the Markdown table and the Prefect report."""
+"""The table and report of the experiment flow (``flows/experiment.py``): a row per variant from
+its seeds' runs and evaluations (accuracy, paired gains with 95% intervals, maj@K / pass@K, the
+reward models' quality and staleness, memory and speed), the Markdown table and the Prefect report."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """What the RL stage keeps of its steps, for its manifest and for the reports that read it
-(``flows/experiment.py``, ``figures.py``): the metrics recorded at every step (the manifest's
+(``flows/experiment_table.py``, ``figures.py``): the metrics recorded at every step (the manifest's
 ``rewards`` rows), those averaged over the last steps for the stage's summary, and the reward
 models' staleness pooled over a span of steps."""
 

@@ -29,17 +29,19 @@ def test_gains_of_kept_and_last_policies_on_the_questions(tmp_path, monkeypatch)
     def seed(kept: str, last: str | None = None) -> dict:
         return {"model": {"path": kept}} | ({"last": {"path": last}} if last else {})
 
-    runs = {"frozen": [seed("0.6"), seed("0.7")], "retrained": [seed("0.8", last="0.65"), seed("0.8")]}
+    runs = {"frozen": [seed("0.6"), seed("0.7", last="0.75")], "retrained": [seed("0.8", last="0.65"), seed("0.8")]}
     (experiment / "manifest.json").write_text(json.dumps({"runs": runs}))
     questions = tmp_path / "q.jsonl"
     questions.write_text('{"question": "1 + 1?", "answer": "#### 2"}\n')
 
     sft, frozen, retrained = unseen_questions.on_unseen(experiment, str(questions), 8)["rows"]
     assert sft == {"variant": "sft", "accuracy": 0.5}
-    assert "last_accuracy_mean" not in frozen and "gain_over_retrained" not in frozen  # not compared that way
-    assert retrained["per_seed"] == [0.8, 0.8] and retrained["last_per_seed"] == [0.65, 0.8]
+    assert "gain_over_retrained" not in frozen  # not compared that way
+    assert frozen["last_per_seed"] == [0.6, 0.75] and retrained["last_per_seed"] == [0.65, 0.8]
     assert retrained["gain_over_frozen"] == 0.15  # (0.2 + 0.1) / 2
-    assert retrained["last_gain_over_frozen"] == 0.075  # (0.05 + 0.1) / 2: seed 0 ended below what it kept
+    # Seed by seed between the policies the runs ended with: 0.65 - 0.6 and 0.8 - 0.75.
+    assert retrained["last_gain_over_frozen"] == 0.05
+    assert retrained["last_gain_over_frozen_95ci"] == [0.05, 0.05]  # paired: no spread (unpaired it would have)
 
 
 class _Named:
