@@ -157,10 +157,12 @@ def variant_row(
     peaks = {m: [r.peak_memory[m] for r in runs if m in r.peak_memory] for m in ("rss_mib", "cuda_mib")}
     row |= {f"peak_{m}_mean": round(mean_std(v)[0], 1) for m, v in peaks.items() if v}
     uses = () if VARIANTS[name].grpo is None else vcfg.grpo.reward_models_used
-    chains = chains or [s.first]
-    w = sorted({sentence for first in chains for sentence in gate_warnings(first, uses)}) + [
+    # Each seed its own round-1 reward models: every failure is said with its seed (two seeds may fail alike).
+    own = [(f"seed {r.seed - s.cfg.seed}: ", first) for r, first in zip(runs, chains, strict=True)] if chains else []
+    w = [label + sentence for label, first in own or [("", s.first)] for sentence in gate_warnings(first, uses)] + [
         w for r in runs for w in r.quality_warnings
     ]
+    chains = chains or [s.first]
     warned = {"quality_warnings": w} if w else {}
     return (
         row

@@ -286,6 +286,10 @@ def test_a_variant_on_a_reward_model_that_failed_its_gate_says_so_in_its_row_and
         "figures": {},
     }
     assert f"> **Warning ({FROZEN}): {sentence}.**" in report(result, "x")
+    # Each seed its own reward models: two seeds whose models failed alike are two warnings, each naming its seed.
+    two = runs + [runs[0].model_copy(update={"seed": s.cfg.seed + 1})]
+    per_seed = variant_row(s, FROZEN, two, {}, 0.4, {FROZEN: [0.5, 0.5]}, 1, chains=[s.first, s.first])
+    assert per_seed["quality_warnings"] == [f"seed 0: {sentence}", f"seed 1: {sentence}"]
     manifest["rounds"][0]["stages"]["orm"]["quality_gate"]["passed"] = True
     (run_dir / "manifest.json").write_text(json.dumps(manifest))
     passed = variant_row(
