@@ -104,9 +104,11 @@ iterate: venv
 	$(BIN)/grpo-pipeline iterate runs/demo --recipe configs/demo-iterate.yaml --seeds $(ITERATE_SEEDS)
 
 # Where the checker is silent (~5% right): the checker with dynamic sampling against the checker plus
-# the ORM and plus the PRM's step credit, from demo-sparse's SFT model (`make sampling` first), 5 seeds.
+# the ORM and plus the PRM's step credit, from demo-sparse's SFT model (`make sampling` first), 5 seeds
+# from FIRST_SEED (docs/results.md's rows: FIRST_SEED=5).
+FIRST_SEED ?= 0
 sparse: venv
-	$(BIN)/grpo-pipeline sparse runs/demo-sparse --seeds 5 --steps 100
+	$(BIN)/grpo-pipeline sparse runs/demo-sparse --seeds 5 --first-seed $(FIRST_SEED) --steps 100
 
 ROUNDS ?= 1
 rounds: venv
