@@ -225,7 +225,7 @@ def draw_accuracy_over_time(ax, study: dict) -> None:
         mean, std = np.nanmean(values, 0), np.nanstd(values, 0, ddof=1) if len(cs) > 1 else np.zeros(len(grid))
         (line,) = ax.plot(grid, mean, label=name, lw=1.4, ls="--" if name == "continued-sft" else "-")
         ax.fill_between(grid, mean - std, mean + std, color=line.get_color(), alpha=0.15, lw=0)
-    ax.set_xlabel("training seconds (two rounds: both GRPO stages, not the PRM retraining between them)")
+    ax.set_xlabel("training seconds (evaluations, retraining between rounds not counted; an ended run holds its value)")
     ax.set_ylabel("validation accuracy (%)")
     ax.legend(fontsize=7, ncol=2, loc="lower right")
 
