@@ -40,13 +40,10 @@ from functools import partial
 from pathlib import Path
 
 import grpo_core  # noqa: F401  (first: the numerics settings, env.NUMERICS, before torch computes)
+from grpo_core.lm.runtime import peak_rss_mib as _peak_rss_mib  # a worker's own peak, not its parent's
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS, GROUP, MAX_NEW, BETA, LR = 8, 8, 32, 0.04, 1e-6
-
-
-def _peak_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
 def _questions(path: str):

@@ -4,12 +4,15 @@ gradient checkpointing run on the CPU here; the CUDA tests run where a GPU is (`
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from grpo_core.config import LaunchConfig
-from grpo_core.lm.runtime import device_for
+from grpo_core.lm.runtime import device_for, peak_rss_mib
 from grpo_core.stages.sft import run_sft
 from grpo_core.tracking import NullLogger
 
@@ -107,3 +110,17 @@ def test_place_takes_the_cuda_graphs_switch(tiny_model_dir):
     assert fast_decode.CUDA_GRAPHS is False
     place(model, LaunchConfig(device="cpu"))
     assert fast_decode.CUDA_GRAPHS is True
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="VmHWM is Linux's /proc; elsewhere ru_maxrss")
+def test_a_stage_process_reports_its_own_peak_not_its_parents():
+    """A process started from a large one (a stage from the flow) reads its own peak resident set:
+    ``ru_maxrss`` would carry the parent's, which made every small stage read the flow's size."""
+    ballast = bytearray(1024 * 2**20)
+    ballast[:: 2**12] = b"\x01" * len(range(0, len(ballast), 2**12))  # touched: resident
+    parent_peak = peak_rss_mib()
+    code = "from grpo_core.lm.runtime import peak_memory; print(peak_memory()['rss_mib'])"
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    del ballast
+    assert parent_peak > 1024
+    assert float(child.stdout) < parent_peak - 512  # the child imports torch, a few hundred MiB
