@@ -57,8 +57,8 @@ def model_device(model) -> torch.device:
 def peak_rss_mib() -> float:
     """This process's own peak resident set in MiB. On Linux ``VmHWM``, the high-water mark of the
     address space the process has had since it started its program; not ``ru_maxrss``, which a
-    process started from another inherits (the peak of the address space it replaced at exec): a
-    stage launched from a flow holding 0.9 GiB read 0.9 GiB however little it used. Elsewhere
+    process started from another inherits (the peak of the address space it replaced at exec), so that
+    a small stage launched from a large flow would read the flow's peak. Elsewhere
     ``ru_maxrss`` (kilobytes, bytes on macOS)."""
     try:
         with open("/proc/self/status", encoding="ascii") as status:

@@ -115,7 +115,7 @@ def test_place_takes_the_cuda_graphs_switch(tiny_model_dir):
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="VmHWM is Linux's /proc; elsewhere ru_maxrss")
 def test_a_stage_process_reports_its_own_peak_not_its_parents():
     """A process started from a large one (a stage from the flow) reads its own peak resident set:
-    ``ru_maxrss`` would carry the parent's, which made every small stage read the flow's size."""
+    ``ru_maxrss`` would carry the parent's, giving every small stage the flow's size."""
     ballast = bytearray(1024 * 2**20)
     ballast[:: 2**12] = b"\x01" * len(range(0, len(ballast), 2**12))  # touched: resident
     parent_peak = peak_rss_mib()
