@@ -40,7 +40,7 @@ from functools import partial
 from pathlib import Path
 
 import grpo_core  # noqa: F401  (first: the numerics settings, env.NUMERICS, before torch computes)
-from grpo_core.lm.runtime import peak_rss_mib as _peak_rss_mib  # a worker's own peak, not its parent's
+from grpo_core.lm.runtime import peak_rss_mib  # a worker's own peak, not its parent's
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS, GROUP, MAX_NEW, BETA, LR = 8, 8, 32, 0.04, 1e-6
@@ -156,7 +156,7 @@ def run_ours(
         "step_s": times,
         "tokens": tokens,
         "parts": parts,
-        "peak_rss_mib": _peak_rss_mib(),
+        "peak_rss_mib": peak_rss_mib(),
         "threads": threads,
         "rss_before_models_mib": before_models,
         **_device_memory(device),
@@ -260,7 +260,7 @@ def run_trl(
     return {
         "step_s": clock.times,
         "tokens": [x * PROMPTS * GROUP for x in lengths],
-        "peak_rss_mib": _peak_rss_mib(),
+        "peak_rss_mib": peak_rss_mib(),
         "threads": threads,
         "gradient_checkpointing": gradient_checkpointing,
         "rss_before_models_mib": before_models,
@@ -315,7 +315,7 @@ def run_bare(
     return {
         "step_s": times,
         "tokens": tokens,
-        "peak_rss_mib": _peak_rss_mib(),
+        "peak_rss_mib": peak_rss_mib(),
         "threads": threads,
         **_device_memory(device),
     }

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import time
@@ -40,19 +39,20 @@ def _batch(rows: int, prompt: int, tokens: int):
 def worker(mode: str, rows: int, prompt: int, tokens: int, out: Path | None) -> dict:
     """One pass (forward + backward of the summed log-probs) in this process; its peak memory."""
     from grpo_core.lm.policy import LOGIT_CHUNK_BYTES, CompletionLogprobs
+    from grpo_core.lm.runtime import peak_rss_mib
 
     model = llama("smollm2-135m", num_hidden_layers=2)
     ids, mask = _batch(rows, prompt, tokens)
     reader = CompletionLogprobs(model, chunk_bytes=None if mode == "whole" else LOGIT_CHUNK_BYTES)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    before = peak_rss_mib()  # this worker's own, not the parent's it would inherit in ru_maxrss
     t0 = time.perf_counter()
     logp, _ = reader(ids, mask, prompt, with_entropy=True)
     logp.sum().backward()
     seconds = time.perf_counter() - t0
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak = peak_rss_mib()
     if out is not None:
         torch.save({"logp": logp.detach(), "grads": [p.grad for p in model.parameters()]}, out)
-    return {"peak_above_start_mib": round((peak - before) / 1024, 1), "seconds": round(seconds, 2)}
+    return {"peak_above_start_mib": round(peak - before, 1), "seconds": round(seconds, 2)}
 
 
 def main() -> None:

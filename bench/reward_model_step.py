@@ -25,7 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.grpo_step import _peak_rss_mib, matmul_gflops  # noqa: E402
+from bench.grpo_step import matmul_gflops  # noqa: E402
+from grpo_core.lm.runtime import peak_rss_mib  # noqa: E402
 from bench.sft_step import _summary, step_bench  # noqa: E402
 
 ROWS, LR = 32, 1e-4
@@ -77,7 +78,7 @@ def run_ours(model_dir: str, data: str, steps: int, threads: int) -> dict:
         optimizer_step(model, opt, loss, 1.0, 1.0)
         times.append(time.perf_counter() - t0)
         tokens.append(float(sum(len(tok(r["prompt"] + r["completion"]).input_ids) for r in batch)))
-    return {"step_s": times, "tokens": tokens, "peak_rss_mib": _peak_rss_mib(), "threads": threads}
+    return {"step_s": times, "tokens": tokens, "peak_rss_mib": peak_rss_mib(), "threads": threads}
 
 
 def run_transformers(model_dir: str, data: str, steps: int, threads: int) -> dict:
@@ -101,7 +102,7 @@ def run_transformers(model_dir: str, data: str, steps: int, threads: int) -> dic
         opt.step()
         times.append(time.perf_counter() - t0)
         tokens.append(float(enc.attention_mask.sum()))
-    return {"step_s": times, "tokens": tokens, "peak_rss_mib": _peak_rss_mib(), "threads": threads}
+    return {"step_s": times, "tokens": tokens, "peak_rss_mib": peak_rss_mib(), "threads": threads}
 
 
 WORKERS = {"ours": run_ours, "transformers": run_transformers}

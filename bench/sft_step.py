@@ -29,7 +29,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.grpo_step import _default_inputs, _peak_rss_mib, alternate, matmul_gflops, step_clock  # noqa: E402
+from bench.grpo_step import _default_inputs, alternate, matmul_gflops, step_clock  # noqa: E402
+from grpo_core.lm.runtime import peak_rss_mib  # noqa: E402
 
 ROWS, LENGTH, LR = 16, 256, 2e-3
 
@@ -58,7 +59,7 @@ def run_ours(model_dir: str, data: str, steps: int, threads: int) -> dict:
         optimizer_step(model, opt, loss_sum, 1 / n_tokens, 1.0)
         times.append(time.perf_counter() - t0)
         tokens.append(float((ids[rows] != tok.pad_token_id).sum()))  # input tokens, as TRL counts them
-    return {"step_s": times, "tokens": tokens, "peak_rss_mib": _peak_rss_mib(), "threads": threads}
+    return {"step_s": times, "tokens": tokens, "peak_rss_mib": peak_rss_mib(), "threads": threads}
 
 
 def run_trl(model_dir: str, data: str, steps: int, threads: int, strategy: str = "bfd") -> dict:
@@ -106,7 +107,7 @@ def run_trl(model_dir: str, data: str, steps: int, threads: int, strategy: str =
         trainer.train()
         tokens = [h["num_tokens"] for h in trainer.state.log_history if "num_tokens" in h]
     per_step = [b - a for a, b in zip([0.0] + tokens, tokens)]  # num_tokens is cumulative (input tokens)
-    return {"step_s": clock.times, "tokens": per_step, "peak_rss_mib": _peak_rss_mib(), "threads": threads}
+    return {"step_s": clock.times, "tokens": per_step, "peak_rss_mib": peak_rss_mib(), "threads": threads}
 
 
 def run_trl_wrapped(model_dir: str, data: str, steps: int, threads: int) -> dict:

@@ -89,14 +89,15 @@ def test_cli_errors_name_the_file(tmp_path, capsys):
 
 
 STREAM = """
-import json, resource, sys
+import json, sys
 from grpo_core.corpus.docs import read_docs
 from grpo_core.corpus.stage import decontaminate_file
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+from grpo_core.lm.runtime import peak_rss_mib  # this process's own peak: ru_maxrss carries pytest's
+before = peak_rss_mib()
 n = sum(len(d.text) for d in read_docs(sys.argv[1]))
 out = decontaminate_file(sys.argv[1], [sys.argv[2]], __import__("pathlib").Path(sys.argv[3]))
-after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-print(json.dumps({"chars": n, "kept": out["kept"], "grew_kib": after - before}))
+after = peak_rss_mib()
+print(json.dumps({"chars": n, "kept": out["kept"], "grew_kib": (after - before) * 1024}))
 """
 
 
