@@ -116,6 +116,19 @@ VARIANTS = {
         grpo={"reward_weights": {"rule": 1.0, "prm": 1.0}, "supervision": "process", "curriculum": 0.0, "redraws": 3},
         against=("dynamic",),
     ),
+    # The upper bound of process supervision where the checker is silent: the exact step checker of
+    # the arithmetic task as the PRM (``grpo.prm_oracle``).
+    "rule+oracle-prm": Variant(
+        about="`dynamic` plus the exact step checker's step credit (an oracle PRM; the arithmetic task only)",
+        grpo={
+            "reward_weights": {"rule": 1.0, "prm": 1.0},
+            "supervision": "process",
+            "prm_oracle": True,
+            "curriculum": 0.0,
+            "redraws": 3,
+        },
+        against=("dynamic", "rule+prm"),
+    ),
     # Iterative RL (§4.2) on the recipe's own reward (``iterate``: a learned one alone), the recipe's
     # rounds sharing the budget; only what happens to the reward models between rounds differs.
     FROZEN: Variant(
@@ -212,9 +225,9 @@ PRESETS = {
     ),
     "sparse": Preset(
         about="where the checker is silent (most groups all wrong): GRPO on the checker with dynamic "
-        "sampling against the checker plus the run's ORM and plus its PRM's step credit, from one "
-        "run's SFT model, several seeds each, with intervals",
-        variants=("dynamic", "rule+orm", "rule+prm"),
+        "sampling against the checker plus the run's ORM, plus its PRM's step credit and plus an oracle "
+        "PRM's (the exact step checker), from one run's SFT model, several seeds each, with intervals",
+        variants=("dynamic", "rule+orm", "rule+prm", "rule+oracle-prm"),
         seeds=5,
     ),
     "iterate": Preset(

@@ -141,23 +141,143 @@ def whiten(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(m, (x - mean) / (std + 1e-8), 0.0)
 
 
-def rollout_advantages(
-    scored, n_questions: int, g: int, seq_len: int, credit: Literal["sum", "min"] = "sum"
+def centred_process_advantages(
+    step_scores: torch.Tensor,
+    step_ends: torch.Tensor,
+    step_mask: torch.Tensor,
+    seq_len: int,
+    outcome: torch.Tensor | None = None,
+    classes: torch.Tensor | None = None,
+    weight: float = 1.0,
 ) -> torch.Tensor:
+    """Process supervision that rewards steps, not positions (ours; the paper's form is
+    ``process_advantages``): outcome GRPO's advantage on every token, plus the PRM's score of the
+    token's own step centred among the completions of the same outcome class that reach that step.
+
+        A_{i,t} = z_i + weight * (p_{i,k} - mean_{j in C(i), j has step k} p_{j,k}),  k = the step of t
+
+    step_scores: [N, G, K] the PRM's probability that step k is right (padding ignored).
+    step_ends:   [N, G, K] long, 0-based inclusive token index where step k ends; token t belongs to
+                 the first step whose end >= t (a step ending past seq_len covers the rest).
+    step_mask:   [N, G, K] bool, True for real steps (a completion without one gets zero everywhere).
+    outcome:     [N, G] the outcome sources' reward (the checker, the ORM), z-scored per group as
+                 ``outcome_advantages``: z_i. None: no outcome source; the PRM term is then the whole
+                 advantage and is divided by its group's population std (GRPO's unit scale).
+    classes:     [N, G] the outcome class of each completion (the checker's verdict, where it is
+                 weighted), or None: one class per group (PROGRS, arXiv 2604.02341, centres within
+                 outcome classes).
+    Returns [N, G, seq_len].
+
+    Why this form (docs/reward-models.md, "The process advantage"): centring at each step position
+    means a PRM that gives every completion the same profile over positions (constant, falling like a
+    running minimum, anything) adds exactly 0, so a checker-silent group gets no push toward or away
+    from any position; centring within outcome classes leaves each class's mean advantage at outcome
+    GRPO's; the term is a probability difference, |term| < weight, so with a 0/1 checker (z gap >= 2)
+    and weight <= 1 every token of a right completion keeps a higher advantage than every token of a
+    wrong one; a token is credited with its own step, so an early token's credit does not grow with
+    the number of steps ahead (PURE, arXiv 2504.15275).
+    """
+    if step_scores.dim() != 3 or not (step_scores.shape == step_ends.shape == step_mask.shape):
+        raise ValueError("step_scores, step_ends and step_mask must all be [N, G, K]")
+    mask = step_mask.bool()
+    _check_finite("step_scores (valid steps)", step_scores[mask])
+    n, g, k = mask.shape
+    valid = mask.any(dim=2)  # [N, G] completions with at least one step
+    p = torch.where(mask, step_scores.double(), 0.0)
+    cls = torch.zeros(n, g) if classes is None else classes.double()
+    same = (cls[:, :, None] == cls[:, None, :]) & valid[:, :, None] & valid[:, None, :]  # [N, G, G]
+    reach = same.double() @ mask.double()  # [N, G, K] completions of i's class with a step k
+    mean = (same.double() @ p) / reach.clamp(min=1)
+    centred = torch.where(mask, p - mean, 0.0)
+    if outcome is None:
+        count = mask.flatten(1).sum(1).clamp(min=1)
+        std = (centred.pow(2).flatten(1).sum(1) / count).sqrt()
+        scale = torch.where(std > 1e-12, 1.0 / std.clamp(min=1e-12), 0.0)[:, None, None]
+        z = torch.zeros(n, g, dtype=torch.float64)
+    else:
+        scale, z = weight, outcome_advantages(torch.where(valid, outcome.double(), 0.0), valid).double()
+    # token t -> the first step whose end >= t (padding steps end beyond every token)
+    ends = torch.where(mask, step_ends.long().clamp(max=seq_len - 1), seq_len).reshape(n * g, k).contiguous()
+    tokens = torch.arange(seq_len).expand(n * g, seq_len).contiguous()
+    own = torch.searchsorted(ends, tokens).view(n, g, seq_len).clamp(max=k)  # k: no step ahead
+    term = torch.cat([centred * scale, torch.zeros(n, g, 1, dtype=torch.float64)], dim=2).gather(2, own)
+    adv = torch.where(valid[:, :, None], z[:, :, None] + term, 0.0)
+    return adv.to(step_scores.dtype if step_scores.is_floating_point() else torch.float32)
+
+
+def position_profile(advantages: torch.Tensor, step_ends: torch.Tensor, step_mask: torch.Tensor) -> dict:
+    """Where the advantage goes, by step position: each completion's advantage at the token where
+    each of its steps ends (the value of that step's tokens under every form here), summed by the
+    step's place in its completion: ``first``, ``middle``, ``last`` (the step before the final one)
+    and ``answer`` (the final line). A completion of one step has only ``answer``.
+
+    advantages: [B, T]; step_ends: [B, K] long; step_mask: [B, K] bool (a prefix of real steps).
+    Returns {place: (sum, count)} as two floats each: a diagnostic to pool over processes and steps,
+    whose mean in checker-silent groups is 0 for an unbiased estimator whatever the PRM says.
+    """
+    mask = step_mask.bool()
+    at_end = advantages.double().gather(1, step_ends.long().clamp(0, advantages.shape[1] - 1))
+    k = torch.arange(mask.shape[1])[None, :]
+    steps = mask.sum(dim=1, keepdim=True)
+    places = {
+        "first": (k == 0) & (steps > 1),
+        "middle": (k > 0) & (k < steps - 2),
+        "last": (k == steps - 2) & (k > 0),
+        "answer": k == steps - 1,
+    }
+    return {name: (float(at_end[where & mask].sum()), float((where & mask).sum())) for name, where in places.items()}
+
+
+def paper_step_rewards(scored) -> torch.Tensor:
+    """[B, K] the paper's step rewards (§4.1.3, as ``process_advantages`` takes them): the PRM's
+    weighted step score, the outcome sources' reward added to each completion's last step."""
+    rewards = scored.prm_weight * scored.step_scores
+    if scored.base is not None:
+        rows = torch.arange(len(rewards))
+        last = (scored.step_mask.sum(dim=1) - 1).clamp(min=0)
+        rewards[rows, last] += scored.base
+    return rewards
+
+
+# ``grpo.process_credit``: how a process-supervised batch's scores become token advantages,
+# (scored, N, G, T) -> [N, G, T].
+def _centred(scored, n: int, g: int, seq_len: int) -> torch.Tensor:
+    view = lambda x: None if x is None else x.reshape(n, g, *x.shape[1:])  # noqa: E731
+    return centred_process_advantages(
+        view(scored.step_scores),
+        view(scored.step_ends),
+        view(scored.step_mask),
+        seq_len,
+        outcome=view(scored.base),
+        classes=view(scored.correct) if scored.by_checker else None,
+        weight=scored.prm_weight,
+    )
+
+
+def _paper(credit: str):
+    def advantages(scored, n: int, g: int, seq_len: int) -> torch.Tensor:
+        k = scored.step_mask.shape[1]
+        view = lambda x: x.reshape(n, g, k)  # noqa: E731
+        return process_advantages(
+            view(paper_step_rewards(scored)), view(scored.step_ends), view(scored.step_mask), seq_len, credit
+        )
+
+    return advantages
+
+
+PROCESS_CREDIT = {"centred": _centred, "sum": _paper("sum"), "min": _paper("min")}
+
+
+def rollout_advantages(scored, n_questions: int, g: int, seq_len: int, credit: str = "centred") -> torch.Tensor:
     """GRPO's [N x G, T] advantages from a batch's scores (a ``rewards.scorer.Scored``), by their
     supervision: every token of a completion gets its solution reward's group z-score (outcome,
-    §4.1.2), or the normalised step rewards of the steps at or after it, summed or their minimum
-    (process, §4.1.3; ``credit``: ``grpo.process_credit``). A completion without a finite reward gets
-    none (the scorer counts it)."""
+    §4.1.2); or, process supervision, by ``credit`` (``grpo.process_credit``, ``PROCESS_CREDIT``):
+    ``centred`` (``centred_process_advantages``, the default), or the paper's normalised step
+    rewards of the steps at or after the token, summed (``sum``, §4.1.3) or their minimum (``min``,
+    PURE). A completion without a finite reward gets none (the scorer counts it)."""
     if scored.supervision == "outcome":
         rewards = scored.outcome.view(n_questions, g)
         return outcome_advantages(rewards, torch.isfinite(rewards)).view(-1, 1).expand(-1, seq_len)
-    k = scored.step_rewards.shape[1]
-    adv = process_advantages(
-        scored.step_rewards.view(n_questions, g, k),
-        scored.step_ends.view(n_questions, g, k),
-        scored.step_mask.view(n_questions, g, k),
-        seq_len,
-        credit,
-    )
-    return adv.view(n_questions * g, seq_len)
+    if credit not in PROCESS_CREDIT:
+        raise ValueError(f"credit must be one of {sorted(PROCESS_CREDIT)}, got {credit!r}")
+    return PROCESS_CREDIT[credit](scored, n_questions, g, seq_len).reshape(n_questions * g, seq_len)

@@ -402,13 +402,24 @@ class GRPOConfig(Training):
     supervision: Literal["outcome", "process"] = Field(
         "outcome", description="outcome (one reward per solution) or process (PRM step rewards)"
     )
-    # A token's process credit from the normalised rewards of the steps at or after it: their sum
-    # (the paper) or their minimum (PURE, arXiv 2504.15275: the sum form collapsed training early).
-    process_credit: Literal["sum", "min"] = Field(
-        "sum",
+    # How process supervision turns step scores into token advantages (``advantages.PROCESS_CREDIT``):
+    # centred, outcome GRPO's advantage plus the PRM's score of the token's own step centred among the
+    # group's completions of the same checker verdict at that step (no position bias); or the paper's
+    # form, every step of the group z-scored together with the outcome on the last step, a token
+    # credited with the sum (the paper) or the minimum (PURE, arXiv 2504.15275) of those ahead.
+    process_credit: Literal["centred", "sum", "min"] = Field(
+        "centred",
         description=(
-            "supervision=process: a token's advantage is the sum (paper) or the min (PURE) of the normalised rewards "
-            "of the steps at or after it"
+            "supervision=process: centred (outcome GRPO's advantage plus the PRM's step score centred within the "
+            "group at each step position and checker verdict), or the paper's normalised step rewards of the steps "
+            "at or after a token, summed (sum) or their minimum (min, PURE)"
+        ),
+    )
+    prm_oracle: bool = Field(
+        False,
+        description=(
+            "the arithmetic task's exact step checker stands in for the PRM (reward_weights.prm): a step scores 1 "
+            "while every line so far is the reference chain's, else 0; the upper bound of process supervision"
         ),
     )
     # Sparse rewards (stages/questions.py): a group whose rewards are all equal gives no gradient.
@@ -486,10 +497,12 @@ class GRPOConfig(Training):
                 )
             if self.minibatch_size % self.group_size:
                 raise ValueError("minibatch_size must hold whole groups (a multiple of group_size)")
-        if self.supervision == "process" and "prm" not in self.reward_models_used:
+        if self.supervision == "process" and not self.reward_weights.get("prm"):
             raise ValueError("supervision=process needs a PRM: give reward_weights.prm a weight > 0")
-        if self.process_credit != "sum" and self.supervision != "process":
+        if self.process_credit != "centred" and self.supervision != "process":
             raise ValueError(f"process_credit={self.process_credit} applies to supervision=process only")
+        if self.prm_oracle and not self.reward_weights.get("prm"):
+            raise ValueError("prm_oracle stands in for the PRM: give reward_weights.prm a weight > 0")
         alg, name = ALGORITHMS[self.algorithm], f"algorithm={self.algorithm}"
         kl_weights(self.algorithm, self.beta)  # refuses a beta the algorithm has no place for
         if alg.advantage == Estimator.CORRECT and (
@@ -534,8 +547,10 @@ class GRPOConfig(Training):
 
     @property
     def reward_models_used(self) -> tuple[str, ...]:
-        """The learned reward models (``orm``, ``prm``) with a weight > 0."""
-        return tuple(k for k in ("orm", "prm") if self.reward_weights.get(k, 0) > 0)
+        """The learned reward models (``orm``, ``prm``) with a weight > 0 (the PRM unless the oracle stands in)."""
+        return tuple(
+            k for k in ("orm", "prm") if self.reward_weights.get(k, 0) > 0 and not (k == "prm" and self.prm_oracle)
+        )
 
 
 class RewardDataConfig(Section):
@@ -823,6 +838,10 @@ class PipelineConfig(Section):
         for kind in self.grpo.reward_models_used:
             if not getattr(self, kind).train:
                 raise ValueError(f"grpo.reward_weights uses {kind} but {kind}.train is false")
+        if self.grpo.prm_oracle and self.data.source != "arithmetic":
+            raise ValueError(
+                "grpo.prm_oracle checks steps against the arithmetic task's chain: data.source must be arithmetic"
+            )
         if self.launch.strategy == "fsdp" and (self.sft.lora or self.grpo.lora):
             raise ValueError(
                 "lora with launch.strategy=fsdp is not built (sharding the frozen base beside the adapter): "

@@ -72,6 +72,6 @@ def gate_grpo(cfg: PipelineConfig, gates: dict[str, dict]) -> Gated:
             f"rounds.on_gate_failure is exclude: nothing is left to drive GRPO; add rule: 1.0 or set "
             f"rounds.on_gate_failure: report"
         )
-    process = {} if "prm" in weights else {"supervision": "outcome", "process_credit": "sum"}
+    process = {} if "prm" in weights else {"supervision": "outcome", "process_credit": "centred"}
     grpo = cfg.grpo.model_validate({**cfg.grpo.model_dump(), "reward_weights": weights, **process})
     return Gated(cfg.model_copy(update={"grpo": grpo}), excluded, list(failures.values()))

@@ -8,6 +8,7 @@ are taken over the others).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -16,7 +17,7 @@ import torch
 
 from grpo_core.config import GRPOConfig
 from grpo_core.lm.policy import Rollout
-from grpo_core.rewards.steps import rollout_step_ends
+from grpo_core.rewards.steps import exact_step_labels, rollout_step_ends, step_texts
 from grpo_core.verify import is_correct
 
 
@@ -49,12 +50,13 @@ class Scored:
 
     ``outcome`` means the same under either supervision: sum_w w * source, the PRM's source being
     the solution's lowest step probability (``train/reward_mean`` is its mean). Under process
-    supervision the advantages come from ``step_rewards`` instead."""
+    supervision the advantages come from ``base`` and ``step_scores`` instead."""
 
     outcome: torch.Tensor  # [B] weighted reward of each whole solution (NaN: no verdict)
     correct: torch.Tensor  # [B] rule reward, logged whatever drives training
     supervision: Literal["outcome", "process"]  # which of the two the advantages read
-    step_rewards: torch.Tensor | None = None  # [B, K] process supervision (NaN where no step)
+    # Process supervision (``advantages.PROCESS_CREDIT`` turns these into token advantages):
+    step_scores: torch.Tensor | None = None  # [B, K] the PRM's probability of each step (NaN where no step)
     step_ends: torch.Tensor | None = None  # [B, K] token where each step's advantage region ends
     step_mask: torch.Tensor | None = None  # [B, K] steps that count (none for dropped completions)
     stats: dict[str, float] | None = None
@@ -62,37 +64,41 @@ class Scored:
     # the lowest step probability), whatever its weight: staleness is measured on these against
     # ``correct`` (``grpo.step_metrics``).
     learned: dict[str, torch.Tensor] = field(default_factory=dict)
+    base: torch.Tensor | None = None  # [B] the outcome sources' weighted reward (rule, ORM); None: none weighted
+    prm_weight: float = 0.0  # the PRM's weight
+    by_checker: bool = False  # the checker is weighted: its verdicts are the outcome classes
 
     def select(self, index: torch.Tensor) -> "Scored":
         """The completions ``index`` [U] (long), in that order; ``stats`` stay those of the whole batch."""
         pick = lambda x: None if x is None else x[index]  # noqa: E731
-        return Scored(
-            self.outcome[index],
-            self.correct[index],
-            self.supervision,
-            pick(self.step_rewards),
-            pick(self.step_ends),
-            pick(self.step_mask),
-            self.stats,
-            {k: v[index] for k, v in self.learned.items()},
+        return dataclasses.replace(
+            self,
+            outcome=self.outcome[index],
+            correct=self.correct[index],
+            step_scores=pick(self.step_scores),
+            step_ends=pick(self.step_ends),
+            step_mask=pick(self.step_mask),
+            learned={k: v[index] for k, v in self.learned.items()},
+            base=pick(self.base),
         )
 
     @staticmethod
     def cat(parts: list["Scored"]) -> "Scored":
         """The completions of ``parts`` in order (steps padded to the most, as absent steps);
         ``stats`` are the first part's."""
-        out = Scored(
-            torch.cat([s.outcome for s in parts]),
-            torch.cat([s.correct for s in parts]),
-            parts[0].supervision,
-            stats=parts[0].stats,
-            learned={k: torch.cat([s.learned[k] for s in parts]) for k in parts[0].learned},
+        first = parts[0]
+        out = dataclasses.replace(
+            first,
+            outcome=torch.cat([s.outcome for s in parts]),
+            correct=torch.cat([s.correct for s in parts]),
+            learned={k: torch.cat([s.learned[k] for s in parts]) for k in first.learned},
+            base=None if first.base is None else torch.cat([s.base for s in parts]),
         )
-        if parts[0].supervision == "outcome":
+        if first.supervision == "outcome":
             return out
-        k = max(s.step_rewards.shape[1] for s in parts)
+        k = max(s.step_scores.shape[1] for s in parts)
         widen = lambda x, fill: torch.nn.functional.pad(x, (0, k - x.shape[1]), value=fill)  # noqa: E731
-        out.step_rewards = torch.cat([widen(s.step_rewards, torch.nan) for s in parts])
+        out.step_scores = torch.cat([widen(s.step_scores, torch.nan) for s in parts])
         out.step_ends = torch.cat([widen(s.step_ends, 0) for s in parts])
         out.step_mask = torch.cat([widen(s.step_mask, False) for s in parts])
         return out
@@ -102,15 +108,16 @@ class RewardScorer:
     """Scores rollouts with ``weights`` over ``rule`` / ``orm`` / ``prm``.
 
     A solution's reward (``Scored.outcome``, both supervisions) = sum_w w * source, with prm = the
-    lowest step probability (Math-Shepherd's aggregation). process: step k's reward = w_prm * P(step
-    k right), and the outcome sources' (rule, ORM) weighted reward is added to each solution's last
-    step. A completion left without a finite reward (no verdict, a NaN score) gets no advantage and
-    is counted (``reward/nonfinite_completions``).
+    lowest step probability (Math-Shepherd's aggregation). process: the PRM's step probabilities
+    beside the outcome sources' (rule, ORM) weighted reward, combined by ``grpo.process_credit``
+    (``advantages.PROCESS_CREDIT``). A completion left without a finite reward (no verdict, a NaN
+    score) gets no advantage and is counted (``reward/nonfinite_completions``).
     """
 
     def __init__(
         self, weights: dict[str, float], supervision: str, tokenizer, separator: str = "\n", orm=None, prm=None
     ) -> None:
+        """``prm``: a PRM model, or ``ORACLE``: the arithmetic task's exact step checker."""
         self.weights = {k: w for k, w in weights.items() if w > 0}
         self.supervision, self.tokenizer, self.separator = supervision, tokenizer, separator
         self.orm, self.prm = orm, prm
@@ -131,14 +138,18 @@ class RewardScorer:
         from grpo_core.rewards.heads import load_reward_model
 
         paths = paths or {}
-        require_reward_models(cfg.reward_weights, paths)
+        require_reward_models({k: cfg.reward_weights[k] for k in cfg.reward_models_used}, paths)
         models = {
             k: load_reward_model(paths[k], k).to(device).eval().requires_grad_(False) for k in cfg.reward_models_used
         }
+        if cfg.prm_oracle:
+            models["prm"] = ORACLE
         return cls(cfg.reward_weights, cfg.supervision, tokenizer, separator, **models)
 
     @torch.no_grad()
-    def __call__(self, rollout: Rollout, golds: list[str]) -> Scored:
+    def __call__(self, rollout: Rollout, golds: list[str], questions: list[str] | None = None) -> Scored:
+        """Scores of ``rollout``'s completions of ``questions`` (one per row; the oracle PRM reads
+        them) with gold answers ``golds``."""
         from grpo_core.rewards.heads import last_token_index, orm_logits, prm_step_logits
 
         # The reward models read each distinct completion once (a group repeats its likeliest one).
@@ -159,7 +170,17 @@ class RewardScorer:
         if "prm" not in self.weights:
             return Scored(outcome, correct, "outcome", stats=stats | _nonfinite(outcome), learned=learned)
         ends, mask = rollout_step_ends(self.tokenizer, once, self.separator)
-        steps = torch.sigmoid(prm_step_logits(self.prm, once, ends))[rows.inverse]
+        if self.prm is ORACLE:
+            pick = rows.index.tolist()
+            steps = oracle_step_scores(
+                None if questions is None else [questions[i] for i in pick],
+                once.texts,
+                [golds[i] for i in pick],
+                self.separator,
+            )
+            steps = torch.nn.functional.pad(steps, (0, mask.shape[1] - steps.shape[1]))[rows.inverse]
+        else:
+            steps = torch.sigmoid(prm_step_logits(self.prm, once, ends))[rows.inverse]
         ends, mask = ends[rows.inverse.to(ends.device)], mask[rows.inverse.to(mask.device)]
         steps = torch.where(mask, steps, torch.nan)
         no_steps = ~mask.any(dim=1)
@@ -174,23 +195,53 @@ class RewardScorer:
                 "reward/prm_lowest_mean": float(lowest[finite].mean()) if finite.any() else float("nan"),
             }
         )
-        learned["prm"] = lowest
+        if self.prm is not ORACLE:
+            learned["prm"] = lowest
         solution = outcome + self.weights["prm"] * lowest
         if self.supervision == "outcome":
             return Scored(solution, correct, "outcome", stats=stats | _nonfinite(solution), learned=learned)
         rows = torch.arange(len(mask))
         last = (mask.sum(dim=1) - 1).clamp(min=0)
-        step_rewards = self.weights["prm"] * steps
-        step_rewards[rows, last] += outcome
-        # A completion with a non-finite step reward is dropped whole (zero advantage everywhere).
-        bad_rows = (mask & ~torch.isfinite(step_rewards)).any(dim=1)
+        base = outcome if {"rule", "orm"} & set(self.weights) else None
+        # A completion with a non-finite step score or outcome reward is dropped whole (zero
+        # advantage everywhere).
+        bad_rows = (mask & ~torch.isfinite(steps)).any(dim=1) | (mask.any(dim=1) & ~torch.isfinite(outcome))
         stats["reward/nonfinite_completions"] = float(bad_rows.sum())
         step_mask = mask & ~bad_rows[:, None]
         # For the advantage the last step extends to the last token (EOS), so the decision to stop
         # is rewarded with the solution; the PRM still read its score at the step's own end.
         adv_ends = ends.clone()
         adv_ends[rows, last] = torch.maximum(ends[rows, last], last_token_index(rollout.completion_mask))
-        return Scored(solution, correct, "process", step_rewards, adv_ends, step_mask, stats, learned)
+        return Scored(
+            solution,
+            correct,
+            "process",
+            steps,
+            adv_ends,
+            step_mask,
+            stats,
+            learned,
+            base=base,
+            prm_weight=self.weights["prm"],
+            by_checker="rule" in self.weights,
+        )
+
+
+ORACLE = "oracle"  # the PRM of ``grpo.prm_oracle``: the arithmetic task's exact step checker
+
+
+def oracle_step_scores(questions: list[str] | None, texts: list[str], golds: list[str], separator: str) -> torch.Tensor:
+    """[B, K] 1.0 for each step of each completion that ``steps.exact_step_labels`` calls right
+    (every line so far is the reference chain's), else 0.0; K = the most steps (padding 0)."""
+    if questions is None:
+        raise ValueError("the oracle PRM checks steps against the question: pass the questions")
+    labels = [exact_step_labels(q, step_texts(t, separator), g) for q, t, g in zip(questions, texts, golds)]
+    if any(lab is None for lab in labels):
+        raise ValueError("the oracle PRM checks the arithmetic task's chains; a question is not one")
+    out = torch.zeros(len(labels), max(1, max(map(len, labels))))
+    for i, lab in enumerate(labels):
+        out[i, : len(lab)] = torch.tensor(lab, dtype=torch.float32)
+    return out
 
 
 def require_reward_models(weights: dict[str, float], given) -> None:

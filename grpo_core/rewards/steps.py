@@ -160,7 +160,7 @@ def rollout_step_ends(tokenizer, rollout: Rollout, separator: str) -> tuple[torc
         n = int(rollout.completion_mask[i].sum()) - (0 if bool(rollout.truncated[i]) else 1)
         char_ends = char_ends_of_tokens(tokenizer, rollout.completion_ids[i, : max(n, 0)].tolist())
         per_row.append(step_end_tokens(char_ends, split_steps(text, separator)))
-    k = max(1, max(len(r) for r in per_row))
+    k = max([1, *map(len, per_row)])
     ends = torch.zeros(len(per_row), k, dtype=torch.long)
     mask = torch.zeros(len(per_row), k, dtype=torch.bool)
     for i, idx in enumerate(per_row):

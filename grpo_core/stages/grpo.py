@@ -43,6 +43,7 @@ from typing import NamedTuple
 
 import torch
 
+from grpo_core.advantages import position_profile
 from grpo_core.algorithms import ALGORITHMS, Estimator
 from grpo_core.config import GRPOConfig, PipelineConfig
 from grpo_core.data import Example, prompt_text, read_split
@@ -57,6 +58,7 @@ from grpo_core.manifests import write_manifest
 from grpo_core.rewards import rollout_log
 from grpo_core.rewards.heads import group_auc
 from grpo_core.rewards.scorer import COUNT_STATS, RewardError, RewardScorer
+from grpo_core.rewards.steps import rollout_step_ends
 from grpo_core.seeds import draw_seed, round_seed, step_seed
 from grpo_core.stages.identity import run_identity
 from grpo_core.stages.ppo import gae_advantages, value_model_from, value_updates
@@ -70,7 +72,7 @@ from grpo_core.stages.rl import (
     has_spread,
     spread,
 )
-from grpo_core.stages.rl_records import RECORDED, SUMMARY_METRICS, SUMMARY_WINDOW, recorded, staleness
+from grpo_core.stages.rl_records import POSITION_METRICS, RECORDED, SUMMARY_METRICS, SUMMARY_WINDOW, recorded, staleness
 from grpo_core.tracking import MetricLogger, NullLogger
 from grpo_core.training import distributed
 from grpo_core.training.distributed import Dist, SINGLE
@@ -182,7 +184,9 @@ def sample_groups(learner: Learner, questions: list[Example], slots: list[int], 
             row_ids=[i * g + j for i in slots for j in range(g)],
         )
     sampled = time.perf_counter()
-    scored = learner.scorer(rollout, [q.gold for q in questions for _ in range(g)])
+    scored = learner.scorer(
+        rollout, [q.gold for q in questions for _ in range(g)], [q.question for q in questions for _ in range(g)]
+    )
     return ScoredGroups(questions, rollout, scored, sampled - started, time.perf_counter() - sampled)
 
 
@@ -425,7 +429,28 @@ def step_metrics(learner: Learner, samples: StepSamples, advantages: Advantages,
     correct = d.gather(first.scored.correct.double())
     metrics |= completion_metrics(learner, samples, advantages, correct)
     metrics |= staleness_metrics(learner, first, correct)
+    metrics |= position_metrics(learner, samples.batch, advantages)
     return metrics | ({} if redraws is None else redraw_metrics(d, redraws))
+
+
+def position_metrics(learner: Learner, batch: ScoredGroups, advantages: Advantages) -> dict[str, float]:
+    """The mean advantage by step place (``advantages.position_profile``: first, middle, last, answer
+    line) over what trained, in the groups where the answer checker is silent (its verdicts all
+    alike): nothing there says one completion is better, so an estimator without position bias gives
+    each place 0 on average whatever the PRM says; NaN where no such step was trained on."""
+    d, g, scored = learner.d, learner.cfg.group_size, batch.scored
+    verdicts = scored.correct.reshape(-1, g)
+    silent = (verdicts == verdicts[:, :1]).all(dim=1).repeat_interleave(g).nonzero().squeeze(1)
+    if scored.step_ends is not None:  # process supervision: the steps its advantages were built on
+        ends, mask = scored.step_ends[silent], scored.step_mask[silent]
+    else:
+        ends, mask = rollout_step_ends(learner.tokenizer, batch.rollout.select(silent), learner.scorer.separator)
+    profile = position_profile(advantages.values[silent], ends, mask)
+    out = {}
+    for where, (total, count) in profile.items():
+        total, count = float(d.sum(total)), float(d.sum(count))
+        out[f"adv/silent_{where}"] = total / count if count else float("nan")
+    return out
 
 
 def completion_metrics(
@@ -657,6 +682,16 @@ def published_accuracy(st: TrainState, grpo: GRPOConfig) -> float:
     return st.best_acc if grpo.keep_best else st.curve[-1]["val/accuracy"]
 
 
+def position_bias(history: list[dict]) -> dict[str, float]:
+    """Each step place's mean advantage in checker-silent groups (``position_metrics``) over the run's
+    steps that trained on such a step: the run's summary of a bias that should be 0."""
+    out = {}
+    for key in POSITION_METRICS:
+        values = [h[key] for h in history if key in h and h[key] == h[key]]
+        out[key.removeprefix("adv/silent_")] = sum(values) / len(values) if values else float("nan")
+    return out
+
+
 def summary(st: TrainState, grpo: GRPOConfig, stopped: str, resumed_from: int, round_: int) -> dict:
     """What the stage's manifest says of its training: the published step and its accuracy, the
     budget spent, the curve, every step's recorded rewards, the last steps' means and the reward
@@ -680,6 +715,7 @@ def summary(st: TrainState, grpo: GRPOConfig, stopped: str, resumed_from: int, r
         f"last_{SUMMARY_WINDOW}_steps": last,
         "curve": st.curve,
         "rewards": [recorded(h) for h in st.history],
+        "position_bias": position_bias(st.history),
         "staleness": {
             k.removeprefix("staleness/"): [
                 p.get(k, float("nan")) for p in (measured[0], measured[len(measured) // 2], measured[-1])

@@ -5,6 +5,7 @@ models' staleness pooled over a span of steps."""
 
 from __future__ import annotations
 
+POSITION_METRICS = tuple(f"adv/silent_{place}" for place in ("first", "middle", "last", "answer"))
 # Training metrics averaged over the last steps for the stage's summary (a round's report).
 SUMMARY_METRICS = (
     "train/reward_mean",
@@ -31,6 +32,8 @@ RECORDED = (
     "reward/orm_mixed_groups",
     "reward/prm_within_auc",
     "reward/prm_mixed_groups",
+    # the mean advantage by step place in checker-silent groups (``grpo.position_metrics``): 0 unless biased
+    *POSITION_METRICS,
 )
 LEARNED = {"orm": "orm_mean", "prm": "prm_lowest_mean"}  # each model's mean score of the step's solutions
 

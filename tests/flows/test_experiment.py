@@ -57,7 +57,7 @@ def test_an_arm_differs_from_the_arms_it_is_compared_with_only_in_what_it_names(
     pairs = [(name, other) for name, v in VARIANTS.items() for other in v.against]
     section_5 = {("online-rft", "rft"), ("online-rft", "rule-outcome"), ("ppo", "rule-outcome")}
     section_5 |= {("prm-process", "orm-outcome"), ("prm-process-min-credit", "prm-process")}
-    sparse = {("rule+orm", "dynamic"), ("rule+prm", "dynamic")}
+    sparse = {("rule+orm", "dynamic"), ("rule+prm", "dynamic"), ("rule+oracle-prm", "dynamic")}
     assert section_5 | sparse | {("prm-process-2-rounds", "prm-process"), ("retrained", "frozen")} <= set(pairs)
     for name, other in pairs:
         mine, theirs = flatten(s.config(name, 0)), flatten(s.config(other, 0))
@@ -71,7 +71,8 @@ def test_an_arm_differs_from_the_arms_it_is_compared_with_only_in_what_it_names(
         }
         assert differ <= named, (name, other, differ)
         if (name, other) in sparse:  # the reward alone: dynamic sampling and the draw are the control's
-            assert "grpo.reward_weights" in differ and differ <= {"grpo.reward_weights", "grpo.supervision"}, differ
+            reward = {"grpo.reward_weights", "grpo.supervision", "grpo.prm_oracle"}
+            assert "grpo.reward_weights" in differ and differ <= reward, differ
 
 
 def test_equal_samples_and_an_explicit_time(tmp_path, tiny_cfg):

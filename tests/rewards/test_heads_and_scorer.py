@@ -26,7 +26,7 @@ from grpo_core.lm.policy import encode
 from grpo_core.rewards.heads import bradley_terry_loss, first_wrong_step, pointwise_bce_loss, roc_auc, step_bce_loss
 from grpo_core.rewards.scorer import RewardScorer, rule_reward
 from grpo_core.rewards.steps import rollout_step_ends
-from grpo_core.advantages import rollout_advantages
+from grpo_core.advantages import paper_step_rewards, rollout_advantages
 from grpo_core.stages.reward_model import step_batch
 from grpo_core.verify import is_correct
 
@@ -268,7 +268,7 @@ def test_rule_only_scoring_is_the_answer_checker(tok):
     scored = RewardScorer({"rule": 1.0}, "outcome", tok)(rollout, [GOLD] * 5)
     assert torch.equal(scored.outcome, expected) and torch.equal(scored.correct, expected)
     assert torch.equal(rule_reward(completions, [GOLD] * 5), expected)
-    assert scored.step_rewards is None
+    assert scored.step_scores is None
     # A weight scales the rule reward; a zero weight on a model needs no model.
     scored2 = RewardScorer({"rule": 2.0, "orm": 0.0}, "outcome", tok)(rollout, [GOLD] * 5)
     assert torch.equal(scored2.outcome, 2 * expected)
@@ -294,7 +294,7 @@ def test_outcome_with_prm_is_lowest_step_probability(tok, reward_models):
     # rule [1, 0, 0] + 0.5 * min over real steps; the empty completion has no PRM verdict: NaN.
     torch.testing.assert_close(scored.outcome[:2], torch.stack([1 + 0.5 * p[0].min(), 0.5 * p[1, :2].min()]))
     assert math.isnan(scored.outcome[2].item())
-    assert scored.step_rewards is None
+    assert scored.step_scores is None
     assert scored.stats["reward/no_step_completions"] == 1.0
     assert scored.stats["reward/steps_per_completion"] == pytest.approx(5 / 3)  # (3 + 2 + 0) / 3
     # The learned reward logged beside the checker's accuracy: the mean lowest step of those with one.
@@ -317,11 +317,15 @@ def test_process_supervision_step_rewards(tok, reward_models):
         if any(n):
             expected_ends[i][sum(n) - 1] = int(last_tokens[i])
     assert scored.step_ends.tolist() == expected_ends and scored.step_mask.tolist() == MASK
-    # Step k: 0.5 * P(step k right); the rule reward (1, 0, 0) is added to each solution's last step.
-    r = scored.step_rewards
+    # The PRM's step probabilities beside the outcome sources' reward (the rule: 1, 0, 0).
+    torch.testing.assert_close(scored.step_scores[0], p[0])
+    torch.testing.assert_close(scored.step_scores[1, :2], p[1, :2])
+    assert scored.step_scores[1, 2].isnan() and scored.step_scores[2].isnan().all()  # padding, no step
+    assert scored.base.tolist() == [1.0, 0.0, 0.0] and scored.prm_weight == 0.5 and scored.by_checker
+    # The paper's step rewards: 0.5 * P(step k right), the rule reward added to each last step.
+    r = paper_step_rewards(scored)
     torch.testing.assert_close(r[0], 0.5 * p[0] + torch.tensor([0.0, 0.0, 1.0]))
     torch.testing.assert_close(r[1, :2], 0.5 * p[1, :2])
-    assert r[1, 2].isnan() and r[2].isnan().all()  # padding and the step-less completion
     # The solution's reward, as under outcome supervision: the rule plus 0.5 x the lowest step.
     torch.testing.assert_close(scored.outcome[:2], torch.stack([1 + 0.5 * p[0].min(), 0.5 * p[1, :2].min()]))
     assert scored.supervision == "process" and scored.outcome[2].isnan()
@@ -331,9 +335,15 @@ def test_process_supervision_step_rewards(tok, reward_models):
     adv = process_advantages(r.view(1, 3, 3), scored.step_ends.view(1, 3, 3), scored.step_mask.view(1, 3, 3), t)[0]
     assert torch.equal(adv[2], torch.zeros(t))
     assert adv[0, 0] != 0 and adv[1, 0] != 0
-    # GRPO's own path gives the same advantages.
-    via_grpo = rollout_advantages(scored, 1, 3, t)
-    torch.testing.assert_close(via_grpo, adv)
+    # GRPO's own path gives the same advantages under the paper's credit.
+    torch.testing.assert_close(rollout_advantages(scored, 1, 3, t, "sum"), adv)
+    # The default (centred): the checker's z-score over the completions with a step (+1, -1; the
+    # step-less one takes no part, as under the paper's form) plus 0.5 x the step probability
+    # centred within the checker's class: each class has one completion, so nothing to add.
+    centred = rollout_advantages(scored, 1, 3, t)
+    assert torch.equal(centred[2], torch.zeros(t))
+    torch.testing.assert_close(centred[0], torch.ones(t))
+    torch.testing.assert_close(centred[1, : int(last_tokens[1]) + 1], -torch.ones(int(last_tokens[1]) + 1))
 
 
 def test_nan_orm_score_gets_zero_advantage_and_is_counted(tok, reward_models, monkeypatch):
@@ -429,8 +439,12 @@ def test_process_nonfinite_step_drops_the_whole_completion(tok, reward_models, m
     scored = RewardScorer({"prm": 1.0}, "process", tok, prm=prm)(rollout, [GOLD] * 3)
     assert scored.stats["reward/nonfinite_completions"] == 1.0
     assert not scored.step_mask[0].any()
-    adv = rollout_advantages(scored, 1, 3, rollout.completion_mask.shape[1])
-    assert torch.equal(adv[0], torch.zeros_like(adv[0])) and adv[1].abs().sum() > 0
+    # Under the paper's credit the one completion left still has steps with spread; under the
+    # centred form it has no other completion to be compared with: zero too.
+    for credit in ("sum", "centred"):
+        adv = rollout_advantages(scored, 1, 3, rollout.completion_mask.shape[1], credit)
+        assert torch.equal(adv[0], torch.zeros_like(adv[0]))
+    assert rollout_advantages(scored, 1, 3, rollout.completion_mask.shape[1], "sum")[1].abs().sum() > 0
 
 
 @pytest.mark.parametrize("supervision", ["outcome", "process"])
@@ -452,5 +466,5 @@ def test_repeated_completions_are_scored_once_and_alike(tok, reward_models, supe
         torch.testing.assert_close(together.outcome[i : i + 1], alone.outcome, equal_nan=True)
         if supervision == "process":
             k = alone.step_mask.shape[1]
-            torch.testing.assert_close(together.step_rewards[i : i + 1, :k], alone.step_rewards, equal_nan=True)
+            torch.testing.assert_close(together.step_scores[i : i + 1, :k], alone.step_scores, equal_nan=True)
             assert together.step_mask[i : i + 1, :k].tolist() == alone.step_mask.tolist()

@@ -400,3 +400,21 @@ def test_keep_best_also_keeps_the_last_policy_when_it_published_another(
         tmp_path / "last-published",
     )
     assert last["last_model"] is None  # nothing else published: the model is the last
+
+
+def test_oracle_prm_trains_and_every_run_logs_its_position_profile(tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir):
+    """``grpo.prm_oracle``: the exact step checker stands in for the PRM (no model to load), and the
+    mean advantage by step place in checker-silent groups is logged at every step and summarised in
+    the manifest, under process and outcome supervision alike (0 there: the checker is silent)."""
+    oracle = {"reward_weights": {"rule": 1.0, "prm": 1.0}, "supervision": "process", "prm_oracle": True}
+    for name, grpo in (("oracle", oracle), ("rule", {})):
+        cfg = tiny_cfg(tmp_path, grpo__max_steps=2, **{f"grpo__{k}": v for k, v in grpo.items()})
+        log = NullLogger()
+        out = run_grpo(cfg, tiny_data_dir, tiny_model_dir, tmp_path / name, log)
+        steps = _train_metrics(log)
+        assert len(steps) == 2 and all(f"adv/silent_{p}" in m for m in steps.values() for p in ("first", "answer"))
+        assert set(out["position_bias"]) == {"first", "middle", "last", "answer"}
+        if name == "rule":  # outcome supervision: a silent group's advantages are all 0
+            assert all(v == 0 or v != v for v in out["position_bias"].values()), out["position_bias"]
+    with pytest.raises(ValueError, match="prm_oracle"):
+        tiny_cfg(tmp_path, grpo__prm_oracle=True)
