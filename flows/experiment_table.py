@@ -69,6 +69,19 @@ def staleness_columns(runs: list[Run], window: int = 20) -> dict:
     return out
 
 
+def position_columns(runs: list[Run]) -> dict:
+    """The mean advantage by step place in checker-silent groups (``grpo.position_metrics``: 0 for an
+    estimator without position bias), over each run's steps that had such a step, mean over seeds."""
+    out = {}
+    for where in ("first", "middle", "last", "answer"):
+        key = f"silent_{where}"
+        per_run = [[p[key] for p in r.rewards if key in p and p[key] == p[key]] for r in runs]  # NaN: none
+        means = [sum(v) / len(v) for v in per_run if v]
+        if means:
+            out[f"silent_adv_{where}_mean"] = round(mean_std(means)[0], 4)
+    return out
+
+
 def _window(steps: list[dict], when: str, width: int) -> list[dict]:
     """``width`` steps of one round: the run's first, its middle (one round: the middle steps; several:
     the first steps of the last round, right after the last retraining) or its last."""
@@ -151,6 +164,7 @@ def variant_row(
             "groups_with_gradient_mean": round(mean_std([1 - sum(zs) / len(zs) for zs in zero])[0], 4),
             "groups_drawn_per_step_mean": round(mean_std(drawn)[0], 2),
         }
+    row |= position_columns(runs)
     for key in [f"{m}@{k}" for m in ("maj", "pass")] if k > 1 else []:
         mean, std = mean_std([sampled[model_key(s, name, r)][key] for r in runs])
         row |= {f"{key}_mean": round(mean, 4), f"{key}_std": round(std, 4)}

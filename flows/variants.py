@@ -64,7 +64,7 @@ VARIANTS = {
         about="GRPO on the run's round-1 ORM", grpo={"reward_weights": {"orm": 1.0}, "supervision": "outcome"}
     ),
     ONE_ROUND: Variant(
-        about="GRPO with process supervision by the run's round-1 PRM, the paper's sum credit",
+        about="GRPO with process supervision by the run's round-1 PRM (the recipe's process_credit)",
         grpo=PRM,
         against=("orm-outcome",),
     ),
