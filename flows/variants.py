@@ -87,6 +87,12 @@ VARIANTS = {
     "rule+prm-process": Variant(
         about="the answer checker plus the PRM's step credit, the demo's reward",
         grpo={"reward_weights": {"rule": 1.0, "prm": 1.0}, "supervision": "process"},
+        against=("rule-outcome",),
+    ),
+    "rule+prm-process-paper": Variant(
+        about="the same through the paper's process advantage (every step z-scored together, sum credit)",
+        grpo={"reward_weights": {"rule": 1.0, "prm": 1.0}, "supervision": "process", "process_credit": "sum"},
+        against=("rule-outcome", "rule+prm-process"),
     ),
     # Sparse rewards (grpo_core/stages/questions.py), on the recipe's own reward: which questions a step learns from.
     UNIFORM: Variant(
