@@ -254,6 +254,8 @@ def format_table(result: dict) -> str:
     ]
     stale = [kind for kind in ("orm", "prm") if any(f"{kind}_within_auc_start_mean" in r for r in result["rows"])]
     last = any("last_accuracy_mean" in r for r in result["rows"])
+    places = ("first", "middle", "last", "answer")
+    bias = any(f"silent_adv_{w}_mean" in r for r in result["rows"] for w in places)
     lines = [
         "| variant | seeds | test accuracy | vs SFT (95% CI) | vs continued SFT (95% CI) | "
         + ("vs uniform (95% CI) | " if uniform else "")
@@ -265,8 +267,9 @@ def format_table(result: dict) -> str:
             f"{k.upper()} within-question AUC on the policy's samples: start, middle, end (mixed groups) | "
             for k in stale
         )
+        + ("mean advantage in checker-silent groups: first, middle, last step, answer line | " if bias else "")
         + "steps/s | peak RSS (MiB) | training s | reward model |",
-        "|---" * (9 + len(sampled) + uniform + gradient + len(against) + len(stale) + 2 * last) + "|",
+        "|---" * (9 + len(sampled) + uniform + gradient + bias + len(against) + len(stale) + 2 * last) + "|",
     ]
     for r in result["rows"]:
         cells = [
@@ -310,6 +313,8 @@ def format_table(result: dict) -> str:
             else "-"
             for k in stale
         ]
+        if bias:
+            cells.append(", ".join(f"{r[k]:+.2f}" if (k := f"silent_adv_{w}_mean") in r else "-" for w in places))
         extra = f" (+{r['extra_s_mean']:.0f} retraining)" if r.get("extra_s_mean") else ""
         cells += [
             f"{r['steps_per_s_mean']:.2f}" if "steps_per_s_mean" in r else "-",
