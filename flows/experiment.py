@@ -60,12 +60,16 @@ from tasks.run_lock import run_lock
 from tasks.stage_tasks import eval_task, grpo_task, run_stage, sft_task
 
 
-def train_variant(s: Setup, name: str, seed: int, out: Path, data: Ref, sft: Ref, common: dict) -> Run:
+def train_variant(
+    s: Setup, name: str, seed: int, out: Path, data: Ref, sft: Ref, common: dict, later: dict | None = None
+) -> Run:
+    """Variant ``name``'s run of ``seed`` in ``out``; ``later``: a ``labels_of`` arm's own reward
+    models (``equal_label_reward_models``), which it trains on from round 2 on."""
     vcfg = s.config(name, s.cfg.seed + seed)
     if VARIANTS[name].grpo is None:
         return Run.of(vcfg.seed, [run_stage(sft_task, vcfg, str(out), SFTInputs(data=data, init=sft), **common).output])
     if s.rounds(name) > 1:
-        return iterated(s, name, seed, out, data, sft, common)
+        return iterated(s, name, seed, out, data, sft, common, later)
     learned = learned_reward_models(s, vcfg.grpo.reward_models_used)
     if s.is_the_runs_grpo(vcfg):
         return Run.of(vcfg.seed, [s.first["grpo"]]).model_copy(update=learned)
@@ -83,17 +87,20 @@ def learned_reward_models(s: Setup, used: tuple[str, ...]) -> dict:
     return {"reward_model_updates": {kind: s.first[kind].steps for kind in used}, "reward_model_labels": labels}
 
 
-def iterated(s: Setup, name: str, seed: int, out: Path, data: Ref, sft: Ref, common: dict) -> Run:
+def iterated(
+    s: Setup, name: str, seed: int, out: Path, data: Ref, sft: Ref, common: dict, later: dict | None = None
+) -> Run:
     """Iterative RL from the SFT model (§4.2), the variant's rounds sharing its budget: GRPO round 1
     on the round-1 reward models (``s.first``); then, each round, GRPO from the last round's policy
-    (the new reference) on reward models that are, by the variant, the same (frozen) or retrained
-    between rounds on the new policy's samples and GRPO's rollouts plus a replay share of earlier
-    data (``flows.rounds.reward_stages``, the pipeline's own). The retraining's seconds are outside
-    the budget (``Run.extra``)."""
+    (the new reference) on reward models that are, by the variant, the same (frozen), ``later``'s
+    from round 2 on (a ``labels_of`` arm: as strong as the retrained arm's by then, never fresher),
+    or retrained between rounds on the new policy's samples and GRPO's rollouts plus a replay share
+    of earlier data (``flows.rounds.reward_stages``, the pipeline's own). The retraining's seconds
+    are outside the budget (``Run.extra``)."""
     variant = VARIANTS[name]
     used = s.config(name, s.cfg.seed).grpo.reward_models_used
     rms = {kind: s.first[kind].ref for kind in used}
-    learned = learned_reward_models(s, used)
+    learned = learned_reward_models(s.model_copy(update={"first": s.first | later}) if later else s, used)
     buffer = s.first["replay"].ref if "replay" in s.first else None
     rates = s.first["reward_data"].pass_rates_ref if "reward_data" in s.first else None
     policy, stages, extra, warned = sft, [], {}, []
@@ -101,6 +108,8 @@ def iterated(s: Setup, name: str, seed: int, out: Path, data: Ref, sft: Ref, com
     # (rewards/gate.py): round 1's (whose failures the row already reports), then each retrained one's.
     gates, retrained = {kind: s.first[kind].quality_gate for kind in used}, False
     for k in range(1, s.rounds(name) + 1):
+        if k == 2 and later:
+            rms, gates = {kind: later[kind].ref for kind in used}, {kind: later[kind].quality_gate for kind in used}
         gated = gate_grpo(s.config(name, s.cfg.seed + seed, k), gates)
         vcfg = gated.cfg
         if retrained:
@@ -109,11 +118,7 @@ def iterated(s: Setup, name: str, seed: int, out: Path, data: Ref, sft: Ref, com
         # Round 1 is the same for every variant with the same GRPO settings, seed and round-1
         # reward models (they differ only between rounds): it runs once, in a folder they share.
         shared = hashlib.sha256(vcfg.grpo.model_dump_json().encode()).hexdigest()[:8]
-        where = (
-            out.parents[1] / "round-1" / f"grpo-{shared}" / out.name
-            if k == 1 and not variant.labels_of
-            else out / f"round-{k}" / "grpo"
-        )
+        where = out.parents[1] / "round-1" / f"grpo-{shared}" / out.name if k == 1 else out / f"round-{k}" / "grpo"
         g = run_stage(
             grpo_task,
             vcfg,
@@ -330,11 +335,11 @@ def _experiment(
             chains.append(si.first)
             for name, done in runs.items():
                 sv, where = si, out_root / name / f"seed-{i}"
+                own = None
                 if matched := VARIANTS[name].labels_of:
                     own = equal_label_reward_models(si, name, runs[matched][j], where, data, sft, common, i)
-                    sv = si.model_copy(update={"first": si.first | own})
-                    own_chains[name].append(sv.first)
-                done.append(train_variant(sv, name, i, where, data, sft, common))
+                    own_chains[name].append(si.first | own)
+                done.append(train_variant(sv, name, i, where, data, sft, common, later=own))
 
         results, sampled = evaluate(s, runs, out_root, data, sft, samples, sample_questions, common)
         rows = table_rows(

@@ -17,9 +17,11 @@ class Variant(BaseModel):
     outside the budget, unless ``retrain`` is off: the round-1 reward models the whole way.
     ``against``: the variants its row is compared with, seed by seed (``gain_over_<name>``, and
     ``last_gain_over_<name>`` between the policies the runs ended with where keep-best kept another).
-    ``labels_of``: a frozen arm whose round-1 reward models are its own, trained once before RL on as
-    many of the SFT model's checker-labelled samples as that (retrained) variant's reward models are
-    given over all its rounds, for as many updates as they made (that variant runs first, seed by seed)."""
+    ``labels_of``: a frozen arm that trains on the round-1 reward models in round 1, as that
+    (retrained) variant does, and from round 2 on on its own, trained once before RL on as many of
+    the SFT model's checker-labelled samples as that variant's reward models are given over all its
+    rounds, for as many updates as they made (that variant runs first, seed by seed): as strong as
+    the retrained ones by round 2, never fresher."""
 
     model_config = ConfigDict(frozen=True)
     about: str
@@ -154,8 +156,9 @@ VARIANTS = {
     # Separates what retraining changes: fresher labels (the policy's own samples) from more labels
     # and more training, which this frozen arm gets too, all of them on the SFT model's samples.
     EQUAL_LABELS: Variant(
-        about="frozen, its reward models trained once before RL on as many of the SFT model's "
-        "checker-labelled samples as `retrained`'s are given in all its rounds, with as many updates",
+        about="frozen, round 1 on the round-1 reward models, then on reward models trained once before RL on "
+        "as many of the SFT model's checker-labelled samples as `retrained`'s are given in all its rounds, with "
+        "as many updates",
         grpo={},
         rounds=None,
         retrain=False,

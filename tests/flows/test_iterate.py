@@ -167,17 +167,12 @@ def test_the_equal_labels_arm_differs_from_frozen_in_its_reward_models_labels_an
 
     rec.grpo.clear()
     eq = experiment.train_variant(
-        s.model_copy(update={"first": s.first | own}),
-        EQUAL_LABELS,
-        0,
-        tmp_path / "iterate" / EQUAL_LABELS / "seed-0",
-        data,
-        sft,
-        {},
+        s, EQUAL_LABELS, 0, tmp_path / "iterate" / EQUAL_LABELS / "seed-0", data, sft, {}, later=own
     )
     (_, first), (_, second) = rec.grpo
     assert rec.retrained == [(cfg, 1, start)]  # frozen: nothing retrained between its rounds
-    assert first.reward_models == second.reward_models == {"orm": own["orm"].ref}
+    # Round 1 on the round-1 ORM, as the retrained arm; from round 2 on its own, larger one.
+    assert first.reward_models == {"orm": s.first["orm"].ref} and second.reward_models == {"orm": own["orm"].ref}
     assert eq.reward_model_updates == {"orm": 30}  # (the recorder's reward-model stage makes 30 updates)
 
 
