@@ -77,8 +77,17 @@ VARIANTS = {
         "score): the PRM without process credit",
         grpo={"reward_weights": {"prm": 1.0}, "supervision": "outcome"},
     ),
+    # The paper's process advantage (every step of the group z-scored together, sum credit) and
+    # PURE's min credit on it: each differs from the one it is compared with in the credit alone.
+    "prm-process-paper": Variant(
+        about="the same through the paper's process advantage (every step z-scored together, sum credit)",
+        grpo=PRM | {"process_credit": "sum"},
+        against=(ONE_ROUND,),
+    ),
     "prm-process-min-credit": Variant(
-        about="the same with PURE's min-form credit", grpo=PRM | {"process_credit": "min"}, against=(ONE_ROUND,)
+        about="the paper's process advantage with PURE's min-form credit",
+        grpo=PRM | {"process_credit": "min"},
+        against=("prm-process-paper",),
     ),
     TWO_ROUNDS: Variant(
         about="two iterations of prm-process, half the budget each, the PRM retrained between them",
@@ -218,6 +227,7 @@ PRESETS = {
             "rule-outcome",
             "orm-outcome",
             ONE_ROUND,
+            "prm-process-paper",
             "prm-process-min-credit",
             TWO_ROUNDS,
         ),

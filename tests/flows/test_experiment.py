@@ -56,7 +56,8 @@ def test_an_arm_differs_from_the_arms_it_is_compared_with_only_in_what_it_names(
     s = setup(str(_finished_run(tmp_path, tiny_cfg)), "compare", None, None, 6, None)
     pairs = [(name, other) for name, v in VARIANTS.items() for other in v.against]
     section_5 = {("online-rft", "rft"), ("online-rft", "rule-outcome"), ("ppo", "rule-outcome")}
-    section_5 |= {("prm-process", "orm-outcome"), ("prm-process-min-credit", "prm-process")}
+    section_5 |= {("prm-process", "orm-outcome"), ("prm-process-min-credit", "prm-process-paper")}
+    section_5 |= {("prm-process-paper", "prm-process")}
     sparse = {("rule+orm", "dynamic"), ("rule+prm", "dynamic"), ("rule+oracle-prm", "dynamic")}
     assert section_5 | sparse | {("prm-process-2-rounds", "prm-process"), ("retrained", "frozen")} <= set(pairs)
     for name, other in pairs:
