@@ -437,7 +437,8 @@ def position_metrics(learner: Learner, batch: ScoredGroups, advantages: Advantag
     """The mean advantage by step place (``advantages.position_profile``: first, middle, last, answer
     line) over what trained, in the groups where the answer checker is silent (its verdicts all
     alike): nothing there says one completion is better, so an estimator without position bias gives
-    each place 0 on average whatever the PRM says; NaN where no such step was trained on."""
+    each place 0 on average whatever the PRM says; a place no such step was trained on is left out
+    (not NaN: a step's metrics compare equal when they are)."""
     d, g, scored = learner.d, learner.cfg.group_size, batch.scored
     verdicts = scored.correct.reshape(-1, g)
     silent = (verdicts == verdicts[:, :1]).all(dim=1).repeat_interleave(g).nonzero().squeeze(1)
@@ -449,7 +450,8 @@ def position_metrics(learner: Learner, batch: ScoredGroups, advantages: Advantag
     out = {}
     for where, (total, count) in profile.items():
         total, count = float(d.sum(total)), float(d.sum(count))
-        out[f"adv/silent_{where}"] = total / count if count else float("nan")
+        if count:
+            out[f"adv/silent_{where}"] = total / count
     return out
 
 
@@ -687,7 +689,7 @@ def position_bias(history: list[dict]) -> dict[str, float]:
     steps that trained on such a step: the run's summary of a bias that should be 0."""
     out = {}
     for key in POSITION_METRICS:
-        values = [h[key] for h in history if key in h and h[key] == h[key]]
+        values = [h[key] for h in history if key in h]
         out[key.removeprefix("adv/silent_")] = sum(values) / len(values) if values else float("nan")
     return out
 
