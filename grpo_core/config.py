@@ -500,10 +500,7 @@ class GRPOConfig(Training):
         if self.supervision == "process" and not self.reward_weights.get("prm"):
             raise ValueError("supervision=process needs a PRM: give reward_weights.prm a weight > 0")
         if self.process_credit != "centred" and self.supervision != "process":
-            raise ValueError(
-                f"process_credit={self.process_credit} applies to supervision=process only (a run folder's "
-                f"config.yaml written before centred became the default says process_credit: sum: delete that line)"
-            )
+            raise ValueError(f"process_credit={self.process_credit} applies to supervision=process only")
         if self.prm_oracle and not self.reward_weights.get("prm"):
             raise ValueError("prm_oracle stands in for the PRM: give reward_weights.prm a weight > 0")
         alg, name = ALGORITHMS[self.algorithm], f"algorithm={self.algorithm}"

@@ -40,6 +40,22 @@ def renamed(raw: dict[str, Any], source: str, migrate: bool = False) -> dict[str
     return raw
 
 
+# A default a run's own config.yaml recorded that is no longer the default and is now refused where
+# it does not apply: (section, key, old default) -> (the setting it needs, its value). Read from a run's
+# config (``migrate``), it is dropped where that setting has another value.
+RETIRED_DEFAULTS = {("grpo", "process_credit", "sum"): ("supervision", "process")}
+
+
+def retired(raw: dict[str, Any], source: str) -> dict[str, Any]:
+    """A run's own ``raw`` config without the ``RETIRED_DEFAULTS`` it recorded where they do not apply."""
+    for (section, key, value), (needs, wanted) in RETIRED_DEFAULTS.items():
+        sec = raw.get(section)
+        if isinstance(sec, dict) and sec.get(key) == value and sec.get(needs) != wanted:
+            warnings.warn(f"{source}: {section}.{key}: {value} (a default it recorded) dropped", stacklevel=3)
+            del sec[key]
+    return raw
+
+
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply ``section.key=value`` strings; values are parsed as YAML (``1e-4``, ``[0.7, 1.0]``)."""
     for item in overrides:
@@ -110,6 +126,7 @@ def load_config(
     if path is not None:
         source = str(path)
         raw = renamed(_read_yaml(Path(path), seen=()), source, migrate)
+        raw = retired(raw, source) if migrate else raw
     raw = apply_overrides(raw, overrides or [])
     try:
         return PipelineConfig.model_validate(raw)

@@ -236,3 +236,19 @@ def test_a_renamed_key_is_refused_in_one_line_naming_its_new_name(tmp_path):
     with pytest.warns(UserWarning, match="grpo.steps is read as grpo.max_steps"):
         assert load_config(recipe, migrate=True).grpo.max_steps == 7
     assert load_config(None, ["grpo.max_steps=5"]).grpo.max_steps == 5
+
+
+def test_a_run_folder_recorded_before_centred_credit_became_the_default_still_loads(tmp_path):
+    """A run's own config.yaml of outcome supervision recorded the old default ``process_credit: sum``,
+    now refused there: read as a run's config (``migrate``) it is dropped with a warning; a recipe
+    that says it is refused, naming the field; under process supervision it stays the paper's form."""
+    recipe = tmp_path / "config.yaml"
+    recipe.write_text("grpo:\n  supervision: outcome\n  process_credit: sum\n")
+    with pytest.raises(ConfigError, match="grpo.*process_credit=sum applies to supervision=process only"):
+        load_config(recipe)
+    with pytest.warns(UserWarning, match="process_credit: sum"):
+        assert load_config(recipe, migrate=True).grpo.process_credit == "centred"
+    recipe.write_text(
+        "grpo:\n  supervision: process\n  process_credit: sum\n  reward_weights: {prm: 1.0}\nprm:\n  train: true\n"
+    )
+    assert load_config(recipe, migrate=True).grpo.process_credit == "sum"
