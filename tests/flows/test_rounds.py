@@ -321,7 +321,9 @@ def test_a_reward_model_that_fails_its_gate_can_be_kept_out_of_grpos_reward(tiny
     assert no_orm.cfg.grpo.reward_weights == {"rule": 1.0, "prm": 1.0} and no_orm.cfg.grpo.supervision == "process"
     no_prm = gate_grpo(cfg, {"orm": passed, "prm": failed}).cfg.grpo
     assert no_prm.reward_weights == {"rule": 1.0, "orm": 0.5} and no_prm.supervision == "outcome"
-    assert no_orm.cfg.grpo.process_credit == "min" and no_prm.process_credit == "sum"
+    assert (
+        no_orm.cfg.grpo.process_credit == "min" and no_prm.process_credit == "centred"
+    )  # the default: outcome supervision refuses another
     only_prm = tiny_cfg(
         tmp_path,
         "grpo.reward_weights={prm: 1.0}",
