@@ -28,7 +28,6 @@ from grpo_core.advantages import PROCESS_CREDIT, position_profile, rollout_advan
 from grpo_core.data import prompt_text  # noqa: E402
 from grpo_core.lm.modeling import load_tokenizer  # noqa: E402
 from grpo_core.recipe import load_config  # noqa: E402
-from grpo_core.rewards.heads import load_reward_model  # noqa: E402
 from grpo_core.rewards.score_command import encode  # noqa: E402
 from grpo_core.rewards.scorer import RewardScorer  # noqa: E402
 
@@ -36,12 +35,15 @@ PLACES = ("first", "middle", "last", "answer")
 
 
 def replay(round_dir: Path, config: Path) -> dict:
-    cfg = load_config(config, []).grpo
+    run_cfg = load_config(config, [], migrate=True)
+    cfg = run_cfg.grpo
+    if cfg.supervision != "process":
+        raise SystemExit(f"{round_dir}: its GRPO trained under outcome supervision: no process credit to replay")
     grpo = json.loads((round_dir / "grpo" / "manifest.json").read_text())
     rows = [json.loads(line) for line in (round_dir / "grpo" / "rollouts.jsonl").open()]
     tokenizer = load_tokenizer(grpo["init"])
-    prm = load_reward_model(round_dir / "prm" / "model", "prm").eval()
-    scorer = RewardScorer(cfg.reward_weights, "process", tokenizer, prm=prm)
+    paths = {kind: round_dir / kind / "model" for kind in cfg.reward_models_used}  # the round's own
+    scorer = RewardScorer.for_recipe(cfg, tokenizer, run_cfg.reward_data.step_separator, paths)
     by_step: dict[int, list[dict]] = {}
     for r in rows:
         by_step.setdefault(r["step"], []).append(r)

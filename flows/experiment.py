@@ -93,7 +93,8 @@ def iterated(
     """Iterative RL from the SFT model (§4.2), the variant's rounds sharing its budget: GRPO round 1
     on the round-1 reward models (``s.first``); then, each round, GRPO from the last round's policy
     (the new reference) on reward models that are, by the variant, the same (frozen), ``later``'s
-    from round 2 on (a ``labels_of`` arm: as strong as the retrained arm's by then, never fresher),
+    from round 2 on (a ``labels_of`` arm: as strong as the retrained arm's by then, never fresher;
+    its row counts their updates and labels, and its curriculum keeps round 1's pass rates),
     or retrained between rounds on the new policy's samples and GRPO's rollouts plus a replay share
     of earlier data (``flows.rounds.reward_stages``, the pipeline's own). The retraining's seconds
     are outside the budget (``Run.extra``)."""

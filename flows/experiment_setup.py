@@ -96,10 +96,12 @@ class Setup(BaseModel):
         if variant.grpo is None:
             sft = cfg.sft.model_copy(update={"max_seconds": self.budget.seconds, "max_steps": 10**9, "patience": 0})
             return cfg.model_copy(update={"sft": sft, "seed": seed, "launch": launch})
+        merged = {**cfg.grpo.model_dump(), **variant.grpo}
+        if merged["supervision"] != "process":  # the recipe's process credit has no place in an outcome arm
+            merged["process_credit"] = "centred"
         grpo = cfg.grpo.model_validate(
             {
-                **cfg.grpo.model_dump(),
-                **variant.grpo,
+                **merged,
                 **self.budget.grpo(self.rounds(name), k),
                 "eval_every": self.eval_every,
                 **({"lr": self.lr} if self.lr else {}),

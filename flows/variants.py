@@ -42,7 +42,8 @@ class Variant(BaseModel):
 BASELINE, ONE_ROUND, TWO_ROUNDS, UNIFORM = "continued-sft", "prm-process", "prm-process-2-rounds", "uniform"
 FROZEN, RETRAINED, EQUAL_LABELS = "frozen", "retrained", "frozen-equal-labels"
 RULE = {"reward_weights": {"rule": 1.0}, "supervision": "outcome"}
-PRM = {"reward_weights": {"prm": 1.0}, "supervision": "process"}
+# Process arms name their credit: a run recorded with another (the paper's sum) must not pass it on.
+PRM = {"reward_weights": {"prm": 1.0}, "supervision": "process", "process_credit": "centred"}
 VARIANTS = {
     BASELINE: Variant(about="SFT continued on its worked solutions at the lr it ended with: the no-RL baseline"),
     # The paper's §5 algorithms on the answer checker; RFT has no KL term, so a recipe's beta is refused.
@@ -66,7 +67,7 @@ VARIANTS = {
         about="GRPO on the run's round-1 ORM", grpo={"reward_weights": {"orm": 1.0}, "supervision": "outcome"}
     ),
     ONE_ROUND: Variant(
-        about="GRPO with process supervision by the run's round-1 PRM (the recipe's process_credit)",
+        about="GRPO with process supervision by the run's round-1 PRM (the centred credit)",
         grpo=PRM,
         against=("orm-outcome",),
     ),
@@ -97,7 +98,7 @@ VARIANTS = {
     ),
     "rule+prm-process": Variant(
         about="the answer checker plus the PRM's step credit, the demo's reward",
-        grpo={"reward_weights": {"rule": 1.0, "prm": 1.0}, "supervision": "process"},
+        grpo={"reward_weights": {"rule": 1.0, "prm": 1.0}, "supervision": "process", "process_credit": "centred"},
         against=("rule-outcome",),
     ),
     "rule+prm-process-paper": Variant(
@@ -130,7 +131,13 @@ VARIANTS = {
     ),
     "rule+prm": Variant(
         about="`dynamic` plus the round-1 PRM's step credit (process supervision)",
-        grpo={"reward_weights": {"rule": 1.0, "prm": 1.0}, "supervision": "process", "curriculum": 0.0, "redraws": 3},
+        grpo={
+            "reward_weights": {"rule": 1.0, "prm": 1.0},
+            "supervision": "process",
+            "process_credit": "centred",
+            "curriculum": 0.0,
+            "redraws": 3,
+        },
         against=("dynamic",),
     ),
     # The upper bound of process supervision where the checker is silent: the exact step checker of
@@ -140,6 +147,7 @@ VARIANTS = {
         grpo={
             "reward_weights": {"rule": 1.0, "prm": 1.0},
             "supervision": "process",
+            "process_credit": "centred",
             "prm_oracle": True,
             "curriculum": 0.0,
             "redraws": 3,

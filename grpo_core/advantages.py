@@ -161,8 +161,9 @@ def centred_process_advantages(
                  the first step whose end >= t (a step ending past seq_len covers the rest).
     step_mask:   [N, G, K] bool, True for real steps (a completion without one gets zero everywhere).
     outcome:     [N, G] the outcome sources' reward (the checker, the ORM), z-scored per group as
-                 ``outcome_advantages``: z_i. None: no outcome source; the PRM term is then the whole
-                 advantage and is divided by its group's population std (GRPO's unit scale).
+                 ``outcome_advantages`` over the completions with at least one step (a step-less one
+                 takes no part and gets 0, as under the paper's form): z_i. None: no outcome source;
+                 the PRM term is then the whole advantage, divided by its group's population std.
     classes:     [N, G] the outcome class of each completion (the checker's verdict, where it is
                  weighted), or None: one class per group (PROGRS, arXiv 2604.02341, centres within
                  outcome classes).
@@ -196,8 +197,10 @@ def centred_process_advantages(
         z = torch.zeros(n, g, dtype=torch.float64)
     else:
         scale, z = weight, outcome_advantages(torch.where(valid, outcome.double(), 0.0), valid).double()
-    # token t -> the first step whose end >= t (padding steps end beyond every token)
-    ends = torch.where(mask, step_ends.long().clamp(max=seq_len - 1), seq_len).reshape(n * g, k).contiguous()
+    # token t -> the first step whose end >= t (padding steps end beyond every token; ends made
+    # non-decreasing, as the search needs: a step ending before the one ahead of it gets no token)
+    ends = torch.where(mask, step_ends.long().clamp(max=seq_len - 1), seq_len).reshape(n * g, k)
+    ends = ends.cummax(dim=1).values.contiguous()
     tokens = torch.arange(seq_len).expand(n * g, seq_len).contiguous()
     own = torch.searchsorted(ends, tokens).view(n, g, seq_len).clamp(max=k)  # k: no step ahead
     term = torch.cat([centred * scale, torch.zeros(n, g, 1, dtype=torch.float64)], dim=2).gather(2, own)

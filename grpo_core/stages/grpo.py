@@ -447,12 +447,12 @@ def position_metrics(learner: Learner, batch: ScoredGroups, advantages: Advantag
     else:
         ends, mask = rollout_step_ends(learner.tokenizer, batch.rollout.select(silent), learner.scorer.separator)
     profile = position_profile(advantages.values[silent], ends, mask)
-    out = {}
-    for where, (total, count) in profile.items():
-        total, count = float(d.sum(total)), float(d.sum(count))
-        if count:
-            out[f"adv/silent_{where}"] = total / count
-    return out
+    sums = d.sum(torch.tensor([v for pair in profile.values() for v in pair], dtype=torch.float64))  # one reduction
+    return {
+        f"adv/silent_{where}": float(sums[2 * i] / sums[2 * i + 1])
+        for i, where in enumerate(profile)
+        if sums[2 * i + 1] > 0
+    }
 
 
 def completion_metrics(
@@ -648,7 +648,7 @@ def identity(
         init=digest_dir(Path(init_dir)),
         round=round_,
         reward_models={k: digest_dir(Path(p)) for k, p in used.items()},
-        separator=cfg.reward_data.step_separator if "prm" in used else None,
+        separator=cfg.reward_data.step_separator if cfg.grpo.reward_weights.get("prm") else None,  # PRM or oracle
         **({"pass_rates": digest_dir(Path(pass_rates))} if cfg.grpo.curriculum else {}),
         **({"adapter": digest_dir(Path(adapter))} if adapter else {}),
     )

@@ -468,3 +468,21 @@ def test_repeated_completions_are_scored_once_and_alike(tok, reward_models, supe
             k = alone.step_mask.shape[1]
             torch.testing.assert_close(together.step_scores[i : i + 1, :k], alone.step_scores, equal_nan=True)
             assert together.step_mask[i : i + 1, :k].tolist() == alone.step_mask.tolist()
+
+
+def test_oracle_prm_scores_each_step_by_the_exact_checker_through_repeated_rows(tok):
+    """``grpo.prm_oracle``: step k scores 1 while every line so far is the reference chain's. RIGHT
+    (7 + 5 = 12, 12 - 9 = 3, #### 3) scores [1, 1, 1]; a miscopied second step [1, 0, 0]; WRONG
+    (7 + 5 = 13, #### 4) [0, 0]; a repeated row gets its first occurrence's scores; no learned model."""
+    from grpo_core.rewards.scorer import ORACLE
+
+    slip = "7 + 5 = 12\n12 - 8 = 4\n#### 4"
+    rows = [RIGHT, WRONG, RIGHT, slip, EMPTY]
+    scored = RewardScorer({"rule": 1.0, "prm": 1.0}, "process", tok, prm=ORACLE)(
+        group_rollout(tok, rows), [GOLD] * 5, [QUESTION] * 5
+    )
+    steps = [scored.step_scores[i, : int(scored.step_mask[i].sum())].tolist() for i in range(5)]
+    assert steps == [[1.0, 1.0, 1.0], [0.0, 0.0], [1.0, 1.0, 1.0], [1.0, 0.0, 0.0], []]
+    assert "prm" not in scored.learned  # the oracle is no learned model: no staleness is measured on it
+    with pytest.raises(ValueError, match="questions"):
+        RewardScorer({"prm": 1.0}, "process", tok, prm=ORACLE)(group_rollout(tok, rows), [GOLD] * 5)
