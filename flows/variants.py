@@ -44,6 +44,8 @@ FROZEN, RETRAINED, EQUAL_LABELS = "frozen", "retrained", "frozen-equal-labels"
 RULE = {"reward_weights": {"rule": 1.0}, "supervision": "outcome"}
 # Process arms name their credit: a run recorded with another (the paper's sum) must not pass it on.
 PRM = {"reward_weights": {"prm": 1.0}, "supervision": "process", "process_credit": "centred"}
+RULE_PRM = PRM | {"reward_weights": {"rule": 1.0, "prm": 1.0}}  # the checker plus the PRM's step credit
+DYNAMIC = {"curriculum": 0.0, "redraws": 3}  # the sparse arms' draw: uniform, dynamic sampling
 VARIANTS = {
     BASELINE: Variant(about="SFT continued on its worked solutions at the lr it ended with: the no-RL baseline"),
     # The paper's §5 algorithms on the answer checker; RFT has no KL term, so a recipe's beta is refused.
@@ -98,12 +100,12 @@ VARIANTS = {
     ),
     "rule+prm-process": Variant(
         about="the answer checker plus the PRM's step credit, the demo's reward",
-        grpo={"reward_weights": {"rule": 1.0, "prm": 1.0}, "supervision": "process", "process_credit": "centred"},
+        grpo=RULE_PRM,
         against=("rule-outcome",),
     ),
     "rule+prm-process-paper": Variant(
         about="the same through the paper's process advantage (every step z-scored together, sum credit)",
-        grpo={"reward_weights": {"rule": 1.0, "prm": 1.0}, "supervision": "process", "process_credit": "sum"},
+        grpo=RULE_PRM | {"process_credit": "sum"},
         against=("rule-outcome", "rule+prm-process"),
     ),
     # Sparse rewards (grpo_core/stages/questions.py), on the recipe's own reward: which questions a step learns from.
@@ -131,27 +133,14 @@ VARIANTS = {
     ),
     "rule+prm": Variant(
         about="`dynamic` plus the round-1 PRM's step credit (process supervision)",
-        grpo={
-            "reward_weights": {"rule": 1.0, "prm": 1.0},
-            "supervision": "process",
-            "process_credit": "centred",
-            "curriculum": 0.0,
-            "redraws": 3,
-        },
+        grpo=RULE_PRM | DYNAMIC,
         against=("dynamic",),
     ),
     # The upper bound of process supervision where the checker is silent: the exact step checker of
     # the arithmetic task as the PRM (``grpo.prm_oracle``).
     "rule+oracle-prm": Variant(
         about="`dynamic` plus the exact step checker's step credit (an oracle PRM; the arithmetic task only)",
-        grpo={
-            "reward_weights": {"rule": 1.0, "prm": 1.0},
-            "supervision": "process",
-            "process_credit": "centred",
-            "prm_oracle": True,
-            "curriculum": 0.0,
-            "redraws": 3,
-        },
+        grpo=RULE_PRM | {"prm_oracle": True} | DYNAMIC,
         against=("dynamic", "rule+prm"),
     ),
     # Iterative RL (§4.2) on the recipe's own reward (``iterate``: a learned one alone), the recipe's
