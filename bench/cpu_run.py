@@ -93,13 +93,16 @@ def another_seed(run_dir: Path, manifest: dict, seed: int, steps: int | None = N
     """GRPO from the run's SFT model with the recipe's seed set to ``seed`` (and its ``grpo.max_steps``
     to ``steps``, where given), and its evaluation."""
     from grpo_core.evaluation import run_eval
+    from grpo_core.lm.runtime import stage_peak_memory
     from grpo_core.recipe import load_config
     from grpo_core.stages.grpo import run_grpo
 
     cfg = load_config(run_dir / "config.yaml", [f"seed={seed}"] + ([f"grpo.max_steps={steps}"] if steps else []))
     name = f"seed-{seed}" + (f"-steps-{steps}" if steps else "")
     out, data = run_dir / name, Path(manifest["data_dir"])
-    grpo = run_grpo(cfg, data, manifest["sft_model"], out / "grpo")
+    with stage_peak_memory() as peak:
+        grpo = run_grpo(cfg, data, manifest["sft_model"], out / "grpo")
+    grpo["peak_memory"] = peak
     evaluated = run_eval(cfg, data, {"policy": grpo["model"]}, out / "eval")
     return grpo, evaluated["results"]["policy"], cfg.model_dump_json()
 
@@ -116,6 +119,7 @@ def experiment_seed(experiment: Path, variant: str, seed: int) -> tuple[dict, di
         "rewards": run["rewards"],
         "curve": run["curve"],
         "train_s": run["train_s"],
+        "peak_memory": run.get("peak_memory", {}),  # the largest of its stages'
     }
     evaluated = json.loads((experiment / "eval" / "manifest.json").read_text())["results"][f"{variant}/seed-{seed}"]
     chain = experiment / "chains" / f"seed-{seed}" / "round-1"
@@ -161,6 +165,16 @@ def evaluate_policy(run_dir: Path, recipe: Path, policy: Path) -> dict:
         ],
     }
     return manifest
+
+
+def peak_rss(manifest: dict) -> dict[str, float]:
+    """Each stage's peak resident set in MiB as its manifest recorded it, and the whole command's
+    (``run``: the flow's process; a stage launched in a process of its own adds its peak to it)."""
+    stages = {name: m for name, m in manifest.get("stages", {}).items()}
+    for r in manifest["rounds"]:
+        stages |= {f"round-{r.get('round', 1)}/{name}": m for name, m in r["stages"].items()}
+    peaks = {name: m.get("peak_memory", {}).get("rss_mib") for name, m in stages.items() if isinstance(m, dict)}
+    return {"run": manifest.get("peak_memory", {}).get("rss_mib")} | {k: v for k, v in peaks.items() if v}
 
 
 def record(
@@ -211,6 +225,10 @@ def record(
         "grpo_train_s": grpo["train_s"],
         "stages_s": manifest["profile"]["stages_s"],
         "wall_s": manifest["profile"]["wall_s"],
+        # The run's stages; a seed trained again (another seed, an experiment's): its GRPO stage's.
+        "peak_rss_mib": peak_rss(manifest)
+        if grpo_seed is None and experiment is None
+        else {"grpo": grpo.get("peak_memory", {}).get("rss_mib")},
     }
     (folder / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
@@ -245,7 +263,7 @@ def main() -> None:
         else record(args.run_dir, args.folder, args.grpo_seed, args.policy, args.recipe, experiment, args.grpo_steps)
     )
     if not args.check:  # what a person reads after `make real`: the scores, GRPO's spread, each stage's seconds
-        result = {k: result[k] for k in ("scores", "grpo_train_s", "stages_s", "wall_s")} | {
+        result = {k: result[k] for k in ("scores", "grpo_train_s", "stages_s", "wall_s", "peak_rss_mib")} | {
             "groups_with_spread": result["grpo"]["groups_with_spread"],
             "best_step": result["grpo"]["best_step"],
             "reward_models": result["reward_models"],

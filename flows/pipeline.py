@@ -23,7 +23,7 @@ from flows import artifact_key, numbered_run_name, parameter
 from flows.reports import PARENT_NOTE, figure_source, pipeline_report
 from flows.rounds import RoundStart, next_start, rl_round, round_metrics
 from grpo_core.config import PipelineConfig
-from grpo_core.lm.runtime import numerics
+from grpo_core.lm.runtime import numerics, peak_memory
 from grpo_core.manifests import read_manifest, write_manifest
 from grpo_core.mlflow_runs import experiment_id, finishing, run_params, start_run, tracking_uri
 from grpo_core.recipe import ConfigError, load_config
@@ -270,6 +270,8 @@ def _pipeline(config: PipelineConfig, continues: str | None = None) -> dict:
             "experiment": config.tracking.experiment,
             "numerics": process_numerics,
             "tracking_unsent": unsent_count(unsent),
+            # The flow's process over the run (the stages that ran in it; a launched stage's is its own manifest's).
+            "peak_memory": peak_memory(),
         }
         manifest["figures"] = report_run(manifest, run_dir, exp_id, tracker)
         # The resolved recipe goes beside the manifest it produced (``baseline`` reads both).

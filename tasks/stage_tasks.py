@@ -20,6 +20,7 @@ from prefect import task
 
 from grpo_core.config import PipelineConfig
 from grpo_core.digests import digest_dir
+from grpo_core.lm.runtime import stage_peak_memory
 from grpo_core.manifests import moved, read_manifest, write_manifest
 from grpo_core.mlflow_runs import finishing, patiently, start_run
 from grpo_core.recipe import flatten
@@ -187,10 +188,12 @@ def stage_task(stage: str):
             # Done before, with no result in this Prefect home (a run folder copied from another project).
             return read_manifest(Path(out_dir) / "manifest.json")
         with child_run(uri, parent_id, stage, cfg, _stage_params(cfg, inputs), inputs.run_name(cfg)) as log:
-            if cfg.launch.launched and stage in LAUNCHABLE:
+            if cfg.launch.launched and stage in LAUNCHABLE:  # its manifest carries its process's peak
                 manifest = run_launched(stage, cfg, out_dir, inputs, uri, log.run_id)
             else:
-                manifest = inputs.run(cfg, Path(out_dir), log)
+                with stage_peak_memory() as peak:
+                    manifest = inputs.run(cfg, Path(out_dir), log)
+                manifest["peak_memory"] = peak
             if "model" in manifest:
                 manifest["digest"] = digest_dir(Path(manifest["model"]))
             if manifest.get("last_model"):  # GRPO's last policy where keep-best published another

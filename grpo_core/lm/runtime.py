@@ -54,12 +54,17 @@ def model_device(model) -> torch.device:
     return next(model.parameters()).device
 
 
-def peak_rss_mib() -> float:
-    """This process's own peak resident set in MiB. On Linux ``VmHWM``, the high-water mark of the
-    address space the process has had since it started its program; not ``ru_maxrss``, which a
-    process started from another inherits (the peak of the address space it replaced at exec), so that
-    a small stage launched from a large flow would read the flow's peak. Elsewhere
-    ``ru_maxrss`` (kilobytes, bytes on macOS)."""
+# The process's peaks from before the last reset by ``stage_peak_memory``, so that resetting the
+# high-water mark for one stage never loses the process's own.
+_EARLIER_PEAK = {"rss_mib": 0.0, "cuda_mib": 0.0}
+
+
+def _high_water_mib() -> float:
+    """The resident high-water mark in MiB. On Linux ``VmHWM``, the mark of the address space the
+    process has had since it started its program (or since ``stage_peak_memory`` reset it); not
+    ``ru_maxrss``, which a process started from another inherits (the peak of the address space it
+    replaced at exec), so that a small stage launched from a large flow would read the flow's peak.
+    Elsewhere ``ru_maxrss`` (kilobytes, bytes on macOS)."""
     try:
         with open("/proc/self/status", encoding="ascii") as status:
             for line in status:
@@ -74,13 +79,58 @@ def peak_rss_mib() -> float:
     return peak / 2**20 if sys.platform == "darwin" else peak / 1024
 
 
+def _cuda_used() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_initialized()
+
+
+def peak_rss_mib() -> float:
+    """This process's own peak resident set in MiB over its whole life."""
+    return max(_EARLIER_PEAK["rss_mib"], _high_water_mib())
+
+
 def peak_memory() -> dict[str, float]:
     """This process's peak memory in MiB: its resident set (``peak_rss_mib``) and, where it used a
-    GPU, torch's peak CUDA allocation. Meaningful for a stage in a process of its own."""
+    GPU, torch's peak CUDA allocation. A stage's own where the stage has the process to itself."""
     out = {"rss_mib": round(peak_rss_mib(), 1)}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        out["cuda_mib"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+    if _cuda_used():
+        out["cuda_mib"] = round(max(_EARLIER_PEAK["cuda_mib"], torch.cuda.max_memory_allocated() / 2**20), 1)
     return out
+
+
+def _reset_high_water() -> bool:
+    """Set Linux's resident high-water mark back to the current resident set (``clear_refs``'s 5);
+    False where the kernel offers no such reset (macOS, Windows, an old or locked-down kernel)."""
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as refs:
+            refs.write("5")
+        return True
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def stage_peak_memory():
+    """The peak memory of the work inside the block, for a stage that runs in the flow's process:
+    a dict filled on leaving, ``rss_mib`` (the resident high-water mark, reset on entering) and, where
+    a GPU was used, ``cuda_mib`` (torch's peak allocation, reset likewise). The process's own peak over
+    its life stays what ``peak_memory`` reports. Where the mark cannot be reset, the dict holds the
+    process's peak so far as ``process_rss_mib``: an upper bound, not the stage's own. Two blocks at
+    once (threads) would each read both; a flow's stages run one at a time."""
+    _EARLIER_PEAK["rss_mib"] = peak_rss_mib()
+    reset = _reset_high_water()
+    if _cuda_used():
+        _EARLIER_PEAK["cuda_mib"] = peak_memory()["cuda_mib"]
+        torch.cuda.reset_peak_memory_stats()
+    peaks: dict[str, float] = {}
+    try:
+        yield peaks
+    finally:
+        if reset:
+            peaks["rss_mib"] = round(_high_water_mib(), 1)
+        else:
+            peaks["process_rss_mib"] = round(peak_rss_mib(), 1)
+        if _cuda_used():
+            peaks["cuda_mib"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
 
 
 # MKL's conditional-numerical-reproducibility modes as its mkl_cbwr_get reports them (mkl_service.h).

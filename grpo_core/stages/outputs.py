@@ -31,7 +31,9 @@ class StageOutput(BaseModel):
     mlflow_run_id: str = ""
     cache_key: str = ""
     wall_s: float = 0.0  # the stage's own time, evaluations included
-    peak_memory: dict[str, float] = {}  # a stage in a process of its own: its peak RSS (CUDA on a GPU)
+    # The stage's own peak RSS in MiB (CUDA's on a GPU), in its own process or in the flow's
+    # (grpo_core.lm.runtime.stage_peak_memory; ``process_rss_mib`` where only the process's is known).
+    peak_memory: dict[str, float] = {}
 
     def written(self) -> list[tuple[Ref, Digest]]:
         """The folders the stage wrote, with how their digests were computed."""

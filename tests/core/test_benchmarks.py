@@ -316,10 +316,14 @@ def test_a_seed_of_an_experiment_is_recorded_with_its_own_reward_models(tmp_path
                 "data_dir": str(run / "data"),
                 "profile": {"stages_s": {}, "wall_s": 1.0},
                 "eval": {m: {"completions": completions(f"run-{m}", [True, False, False])} for m in ("sft", "policy")},
+                "peak_memory": {"rss_mib": 900.0},
+                "stages": {"sft": {"peak_memory": {"rss_mib": 700.0}}},
                 "rounds": [
                     {
+                        "round": 1,
                         "stages": {
                             "grpo": {
+                                "peak_memory": {"rss_mib": 800.0},
                                 "steps": 2,
                                 "best_step": None,
                                 "best_val_accuracy": None,
@@ -340,7 +344,19 @@ def test_a_seed_of_an_experiment_is_recorded_with_its_own_reward_models(tmp_path
     (exp / "manifest.json").write_text(
         json.dumps(
             {
-                "runs": {"v": [{}, {"steps": 2, "rewards": rewards, "curve": [], "train_s": 3.0, "kept_step": 2}]},
+                "runs": {
+                    "v": [
+                        {},
+                        {
+                            "steps": 2,
+                            "rewards": rewards,
+                            "curve": [],
+                            "train_s": 3.0,
+                            "kept_step": 2,
+                            "peak_memory": {"rss_mib": 600.0},
+                        },
+                    ]
+                },
                 "recipes": {"v": {"seed": 5, "grpo": {"lr": 1e-4}}},
             }
         )
@@ -351,6 +367,8 @@ def test_a_seed_of_an_experiment_is_recorded_with_its_own_reward_models(tmp_path
     (exp / "chains" / "seed-1" / "round-1" / "prm" / "manifest.json").write_text(
         json.dumps({"heldout": {"within_question_auc": 0.7}, "baseline": {"within_question_auc": 0.6}})
     )
+    # The run itself: each stage's peak resident set as its manifest has it, and the whole command's.
+    assert record(run, tmp_path / "run-out")["peak_rss_mib"] == {"run": 900.0, "sft": 700.0, "round-1/grpo": 800.0}
     summary = record(run, tmp_path / "out", experiment=(exp, "v", 1))
     assert summary["variant"] == "v" and summary["grpo_seed"] == 1
     assert summary["scores"]["mawps"]["policy_minus_sft"]["mean"] == pytest.approx(2 / 3)
@@ -360,7 +378,7 @@ def test_a_seed_of_an_experiment_is_recorded_with_its_own_reward_models(tmp_path
     }
     # Its recipe as it trained: the variant's, with the seed of seed 1 (the recipe's + 1).
     assert yaml.safe_load((tmp_path / "out" / "config.yaml").read_text()) == {"seed": 6, "grpo": {"lr": 1e-4}}
-    assert summary["grpo"]["best_step"] == 2
+    assert summary["grpo"]["best_step"] == 2 and summary["peak_rss_mib"] == {"grpo": 600.0}
 
 
 def test_another_seed_trains_the_steps_asked_for_in_a_folder_of_its_own(tmp_path, monkeypatch):

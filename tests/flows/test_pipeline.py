@@ -57,6 +57,11 @@ def test_pipeline_end_to_end_and_cached_rerun(prefect_harness, tmp_path, tiny_cf
     # The numerics the run computed with (tests/core/test_numerics.py: who set them, in stage processes too).
     assert manifest["numerics"]["settings"]["MKL_CBWR"]["value"] == os.environ["MKL_CBWR"]
 
+    # Each stage's own peak memory, though they ran in the flow's process, and the run's over all of them.
+    peaks = [m["peak_memory"] for m in manifest["stages"].values()]
+    stage_peaks = [p.get("rss_mib", p.get("process_rss_mib", 0)) for p in peaks]  # the second where no reset
+    assert all(p > 0 for p in stage_peaks) and manifest["peak_memory"]["rss_mib"] >= max(stage_peaks)
+
     [round1] = manifest["rounds"]
     assert round1["test_accuracy"] == manifest["eval"]["policy"]["accuracy"]  # one round: the final policy
 

@@ -3,6 +3,7 @@ gradient checkpointing run on the CPU here; the CUDA tests run where a GPU is (`
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
@@ -124,3 +125,30 @@ def test_a_stage_process_reports_its_own_peak_not_its_parents():
     del ballast
     assert parent_peak > 1024
     assert float(child.stdout) < parent_peak - 512  # the child imports torch, a few hundred MiB
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="the high-water reset is Linux's clear_refs")
+def test_a_stage_in_the_flows_process_reports_its_own_peak_and_the_process_keeps_its():
+    """Stages that run inside the flow's process: each reads the peak of its own work (a small stage
+    after a large one is small), while the process's peak over its life is still the large one's."""
+    code = """
+import json
+from grpo_core.lm.runtime import peak_memory, stage_peak_memory
+
+def touch(mib):
+    block = bytearray(mib * 2**20)
+    block[:: 2**12] = b"\\x01" * len(range(0, len(block), 2**12))  # resident
+    return block
+
+with stage_peak_memory() as large:
+    block = touch(768)
+    del block
+with stage_peak_memory() as small:
+    block = touch(64)
+    del block
+print(json.dumps({"large": large, "small": small, "process": peak_memory()}))
+"""
+    out = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    large, small, process = out["large"]["rss_mib"], out["small"]["rss_mib"], out["process"]["rss_mib"]
+    assert large > small + 600  # the second stage does not carry the first's 768 MiB
+    assert small > 64 and process >= large
