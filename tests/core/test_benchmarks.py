@@ -331,7 +331,7 @@ def test_a_seed_of_an_experiment_is_recorded_with_its_own_reward_models(tmp_path
                                 "curve": [],
                                 "train_s": 1.0,
                             }
-                        }
+                        },
                     }
                 ],
             }
