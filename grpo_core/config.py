@@ -375,6 +375,13 @@ class GRPOConfig(Training):
     )
     inner_updates: int = Field(1, ge=1, description="mu: updates per exploration stage")
     minibatch_size: int | None = Field(None, ge=1, description="completions per update; None=all")
+    micro_batch_rows: int | None = Field(
+        None,
+        ge=1,
+        description="distinct completions per forward and backward pass of an update, their gradients summed "
+        "into the update's one step: the same update holding a share of the activations; None: the whole "
+        "minibatch in one pass",
+    )
     temperature: float = Field(1.0, gt=0, description="sampling temperature of the rollouts")
     # Optional spread across a group, e.g. [0.7, 1.0]: sample i uses temperatures[i % len].
     temperatures: tuple[float, ...] | None = Field(None, description="spread within a group: sample i uses [i % len]")

@@ -76,7 +76,7 @@ from grpo_core.stages.rl_records import POSITION_METRICS, RECORDED, SUMMARY_METR
 from grpo_core.tracking import MetricLogger, NullLogger
 from grpo_core.training import distributed
 from grpo_core.training.distributed import Dist, SINGLE
-from grpo_core.training.trainer import Plan, TrainState, Trainer, optimizer_step
+from grpo_core.training.trainer import Plan, TrainState, Trainer, apply_gradients
 
 
 @dataclasses.dataclass
@@ -373,32 +373,44 @@ def minibatch_update(
     ref_logp: torch.Tensor | None,
 ) -> dict[str, float]:
     """One optimizer update on ``part`` (``size``: its global minibatch's): this process's share of
-    its loss terms, and the gradient norm (the same on every process)."""
-    cfg = learner.cfg
-    with learner.amp():
-        logp, entropy = token_logprobs(wrapped, part.rollout, with_entropy=True)
-    loss, m = grpo_loss(
-        logp,
-        logp.detach() if old_logp is None else old_logp,
-        ref_logp,
-        part.advantages,
-        part.rollout.completion_mask,
-        clip_eps=cfg.clip_eps,
-        clip_eps_high=cfg.clip_eps_high,
-        beta=cfg.kl.loss,
-        agg=cfg.loss_agg,
-        batch=size,
-        weights=part.counts,
-    )
-    # This process's share of the global loss, times the world size: DDP averages.
-    grad_norm = optimizer_step(learner.models.policy, learner.opt, loss, learner.d.world, cfg.max_grad_norm)
-    mask = part.rollout.completion_mask * part.counts[:, None]  # each distinct row's tokens, once per row it stands for
-    m.update(entropy=float((entropy * mask).sum() / mask.sum().clamp(min=1)))
-    # Token means (kl, clip_ratio, ratio_mean, entropy) weighted by this process's share of the
-    # minibatch's tokens: summed over the processes they are the global token means, as the loss
-    # terms (already shares) sum to the global loss.
-    share = float(mask.sum()) / max(size.tokens, 1.0)
-    return {k: v if k == "pg_loss" else v * share for k, v in m.items()} | {"loss": loss.item(), "grad_norm": grad_norm}
+    its loss terms, and the gradient norm (the same on every process). The loss is a sum over rows
+    normalised by the global minibatch, so ``grpo.micro_batch_rows`` passes of a few rows each,
+    their gradients summed, make the same update as one pass over all of them, holding a share
+    of the activations (each pass's backward frees its own)."""
+    cfg, n = learner.cfg, len(part.counts)
+    step = cfg.micro_batch_rows or n
+    learner.opt.zero_grad(set_to_none=True)
+    sums: dict[str, float] = {}
+    for s in range(0, n, step):
+        rows = slice(s, s + step)
+        rollout, counts = part.rollout.rows(s, s + step), part.counts[rows]
+        with learner.amp():
+            logp, entropy = token_logprobs(wrapped, rollout, with_entropy=True)
+        loss, m = grpo_loss(
+            logp,
+            logp.detach() if old_logp is None else old_logp[rows],
+            None if ref_logp is None else ref_logp[rows],
+            part.advantages[rows],
+            rollout.completion_mask,
+            clip_eps=cfg.clip_eps,
+            clip_eps_high=cfg.clip_eps_high,
+            beta=cfg.kl.loss,
+            agg=cfg.loss_agg,
+            batch=size,
+            weights=counts,
+        )
+        # This process's share of the global loss, times the world size: DDP averages.
+        (loss * learner.d.world).backward()
+        mask = rollout.completion_mask * counts[:, None]  # each distinct row's tokens, once per row it stands for
+        m.update(entropy=float((entropy * mask).sum() / mask.sum().clamp(min=1)), loss=loss.item())
+        # Token means (kl, clip_ratio, ratio_mean, entropy) weighted by these rows' share of the
+        # minibatch's tokens: summed over passes and processes they are the global token means, as
+        # the loss terms (already shares) sum to the global loss.
+        share = float(mask.sum()) / max(size.tokens, 1.0)
+        for k, v in m.items():
+            sums[k] = sums.get(k, 0.0) + (v if k in ("pg_loss", "loss") else v * share)
+    grad_norm = apply_gradients(learner.models.policy, learner.opt, cfg.max_grad_norm, torch.tensor(sums["loss"]))
+    return sums | {"grad_norm": grad_norm}
 
 
 # ---------------------------------------------------------------------------------------- 4. metrics

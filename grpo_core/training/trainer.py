@@ -98,6 +98,13 @@ def optimizer_step(model, opt, loss: torch.Tensor, scale: float, max_grad_norm: 
     The gradients are freed once applied, so they are not held through the next step's forward."""
     opt.zero_grad(set_to_none=True)
     (loss * scale).backward()
+    return apply_gradients(model, opt, max_grad_norm, loss)
+
+
+def apply_gradients(model, opt, max_grad_norm: float, loss: torch.Tensor) -> float:
+    """The optimizer step on the gradients backward has put on ``model`` (one pass's or several
+    passes' summed), clipped; returns the gradient norm before clipping (``loss``: for the message
+    where the gradient is not finite). The gradients are freed once applied."""
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
     norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)  # FSDP: a DTensor
     if not math.isfinite(norm):  # the same on every process (DDP averaged the gradients): all stop

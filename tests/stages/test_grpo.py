@@ -317,16 +317,20 @@ def test_rerunning_a_finished_grpo_does_not_train_again(
     assert again["steps"] == first["steps"]
 
 
-def test_repeated_rollouts_are_trained_once_with_the_same_gradient(tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir):
+@pytest.mark.parametrize("micro", [None, 2, 3], ids=["one-pass", "passes-of-2", "passes-of-3"])
+def test_repeated_rollouts_are_trained_once_with_the_same_gradient(
+    tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir, micro
+):
     """``update`` passes a group's repeated solutions once, weighted by their count: the gradient is
     the one of the loss over every row (computed here directly on the full batch), and the step's
-    metrics count every row."""
+    metrics count every row. The same in passes of a few distinct rows (``grpo.micro_batch_rows``,
+    their gradients summed: one update), down to float rounding."""
     from grpo_core.lm.policy import generate
     from grpo_core.losses import grpo_loss
     from grpo_core.stages.rl import Advantages
 
     cfg, policy, ref, tok, opt, questions = _grpo_setup(
-        tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir, grpo__group_size=4
+        tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir, grpo__group_size=4, grpo__micro_batch_rows=micro
     )
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
