@@ -14,6 +14,9 @@ disagreement between the two is visible. Each difference has a second interval,
         --grpo-seed 0 --grpo-steps 45
     python bench/cpu_run.py runs/smollm2-cpu docs/cpu-runs/2026-11-28-smollm2-mawps-prm-seed-1 \
         --experiment runs/smollm2-cpu/compare/steps-30-eval6 --variant rule+prm-process --seed 1
+    python bench/cpu_run.py runs/smollm2-cpu docs/cpu-runs/<date>-smollm2-controls-seed-10 \
+        --experiment runs/smollm2-cpu/compare/<budget> --variant rule-outcome --seed 10 \
+        --controls continued-sft,online-rft
     python bench/cpu_run.py --check docs/cpu-runs/2026-11-27-smollm2-mawps
     python bench/cpu_run.py --check docs/cpu-runs/<prm seed 1> --against docs/cpu-runs/<checker seed 1>
 
@@ -24,7 +27,9 @@ questions and samples; ``<run>/seed-S/``) and evaluates that policy on the same 
 model's completions are the run's. ``--grpo-steps N`` with it trains N steps instead of the recipe's
 (``<run>/seed-S-steps-N/``). ``--experiment DIR --variant V --seed S`` records seed S of variant V
 of a finished experiment on the run (``grpo-pipeline compare``: its GRPO, evaluation, and that seed's own
-round-1 reward models' held-out quality beside the SFT model's likelihood). ``--check`` reads a
+round-1 reward models' held-out quality beside the SFT model's likelihood); ``--controls A,B`` also the
+same seed's arms A and B, each as ``<benchmark>-A.jsonl.gz`` (continued SFT, online RFT: the policy is
+then compared with each). ``--check`` reads a
 committed folder alone and recomputes its accuracies and intervals from the files; with ``--against``
 another folder's policy, on the same questions, is the baseline instead of SFT.
 """
@@ -62,29 +67,38 @@ def read_rows(path: Path) -> list[dict]:
 
 
 def score(folder: Path, against: Path | None = None) -> dict:
-    """Accuracies and paired intervals recomputed from the committed completions alone; ``against``:
-    another folder whose policy stands where SFT stands (its ``sft`` keys then name that policy)."""
+    """Accuracies and paired intervals recomputed from the committed completions alone: the policy
+    minus SFT, and where the folder holds controls (``<benchmark>-<control>.jsonl.gz`` beside
+    ``sft`` and ``policy``: continued SFT, online RFT) the policy minus each and each minus SFT.
+    ``against``: another folder whose policy stands where SFT stands (its ``sft`` keys then name that policy)."""
     out: dict[str, dict] = {}
     for sft_file in sorted(folder.glob("*-sft.jsonl.gz")):
         bench = sft_file.name.removesuffix("-sft.jsonl.gz")
-        base = against / f"{bench}-policy.jsonl.gz" if against else sft_file
-        rows = {"sft": read_rows(base), "policy": read_rows(folder / f"{bench}-policy.jsonl.gz")}
-        if [r["idx"] for r in rows["sft"]] != [r["idx"] for r in rows["policy"]]:
-            raise ValueError(f"{folder}: {bench}'s policy and {base} hold different questions")
+        if not (folder / f"{bench}-policy.jsonl.gz").is_file():  # a control's file (``mawps-continued-sft``)
+            continue
+        named = {f.name[len(bench) + 1 :].removesuffix(".jsonl.gz") for f in folder.glob(f"{bench}-*.jsonl.gz")}
+        models = ["sft", "policy"] + sorted(named - {"sft", "policy"})
+        rows = {m: read_rows(folder / f"{bench}-{m}.jsonl.gz") for m in models}
+        if against:
+            rows["sft"] = read_rows(against / f"{bench}-policy.jsonl.gz")
+        for m, rs in rows.items():
+            if [r["idx"] for r in rs] != [r["idx"] for r in rows["sft"]]:
+                raise ValueError(f"{folder}: {bench}'s {m} and sft hold different questions")
         correct = {m: [bool(r["correct"]) for r in rs] for m, rs in rows.items()}
         # Near-duplicates among the evaluated questions (MAWPS repeats its problems) are not independent.
         groups = clusters([r["question"] for r in rows["sft"]])
         second = {m: [last_number_correct(r["completion"], r["gold"]) for r in rs] for m, rs in rows.items()}
-        out[bench] = {
-            "n": len(rows["sft"]),
-            **{m: sum(c) / len(c) for m, c in correct.items()},
-            "policy_minus_sft": question_interval(correct["policy"], correct["sft"]),
-            "policy_minus_sft_by_cluster": question_interval(correct["policy"], correct["sft"], clusters=groups),
-            "last_number": {
-                **{m: sum(c) / len(c) for m, c in second.items()},
-                "policy_minus_sft": question_interval(second["policy"], second["sft"]),
-                "disagree": {m: sum(a != b for a, b in zip(correct[m], second[m])) for m in correct},
-            },
+        pairs = [("policy", "sft")] + [
+            (a, b) for c in models if c not in ("sft", "policy") for a, b in (("policy", c), (c, "sft"))
+        ]
+        out[bench] = {"n": len(rows["sft"]), **{m: sum(c) / len(c) for m, c in correct.items()}}
+        for a, b in pairs:
+            out[bench][f"{a}_minus_{b}"] = question_interval(correct[a], correct[b])
+            out[bench][f"{a}_minus_{b}_by_cluster"] = question_interval(correct[a], correct[b], clusters=groups)
+        out[bench]["last_number"] = {
+            **{m: sum(c) / len(c) for m, c in second.items()},
+            **{f"{a}_minus_{b}": question_interval(second[a], second[b]) for a, b in pairs},
+            "disagree": {m: sum(x != y for x, y in zip(correct[m], second[m])) for m in correct},
         }
     return out
 
@@ -185,6 +199,7 @@ def record(
     recipe: Path | None = None,
     experiment: tuple[Path, str, int] | None = None,
     grpo_steps: int | None = None,
+    controls: tuple[str, ...] = (),
 ) -> dict:
     manifest = (
         evaluate_policy(run_dir, recipe, policy) if policy else json.loads((run_dir / "manifest.json").read_text())
@@ -196,6 +211,9 @@ def record(
         grpo, results["policy"], config = another_seed(run_dir, manifest, grpo_seed, grpo_steps)
     if experiment is not None:
         grpo, results["policy"], config, reward_models = experiment_seed(*experiment)
+        exp, _, seed = experiment
+        evaluated = json.loads((exp / "eval" / "manifest.json").read_text())["results"]
+        results |= {c: evaluated[f"{c}/seed-{seed}"] for c in controls}  # the same seed's other arms
     split = json.loads((Path(manifest["data_dir"]) / "split.json").read_text())
     main = next(name for name, parts in split.items() if "rl" in parts)
     folder.mkdir(parents=True, exist_ok=True)
@@ -243,7 +261,10 @@ def main() -> None:
     ap.add_argument("--policy", type=Path, help="evaluate this model beside the run's SFT model (with --recipe)")
     ap.add_argument("--recipe", type=Path, help="--policy: the recipe whose evaluation settings apply")
     ap.add_argument("--experiment", type=Path, help="a finished experiment on the run (with --variant and --seed)")
-    ap.add_argument("--variant", help="--experiment: the variant to record")
+    ap.add_argument("--variant", help="--experiment: the variant to record (its files: policy)")
+    ap.add_argument(
+        "--controls", default="", help="--experiment: comma-separated variants recorded beside it, each under its name"
+    )
     ap.add_argument("--seed", type=int, default=0, help="--experiment: its seed (0 = the recipe's)")
     ap.add_argument("--check", action="store_true", help="recompute the scores of a committed folder alone")
     ap.add_argument("--against", type=Path, help="--check: another committed folder whose policy is the baseline")
@@ -252,6 +273,11 @@ def main() -> None:
         ap.error("--policy needs --recipe")
     if bool(args.experiment) != bool(args.variant):
         ap.error("--experiment and --variant go together")
+    controls = tuple(c for c in args.controls.split(",") if c)
+    if controls and not args.experiment:
+        ap.error("--controls goes with --experiment")
+    if {"sft", "policy"} & set(controls):
+        ap.error("--controls: sft and policy name the run's SFT model and the variant")
     if args.grpo_steps is not None and args.grpo_seed is None:
         ap.error("--grpo-steps goes with --grpo-seed")
     if args.against and not args.check:
@@ -260,7 +286,9 @@ def main() -> None:
     result = (
         score(args.folder, args.against)
         if args.check
-        else record(args.run_dir, args.folder, args.grpo_seed, args.policy, args.recipe, experiment, args.grpo_steps)
+        else record(
+            args.run_dir, args.folder, args.grpo_seed, args.policy, args.recipe, experiment, args.grpo_steps, controls
+        )
     )
     if not args.check:  # what a person reads after `make real`: the scores, GRPO's spread, each stage's seconds
         result = {k: result[k] for k in ("scores", "grpo_train_s", "stages_s", "wall_s", "peak_rss_mib")} | {

@@ -242,6 +242,19 @@ def test_a_committed_run_folder_is_scored_again_from_its_files_alone(tmp_path):
         2 / 3
     )
     assert mawps["last_number"]["disagree"] == {"sft": 1, "policy": 0}
+    assert "policy_minus_continued-sft" not in mawps  # no control in this folder
+
+    # A control beside them (continued SFT): the policy minus it and it minus SFT, question by question.
+    with gzip.open(tmp_path / "mawps-continued-sft.jsonl.gz", "wt") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows([False, False, True], ["#### 4", "#### 4", "#### 3"]))
+    done = subprocess.run(
+        [sys.executable, "bench/cpu_run.py", "--check", str(tmp_path)], capture_output=True, text=True, check=True
+    )
+    mawps = json.loads(done.stdout)["mawps"]
+    assert mawps["continued-sft"] == pytest.approx(1 / 3) and mawps["policy_minus_sft"]["mean"] == pytest.approx(1 / 3)
+    assert mawps["policy_minus_continued-sft"]["mean"] == pytest.approx(1 / 3)  # d = 1, 1, -1
+    assert mawps["continued-sft_minus_sft"]["mean"] == pytest.approx(0.0)  # d = -1, 0, 1
+    assert mawps["policy_minus_continued-sft_by_cluster"]["clusters"] == 2
 
 
 def test_two_committed_policies_are_paired_question_by_question(tmp_path):
@@ -362,16 +375,25 @@ def test_a_seed_of_an_experiment_is_recorded_with_its_own_reward_models(tmp_path
         )
     )
     (exp / "eval" / "manifest.json").write_text(
-        json.dumps({"results": {"v/seed-1": {"completions": completions("v-1", [True, True, True])}}})
+        json.dumps(
+            {
+                "results": {
+                    "v/seed-1": {"completions": completions("v-1", [True, True, True])},
+                    "c/seed-1": {"completions": completions("c-1", [True, True, False])},  # a control arm
+                }
+            }
+        )
     )
     (exp / "chains" / "seed-1" / "round-1" / "prm" / "manifest.json").write_text(
         json.dumps({"heldout": {"within_question_auc": 0.7}, "baseline": {"within_question_auc": 0.6}})
     )
     # The run itself: each stage's peak resident set as its manifest has it, and the whole command's.
     assert record(run, tmp_path / "run-out")["peak_rss_mib"] == {"run": 900.0, "sft": 700.0, "round-1/grpo": 800.0}
-    summary = record(run, tmp_path / "out", experiment=(exp, "v", 1))
+    summary = record(run, tmp_path / "out", experiment=(exp, "v", 1), controls=("c",))
     assert summary["variant"] == "v" and summary["grpo_seed"] == 1
     assert summary["scores"]["mawps"]["policy_minus_sft"]["mean"] == pytest.approx(2 / 3)
+    assert summary["scores"]["mawps"]["policy_minus_c"]["mean"] == pytest.approx(1 / 3)  # the same seed's control
+    assert (tmp_path / "out" / "mawps-c.jsonl.gz").is_file()
     assert summary["grpo"]["groups_with_spread"] == {"sampled": 0.5, "trained": pytest.approx(0.875)}
     assert summary["reward_models"] == {
         "prm": {"trained": {"within_question_auc": 0.7}, "sft_likelihood": {"within_question_auc": 0.6}}
