@@ -109,8 +109,8 @@ def run_ours(
     from grpo_core.lm.modeling import load_model, load_trainable
     from grpo_core.lm.runtime import place, set_compute
     from grpo_core.rewards.scorer import RewardScorer
-    from grpo_core.stages.grpo import Learner, rl_step
-    from grpo_core.stages.rl import Models
+    from grpo_core.stages.rl_step import Learner, rl_step
+    from grpo_core.stages.rl_types import Models
 
     set_compute(threads)  # as every stage computes: its threads, torch's deterministic algorithms
     before_models = _rss_mib()
@@ -135,7 +135,7 @@ def run_ours(
     times, tokens, parts = [], [], []
     # Our step formats questions itself, so the prompt text is passed as a question whose prompt
     # wrapper is the identity: Example(question=prompt) with prompt_text patched out.
-    import grpo_core.stages.grpo as g  # where the step samples and formats its prompts
+    import grpo_core.stages.rl_step as g  # where the step samples and formats its prompts
 
     g.prompt_text = lambda q: q
     rollouts = []  # the step's rollout, for the value model of the PPO setting

@@ -38,9 +38,9 @@ def main() -> None:
     from grpo_core.lm.runtime import set_compute
     from grpo_core.recipe import load_config
     from grpo_core.rewards.scorer import RewardScorer
-    from grpo_core.stages.grpo import Learner, rl_step
+    from grpo_core.stages.rl_step import Learner, rl_step
     from grpo_core.stages.questions import QuestionSampler, read_pass_rates
-    from grpo_core.stages.rl import Models
+    from grpo_core.stages.rl_types import Models
 
     setup_environment()
     run = Path(a.run)

@@ -125,7 +125,7 @@ VARIANTS = {
     "dynamic+curriculum": Variant(about="both", grpo={"curriculum": 0.75, "redraws": 3}),
     # Where the checker is silent (most groups all wrong: no reward spread), a learned reward ranks
     # solutions inside every group: the checker with dynamic sampling against the same plus each
-    # (dynamic sampling still judges a group by the checker's verdicts: ``rl.has_spread``).
+    # (dynamic sampling still judges a group by the checker's verdicts: ``questions.passes_dynamic_sampling``).
     "rule+orm": Variant(
         about="`dynamic` plus the round-1 ORM (outcome supervision)",
         grpo={"reward_weights": {"rule": 1.0, "orm": 1.0}, "supervision": "outcome", "curriculum": 0.0, "redraws": 3},

@@ -3,9 +3,9 @@
 The paper's unified paradigm (§5.2.1) sets them apart by data source, reward function and gradient
 coefficient; here each row says which model samples the rollouts, which advantage estimator gives the
 coefficient (an ``Estimator``, one Enum of names as verl's ``core_algos`` has; the functions are
-``grpo.ESTIMATORS``' table), where ``grpo.beta``'s
+``stages/estimators.py``'s table), where ``grpo.beta``'s
 KL to the reference goes, and which models it trains beside the policy. The rollout, the reward
-sources, the clipped policy update and the step's metrics are shared (``stages/rl.py``). The recipe
+sources, the clipped policy update and the step's metrics are shared (``stages/rl_step.py``). The recipe
 validator (``config.GRPOConfig``) reads this table to refuse settings an algorithm would ignore;
 the stage reads it to pick the sampler, the estimator and the models it loads.
 """

@@ -1,527 +1,38 @@
-"""The RL stage: GRPO (DeepSeekMath §4.1) and its §5 peers, one step read top to bottom (the shape
-of nanochat's ``chat_rl.py``).
-
-A step (``rl_step``) runs four phases, each a function below, in the order they run, returning
-what it made and its seconds (``time/*`` metrics: the first draw's sampling and scoring, the
-redraws, the estimator, the log-prob passes and the updates):
-
-1. ``explore``: G completions of each question from pi_old (RFT: the frozen starting model), scored
-   by the answer checker and the reward models (process supervision scores every step); with
-   dynamic sampling (``grpo.redraws``) a slot whose group has no reward spread samples another
-   question's group instead, up to ``redraws`` times.
-2. ``estimate``: the algorithm's advantage estimator (``ESTIMATORS``: group z-scores or
-   process credit for GRPO, 1[correct] for RFT and online RFT, GAE for PPO in ``ppo.py``).
-3. ``update``: mu passes of the clipped-ratio objective (``losses.grpo_loss``) on minibatches,
-   with the k3 KL to the frozen reference where the algorithm puts it in the loss; after it
-   ``rl_step`` trains PPO's value model (``ppo.value_updates``).
-4. ``step_metrics``: every cross-process reduction of the step.
-
-Which model samples, which estimator, where ``grpo.beta`` goes and which models are loaded come
-from the algorithm's row of ``algorithms.ALGORITHMS``. ``run_grpo`` (the stage) runs the step on the
-shared training loop (``trainer.py``: log, validate with keep-best, checkpoint, resume).
-
-Where this GRPO differs from the paper's (§4.1, §4.2), by default or by a setting:
-
-- the reward may add the answer checker to the learned ORM / PRM (``grpo.reward_weights``); the
-  paper's RL reads its reward model alone;
-- keep-best (``grpo.keep_best``, on by default) publishes the step with the best validation
-  accuracy, the last one beside it; the paper's policy is the last;
-- a completion without a finite reward (no verdict, a NaN score) gets no advantage;
-- options the paper has not, each off by default: dynamic sampling and the pass-rate curriculum
-  (``questions.py``), PURE's min-form process credit, DAPO's clip-higher and token-mean and Dr.
-  GRPO's aggregations (``losses.py``), LoRA adapters.
-"""
+"""The RL stage (``grpo``: its folder, manifest, Prefect task and recipe section keep the name the
+paper gives the method): ``run_grpo`` trains a policy with ``grpo.algorithm`` (GRPO, or one of its §5
+peers: ``algorithms.ALGORITHMS``) on the shared training loop (``training/trainer.py``: log,
+validate with keep-best, checkpoint, resume), one RL step at a time (``rl_step.py``, which reads top
+to bottom). Here: the entry, the set-up (``build``), the run's identity and its summary."""
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import functools
-import time
 from pathlib import Path
 from typing import NamedTuple
 
 import torch
 
-from grpo_core.advantages import position_profile
-from grpo_core.algorithms import ALGORITHMS, Estimator
+from grpo_core.algorithms import ALGORITHMS
 from grpo_core.config import GRPOConfig, PipelineConfig
-from grpo_core.data import Example, prompt_text, read_split
+from grpo_core.data import Example, read_split
 from grpo_core.digests import digest_dir
 from grpo_core.evaluation import greedy_accuracy
-from grpo_core.lm import adapters
 from grpo_core.lm.modeling import load_model, load_tokenizer, load_trainable
-from grpo_core.lm.policy import CompletionLogprobs, Rollout, generate, token_logprobs
+from grpo_core.lm.policy import CompletionLogprobs
 from grpo_core.lm.runtime import autocast, device_for, place, set_compute
-from grpo_core.losses import BatchSize, grpo_loss
 from grpo_core.manifests import write_manifest
 from grpo_core.rewards import rollout_log
-from grpo_core.rewards.heads import group_auc
-from grpo_core.rewards.scorer import COUNT_STATS, RewardError, RewardScorer
-from grpo_core.rewards.steps import rollout_step_ends
-from grpo_core.seeds import draw_seed, round_seed, step_seed
+from grpo_core.rewards.scorer import RewardError, RewardScorer
+from grpo_core.seeds import round_seed
 from grpo_core.stages.identity import run_identity
-from grpo_core.stages.ppo import gae_advantages, value_model_from, value_updates
+from grpo_core.stages.ppo import value_model_from
 from grpo_core.stages.questions import QuestionSampler, read_pass_rates
-from grpo_core.stages.rl import (
-    Advantages,
-    ScoredGroups,
-    Models,
-    correct_advantages,
-    group_advantages,
-    has_spread,
-    spread,
-)
 from grpo_core.stages.rl_records import POSITION_METRICS, RECORDED, SUMMARY_METRICS, SUMMARY_WINDOW, recorded, staleness
+from grpo_core.stages.rl_step import Learner, rl_step
+from grpo_core.stages.rl_types import Models
 from grpo_core.tracking import MetricLogger, NullLogger
 from grpo_core.training import distributed
-from grpo_core.training.distributed import Dist, SINGLE
-from grpo_core.training.trainer import Plan, TrainState, Trainer, apply_gradients
-
-
-@dataclasses.dataclass
-class Learner:
-    """What every step of a run uses: the models, the tokenizer, the policy's optimizer, the recipe's
-    ``grpo`` section, the reward, the questions a redraw takes from (``grpo.redraws``), the round's
-    seed, the processes, the module whose forward gives the policy's log-probs as trained
-    (``wrapped``: DDP/FSDP's wrapper; None in one process: the policy) and the forward passes'
-    precision context (``runtime.autocast``)."""
-
-    models: Models
-    tokenizer: object
-    opt: torch.optim.Optimizer
-    cfg: GRPOConfig
-    scorer: RewardScorer
-    seed: int
-    question_sampler: QuestionSampler | None = None
-    d: Dist = SINGLE
-    wrapped: torch.nn.Module | None = None
-    amp: object = contextlib.nullcontext
-
-    @property
-    def sampling_model(self) -> torch.nn.Module:
-        """The model the rollouts come from: pi_old, or the frozen starting model (RFT)."""
-        return self.models.ref if ALGORITHMS[self.cfg.algorithm].samples == "reference" else self.models.policy
-
-
-def rl_step(
-    learner: Learner, questions: list[Example], step: int, record: list[dict] | None = None
-) -> dict[str, float]:
-    """One exploration stage and its mu updates on the step's ``questions`` (the global batch) by
-    ``grpo.algorithm``'s row of ``ALGORITHMS``; returns the step's metrics. ``record``: this
-    process's checked completions are appended to it (reward-model data for the next round).
-
-    Under torchrun each process samples, scores and trains on a contiguous share of the questions,
-    whole groups, so advantages need no communication; the loss is normalised by the global batch
-    (``BatchSize``) and DDP averages the gradients. Samples are seeded by (step, global row), so N
-    processes draw the rollouts one process would."""
-    samples = explore(learner, questions, step)
-    if record is not None:
-        record += samples.batch.checked()  # what trained (with dynamic sampling: the kept groups, not those dropped)
-    advantages = estimate(learner, samples.batch)
-    updated = update(learner, samples.batch.rollout, advantages, len(questions))
-    alg = ALGORITHMS[learner.cfg.algorithm]
-    after = (
-        value_updates(
-            learner.models,
-            dataclasses.replace(samples.batch.rollout, completion_mask=advantages.mask),
-            advantages.mask,
-            advantages.value_targets,
-            learner.cfg,
-            learner.amp,
-        )
-        if "value" in alg.trains
-        else {}
-    )
-    return step_metrics(learner, samples, advantages, updated) | after
-
-
-# ---------------------------------------------------------------------------------------- 1. explore
-
-
-class Redraws(NamedTuple):
-    """Dynamic sampling's counts for this process's n slots: groups sampled per slot [n], whether
-    the first group and the kept one had spread [n] bool, the tokens every draw sampled, and the
-    seconds the redraws took (sampling and scoring)."""
-
-    groups_per_slot: torch.Tensor
-    first_spread: torch.Tensor
-    spread: torch.Tensor
-    tokens: torch.Tensor
-    seconds: float
-
-
-class StepSamples(NamedTuple):
-    """What a step sampled: ``first``, the groups of its questions as drawn; ``batch``, what trains
-    (the same, or with dynamic sampling each slot's first group with spread); ``redraws``, dynamic
-    sampling's counts (None without it)."""
-
-    first: ScoredGroups
-    batch: ScoredGroups
-    redraws: Redraws | None = None
-
-
-def row_temperatures(cfg: GRPOConfig, n_questions: int) -> list[float]:
-    """Sample i of every group uses temperatures[i % len] (or the single temperature)."""
-    temps = cfg.temperatures or (cfg.temperature,)
-    return [temps[i % len(temps)] for _ in range(n_questions) for i in range(cfg.group_size)]
-
-
-def sample_groups(learner: Learner, questions: list[Example], slots: list[int], seed: int) -> ScoredGroups:
-    """G completions of each of ``questions`` from the learner's sampling model, scored. ``slots``: each
-    question's row of the step's global batch; sample j of slot i is seeded by (``seed``, i * G + j),
-    whichever process draws it."""
-    g, cfg = learner.cfg.group_size, learner.cfg
-    started = time.perf_counter()
-    with learner.amp():
-        rollout = generate(
-            learner.sampling_model,
-            learner.tokenizer,
-            [prompt_text(q.question) for q in questions for _ in range(g)],
-            max_new_tokens=cfg.max_new_tokens,
-            temperatures=row_temperatures(cfg, len(questions)),
-            seed=seed,
-            row_ids=[i * g + j for i in slots for j in range(g)],
-        )
-    sampled = time.perf_counter()
-    scored = learner.scorer(
-        rollout, [q.gold for q in questions for _ in range(g)], [q.question for q in questions for _ in range(g)]
-    )
-    return ScoredGroups(questions, rollout, scored, sampled - started, time.perf_counter() - sampled)
-
-
-def explore(learner: Learner, questions: list[Example], step: int) -> StepSamples:
-    """Sample and score this process's share of the step's ``questions`` (whole groups:
-    ``Dist.shard``), then, with ``grpo.redraws``, redraw the groups without reward spread
-    (``redraw``). Raises ``RewardError`` when no completion of the step got a finite reward."""
-    cfg, d, seed = learner.cfg, learner.d, step_seed(learner.seed, step)
-    mine = d.shard(len(questions), "grpo.questions_per_step")  # whole groups: advantages need no communication
-    slots = list(range(mine.start, mine.stop))
-    with d.gathered(learner.wrapped):  # FSDP: each process samples its share on the whole policy
-        first = sample_groups(learner, questions[mine], slots, seed)
-        if float(d.sum(torch.isfinite(first.rewards).sum())) == 0:  # before any update: nothing to learn from
-            errors = float(d.sum((first.scored.stats or {}).get("reward/rule_errors", 0.0)))
-            raise RewardError(
-                f"none of the step's {len(questions) * cfg.group_size} completions got a finite reward "
-                f"(rule checker errors: {errors:.0f}; the others had NaN or inf scores): the reward is broken"
-            )
-        if not cfg.redraws:
-            return StepSamples(first, first)
-        kept, redraws = redraw(learner, first, frozenset(q.question for q in questions), slots, step)
-    if all(groups is first for groups, _ in kept):
-        return StepSamples(first, first, redraws)
-    batch = ScoredGroups.cat([groups.groups([j], cfg.group_size) for groups, j in kept], learner.tokenizer.pad_token_id)
-    batch.scored.stats = first.scored.stats  # reward statistics: of the step's questions as first drawn
-    return StepSamples(first, batch, redraws)
-
-
-def redraw(
-    learner: Learner, first: ScoredGroups, taken: frozenset[str], slots: list[int], step: int
-) -> tuple[list[tuple[ScoredGroups, int]], Redraws]:
-    """Dynamic sampling (why: ``questions.py``): each slot whose group in ``first`` has no reward
-    spread draws ``QuestionSampler.redraw(step, slot, k)`` (never one of the step's questions,
-    ``taken``) and its group for k = 1..redraws until one has spread; a slot still without keeps its
-    last group, so the batch keeps its shape. Returns each slot's group (the groups it is in, its
-    index there) and the counts."""
-    cfg, seed = learner.cfg, step_seed(learner.seed, step)
-    if learner.question_sampler is None:
-        raise ValueError("grpo.redraws > 0 needs the questions to redraw from (Learner.question_sampler)")
-    kept = [(first, i) for i in range(len(slots))]
-    first_spread = has_spread(first, cfg)
-    has, per_slot, tokens = (
-        first_spread.clone(),
-        torch.ones(len(slots), dtype=torch.long),
-        first.rollout.completion_mask.sum(),
-    )
-    started = time.perf_counter()
-    for k in range(1, cfg.redraws + 1):
-        empty = [i for i in range(len(slots)) if not has[i]]
-        if not empty:
-            break
-        groups = sample_groups(
-            learner,
-            [learner.question_sampler.redraw(step, slots[i], k, taken) for i in empty],
-            [slots[i] for i in empty],
-            draw_seed(seed, k),
-        )
-        ok, tokens = has_spread(groups, cfg), tokens + groups.rollout.completion_mask.sum()
-        for j, i in enumerate(empty):
-            kept[i], has[i], per_slot[i] = (groups, j), ok[j], per_slot[i] + 1
-    return kept, Redraws(per_slot, first_spread, has, tokens, time.perf_counter() - started)
-
-
-# --------------------------------------------------------------------------------------- 2. estimate
-
-
-# Every advantage estimator, by ``algorithms.Estimator`` name: (a step's ``ScoredGroups``, its
-# ``Models``, ``GRPOConfig``, the forward passes' precision context) -> ``rl.Advantages``.
-ESTIMATORS = {Estimator.GROUP: group_advantages, Estimator.CORRECT: correct_advantages, Estimator.GAE: gae_advantages}
-
-
-def estimate(learner: Learner, batch: ScoredGroups) -> Advantages:
-    """The algorithm's advantage estimator (``ESTIMATORS``) on what trains, timed."""
-    started = time.perf_counter()
-    adv = ESTIMATORS[ALGORITHMS[learner.cfg.algorithm].advantage](batch, learner.models, learner.cfg, learner.amp)
-    return adv._replace(seconds=time.perf_counter() - started)
-
-
-# ----------------------------------------------------------------------------------------- 3. update
-
-
-class Updated(NamedTuple):
-    """The policy's updates: this process's summed loss terms, how many updates, and the seconds
-    of the log-prob passes before them and of the updates."""
-
-    sums: dict[str, float]
-    n_updates: int
-    logprob_s: float
-    update_s: float
-
-
-def update(learner: Learner, rollout: Rollout, advantages: Advantages, n_global: int) -> Updated:
-    """The step's optimizer updates: ``grpo.inner_updates`` passes over minibatches of
-    ``grpo.minibatch_size`` rows of the global batch (``n_global`` questions) of the clipped-ratio
-    loss, with the k3 KL to the reference weighted by ``kl.loss`` (GRPO's beta; 0 where the
-    algorithm puts the KL in the reward, PPO, or has none, RFT)."""
-    cfg, policy = learner.cfg, learner.models.policy
-    wrapped = learner.wrapped or policy
-    if cfg.kl.loss > 0 and learner.models.ref is None:
-        raise ValueError(
-            f"grpo.beta = {cfg.kl.loss} weighs a KL to the reference in the loss, but no reference model was given"
-        )
-    started = time.perf_counter()
-    rollout = dataclasses.replace(rollout, completion_mask=advantages.mask)  # the tokens that learn
-    rows = minibatch_rows(learner, n_global)
-    parts, sizes = minibatches(learner, rollout, advantages, rows)
-    # With a single update on the whole batch pi_old is the current policy: its log-probs are the
-    # update's own (detached), which saves a forward pass. Otherwise they are fixed up front.
-    single_update = cfg.inner_updates == 1 and rows == rollout.completion_mask.shape[0]
-    old_logp, ref_logp = fixed_logprobs(learner, wrapped, parts, single_update)
-    logprobs_done = time.perf_counter()
-    sums: dict[str, float] = {}
-    n_updates = 0
-    for _ in range(cfg.inner_updates):
-        for i, (part, size) in enumerate(zip(parts, sizes)):
-            old = None if old_logp is None else old_logp[i]
-            m = minibatch_update(learner, wrapped, part, size, old, None if ref_logp is None else ref_logp[i])
-            for k, v in m.items():
-                sums[k] = sums.get(k, 0.0) + v
-            n_updates += 1
-    return Updated(sums, n_updates, logprobs_done - started, time.perf_counter() - logprobs_done)
-
-
-class Minibatch(NamedTuple):
-    """A minibatch's distinct rows: a group's solutions sampled alike (with equal advantages) are
-    one row, weighted by ``counts``, so every pass costs the distinct rows only while the loss and
-    its gradient are those of all the rows."""
-
-    rollout: Rollout
-    advantages: torch.Tensor
-    counts: torch.Tensor
-
-
-def minibatch_rows(learner: Learner, n_global: int) -> int:
-    """This process's rows in a minibatch: its share of ``grpo.minibatch_size`` rows of the global
-    batch (default: the whole batch, ``n_global`` questions x G)."""
-    cfg, d = learner.cfg, learner.d
-    if cfg.minibatch_size and cfg.minibatch_size % d.world:
-        raise ValueError(f"grpo.minibatch_size = {cfg.minibatch_size} does not split evenly over {d.world} processes")
-    return (cfg.minibatch_size or n_global * cfg.group_size) // d.world
-
-
-def minibatches(
-    learner: Learner, rollout: Rollout, advantages: Advantages, rows: int
-) -> tuple[list[Minibatch], list[BatchSize]]:
-    """This process's minibatches of ``rows`` rows, and the global minibatches' sizes (the loss's
-    normalisers: the widest completion and every minibatch's token count over the processes, in
-    two reductions)."""
-    d, mask = learner.d, rollout.completion_mask
-    starts = range(0, mask.shape[0], rows)
-    parts = []
-    for s in starts:
-        part, adv = rollout.rows(s, s + rows), advantages.values[s : s + rows]
-        distinct = part.distinct(adv, part.completion_mask)
-        parts.append(Minibatch(part.select(distinct.index), adv[distinct.index], distinct.counts))
-    width = d.max(mask.shape[1])
-    tokens = d.sum(torch.stack([mask[s : s + rows].sum() for s in starts])).tolist()
-    return parts, [BatchSize(rows * d.world, n, width) for n in tokens]
-
-
-def fixed_logprobs(
-    learner: Learner, wrapped: torch.nn.Module, parts: list[Minibatch], single_update: bool
-) -> tuple[list[torch.Tensor] | None, list[torch.Tensor] | None]:
-    """The log-probs that stay fixed during the updates, per minibatch: pi_old's (None with a single
-    update: the update's own, detached) and the reference's (None without a KL in the loss)."""
-    d, policy, ref = learner.d, learner.models.policy, learner.models.ref
-    with (
-        d.gathered(wrapped),
-        torch.no_grad(),
-        learner.amp(),
-    ):  # FSDP: on the whole policy, as many passes as a process has
-        old_logp = None if single_update else [token_logprobs(policy, part.rollout) for part in parts]
-        with adapters.off(ref):  # a LoRA policy is its own reference, its adapter off
-            ref_logp = [token_logprobs(ref, part.rollout) for part in parts] if learner.cfg.kl.loss > 0 else None
-    return old_logp, ref_logp
-
-
-def minibatch_update(
-    learner: Learner,
-    wrapped: torch.nn.Module,
-    part: Minibatch,
-    size: BatchSize,
-    old_logp: torch.Tensor | None,
-    ref_logp: torch.Tensor | None,
-) -> dict[str, float]:
-    """One optimizer update on ``part`` (``size``: its global minibatch's): this process's share of
-    its loss terms, and the gradient norm (the same on every process). The loss is a sum over rows
-    normalised by the global minibatch, so ``grpo.micro_batch_rows`` passes of a few rows each,
-    their gradients summed, make the same update as one pass over all of them, holding a share
-    of the activations (each pass's backward frees its own)."""
-    cfg, n = learner.cfg, len(part.counts)
-    step = cfg.micro_batch_rows or n
-    learner.opt.zero_grad(set_to_none=True)
-    sums: dict[str, float] = {}
-    for s in range(0, n, step):
-        rows = slice(s, s + step)
-        rollout, counts = part.rollout.rows(s, s + step), part.counts[rows]
-        with learner.amp():
-            logp, entropy = token_logprobs(wrapped, rollout, with_entropy=True)
-        loss, m = grpo_loss(
-            logp,
-            logp.detach() if old_logp is None else old_logp[rows],
-            None if ref_logp is None else ref_logp[rows],
-            part.advantages[rows],
-            rollout.completion_mask,
-            clip_eps=cfg.clip_eps,
-            clip_eps_high=cfg.clip_eps_high,
-            beta=cfg.kl.loss,
-            agg=cfg.loss_agg,
-            batch=size,
-            weights=counts,
-        )
-        # This process's share of the global loss, times the world size: DDP averages.
-        (loss * learner.d.world).backward()
-        mask = rollout.completion_mask * counts[:, None]  # each distinct row's tokens, once per row it stands for
-        m.update(entropy=float((entropy * mask).sum() / mask.sum().clamp(min=1)), loss=loss.item())
-        # Token means (kl, clip_ratio, ratio_mean, entropy) weighted by these rows' share of the
-        # minibatch's tokens: summed over passes and processes they are the global token means, as
-        # the loss terms (already shares) sum to the global loss.
-        share = float(mask.sum()) / max(size.tokens, 1.0)
-        for k, v in m.items():
-            sums[k] = sums.get(k, 0.0) + (v if k in ("pg_loss", "loss") else v * share)
-    grad_norm = apply_gradients(learner.models.policy, learner.opt, cfg.max_grad_norm, torch.tensor(sums["loss"]))
-    return sums | {"grad_norm": grad_norm}
-
-
-# ---------------------------------------------------------------------------------------- 4. metrics
-
-
-def step_metrics(learner: Learner, samples: StepSamples, advantages: Advantages, updated: Updated) -> dict[str, float]:
-    """The step's metrics over the global batch: loss terms summed over processes, timings and
-    rates averaged, counts summed, per-completion statistics gathered. The rewards are those of
-    ``samples.first``, the step's questions as drawn (before dynamic sampling's filter: comparable
-    with and without it); lengths and groups without spread those of ``samples.batch``, what trained."""
-    d, first, redraws = learner.d, samples.first, samples.redraws
-    metrics = {
-        f"train/{k}": (v if k == "grad_norm" else float(d.sum(v))) / updated.n_updates for k, v in updated.sums.items()
-    }
-    stats = first.scored.stats or {}
-    metrics |= d.mean(
-        {k: v for k, v in stats.items() if k not in COUNT_STATS}
-        | {
-            "time/rollout_s": first.sample_s,
-            "time/reward_s": first.score_s,
-            "time/advantage_s": advantages.seconds,
-            "time/logprob_s": updated.logprob_s,
-            "time/update_s": updated.update_s,
-        }
-        | ({} if redraws is None else {"time/redraw_s": redraws.seconds})
-    )
-    metrics |= {k: float(d.sum(v)) for k, v in stats.items() if k in COUNT_STATS}
-    correct = d.gather(first.scored.correct.double())
-    metrics |= completion_metrics(learner, samples, advantages, correct)
-    metrics |= staleness_metrics(learner, first, correct)
-    metrics |= position_metrics(learner, samples.batch, advantages)
-    return metrics | ({} if redraws is None else redraw_metrics(d, redraws))
-
-
-def position_metrics(learner: Learner, batch: ScoredGroups, advantages: Advantages) -> dict[str, float]:
-    """The mean advantage by step place (``advantages.position_profile``: first, middle, last, answer
-    line) over what trained, in the groups where the answer checker is silent (its verdicts all
-    alike): nothing there says one completion is better, so an estimator without position bias gives
-    each place 0 on average whatever the PRM says; a place no such step was trained on is left out
-    (not NaN: a step's metrics compare equal when they are)."""
-    d, g, scored = learner.d, learner.cfg.group_size, batch.scored
-    verdicts = scored.correct.reshape(-1, g)
-    silent = (verdicts == verdicts[:, :1]).all(dim=1).repeat_interleave(g).nonzero().squeeze(1)
-    if scored.step_ends is not None:  # process supervision: the steps its advantages were built on
-        ends, mask = scored.step_ends[silent], scored.step_mask[silent]
-    else:
-        ends, mask = rollout_step_ends(learner.tokenizer, batch.rollout.select(silent), learner.scorer.separator)
-    profile = position_profile(advantages.values[silent], ends, mask)
-    sums = d.sum(torch.tensor([v for pair in profile.values() for v in pair], dtype=torch.float64))  # one reduction
-    return {
-        f"adv/silent_{where}": float(sums[2 * i] / sums[2 * i + 1])
-        for i, where in enumerate(profile)
-        if sums[2 * i + 1] > 0
-    }
-
-
-def completion_metrics(
-    learner: Learner, samples: StepSamples, advantages: Advantages, correct: torch.Tensor
-) -> dict[str, float]:
-    """Per-completion statistics over the global batch (``correct``: the first draw's, gathered):
-    accuracy, rewards and their spread, lengths, the sampling rate."""
-    d, g, (first, batch, redraws) = learner.d, learner.cfg.group_size, samples
-    no_spread = ~spread(advantages.values, g)  # [n] this process's groups without a gradient
-    rewards = d.gather(first.rewards.double())
-    lengths, truncated = (
-        d.gather(batch.rollout.completion_mask.sum(1).double()),
-        d.gather(batch.rollout.truncated.double()),
-    )
-    batch_no_spread = d.gather(no_spread.double())
-    # The first draw's groups without spread by dynamic sampling's test (the checker's verdicts where it
-    # is weighted), with or without the redraws: one meaning across arms.
-    first_spread = has_spread(first, learner.cfg) if redraws is None else redraws.first_spread
-    first_no_spread = d.gather((~first_spread).double())
-    tokens = float(lengths.sum()) if redraws is None else float(d.sum(redraws.tokens))  # every draw's
-    finite = torch.isfinite(rewards)
-    redraw_s = 0.0 if redraws is None else redraws.seconds
-    return {k: float(d.sum(v)) for k, v in advantages.stats.items()} | {
-        "train/accuracy": float(correct.mean()),
-        "train/reward_mean": float(rewards.nanmean()),
-        "train/reward_std": float(rewards[finite].std(unbiased=False)) if finite.sum() > 1 else 0.0,
-        "train/frac_reward_zero_std": float(first_no_spread.mean()),  # before any filter
-        "train/frac_batch_zero_std": float(batch_no_spread.mean()),  # what trained: groups without a gradient
-        "train/completion_len": float(lengths.mean()),
-        "train/frac_truncated": float(truncated.mean()),
-        "train/lr": learner.opt.param_groups[0]["lr"],
-        "perf/tokens_per_s": tokens / (first.sample_s + redraw_s),
-    }
-
-
-def staleness_metrics(learner: Learner, first: ScoredGroups, correct: torch.Tensor) -> dict[str, float]:
-    """Each learned reward model's ranking of a group's solutions against the checker, on the
-    samples the policy draws now (what GRPO's group z-score sees; a frozen one goes stale as the
-    policy moves away from the samples it was trained on). Logged whatever its weight."""
-    out = {}
-    for name, scores in first.scored.learned.items():
-        auc, mixed = group_auc(learner.d.gather(scores.double()), correct, learner.cfg.group_size)
-        out |= {f"reward/{name}_within_auc": auc, f"reward/{name}_mixed_groups": float(mixed)}
-    return out
-
-
-def redraw_metrics(d: Dist, redraws: Redraws) -> dict[str, float]:
-    """Groups sampled in all; in the batch with spread; sampled and left out (the bound: redraws x batch)."""
-    per_slot = d.gather(redraws.groups_per_slot.double())
-    return {
-        "sampling/groups_drawn": float(per_slot.sum()),
-        "sampling/groups_kept": float(d.gather(redraws.spread.double()).sum()),
-        "sampling/groups_dropped": float(per_slot.sum()) - len(per_slot),
-    }
-
-
-# -------------------------------------------------------------------------------------- the stage
+from grpo_core.training.trainer import Plan, TrainState, Trainer
 
 
 def run_grpo(
@@ -544,6 +55,81 @@ def run_grpo(
     ``adapter`` (``grpo.lora``): an adapter trained on ``init_dir`` to start from instead of a fresh one
     (its optimizer state starts afresh); the reference stays ``init_dir``.
     Under torchrun rank 0 validates, logs, checkpoints and returns the manifest (others: None)."""
+    run = build(cfg, data_dir, init_dir, out_dir, logger, reward_models or {}, round_, pass_rates, adapter)
+    learner, trainer, sampler, grpo = run.learner, run.trainer, run.learner.question_sampler, cfg.grpo
+
+    def step(st: TrainState) -> dict:
+        record: list[dict] = []
+        try:
+            metrics = rl_step(learner, sampler.step(st.step, grpo.questions_per_step), st.step, record)
+        except RewardError as e:
+            raise RewardError(
+                f"{grpo.algorithm.upper()} step {st.step + 1} of {out_dir}: {e}; the stage stops, and "
+                f"its last checkpoint is where a re-run resumes"
+            ) from None
+        if grpo.save_rollouts:
+            rollout_log.append(run.rollouts, st.step + 1, record)
+        recent = st.extra.get("recent", []) + [{k: metrics[k] for k in SUMMARY_METRICS if k in metrics}]
+        st.extra["recent"] = recent[-SUMMARY_WINDOW:]
+        return metrics
+
+    def evaluate(st: TrainState) -> dict:
+        # Beside validation accuracy: the reward models' staleness on the rollouts since the last evaluation.
+        since = st.curve[-1]["step"] if st.curve else 0
+        return {
+            "val/accuracy": greedy_accuracy(learner.models.policy, learner.tokenizer, run.val, cfg.eval.max_new_tokens),
+            **staleness([recorded(h) for h in st.history if h["step"] > since]),
+        }
+
+    # The loop: [validate the start] -> (RL step -> log -> [validate -> keep best] -> checkpoint)*.
+    st = trainer.fit(step, evaluate)
+    final_dir = trainer.publish(keep_last=True)
+    if not learner.d.main:
+        return None
+    run.logger.log_metrics({"val/best_accuracy": published_accuracy(st, grpo), "time/wall_s": st.elapsed}, step=st.step)
+    kept_another = grpo.keep_best and st.best_step != st.step
+    return write_manifest(
+        out_dir,
+        {
+            "stage": "grpo",
+            "algorithm": grpo.algorithm,
+            "model": str(final_dir),
+            "last_model": str(out_dir / "last") if kept_another else None,
+            "init": str(init_dir),
+            **summary(st, grpo, trainer.stop_reason(), run.resumed_from, round_),
+            "curriculum_questions": len(sampler.sometimes) if sampler.share else None,  # solved sometimes: drawn from
+            "rollouts": str(out_dir) if grpo.save_rollouts else None,
+        },
+    )
+
+
+class Built(NamedTuple):
+    """A run ready to loop: the learner (models, optimizer, reward, question sampler), the training
+    loop, this process's logger, the validation questions, the rollout log and the step it resumed
+    from."""
+
+    learner: Learner
+    trainer: Trainer
+    logger: MetricLogger
+    val: list[Example]
+    rollouts: Path
+    resumed_from: int
+
+
+def build(
+    cfg: PipelineConfig,
+    data_dir: Path,
+    init_dir: str | Path,
+    out_dir: Path,
+    logger: MetricLogger | None,
+    reward_models: dict[str, str],
+    round_: int,
+    pass_rates: str | Path | None,
+    adapter: str | Path | None,
+) -> Built:
+    """The run's set-up (``run_grpo``'s arguments): the processes, the reward (a weighted model that
+    was not given is an error here, before any checkpoint is looked at), the policy (from its last
+    checkpoint where one is), the algorithm's other models, the questions and the loop's plan."""
     grpo = cfg.grpo
     if grpo.curriculum and pass_rates is None:
         raise ValueError(
@@ -554,9 +140,6 @@ def run_grpo(
     device = device_for(cfg.launch)  # this process's
     logger = (logger or NullLogger()) if d.main else NullLogger()
     set_compute(cfg.threads)
-    # The reward (the answer checker and the reward models the recipe weighs): a weighted model that
-    # was not given is an error here, before any checkpoint is looked at.
-    reward_models = reward_models or {}
     scorer = RewardScorer.for_recipe(
         grpo, load_tokenizer(init_dir), cfg.reward_data.step_separator, reward_models, device=device
     )
@@ -570,10 +153,8 @@ def run_grpo(
     place(policy, cfg.launch, train=True)
     amp = functools.partial(autocast, cfg.launch, device)
     ref, companions = algorithm_models(cfg, init_dir, policy, seed, d.world)
-    pool = read_split(data_dir, "rl")
     rates = read_pass_rates(Path(pass_rates) / "pass_rates.jsonl") if grpo.curriculum else None
-    sampler = QuestionSampler(pool, seed, rates, grpo.curriculum)
-    val = read_split(data_dir, "val")
+    sampler = QuestionSampler(read_split(data_dir, "rl"), seed, rates, grpo.curriculum)
     policy.train()
     wrapped = trainer.wrap(CompletionLogprobs(policy))
     # The loop's plan: validate the start (GRPO never publishes a worse model), keep-best by
@@ -591,56 +172,11 @@ def run_grpo(
     if grpo.save_rollouts:
         out_dir.mkdir(parents=True, exist_ok=True)
         rollout_log.truncate_after(rollouts, st.step)  # steps past the checkpoint are sampled again
-    resumed_from = st.step
-
     value, value_opt = trainer.companions.get("value", (None, None))
     learner = Learner(
         Models(policy, ref, value, value_opt), tokenizer, trainer.opt, grpo, scorer, seed, sampler, d, wrapped, amp
     )
-
-    def step(st: TrainState) -> dict:
-        record: list[dict] = []
-        try:
-            metrics = rl_step(learner, sampler.step(st.step, grpo.questions_per_step), st.step, record)
-        except RewardError as e:
-            raise RewardError(
-                f"{grpo.algorithm.upper()} step {st.step + 1} of {out_dir}: {e}; the stage stops, and "
-                f"its last checkpoint is where a re-run resumes"
-            ) from None
-        if grpo.save_rollouts:
-            rollout_log.append(rollouts, st.step + 1, record)
-        recent = st.extra.get("recent", []) + [{k: metrics[k] for k in SUMMARY_METRICS if k in metrics}]
-        st.extra["recent"] = recent[-SUMMARY_WINDOW:]
-        return metrics
-
-    def evaluate(st: TrainState) -> dict:
-        # Beside validation accuracy: the reward models' staleness on the rollouts since the last evaluation.
-        since = st.curve[-1]["step"] if st.curve else 0
-        return {
-            "val/accuracy": greedy_accuracy(policy, tokenizer, val, cfg.eval.max_new_tokens),
-            **staleness([recorded(h) for h in st.history if h["step"] > since]),
-        }
-
-    # The loop: [validate the start] -> (RL step -> log -> [validate -> keep best] -> checkpoint)*.
-    st = trainer.fit(step, evaluate)
-    final_dir = trainer.publish(keep_last=True)
-    if not d.main:
-        return None
-    logger.log_metrics({"val/best_accuracy": published_accuracy(st, grpo), "time/wall_s": st.elapsed}, step=st.step)
-    kept_another = grpo.keep_best and st.best_step != st.step
-    return write_manifest(
-        out_dir,
-        {
-            "stage": "grpo",
-            "algorithm": grpo.algorithm,
-            "model": str(final_dir),
-            "last_model": str(out_dir / "last") if kept_another else None,
-            "init": str(init_dir),
-            **summary(st, grpo, trainer.stop_reason(), resumed_from, round_),
-            "curriculum_questions": len(sampler.sometimes) if sampler.share else None,  # solved sometimes: drawn from
-            "rollouts": str(out_dir) if grpo.save_rollouts else None,
-        },
-    )
+    return Built(learner, trainer, logger, read_split(data_dir, "val"), rollouts, st.step)
 
 
 def identity(

@@ -15,10 +15,10 @@ draws questions uniformly and keeps every group):
   up to ``redraws`` times; the first group with spread takes the slot. A slot still without one
   keeps its last group, so the batch keeps its shape (every process trains the same number of
   rows). Extra sampling is bounded by ``redraws`` x the step's groups. Where the answer checker is
-  weighted, "spread" means its verdicts differ (``rl.has_spread``), so a learned reward beside it
+  weighted, "spread" means its verdicts differ (``passes_dynamic_sampling``), so a learned reward beside it
   does not change which questions train.
 
-The step draws (``grpo.explore``); this module says which questions. Exact under resume and under
+The step draws (``rl_step.explore``); this module says which questions. Exact under resume and under
 several processes: slot i's k-th draw is the question ``QuestionSampler.redraw(step, i, k)``
 sampled with the seed ``seeds.draw_seed(step seed, k)`` on rows i * G ..., so it depends on (seed,
 step, slot, k) only, never on which process draws it or on the other slots. Not a library's: TRL
@@ -32,8 +32,13 @@ import random
 import warnings
 from pathlib import Path
 
+import torch
+
+from grpo_core.config import GRPOConfig
 from grpo_core.data import Example
 from grpo_core.seeds import step_seed
+from grpo_core.stages.estimators import group_values
+from grpo_core.stages.rl_types import ScoredGroups, with_gradient
 
 
 def solved_sometimes(rates: dict[str, tuple[int, int]]) -> set[str]:
@@ -93,3 +98,15 @@ def read_pass_rates(path: str | Path) -> dict[str, tuple[int, int]]:
         right, n = rates.get(row["question"], (0, 0))
         rates[row["question"]] = (right + row["right"], n + row["samples"])
     return rates
+
+
+def passes_dynamic_sampling(ex: ScoredGroups, grpo: GRPOConfig) -> torch.Tensor:
+    """[N] bool: dynamic sampling's test. Where the answer checker is weighted, the groups of ``ex``
+    whose verdicts differ (DAPO's accuracy filter): a learned reward gives nearly every group spread,
+    so adding one to a recipe with dynamic sampling changes the reward, not which questions train.
+    With learned rewards alone (outcome supervision), the groups with spread under GRPO's estimator."""
+    if grpo.reward_weights.get("rule"):  # a right and a wrong answer among the rows that got a reward
+        verdicts = ex.scored.correct.reshape(-1, grpo.group_size).bool()
+        scored = torch.isfinite(ex.rewards).reshape(-1, grpo.group_size)
+        return (verdicts & scored).any(-1) & (~verdicts & scored).any(-1)
+    return with_gradient(group_values(ex, grpo), grpo.group_size)

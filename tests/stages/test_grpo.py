@@ -14,15 +14,16 @@ import pytest
 import torch
 
 import grpo_core.rewards.scorer as rewards_mod
-import grpo_core.stages.grpo as step_mod
+import grpo_core.stages.rl_step as step_mod
 from grpo_core.data import read_split
 from grpo_core.lm.modeling import load_model
 from grpo_core.lm.policy import token_logprobs
 from grpo_core.losses import aggregate, kl_k3
 from grpo_core.rewards.scorer import RewardScorer
-from grpo_core.stages.grpo import Learner, rl_step, run_grpo
+from grpo_core.stages.grpo import run_grpo
 from grpo_core.stages.questions import QuestionSampler
-from grpo_core.stages.rl import Models
+from grpo_core.stages.rl_step import Learner, rl_step
+from grpo_core.stages.rl_types import Models
 from grpo_core.tracking import NullLogger
 from grpo_core.training.checkpoint import latest_checkpoint, load_state
 
@@ -327,7 +328,7 @@ def test_repeated_rollouts_are_trained_once_with_the_same_gradient(
     their gradients summed: one update), down to float rounding."""
     from grpo_core.lm.policy import generate
     from grpo_core.losses import grpo_loss
-    from grpo_core.stages.rl import Advantages
+    from grpo_core.stages.rl_types import Advantages
 
     cfg, policy, ref, tok, opt, questions = _grpo_setup(
         tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir, grpo__group_size=4, grpo__micro_batch_rows=micro

@@ -53,7 +53,7 @@ def test_the_value_model_is_trained_on_the_trainers_schedule(
 ):
     """The value model's optimizer is the trainer's: it warms up with the policy's, at
     ``grpo.ppo.value_lr`` / ``grpo.lr`` times its lr (before, it kept value_lr from step 1)."""
-    import grpo_core.stages.grpo as grpo
+    import grpo_core.stages.rl_step as grpo
 
     seen, real = [], grpo.value_updates
 

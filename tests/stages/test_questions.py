@@ -21,13 +21,14 @@ import grpo_core.rewards.scorer as rewards_mod
 from grpo_core.data import Example, read_split
 from grpo_core.lm.modeling import load_model
 from grpo_core.rewards.scorer import RewardScorer, Scored
-import grpo_core.stages.grpo as step_mod
+import grpo_core.stages.rl_step as step_mod
 from grpo_core.config import GRPOConfig
 from grpo_core.lm.policy import Rollout
 from grpo_core.seeds import draw_seed, step_seed
-from grpo_core.stages.grpo import Learner, rl_step, run_grpo
+from grpo_core.stages.grpo import run_grpo
 from grpo_core.stages.questions import QuestionSampler, read_pass_rates
-from grpo_core.stages.rl import ScoredGroups, Models
+from grpo_core.stages.rl_step import Learner, rl_step
+from grpo_core.stages.rl_types import Models, ScoredGroups
 from grpo_core.tracking import NullLogger
 from grpo_core.training.distributed import Dist
 from tests.stages.test_grpo import _resume_check, _train_metrics
@@ -87,7 +88,7 @@ def fake_explore(monkeypatch, questions: list[Example], redraws: int, table) -> 
         return fake_group(qs)
 
     monkeypatch.setattr(step_mod, "sample_groups", sample)
-    monkeypatch.setattr(step_mod, "has_spread", lambda ex, cfg: spread_of(ex))
+    monkeypatch.setattr(step_mod, "passes_dynamic_sampling", lambda ex, grpo: spread_of(ex))
     cfg = GRPOConfig(questions_per_step=len(questions), group_size=2, redraws=redraws)
     learner = step_mod.Learner(
         Models(None), FakeTokenizer(), None, cfg, None, seed=5, question_sampler=FakeQuestions(table), d=Offset(10)
@@ -115,7 +116,7 @@ class Offset(Dist):
 def test_under_process_supervision_a_group_is_judged_by_its_checker_verdicts():
     """The PRM's step rewards differ within every group here; dynamic sampling keeps only the groups
     whose answers are neither all right nor all wrong."""
-    from grpo_core.stages.rl import has_spread
+    from grpo_core.stages.questions import passes_dynamic_sampling
 
     qs = [Example(f"q{i}", "0") for i in range(3)]
     correct = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 0.0])  # all right, mixed, all wrong
@@ -130,15 +131,19 @@ def test_under_process_supervision_a_group_is_judged_by_its_checker_verdicts():
     )
     ex = ScoredGroups(qs, fake_group(qs).rollout, scored)
     process = GRPOConfig(group_size=2, supervision="process", reward_weights={"rule": 1.0, "prm": 1.0}, redraws=1)
-    assert has_spread(ex, process).tolist() == [False, True, False]
+    assert passes_dynamic_sampling(ex, process).tolist() == [False, True, False]
     outcome = ex._replace(scored=Scored(scored.outcome, correct, "outcome"))  # checker + ORM, say: the same test
-    assert has_spread(outcome, GRPOConfig(group_size=2, reward_weights={"rule": 1.0, "orm": 1.0})).tolist() == [
+    assert passes_dynamic_sampling(
+        outcome, GRPOConfig(group_size=2, reward_weights={"rule": 1.0, "orm": 1.0})
+    ).tolist() == [
         False,
         True,
         False,
     ]
     # A learned reward alone: the spread of GRPO's advantages (every group's rewards differ here).
-    assert has_spread(outcome, GRPOConfig(group_size=2, reward_weights={"orm": 1.0})).tolist() == [True] * 3
+    assert (
+        passes_dynamic_sampling(outcome, GRPOConfig(group_size=2, reward_weights={"orm": 1.0})).tolist() == [True] * 3
+    )
 
 
 def test_a_group_without_spread_is_dropped_and_replaced(monkeypatch):
@@ -153,8 +158,8 @@ def test_a_group_without_spread_is_dropped_and_replaced(monkeypatch):
         ([11, 13], draw_seed(seed, 1)),
         ([11], draw_seed(seed, 2)),
     ]  # only empty places draw again, with their global slot
-    assert redraws.groups_per_slot.tolist() == [1, 3, 1, 2] and redraws.spread.all()
-    assert redraws.first_spread.tolist() == [True, False, True, False]
+    assert redraws.groups_per_slot.tolist() == [1, 3, 1, 2] and redraws.passes.all()
+    assert redraws.first_passes.tolist() == [True, False, True, False]
     assert batch.rollout.texts == ["s0", "s0", "s-b", "s-b", "s2", "s2", "s-c", "s-c"]
     assert batch.scored.stats == {"reward/x": 1.0} and spread_of(batch).all()
     # Rows keep their tokens under the wider padding: completion tokens where the mask says so.
@@ -167,7 +172,7 @@ def test_redraws_are_bounded_and_an_unfilled_place_keeps_its_last_group(monkeypa
         monkeypatch, [Example("n0", "0"), Example("s1", "1")], 2, lambda slot, k: Example(f"n-{slot}-{k}", "0")
     )
     assert len(calls) == 3  # the first draw, then the bound: redraws more groups per place, never more
-    assert redraws.groups_per_slot.tolist() == [3, 1] and redraws.spread.tolist() == [False, True]
+    assert redraws.groups_per_slot.tolist() == [3, 1] and redraws.passes.tolist() == [False, True]
     assert [q.question for q in batch.questions] == ["n-10-2", "s1"]  # the shape stays: 2 groups of 2
     assert len(batch.rewards) == 4
 

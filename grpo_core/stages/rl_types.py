@@ -1,8 +1,7 @@
-"""What every RL algorithm of the GRPO stage shares (``grpo.algorithm``: GRPO, online RFT, RFT, PPO;
-``algorithms.ALGORITHMS``): the models a step uses, a step's groups of scored samples (``ScoredGroups``), what
-an advantage estimator returns, GRPO's and RFT's estimators, and which groups have reward spread.
-The step itself is ``grpo.rl_step``, whose ``ESTIMATORS`` table names every estimator; PPO's is in
-``ppo.py``, built on these, so no algorithm imports another."""
+"""The types every RL algorithm of the stage shares (``grpo.algorithm``: GRPO, online RFT, RFT,
+PPO): the models a step uses, a step's groups of scored samples (``ScoredGroups``), what an advantage
+estimator returns (``Advantages``; the estimators are ``estimators.py``), and which groups carry a
+gradient. The step is ``rl_step.py``."""
 
 from __future__ import annotations
 
@@ -10,8 +9,6 @@ from typing import NamedTuple
 
 import torch
 
-from grpo_core.advantages import rollout_advantages
-from grpo_core.config import GRPOConfig
 from grpo_core.data import Example
 from grpo_core.lm.policy import Rollout
 from grpo_core.rewards.scorer import Scored
@@ -89,42 +86,7 @@ class Advantages(NamedTuple):
     seconds: float = 0.0
 
 
-# An advantage estimator (``grpo.ESTIMATORS``): (a step's ``ScoredGroups``, its ``Models``,
-# ``GRPOConfig``, the forward passes' precision context) -> ``Advantages``.
-
-
-def group_advantages(ex: ScoredGroups, models: Models, cfg: GRPOConfig, amp=None) -> Advantages:
-    """GRPO's estimator (§4.1.2-4.1.3): ``advantages.rollout_advantages`` of the groups' scores."""
-    mask = ex.rollout.completion_mask
-    return Advantages(group_values(ex, cfg), mask, {})
-
-
-def group_values(ex: ScoredGroups, cfg: GRPOConfig) -> torch.Tensor:
-    """[N x G, T] GRPO's advantages of ``ex``'s groups (outcome or process supervision)."""
-    return rollout_advantages(
-        ex.scored, len(ex.questions), cfg.group_size, ex.rollout.completion_mask.shape[1], cfg.process_credit
-    )
-
-
-def correct_advantages(ex: ScoredGroups, models: Models, cfg: GRPOConfig, amp=None) -> Advantages:
-    """RFT's and online RFT's gradient coefficient (§5.2.1): 1 on a correct solution's tokens, else 0."""
-    mask = ex.rollout.completion_mask
-    return Advantages(ex.scored.correct.float()[:, None].expand(-1, mask.shape[1]), mask, {})
-
-
-def spread(advantages: torch.Tensor, g: int) -> torch.Tensor:
-    """[N x G, T] advantages -> [N] bool: the groups with reward spread, i.e. any non-zero advantage:
-    those that carry a policy gradient (a group without spread has only the KL term)."""
+def with_gradient(advantages: torch.Tensor, g: int) -> torch.Tensor:
+    """[N x G, T] advantages -> [N] bool: the groups that carry a policy gradient (any non-zero
+    advantage; a group without one has only the KL term)."""
     return advantages.reshape(-1, g * advantages.shape[-1]).ne(0).any(-1)
-
-
-def has_spread(ex: ScoredGroups, cfg: GRPOConfig) -> torch.Tensor:
-    """[N] bool: dynamic sampling's test. Where the answer checker is weighted, the groups of ``ex``
-    whose verdicts differ (DAPO's accuracy filter): a learned reward gives nearly every group spread,
-    so adding one to a recipe with dynamic sampling changes the reward, not which questions train.
-    With learned rewards alone (outcome supervision), the groups with spread under GRPO's estimator."""
-    if cfg.reward_weights.get("rule"):  # a right and a wrong answer among the rows that got a reward
-        verdicts = ex.scored.correct.reshape(-1, cfg.group_size).bool()
-        scored = torch.isfinite(ex.rewards).reshape(-1, cfg.group_size)
-        return (verdicts & scored).any(-1) & (~verdicts & scored).any(-1)
-    return spread(group_values(ex, cfg), cfg.group_size)
