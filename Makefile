@@ -47,7 +47,7 @@ smollm2: venv
 # all 1,000 SVAMP questions against SFT; then the scores recomputed from the kept completions.
 real: smollm2
 	time $(BIN)/grpo-pipeline run configs/smollm2-cpu.yaml
-	$(BIN)/python bench/cpu_run.py runs/smollm2-cpu runs/smollm2-cpu/record
+	$(BIN)/python experiments/cpu_run.py runs/smollm2-cpu runs/smollm2-cpu/record
 
 # Our GRPO and SFT steps against TRL's trainers on the same work, our ORM step against a plain
 # transformers loop, and the arithmetic limits; the cost of the numerics settings; corpus
@@ -64,7 +64,7 @@ bench: venv
 
 # The GPU run (docs/gpu.md): what the device lacks, in calls of under 64 MiB each, and the calls to make.
 gpu-pack: venv
-	$(BIN)/python bench/gpu_pack.py
+	$(BIN)/python experiments/gpu_pack.py
 
 demo: venv
 	time $(BIN)/grpo-pipeline run configs/demo.yaml

@@ -418,7 +418,7 @@ def alternate(
             if done.returncode != 0:
                 raise SystemExit(f"{name} failed:\n{done.stderr[-3000:]}")
             runs[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
-            # Each run as it ends, so that a caller who stops the bench keeps what finished (bench/gpu_run.py).
+            # Each run as it ends, so that a caller who stops the bench keeps what finished (experiments/gpu_run.py).
             print(json.dumps({"worker": name, **runs[name][-1]}), file=sys.stderr, flush=True)
     return runs
 

@@ -194,7 +194,7 @@ def cmd_eval(a: argparse.Namespace) -> None:
 
     from grpo_core.config import EvalConfig
     from grpo_core.data import DataError, load_held_out
-    from grpo_core.evaluation import evaluate
+    from grpo_core.evaluation import evaluate_with
     from grpo_core.lm.modeling import ModelError, load_model
 
     try:
@@ -203,16 +203,7 @@ def cmd_eval(a: argparse.Namespace) -> None:
         model, tokenizer = load_model(a.model)
     except (DataError, ModelError, ValidationError) as e:
         _fail(str(e))
-    metrics, rows = evaluate(
-        model,
-        tokenizer,
-        examples,
-        max_new_tokens=ec.max_new_tokens,
-        batch_size=ec.batch_size,
-        samples=ec.samples,
-        temperature=ec.temperature,
-        seed=a.seed,
-    )
+    metrics, rows = evaluate_with(model, tokenizer, examples, ec, seed=a.seed)
     if a.per_question:  # greedy correctness per question, for paired differences (grpo_core.stats)
         Path(a.per_question).write_text(json.dumps([int(r["correct"]) for r in rows]))
     print(json.dumps(metrics))

@@ -80,6 +80,21 @@ def evaluate(
     return metrics, rows
 
 
+def evaluate_with(model, tokenizer, examples: list[Example], ec, *, seed: int) -> tuple[dict[str, float], list[dict]]:
+    """``evaluate`` at an ``EvalConfig``'s settings (``ec``: max_new_tokens, batch_size, samples,
+    temperature): the eval stage's pass over each set and ``grpo-pipeline eval``'s."""
+    return evaluate(
+        model,
+        tokenizer,
+        examples,
+        max_new_tokens=ec.max_new_tokens,
+        batch_size=ec.batch_size,
+        samples=ec.samples,
+        temperature=ec.temperature,
+        seed=seed,
+    )
+
+
 @torch.no_grad()
 def greedy_accuracy(model, tokenizer, examples: list[Example], max_new_tokens: int, batch_size: int = 128) -> float:
     return evaluate(model, tokenizer, examples, max_new_tokens=max_new_tokens, batch_size=batch_size)[0]["accuracy"]
@@ -136,16 +151,7 @@ def run_eval(cfg, data_dir: Path, models: dict[str, str], out_dir: Path, logger=
         place(model, cfg.launch)
         measured: dict[str, dict] = {}
         for set_name, examples in sets.items():
-            metrics, rows = evaluate(
-                model,
-                tokenizer,
-                examples,
-                max_new_tokens=ec.max_new_tokens,
-                batch_size=ec.batch_size,
-                samples=ec.samples,
-                temperature=ec.temperature,
-                seed=cfg.seed,
-            )
+            metrics, rows = evaluate_with(model, tokenizer, examples, ec, seed=cfg.seed)
             per_question = Path(out_dir) / "per_question" / ("" if set_name == "test" else set_name) / f"{name}.json"
             per_question.parent.mkdir(parents=True, exist_ok=True)  # a model's name may hold a folder: variant/seed-0
             per_question.write_text(json.dumps([int(r["correct"]) for r in rows]))

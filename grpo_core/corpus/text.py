@@ -29,7 +29,7 @@ def collapse_whitespace(text: str) -> str:
 # What the classifier trains and predicts on. Splitting math notation into tokens of its own and
 # dropping sentence punctuation (as it once did) made the classifier lean on notation:
 # on sources it never saw it missed word problems without symbols and flagged short computing entries
-# with brackets (leave-one-source-out, one change at a time: bench/corpus_normalisation.py).
+# with brackets (leave-one-source-out, one change at a time: experiments/corpus_normalisation.py).
 normalize = collapse_whitespace
 
 

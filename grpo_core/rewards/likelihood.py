@@ -79,7 +79,7 @@ class VerifierHead(torch.nn.Module):
 
     - ``likelihood``: the lowest log-probability it gives a written token (of the solution; of a step
       and those before it), as the zero-training verifier reads it; it beat a fresh linear head
-      trained on the same data (``bench/verifier_designs.py``, docs/reward-models.md).
+      trained on the same data (``experiments/verifier_designs.py``, docs/reward-models.md).
     - ``lm`` (Math-Shepherd's format, for models trained to verify): the logit of ``lm_tokens[0]``
       ("+") minus that of ``lm_tokens[1]`` ("-") as the next token after a step's last token (the
       solution's last token for an ORM); with the initial calibration (1, 0) exactly Math-Shepherd's

@@ -209,7 +209,7 @@ def test_the_real_model_preset_runs_its_stages_on_a_few_questions(tmp_path):
 
 
 def test_a_committed_run_folder_is_scored_again_from_its_files_alone(tmp_path):
-    """bench/cpu_run.py --check: accuracies and the paired interval from the completions, and the
+    """experiments/cpu_run.py --check: accuracies and the paired interval from the completions, and the
     second extraction (the last number) disagreeing where the text after #### is not the last number."""
 
     # The first two questions are near-duplicates (the same numbers and words): one cluster.
@@ -229,7 +229,7 @@ def test_a_committed_run_folder_is_scored_again_from_its_files_alone(tmp_path):
         with gzip.open(tmp_path / f"{name}.jsonl.gz", "wt") as f:
             f.writelines(json.dumps(r) + "\n" for r in content)
     done = subprocess.run(
-        [sys.executable, "bench/cpu_run.py", "--check", str(tmp_path)], capture_output=True, text=True, check=True
+        [sys.executable, "experiments/cpu_run.py", "--check", str(tmp_path)], capture_output=True, text=True, check=True
     )
     mawps = json.loads(done.stdout)["mawps"]
     assert mawps["n"] == 3 and mawps["sft"] == pytest.approx(1 / 3) and mawps["policy"] == pytest.approx(2 / 3)
@@ -248,7 +248,7 @@ def test_a_committed_run_folder_is_scored_again_from_its_files_alone(tmp_path):
     with gzip.open(tmp_path / "mawps-continued-sft.jsonl.gz", "wt") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows([False, False, True], ["#### 4", "#### 4", "#### 3"]))
     done = subprocess.run(
-        [sys.executable, "bench/cpu_run.py", "--check", str(tmp_path)], capture_output=True, text=True, check=True
+        [sys.executable, "experiments/cpu_run.py", "--check", str(tmp_path)], capture_output=True, text=True, check=True
     )
     mawps = json.loads(done.stdout)["mawps"]
     assert mawps["continued-sft"] == pytest.approx(1 / 3) and mawps["policy_minus_sft"]["mean"] == pytest.approx(1 / 3)
@@ -283,7 +283,7 @@ def test_two_committed_policies_are_paired_question_by_question(tmp_path):
     write(prm, "mawps-policy", [True, True, True, False])
     write(checker, "mawps-policy", [True, False, False, False])
     done = subprocess.run(
-        [sys.executable, "bench/cpu_run.py", "--check", str(prm), "--against", str(checker)],
+        [sys.executable, "experiments/cpu_run.py", "--check", str(prm), "--against", str(checker)],
         capture_output=True,
         text=True,
         check=True,
@@ -292,7 +292,7 @@ def test_two_committed_policies_are_paired_question_by_question(tmp_path):
     assert mawps["sft"] == 0.25 and mawps["policy"] == 0.75 and mawps["policy_minus_sft"]["mean"] == pytest.approx(0.5)
     write(checker, "mawps-policy", [True, False, False])  # another question set: refused
     done = subprocess.run(
-        [sys.executable, "bench/cpu_run.py", "--check", str(prm), "--against", str(checker)],
+        [sys.executable, "experiments/cpu_run.py", "--check", str(prm), "--against", str(checker)],
         capture_output=True,
         text=True,
     )
@@ -302,7 +302,7 @@ def test_two_committed_policies_are_paired_question_by_question(tmp_path):
 def test_a_seed_of_an_experiment_is_recorded_with_its_own_reward_models(tmp_path):
     """cpu_run --experiment: the variant's seed against the run's SFT model, its GRPO's spread, and
     the held-out quality of that seed's own PRM beside the SFT model's likelihood."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "experiments"))
     from cpu_run import record
 
     def completions(name: str, correct: list[bool]) -> str:
@@ -406,7 +406,7 @@ def test_a_seed_of_an_experiment_is_recorded_with_its_own_reward_models(tmp_path
 def test_another_seed_trains_the_steps_asked_for_in_a_folder_of_its_own(tmp_path, monkeypatch):
     """cpu_run --grpo-seed S --grpo-steps N: GRPO from the run's SFT model with the recipe's seed and
     max_steps replaced, and nothing else; the run's own seed folder is left alone."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "experiments"))
     import grpo_core.evaluation
     import grpo_core.stages.grpo
     from cpu_run import another_seed
@@ -428,7 +428,7 @@ def test_another_seed_trains_the_steps_asked_for_in_a_folder_of_its_own(tmp_path
     another_seed(tmp_path, manifest, 2)
     assert (seen["cfg"].seed, seen["cfg"].grpo.max_steps) == (2, 30) and seen["out"] == tmp_path / "seed-2" / "grpo"
     done = subprocess.run(
-        [sys.executable, "bench/cpu_run.py", str(tmp_path), str(tmp_path / "out"), "--grpo-steps", "45"],
+        [sys.executable, "experiments/cpu_run.py", str(tmp_path), str(tmp_path / "out"), "--grpo-steps", "45"],
         capture_output=True,
         text=True,
     )

@@ -1,4 +1,4 @@
-"""``prefect.yaml`` against a real local Prefect server: ``bench/check_deployments.sh`` starts one,
+"""``prefect.yaml`` against a real local Prefect server: ``checks/check_deployments.sh`` starts one,
 deploys, starts a process worker and runs ``recipe/demo`` and ``rl-rounds/demo-rounds -p rounds=2``.
 Slow (about two minutes) and it needs the project's ``.venv`` (the worker runs flows with it)."""
 
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 @pytest.mark.skipif(not (ROOT / ".venv" / "bin" / "prefect").exists(), reason="needs the project's .venv (make venv)")
 def test_deployments_run_against_a_local_server():
     done = subprocess.run(
-        ["bash", str(ROOT / "bench" / "check_deployments.sh")], cwd=ROOT, capture_output=True, text=True, timeout=1200
+        ["bash", str(ROOT / "checks" / "check_deployments.sh")], cwd=ROOT, capture_output=True, text=True, timeout=1200
     )
     assert done.returncode == 0, done.stderr[-4000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])

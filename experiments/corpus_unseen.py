@@ -2,7 +2,7 @@
 (JSONL out, the corpus format: url, text, label, source). For checking a math classifier on text
 it never saw, never for tuning it:
 
-    python bench/corpus_unseen.py --out /tmp/unseen_docs.jsonl
+    python experiments/corpus_unseen.py --out /tmp/unseen_docs.jsonl
     grpo-pipeline corpus evaluate --data ../shared/data/corpus/docs.jsonl.gz --test /tmp/unseen_docs.jsonl
 
 math: word problems (SVAMP, ASDiv, MAWPS, TabMWP) and the mathematics subjects of MMLU, from

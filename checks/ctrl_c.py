@@ -1,8 +1,8 @@
 """Ctrl-C as a terminal sends it, at chosen stages of a command, then the same command again.
 
-    .venv/bin/python bench/ctrl_c.py --run-dir runs/demo --at sft --at round-1/grpo \\
+    .venv/bin/python checks/ctrl_c.py --run-dir runs/demo --at sft --at round-1/grpo \\
         --compare /elsewhere/runs/demo -- make demo
-    .venv/bin/python bench/ctrl_c.py --run-dir runs/demo --at round-3/grpo -- make rounds
+    .venv/bin/python checks/ctrl_c.py --run-dir runs/demo --at round-3/grpo -- make rounds
 
 Starts COMMAND in a session of its own (a terminal's foreground job: its own process group). Each
 time a stage folder given by ``--at`` (under ``--run-dir``) has written a whole checkpoint since the

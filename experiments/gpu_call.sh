@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One device call of the GPU run (`make gpu-pack` prints them; docs/gpu.md):
-#   bash bench/gpu_call.sh stash .gpu/call-K          leave this call's part of the pack in /tmp
-#   bash bench/gpu_call.sh run .gpu/call-N [ARGS...]  join every part, check the md5, install the wheels,
-#                                                     convert SmolLM2, run bench/gpu_run.py ARGS into $OUT
+#   bash experiments/gpu_call.sh stash .gpu/call-K          leave this call's part of the pack in /tmp
+#   bash experiments/gpu_call.sh run .gpu/call-N [ARGS...]  join every part, check the md5, install the wheels,
+#                                                           convert SmolLM2, run experiments/gpu_run.py ARGS into $OUT
 # Runs on the device's python3 (torch with CUDA), where no package index is reachable.
 set -uo pipefail
 mode=$1 part=$2
@@ -27,5 +27,5 @@ log="$out/run.log"
   python3 -m grpo_core.lm.convert --out /tmp/smollm2 || exit 1
   echo "[gpu_call] converted SmolLM2 in $(( $(date +%s) - t0 )) s"
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-  python3 bench/gpu_run.py --model /tmp/smollm2 --out "$out" --work /tmp/gpu-work "$@"
+  python3 experiments/gpu_run.py --model /tmp/smollm2 --out "$out" --work /tmp/gpu-work "$@"
 } 2>&1 | tee "$log"

@@ -16,7 +16,7 @@ GRPO's group-normalised reward sees. No kind is in the demo's training data (the
 learn from the policy's own samples only). ``--orm`` / ``--prm`` may name a causal LM (the
 zero-training verifier: its own token probabilities).
 
-    python bench/score_handbuilt.py runs/demo [--n 500] [--seed 1] [--orm DIR] [--prm DIR]
+    python experiments/score_handbuilt.py runs/demo [--n 500] [--seed 1] [--orm DIR] [--prm DIR]
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from grpo_core.data import arithmetic_solution, prompt_text
 from grpo_core.rewards.heads import first_wrong_step, roc_auc
 from grpo_core.rewards.score_command import score
 from grpo_core.rewards.steps import exact_step_labels, step_texts
-from unseen_questions import question_text, unseen_questions  # bench/ (run as a script)
+from unseen_questions import question_text, unseen_questions  # experiments/ (run as a script)
 
 WRONG_KINDS = ("slip", "final_off", "operand", "operator")
 

@@ -1,8 +1,8 @@
 """The demo pipeline, its tracking server and its Prefect server killed at random points, against an
 uninterrupted run.
 
-    .venv/bin/python bench/demo_kill_resume.py --json                      # ~2 demo runs of CPU time
-    .venv/bin/python bench/demo_kill_resume.py --faults pipeline --json    # the pipeline alone, as before
+    .venv/bin/python checks/demo_kill_resume.py --json                      # ~2 demo runs of CPU time
+    .venv/bin/python checks/demo_kill_resume.py --faults pipeline --json    # the pipeline alone, as before
 
 Runs ``configs/demo.yaml`` twice, in parallel, each in its own output folder and Prefect home: once
 straight through (sqlite tracking, Prefect's temporary server), and once against a real MLflow

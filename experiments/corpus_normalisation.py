@@ -1,7 +1,7 @@
 """The classifier's text normalisation, one change at a time from bare fastText, by leave-one-source-out
 over a labelled corpus (JSON out): which change helps or hurts on sources the classifier never saw.
 
-    python bench/corpus_normalisation.py --data ../shared/data/corpus/docs.jsonl.gz --out /tmp/norm.json
+    python experiments/corpus_normalisation.py --data ../shared/data/corpus/docs.jsonl.gz --out /tmp/norm.json
 
 Each variant adds one change to the one before it: ``bare`` (whitespace collapsed, what the
 fastText baseline sees) -> ``lower`` (lower case) -> ``nfkc`` (Unicode NFKC) -> ``split`` (operators,

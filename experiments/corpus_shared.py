@@ -4,7 +4,7 @@ JSON object: per iteration the classifier's precision / recall / F1 on the held-
 pages collected and their precision / recall against the hidden labels, candidate domains; pages
 removed by decontamination against GSM8K and MATH test sets; wall time.
 
-    .venv/bin/python bench/corpus_shared.py [--iterations 2] [--runners local,dask] [--workers 2]
+    .venv/bin/python experiments/corpus_shared.py [--iterations 2] [--runners local,dask] [--workers 2]
 
 ``--runners local,dask``: the same flow once per ``corpus.runner`` (Dask: a local cluster of
 ``--workers`` processes), each in a run folder of its own; ``same_corpus`` says whether they kept

@@ -1,7 +1,7 @@
 """Not a timing: reward-model designs that read the SFT model's own token probabilities, measured as
 GRPO uses them, on a finished run's round-1 reward data.
 
-    .venv/bin/python bench/verifier_designs.py runs/demo [--round 1]
+    .venv/bin/python experiments/verifier_designs.py runs/demo [--round 1]
 
 Each design scores the held-out solutions (the run's policy's own samples of held-out questions):
 ``zero_training`` (``rewards.likelihood``: a step's lowest token probability, a solution's lowest over

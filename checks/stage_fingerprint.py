@@ -3,9 +3,9 @@ fingerprinted: each stage's logged metrics (timings aside), manifest (wall time 
 a digest of its published weights. A refactor that claims "behaviour unchanged" fingerprints before
 and after and compares:
 
-    python bench/stage_fingerprint.py --init runs/demo/sft/model --out before.json
+    python checks/stage_fingerprint.py --init runs/demo/sft/model --out before.json
     ... change the code ...
-    python bench/stage_fingerprint.py --init runs/demo/sft/model --out after.json --compare before.json
+    python checks/stage_fingerprint.py --init runs/demo/sft/model --out after.json --compare before.json
 
 ``--init``: a trained SFT model (runs/demo/sft/model), so that accuracies, rewards and AUCs are not
 all zero; SFT continues from it, the reward data, reward models and GRPO start from it. The last

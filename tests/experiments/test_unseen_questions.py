@@ -1,4 +1,4 @@
-"""bench/unseen_questions.py's ``on_unseen``: an experiment's models on other questions, each row's
+"""experiments/unseen_questions.py's ``on_unseen``: an experiment's models on other questions, each row's
 paired gains over the variants it is compared with, and, where keep-best published another step,
 the same between the policies the runs ended with."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench import unseen_questions  # noqa: E402
+from experiments import unseen_questions  # noqa: E402
 
 
 def test_gains_of_kept_and_last_policies_on_the_questions(tmp_path, monkeypatch):

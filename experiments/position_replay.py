@@ -7,7 +7,7 @@ each ``grpo.process_credit`` form would have given them: the before (the paper's
 (``centred``) of the same samples. The form the stage trained with should match its own manifest's
 ``position_bias``, which the output carries beside the replay.
 
-    python bench/position_replay.py runs/demo/round-1 --json
+    python experiments/position_replay.py runs/demo/round-1 --json
 
 The last line printed is JSON: per form, each place's mean over the steps (as the manifest's) and
 over every silent step pooled.
