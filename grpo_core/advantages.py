@@ -141,6 +141,17 @@ def whiten(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(m, (x - mean) / (std + 1e-8), 0.0)
 
 
+def token_steps(step_ends: torch.Tensor, step_mask: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """[N, G, K] step ends and mask -> [N, G, seq_len] long: each token's step, the first whose end
+    >= the token (K where no step is ahead). Padding steps end beyond every token; the ends are made
+    non-decreasing, as the search needs: a step ending before the one ahead of it gets no token."""
+    n, g, k = step_mask.shape
+    ends = torch.where(step_mask.bool(), step_ends.long().clamp(max=seq_len - 1), seq_len).reshape(n * g, k)
+    ends = ends.cummax(dim=1).values.contiguous()
+    tokens = torch.arange(seq_len).expand(n * g, seq_len).contiguous()
+    return torch.searchsorted(ends, tokens).view(n, g, seq_len).clamp(max=k)
+
+
 def centred_process_advantages(
     step_scores: torch.Tensor,
     step_ends: torch.Tensor,
@@ -197,12 +208,7 @@ def centred_process_advantages(
         z = torch.zeros(n, g, dtype=torch.float64)
     else:
         scale, z = weight, outcome_advantages(torch.where(valid, outcome.double(), 0.0), valid).double()
-    # token t -> the first step whose end >= t (padding steps end beyond every token; ends made
-    # non-decreasing, as the search needs: a step ending before the one ahead of it gets no token)
-    ends = torch.where(mask, step_ends.long().clamp(max=seq_len - 1), seq_len).reshape(n * g, k)
-    ends = ends.cummax(dim=1).values.contiguous()
-    tokens = torch.arange(seq_len).expand(n * g, seq_len).contiguous()
-    own = torch.searchsorted(ends, tokens).view(n, g, seq_len).clamp(max=k)  # k: no step ahead
+    own = token_steps(step_ends, mask, seq_len)
     term = torch.cat([centred * scale, torch.zeros(n, g, 1, dtype=torch.float64)], dim=2).gather(2, own)
     adv = torch.where(valid[:, :, None], z[:, :, None] + term, 0.0)
     return adv.to(step_scores.dtype if step_scores.is_floating_point() else torch.float32)

@@ -150,7 +150,7 @@ class RewardScorer:
     def __call__(self, rollout: Rollout, golds: list[str], questions: list[str] | None = None) -> Scored:
         """Scores of ``rollout``'s completions of ``questions`` (one per row; the oracle PRM reads
         them) with gold answers ``golds``."""
-        from grpo_core.rewards.heads import last_token_index, orm_logits, prm_step_logits
+        from grpo_core.rewards.heads import last_token_index, orm_logits
 
         # The reward models read each distinct completion once (a group repeats its likeliest one).
         rows = rollout.distinct()
@@ -169,20 +169,7 @@ class RewardScorer:
             learned["orm"] = orm
         if "prm" not in self.weights:
             return Scored(outcome, correct, "outcome", stats=stats | _nonfinite(outcome), learned=learned)
-        ends, mask = rollout_step_ends(self.tokenizer, once, self.separator)
-        if self.prm is ORACLE:
-            pick = rows.index.tolist()
-            steps = oracle_step_scores(
-                None if questions is None else [questions[i] for i in pick],
-                once.texts,
-                [golds[i] for i in pick],
-                self.separator,
-            )
-            steps = torch.nn.functional.pad(steps, (0, mask.shape[1] - steps.shape[1]))[rows.inverse]
-        else:
-            steps = torch.sigmoid(prm_step_logits(self.prm, once, ends))[rows.inverse]
-        ends, mask = ends[rows.inverse.to(ends.device)], mask[rows.inverse.to(mask.device)]
-        steps = torch.where(mask, steps, torch.nan)
+        steps, ends, mask = self.step_scores(once, rows, golds, questions)
         no_steps = ~mask.any(dim=1)
         # A completion with no step has no PRM verdict: NaN here, counted and neutralised later.
         lowest = torch.where(no_steps, torch.nan, torch.where(mask, steps, torch.inf).min(dim=1).values)
@@ -225,6 +212,29 @@ class RewardScorer:
             prm_weight=self.weights["prm"],
             by_checker="rule" in self.weights,
         )
+
+    def step_scores(
+        self, once: Rollout, rows, golds: list[str], questions: list[str] | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Each step's score (the PRM's probability, or the oracle's 0/1) of the distinct completions
+        ``once`` (``rows``: ``Rollout.distinct``'s), spread back to every row: [B, K] scores (NaN on
+        padding), [B, K] step ends and [B, K] mask."""
+        from grpo_core.rewards.heads import prm_step_logits
+
+        ends, mask = rollout_step_ends(self.tokenizer, once, self.separator)
+        if self.prm is ORACLE:
+            pick = rows.index.tolist()
+            steps = oracle_step_scores(
+                None if questions is None else [questions[i] for i in pick],
+                once.texts,
+                [golds[i] for i in pick],
+                self.separator,
+            )
+            steps = torch.nn.functional.pad(steps, (0, mask.shape[1] - steps.shape[1]))[rows.inverse]
+        else:
+            steps = torch.sigmoid(prm_step_logits(self.prm, once, ends))[rows.inverse]
+        ends, mask = ends[rows.inverse.to(ends.device)], mask[rows.inverse.to(mask.device)]
+        return torch.where(mask, steps, torch.nan), ends, mask
 
 
 ORACLE = "oracle"  # the PRM of ``grpo.prm_oracle``: the arithmetic task's exact step checker

@@ -87,20 +87,7 @@ def run_grpo(
     if not learner.d.main:
         return None
     run.logger.log_metrics({"val/best_accuracy": published_accuracy(st, grpo), "time/wall_s": st.elapsed}, step=st.step)
-    kept_another = grpo.keep_best and st.best_step != st.step
-    return write_manifest(
-        out_dir,
-        {
-            "stage": "grpo",
-            "algorithm": grpo.algorithm,
-            "model": str(final_dir),
-            "last_model": str(out_dir / "last") if kept_another else None,
-            "init": str(init_dir),
-            **summary(st, grpo, trainer.stop_reason(), run.resumed_from, round_),
-            "curriculum_questions": len(sampler.sometimes) if sampler.share else None,  # solved sometimes: drawn from
-            "rollouts": str(out_dir) if grpo.save_rollouts else None,
-        },
-    )
+    return write_manifest(out_dir, manifest(grpo, st, run, final_dir, init_dir, out_dir, round_))
 
 
 class Built(NamedTuple):
@@ -131,11 +118,7 @@ def build(
     was not given is an error here, before any checkpoint is looked at), the policy (from its last
     checkpoint where one is), the algorithm's other models, the questions and the loop's plan."""
     grpo = cfg.grpo
-    if grpo.curriculum and pass_rates is None:
-        raise ValueError(
-            f"grpo.curriculum = {grpo.curriculum} draws questions by the policy's pass rates, but no "
-            f"reward-data pass rates were given"
-        )
+    refuse_missing_inputs(grpo, pass_rates, adapter)
     d = distributed.init(cfg.launch)
     device = device_for(cfg.launch)  # this process's
     logger = (logger or NullLogger()) if d.main else NullLogger()
@@ -143,8 +126,6 @@ def build(
     scorer = RewardScorer.for_recipe(
         grpo, load_tokenizer(init_dir), cfg.reward_data.step_separator, reward_models, device=device
     )
-    if adapter is not None and grpo.lora is None:
-        raise ValueError(f"an adapter to continue ({adapter}) needs grpo.lora: the adapter's rank and layers")
     seed = round_seed(cfg.seed, round_)
     trainer = Trainer(
         cfg, "grpo", out_dir, identity(cfg, init_dir, round_, reward_models, pass_rates, adapter), d, logger
@@ -177,6 +158,42 @@ def build(
         Models(policy, ref, value, value_opt), tokenizer, trainer.opt, grpo, scorer, seed, sampler, d, wrapped, amp
     )
     return Built(learner, trainer, logger, read_split(data_dir, "val"), rollouts, st.step)
+
+
+def manifest(
+    grpo: GRPOConfig,
+    st: TrainState,
+    run: Built,
+    final_dir: str | Path,
+    init_dir: str | Path,
+    out_dir: Path,
+    round_: int,
+) -> dict:
+    """The stage's manifest: what it published (keep-best's policy, the last beside it where they
+    differ), where it started, and its training's summary."""
+    sampler = run.learner.question_sampler
+    kept_another = grpo.keep_best and st.best_step != st.step
+    return {
+        "stage": "grpo",
+        "algorithm": grpo.algorithm,
+        "model": str(final_dir),
+        "last_model": str(out_dir / "last") if kept_another else None,
+        "init": str(init_dir),
+        **summary(st, grpo, run.trainer.stop_reason(), run.resumed_from, round_),
+        "curriculum_questions": len(sampler.sometimes) if sampler.share else None,  # solved sometimes: drawn from
+        "rollouts": str(out_dir) if grpo.save_rollouts else None,
+    }
+
+
+def refuse_missing_inputs(grpo: GRPOConfig, pass_rates: str | Path | None, adapter: str | Path | None) -> None:
+    """What the recipe asks for and the caller did not give, refused before anything loads."""
+    if grpo.curriculum and pass_rates is None:
+        raise ValueError(
+            f"grpo.curriculum = {grpo.curriculum} draws questions by the policy's pass rates, but no "
+            f"reward-data pass rates were given"
+        )
+    if adapter is not None and grpo.lora is None:
+        raise ValueError(f"an adapter to continue ({adapter}) needs grpo.lora: the adapter's rank and layers")
 
 
 def identity(
