@@ -487,9 +487,6 @@ def _recipe_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from grpo_core.config import CorpusConfig, EvalConfig
-    from grpo_core.data import HELD_OUT_FORMATS
-
     p = argparse.ArgumentParser(prog="grpo-pipeline", description=__doc__)
     p.add_argument("--debug", action="store_true", help="a stage that fails shows its traceback")
     sub = p.add_subparsers(dest="command", required=True)
@@ -504,6 +501,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _recipe_arguments(ck)
     ck.set_defaults(func=cmd_check)
+    _eval_and_score_parsers(sub)
+    for name, preset in PRESETS.items():  # the experiment flow's presets
+        _experiment_parser(sub, name, preset)
+    _rounds_join_sync_parsers(sub)
+    _corpus_parsers(sub)
+    u = sub.add_parser("ui", help="start the MLflow and Prefect UIs (127.0.0.1 by default)")
+    u.add_argument("--host", default="127.0.0.1", help="address to serve on; other than loopback needs --expose")
+    u.add_argument(
+        "--expose", action="store_true", help="serve on a --host other than loopback (the servers have no login)"
+    )
+    u.add_argument("--mlflow-port", type=int, default=5000)
+    u.add_argument("--prefect-port", type=int, default=4200)
+    u.set_defaults(func=cmd_ui)
+    return p
+
+
+def _eval_and_score_parsers(sub) -> None:
+    """``eval`` (a model's accuracy on a file of questions) and ``score`` (a reward model's scores)."""
+    from grpo_core.config import EvalConfig
+    from grpo_core.data import HELD_OUT_FORMATS
+
     e = sub.add_parser("eval", help="accuracy of a model folder on a JSONL file of questions (GSM8K form or --format)")
     e.add_argument("--model", required=True)
     e.add_argument("--data", required=True)
@@ -526,78 +544,90 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument("--out", help="write the lines here instead of stdout")
     sc.add_argument("--batch-size", type=int, default=64)
     sc.set_defaults(func=cmd_score)
-    for name, preset in PRESETS.items():  # the experiment flow's presets
-        x = sub.add_parser(name, help=preset.about)
-        x.add_argument("run_dir", help="a finished run, e.g. runs/demo")
-        x.add_argument(
-            "--variants",
-            help="comma-separated, default "
-            + ",".join(preset.variants)
-            + "; any of: "
-            + "; ".join(f"{v} ({spec.about})" for v, spec in VARIANTS.items()).replace("%", "%%"),
-        )
-        x.add_argument(
-            "--seeds", type=int, help=f"runs per variant, seed = the recipe's seed + 0..N-1 (default {preset.seeds})"
-        )
-        x.add_argument(
-            "--first-seed",
-            type=int,
-            default=0,
-            help="seeds from the recipe's seed + this on (new seeds, to confirm a planned result; their own folder)",
-        )
-        x.add_argument(
-            "--seconds",
-            type=float,
-            help="training seconds per run (default: what the run's GRPO trained, "
-            + ("every round" if preset.all_rounds else "round 1")
-            + ")",
-        )
-        x.add_argument(
-            "--steps", type=int, help="equal samples instead: GRPO steps per RL run (continued SFT keeps --seconds)"
-        )
-        x.add_argument("--samples", type=int, help=f"K of maj@K and pass@K, 1: greedy only (default {preset.samples})")
-        x.add_argument(
-            "--sample-questions",
-            type=int,
-            help="test questions for maj@K / pass@K (default "
-            + (str(preset.sample_questions) if preset.sample_questions else "the recipe's eval.n_questions")
-            + ")",
-        )
-        x.add_argument(
-            "--eval-every",
-            type=int,
-            help="GRPO steps between validation evaluations, the curves (default "
-            + (str(preset.eval_every) if preset.eval_every else "the recipe's")
-            + ")",
-        )
-        x.add_argument(
-            "--lr",
-            type=float,
-            help="GRPO's learning rate for every RL variant, in a folder of its own "
-            "(one call per value: a sweep; default: the recipe's grpo.lr)",
-        )
-        x.add_argument(
-            "--set",
-            action="append",
-            default=[],
-            dest="overrides",
-            metavar="SECTION.KEY=VALUE",
-            help="as for run, over the run's recipe (the variants' own settings apply over these)",
-        )
-        x.add_argument(
-            "--shared-reward-models",
-            action="store_true",
-            help="every seed trains on the same round-1 reward models (the run's own, or the experiment's); "
-            "default: each seed draws its own reward data and trains its own, so that the intervals "
-            "cover the reward models' variance",
-        )
-        x.add_argument(
-            "--recipe",
-            help="a YAML recipe for the RL side (reward data, reward models, GRPO, rounds): "
-            "the run's SFT model must be the one it describes (e.g. configs/demo-iterate.yaml, "
-            "configs/smollm2-cpu-rewards.yaml); default: the run's own",
-        )
-        x.set_defaults(func=cmd_experiment)
+
+
+def _experiment_parser(sub, name: str, preset) -> None:
+    """One experiment preset's command (``compare``, ``study``, ...: ``flows/variants.py``'s ``PRESETS``)."""
+    x = sub.add_parser(name, help=preset.about)
+    x.add_argument("run_dir", help="a finished run, e.g. runs/demo")
+    x.add_argument(
+        "--variants",
+        help="comma-separated, default "
+        + ",".join(preset.variants)
+        + "; any of: "
+        + "; ".join(f"{v} ({spec.about})" for v, spec in VARIANTS.items()).replace("%", "%%"),
+    )
+    x.add_argument(
+        "--seeds", type=int, help=f"runs per variant, seed = the recipe's seed + 0..N-1 (default {preset.seeds})"
+    )
+    x.add_argument(
+        "--first-seed",
+        type=int,
+        default=0,
+        help="seeds from the recipe's seed + this on (new seeds, to confirm a planned result; their own folder)",
+    )
+    _budget_arguments(x, preset)
+    x.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        dest="overrides",
+        metavar="SECTION.KEY=VALUE",
+        help="as for run, over the run's recipe (the variants' own settings apply over these)",
+    )
+    x.add_argument(
+        "--shared-reward-models",
+        action="store_true",
+        help="every seed trains on the same round-1 reward models (the run's own, or the experiment's); "
+        "default: each seed draws its own reward data and trains its own, so that the intervals "
+        "cover the reward models' variance",
+    )
+    x.add_argument(
+        "--recipe",
+        help="a YAML recipe for the RL side (reward data, reward models, GRPO, rounds): "
+        "the run's SFT model must be the one it describes (e.g. configs/demo-iterate.yaml, "
+        "configs/smollm2-cpu-rewards.yaml); default: the run's own",
+    )
+    x.set_defaults(func=cmd_experiment)
+
+
+def _budget_arguments(x, preset) -> None:
+    """What every variant of an experiment gets: its seconds or steps, its evaluation, its lr."""
+    x.add_argument(
+        "--seconds",
+        type=float,
+        help="training seconds per run (default: what the run's GRPO trained, "
+        + ("every round" if preset.all_rounds else "round 1")
+        + ")",
+    )
+    x.add_argument(
+        "--steps", type=int, help="equal samples instead: GRPO steps per RL run (continued SFT keeps --seconds)"
+    )
+    x.add_argument("--samples", type=int, help=f"K of maj@K and pass@K, 1: greedy only (default {preset.samples})")
+    x.add_argument(
+        "--sample-questions",
+        type=int,
+        help="test questions for maj@K / pass@K (default "
+        + (str(preset.sample_questions) if preset.sample_questions else "the recipe's eval.n_questions")
+        + ")",
+    )
+    x.add_argument(
+        "--eval-every",
+        type=int,
+        help="GRPO steps between validation evaluations, the curves (default "
+        + (str(preset.eval_every) if preset.eval_every else "the recipe's")
+        + ")",
+    )
+    x.add_argument(
+        "--lr",
+        type=float,
+        help="GRPO's learning rate for every RL variant, in a folder of its own "
+        "(one call per value: a sweep; default: the recipe's grpo.lr)",
+    )
+
+
+def _rounds_join_sync_parsers(sub) -> None:
+    """``rounds`` (more RL rounds on a finished run), ``join`` (another machine's part) and ``sync``."""
     rr = sub.add_parser("rounds", help="continue a finished run for more RL rounds (the rl-rounds flow)")
     rr.add_argument("run_dir", help="a finished run, e.g. runs/demo")
     rr.add_argument("--rounds", type=int, default=1, help="how many more rounds")
@@ -627,6 +657,12 @@ def build_parser() -> argparse.ArgumentParser:
         "$MLFLOW_TRACKING_URI, else the project's sqlite",
     )
     sy.set_defaults(func=cmd_sync)
+
+
+def _corpus_parsers(sub) -> None:
+    """``corpus`` and its commands: the loop, train, evaluate, score, decontaminate."""
+    from grpo_core.config import CorpusConfig
+
     cp = sub.add_parser("corpus", help="the math corpus: fastText classifier, scoring, decontamination, the loop")
     csub = cp.add_subparsers(dest="corpus_command", required=True)
     crun = csub.add_parser("run", help="the recall loop and decontamination on a recipe (the corpus flow)")
@@ -667,15 +703,6 @@ def build_parser() -> argparse.ArgumentParser:
         help=CorpusConfig.model_fields["ngram"].description,
     )
     cdec.set_defaults(func=cmd_corpus_decontaminate)
-    u = sub.add_parser("ui", help="start the MLflow and Prefect UIs (127.0.0.1 by default)")
-    u.add_argument("--host", default="127.0.0.1", help="address to serve on; other than loopback needs --expose")
-    u.add_argument(
-        "--expose", action="store_true", help="serve on a --host other than loopback (the servers have no login)"
-    )
-    u.add_argument("--mlflow-port", type=int, default=5000)
-    u.add_argument("--prefect-port", type=int, default=4200)
-    u.set_defaults(func=cmd_ui)
-    return p
 
 
 def main(argv: list[str] | None = None) -> None:
