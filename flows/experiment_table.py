@@ -5,6 +5,7 @@ reward models' quality and staleness, memory and speed), the Markdown table and 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NamedTuple
 
 from flows.experiment_setup import Run, Setup, model_key
 from flows.reports import figure_source, warning_line
@@ -243,87 +244,111 @@ def pts(r: dict, key: str, digits: int = 1) -> str:
     )
 
 
+class Columns(NamedTuple):
+    """Which optional columns an experiment's table has: the K of maj@K / pass@K (1: none), a
+    uniform-draw comparison, the variants compared with, the last policies, groups with a gradient,
+    the learned rewards' ranking over the run, the position metric."""
+
+    k: int
+    uniform: bool
+    against: list[str]
+    last: bool
+    gradient: bool
+    stale: list[str]
+    bias: bool
+
+
+PLACES = ("first", "middle", "last", "answer")
+
+
+def columns(result: dict) -> Columns:
+    rows = result["rows"]
+    return Columns(
+        k=result["samples"],
+        uniform=any(f"gain_over_{UNIFORM}" in r for r in rows),
+        against=[v for v in VARIANTS if v not in (BASELINE, UNIFORM) and any(f"gain_over_{v}" in r for r in rows)],
+        last=any("last_accuracy_mean" in r for r in rows),
+        gradient=any("groups_with_gradient_mean" in r for r in rows),
+        stale=[kind for kind in ("orm", "prm") if any(f"{kind}_within_auc_start_mean" in r for r in rows)],
+        bias=any(f"silent_adv_{w}_mean" in r for r in rows for w in PLACES),
+    )
+
+
 def format_table(result: dict) -> str:
     """The experiment's table in Markdown: accuracies and gains in points, memory in MiB."""
-    k = result["samples"]
-    sampled = [f"maj@{k}", f"pass@{k}"] if k > 1 else []
-    uniform = any(f"gain_over_{UNIFORM}" in r for r in result["rows"])
-    gradient = any("groups_with_gradient_mean" in r for r in result["rows"])
-    against = [
-        v for v in VARIANTS if v not in (BASELINE, UNIFORM) and any(f"gain_over_{v}" in r for r in result["rows"])
-    ]
-    stale = [kind for kind in ("orm", "prm") if any(f"{kind}_within_auc_start_mean" in r for r in result["rows"])]
-    last = any("last_accuracy_mean" in r for r in result["rows"])
-    places = ("first", "middle", "last", "answer")
-    bias = any(f"silent_adv_{w}_mean" in r for r in result["rows"] for w in places)
+    c = columns(result)
+    sampled = [f"maj@{c.k}", f"pass@{c.k}"] if c.k > 1 else []
     lines = [
         "| variant | seeds | test accuracy | vs SFT (95% CI) | vs continued SFT (95% CI) | "
-        + ("vs uniform (95% CI) | " if uniform else "")
-        + "".join(f"vs {v} (95% CI) | " for v in against)
+        + ("vs uniform (95% CI) | " if c.uniform else "")
+        + "".join(f"vs {v} (95% CI) | " for v in c.against)
         + "".join(f"{s} | " for s in sampled)
-        + ("last step: accuracy, vs SFT (95% CI) | kept step per seed | " if last else "")
-        + ("steps / groups with a gradient, groups drawn a step | " if gradient else "")
+        + ("last step: accuracy, vs SFT (95% CI) | kept step per seed | " if c.last else "")
+        + ("steps / groups with a gradient, groups drawn a step | " if c.gradient else "")
         + "".join(
             f"{k.upper()} within-question AUC on the policy's samples: start, middle, end (mixed groups) | "
-            for k in stale
+            for k in c.stale
         )
-        + ("mean advantage in checker-silent groups: first, middle, last step, answer line | " if bias else "")
+        + ("mean advantage in checker-silent groups: first, middle, last step, answer line | " if c.bias else "")
         + "steps/s | peak RSS (MiB) | training s | reward model |",
-        "|---" * (9 + len(sampled) + uniform + gradient + bias + len(against) + len(stale) + 2 * last) + "|",
+        "|---" * (9 + len(sampled) + c.uniform + c.gradient + c.bias + len(c.against) + len(c.stale) + 2 * c.last)
+        + "|",
     ]
-    for r in result["rows"]:
-        cells = [
-            r["variant"] + (f" (LoRA rank {r['lora_rank']})" if "lora_rank" in r else ""),
-            str(r["seeds"]),
-            f"{100 * r['test_accuracy_mean']:.1f} ± {100 * r['test_accuracy_std']:.1f}",
-            pts(r, "gain_over_sft"),
-            pts(r, "gain_over_continued-sft"),
-        ] + ([pts(r, f"gain_over_{UNIFORM}")] if uniform else [])
-        cells += [pts(r, f"gain_over_{v}") for v in against]
-        cells += [
-            f"{100 * r[f'{s}_mean']:.1f}" + (f" ± {100 * r[f'{s}_std']:.1f}" if f"{s}_std" in r else "")
-            for s in sampled
-        ]
-        if last:  # kept step 0 is the starting model republished: said so
-            kept = r.get("kept_steps")
-            cells += [
-                f"{100 * r['last_accuracy_mean']:.1f}, {pts(r, 'last_gain_over_sft')}"
-                if "last_accuracy_mean" in r
-                else "= kept"
-                if kept
-                else "-",
-                ", ".join("0 (its start, unchanged)" if k == 0 else str(k) for k in kept) if kept else "-",
-            ]
-        if gradient:
-            drawn = r.get("groups_drawn_per_step_mean")
-            cells.append(
-                f"{100 * r['steps_with_gradient_mean']:.0f}% / {100 * r['groups_with_gradient_mean']:.0f}%"
-                + (f", {drawn:.1f}" if drawn else "")
-                if "groups_with_gradient_mean" in r
-                else "-"
-            )
-        # A window without a group of both right and wrong solutions in any seed has no AUC: "-".
-        cells += [
-            ", ".join(
-                (f"{r[key]:.3f}" if (key := f"{k}_within_auc_{w}_mean") in r else "-")
-                + f" ({r.get(f'{k}_mixed_groups_{w}', 0)})"
-                for w in ("start", "middle", "end")
-            )
-            if f"{k}_within_auc_start_mean" in r
-            else "-"
-            for k in stale
-        ]
-        if bias:
-            cells.append(", ".join(f"{r[k]:+.2f}" if (k := f"silent_adv_{w}_mean") in r else "-" for w in places))
-        extra = f" (+{r['extra_s_mean']:.0f} retraining)" if r.get("extra_s_mean") else ""
-        cells += [
-            f"{r['steps_per_s_mean']:.2f}" if "steps_per_s_mean" in r else "-",
-            f"{r['peak_rss_mib_mean']:.0f}" if "peak_rss_mib_mean" in r else "-",
-            f"{r['train_s_mean']:.0f}{extra}" if "train_s_mean" in r else "-",
-            r.get("reward_model", "-"),
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["| " + " | ".join(row_cells(r, c, sampled)) + " |" for r in result["rows"]]
     return "\n".join(lines)
+
+
+def row_cells(r: dict, c: Columns, sampled: list[str]) -> list[str]:
+    """One variant's cells in ``format_table``'s columns."""
+    cells = [
+        r["variant"] + (f" (LoRA rank {r['lora_rank']})" if "lora_rank" in r else ""),
+        str(r["seeds"]),
+        f"{100 * r['test_accuracy_mean']:.1f} ± {100 * r['test_accuracy_std']:.1f}",
+        pts(r, "gain_over_sft"),
+        pts(r, "gain_over_continued-sft"),
+    ] + ([pts(r, f"gain_over_{UNIFORM}")] if c.uniform else [])
+    cells += [pts(r, f"gain_over_{v}") for v in c.against]
+    cells += [
+        f"{100 * r[f'{s}_mean']:.1f}" + (f" ± {100 * r[f'{s}_std']:.1f}" if f"{s}_std" in r else "") for s in sampled
+    ]
+    if c.last:  # kept step 0 is the starting model republished: said so
+        kept = r.get("kept_steps")
+        cells += [
+            f"{100 * r['last_accuracy_mean']:.1f}, {pts(r, 'last_gain_over_sft')}"
+            if "last_accuracy_mean" in r
+            else "= kept"
+            if kept
+            else "-",
+            ", ".join("0 (its start, unchanged)" if k == 0 else str(k) for k in kept) if kept else "-",
+        ]
+    if c.gradient:
+        drawn = r.get("groups_drawn_per_step_mean")
+        cells.append(
+            f"{100 * r['steps_with_gradient_mean']:.0f}% / {100 * r['groups_with_gradient_mean']:.0f}%"
+            + (f", {drawn:.1f}" if drawn else "")
+            if "groups_with_gradient_mean" in r
+            else "-"
+        )
+    # A window without a group of both right and wrong solutions in any seed has no AUC: "-".
+    cells += [
+        ", ".join(
+            (f"{r[key]:.3f}" if (key := f"{k}_within_auc_{w}_mean") in r else "-")
+            + f" ({r.get(f'{k}_mixed_groups_{w}', 0)})"
+            for w in ("start", "middle", "end")
+        )
+        if f"{k}_within_auc_start_mean" in r
+        else "-"
+        for k in c.stale
+    ]
+    if c.bias:
+        cells.append(", ".join(f"{r[k]:+.2f}" if (k := f"silent_adv_{w}_mean") in r else "-" for w in PLACES))
+    extra = f" (+{r['extra_s_mean']:.0f} retraining)" if r.get("extra_s_mean") else ""
+    return cells + [
+        f"{r['steps_per_s_mean']:.2f}" if "steps_per_s_mean" in r else "-",
+        f"{r['peak_rss_mib_mean']:.0f}" if "peak_rss_mib_mean" in r else "-",
+        f"{r['train_s_mean']:.0f}{extra}" if "train_s_mean" in r else "-",
+        r.get("reward_model", "-"),
+    ]
 
 
 def report(result: dict, link: str) -> str:
