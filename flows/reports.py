@@ -124,6 +124,30 @@ def pipeline_report(manifest: dict, exp_id: str, gains: dict[int, dict[str, dict
             + " | ".join(cells)
             + f" | [round-{r['round']}]({link(r['mlflow_run_id'])}) |"
         )
+    lines += reward_model_table(rounds)
+    champion, profile = manifest["champion"], manifest["profile"]
+    spent = sorted(profile["stages_s"].items(), key=lambda kv: -kv[1])[:6]
+    lines += [
+        "",
+        f"**Champion**: version {champion['version']} of `{champion['name']}` (round {champion['round']}, "
+        f"validation accuracy {100 * champion['val_accuracy']:.2f}%), alias `champion` in the MLflow model registry.",
+        "",
+        f"**The whole run in MLflow**: [{manifest['run_name']}]({link(manifest['mlflow_run_id'])}) "
+        "(its figures under Artifacts -> figures; each stage is a child run named `round-<k>/<stage>`).",
+        "",
+        f"**Where the {profile['wall_s'] / 60:.1f} minutes went**: "
+        + ", ".join(f"{name} {s:.0f} s" for name, s in spent)
+        + ".",
+    ]
+    for name, src in figures.items():
+        lines += ["", f"![{name.replace('_', ' ')}]({src})"]
+    return "\n".join(lines)
+
+
+def reward_model_table(rounds: list[dict]) -> list[str]:
+    """The pipeline report's reward-model lines: each round's reward models' held-out quality before
+    and after retraining, beside the zero-training verifier, their replay share and quality gate."""
+    lines: list[str] = []
     rms = [(r["round"], kind, rm) for r in rounds for kind, rm in r["reward_models"].items()]
     if rms:
         lines += [
@@ -149,23 +173,7 @@ def pipeline_report(manifest: dict, exp_id: str, gains: dict[int, dict[str, dict
                 f"{rm['after'].get(key, float('nan')):.4f} | {rm.get('baseline', {}).get(key, float('nan')):.4f} | "
                 f"{rm['replay'].get('share', 0.0):.3f} | {verdict} |"
             )
-    champion, profile = manifest["champion"], manifest["profile"]
-    spent = sorted(profile["stages_s"].items(), key=lambda kv: -kv[1])[:6]
-    lines += [
-        "",
-        f"**Champion**: version {champion['version']} of `{champion['name']}` (round {champion['round']}, "
-        f"validation accuracy {100 * champion['val_accuracy']:.2f}%), alias `champion` in the MLflow model registry.",
-        "",
-        f"**The whole run in MLflow**: [{manifest['run_name']}]({link(manifest['mlflow_run_id'])}) "
-        "(its figures under Artifacts -> figures; each stage is a child run named `round-<k>/<stage>`).",
-        "",
-        f"**Where the {profile['wall_s'] / 60:.1f} minutes went**: "
-        + ", ".join(f"{name} {s:.0f} s" for name, s in spent)
-        + ".",
-    ]
-    for name, src in figures.items():
-        lines += ["", f"![{name.replace('_', ' ')}]({src})"]
-    return "\n".join(lines)
+    return lines
 
 
 def terminal_report(manifest: dict, gains: dict[int, dict[str, dict]], manifest_path: Path) -> str:
