@@ -54,7 +54,7 @@ class Run(BaseModel):
         return cls(
             seed=seed,
             model=final.ref,
-            train_s=round(offset, 1),
+            train_s=round(offset, 2),  # the stages keep two decimals: the joined curve ends within it
             steps=sum(st.steps for st in stages),
             extra_s=round(sum(extra.values()), 1),
             extra=extra,
