@@ -10,6 +10,7 @@ from typing import NamedTuple
 from flows.experiment_setup import Run, Setup, model_key
 from flows.reports import figure_source, warning_line
 from flows.variants import BASELINE, UNIFORM, VARIANTS
+from grpo_core.config import PipelineConfig
 from grpo_core.rewards.gate import gate_failure
 from grpo_core.stages.outputs import StageOutput
 from grpo_core.stages.rl_records import staleness
@@ -136,11 +137,45 @@ def variant_row(
     n = len(accs[name])
     row = accuracy_row(name, accs[name]) | gain("gain_over_sft", accs[name], [sft_acc] * n)
     vcfg = s.config(name, s.cfg.seed)
+    row |= training_columns(name, vcfg, runs)
+    row |= gain_columns(name, accs, sft_acc, last or {})
+    row |= staleness_columns(runs)
+    row |= gradient_columns(runs, vcfg.grpo.questions_per_step)
+    row |= position_columns(runs)
+    for key in [f"{m}@{k}" for m in ("maj", "pass")] if k > 1 else []:
+        mean, std = mean_std([sampled[model_key(s, name, r)][key] for r in runs])
+        row |= {f"{key}_mean": round(mean, 4), f"{key}_std": round(std, 4)}
+    peaks = {m: [r.peak_memory[m] for r in runs if m in r.peak_memory] for m in ("rss_mib", "cuda_mib")}
+    row |= {f"peak_{m}_mean": round(mean_std(v)[0], 1) for m, v in peaks.items() if v}
+    uses = () if VARIANTS[name].grpo is None else vcfg.grpo.reward_models_used
+    w = quality_warnings(s, runs, chains, uses)
+    warned = {"quality_warnings": w} if w else {}
+    return (
+        row
+        | warned
+        | {"reward_model": reward_model_quality(chains or [s.first], uses)}
+        | cost_columns(runs, uses)
+        | {"per_seed": [round(a, 4) for a in accs[name]]}
+    )
+
+
+def training_columns(name: str, vcfg: PipelineConfig, runs: list[Run]) -> dict:
+    """How a variant trained: the LoRA rank where it trained an adapter, and the step keep-best
+    published per seed (a GRPO variant)."""
+    row = {}
     if (lora := vcfg.sft.lora if VARIANTS[name].grpo is None else vcfg.grpo.lora) is not None:
         row["lora_rank"] = lora.rank  # an adapter trained, not every weight: the table says so
     if VARIANTS[name].grpo is not None:
         row["kept_steps"] = [r.kept_step for r in runs]  # keep-best's choice per seed; 0: the stage's own start
-    last = last or {}
+    return row
+
+
+def gain_columns(name: str, accs: dict[str, list[float]], sft_acc: float, last: dict[str, list[float]]) -> dict:
+    """The last policies' accuracy and gain over SFT (where ``last`` has the variant), then the gains
+    over continued SFT, the uniform draw and the variants compared with, each again between the
+    policies the runs ended with where ``last`` has either (``variant_row``)."""
+    n = len(accs[name])
+    row = {}
     if (mine := last.get(name)) is not None:
         row |= {"last_accuracy_mean": round(mean_std(mine)[0], 4), "last_per_seed": [round(a, 4) for a in mine]}
         row |= gain("last_gain_over_sft", mine, [sft_acc] * n)
@@ -150,61 +185,58 @@ def variant_row(
         row |= gain(f"gain_over_{other}", accs[name], accs[other])
         if name in last or other in last:
             row |= gain(f"last_gain_over_{other}", last.get(name, accs[name]), last.get(other, accs[other]))
-    row |= staleness_columns(runs)
-    # Where rewards are sparse: how often a step, and how many of its groups, carried a policy gradient.
+    return row
+
+
+def gradient_columns(runs: list[Run], batch: int) -> dict:
+    """Where rewards are sparse: how often a step, and how many of its groups, carried a policy
+    gradient, and how many groups a step drew (``batch``: what a step draws without redraws)."""
     zero = [
         [p["frac_batch_zero_std"] for p in r.rewards]
         for r in runs
         if r.rewards and "frac_batch_zero_std" in r.rewards[0]
     ]
-    if zero:
-        batch = vcfg.grpo.questions_per_step  # what a step draws without redraws
-        drawn = [sum(p.get("groups_drawn", batch) for p in r.rewards) / len(r.rewards) for r in runs if r.rewards]
-        row |= {
-            "steps_with_gradient_mean": round(mean_std([sum(z < 1 for z in zs) / len(zs) for zs in zero])[0], 4),
-            "groups_with_gradient_mean": round(mean_std([1 - sum(zs) / len(zs) for zs in zero])[0], 4),
-            "groups_drawn_per_step_mean": round(mean_std(drawn)[0], 2),
-        }
-    row |= position_columns(runs)
-    for key in [f"{m}@{k}" for m in ("maj", "pass")] if k > 1 else []:
-        mean, std = mean_std([sampled[model_key(s, name, r)][key] for r in runs])
-        row |= {f"{key}_mean": round(mean, 4), f"{key}_std": round(std, 4)}
-    peaks = {m: [r.peak_memory[m] for r in runs if m in r.peak_memory] for m in ("rss_mib", "cuda_mib")}
-    row |= {f"peak_{m}_mean": round(mean_std(v)[0], 1) for m, v in peaks.items() if v}
-    uses = () if VARIANTS[name].grpo is None else vcfg.grpo.reward_models_used
-    # Each seed its own round-1 reward models: every failure is said with its seed (two seeds may fail alike).
+    if not zero:
+        return {}
+    drawn = [sum(p.get("groups_drawn", batch) for p in r.rewards) / len(r.rewards) for r in runs if r.rewards]
+    return {
+        "steps_with_gradient_mean": round(mean_std([sum(z < 1 for z in zs) / len(zs) for zs in zero])[0], 4),
+        "groups_with_gradient_mean": round(mean_std([1 - sum(zs) / len(zs) for zs in zero])[0], 4),
+        "groups_drawn_per_step_mean": round(mean_std(drawn)[0], 2),
+    }
+
+
+def quality_warnings(
+    s: Setup, runs: list[Run], chains: list[dict[str, StageOutput]] | None, uses: tuple[str, ...]
+) -> list[str]:
+    """The failed quality gates of the round-1 reward models a variant trains on, then those of the
+    reward models its runs retrained. Where each seed has its own round-1 reward models (``chains``),
+    every failure is said with its seed (two seeds may fail alike)."""
     own = [(f"seed {r.seed - s.cfg.seed}: ", first) for r, first in zip(runs, chains, strict=True)] if chains else []
-    w = [label + sentence for label, first in own or [("", s.first)] for sentence in gate_warnings(first, uses)] + [
+    return [label + sentence for label, first in own or [("", s.first)] for sentence in gate_warnings(first, uses)] + [
         w for r in runs for w in r.quality_warnings
     ]
-    chains = chains or [s.first]
-    warned = {"quality_warnings": w} if w else {}
-    return (
-        row
-        | warned
-        | {
-            "reward_model": reward_model_quality(chains, uses),
-            "steps_mean": mean_std([r.steps for r in runs])[0],
-            "steps_per_s_mean": round(mean_std([r.steps / max(r.train_s, 1e-9) for r in runs])[0], 3),
-            "train_s_mean": round(mean_std([r.train_s for r in runs])[0], 1),
-            "extra_s_mean": round(mean_std([r.extra_s for r in runs])[0], 1),
-            **{
-                f"{kind}_updates_mean": round(mean_std([r.reward_model_updates[kind] for r in runs])[0], 1)
-                for kind in uses
-                if all(kind in r.reward_model_updates for r in runs)
-            },
-            **(
-                {"reward_model_labels_mean": round(mean_std([r.reward_model_labels for r in runs])[0], 1)}
-                if uses
-                else {}
-            ),
-            **{
-                f"extra_{stage}_s_mean": round(mean_std([r.extra.get(stage, 0.0) for r in runs])[0], 1)
-                for stage in sorted({k for r in runs for k in r.extra})
-            },
-            "per_seed": [round(a, 4) for a in accs[name]],
-        }
-    )
+
+
+def cost_columns(runs: list[Run], uses: tuple[str, ...]) -> dict:
+    """What a variant's runs spent, mean over seeds: steps, speed, training seconds and those outside
+    the budget, the updates and labels of the reward models it trained on, the retraining by stage."""
+    return {
+        "steps_mean": mean_std([r.steps for r in runs])[0],
+        "steps_per_s_mean": round(mean_std([r.steps / max(r.train_s, 1e-9) for r in runs])[0], 3),
+        "train_s_mean": round(mean_std([r.train_s for r in runs])[0], 1),
+        "extra_s_mean": round(mean_std([r.extra_s for r in runs])[0], 1),
+        **{
+            f"{kind}_updates_mean": round(mean_std([r.reward_model_updates[kind] for r in runs])[0], 1)
+            for kind in uses
+            if all(kind in r.reward_model_updates for r in runs)
+        },
+        **({"reward_model_labels_mean": round(mean_std([r.reward_model_labels for r in runs])[0], 1)} if uses else {}),
+        **{
+            f"extra_{stage}_s_mean": round(mean_std([r.extra.get(stage, 0.0) for r in runs])[0], 1)
+            for stage in sorted({k for r in runs for k in r.extra})
+        },
+    }
 
 
 def table_rows(
