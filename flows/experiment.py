@@ -49,15 +49,16 @@ from flows.reports import mlflow_link
 from flows.rounds import RoundStart, reward_stages
 from flows.variants import VARIANTS
 from grpo_core import figures
+from grpo_core.config import PipelineConfig
 from grpo_core.digests import digest_dir
 from grpo_core.manifests import write_manifest
 from grpo_core.mlflow_runs import experiment_id, finishing, start_run, tracking_uri
 from grpo_core.rewards.gate import gate_grpo
 from grpo_core.stages.inputs import EvalInputs, GRPOInputs, Ref, SFTInputs
-from grpo_core.stages.outputs import StageOutput
+from grpo_core.stages.outputs import GRPOOutput, StageOutput
 from grpo_core.tracking import MlflowLogger, unsent_dir
 from tasks.run_lock import run_lock
-from tasks.stage_tasks import eval_task, grpo_task, run_stage, sft_task
+from tasks.stage_tasks import StageRun, eval_task, grpo_task, run_stage, sft_task
 
 
 def train_variant(
@@ -112,59 +113,78 @@ def iterated(
         if k == 2 and later:
             rms, gates = {kind: later[kind].ref for kind in used}, {kind: later[kind].quality_gate for kind in used}
         gated = gate_grpo(s.config(name, s.cfg.seed + seed, k), gates)
-        vcfg = gated.cfg
         if retrained:
             kept_out = "; kept out of GRPO's reward" if gated.excluded else ""
             warned += [f"round {k}, seed {seed}: {failure}{kept_out}" for failure in gated.failures]
-        # Round 1 is the same for every variant with the same GRPO settings, seed and round-1
-        # reward models (they differ only between rounds): it runs once, in a folder they share.
-        shared = hashlib.sha256(vcfg.grpo.model_dump_json().encode()).hexdigest()[:8]
-        where = out.parents[1] / "round-1" / f"grpo-{shared}" / out.name if k == 1 else out / f"round-{k}" / "grpo"
-        g = run_stage(
-            grpo_task,
-            vcfg,
-            str(where),
-            GRPOInputs(
-                data=data,
-                init=policy,
-                reward_models={m: rms[m] for m in vcfg.grpo.reward_models_used},
-                round=k,
-                pass_rates=rates if vcfg.grpo.curriculum else None,
-            ),
-            **common,
-        ).output
+        g = round_grpo(gated.cfg, k, out, data, policy, rms, rates, common)
         stages.append(g)
         policy = g.ref
         if k == s.rounds(name) or not variant.retrain:
             continue
-        retrain = vcfg.model_copy(
-            update={
-                **{kind: getattr(vcfg, kind).model_copy(update={"train": kind in used}) for kind in ("orm", "prm")},
-                "rounds": vcfg.rounds.model_copy(
-                    update={
-                        "replay_fraction": vcfg.rounds.replay_fraction if variant.replay is None else variant.replay
-                    }
-                ),
-            }
-        )
-        start = RoundStart(
-            policy=g.ref,
-            reward_models=rms,
-            buffer=buffer,
-            rollouts=Ref(path=g.rollouts, digest=g.digest) if g.rollouts else None,
-        )
+        rollouts = Ref(path=g.rollouts, digest=g.digest) if g.rollouts else None
+        start = RoundStart(policy=g.ref, reward_models=rms, buffer=buffer, rollouts=rollouts)
+        retrain = retrain_config(gated.cfg, used, variant.replay)
         done = reward_stages(retrain, k + 1, out / f"round-{k + 1}", out, data, sft, start, common)
         rms = {kind: done[kind].output.ref for kind in used}
-        learned = {
-            "reward_model_updates": {k: n + done[k].output.steps for k, n in learned["reward_model_updates"].items()},
-            "reward_model_labels": learned["reward_model_labels"]
-            + done["reward_data"].output.labelled(s.cfg.reward_data.samples_per_question),
-        }
+        learned = with_retraining(learned, done, s.cfg.reward_data.samples_per_question)
         gates, retrained = {kind: done[kind].output.quality_gate for kind in used}, True
         buffer, rates = done["replay"].output.ref, done["reward_data"].output.pass_rates_ref
         for stage, r in done.items():  # the stages' own time (cached or not)
             extra[stage] = extra.get(stage, 0.0) + r.output.wall_s
     return Run.of(s.cfg.seed + seed, stages, extra).model_copy(update={"quality_warnings": warned, **learned})
+
+
+def round_grpo(
+    vcfg: PipelineConfig,
+    k: int,
+    out: Path,
+    data: Ref,
+    policy: Ref,
+    rms: dict[str, Ref],
+    rates: Ref | None,
+    common: dict,
+) -> GRPOOutput:
+    """Round ``k``'s GRPO of an iterated variant's run in ``out``, from ``policy`` on the reward models
+    ``rms``. Round 1 is the same for every variant with the same GRPO settings, seed and round-1
+    reward models (they differ only between rounds): it runs once, in a folder they share."""
+    shared = hashlib.sha256(vcfg.grpo.model_dump_json().encode()).hexdigest()[:8]
+    where = out.parents[1] / "round-1" / f"grpo-{shared}" / out.name if k == 1 else out / f"round-{k}" / "grpo"
+    return run_stage(
+        grpo_task,
+        vcfg,
+        str(where),
+        GRPOInputs(
+            data=data,
+            init=policy,
+            reward_models={m: rms[m] for m in vcfg.grpo.reward_models_used},
+            round=k,
+            pass_rates=rates if vcfg.grpo.curriculum else None,
+        ),
+        **common,
+    ).output
+
+
+def retrain_config(vcfg: PipelineConfig, used: tuple[str, ...], replay: float | None) -> PipelineConfig:
+    """The recipe of a retraining between rounds: the reward models ``used`` trained (no other),
+    with the variant's replay share (``replay``; None: the recipe's)."""
+    return vcfg.model_copy(
+        update={
+            **{kind: getattr(vcfg, kind).model_copy(update={"train": kind in used}) for kind in ("orm", "prm")},
+            "rounds": vcfg.rounds.model_copy(
+                update={"replay_fraction": vcfg.rounds.replay_fraction if replay is None else replay}
+            ),
+        }
+    )
+
+
+def with_retraining(learned: dict, done: dict[str, StageRun], samples_per_question: int) -> dict:
+    """A run's ``reward_model_updates`` and ``reward_model_labels`` (``learned_reward_models``) with a
+    retraining's (``done``: its stages) added."""
+    return {
+        "reward_model_updates": {k: n + done[k].output.steps for k, n in learned["reward_model_updates"].items()},
+        "reward_model_labels": learned["reward_model_labels"]
+        + done["reward_data"].output.labelled(samples_per_question),
+    }
 
 
 def learned_rewards(s: Setup, names: list[str]) -> set[str]:
