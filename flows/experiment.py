@@ -30,7 +30,7 @@ Outputs: ``runs/<run>/<preset>/<budget>/`` (manifest, figures), an MLflow run ``
 (table and figures), a Prefect Markdown artifact of the same name.
 
 This module trains and evaluates; ``flows/experiment_setup.py`` holds the fixed parts (``Setup``,
-``Run``), ``flows/experiment_table.py`` the rows and the report.
+``Run``), ``flows/experiment_table.py`` the rows, the manifest and the report.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from prefect.artifacts import create_markdown_artifact
 
 from flows import artifact_key, numbered_run_name, parameter
 from flows.experiment_setup import Run, Setup, model_key, setup
-from flows.experiment_table import format_table, gate_warnings, report, table_rows
+from flows.experiment_table import experiment_manifest, format_table, gate_warnings, report, table_rows
 from flows.reports import mlflow_link
 from flows.rounds import RoundStart, reward_stages
 from flows.variants import VARIANTS
@@ -316,14 +316,8 @@ def _experiment(
     # seed, so that the intervals cover the reward models' variance, not GRPO's sampling alone.
     learned = learned_rewards(s, names)
     per_seed = bool(learned) and not shared_reward_models
-    folder = (
-        (f"{Path(recipe).stem}-" if recipe else "")
-        + s.budget.tag(s.eval_every)
-        + (f"-lr{lr:g}" if lr else "")
-        + ("-shared-rm" if shared_reward_models and learned else "")
-        + (f"-from-seed-{first_seed}" if first_seed else "")
-    )
-    cfg, out_root = s.cfg, s.root / preset / folder
+    shared = shared_reward_models and bool(learned)
+    cfg, out_root = s.cfg, s.root / preset / experiment_folder(s, recipe, lr, shared, first_seed)
     uri = tracking_uri(cfg)
     unsent = unsent_dir(s.root)
     exp_id = experiment_id(uri, cfg.tracking.experiment)
@@ -336,60 +330,85 @@ def _experiment(
     common = {"uri": uri, "parent_id": parent}
     with finishing(uri, [parent], unsent):
         data, sft = s.stage("data").ref, s.stage("sft").ref
-        chain = lambda i: out_root / "chains" / f"seed-{i}"  # noqa: E731 - seed i's round-1 reward stages
-        if per_seed:
-            own = own_reward_models(s, names, chain(ids[0]), data, sft, common, ids[0])
-            s = s.model_copy(update={"first": s.first | own})
-        elif s.preset.own_reward_models:
-            s = s.model_copy(update={"first": own_reward_models(s, names, out_root, data, sft, common)})
+        s = round_one_reward_models(s, names, per_seed, out_root, ids[0], data, sft, common)
         runs = runnable(s, names, log)
         if not runs:
             raise ValueError(f"nothing to run: {run_dir} trained none of the reward models the variants need")
-        # Seed by seed, every variant in turn: a slow spell of a shared host hits all variants alike.
-        chains, own_chains = [], {name: [] for name in runs if VARIANTS[name].labels_of}
-        for j, i in enumerate(ids):
-            si = (
-                s.model_copy(update={"first": s.first | own_reward_models(s, names, chain(i), data, sft, common, i)})
-                if per_seed and j
-                else s
-            )
-            chains.append(si.first)
-            for name, done in runs.items():
-                sv, where = si, out_root / name / f"seed-{i}"
-                own = None
-                if matched := VARIANTS[name].labels_of:
-                    own = equal_label_reward_models(si, name, runs[matched][j], where, data, sft, common, i)
-                    own_chains[name].append(si.first | own)
-                done.append(train_variant(sv, name, i, where, data, sft, common, later=own))
-
+        chains = train_seeds(s, names, runs, ids, per_seed, out_root, data, sft, common)
         results, sampled = evaluate(s, runs, out_root, data, sft, samples, sample_questions, common)
-        rows = table_rows(
-            s, runs, results, sampled, samples, {n: own_chains.get(n) or (chains if per_seed else None) for n in runs}
+        rows = table_rows(s, runs, results, sampled, samples, chains)
+        reward_models = "per seed" if per_seed else "shared" if learned else None
+        out = experiment_manifest(
+            s, preset, rows, runs, ids, samples, results, sampled, out_root, parent, lr, recipe, reward_models
         )
-        out = {
-            "preset": preset,
-            "rows": rows,
-            "runs": {n: [r.model_dump(mode="json") for r in rs] for n, rs in runs.items()},
-            "budget": s.budget.model_dump(),
-            "seeds": len(ids),
-            "seed_ids": list(ids),  # seed i ran with the recipe's seed + i
-            "samples": samples,
-            "eval_every": s.eval_every,
-            "n_test": results["sft"]["n"],
-            "n_sampled": sampled["sft"]["n"] if sampled else 0,
-            "sft_val_accuracy": s.stage("sft").best_val_accuracy,
-            "run_name": cfg.run_name,
-            "dir": str(out_root),
-            "mlflow_run_id": parent,
-            "grpo_lr": lr or cfg.grpo.lr,
-            "recipe": recipe,
-            "reward_models": "per seed" if per_seed else "shared" if learned else None,
-            # Each variant's recipe as it trained (seed i: the recipe's seed + i).
-            "recipes": {n: s.config(n, cfg.seed).model_dump(mode="json") for n in runs},
-        }
         out = publish(s, preset, out, out_root, uri, exp_id, parent, unsent)
     log.info("%s:\n%s", preset, format_table(out))
     return out
+
+
+def experiment_folder(s: Setup, recipe: str | None, lr: float | None, shared: bool, first_seed: int) -> str:
+    """The experiment's folder under ``runs/<run>/<preset>/``: the recipe's name, the budget and
+    evaluation schedule, and any learning rate, shared reward models or first seed."""
+    return (
+        (f"{Path(recipe).stem}-" if recipe else "")
+        + s.budget.tag(s.eval_every)
+        + (f"-lr{lr:g}" if lr else "")
+        + ("-shared-rm" if shared else "")
+        + (f"-from-seed-{first_seed}" if first_seed else "")
+    )
+
+
+def chain_dir(out_root: Path, i: int) -> Path:
+    """Where seed ``i``'s own round-1 reward stages run."""
+    return out_root / "chains" / f"seed-{i}"
+
+
+def round_one_reward_models(
+    s: Setup, names: list[str], per_seed: bool, out_root: Path, first: int, data: Ref, sft: Ref, common: dict
+) -> Setup:
+    """``s`` with the round-1 reward models the variants start on: seed ``first``'s own where each seed
+    has its own (``per_seed``), the experiment's own where the preset trains them, else the run's."""
+    if per_seed:
+        own = own_reward_models(s, names, chain_dir(out_root, first), data, sft, common, first)
+        return s.model_copy(update={"first": s.first | own})
+    if s.preset.own_reward_models:
+        return s.model_copy(update={"first": own_reward_models(s, names, out_root, data, sft, common)})
+    return s
+
+
+def train_seeds(
+    s: Setup,
+    names: list[str],
+    runs: dict[str, list[Run]],
+    ids: range,
+    per_seed: bool,
+    out_root: Path,
+    data: Ref,
+    sft: Ref,
+    common: dict,
+) -> dict[str, list[dict[str, StageOutput]] | None]:
+    """Seed by seed, every variant in turn (a slow spell of a shared host hits all variants alike),
+    each run appended to ``runs``; where each seed has its own chain, seeds after the first draw and
+    train their round-1 reward models first. Returns each variant's seeds' round-1 stages where they
+    have their own (``table_rows``' ``chains``)."""
+    chains, own_chains = [], {name: [] for name in runs if VARIANTS[name].labels_of}
+    for j, i in enumerate(ids):
+        si = (
+            s.model_copy(
+                update={"first": s.first | own_reward_models(s, names, chain_dir(out_root, i), data, sft, common, i)}
+            )
+            if per_seed and j
+            else s
+        )
+        chains.append(si.first)
+        for name, done in runs.items():
+            where = out_root / name / f"seed-{i}"
+            own = None
+            if matched := VARIANTS[name].labels_of:
+                own = equal_label_reward_models(si, name, runs[matched][j], where, data, sft, common, i)
+                own_chains[name].append(si.first | own)
+            done.append(train_variant(si, name, i, where, data, sft, common, later=own))
+    return {n: own_chains.get(n) or (chains if per_seed else None) for n in runs}
 
 
 def runnable(s: Setup, names: list[str], log) -> dict[str, list[Run]]:

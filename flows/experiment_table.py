@@ -1,6 +1,7 @@
 """The table and report of the experiment flow (``flows/experiment.py``): a row per variant from
 its seeds' runs and evaluations (accuracy, paired gains with 95% intervals, maj@K / pass@K, the
-reward models' quality and staleness, memory and speed), the Markdown table and the Prefect report."""
+reward models' quality and staleness, memory and speed), the manifest, the Markdown table and the
+Prefect report."""
 
 from __future__ import annotations
 
@@ -264,6 +265,45 @@ def table_rows(
         if ref in results
     ]
     return rows + [variant_row(s, n, rs, sampled, sft_acc, accs, samples, chains[n], last) for n, rs in runs.items()]
+
+
+def experiment_manifest(
+    s: Setup,
+    preset: str,
+    rows: list[dict],
+    runs: dict[str, list[Run]],
+    ids: range,
+    samples: int,
+    results: dict,
+    sampled: dict,
+    out_root: Path,
+    parent: str,
+    lr: float | None,
+    recipe: str | None,
+    reward_models: str | None,
+) -> dict:
+    """The experiment's manifest before its figures: what ran and how, the rows and every run."""
+    return {
+        "preset": preset,
+        "rows": rows,
+        "runs": {n: [r.model_dump(mode="json") for r in rs] for n, rs in runs.items()},
+        "budget": s.budget.model_dump(),
+        "seeds": len(ids),
+        "seed_ids": list(ids),  # seed i ran with the recipe's seed + i
+        "samples": samples,
+        "eval_every": s.eval_every,
+        "n_test": results["sft"]["n"],
+        "n_sampled": sampled["sft"]["n"] if sampled else 0,
+        "sft_val_accuracy": s.stage("sft").best_val_accuracy,
+        "run_name": s.cfg.run_name,
+        "dir": str(out_root),
+        "mlflow_run_id": parent,
+        "grpo_lr": lr or s.cfg.grpo.lr,
+        "recipe": recipe,
+        "reward_models": reward_models,
+        # Each variant's recipe as it trained (seed i: the recipe's seed + i).
+        "recipes": {n: s.config(n, s.cfg.seed).model_dump(mode="json") for n in runs},
+    }
 
 
 def pts(r: dict, key: str, digits: int = 1) -> str:
