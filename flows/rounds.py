@@ -29,8 +29,9 @@ from pydantic import BaseModel, ConfigDict
 from flows import artifact_key
 from flows.reports import mlflow_link, round_report
 from grpo_core.config import PipelineConfig
-from grpo_core.rewards.gate import gate_grpo
+from grpo_core.rewards.gate import Gated, gate_grpo
 from grpo_core.stages.inputs import EvalInputs, GRPOInputs, INPUTS, Ref, ReplayInputs, RewardDataInputs
+from grpo_core.stages.outputs import GRPOOutput, RewardModelOutput
 from grpo_core.mlflow_runs import delete_run, experiment_id, finishing, logged_round, patiently, round_params, start_run
 from grpo_core.tracking import MlflowLogger, unsent_dir
 from tasks.registry import promote_champion, register_policy, registered_name
@@ -208,37 +209,12 @@ def rl_round(cfg: PipelineConfig, k: int, data: Ref, sft: Ref, start: RoundStart
         rms = {kind: results[kind].output for kind in ("orm", "prm") if kind in results}
         # What GRPO optimises this round is decided in the core (rewards/gate.py); the flow reports it.
         gated = gate_grpo(cfg, {kind: rm.quality_gate for kind, rm in rms.items()})
-        for failure in gated.failures:
-            log.warning(
-                "round %d: QUALITY GATE FAILED: %s%s",
-                k,
-                failure,
-                "; kept out of GRPO's reward" if gated.excluded else "",
-            )
+        warn_gate_failures(log, k, gated)
         gcfg = gated.cfg
-        results["grpo"] = run_stage(
-            grpo_task,
-            gcfg,
-            str(round_dir / "grpo"),
-            GRPOInputs(
-                data=data,
-                init=start.policy,
-                reward_models={m: rms[m].ref for m in gcfg.grpo.reward_models_used},
-                round=k,
-                pass_rates=results["reward_data"].output.pass_rates_ref if cfg.grpo.curriculum else None,
-            ),
-            **common,
-        )
+        rates = results["reward_data"].output.pass_rates_ref if cfg.grpo.curriculum else None
+        results["grpo"] = round_grpo(gcfg, k, round_dir, data, start.policy, rms, rates, common)
         grpo = results["grpo"].output
-        if gcfg.grpo.keep_best and grpo.best_step == 0 and grpo.steps:
-            log.warning(
-                "round %d: validation never rose above the starting policy's %.1f%% in %d GRPO steps: keep-best "
-                "published the starting policy itself (for a LoRA run, an adapter that changes nothing)%s",
-                k,
-                100 * grpo.best_val_accuracy,
-                grpo.steps,
-                f"; the last step's policy is {grpo.last_model}" if grpo.last_model else "",
-            )
+        warn_kept_start(log, k, gcfg, grpo)
         results["eval"] = run_stage(
             eval_task, cfg, str(round_dir / "eval"), EvalInputs(data=data, models={"policy": grpo.ref}), **common
         )
@@ -250,35 +226,13 @@ def rl_round(cfg: PipelineConfig, k: int, data: Ref, sft: Ref, start: RoundStart
         # A round served whole from the cache (a rerun, a continuation) is the run that computed it.
         logged = logged_round(uri, stages["grpo"]["mlflow_run_id"]) if len(cached) == len(results) else None
         clock = time.perf_counter()
-        name = registered_name(cfg)
-        summary["model_version"] = patiently(
-            lambda: register_policy(uri, name, logged or run_id, grpo.model, k, summary["val_accuracy"], grpo.digest),
-            uri,
-            wait_s,
-            f"register round {k}'s policy",
-        )
-        champion = patiently(
-            lambda: promote_champion(uri, name, [*start.versions, summary["model_version"]]),
-            uri,
-            wait_s,
-            "move the champion alias",
+        summary["model_version"], champion = register(
+            cfg, k, uri, logged or run_id, grpo, summary["val_accuracy"], start.versions
         )
         # Where the round's time went: each stage as the flow waited for it, and the model registry.
         summary["profile"] = {s: r.seconds for s, r in results.items()} | {"register": time.perf_counter() - clock}
         if logged is None:
-            tracker = MlflowLogger(uri, run_id, unsent=unsent)
-            tracker.log_params(round_params(gcfg, k))
-            tracker.log_metrics(round_metrics(summary))
-            tracker.set_tags(
-                {
-                    "cached_stages": ",".join(cached) or "none",
-                    "model_version": summary["model_version"],
-                    "quality_gate": "FAILED: " + "; ".join(summary["quality_warnings"])
-                    if summary["quality_warnings"]
-                    else "passed",
-                    **{f"stage_run.{s}": m["mlflow_run_id"] for s, m in stages.items()},
-                }
-            )
+            log_round(MlflowLogger(uri, run_id, unsent=unsent), gcfg, k, summary)
         link = mlflow_link(uri, exp_id, logged or run_id)
         create_markdown_artifact(
             key=artifact_key(f"{cfg.run_name}-round-{k}"),
@@ -296,6 +250,97 @@ def rl_round(cfg: PipelineConfig, k: int, data: Ref, sft: Ref, start: RoundStart
         cached or "none",
     )
     return summary
+
+
+def round_grpo(
+    gcfg: PipelineConfig,
+    k: int,
+    round_dir: Path,
+    data: Ref,
+    policy: Ref,
+    rms: dict[str, RewardModelOutput],
+    rates: Ref | None,
+    common: dict,
+) -> StageRun:
+    """Round ``k``'s GRPO from ``policy`` on the reward models its recipe (``gcfg``, the quality
+    gates applied) uses of ``rms``; ``rates``: the policy's pass rates for a curriculum."""
+    return run_stage(
+        grpo_task,
+        gcfg,
+        str(round_dir / "grpo"),
+        GRPOInputs(
+            data=data,
+            init=policy,
+            reward_models={m: rms[m].ref for m in gcfg.grpo.reward_models_used},
+            round=k,
+            pass_rates=rates,
+        ),
+        **common,
+    )
+
+
+def warn_gate_failures(log, k: int, gated: Gated) -> None:
+    """A warning per reward model that failed its quality gate this round, saying whether GRPO's
+    reward leaves it out."""
+    for failure in gated.failures:
+        log.warning(
+            "round %d: QUALITY GATE FAILED: %s%s",
+            k,
+            failure,
+            "; kept out of GRPO's reward" if gated.excluded else "",
+        )
+
+
+def warn_kept_start(log, k: int, gcfg: PipelineConfig, grpo: GRPOOutput) -> None:
+    """A warning where keep-best published the round's starting policy itself: validation never rose
+    above it over GRPO's steps."""
+    if gcfg.grpo.keep_best and grpo.best_step == 0 and grpo.steps:
+        log.warning(
+            "round %d: validation never rose above the starting policy's %.1f%% in %d GRPO steps: keep-best "
+            "published the starting policy itself (for a LoRA run, an adapter that changes nothing)%s",
+            k,
+            100 * grpo.best_val_accuracy,
+            grpo.steps,
+            f"; the last step's policy is {grpo.last_model}" if grpo.last_model else "",
+        )
+
+
+def register(
+    cfg: PipelineConfig, k: int, uri: str, run_id: str, grpo: GRPOOutput, val_accuracy: float, versions: list[str]
+) -> tuple[str, dict]:
+    """Round ``k``'s policy registered under the MLflow run ``run_id`` (with its validation accuracy),
+    and the champion alias moved to the best of it and the earlier ``versions``; returns its version
+    and the champion."""
+    wait_s, name = cfg.tracking.wait_s, registered_name(cfg)
+    version = patiently(
+        lambda: register_policy(uri, name, run_id, grpo.model, k, val_accuracy, grpo.digest),
+        uri,
+        wait_s,
+        f"register round {k}'s policy",
+    )
+    champion = patiently(
+        lambda: promote_champion(uri, name, [*versions, version]),
+        uri,
+        wait_s,
+        "move the champion alias",
+    )
+    return version, champion
+
+
+def log_round(tracker: MlflowLogger, gcfg: PipelineConfig, k: int, summary: dict) -> None:
+    """A round's parameters, metrics (``round_metrics``) and tags on its own MLflow run."""
+    tracker.log_params(round_params(gcfg, k))
+    tracker.log_metrics(round_metrics(summary))
+    tracker.set_tags(
+        {
+            "cached_stages": ",".join(summary["cached_stages"]) or "none",
+            "model_version": summary["model_version"],
+            "quality_gate": "FAILED: " + "; ".join(summary["quality_warnings"])
+            if summary["quality_warnings"]
+            else "passed",
+            **{f"stage_run.{s}": m["mlflow_run_id"] for s, m in summary["stages"].items()},
+        }
+    )
 
 
 def next_start(summary: dict, start_versions: list[str]) -> RoundStart:
