@@ -164,6 +164,7 @@ def made_elsewhere(run_dir: Path) -> Path | None:
 
 
 def _pipeline(config: PipelineConfig, continues: str | None = None) -> dict:
+    """The pipeline flow's body (``pipeline``), under the run folder's lock."""
     log = get_run_logger()
     clock = time.perf_counter()
     process_numerics = numerics()  # warns before any work where MKL ignores the reproducibility setting
@@ -171,48 +172,16 @@ def _pipeline(config: PipelineConfig, continues: str | None = None) -> dict:
     if (made := made_elsewhere(run_dir)) is not None:
         log.info("%s was made at %s: its finished stages are reused here, read where they are now", run_dir, made)
     run_dir.mkdir(parents=True, exist_ok=True)
-    uri = tracking_uri(config)
-    check_tracking(uri)  # an unreachable server fails here, not at the first stage's first metric
-    unsent = unsent_dir(run_dir)
-    sent, kept = send_unsent(uri, unsent)  # what an earlier run of this folder could not log
-    if sent or kept:
-        log.info("tracking: sent %d records kept by an earlier run (%d still kept in %s)", sent, kept, unsent)
+    uri, unsent = ready_tracking(config, run_dir, log)
     exp_id = experiment_id(uri, config.tracking.experiment)
-    # A continuation is its own run, named for what it adds (the rounds before it come from the cache).
-    name = config.run_name if continues is None else f"{config.run_name}: to round {config.rounds.count}"
-    parent = start_run(
-        uri,
-        exp_id,
-        name,
-        tags={
-            "pipeline": "deepseekmath-grpo",
-            "mlflow.note.content": PARENT_NOTE,
-            **({"continues": continues} if continues else {}),
-        },
-    )
+    parent = start_parent_run(config, uri, exp_id, continues)
     common = {"uri": uri, "parent_id": parent}
     with finishing(uri, [parent], unsent):
         tracker = MlflowLogger(uri, parent, unsent=unsent)
-        tracker.log_params(run_params(config))
-        tracker.set_tags(
-            {
-                "numerics.mkl_mode": str(process_numerics["mkl_mode"]),
-                "numerics.cpu_capability": process_numerics["cpu_capability"],
-                "numerics.cpu": process_numerics["cpu"],
-            }
-        )
-        runs = {"data": run_stage(data_task, config, str(run_dir / "data"), DataInputs(), **common)}
-        data = runs["data"].output
-        runs |= pretraining_stages(config, run_dir, data.ref, common) if config.pretrain.train else {}
-        init = runs["pretrain"].output.ref if "pretrain" in runs else None
-        runs["sft"] = run_stage(sft_task, config, str(run_dir / "sft"), SFTInputs(data=data.ref, init=init), **common)
-        sft = runs["sft"].output
-        start = RoundStart(policy=sft.ref)
-        rounds = []
-        for k in range(1, config.rounds.count + 1):
-            rounds.append(rl_round(config, k, data.ref, sft.ref, start, uri, parent))
-            start = next_start(rounds[-1], start.versions)
-            tracker.log_metrics(round_metrics(rounds[-1]), step=k)  # per-round curves on the parent
+        log_setup(tracker, config, process_numerics)
+        runs = model_stages(config, run_dir, common)
+        data, sft = runs["data"].output, runs["sft"].output
+        rounds = run_rounds(config, data.ref, sft.ref, uri, parent, tracker)
         policy = rounds[-1]
         # The SFT model's test accuracy; each round's eval already measured its policy on the same questions.
         runs["eval"] = run_stage(
@@ -221,58 +190,17 @@ def _pipeline(config: PipelineConfig, continues: str | None = None) -> dict:
         cached = [name for name, r in runs.items() if r.cached] + [
             f"round-{r['round']}/{s}" for r in rounds for s in r["cached_stages"]
         ]
-        stages = {name: r.manifest for name, r in runs.items()}
         eval_results = {**runs["eval"].output.results, "policy": policy["stages"]["eval"]["results"]["policy"]}
-        tracker.log_metrics({f"eval/{name}/accuracy": r["accuracy"] for name, r in eval_results.items()})
-        gain = gain_over_sft(eval_results["policy"], eval_results["sft"])
-        held_out = held_out_gains(eval_results["policy"], eval_results["sft"])
-        for where, g in [("", gain)] + [(f"{name}/", h["gain_over_sft"]) for name, h in held_out.items()]:
-            if g:
-                tracker.log_metrics(
-                    {
-                        f"eval/{where}gain_over_sft": g["mean"],
-                        f"eval/{where}gain_over_sft_low": g["low"],
-                        f"eval/{where}gain_over_sft_high": g["high"],
-                    }
-                )
-        tracker.log_metrics(
-            {f"eval/{name}/{model}/accuracy": h[model] for name, h in held_out.items() for model in ("sft", "policy")}
-        )
-        tracker.set_tags(
-            {
-                "cached_stages": ",".join(cached) or "none",
-                "champion_version": rounds[-1]["champion"]["version"],
-                **{f"stage_run.{s}": m["mlflow_run_id"] for s, m in stages.items()},
-                **{f"round_run.{r['round']}": r["mlflow_run_id"] for r in rounds},
-            }
-        )
+        gain, held_out = log_evaluation(tracker, eval_results)
+        tracker.set_tags(run_tags(cached, rounds, runs))
         profile = time_profile(runs, rounds, time.perf_counter() - clock, cached, earlier_profile(run_dir))
         tracker.log_metrics(
             {f"time/stage/{name}_s": s for name, s in profile["stages_s"].items()}
             | {"time/wall_s": profile["wall_s"], "time/stage_share": profile["stage_share"]}
         )
-        manifest = {
-            "run_name": config.run_name,
-            "policy": policy["policy"],
-            "sft_model": sft.model,
-            "data_dir": data.dir,
-            "eval": eval_results,
-            "gain_over_sft": gain,
-            "held_out": held_out,
-            "reward_models": {kind: rm["model"] for kind, rm in policy["reward_models"].items()},
-            "rounds": rounds,
-            "champion": rounds[-1]["champion"],
-            "stages": stages,
-            "cached_stages": cached,
-            "profile": profile,
-            "mlflow_run_id": parent,
-            "tracking_uri": redact(uri),
-            "experiment": config.tracking.experiment,
-            "numerics": process_numerics,
-            "tracking_unsent": unsent_count(unsent),
-            # The flow's process over the run (the stages that ran in it; a launched stage's is its own manifest's).
-            "peak_memory": peak_memory(),
-        }
+        manifest = run_manifest(
+            config, runs, rounds, eval_results, gain, held_out, cached, profile, parent, uri, process_numerics, unsent
+        )
         manifest["figures"] = report_run(manifest, run_dir, exp_id, tracker)
         # The resolved recipe goes beside the manifest it produced (``baseline`` reads both).
         (run_dir / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
@@ -291,6 +219,142 @@ def _pipeline(config: PipelineConfig, continues: str | None = None) -> dict:
             run_dir,
         )
     return manifest
+
+
+def ready_tracking(config: PipelineConfig, run_dir: Path, log) -> tuple[str, Path]:
+    """The recipe's tracking URI, its server checked reachable (an unreachable one fails here, not at
+    the first stage's first metric), and the run folder's store of records MLflow did not take,
+    with what an earlier run of the folder left there sent."""
+    uri = tracking_uri(config)
+    check_tracking(uri)
+    unsent = unsent_dir(run_dir)
+    sent, kept = send_unsent(uri, unsent)
+    if sent or kept:
+        log.info("tracking: sent %d records kept by an earlier run (%d still kept in %s)", sent, kept, unsent)
+    return uri, unsent
+
+
+def start_parent_run(config: PipelineConfig, uri: str, exp_id: str, continues: str | None) -> str:
+    """The run's MLflow parent run. A continuation (``continues``: the run it continues) is its own
+    run, named for what it adds (the rounds before it come from the cache)."""
+    name = config.run_name if continues is None else f"{config.run_name}: to round {config.rounds.count}"
+    return start_run(
+        uri,
+        exp_id,
+        name,
+        tags={
+            "pipeline": "deepseekmath-grpo",
+            "mlflow.note.content": PARENT_NOTE,
+            **({"continues": continues} if continues else {}),
+        },
+    )
+
+
+def log_setup(tracker: MlflowLogger, config: PipelineConfig, process_numerics: dict) -> None:
+    """The recipe's parameters and the process's numerics (``numerics``) on the parent run."""
+    tracker.log_params(run_params(config))
+    tracker.set_tags(
+        {
+            "numerics.mkl_mode": str(process_numerics["mkl_mode"]),
+            "numerics.cpu_capability": process_numerics["cpu_capability"],
+            "numerics.cpu": process_numerics["cpu"],
+        }
+    )
+
+
+def model_stages(config: PipelineConfig, run_dir: Path, common: dict) -> dict[str, StageRun]:
+    """data -> (corpus -> continued pretraining, where the recipe pretrains) -> SFT, by stage."""
+    runs = {"data": run_stage(data_task, config, str(run_dir / "data"), DataInputs(), **common)}
+    data = runs["data"].output
+    runs |= pretraining_stages(config, run_dir, data.ref, common) if config.pretrain.train else {}
+    init = runs["pretrain"].output.ref if "pretrain" in runs else None
+    runs["sft"] = run_stage(sft_task, config, str(run_dir / "sft"), SFTInputs(data=data.ref, init=init), **common)
+    return runs
+
+
+def run_rounds(config: PipelineConfig, data: Ref, sft: Ref, uri: str, parent: str, tracker: MlflowLogger) -> list[dict]:
+    """The recipe's RL rounds (``rl_round``), each from the last one's end, with per-round curves on
+    the parent run; returns their summaries."""
+    start = RoundStart(policy=sft)
+    rounds = []
+    for k in range(1, config.rounds.count + 1):
+        rounds.append(rl_round(config, k, data, sft, start, uri, parent))
+        start = next_start(rounds[-1], start.versions)
+        tracker.log_metrics(round_metrics(rounds[-1]), step=k)  # per-round curves on the parent
+    return rounds
+
+
+def log_evaluation(tracker: MlflowLogger, eval_results: dict) -> tuple[dict, dict[str, dict]]:
+    """The SFT model's and the final policy's accuracies, the policy's gain over SFT with its 95%
+    interval, and the same on each further held-out set, on the parent run; returns the gain and
+    the held-out sets' (``gain_over_sft``, ``held_out_gains``)."""
+    tracker.log_metrics({f"eval/{name}/accuracy": r["accuracy"] for name, r in eval_results.items()})
+    gain = gain_over_sft(eval_results["policy"], eval_results["sft"])
+    held_out = held_out_gains(eval_results["policy"], eval_results["sft"])
+    for where, g in [("", gain)] + [(f"{name}/", h["gain_over_sft"]) for name, h in held_out.items()]:
+        if g:
+            tracker.log_metrics(
+                {
+                    f"eval/{where}gain_over_sft": g["mean"],
+                    f"eval/{where}gain_over_sft_low": g["low"],
+                    f"eval/{where}gain_over_sft_high": g["high"],
+                }
+            )
+    tracker.log_metrics(
+        {f"eval/{name}/{model}/accuracy": h[model] for name, h in held_out.items() for model in ("sft", "policy")}
+    )
+    return gain, held_out
+
+
+def run_tags(cached: list[str], rounds: list[dict], runs: dict[str, StageRun]) -> dict[str, str]:
+    """The parent run's tags: the stages served from the cache, the champion, each stage's and
+    round's MLflow run."""
+    return {
+        "cached_stages": ",".join(cached) or "none",
+        "champion_version": rounds[-1]["champion"]["version"],
+        **{f"stage_run.{s}": r.output.mlflow_run_id for s, r in runs.items()},
+        **{f"round_run.{r['round']}": r["mlflow_run_id"] for r in rounds},
+    }
+
+
+def run_manifest(
+    config: PipelineConfig,
+    runs: dict[str, StageRun],
+    rounds: list[dict],
+    eval_results: dict,
+    gain: dict,
+    held_out: dict[str, dict],
+    cached: list[str],
+    profile: dict,
+    parent: str,
+    uri: str,
+    process_numerics: dict,
+    unsent: Path,
+) -> dict:
+    """The run's manifest before its figures (docs/architecture.md)."""
+    policy = rounds[-1]
+    return {
+        "run_name": config.run_name,
+        "policy": policy["policy"],
+        "sft_model": runs["sft"].output.model,
+        "data_dir": runs["data"].output.dir,
+        "eval": eval_results,
+        "gain_over_sft": gain,
+        "held_out": held_out,
+        "reward_models": {kind: rm["model"] for kind, rm in policy["reward_models"].items()},
+        "rounds": rounds,
+        "champion": rounds[-1]["champion"],
+        "stages": {name: r.manifest for name, r in runs.items()},
+        "cached_stages": cached,
+        "profile": profile,
+        "mlflow_run_id": parent,
+        "tracking_uri": redact(uri),
+        "experiment": config.tracking.experiment,
+        "numerics": process_numerics,
+        "tracking_unsent": unsent_count(unsent),
+        # The flow's process over the run (the stages that ran in it; a launched stage's is its own manifest's).
+        "peak_memory": peak_memory(),
+    }
 
 
 @flow(name="recipe", flow_run_name=lambda: numbered_run_name(f"recipe-{Path(parameter('recipe')).stem}"))
