@@ -46,7 +46,7 @@ from flows import artifact_key, numbered_run_name, parameter
 from flows.experiment_setup import Run, Setup, model_key, setup
 from flows.experiment_table import experiment_manifest, format_table, gate_warnings, report, table_rows
 from flows.reports import mlflow_link
-from flows.rounds import RoundStart, reward_stages
+from flows.rounds import RoundStart, grpo_stage, reward_stages
 from flows.variants import VARIANTS
 from grpo_core import figures
 from grpo_core.config import PipelineConfig
@@ -55,7 +55,7 @@ from grpo_core.manifests import write_manifest
 from grpo_core.mlflow_runs import experiment_id, finishing, start_run, tracking_uri
 from grpo_core.rewards.gate import gate_grpo
 from grpo_core.stages.inputs import EvalInputs, GRPOInputs, Ref, SFTInputs
-from grpo_core.stages.outputs import GRPOOutput, StageOutput
+from grpo_core.stages.outputs import StageOutput
 from grpo_core.tracking import MlflowLogger, unsent_dir
 from tasks.run_lock import run_lock
 from tasks.stage_tasks import StageRun, eval_task, grpo_task, run_stage, sft_task
@@ -116,7 +116,7 @@ def iterated(
         if retrained:
             kept_out = "; kept out of GRPO's reward" if gated.excluded else ""
             warned += [f"round {k}, seed {seed}: {failure}{kept_out}" for failure in gated.failures]
-        g = round_grpo(gated.cfg, k, out, data, policy, rms, rates, common)
+        g = grpo_stage(gated.cfg, k, round_grpo_dir(gated.cfg, k, out), data, policy, rms, rates, common).output
         stages.append(g)
         policy = g.ref
         if k == s.rounds(name) or not variant.retrain:
@@ -134,34 +134,12 @@ def iterated(
     return Run.of(s.cfg.seed + seed, stages, extra).model_copy(update={"quality_warnings": warned, **learned})
 
 
-def round_grpo(
-    vcfg: PipelineConfig,
-    k: int,
-    out: Path,
-    data: Ref,
-    policy: Ref,
-    rms: dict[str, Ref],
-    rates: Ref | None,
-    common: dict,
-) -> GRPOOutput:
-    """Round ``k``'s GRPO of an iterated variant's run in ``out``, from ``policy`` on the reward models
-    ``rms``. Round 1 is the same for every variant with the same GRPO settings, seed and round-1
-    reward models (they differ only between rounds): it runs once, in a folder they share."""
+def round_grpo_dir(vcfg: PipelineConfig, k: int, out: Path) -> Path:
+    """Where round ``k``'s GRPO of an iterated variant's run in ``out`` goes. Round 1 is the same for
+    every variant with the same GRPO settings, seed and round-1 reward models (they differ only
+    between rounds): it runs once, in a folder they share."""
     shared = hashlib.sha256(vcfg.grpo.model_dump_json().encode()).hexdigest()[:8]
-    where = out.parents[1] / "round-1" / f"grpo-{shared}" / out.name if k == 1 else out / f"round-{k}" / "grpo"
-    return run_stage(
-        grpo_task,
-        vcfg,
-        str(where),
-        GRPOInputs(
-            data=data,
-            init=policy,
-            reward_models={m: rms[m] for m in vcfg.grpo.reward_models_used},
-            round=k,
-            pass_rates=rates if vcfg.grpo.curriculum else None,
-        ),
-        **common,
-    ).output
+    return out.parents[1] / "round-1" / f"grpo-{shared}" / out.name if k == 1 else out / f"round-{k}" / "grpo"
 
 
 def retrain_config(vcfg: PipelineConfig, used: tuple[str, ...], replay: float | None) -> PipelineConfig:

@@ -31,7 +31,7 @@ from flows.reports import mlflow_link, round_report
 from grpo_core.config import PipelineConfig
 from grpo_core.rewards.gate import Gated, gate_grpo
 from grpo_core.stages.inputs import EvalInputs, GRPOInputs, INPUTS, Ref, ReplayInputs, RewardDataInputs
-from grpo_core.stages.outputs import GRPOOutput, RewardModelOutput
+from grpo_core.stages.outputs import GRPOOutput
 from grpo_core.mlflow_runs import delete_run, experiment_id, finishing, logged_round, patiently, round_params, start_run
 from grpo_core.tracking import MlflowLogger, unsent_dir
 from tasks.registry import promote_champion, register_policy, registered_name
@@ -212,7 +212,8 @@ def rl_round(cfg: PipelineConfig, k: int, data: Ref, sft: Ref, start: RoundStart
         warn_gate_failures(log, k, gated)
         gcfg = gated.cfg
         rates = results["reward_data"].output.pass_rates_ref if cfg.grpo.curriculum else None
-        results["grpo"] = round_grpo(gcfg, k, round_dir, data, start.policy, rms, rates, common)
+        refs = {kind: rm.ref for kind, rm in rms.items()}
+        results["grpo"] = grpo_stage(gcfg, k, round_dir / "grpo", data, start.policy, refs, rates, common)
         grpo = results["grpo"].output
         warn_kept_start(log, k, gcfg, grpo)
         results["eval"] = run_stage(
@@ -252,28 +253,29 @@ def rl_round(cfg: PipelineConfig, k: int, data: Ref, sft: Ref, start: RoundStart
     return summary
 
 
-def round_grpo(
-    gcfg: PipelineConfig,
+def grpo_stage(
+    cfg: PipelineConfig,
     k: int,
-    round_dir: Path,
+    where: Path,
     data: Ref,
     policy: Ref,
-    rms: dict[str, RewardModelOutput],
+    reward_models: dict[str, Ref],
     rates: Ref | None,
     common: dict,
 ) -> StageRun:
-    """Round ``k``'s GRPO from ``policy`` on the reward models its recipe (``gcfg``, the quality
-    gates applied) uses of ``rms``; ``rates``: the policy's pass rates for a curriculum."""
+    """Round ``k``'s GRPO in ``where``, from ``policy`` on the reward models its recipe (``cfg``, the
+    quality gates applied) uses of ``reward_models``; ``rates``: the policy's pass rates, given to a
+    curriculum only. The pipeline's rounds and the experiments' iterated variants both run it."""
     return run_stage(
         grpo_task,
-        gcfg,
-        str(round_dir / "grpo"),
+        cfg,
+        str(where),
         GRPOInputs(
             data=data,
             init=policy,
-            reward_models={m: rms[m].ref for m in gcfg.grpo.reward_models_used},
+            reward_models={m: reward_models[m] for m in cfg.grpo.reward_models_used},
             round=k,
-            pass_rates=rates,
+            pass_rates=rates if cfg.grpo.curriculum else None,
         ),
         **common,
     )
