@@ -116,10 +116,12 @@ class Recorder:
 )
 def test_an_arm_retrains_only_what_it_says_with_its_replay_share(tmp_path, tiny_cfg, monkeypatch, arm, replay):
     import flows.experiment as experiment
+    import flows.rounds as rounds
 
     s = experiment.setup(str(_finished_run(tmp_path, tiny_cfg)), "iterate", None, None, None, None)
     rec = Recorder()
     monkeypatch.setattr(experiment, "run_stage", rec.run_stage)
+    monkeypatch.setattr(rounds, "run_stage", rec.run_stage)  # a round's GRPO (rounds.grpo_stage)
     monkeypatch.setattr(experiment, "reward_stages", rec.reward_stages)
     sft = experiment.Ref(path="sft", digest="sft")
     run = experiment.train_variant(s, arm, 0, tmp_path / "out", experiment.Ref(path="data", digest="d"), sft, {})
@@ -144,10 +146,12 @@ def test_the_equal_labels_arm_differs_from_frozen_in_its_reward_models_labels_an
     tmp_path, tiny_cfg, monkeypatch
 ):
     import flows.experiment as experiment
+    import flows.rounds as rounds
 
     s = experiment.setup(str(_finished_run(tmp_path, tiny_cfg)), "iterate", None, None, None, None)
     rec = Recorder()
     monkeypatch.setattr(experiment, "run_stage", rec.run_stage)
+    monkeypatch.setattr(rounds, "run_stage", rec.run_stage)  # a round's GRPO (rounds.grpo_stage)
     monkeypatch.setattr(experiment, "reward_stages", rec.reward_stages)
     data, sft = experiment.Ref(path="data", digest="d"), experiment.Ref(path="sft", digest="sft")
     retrained = experiment.train_variant(s, RETRAINED, 0, tmp_path / RETRAINED, data, sft, {})
