@@ -327,63 +327,10 @@ def study_figures(study: dict) -> dict:
     does RL raise maj@K and leave pass@K flat?), ``memory`` (peak memory and steps per second) and,
     where a variant trains on a learned reward, ``reward_hacking`` (the checker against the learned
     reward on the rollouts) and ``staleness`` (the reward model's ranking of those rollouts)."""
-    plt = _pyplot()
-    rows, k = study["rows"], study["samples"]
-    what = (
-        f"{study['budget']['steps']} GRPO steps" if study["budget"]["steps"] else f"{study['budget']['seconds']:.0f} s"
-    )
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    draw_accuracy_over_time(ax, study)
-    ax.set_title(
-        f"{study['run_name']}: every variant from the SFT model, {what}, mean ± std over {study['seeds']} seed(s)",
-        fontsize=9,
-    )
-    fig.tight_layout()
-    out = {"accuracy_over_time": fig}
-    names = [r["variant"] for r in rows]
-    if k > 1:
-        fig, ax = plt.subplots(figsize=(8, 4))
-        for j, (metric, color) in enumerate(
-            ((f"maj@{k}", "tab:blue"), (f"pass@{k}", "tab:green"), ("test_accuracy", "tab:grey"))
-        ):
-            label = (
-                "greedy (all test questions)"
-                if metric == "test_accuracy"
-                else f"{metric} ({study['n_sampled']} questions)"
-            )
-            ax.bar(
-                [i + (j - 1) * 0.27 for i in range(len(rows))],
-                [100 * r[f"{metric}_mean"] for r in rows],
-                width=0.27,
-                yerr=[100 * r.get(f"{metric}_std", 0.0) for r in rows],
-                color=color,
-                capsize=2,
-                label=label,
-            )
-        ax.axhline(100 * rows[0][f"maj@{k}_mean"], color="tab:blue", lw=0.8, ls=":")
-        ax.axhline(100 * rows[0][f"pass@{k}_mean"], color="tab:green", lw=0.8, ls=":")
-        ax.set_xticks(range(len(rows)), names, rotation=30, ha="right", fontsize=8)
-        ax.set_ylabel("accuracy (%)")
-        low = min(100 * r[m] for r in rows for m in (f"maj@{k}_mean", "test_accuracy_mean"))
-        ax.set_ylim(max(0, low - 10), 100)
-        ax.legend(fontsize=7, loc="lower left")
-        ax.set_title(
-            f"maj@{k} and pass@{k}: the SFT model (dotted) and each variant, mean ± std over seeds", fontsize=9
-        )
-        fig.tight_layout()
-        out["sampling"] = fig
-    trained = [r for r in rows if "steps_per_s_mean" in r]
-    fig, (mem, speed) = plt.subplots(1, 2, figsize=(10, 3.8))
-    kind = "cuda_mib" if any("peak_cuda_mib_mean" in r for r in trained) else "rss_mib"
-    mem.bar(range(len(trained)), [r.get(f"peak_{kind}_mean", math.nan) for r in trained], color="tab:purple")
-    mem.set_ylabel("peak CUDA allocation (MiB)" if kind == "cuda_mib" else "peak RSS of the stage's process (MiB)")
-    speed.bar(range(len(trained)), [r["steps_per_s_mean"] for r in trained], color="tab:olive")
-    speed.set_ylabel("training steps per second")
-    for ax in (mem, speed):
-        ax.set_xticks(range(len(trained)), [r["variant"] for r in trained], rotation=30, ha="right", fontsize=8)
-    fig.suptitle("memory and speed per variant (mean over seeds)", fontsize=10)
-    fig.tight_layout()
-    out["memory"] = fig
+    out = {"accuracy_over_time": accuracy_over_time_figure(study)}
+    if study["samples"] > 1:
+        out["sampling"] = sampling_figure(study)
+    out["memory"] = memory_figure(study["rows"])
     tracked = {
         name: runs
         for name, runs in study["runs"].items()
@@ -414,16 +361,88 @@ def study_figures(study: dict) -> dict:
         if runs and all(r.get("rewards") and key in r["rewards"][-1] for r in runs)
     }
     if learned:
-        fig, axes = plt.subplots(1, len(learned), figsize=(4 * len(learned), 3.6), squeeze=False, sharey=True)
-        for ax, (name, key) in zip(axes[0], learned.items()):
-            draw_learned_against_checked(ax, name, study["runs"][name], key)
-        axes[0][0].set_ylabel("% (mean over seeds)")
-        fig.suptitle(
-            "reward hacking: the learned reward against\nthe answer checker on GRPO's own rollouts", fontsize=10
-        )
-        fig.tight_layout()
-        out["reward_hacking"] = fig
+        out["reward_hacking"] = reward_hacking_figure(study["runs"], learned)
     return out
+
+
+def accuracy_over_time_figure(study: dict):
+    """Validation accuracy over training time per variant, mean ± std over seeds."""
+    plt = _pyplot()
+    what = (
+        f"{study['budget']['steps']} GRPO steps" if study["budget"]["steps"] else f"{study['budget']['seconds']:.0f} s"
+    )
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    draw_accuracy_over_time(ax, study)
+    ax.set_title(
+        f"{study['run_name']}: every variant from the SFT model, {what}, mean ± std over {study['seeds']} seed(s)",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    return fig
+
+
+def sampling_figure(study: dict):
+    """maj@K, pass@K and greedy test accuracy per variant (mean ± std over seeds), the SFT model's
+    maj@K and pass@K as dotted lines."""
+    plt = _pyplot()
+    rows, k = study["rows"], study["samples"]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for j, (metric, color) in enumerate(
+        ((f"maj@{k}", "tab:blue"), (f"pass@{k}", "tab:green"), ("test_accuracy", "tab:grey"))
+    ):
+        label = (
+            "greedy (all test questions)" if metric == "test_accuracy" else f"{metric} ({study['n_sampled']} questions)"
+        )
+        ax.bar(
+            [i + (j - 1) * 0.27 for i in range(len(rows))],
+            [100 * r[f"{metric}_mean"] for r in rows],
+            width=0.27,
+            yerr=[100 * r.get(f"{metric}_std", 0.0) for r in rows],
+            color=color,
+            capsize=2,
+            label=label,
+        )
+    ax.axhline(100 * rows[0][f"maj@{k}_mean"], color="tab:blue", lw=0.8, ls=":")
+    ax.axhline(100 * rows[0][f"pass@{k}_mean"], color="tab:green", lw=0.8, ls=":")
+    ax.set_xticks(range(len(rows)), [r["variant"] for r in rows], rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("accuracy (%)")
+    low = min(100 * r[m] for r in rows for m in (f"maj@{k}_mean", "test_accuracy_mean"))
+    ax.set_ylim(max(0, low - 10), 100)
+    ax.legend(fontsize=7, loc="lower left")
+    ax.set_title(f"maj@{k} and pass@{k}: the SFT model (dotted) and each variant, mean ± std over seeds", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def memory_figure(rows: list[dict]):
+    """Peak memory (CUDA allocation where measured, else RSS) and training steps per second of each
+    trained variant, mean over seeds."""
+    plt = _pyplot()
+    trained = [r for r in rows if "steps_per_s_mean" in r]
+    fig, (mem, speed) = plt.subplots(1, 2, figsize=(10, 3.8))
+    kind = "cuda_mib" if any("peak_cuda_mib_mean" in r for r in trained) else "rss_mib"
+    mem.bar(range(len(trained)), [r.get(f"peak_{kind}_mean", math.nan) for r in trained], color="tab:purple")
+    mem.set_ylabel("peak CUDA allocation (MiB)" if kind == "cuda_mib" else "peak RSS of the stage's process (MiB)")
+    speed.bar(range(len(trained)), [r["steps_per_s_mean"] for r in trained], color="tab:olive")
+    speed.set_ylabel("training steps per second")
+    for ax in (mem, speed):
+        ax.set_xticks(range(len(trained)), [r["variant"] for r in trained], rotation=30, ha="right", fontsize=8)
+    fig.suptitle("memory and speed per variant (mean over seeds)", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def reward_hacking_figure(runs_by_variant: dict[str, list[dict]], learned: dict[str, str]):
+    """Per variant that trains on a learned reward (``learned``: variant -> its reward's key in the
+    step records), the learned reward against the answer checker on GRPO's own rollouts."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(learned), figsize=(4 * len(learned), 3.6), squeeze=False, sharey=True)
+    for ax, (name, key) in zip(axes[0], learned.items()):
+        draw_learned_against_checked(ax, name, runs_by_variant[name], key)
+    axes[0][0].set_ylabel("% (mean over seeds)")
+    fig.suptitle("reward hacking: the learned reward against\nthe answer checker on GRPO's own rollouts", fontsize=10)
+    fig.tight_layout()
+    return fig
 
 
 def save(figures: dict, out_dir: Path) -> dict[str, Path]:

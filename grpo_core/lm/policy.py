@@ -229,21 +229,7 @@ def generate(
             graph=graphs,
         )
     else:
-        from transformers import GenerationConfig
-
-        # A bare config: a model's shipped generation settings (repetition penalty, suppressed
-        # tokens, ...) would make the samples' distribution differ from the log-probs trained on.
-        bare = GenerationConfig(
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-        )
-        # synced_gpus off: transformers turns it on for an FSDP-managed model and then steps every
-        # rank together; ours sample on gathered weights, each process its own rows (Dist.gathered).
-        chosen = model.generate(
-            input_ids=ids, attention_mask=mask, generation_config=bare, logits_processor=processors, synced_gpus=False
-        )[:, prompt_len:]
+        chosen = _transformers_generate(model, tokenizer, ids, mask, processors, max_new_tokens)[:, prompt_len:]
     chosen = chosen.cpu()  # rollouts live on the CPU; forward passes move their inputs to the model (token_logprobs)
     model.train(was_training)
     completion = right_pad(list(chosen), tokenizer.pad_token_id)
@@ -252,6 +238,28 @@ def generate(
         completion * cmask.long() + tokenizer.pad_token_id * (1 - cmask.long()), skip_special_tokens=True
     )
     return _after_prompts(enc, completion, cmask, texts, truncated)
+
+
+def _transformers_generate(
+    model, tokenizer, ids: torch.Tensor, mask: torch.Tensor, processors, max_new_tokens: int
+) -> torch.Tensor:
+    """``model.generate`` on the prompts ``ids`` / ``mask`` (a model ``fast_decode`` does not
+    support), its tokens chosen by ``processors``: [B, P + T] prompts and completions."""
+    from transformers import GenerationConfig
+
+    # A bare config: a model's shipped generation settings (repetition penalty, suppressed
+    # tokens, ...) would make the samples' distribution differ from the log-probs trained on.
+    bare = GenerationConfig(
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    # synced_gpus off: transformers turns it on for an FSDP-managed model and then steps every
+    # rank together; ours sample on gathered weights, each process its own rows (Dist.gathered).
+    return model.generate(
+        input_ids=ids, attention_mask=mask, generation_config=bare, logits_processor=processors, synced_gpus=False
+    )
 
 
 def encode(

@@ -170,18 +170,7 @@ class RewardScorer:
         if "prm" not in self.weights:
             return Scored(outcome, correct, "outcome", stats=stats | _nonfinite(outcome), learned=learned)
         steps, ends, mask = self.step_scores(once, rows, golds, questions)
-        no_steps = ~mask.any(dim=1)
-        # A completion with no step has no PRM verdict: NaN here, counted and neutralised later.
-        lowest = torch.where(no_steps, torch.nan, torch.where(mask, steps, torch.inf).min(dim=1).values)
-        finite = torch.isfinite(lowest)
-        stats.update(
-            {
-                "reward/no_step_completions": float(no_steps.sum()),
-                "reward/steps_per_completion": float(mask.sum(dim=1).float().mean()),
-                # the learned reward beside train/accuracy (the checker's): a widening gap is a hack
-                "reward/prm_lowest_mean": float(lowest[finite].mean()) if finite.any() else float("nan"),
-            }
-        )
+        lowest = _lowest_step(steps, mask, stats)
         if self.prm is not ORACLE:
             learned["prm"] = lowest
         solution = outcome + self.weights["prm"] * lowest
@@ -260,6 +249,24 @@ def require_reward_models(weights: dict[str, float], given) -> None:
     missing = [k for k in ("orm", "prm") if weights.get(k, 0) > 0 and k not in given]
     if missing:
         raise ValueError(f"grpo.reward_weights uses {', '.join(missing)} but no such model was given")
+
+
+def _lowest_step(steps: torch.Tensor, mask: torch.Tensor, stats: dict[str, float]) -> torch.Tensor:
+    """[B] each completion's lowest step score of ``steps`` [B, K] (``mask``: its steps); the
+    counts of steps and the mean lowest score into ``stats``."""
+    no_steps = ~mask.any(dim=1)
+    # A completion with no step has no PRM verdict: NaN here, counted and neutralised later.
+    lowest = torch.where(no_steps, torch.nan, torch.where(mask, steps, torch.inf).min(dim=1).values)
+    finite = torch.isfinite(lowest)
+    stats.update(
+        {
+            "reward/no_step_completions": float(no_steps.sum()),
+            "reward/steps_per_completion": float(mask.sum(dim=1).float().mean()),
+            # the learned reward beside train/accuracy (the checker's): a widening gap is a hack
+            "reward/prm_lowest_mean": float(lowest[finite].mean()) if finite.any() else float("nan"),
+        }
+    )
+    return lowest
 
 
 def _nonfinite(outcome: torch.Tensor) -> dict[str, float]:

@@ -15,6 +15,7 @@ import math
 import random
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from grpo_core.config import PipelineConfig, RewardDataConfig
@@ -39,6 +40,191 @@ COLUMNS = {
     "steps": ("prompt", "completions", "labels", "soft_labels", "exact_labels", "completion", ORIGIN),
     "solutions": ("prompt", "completion", "correct", ORIGIN),
 }
+
+
+def run_reward_data(
+    cfg: PipelineConfig,
+    data_dir: Path,
+    policy_dir: str | Path,
+    out_dir: Path,
+    logger: MetricLogger | None = None,
+    round_: int = 1,
+    rollouts: str | Path | None = None,
+) -> dict:
+    """Samples of the policy of RL round ``round_`` (the SFT model in round 1) on RL questions drawn
+    for that round, labelled and split by question. ``rollouts``: the previous round's GRPO stage
+    folder, whose checked rollouts of training questions join the training split
+    (``reward_data.rollouts`` of them) as samples of round ``round_ - 1``."""
+    logger = logger or NullLogger()
+    rc = cfg.reward_data
+    set_compute(cfg.threads)
+    clock = Stopwatch()
+    policy, tokenizer = load_model(policy_dir)
+    place(policy, cfg.launch)
+    heldout_pool, train_pool = question_pools(data_dir, rc)
+    seed = round_seed(cfg.seed, round_)
+    split_of = draw_questions(rc, heldout_pool, train_pool, seed)
+    questions = split_of["test"] + split_of["train"]
+    complete = said_every(
+        policy_completer(policy, tokenizer, rc, seed),
+        f"reward_data, round {round_}",
+        len(questions) * rc.samples_per_question,
+        rc.batch_size,
+    )
+    earlier = (
+        rollout_samples(rollouts, {e.question for e in train_pool}, rc.rollouts, seed)
+        if rollouts is not None and rc.rollouts != 0
+        else []
+    )
+    labelled = Labelled()
+    for split, examples in split_of.items():
+        label_split(labelled, split, examples, complete, rc, seed, round_, len(questions), earlier)
+    manifest: dict = {
+        "stage": "reward_data",
+        "round": round_,
+        "dir": str(out_dir),
+        "questions": len(questions),
+        "labeler": rc.labeler,
+        "rollouts_from": str(rollouts) if earlier else None,
+    }
+    manifest |= save_datasets(labelled.tables, out_dir) | save_pass_rates(labelled.rates, out_dir)
+    metrics, rates = labelled.metrics, labelled.rates
+    metrics["frac_questions_solved_sometimes"] = sum(0 < r["right"] < r["samples"] for r in rates) / len(rates)
+    metrics["time/wall_s"] = clock.elapsed
+    logger.log_metrics(metrics)
+    for name in DATASETS:
+        logger.log_input(
+            name=f"reward_data/{name}",
+            digest=manifest[f"{name}_digest"],
+            source=manifest[f"{name}_dir"],
+            rows={s: len(labelled.tables[name][s]) for s in ("train", "test")},
+        )
+    return write_manifest(out_dir, {**manifest, "metrics": metrics, "wall_s": round(clock.elapsed, 1)})
+
+
+@dataclass
+class Labelled:
+    """What the splits' samples have given so far: each dataset's rows by split, the metrics, and
+    each question's pass rate under this round's policy (GRPO's curriculum)."""
+
+    tables: dict[str, dict[str, list[dict]]] = field(default_factory=lambda: {name: {} for name in DATASETS})
+    metrics: dict[str, float] = field(default_factory=dict)
+    rates: list[dict] = field(default_factory=list)
+
+
+def question_pools(data_dir: Path, rc: RewardDataConfig) -> tuple[list[Example], list[Example]]:
+    """(held-out, training) questions of the RL pool (``heldout_split``); an error where there are
+    too few distinct questions for both."""
+    heldout_pool, train_pool = heldout_split(set(read_split(data_dir, "rl")), rc.heldout_fraction)
+    if not train_pool:
+        raise ValueError(
+            f"{data_dir / 'rl.jsonl'}: {len(heldout_pool)} distinct question(s) cannot be split into "
+            f"training and held-out reward data; raise reward_data.questions (and the RL pool)"
+        )
+    return heldout_pool, train_pool
+
+
+def draw_questions(
+    rc: RewardDataConfig, heldout_pool: list[Example], train_pool: list[Example], seed: int
+) -> dict[str, list[Example]]:
+    """The round's questions by split: ``reward_data.questions`` of them, the held-out fraction drawn
+    from the held-out pool (at least one) and the rest from the training pool."""
+    rng = random.Random(seed)
+    n_questions = min(rc.questions, len(heldout_pool) + len(train_pool))
+    n_test = min(len(heldout_pool), max(1, round(n_questions * rc.heldout_fraction)))
+    return {
+        "test": rng.sample(heldout_pool, n_test),
+        "train": rng.sample(train_pool, min(len(train_pool), n_questions - n_test)),
+    }
+
+
+def label_split(
+    out: Labelled,
+    split: str,
+    examples: list[Example],
+    complete: Completer,
+    rc: RewardDataConfig,
+    seed: int,
+    round_: int,
+    n_questions: int,
+    earlier: list[Sampled],
+) -> None:
+    """One split's questions sampled and labelled into ``out``: their pass rates, the rows of every
+    dataset (the training split's extras too: ``training_extras``) and the split's metrics."""
+    samples = sample_solutions(complete, examples, rc.samples_per_question)
+    out.rates += [
+        {"question": s.example.question, "gold": s.example.gold, "right": sum(s.correct), "samples": len(s.correct)}
+        for s in samples
+    ]
+    share = 1.0 if rc.step_questions is None else min(1.0, rc.step_questions / n_questions)
+    metrics = out.metrics
+    steps = step_labels(samples[: max(1, round(len(samples) * share))], complete, rc, split, metrics)
+    pairs = outcome_pairs(samples, rc.max_pairs_per_question, seed)
+    # Held-out rows keep every sample: the AUC is over what the policy actually samples.
+    solutions = solution_rows(samples, distinct=rc.distinct_solutions and split == "train")
+    flags = [ok for s in samples for ok in s.correct]
+    metrics[f"{split}/sample_accuracy"] = sum(flags) / len(flags)
+    metrics[f"{split}/frac_questions_mixed"] = sum(0 < sum(s.correct) < len(s.correct) for s in samples) / len(samples)
+    if rc.labeler == "mc":  # (exact labels agree with themselves)
+        metrics.update({f"{split}/{k}": v for k, v in label_agreement(steps).items()})
+    tables = out.tables
+    tables["pairs"][split] = tag_rows(pairs, round_)
+    tables["steps"][split] = tag_rows(steps, round_)
+    tables["solutions"][split] = tag_rows(solutions, round_)
+    if split == "train":
+        for name, rows in training_extras(rc, examples, earlier, seed, round_, metrics).items():
+            tables[name][split] += rows
+    for name in DATASETS:
+        metrics[f"{split}/n_{name}"] = len(tables[name][split])
+
+
+def step_labels(
+    labelled: list[Sampled], complete: Completer, rc: RewardDataConfig, split: str, metrics: dict[str, float]
+) -> list[dict]:
+    """The step rows of the ``labelled`` samples, and what their labels cost in ``metrics``: the
+    Monte-Carlo rollouts (none where no solution has a second step) and step labels per second."""
+    rolled, started = [0], time.perf_counter()
+
+    def counted(prompts: list[str]) -> list[str]:
+        rolled[0] += len(prompts)
+        return complete(prompts)
+
+    steps = step_rows(labelled, counted if rc.labeler == "mc" else None, rc.mc_rollouts, rc.step_separator)
+    metrics[f"{split}/mc_rollouts"] = rolled[0]
+    metrics[f"perf/{split}/step_labels_per_s"] = sum(len(r["labels"]) for r in steps) / max(
+        time.perf_counter() - started, 1e-9
+    )
+    return steps
+
+
+def save_datasets(tables: dict[str, dict[str, list[dict]]], out_dir: Path) -> dict:
+    """Each dataset as a ``DatasetDict`` folder under ``out_dir``; its folder and digest by name
+    (``<name>_dir``, ``<name>_digest``) for the manifest."""
+    from datasets import Dataset, DatasetDict  # deferred: a heavy import, for the start-up time of other stages
+
+    out: dict = {}
+    for name in DATASETS:
+        path = out_dir / name
+        DatasetDict(
+            {
+                s: Dataset.from_list(rows) if rows else Dataset.from_dict({c: [] for c in COLUMNS[name]})
+                for s, rows in tables[name].items()
+            }
+        ).save_to_disk(
+            str(path), num_shards={s: 1 for s in tables[name]}
+        )  # datasets cannot reload an empty split saved in 0 shards
+        out[f"{name}_dir"] = str(path)
+        out[f"{name}_digest"] = arrow_digest(path)
+    return out
+
+
+def save_pass_rates(rates: list[dict], out_dir: Path) -> dict:
+    """Each question's pass rate, one JSON line each, in ``out_dir/pass_rates``; its folder and
+    digest for the manifest."""
+    rates_dir = out_dir / "pass_rates"
+    rates_dir.mkdir(parents=True, exist_ok=True)
+    (rates_dir / "pass_rates.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rates), encoding="utf-8")
+    return {"pass_rates": str(rates_dir), "pass_rates_digest": digest_dir(rates_dir)}
 
 
 def policy_completer(policy, tokenizer, rc: RewardDataConfig, seed: int) -> Completer:
@@ -163,131 +349,6 @@ def said_every(complete, what: str, total: int, batch: int):
         return out
 
     return counted
-
-
-def run_reward_data(
-    cfg: PipelineConfig,
-    data_dir: Path,
-    policy_dir: str | Path,
-    out_dir: Path,
-    logger: MetricLogger | None = None,
-    round_: int = 1,
-    rollouts: str | Path | None = None,
-) -> dict:
-    """Samples of the policy of RL round ``round_`` (the SFT model in round 1) on RL questions drawn
-    for that round, labelled and split by question. ``rollouts``: the previous round's GRPO stage
-    folder, whose checked rollouts of training questions join the training split
-    (``reward_data.rollouts`` of them) as samples of round ``round_ - 1``."""
-    from datasets import Dataset, DatasetDict
-
-    logger = logger or NullLogger()
-    rc = cfg.reward_data
-    set_compute(cfg.threads)
-    clock = Stopwatch()
-    policy, tokenizer = load_model(policy_dir)
-    place(policy, cfg.launch)
-    heldout_pool, train_pool = heldout_split(set(read_split(data_dir, "rl")), rc.heldout_fraction)
-    if not train_pool:
-        raise ValueError(
-            f"{data_dir / 'rl.jsonl'}: {len(heldout_pool)} distinct question(s) cannot be split into "
-            f"training and held-out reward data; raise reward_data.questions (and the RL pool)"
-        )
-    seed = round_seed(cfg.seed, round_)
-    rng = random.Random(seed)
-    n_questions = min(rc.questions, len(heldout_pool) + len(train_pool))
-    n_test = min(len(heldout_pool), max(1, round(n_questions * rc.heldout_fraction)))
-    split_of = {
-        "test": rng.sample(heldout_pool, n_test),
-        "train": rng.sample(train_pool, min(len(train_pool), n_questions - n_test)),
-    }
-    questions = split_of["test"] + split_of["train"]
-    complete = said_every(
-        policy_completer(policy, tokenizer, rc, seed),
-        f"reward_data, round {round_}",
-        len(questions) * rc.samples_per_question,
-        rc.batch_size,
-    )
-    earlier = (
-        rollout_samples(rollouts, {e.question for e in train_pool}, rc.rollouts, seed)
-        if rollouts is not None and rc.rollouts != 0
-        else []
-    )
-    tables: dict[str, dict[str, list[dict]]] = {name: {} for name in DATASETS}
-    metrics: dict[str, float] = {}
-    rates: list[dict] = []  # each question's pass rate under this round's policy: GRPO's curriculum
-    for split, examples in split_of.items():
-        samples = sample_solutions(complete, examples, rc.samples_per_question)
-        rates += [
-            {"question": s.example.question, "gold": s.example.gold, "right": sum(s.correct), "samples": len(s.correct)}
-            for s in samples
-        ]
-        share = 1.0 if rc.step_questions is None else min(1.0, rc.step_questions / len(questions))
-        labelled = samples[: max(1, round(len(samples) * share))]
-        # What the step labels cost: Monte-Carlo rollouts (none where no solution has a second step).
-        rolled, started = [0], time.perf_counter()
-
-        def counted(prompts: list[str]) -> list[str]:
-            rolled[0] += len(prompts)
-            return complete(prompts)
-
-        steps = step_rows(labelled, counted if rc.labeler == "mc" else None, rc.mc_rollouts, rc.step_separator)
-        metrics[f"{split}/mc_rollouts"] = rolled[0]
-        metrics[f"perf/{split}/step_labels_per_s"] = sum(len(r["labels"]) for r in steps) / max(
-            time.perf_counter() - started, 1e-9
-        )
-        pairs = outcome_pairs(samples, rc.max_pairs_per_question, seed)
-        # Held-out rows keep every sample: the AUC is over what the policy actually samples.
-        solutions = solution_rows(samples, distinct=rc.distinct_solutions and split == "train")
-        flags = [ok for s in samples for ok in s.correct]
-        metrics[f"{split}/sample_accuracy"] = sum(flags) / len(flags)
-        metrics[f"{split}/frac_questions_mixed"] = sum(0 < sum(s.correct) < len(s.correct) for s in samples) / len(
-            samples
-        )
-        if rc.labeler == "mc":  # (exact labels agree with themselves)
-            metrics.update({f"{split}/{k}": v for k, v in label_agreement(steps).items()})
-        tables["pairs"][split] = tag_rows(pairs, round_)
-        tables["steps"][split] = tag_rows(steps, round_)
-        tables["solutions"][split] = tag_rows(solutions, round_)
-        if split == "train":
-            for name, rows in training_extras(rc, examples, earlier, seed, round_, metrics).items():
-                tables[name][split] += rows
-        for name in DATASETS:
-            metrics[f"{split}/n_{name}"] = len(tables[name][split])
-    manifest: dict = {
-        "stage": "reward_data",
-        "round": round_,
-        "dir": str(out_dir),
-        "questions": len(questions),
-        "labeler": rc.labeler,
-        "rollouts_from": str(rollouts) if earlier else None,
-    }
-    for name in DATASETS:
-        path = out_dir / name
-        DatasetDict(
-            {
-                s: Dataset.from_list(rows) if rows else Dataset.from_dict({c: [] for c in COLUMNS[name]})
-                for s, rows in tables[name].items()
-            }
-        ).save_to_disk(
-            str(path), num_shards={s: 1 for s in tables[name]}
-        )  # datasets cannot reload an empty split saved in 0 shards
-        manifest[f"{name}_dir"] = str(path)
-        manifest[f"{name}_digest"] = arrow_digest(path)
-    rates_dir = out_dir / "pass_rates"
-    rates_dir.mkdir(parents=True, exist_ok=True)
-    (rates_dir / "pass_rates.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rates), encoding="utf-8")
-    manifest |= {"pass_rates": str(rates_dir), "pass_rates_digest": digest_dir(rates_dir)}
-    metrics["frac_questions_solved_sometimes"] = sum(0 < r["right"] < r["samples"] for r in rates) / len(rates)
-    metrics["time/wall_s"] = clock.elapsed
-    logger.log_metrics(metrics)
-    for name in DATASETS:
-        logger.log_input(
-            name=f"reward_data/{name}",
-            digest=manifest[f"{name}_digest"],
-            source=manifest[f"{name}_dir"],
-            rows={s: len(tables[name][s]) for s in ("train", "test")},
-        )
-    return write_manifest(out_dir, {**manifest, "metrics": metrics, "wall_s": round(clock.elapsed, 1)})
 
 
 def run_replay(

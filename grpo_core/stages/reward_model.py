@@ -19,7 +19,7 @@ import random
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -30,16 +30,13 @@ from grpo_core.training import distributed
 from grpo_core.rewards.heads import (
     ScoreHead,
     bradley_terry_loss,
-    first_wrong_step,
     load_reward_model,
     orm_logits,
     is_verifier_head,
     pointwise_bce_loss,
     prm_step_logits,
     reward_model_from,
-    roc_auc,
     step_bce_loss,
-    within_question_auc,
 )
 from grpo_core.digests import digest_dir
 from grpo_core.lm.runtime import autocast, model_device, place, set_compute
@@ -47,34 +44,220 @@ from grpo_core.manifests import Ref, write_manifest
 from grpo_core.rewards.gate import quality_gate
 from grpo_core.rewards.likelihood import likelihood_scores
 from grpo_core.rewards.replay import load_version, retraining_set
-from grpo_core.rewards.steps import rollout_step_ends
 from grpo_core.stages.identity import run_identity
+from grpo_core.stages.reward_metrics import (
+    evaluate_orm,
+    evaluate_prm,
+    prm_step_metrics,
+    solution_metrics,
+    solution_text,
+    step_batch,
+)
 from grpo_core.tracking import MetricLogger, NullLogger
 from grpo_core.training.trainer import Plan, TrainState, Trainer, optimizer_step
 
 
-def solution_text(row: dict, separator: str) -> str:
-    """A reward-data row's solution: the sample as generated when the dataset has it (ours does),
-    else its steps joined (TRL's step form)."""
-    return row.get("completion") or separator.join(row.get("completions", []))
+def run_reward_model(
+    cfg: PipelineConfig,
+    kind: str,
+    reward_data: dict[str, Ref],
+    init_dir: str | Path,
+    out_dir: Path,
+    logger: MetricLogger | None = None,
+    round_: int = 1,
+    replay: Ref | None = None,
+    baseline: str | Path | None = None,
+) -> dict:
+    """Train the ``kind`` ("orm" or "prm") reward model on the reward-data stage's datasets
+    (``reward_data``: by name, as ``outputs.reward_datasets`` reads them from its manifest).
+
+    ``replay`` (rounds after the first): the replay buffer's version ``round_ - 1``;
+    ``rounds.replay_fraction`` of the training set is then drawn from it.
+    ``baseline``: a causal LM (the SFT model) whose own likelihood, untrained, is measured on the
+    same held-out rows (``baseline`` in the manifest): a reward model that does not beat it is a
+    defect the quality gate reports.
+
+    Under torchrun each process trains on a contiguous share of every batch (a last batch with
+    fewer rows than processes is skipped), the loss is normalised by the global batch's pairs or
+    steps, and rank 0 evaluates, logs, checkpoints and returns the manifest (the others: None)."""
+    run = build(cfg, kind, reward_data, init_dir, out_dir, logger, round_, replay)
+    spec, rc, sep = KINDS[kind], getattr(cfg, kind), cfg.reward_data.step_separator
+
+    def evaluate(st: TrainState) -> dict:
+        held_out = spec.evaluate(run.model, run.tokenizer, run.held_out, sep, rc.batch_size)
+        return {f"heldout/{k}": v for k, v in held_out.items()}
+
+    if run.trainer.resume is None:
+        starting_quality(run, cfg, kind, evaluate, baseline, out_dir)
+    run.model.train()
+    # The loop: (batch -> update -> log -> [epoch end: evaluate -> keep best -> checkpoint])*.
+    st = run.trainer.fit(training_step(run, spec, cfg, rc.batch_size), evaluate)
+    final_dir = run.trainer.publish()
+    if not run.d.main:
+        return None
+    best = {k.removeprefix("heldout/"): v for k, v in st.best_metrics.items()}
+    gate = quality_gate(spec.gate_metric, best, rc.min_auc, st.extra.get("baseline"))
+    run.logger.log_metrics({"quality_gate/passed": float(gate["passed"])})
+    return write_manifest(out_dir, manifest(kind, cfg, run, st, best, gate, final_dir, init_dir, round_))
 
 
-def step_batch(tokenizer, rows: list[dict], separator: str, label: str):
-    """Rollout of the solutions in ``rows`` and [B, K] step ends, labels and mask."""
-    texts = [solution_text(r, separator) for r in rows]
-    rollout = encode(tokenizer, [r["prompt"] for r in rows], texts)
-    ends, mask = rollout_step_ends(tokenizer, rollout, separator)  # as GRPO finds them on its rollouts
-    labels = torch.zeros(mask.shape)
-    for i, (r, text) in enumerate(zip(rows, texts)):
-        values = r["soft_labels"] if label == "soft" else [float(x) for x in r["labels"]]
-        m = int(mask[i].sum())
-        if m != len(values):
-            raise ValueError(
-                f"step data row {i} of the batch: {len(values)} labels for {m} steps of "
-                f"{text!r} split on {separator!r}; was the data labelled with another separator?"
-            )
-        labels[i, :m] = torch.tensor(values, dtype=torch.float)
-    return rollout, ends, labels, mask
+class Built(NamedTuple):
+    """A run ready to loop: the processes, this process's logger, the training loop (started), the
+    model and what trains through it (``Trainer.wrap``), the forward pass's precision context, and
+    the training rows, their mix and the held-out rows (``training_rows``)."""
+
+    d: distributed.Dist
+    logger: MetricLogger
+    trainer: Trainer
+    model: torch.nn.Module
+    tokenizer: object
+    trained: torch.nn.Module
+    amp: Callable
+    train: list[tuple[str, dict]]
+    mix: dict
+    held_out: dict[str, list[dict]]
+
+
+def build(
+    cfg: PipelineConfig,
+    kind: str,
+    reward_data: dict[str, Ref],
+    init_dir: str | Path,
+    out_dir: Path,
+    logger: MetricLogger | None,
+    round_: int,
+    replay: Ref | None,
+) -> Built:
+    """The run's set-up (``run_reward_model``'s arguments): the processes, the rows, the model to
+    train (from its last checkpoint where one is) and the loop started on its plan."""
+    d = distributed.init(cfg.launch)
+    logger = (logger or NullLogger()) if d.main else NullLogger()
+    spec, rc = KINDS[kind], getattr(cfg, kind)
+    sep = cfg.reward_data.step_separator
+    set_compute(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    train, mix, held_out = training_rows(cfg, kind, reward_data, replay, round_, logger)
+    identity = run_identity(
+        cfg,
+        kind,
+        init=digest_dir(Path(init_dir)),
+        separator=sep,
+        reward_data={n: reward_data[n].digest for n in spec.datasets(cfg)},
+        round=round_,
+        **({"replay": replay.digest, "replay_fraction": cfg.rounds.replay_fraction} if replay is not None else {}),
+    )  # round 1 has no history to replay
+    trainer = Trainer(cfg, kind, out_dir, identity, d, logger)
+    model = place(resume_or_init(trainer.resume, init_dir, kind, cfg, round_), cfg.launch, train=True)
+    model.config.step_separator = sep  # saved with the model: `grpo-pipeline score` splits steps as we do
+    amp = functools.partial(autocast, cfg.launch, model_device(model))
+    tokenizer = load_tokenizer(trainer.resume or init_dir)
+    trained = trainer.wrap(
+        model if is_verifier_head(model) else ScoreHead(model)
+    )  # one module whose forward is the whole computation
+    trainer.start(
+        model,
+        tokenizer,
+        Plan(
+            max_steps=rc.max_steps,
+            max_epochs=rc.epochs,
+            steps_per_epoch=-(-len(train) // rc.batch_size),
+            per_epoch=True,
+            eval_last=True,
+            keep_best=f"heldout/{spec.gate_metric}",
+        ),
+    )
+    return Built(d, logger, trainer, model, tokenizer, trained, amp, train, mix, held_out)
+
+
+def starting_quality(
+    run: Built,
+    cfg: PipelineConfig,
+    kind: str,
+    evaluate: Callable[[TrainState], dict],
+    baseline: str | Path | None,
+    out_dir: Path,
+) -> None:
+    """Before a fresh start's first step: the starting model (last round's, or the SFT model's fresh
+    head) on the fresh held-out samples (its staleness, ``before_metrics``) and the ``baseline``
+    verifier on the same rows, kept in the state's extras and logged at step 0."""
+    d, st, logger, spec, rc = run.d, run.trainer.state, run.logger, KINDS[kind], getattr(cfg, kind)
+    if d.main:
+        shutil.rmtree(out_dir / "best", ignore_errors=True)  # never publish another run's model
+    with d.gathered(run.trained):
+        before = d.broadcast(evaluate(st) if d.main else None)
+    st.extra["before_metrics"] = {k.removeprefix("heldout/"): v for k, v in before.items()}
+    logger.log_metrics({f"heldout_before/{k}": v for k, v in st.extra["before_metrics"].items()}, step=0)
+    if baseline is not None and d.main:
+        rows, sep = run.held_out[spec.held_out[0]], cfg.reward_data.step_separator
+        st.extra["baseline"] = evaluate_likelihood(baseline, kind, rows, sep, rc.batch_size)
+        logger.log_metrics({f"baseline/{k}": v for k, v in st.extra["baseline"].items()}, step=0)
+
+
+def training_step(run: Built, spec: RewardModelKind, cfg: PipelineConfig, batch_size: int):
+    """The step for ``Trainer.fit``: the epoch's next batch of training rows (the epoch's order is
+    the same on resume), this process's share of it, and one clipped update on its loss. Returns
+    None for a batch with fewer rows than processes (skipped by all)."""
+    d, trainer, train = run.d, run.trainer, run.train
+
+    @functools.lru_cache(maxsize=1)
+    def batches_of(epoch: int) -> list[list[int]]:
+        order = list(range(len(train)))
+        random.Random(cfg.seed + epoch).shuffle(order)
+        return [order[s : s + batch_size] for s in range(0, len(order), batch_size)]
+
+    def step(st: TrainState) -> dict | None:
+        batches = batches_of(st.epoch)
+        batch = batches[st.row]
+        st.row += 1
+        if st.row == len(batches):
+            st.epoch, st.row = st.epoch + 1, 0
+        if len(batch) < d.world:
+            return None
+        rows = [train[i] for i in batch[d.split(len(batch))]]
+        by_dataset: dict[str, list[dict]] = {}
+        for name, row in rows:
+            by_dataset.setdefault(name, []).append(row)
+        with run.amp():
+            terms = spec.loss_terms(run.trained, run.tokenizer, by_dataset, cfg)
+        # Each local mean re-weighted into this process's share of the global batch's mean.
+        share = sum(local * (n / max(float(d.sum(n)), 1.0)) for local, n in terms)
+        grad_norm = optimizer_step(trainer.model, trainer.opt, share, d.world, trainer.sc.max_grad_norm)  # DDP averages
+        return {"train/loss": float(d.sum(share.detach())), "train/grad_norm": grad_norm}
+
+    return step
+
+
+def manifest(
+    kind: str,
+    cfg: PipelineConfig,
+    run: Built,
+    st: TrainState,
+    best: dict,
+    gate: dict,
+    final_dir: Path,
+    init_dir: str | Path,
+    round_: int,
+) -> dict:
+    """The stage's manifest: the published model, where it started, its quality (before training,
+    the baseline's, the best) and its gate, how training went and what it trained on."""
+    return {
+        "stage": kind,
+        "model": str(final_dir),
+        "init": str(init_dir),
+        "init_from": getattr(cfg, kind).init if round_ == 1 else "previous round",
+        "quality_gate": gate,
+        "round": round_,
+        "heldout_before": st.extra.get("before_metrics", {}),
+        "baseline": st.extra.get("baseline", {}),
+        "heldout": best,
+        "best_epoch_step": st.best_step,
+        "steps": st.step,
+        "epochs": st.epoch,
+        "n_train": len(run.train),
+        "n_test": len(run.held_out[KINDS[kind].held_out[0]]),
+        "replay": run.mix,
+        "wall_s": round(st.elapsed, 1),
+    }
 
 
 def orm_loss_terms(
@@ -103,84 +286,6 @@ def prm_loss_terms(
     """(mean step BCE, steps) of the batch's ``steps`` rows against their ``prm.label`` labels."""
     rollout, ends, labels, mask = step_batch(tokenizer, batch["steps"], cfg.reward_data.step_separator, cfg.prm.label)
     return [(step_bce_loss(prm_step_logits(model, rollout, ends), labels, mask), float(mask.sum()))]
-
-
-def solution_metrics(scores: list[float], rows: list[dict]) -> dict[str, float]:
-    """Held-out quality of solution scores against ``rows``' ``correct``: what GRPO's group-normalised
-    reward sees (the AUC within each question, averaged over questions with right and wrong
-    solutions) beside the AUC pooled across questions (where length and operands help)."""
-    labels = [bool(r["correct"]) for r in rows]
-    within, mixed = within_question_auc(scores, labels, [r["prompt"] for r in rows])
-    return {
-        "within_question_auc": within,
-        "mixed_questions": float(mixed),
-        "auc": roc_auc(scores, labels),
-        "n_solutions": float(len(rows)),
-    }
-
-
-def prm_step_metrics(probs: list[list[float]], rows: list[dict]) -> dict[str, float]:
-    """Held-out quality of per-step probabilities against ``rows``' step labels: step accuracy and
-    AUC (against the exact labels too where present), how often the first step scored < 0.5 is the
-    first step labelled wrong, and within each question the AUC of the lowest step against a
-    solution having no wrong step (what GRPO sees of a PRM whose lowest step is the reward)."""
-    flat = [(x, y) for r, p in zip(rows, probs) for x, y in zip(p, r["labels"])]
-    exact = [(x, y) for r, p in zip(rows, probs) if r["exact_labels"] for x, y in zip(p, r["exact_labels"])]
-    with_error = [(r, p) for r, p in zip(rows, probs) if first_wrong_step(r["labels"]) is not None]
-    found = sum(first_wrong_step([x >= 0.5 for x in p]) == first_wrong_step(r["labels"]) for r, p in with_error)
-    scored = [
-        (min(p), all(r["labels"]), r["prompt"]) for r, p in zip(rows, probs) if p
-    ]  # a solution with no step: no verdict
-    within, mixed = within_question_auc(*map(list, zip(*scored))) if scored else (float("nan"), 0)
-    out = {
-        "within_question_auc": within,
-        "mixed_questions": float(mixed),
-        "step_accuracy": sum((x >= 0.5) == y for x, y in flat) / max(1, len(flat)),
-        "step_auc": roc_auc([x for x, _ in flat], [y for _, y in flat]),
-        "first_wrong_step_detected": found / max(1, len(with_error)),
-        "n_steps": float(len(flat)),
-    }
-    if exact:
-        out["step_auc_exact"] = roc_auc([x for x, _ in exact], [y for _, y in exact])
-    return out
-
-
-@torch.no_grad()
-def evaluate_orm(model, tokenizer, held_out: dict[str, list[dict]], separator: str, batch: int) -> dict[str, float]:
-    """``solution_metrics`` of the ORM's scores of the held-out ``solutions``, and its accuracy on
-    the held-out ``pairs`` (chosen above rejected)."""
-    model.eval()
-    pairs, solutions, wins, scores = held_out["pairs"], held_out["solutions"], 0, []
-    for s in range(0, len(pairs), batch):
-        rows = pairs[s : s + batch]
-        both = orm_logits(
-            model,
-            encode(
-                tokenizer, [r["prompt"] for r in rows] * 2, [r["chosen"] for r in rows] + [r["rejected"] for r in rows]
-            ),
-        )
-        wins += int((both[: len(rows)] > both[len(rows) :]).sum())
-    for s in range(0, len(solutions), batch):
-        rows = solutions[s : s + batch]
-        scores += orm_logits(
-            model, encode(tokenizer, [r["prompt"] for r in rows], [r["completion"] for r in rows])
-        ).tolist()
-    model.train()
-    return solution_metrics(scores, solutions) | ({"pairwise_accuracy": wins / len(pairs)} if pairs else {})
-
-
-@torch.no_grad()
-def evaluate_prm(model, tokenizer, held_out: dict[str, list[dict]], separator: str, batch: int) -> dict[str, float]:
-    """``prm_step_metrics`` of the PRM's step probabilities on the held-out ``steps``."""
-    model.eval()
-    rows, probs = held_out["steps"], []
-    for s in range(0, len(rows), batch):
-        part = rows[s : s + batch]
-        rollout, ends, _, mask = step_batch(tokenizer, part, separator, "hard")
-        p = torch.sigmoid(prm_step_logits(model, rollout, ends))
-        probs += [p[i, : int(mask[i].sum())].tolist() for i in range(len(part))]
-    model.train()
-    return prm_step_metrics(probs, rows)
 
 
 @dataclass(frozen=True)
@@ -335,136 +440,3 @@ def training_rows(
         }
     )
     return train, mix, held_out
-
-
-def run_reward_model(
-    cfg: PipelineConfig,
-    kind: str,
-    reward_data: dict[str, Ref],
-    init_dir: str | Path,
-    out_dir: Path,
-    logger: MetricLogger | None = None,
-    round_: int = 1,
-    replay: Ref | None = None,
-    baseline: str | Path | None = None,
-) -> dict:
-    """Train the ``kind`` ("orm" or "prm") reward model on the reward-data stage's datasets
-    (``reward_data``: by name, as ``outputs.reward_datasets`` reads them from its manifest).
-
-    ``replay`` (rounds after the first): the replay buffer's version ``round_ - 1``;
-    ``rounds.replay_fraction`` of the training set is then drawn from it.
-    ``baseline``: a causal LM (the SFT model) whose own likelihood, untrained, is measured on the
-    same held-out rows (``baseline`` in the manifest): a reward model that does not beat it is a
-    defect the quality gate reports.
-
-    Under torchrun each process trains on a contiguous share of every batch (a last batch with
-    fewer rows than processes is skipped), the loss is normalised by the global batch's pairs or
-    steps, and rank 0 evaluates, logs, checkpoints and returns the manifest (the others: None)."""
-    d = distributed.init(cfg.launch)
-    logger = (logger or NullLogger()) if d.main else NullLogger()
-    spec, rc = KINDS[kind], getattr(cfg, kind)
-    sep = cfg.reward_data.step_separator
-    set_compute(cfg.threads)
-    torch.manual_seed(cfg.seed)
-    names = spec.datasets(cfg)
-    train, mix, held_out = training_rows(cfg, kind, reward_data, replay, round_, logger)
-    identity = run_identity(
-        cfg,
-        kind,
-        init=digest_dir(Path(init_dir)),
-        separator=sep,
-        reward_data={n: reward_data[n].digest for n in names},
-        round=round_,
-        **({"replay": replay.digest, "replay_fraction": cfg.rounds.replay_fraction} if replay is not None else {}),
-    )  # round 1 has no history to replay
-    trainer = Trainer(cfg, kind, out_dir, identity, d, logger)
-    model = place(resume_or_init(trainer.resume, init_dir, kind, cfg, round_), cfg.launch, train=True)
-    model.config.step_separator = sep  # saved with the model: `grpo-pipeline score` splits steps as we do
-    amp = functools.partial(autocast, cfg.launch, model_device(model))
-    tokenizer = load_tokenizer(trainer.resume or init_dir)
-    trained = trainer.wrap(
-        model if is_verifier_head(model) else ScoreHead(model)
-    )  # one module whose forward is the whole computation
-    st = trainer.start(
-        model,
-        tokenizer,
-        Plan(
-            max_steps=rc.max_steps,
-            max_epochs=rc.epochs,
-            steps_per_epoch=-(-len(train) // rc.batch_size),
-            per_epoch=True,
-            eval_last=True,
-            keep_best=f"heldout/{spec.gate_metric}",
-        ),
-    )
-
-    def evaluate(st: TrainState) -> dict:
-        return {f"heldout/{k}": v for k, v in spec.evaluate(model, tokenizer, held_out, sep, rc.batch_size).items()}
-
-    if trainer.resume is None:
-        if d.main:
-            shutil.rmtree(out_dir / "best", ignore_errors=True)  # never publish another run's model
-        # Staleness: the starting model (last round's, or the SFT model's fresh head) on the fresh samples.
-        with d.gathered(trained):
-            before = d.broadcast(evaluate(st) if d.main else None)
-        st.extra["before_metrics"] = {k.removeprefix("heldout/"): v for k, v in before.items()}
-        logger.log_metrics({f"heldout_before/{k}": v for k, v in st.extra["before_metrics"].items()}, step=0)
-        if baseline is not None and d.main:
-            st.extra["baseline"] = evaluate_likelihood(baseline, kind, held_out[spec.held_out[0]], sep, rc.batch_size)
-            logger.log_metrics({f"baseline/{k}": v for k, v in st.extra["baseline"].items()}, step=0)
-    model.train()
-
-    @functools.lru_cache(maxsize=1)
-    def batches_of(epoch: int) -> list[list[int]]:  # the epoch's order: the same on resume
-        order = list(range(len(train)))
-        random.Random(cfg.seed + epoch).shuffle(order)
-        return [order[s : s + rc.batch_size] for s in range(0, len(order), rc.batch_size)]
-
-    def step(st: TrainState) -> dict | None:
-        batches = batches_of(st.epoch)
-        batch = batches[st.row]
-        st.row += 1
-        if st.row == len(batches):
-            st.epoch, st.row = st.epoch + 1, 0
-        if len(batch) < d.world:
-            return None
-        rows = [train[i] for i in batch[d.split(len(batch))]]
-        by_dataset: dict[str, list[dict]] = {}
-        for name, row in rows:
-            by_dataset.setdefault(name, []).append(row)
-        with amp():
-            terms = spec.loss_terms(trained, tokenizer, by_dataset, cfg)
-        # Each local mean re-weighted into this process's share of the global batch's mean.
-        share = sum(local * (n / max(float(d.sum(n)), 1.0)) for local, n in terms)
-        grad_norm = optimizer_step(trainer.model, trainer.opt, share, d.world, trainer.sc.max_grad_norm)  # DDP averages
-        return {"train/loss": float(d.sum(share.detach())), "train/grad_norm": grad_norm}
-
-    # The loop: (batch -> update -> log -> [epoch end: evaluate -> keep best -> checkpoint])*.
-    st = trainer.fit(step, evaluate)
-    final_dir = trainer.publish()
-    if not d.main:
-        return None
-    best = {k.removeprefix("heldout/"): v for k, v in st.best_metrics.items()}
-    gate = quality_gate(spec.gate_metric, best, rc.min_auc, st.extra.get("baseline"))
-    logger.log_metrics({"quality_gate/passed": float(gate["passed"])})
-    return write_manifest(
-        out_dir,
-        {
-            "stage": kind,
-            "model": str(final_dir),
-            "init": str(init_dir),
-            "init_from": rc.init if round_ == 1 else "previous round",
-            "quality_gate": gate,
-            "round": round_,
-            "heldout_before": st.extra.get("before_metrics", {}),
-            "baseline": st.extra.get("baseline", {}),
-            "heldout": best,
-            "best_epoch_step": st.best_step,
-            "steps": st.step,
-            "epochs": st.epoch,
-            "n_train": len(train),
-            "n_test": len(held_out[spec.held_out[0]]),
-            "replay": mix,
-            "wall_s": round(st.elapsed, 1),
-        },
-    )

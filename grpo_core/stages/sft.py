@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import functools
 import random
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
-from grpo_core.config import PipelineConfig
-from grpo_core.data import read_split
+from grpo_core.config import PipelineConfig, SFTConfig
+from grpo_core.data import Example, read_split
 from grpo_core.digests import digest_dir
 from grpo_core.evaluation import greedy_accuracy
 from grpo_core.lm.modeling import ModelError, init_model, load_model, load_trainable
@@ -49,7 +51,55 @@ def run_sft(
 
     Under torchrun each process trains on its share of every batch of ``sft.batch_size`` rows;
     rank 0 validates, logs, checkpoints and returns the manifest (the others return None)."""
-    # Setup: the model to start from (a checkpoint to resume, --init, or a fresh one), the data.
+    run = build(cfg, data_dir, out_dir, logger, init_from)
+    trainer, model, tokenizer, sc = run.trainer, run.model, run.tokenizer, cfg.sft
+
+    @functools.lru_cache(maxsize=1)
+    def rows_of(epoch: int) -> tuple[torch.Tensor, torch.Tensor]:  # a fresh random concatenation per epoch
+        return pack(run.train, sc.context_length, tokenizer.pad_token_id, random.Random(cfg.seed * 1000 + epoch))
+
+    eos_id = tokenizer.eos_token_id if sc.packing == "documents" else None
+    step = packed_lm_step(trainer, rows_of, sc.batch_size, run.trained, run.d, run.amp, eos_id)
+
+    def evaluate(st: TrainState) -> dict:
+        model.eval()
+        acc = greedy_accuracy(model, tokenizer, run.val_examples, cfg.eval.max_new_tokens)
+        metrics = {"val/accuracy": acc, "val/loss": validation_loss(model, run.val_ids, run.val_labels, eos_id=eos_id)}
+        model.train()
+        return metrics
+
+    # The loop: update -> log -> [validate -> keep best / decay lr / stop] -> checkpoint.
+    st = trainer.fit(step, evaluate)
+    final_dir = trainer.publish()
+    if not run.d.main:
+        return None
+    run.logger.log_metrics({"val/best_accuracy": st.best_acc, "time/wall_s": st.elapsed}, step=st.step)
+    return write_manifest(out_dir, manifest(trainer, st, final_dir, init_from, len(run.train)))
+
+
+class Built(NamedTuple):
+    """A run ready to loop: the processes, this process's logger, the training loop (started), the
+    model and what trains through it (``Trainer.wrap``), the forward pass's precision context, the
+    encoded training examples and the validation questions with their packed rows."""
+
+    d: distributed.Dist
+    logger: MetricLogger
+    trainer: Trainer
+    model: torch.nn.Module
+    tokenizer: object
+    trained: torch.nn.Module
+    amp: Callable
+    train: list
+    val_examples: list[Example]
+    val_ids: torch.Tensor
+    val_labels: torch.Tensor
+
+
+def build(
+    cfg: PipelineConfig, data_dir: Path, out_dir: Path, logger: MetricLogger | None, init_from: str | None
+) -> Built:
+    """The run's set-up (``run_sft``'s arguments): the model to start from (a checkpoint to resume,
+    --init, or a fresh one), the data, and the loop started on its plan."""
     d = distributed.init(cfg.launch)
     logger = (logger or NullLogger()) if d.main else NullLogger()
     sc = cfg.sft
@@ -78,44 +128,33 @@ def run_sft(
     )
     model.train()
     trained = trainer.wrap(model)
-    # SFT continued from a trained model (the no-RL baseline) has it as its step-0 candidate, as GRPO
-    # has: neither returns a model worse on validation than the one it started from.
-    trainer.start(
-        model,
-        tokenizer,
-        Plan(
-            max_steps=sc.max_steps,
-            log_every=sc.log_every,
-            eval_every=sc.eval_every,
-            keep_best="val/accuracy",
-            eval_first=init_from is not None,
-            patience=sc.patience,
-            decay_patience=sc.decay_patience,
-            decay_factor=sc.decay_factor,
-            min_lr=sc.min_lr,
-        ),
+    trainer.start(model, tokenizer, plan(sc, init_from))
+    return Built(d, logger, trainer, model, tokenizer, trained, amp, train, val_examples, val_ids, val_labels)
+
+
+def plan(sc: SFTConfig, init_from: str | None) -> Plan:
+    """How long and how often. SFT continued from a trained model (the no-RL baseline) has it as its
+    step-0 candidate, as GRPO has: neither returns a model worse on validation than the one it
+    started from."""
+    return Plan(
+        max_steps=sc.max_steps,
+        log_every=sc.log_every,
+        eval_every=sc.eval_every,
+        keep_best="val/accuracy",
+        eval_first=init_from is not None,
+        patience=sc.patience,
+        decay_patience=sc.decay_patience,
+        decay_factor=sc.decay_factor,
+        min_lr=sc.min_lr,
     )
 
-    @functools.lru_cache(maxsize=1)
-    def rows_of(epoch: int) -> tuple[torch.Tensor, torch.Tensor]:  # a fresh random concatenation per epoch
-        return pack(train, sc.context_length, tokenizer.pad_token_id, random.Random(cfg.seed * 1000 + epoch))
 
-    eos_id = tokenizer.eos_token_id if sc.packing == "documents" else None
-    step = packed_lm_step(trainer, rows_of, sc.batch_size, trained, d, amp, eos_id)
-
-    def evaluate(st: TrainState) -> dict:
-        model.eval()
-        acc = greedy_accuracy(model, tokenizer, val_examples, cfg.eval.max_new_tokens)
-        metrics = {"val/accuracy": acc, "val/loss": validation_loss(model, val_ids, val_labels, eos_id=eos_id)}
-        model.train()
-        return metrics
-
-    # The loop: update -> log -> [validate -> keep best / decay lr / stop] -> checkpoint.
-    st = trainer.fit(step, evaluate)
-    final_dir = trainer.publish()
-    if not d.main:
-        return None
-    summary = {
+def manifest(trainer: Trainer, st: TrainState, final_dir: Path, init_from: str | None, n_train: int) -> dict:
+    """The stage's manifest: the published model, where it started and how training went."""
+    return {
+        "stage": "sft",
+        "model": str(final_dir),
+        "init": init_from or "config",
         "best_val_accuracy": st.best_acc,
         "best_step": st.best_step,
         "steps": st.step,
@@ -123,12 +162,10 @@ def run_sft(
         "wall_s": round(st.elapsed, 2),
         "train_s": round(st.train_s, 2),
         "stopped": trainer.stop_reason(),
-        "final_lr": learning_rate(sc, st.step, st.plateau_lr),
-        "n_train_examples": len(train),
+        "final_lr": learning_rate(trainer.sc, st.step, st.plateau_lr),
+        "n_train_examples": n_train,
         "curve": st.curve,
     }
-    logger.log_metrics({"val/best_accuracy": st.best_acc, "time/wall_s": st.elapsed}, step=st.step)
-    return write_manifest(out_dir, {"stage": "sft", "model": str(final_dir), "init": init_from or "config", **summary})
 
 
 def continued(cfg: PipelineConfig, sft_manifest: dict) -> PipelineConfig:

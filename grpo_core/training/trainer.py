@@ -237,7 +237,7 @@ class Trainer:
         """Run ``step`` until the budget is spent. ``step`` returns its metrics, or None when it
         trained nothing (a batch too short to split over the processes); it advances ``row`` /
         ``epoch`` itself. ``evaluate`` (rank 0 only) returns metrics including ``plan.keep_best``."""
-        st, plan, sc, d = self.state, self.plan, self.sc, self.d
+        st, plan, sc = self.state, self.plan, self.sc
         clock = Stopwatch(st.elapsed)
         if st.stopped == "time" and (sc.max_seconds is None or st.train_s < sc.max_seconds):
             st.stopped = ""  # resumed with a larger time budget
@@ -252,44 +252,14 @@ class Trainer:
                 st.stopped = "epochs"
                 break
             lr = learning_rate(sc, st.step, st.plateau_lr)
-            for opt in [self.opt] + [o for _, o in self.companions.values()]:
-                for group in opt.param_groups:
-                    group["lr"] = lr * group.get("lr_scale", 1.0)
+            self._set_lr(lr)
             epoch = st.epoch
-            try:
-                metrics = step(st)
-            except FloatingPointError as e:
-                resume = (
-                    f"its last checkpoint (step {saved}) is where the same command resumes"
-                    if saved
-                    else "it has no checkpoint yet: the same command starts it over"
-                )
-                raise FloatingPointError(
-                    f"{self.section} step {st.step + 1}: {e}; the stage stops, and {resume}"
-                ) from e
+            metrics = self._run_step(step, saved)
             epoch_end = plan.per_epoch and st.epoch > epoch
             if metrics is None and not epoch_end:
                 continue
             if metrics is not None:
-                st.step += 1
-                st.elapsed = clock.elapsed
-                if plan.record:
-                    st.history.append(
-                        {
-                            "step": st.step,
-                            "elapsed_s": round(st.train_s, 2),
-                            **{k: metrics[k] for k in plan.record if k in metrics},
-                        }
-                    )
-                if st.step % plan.log_every == 0:  # a tracking call per step can cost more than the step
-                    rate = {"perf/tokens_per_s": st.tokens / max(st.elapsed, 1e-9)} if st.tokens else {}
-                    self.logger.log_metrics({"train/lr": lr} | metrics | rate, step=st.step)
-                if sc.max_seconds is not None and st.train_s >= sc.max_seconds:
-                    st.stopped = "time"
-                st.stopped = d.broadcast(st.stopped)  # rank 0's clock decides for all
-                if d.main and time.monotonic() - said >= PROGRESS_EVERY_S:
-                    said = time.monotonic()
-                    print(progress_line(self.section, st, plan, sc.max_seconds), file=sys.stderr, flush=True)
+                said = self._count_step(metrics, lr, clock, said)
             last = bool(st.stopped) or st.step == plan.max_steps or st.epoch == plan.max_epochs
             regular = epoch_end or (
                 metrics is not None and plan.eval_every is not None and st.step % plan.eval_every == 0
@@ -298,31 +268,83 @@ class Trainer:
                 self._evaluate(evaluate, regular)
             grid = metrics is not None and sc.checkpoint_every and st.step % sc.checkpoint_every == 0
             if grid or last or epoch_end or st.stopped:  # (an evaluation may have stopped it)
-                st.elapsed = clock.elapsed
-                weights, optimizer = d.full_state(self.model), d.optimizer_state(self.model, self.opt)  # every rank
-                if d.main:
-                    save_checkpoint(
-                        self.root,
-                        st.step,
-                        self.model,
-                        self.tokenizer,
-                        {
-                            "optimizer": optimizer,
-                            "counters": dataclasses.asdict(st),
-                            "companions": {
-                                name: {"module": m.state_dict(), "optimizer": o.state_dict()}
-                                for name, (m, o) in self.companions.items()
-                            },
-                            "rng": rng_state(),
-                            "identity": self.identity,
-                            "config": self.cfg.model_dump(mode="json"),
-                        },
-                        keep=sc.keep_checkpoints,
-                        weights=weights,
-                    )
+                self._checkpoint(clock)
                 saved = st.step
         st.elapsed = clock.elapsed
         return st
+
+    def _set_lr(self, lr: float) -> None:
+        """The scheduled ``lr`` on every optimizer's groups, times a group's ``lr_scale``."""
+        for opt in [self.opt] + [o for _, o in self.companions.values()]:
+            for group in opt.param_groups:
+                group["lr"] = lr * group.get("lr_scale", 1.0)
+
+    def _run_step(self, step: Callable[[TrainState], dict | None], saved: int) -> dict | None:
+        """``step`` on the state; a gradient that is not finite stops the stage with where it resumes
+        (``saved``: the step of the last checkpoint, 0 for none)."""
+        st = self.state
+        try:
+            return step(st)
+        except FloatingPointError as e:
+            resume = (
+                f"its last checkpoint (step {saved}) is where the same command resumes"
+                if saved
+                else "it has no checkpoint yet: the same command starts it over"
+            )
+            raise FloatingPointError(f"{self.section} step {st.step + 1}: {e}; the stage stops, and {resume}") from e
+
+    def _count_step(self, metrics: dict, lr: float, clock: Stopwatch, said: float) -> float:
+        """A step that trained: count it, record and log its metrics, stop on the time budget (rank 0's
+        clock decides for all), and print a progress line when one is due since ``said``; returns
+        when the last one was printed."""
+        st, plan, sc, d = self.state, self.plan, self.sc, self.d
+        st.step += 1
+        st.elapsed = clock.elapsed
+        if plan.record:
+            st.history.append(
+                {
+                    "step": st.step,
+                    "elapsed_s": round(st.train_s, 2),
+                    **{k: metrics[k] for k in plan.record if k in metrics},
+                }
+            )
+        if st.step % plan.log_every == 0:  # a tracking call per step can cost more than the step
+            rate = {"perf/tokens_per_s": st.tokens / max(st.elapsed, 1e-9)} if st.tokens else {}
+            self.logger.log_metrics({"train/lr": lr} | metrics | rate, step=st.step)
+        if sc.max_seconds is not None and st.train_s >= sc.max_seconds:
+            st.stopped = "time"
+        st.stopped = d.broadcast(st.stopped)
+        if d.main and time.monotonic() - said >= PROGRESS_EVERY_S:
+            said = time.monotonic()
+            print(progress_line(self.section, st, plan, sc.max_seconds), file=sys.stderr, flush=True)
+        return said
+
+    def _checkpoint(self, clock: Stopwatch) -> None:
+        """A checkpoint of the model, the optimizers, the counters and the RNG (every rank gathers
+        the state; rank 0 writes it)."""
+        st, d = self.state, self.d
+        st.elapsed = clock.elapsed
+        weights, optimizer = d.full_state(self.model), d.optimizer_state(self.model, self.opt)  # every rank
+        if d.main:
+            save_checkpoint(
+                self.root,
+                st.step,
+                self.model,
+                self.tokenizer,
+                {
+                    "optimizer": optimizer,
+                    "counters": dataclasses.asdict(st),
+                    "companions": {
+                        name: {"module": m.state_dict(), "optimizer": o.state_dict()}
+                        for name, (m, o) in self.companions.items()
+                    },
+                    "rng": rng_state(),
+                    "identity": self.identity,
+                    "config": self.cfg.model_dump(mode="json"),
+                },
+                keep=self.sc.keep_checkpoints,
+                weights=weights,
+            )
 
     def _evaluate(self, evaluate, regular: bool) -> None:
         """Evaluate on rank 0, keep the model if it is the best so far, and (regular evaluations
