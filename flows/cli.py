@@ -15,8 +15,21 @@ import time
 import typing
 from pathlib import Path
 
+# Deferred imports: each command imports the modules it runs (torch, transformers, Prefect, MLflow
+# behind them) inside its function, so that ``check`` and ``--help`` answer in under a second; the
+# modules imported here are light.
+from flows.ui import serve_uis
 from flows.variants import PRESETS, VARIANTS
-from grpo_core.env import setup_environment
+from grpo_core.check import recipe_problems
+from grpo_core.config import CorpusConfig, EvalConfig
+from grpo_core.corpus.docs import CorpusError
+from grpo_core.data import HELD_OUT_FORMATS, DataError, load_held_out
+from grpo_core.env import default_tracking_uri, setup_environment
+from grpo_core.manifests import read_manifest
+from grpo_core.mlflow_runs import tracking_uri
+from grpo_core.recipe import ConfigError, load_config
+from grpo_core.tracking import STORE, TrackingError, check_tracking, redact, send_unsent, unsent_count, unsent_dir
+from tasks.run_lock import RunInUse, in_use
 
 
 class _Terminated(BaseException):
@@ -101,8 +114,6 @@ CLASSIFIER_FLAGS = ("label_field", "positive_label", "val_fraction", "epochs", "
 
 def _recipe(a: argparse.Namespace):
     """The recipe of ``a.config`` with ``--set`` overrides; an invalid one fails here, before any work."""
-    from grpo_core.recipe import ConfigError, load_config
-
     try:
         return load_config(a.config, a.overrides)
     except ConfigError as e:
@@ -113,9 +124,6 @@ def _inputs_ready(cfg) -> dict[str, float]:
     """Every problem with the recipe's data files, model folders, output folder, disk and what it
     asks of this machine, and a run folder another run holds, one line each, before any server
     starts (``grpo_core.check``); exit 2 if there is one. Returns the run's disk report."""
-    from grpo_core.check import recipe_problems
-    from tasks.run_lock import in_use
-
     problems, disk = recipe_problems(cfg)
     problems += [held] if (held := in_use(cfg.run_dir)) else []
     for problem in problems:
@@ -134,9 +142,6 @@ def cmd_check(a: argparse.Namespace) -> None:
 
 def _tracking_ready(cfg) -> None:
     """An unusable tracking store fails here, in seconds, before any stage runs."""
-    from grpo_core.mlflow_runs import tracking_uri
-    from grpo_core.tracking import TrackingError, check_tracking
-
     try:
         check_tracking(tracking_uri(cfg))
     except TrackingError as e:
@@ -150,15 +155,12 @@ def _measured(result: dict) -> dict:
 
 
 def cmd_run(a: argparse.Namespace) -> None:
-    from tasks.run_lock import in_use
-
     cfg = _recipe(a)
     if held := in_use(cfg.run_dir):  # refused before anything heavy is imported or checked
         _fail(held)
     _inputs_ready(cfg)
     _tracking_ready(cfg)
     from flows.pipeline import pipeline
-    from grpo_core.tracking import unsent_count, unsent_dir
 
     _prefect_server()
     manifest = pipeline(cfg)
@@ -179,7 +181,6 @@ def _finished(a: argparse.Namespace, manifest: dict, run_dir: Path, summary: dic
     """What ``run`` and ``rounds`` print at the end: a table a person reads, or (``--json``) ``summary``."""
     from flows.pipeline import round_gains
     from flows.reports import terminal_report
-    from grpo_core.tracking import unsent_count, unsent_dir
 
     if a.json:
         print(json.dumps(summary, indent=2))
@@ -192,8 +193,6 @@ def _finished(a: argparse.Namespace, manifest: dict, run_dir: Path, summary: dic
 def cmd_eval(a: argparse.Namespace) -> None:
     from pydantic import ValidationError
 
-    from grpo_core.config import EvalConfig
-    from grpo_core.data import DataError, load_held_out
     from grpo_core.evaluation import evaluate_with
     from grpo_core.lm.modeling import ModelError, load_model
 
@@ -248,8 +247,6 @@ def cmd_experiment(a: argparse.Namespace) -> None:
     """``compare``, ``study`` and ``baseline``: presets of the experiment flow."""
     from flows.experiment import experiment
     from flows.experiment_setup import setup
-    from flows.variants import VARIANTS
-    from tasks.run_lock import in_use
 
     run_dir, variants = _finished_run(a, VARIANTS)
     if held := in_use(run_dir):
@@ -303,11 +300,6 @@ def cmd_join(a: argparse.Namespace) -> None:
 
 def cmd_sync(a: argparse.Namespace) -> None:
     """Send what a run's loggers kept while the tracking store did not answer (``<run>/mlflow-unsent``)."""
-    from grpo_core.env import default_tracking_uri
-    from grpo_core.mlflow_runs import tracking_uri
-    from grpo_core.recipe import load_config
-    from grpo_core.tracking import STORE, TrackingError, check_tracking, redact, send_unsent, unsent_dir
-
     kept_for = unsent_dir(a.run_dir) / STORE  # the store the records are for (a URI without credentials)
     recipe = Path(a.run_dir) / "config.yaml"  # a finished run's
     uri = a.tracking_uri or (kept_for.read_text().strip() if kept_for.exists() else None)
@@ -324,8 +316,6 @@ def cmd_sync(a: argparse.Namespace) -> None:
 
 
 def cmd_rounds(a: argparse.Namespace) -> None:
-    from tasks.run_lock import in_use
-
     run_dir = Path(a.run_dir)
     if held := in_use(run_dir):  # refused before anything heavy is imported or checked
         _fail(held)
@@ -335,8 +325,6 @@ def cmd_rounds(a: argparse.Namespace) -> None:
         _fail(f"{run_dir / 'manifest.json'}: run the pipeline first (grpo-pipeline run ...)")
     if a.rounds < 1:
         _fail(f"--rounds {a.rounds}: must be at least 1")
-    from grpo_core.manifests import read_manifest
-    from grpo_core.recipe import ConfigError, load_config
 
     try:
         read_manifest(run_dir / "manifest.json")
@@ -378,8 +366,6 @@ def cmd_rounds(a: argparse.Namespace) -> None:
 
 
 def cmd_corpus_run(a: argparse.Namespace) -> None:
-    from grpo_core.corpus.docs import CorpusError
-
     cfg = _recipe(a)
     _tracking_ready(cfg)
     from flows.corpus import corpus
@@ -419,7 +405,6 @@ def cmd_corpus_run(a: argparse.Namespace) -> None:
 
 
 def cmd_corpus_train(a: argparse.Namespace) -> None:
-    from grpo_core.corpus.docs import CorpusError
     from grpo_core.corpus.stage import train_classifier
 
     try:
@@ -429,7 +414,6 @@ def cmd_corpus_train(a: argparse.Namespace) -> None:
 
 
 def cmd_corpus_evaluate(a: argparse.Namespace) -> None:
-    from grpo_core.corpus.docs import CorpusError
     from grpo_core.corpus.stage import evaluate_classifier
 
     try:
@@ -446,7 +430,6 @@ def cmd_corpus_evaluate(a: argparse.Namespace) -> None:
 
 
 def cmd_corpus_score(a: argparse.Namespace) -> None:
-    from grpo_core.corpus.docs import CorpusError
     from grpo_core.corpus.stage import score_to_file
 
     try:
@@ -456,7 +439,6 @@ def cmd_corpus_score(a: argparse.Namespace) -> None:
 
 
 def cmd_corpus_decontaminate(a: argparse.Namespace) -> None:
-    from grpo_core.corpus.docs import CorpusError
     from grpo_core.corpus.stage import decontaminate_file
 
     try:
@@ -469,8 +451,6 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def cmd_ui(a: argparse.Namespace) -> None:
-    from flows.ui import serve_uis
-
     if a.host not in LOOPBACK and not a.expose:
         _fail(
             f"--host {a.host}: the MLflow and Prefect servers have no login; on {a.host} anyone who reaches this "
@@ -519,9 +499,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _eval_and_score_parsers(sub) -> None:
     """``eval`` (a model's accuracy on a file of questions) and ``score`` (a reward model's scores)."""
-    from grpo_core.config import EvalConfig
-    from grpo_core.data import HELD_OUT_FORMATS
-
     e = sub.add_parser("eval", help="accuracy of a model folder on a JSONL file of questions (GSM8K form or --format)")
     e.add_argument("--model", required=True)
     e.add_argument("--data", required=True)
@@ -661,8 +638,6 @@ def _rounds_join_sync_parsers(sub) -> None:
 
 def _corpus_parsers(sub) -> None:
     """``corpus`` and its commands: the loop, train, evaluate, score, decontaminate."""
-    from grpo_core.config import CorpusConfig
-
     cp = sub.add_parser("corpus", help="the math corpus: fastText classifier, scoring, decontamination, the loop")
     csub = cp.add_subparsers(dest="corpus_command", required=True)
     crun = csub.add_parser("run", help="the recall loop and decontamination on a recipe (the corpus flow)")
@@ -708,9 +683,6 @@ def _corpus_parsers(sub) -> None:
 def main(argv: list[str] | None = None) -> None:
     import httpx
 
-    from grpo_core.tracking import TrackingError
-    from tasks.run_lock import RunInUse
-
     started = time.time()  # (on the file system's clock, which stamps the manifests: _stopped)
     args = build_parser().parse_args(argv)
     setup_environment()
@@ -748,8 +720,6 @@ def _folder(a: argparse.Namespace) -> Path | None:
     if getattr(a, "run_dir", None):
         return Path(a.run_dir)
     if getattr(a, "config", None):
-        from grpo_core.recipe import ConfigError, load_config
-
         try:
             return load_config(a.config, a.overrides).run_dir
         except ConfigError:
