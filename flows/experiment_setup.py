@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict
 from flows.variants import Budget, PRESETS, Preset, VARIANTS
 from grpo_core.config import PipelineConfig
 from grpo_core.manifests import read_manifest
-from grpo_core.recipe import load_config
+from grpo_core.recipe import flatten, load_config
 from grpo_core.stages.identity import run_identity
 from grpo_core.stages.inputs import INPUTS, Ref
 from grpo_core.stages.outputs import GRPOOutput, StageOutput, TrainedOutput
@@ -192,8 +192,6 @@ def setup(
 def over_the_run(cfg: PipelineConfig, recipe: str, root: Path, overrides: list[str] | None = None) -> PipelineConfig:
     """``recipe`` for the run whose recipe is ``cfg``: its own settings, the run's name and folder;
     refused in one line where it would have trained another SFT model."""
-    from grpo_core.recipe import flatten
-
     theirs = load_config(recipe, overrides)
     mine, other = flatten(cfg), flatten(theirs)
     differ = sorted(

@@ -20,27 +20,26 @@ from prefect.artifacts import create_markdown_artifact
 from pydantic import Field
 
 from flows import artifact_key, numbered_run_name, parameter
+from flows.corpus import corpus
 from flows.reports import PARENT_NOTE, figure_source, pipeline_report
 from flows.rounds import RoundStart, next_start, rl_round, round_metrics
+from grpo_core import figures
 from grpo_core.config import PipelineConfig
+from grpo_core.digests import digest_dir
 from grpo_core.lm.runtime import numerics, peak_memory
 from grpo_core.manifests import read_manifest, write_manifest
 from grpo_core.mlflow_runs import experiment_id, finishing, run_params, start_run, tracking_uri
 from grpo_core.recipe import ConfigError, load_config
-from grpo_core.stages.inputs import DataInputs, EvalInputs, Ref, SFTInputs
+from grpo_core.stages.inputs import CorpusInputs, DataInputs, EvalInputs, PretrainInputs, Ref, SFTInputs
+from grpo_core.stats import question_interval
 from grpo_core.tracking import MlflowLogger, check_tracking, redact, send_unsent, unsent_count, unsent_dir
 from tasks.run_lock import run_lock
-from tasks.stage_tasks import StageRun, data_task, eval_task, run_stage, sft_task
+from tasks.stage_tasks import StageRun, data_task, eval_task, pretrain_task, run_stage, sft_task, stage_key, trusted
 
 
 def pretraining_stages(config: PipelineConfig, run_dir, data: Ref, common: dict) -> dict[str, StageRun]:
     """corpus (a subflow: a scoring task per iteration) -> continued pretraining, whose model SFT starts
     from. The corpus subflow is skipped when its manifest carries the same content key."""
-    from flows.corpus import corpus
-    from grpo_core.digests import digest_dir
-    from grpo_core.stages.inputs import CorpusInputs, PretrainInputs
-    from tasks.stage_tasks import pretrain_task, stage_key, trusted
-
     clock = time.perf_counter()
     out = run_dir / "corpus"
     inputs = CorpusInputs(data=data)
@@ -64,8 +63,6 @@ def gain_over_sft(policy: dict, sft: dict) -> dict:
     """A policy's test accuracy minus the SFT model's on the same questions (their eval results),
     with a 95% interval over the questions (one seed: what this run shows, not what the recipe does
     on average; ``compare`` repeats seeds)."""
-    from grpo_core.stats import question_interval
-
     paths = [r.get("per_question") for r in (policy, sft)]
     if not all(paths) or not all(Path(p).exists() for p in paths):
         return {}
@@ -102,8 +99,6 @@ def round_gains(manifest: dict) -> dict[int, dict[str, dict]]:
 def report_run(manifest: dict, run_dir: Path, exp_id: str, tracker: MlflowLogger) -> dict[str, str]:
     """The run's figures, saved under ``run_dir/figures``, logged as images on its MLflow run, and
     shown with its tables in a Prefect summary artifact; returns the figures' paths."""
-    from grpo_core import figures
-
     paths = figures.save(figures.pipeline_figures(manifest, run_dir), run_dir / "figures")
     tracker.log_artifacts(run_dir / "figures", "figures")
     shown = {name: figure_source(path) for name, path in paths.items()}

@@ -32,6 +32,7 @@ from grpo_core.config import PipelineConfig
 from grpo_core.rewards.gate import Gated, gate_grpo
 from grpo_core.stages.inputs import EvalInputs, GRPOInputs, INPUTS, Ref, ReplayInputs, RewardDataInputs
 from grpo_core.stages.outputs import GRPOOutput
+from grpo_core.stats import question_interval
 from grpo_core.mlflow_runs import delete_run, experiment_id, finishing, logged_round, patiently, round_params, start_run
 from grpo_core.tracking import MlflowLogger, unsent_dir
 from tasks.registry import promote_champion, register_policy, registered_name
@@ -145,8 +146,6 @@ def against_previous(previous: str | None, now: str | None) -> dict | None:
     """Round k's test accuracy minus round k-1's on the same questions, with its 95% interval (None
     for round 1, whose start, the SFT model, is evaluated at the pipeline's end)."""
     import json
-
-    from grpo_core.stats import question_interval
 
     if not previous or not now or not Path(previous).exists():
         return None

@@ -13,8 +13,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from grpo_core.algorithms import ALGORITHMS
 from grpo_core.config import PipelineConfig
 from grpo_core.data import DataError, load_held_out, load_jsonl
+from grpo_core.lm.shapes import looks_loadable, parameter_count
+from grpo_core.stages.prepare import prepared_splits
 
 
 def recipe_problems(cfg: PipelineConfig) -> tuple[list[str], dict[str, float] | None]:
@@ -73,11 +76,9 @@ def disk_needed(cfg: PipelineConfig) -> int:
     best and its published model (1x each); SFT (and continued pretraining), then per round GRPO (PPO:
     its value model's checkpoints too), the ORM and the PRM; and one checkpoint more at the peak (a new
     one is written before the oldest is removed). Rollouts, datasets and logs are small beside them."""
-    from grpo_core.algorithms import ALGORITHMS
-    from grpo_core.lm.shapes import parameter_count
-
     count = parameter_count(cfg.model)
     if count is None:  # a folder without safetensors headers: the model built on the meta device
+        # deferred: torch and transformers, so that grpo-pipeline check answers in under a second
         from grpo_core.lm.modeling import meta_parameter_count
 
         count = meta_parameter_count(cfg.model)
@@ -133,8 +134,6 @@ def _found(check, key: str, errors: type[Exception] | tuple[type[Exception], ...
 
 
 def _data_problems(cfg: PipelineConfig) -> list[str]:
-    from grpo_core.stages.prepare import prepared_splits
-
     dc, problems = cfg.data, []
     files = {
         f"data.{k}": getattr(dc, k)
@@ -177,12 +176,10 @@ def _model_problems(cfg: PipelineConfig) -> list[str]:
         for kind in ("orm", "prm")
         if getattr(cfg, kind).train and getattr(cfg, kind).init not in ("sft", "tiny")
     }
-    from grpo_core.lm.shapes import looks_loadable
-
     folders = {key: path for key, path in folders.items() if not looks_loadable(path)}  # told in ~0.2 s, no torch
     if not folders:
         return []
-    from grpo_core.lm.modeling import ModelError, check_model_folder
+    from grpo_core.lm.modeling import ModelError, check_model_folder  # deferred: torch and transformers
 
     return [p for key, path in folders.items() for p in _found(lambda: check_model_folder(path), key, ModelError)]
 

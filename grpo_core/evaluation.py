@@ -7,8 +7,10 @@ from pathlib import Path
 
 import torch
 
-from grpo_core.data import Example, held_out_sets, prompt_text
+from grpo_core.data import Example, held_out_sets, load_jsonl, prompt_text
 from grpo_core.lm.policy import generate
+from grpo_core.lm.runtime import place, set_compute
+from grpo_core.manifests import write_manifest
 from grpo_core.verify import _clean, extract_answer, is_correct, to_number
 
 
@@ -137,10 +139,7 @@ def run_eval(cfg, data_dir: Path, models: dict[str, str], out_dir: Path, logger=
     (``per_question/[<set>/]<name>.json``) for paired differences between models (``grpo_core.stats``)."""
     import json
 
-    from grpo_core.data import load_jsonl
-    from grpo_core.lm.modeling import load_model
-    from grpo_core.lm.runtime import place, set_compute
-    from grpo_core.manifests import write_manifest
+    from grpo_core.lm.modeling import load_model  # deferred: transformers; the helpers above need torch alone
 
     ec = cfg.eval
     set_compute(cfg.threads)

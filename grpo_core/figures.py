@@ -20,6 +20,9 @@ import math
 import sys
 from pathlib import Path
 
+from grpo_core.manifests import read_manifest
+from grpo_core.stages.rl_records import staleness
+
 CURVES = [
     ("train/reward_mean", "reward (mean of the group)"),
     ("val/accuracy", "validation accuracy"),
@@ -151,7 +154,7 @@ def grpo_figure(manifest: dict):
 
 def reward_model_figure(manifest: dict):
     """None when no round trained a reward model."""
-    from grpo_core.stages.reward_model import KINDS
+    from grpo_core.stages.reward_model import KINDS  # deferred: the stage's module imports torch and transformers
 
     kinds = sorted({kind for r in manifest["rounds"] for kind in r.get("reward_models", {})})
     if not kinds:
@@ -291,8 +294,6 @@ def staleness_figure(runs_by_variant: dict[str, list[dict]], kinds: list[str], w
     the policy's own rollouts, pooled over consecutive windows of ``window`` GRPO steps (every round
     end to end), mean over seeds. A frozen reward model whose curve falls is going stale."""
     import numpy as np
-
-    from grpo_core.stages.rl_records import staleness
 
     plt = _pyplot()
     fig, axes = plt.subplots(1, len(kinds), figsize=(5.5 * len(kinds), 3.8), squeeze=False)
@@ -459,8 +460,6 @@ def save(figures: dict, out_dir: Path) -> dict[str, Path]:
 
 def run_figure(run_dir: Path, out: Path) -> Path:
     """The README's picture: test accuracy beside GRPO's validation accuracy over every round."""
-    from grpo_core.manifests import read_manifest  # (torch: only for the README's picture)
-
     plt = _pyplot()
     manifest = read_manifest(Path(run_dir) / "manifest.json")
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [1.2, 1]})

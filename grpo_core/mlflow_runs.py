@@ -14,6 +14,7 @@ from typing import Callable, Iterator, TypeVar
 
 from grpo_core.config import PipelineConfig
 from grpo_core.env import default_tracking_uri
+from grpo_core.recipe import flatten
 from grpo_core.tracking import MlflowLogger, TrackingError, UNSENT, is_outage, log, redact
 
 T = TypeVar("T")
@@ -26,8 +27,6 @@ def tracking_uri(cfg: PipelineConfig) -> str:
 def run_params(config: PipelineConfig) -> dict[str, str]:
     """The parent run's params: the recipe, flattened, with credentials removed from the tracking
     URI. Only recipe values: nothing from the environment (tokens, passwords) is ever logged."""
-    from grpo_core.recipe import flatten
-
     params = flatten(config)
     params["tracking.tracking_uri"] = redact(params["tracking.tracking_uri"])
     return params

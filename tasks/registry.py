@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from grpo_core.tracking import MlflowLogger
+
 CHAMPION = "champion"
 
 
@@ -24,8 +26,6 @@ def register_policy(
     from the cache finds the version with the same round and weights digest instead of adding one."""
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
-
-    from grpo_core.tracking import MlflowLogger
 
     client = MlflowClient(uri)
     try:

@@ -27,6 +27,7 @@ import yaml
 
 from grpo_core.config import CorpusConfig, PipelineConfig
 from grpo_core.corpus import classifier, evaluate
+from grpo_core.corpus.demo_pool import build_demo_pool
 from grpo_core.corpus.decontam import BenchmarkIndex, benchmark_index, process_index
 from grpo_core.corpus.docs import CorpusError, Doc, read_docs, shards, write_jsonl
 from grpo_core.corpus.score import MapTasks, run_here, score_pool, scored
@@ -311,8 +312,6 @@ def from_annotations_file(path: str | Path | None) -> Approve:
 def inputs(cc: CorpusConfig, out_dir: Path, seed: int) -> dict:
     """Pool, seed and annotations: the recipe's files, or the demo's, built under ``out_dir/sources``."""
     if cc.source == "demo":
-        from grpo_core.corpus.demo_pool import build_demo_pool
-
         built = build_demo_pool(out_dir / "sources", seed)
         return {"pool": [built["pool"]], "seed": [built["seed"]], "annotations": built["annotations"]}
     if not cc.pool or not cc.seed:

@@ -402,6 +402,7 @@ class CompletionLogprobs(torch.nn.Module):
         shared = distinct_prompts(ids, mask, prompt_len)
         if shared is None:
             return plain()
+        # deferred: prompt_cache imports transformers (~0.7 s); the rest of policy needs torch alone
         from grpo_core.lm.prompt_cache import PrefixKV, PromptKV, keeping_cache
 
         prompt_ids, prompt_mask, inverse = shared

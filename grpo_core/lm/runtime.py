@@ -13,6 +13,9 @@ from pathlib import Path
 import torch
 
 from grpo_core.config import LaunchConfig
+from grpo_core.env import numerics_settings
+from grpo_core.lm import decode
+from grpo_core.lm.attention import use_grouped_sdpa
 
 
 def device_for(launch: LaunchConfig) -> torch.device:
@@ -29,9 +32,6 @@ def place(model, launch: LaunchConfig, train: bool = False):
     grouped-query attention over a mask without repeated keys and values (``attention``: the same
     numbers, less memory). Also where the process takes ``launch.cuda_graphs`` (how ``generate``
     decodes on a GPU)."""
-    from grpo_core.lm import decode
-    from grpo_core.lm.attention import use_grouped_sdpa
-
     decode.CUDA_GRAPHS = launch.cuda_graphs
     model.to(device_for(launch))
     use_grouped_sdpa(model)
@@ -174,8 +174,6 @@ def numerics() -> dict:
     torch's CPU kernel set (``AVX512``, ``AVX2``...). Warns where MKL's mode is not what ``MKL_CBWR``
     asks (MKL had already computed when the setting came: torch did arithmetic before ``grpo_core``
     was imported)."""
-    from grpo_core.env import numerics_settings
-
     mode = mkl_mode()
     wanted = os.environ.get("MKL_CBWR", "").strip()
     if mode is not None and (mode != "OFF") != bool(wanted):

@@ -9,6 +9,7 @@ import string
 from pathlib import Path
 
 from grpo_core.config import ModelConfig
+from grpo_core.lm import adapters
 
 SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>"]
 CHARACTERS = sorted(set(string.printable) - set("\t\r\x0b\x0c"))  # one token each: printable ASCII and newline
@@ -40,8 +41,6 @@ def looks_loadable(path: str | Path) -> bool:
     ``tokenizer.json`` that loads; for an adapter folder, the same of its base, which must hold the
     weights the adapter was trained on. False where that cannot be told so: ``modeling.check_model_folder``
     then checks the folder through transformers and names any problem."""
-    from grpo_core.lm import adapters
-
     path = Path(path)
     if adapters.is_adapter(path):
         try:

@@ -15,8 +15,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from grpo_core.lm import adapters
 from grpo_core.lm.policy import Rollout, position_ids
 from grpo_core.lm.runtime import model_device
+from grpo_core.rewards.likelihood import VerifierHead, reward_head_kind
 
 
 def bradley_terry_loss(r_chosen: torch.Tensor, r_rejected: torch.Tensor) -> torch.Tensor:
@@ -105,16 +107,12 @@ def load_reward_model(path: str | Path, kind: str, head: str = "linear", lm_toke
     classification model with one output (a fresh ``score`` head on a causal LM's body)."""
     import json
 
+    # deferred: transformers, only to load a folder (the losses and readings here need torch alone)
     from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification
 
-    from grpo_core.lm.modeling import ModelError
-    from grpo_core.rewards.likelihood import VerifierHead, reward_head_kind
-
-    from grpo_core.lm import adapters
+    from grpo_core.lm.modeling import ModelError, load_model
 
     if adapters.is_adapter(path):  # a LoRA adapter (sft.lora): its base with it merged, a fresh head on that
-        from grpo_core.lm.modeling import load_model
-
         lm, tokenizer = load_model(path)
         return reward_model_from(lm, kind, head, tokenizer, lm_tokens)
     try:
@@ -191,8 +189,6 @@ def last_token_index(completion_mask: torch.Tensor) -> torch.Tensor:
 
 def is_verifier_head(model) -> bool:
     """A ``VerifierHead`` (also inside a DDP wrapper)."""
-    from grpo_core.rewards.likelihood import VerifierHead
-
     return isinstance(getattr(model, "module", model), VerifierHead)
 
 

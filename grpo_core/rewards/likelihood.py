@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from grpo_core.lm.policy import Rollout, token_logprobs
+from grpo_core.lm.policy import CompletionLogprobs, Rollout, position_ids, token_logprobs
+from grpo_core.rewards.steps import rollout_step_ends
 
 
 def step_lowest_logprobs(logp: torch.Tensor, ends: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -44,8 +45,6 @@ def likelihood_scores(model, tokenizer, rollout: Rollout, separator: str):
     """The causal LM ``model`` as a verifier of ``rollout``'s completions: [B] solution scores (the
     lowest token probability of the completion), [B, K] step scores (of each step, so far) and the [B, K]
     bool mask of real steps."""
-    from grpo_core.rewards.steps import rollout_step_ends
-
     ends, mask = rollout_step_ends(tokenizer, rollout, separator)
     logp = token_logprobs(model, rollout).float()
     return (lowest_logprob(logp, rollout.completion_mask).exp(), step_lowest_logprobs(logp, ends, mask).exp(), mask)
@@ -62,8 +61,6 @@ def lm_verdicts(
     """[B, K] the Math-Shepherd reading of a causal LM: the logit of the "good" token minus that of
     the "bad" one, as the LM predicts the token after completion token ``at`` ([B, K] long, 0-based).
     Only the two output rows are computed, not the whole vocabulary."""
-    from grpo_core.lm.policy import position_ids
-
     hidden = lm.base_model(
         input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask)
     ).last_hidden_state[:, prompt_len:]  # [B, T, H]
@@ -147,8 +144,6 @@ class VerifierHead(torch.nn.Module):
     ) -> torch.Tensor:
         """[B] solution logits, or with ``ends`` ([B, K] long, step ends; padding: any index) [B, K]
         step logits, on the model's device."""
-        from grpo_core.lm.policy import CompletionLogprobs
-
         device = self.scale.device
         completion_mask = completion_mask.to(device)
         if self.reading == "lm":
@@ -188,7 +183,7 @@ class VerifierHead(torch.nn.Module):
     ) -> "VerifierHead":
         """From a causal-LM folder: its saved reading and calibration when it is one of ours, else a
         fresh ``reading`` (``lm``: ``tokens`` must each be one token of the folder's tokenizer)."""
-        from grpo_core.lm.modeling import ModelError, load_model
+        from grpo_core.lm.modeling import ModelError, load_model  # deferred: transformers, only to load a folder
 
         lm, tokenizer = load_model(path)
         saved = getattr(lm.config, "reward_head", None) or {}

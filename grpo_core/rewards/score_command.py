@@ -20,7 +20,9 @@ import torch
 
 from grpo_core.data import json_lines, prompt_text
 from grpo_core.lm.policy import encode
+from grpo_core.rewards.heads import load_reward_model, orm_logits, prm_step_logits
 from grpo_core.rewards.likelihood import likelihood_scores, reward_head_kind
+from grpo_core.rewards.steps import rollout_step_ends
 
 
 class ScoreInputError(ValueError):
@@ -73,14 +75,11 @@ def read_rows(path: str | Path) -> list[tuple[str, str]]:
 @torch.no_grad()
 def score(model_dir: str | Path, rows: list[tuple[str, str]], batch_size: int = 64) -> list[dict]:
     """One result per (prompt, completion), in order (see the module docstring)."""
-    from grpo_core.lm.modeling import load_tokenizer
-    from grpo_core.rewards.heads import load_reward_model, orm_logits, prm_step_logits
-    from grpo_core.rewards.steps import rollout_step_ends
+    # deferred: transformers, so that reward_model_kind refuses a wrong folder before it is imported
+    from grpo_core.lm.modeling import load_model, load_tokenizer
 
     kind = reward_model_kind(model_dir)
     if kind == "lm":
-        from grpo_core.lm.modeling import load_model
-
         model = load_model(model_dir)[0].eval()
     else:
         model = load_reward_model(model_dir, kind).eval()

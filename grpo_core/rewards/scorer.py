@@ -17,6 +17,7 @@ import torch
 
 from grpo_core.config import GRPOConfig
 from grpo_core.lm.policy import Rollout
+from grpo_core.rewards import heads
 from grpo_core.rewards.steps import exact_step_labels, rollout_step_ends, step_texts
 from grpo_core.verify import is_correct
 
@@ -135,12 +136,11 @@ class RewardScorer:
         """The recipe's reward (``grpo.reward_weights`` under ``grpo.supervision``, read here only).
         ``paths``: the folders of the reward models the weights use (``orm``, ``prm``), placed on
         ``device`` (the policy's); a weighted one missing is an error."""
-        from grpo_core.rewards.heads import load_reward_model
-
         paths = paths or {}
         require_reward_models({k: cfg.reward_weights[k] for k in cfg.reward_models_used}, paths)
         models = {
-            k: load_reward_model(paths[k], k).to(device).eval().requires_grad_(False) for k in cfg.reward_models_used
+            k: heads.load_reward_model(paths[k], k).to(device).eval().requires_grad_(False)
+            for k in cfg.reward_models_used
         }
         if cfg.prm_oracle:
             models["prm"] = ORACLE
@@ -150,8 +150,6 @@ class RewardScorer:
     def __call__(self, rollout: Rollout, golds: list[str], questions: list[str] | None = None) -> Scored:
         """Scores of ``rollout``'s completions of ``questions`` (one per row; the oracle PRM reads
         them) with gold answers ``golds``."""
-        from grpo_core.rewards.heads import last_token_index, orm_logits
-
         # The reward models read each distinct completion once (a group repeats its likeliest one).
         rows = rollout.distinct()
         once = rollout.select(rows.index) if rows.repeats else rollout
@@ -161,7 +159,7 @@ class RewardScorer:
         learned: dict[str, torch.Tensor] = {}
         outcome = self.weights["rule"] * rule if "rule" in self.weights else torch.zeros_like(rule)
         if "orm" in self.weights:
-            orm = torch.sigmoid(orm_logits(self.orm, once))[rows.inverse]
+            orm = torch.sigmoid(heads.orm_logits(self.orm, once))[rows.inverse]
             stats["reward/orm_mean"] = (
                 float(orm[torch.isfinite(orm)].mean()) if torch.isfinite(orm).any() else float("nan")
             )
@@ -187,7 +185,7 @@ class RewardScorer:
         # For the advantage the last step extends to the last token (EOS), so the decision to stop
         # is rewarded with the solution; the PRM still read its score at the step's own end.
         adv_ends = ends.clone()
-        adv_ends[rows, last] = torch.maximum(ends[rows, last], last_token_index(rollout.completion_mask))
+        adv_ends[rows, last] = torch.maximum(ends[rows, last], heads.last_token_index(rollout.completion_mask))
         return Scored(
             solution,
             correct,
@@ -208,8 +206,6 @@ class RewardScorer:
         """Each step's score (the PRM's probability, or the oracle's 0/1) of the distinct completions
         ``once`` (``rows``: ``Rollout.distinct``'s), spread back to every row: [B, K] scores (NaN on
         padding), [B, K] step ends and [B, K] mask."""
-        from grpo_core.rewards.heads import prm_step_logits
-
         ends, mask = rollout_step_ends(self.tokenizer, once, self.separator)
         if self.prm is ORACLE:
             pick = rows.index.tolist()
@@ -221,7 +217,7 @@ class RewardScorer:
             )
             steps = torch.nn.functional.pad(steps, (0, mask.shape[1] - steps.shape[1]))[rows.inverse]
         else:
-            steps = torch.sigmoid(prm_step_logits(self.prm, once, ends))[rows.inverse]
+            steps = torch.sigmoid(heads.prm_step_logits(self.prm, once, ends))[rows.inverse]
         ends, mask = ends[rows.inverse.to(ends.device)], mask[rows.inverse.to(mask.device)]
         return torch.where(mask, steps, torch.nan), ends, mask
 

@@ -1,7 +1,8 @@
 """What each stage consumes, typed: the flows build these, the cache key hashes them, and the one
 stage entry point (``python -m grpo_core.stages --config C --inputs FILE --out DIR``, which
 torchrun and accelerate start too) reads them from a JSON file, so the in-process and the launched
-route run the same ``run``."""
+route run the same ``run``. Each ``run`` imports its stage's module when it runs (deferred: they import
+torch, most of them transformers too; the flows and ``tasks.launch`` import these classes without them)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from grpo_core.config import CorpusConfig, PipelineConfig
 from grpo_core.data import held_out_sets
 from grpo_core.digests import digest_files
 from grpo_core.manifests import Ref
+from grpo_core.stages.prepare import run_prepare
 from grpo_core.stages.outputs import (
     CorpusOutput,
     EvalOutput,
@@ -64,8 +66,6 @@ class DataInputs(StageInputs):
     sections: ClassVar[tuple[str, ...]] = ("seed", "data")
 
     def run(self, cfg, out_dir, logger=None):
-        from grpo_core.stages.prepare import run_prepare
-
         manifest = run_prepare(cfg, out_dir)
         if logger:
             logger.log_metrics(

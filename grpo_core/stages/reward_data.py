@@ -27,7 +27,7 @@ from grpo_core.lm.runtime import place, set_compute
 from grpo_core.manifests import write_manifest
 from grpo_core.rewards import rollout_log
 from grpo_core.rewards.labels import Completer, Sampled, label_agreement, outcome_pairs, sample_solutions, step_rows
-from grpo_core.rewards.replay import ORIGIN, tag_rows
+from grpo_core.rewards.replay import ORIGIN, tag_rows, write_version
 from grpo_core.rewards.steps import planted_error
 from grpo_core.seeds import batch_seed, round_seed
 from grpo_core.stages.outputs import arrow_digest
@@ -357,8 +357,6 @@ def run_replay(
     """Replay buffer version ``round_``: version ``previous`` plus this round's fresh training rows
     of each dataset in ``reward_data`` (name -> the reward-data stage's folder)."""
     from datasets import load_from_disk
-
-    from grpo_core.rewards.replay import write_version
 
     logger = logger or NullLogger()
     fresh = {name: load_from_disk(path)["train"].to_list() for name, path in reward_data.items()}

@@ -24,7 +24,7 @@ from typing import Callable, NamedTuple
 import torch
 
 from grpo_core.config import PipelineConfig
-from grpo_core.lm.modeling import load_tokenizer, tiny_llama
+from grpo_core.lm.modeling import load_model, load_tokenizer, tiny_llama
 from grpo_core.lm.policy import encode
 from grpo_core.training import distributed
 from grpo_core.rewards.heads import (
@@ -335,8 +335,6 @@ def evaluate_likelihood(
     """The zero-training verifier (``rewards.likelihood``: the causal LM ``lm_dir`` read through its own
     token probabilities) on the held-out rows of a ``kind`` reward model, by the same metrics: the
     baseline every trained reward model must beat."""
-    from grpo_core.lm.modeling import load_model
-
     lm, tokenizer = load_model(lm_dir)
     lm.eval()
     solutions, steps = [], []
