@@ -19,7 +19,7 @@ import random
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import Callable
 
 import torch
 
@@ -54,7 +54,7 @@ from grpo_core.stages.reward_metrics import (
     step_batch,
 )
 from grpo_core.tracking import MetricLogger, NullLogger
-from grpo_core.training.trainer import Plan, TrainState, Trainer, optimizer_step
+from grpo_core.training.trainer import Plan, Started, TrainState, Trainer, optimizer_step
 
 
 def run_reward_model(
@@ -101,18 +101,10 @@ def run_reward_model(
     return write_manifest(out_dir, manifest(kind, cfg, run, st, best, gate, final_dir, init_dir, round_))
 
 
-class Built(NamedTuple):
-    """A run ready to loop: the processes, this process's logger, the training loop (started), the
-    model and what trains through it (``Trainer.wrap``), the forward pass's precision context, and
-    the training rows, their mix and the held-out rows (``training_rows``)."""
+@dataclass(frozen=True)
+class Built(Started):
+    """``Started``, with the training rows, their mix and the held-out rows (``training_rows``)."""
 
-    d: distributed.Dist
-    logger: MetricLogger
-    trainer: Trainer
-    model: torch.nn.Module
-    tokenizer: object
-    trained: torch.nn.Module
-    amp: Callable
     train: list[tuple[str, dict]]
     mix: dict
     held_out: dict[str, list[dict]]

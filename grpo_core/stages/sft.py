@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import functools
 import random
-from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
+from dataclasses import dataclass
 
 import torch
 
@@ -29,7 +28,7 @@ from grpo_core.tracking import MetricLogger, NullLogger
 from grpo_core.training import distributed
 from grpo_core.training.checkpoint import latest_checkpoint, load_state
 from grpo_core.training.schedules import learning_rate
-from grpo_core.training.trainer import Plan, TrainState, Trainer
+from grpo_core.training.trainer import Plan, Started, TrainState, Trainer
 
 
 @torch.no_grad()
@@ -77,18 +76,11 @@ def run_sft(
     return write_manifest(out_dir, manifest(trainer, st, final_dir, init_from, len(run.train)))
 
 
-class Built(NamedTuple):
-    """A run ready to loop: the processes, this process's logger, the training loop (started), the
-    model and what trains through it (``Trainer.wrap``), the forward pass's precision context, the
-    encoded training examples and the validation questions with their packed rows."""
+@dataclass(frozen=True)
+class Built(Started):
+    """``Started``, with the encoded training examples and the validation questions with their
+    packed rows."""
 
-    d: distributed.Dist
-    logger: MetricLogger
-    trainer: Trainer
-    model: torch.nn.Module
-    tokenizer: object
-    trained: torch.nn.Module
-    amp: Callable
     train: list
     val_examples: list[Example]
     val_ids: torch.Tensor

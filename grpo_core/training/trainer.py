@@ -24,6 +24,7 @@ from grpo_core.training.checkpoint import resume_point, rng_state, save_checkpoi
 from grpo_core.training.distributed import Dist
 from grpo_core.lm.modeling import save_model
 from grpo_core.training.schedules import learning_rate
+from grpo_core.tracking import MetricLogger
 
 
 @dataclass
@@ -392,3 +393,18 @@ class Trainer:
         if last:
             write_whole(self.out_dir / "last", lambda tmp: save_model(self.model, self.tokenizer, tmp, weights))
         return write_whole(final_dir, lambda tmp: shutil.copytree(self.out_dir / "best", tmp))
+
+
+@dataclass(frozen=True)
+class Started:
+    """A supervised stage ready to loop (SFT, a reward model): the processes, this process's logger,
+    the loop (``start`` called), the model and what trains through it (``Trainer.wrap``), its
+    tokenizer and the forward pass's precision context. Each stage's own ``Built`` adds its rows."""
+
+    d: Dist
+    logger: MetricLogger
+    trainer: Trainer
+    model: torch.nn.Module
+    tokenizer: object
+    trained: torch.nn.Module
+    amp: Callable
