@@ -1,6 +1,6 @@
 """Model output is hostile: a property-based test feeds random and adversarial completions (code
 that would create a canary file, power towers, huge numbers, deep nesting, LaTeX bombs, control
-characters) to the answer checker and every function the rewards run on completion text, and
+characters) to the answer checker, the calculator and every function the rewards run on completion text, and
 asserts that no exception escapes, every call returns within a time bound, and nothing is executed.
 
 Prints the number of examples tried and the slowest call (``pytest -s`` shows it)."""
@@ -10,12 +10,14 @@ from __future__ import annotations
 import signal
 import tempfile
 import time
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from grpo_core.calculator import evaluate, line_result
 from grpo_core.rewards.scorer import rule_reward
 from grpo_core.rewards.steps import split_steps
 from grpo_core.verify import answers_match, extract_answer, is_correct, to_number
@@ -128,6 +130,8 @@ def test_hostile_completions_are_parsed_never_run():
         reward = timed(rule_reward, [completion], [gold])
         assert reward.shape == (1,) and reward[0] in (0.0, 1.0)  # never an error (NaN) on our checker
         assert isinstance(timed(split_steps, completion, "\n"), list)
+        assert timed(line_result, completion + " =") is None or isinstance(line_result(completion + " ="), str)
+        assert timed(evaluate, text) is None or isinstance(evaluate(text), Fraction)
         assert not CANARY.exists(), f"model text was executed: {completion[:200]!r}"
 
     previous = signal.signal(signal.SIGALRM, _alarm)
