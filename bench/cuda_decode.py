@@ -81,7 +81,7 @@ def main() -> None:
                     t0 = time.perf_counter()
                     with amp:
                         out = decode(
-                            net, ids, mask, max_new_tokens=a.new, eos_id=-1, pad_id=0, choose=lambda s: s, **kw
+                            net, ids, mask, max_new_tokens=a.new, eos_id=-1, pad_id=0, choose=lambda ids, s: s, **kw
                         )
                     sync()
                     times.append(time.perf_counter() - t0)

@@ -187,3 +187,25 @@ def line_result(text: str) -> str | None:
     if value is None:
         return None
     return written(value) if line != stripped else " " + written(value)
+
+
+_WRITTEN_RESULT = re.compile(r" ?-?\d[\d,]*(?:\.\d+)?")
+
+
+def tool_form(text: str) -> tuple[str, list[tuple[int, int]]]:
+    """A worked solution as the calculator would have written it, and the character spans it wrote:
+    after each ``expr =`` it computes (``line_result``), the number written there is replaced by
+    the calculator's (``7 + 2 =9`` -> ``7 + 2 = 9``; a wrong ``= 8`` -> ``= 9``). SFT on this text
+    learns the lines the model writes, not the results (the spans are left out of its loss)."""
+    out, spans, i = "", [], 0
+    while (k := text.find("=", i)) >= 0:
+        out += text[i : k + 1]
+        i = k + 1
+        result = line_result(out)
+        if result is None:
+            continue
+        old = _WRITTEN_RESULT.match(text, i)
+        i = old.end() if old else i
+        spans.append((len(out), len(out) + len(result)))
+        out += result
+    return out + text[i:], spans

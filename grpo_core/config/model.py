@@ -19,6 +19,13 @@ class ModelConfig(Section):
     num_layers: int = Field(4, ge=1, description="tiny model depth")
     num_heads: int = Field(4, ge=1, description="tiny model attention heads")
     max_length: int = Field(256, ge=16, description="context length of the tiny model")
+    calculator: bool = Field(
+        False,
+        description="the model writes with a calculator: where a line reaches an arithmetic expression and "
+        "'=', the sampler writes the result (grpo_core/calculator.py) and the losses leave those tokens out; "
+        "SFT trains on solutions in that form and saves the setting with the model, whose every sampler "
+        "(evaluation, reward data, GRPO) then uses it",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> "ModelConfig":

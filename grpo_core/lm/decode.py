@@ -178,7 +178,8 @@ def decode(
     graph: bool = False,
 ) -> torch.Tensor:
     """Left-padded prompts ``input_ids`` / ``attention_mask`` [B, P] -> completions [B, T <= max_new_tokens]:
-    each step's token is ``choose(scores [B, V]).argmax(-1)``; a row that has emitted EOS gets
+    each step's token is ``choose(completions so far [B, t], scores [B, V]).argmax(-1)`` (a logits
+    processor's interface, on the completions alone); a row that has emitted EOS gets
     ``pad_id`` from then on, and decoding stops once every row has (as ``generate`` does).
     ``static``: every step the same shapes (``StaticStep``), with ``graph`` replayed as a CUDA graph."""
     b, p = input_ids.shape
@@ -197,7 +198,7 @@ def decode(
     live, every = torch.arange(b, device=device), scores
     for t in range(max_new_tokens):
         every = scores if len(live) == b else every.index_copy_(0, live, scores)
-        token = choose(every).argmax(-1).masked_fill(done, pad_id)
+        token = choose(out[:, :t], every).argmax(-1).masked_fill(done, pad_id)
         out[:, t] = token
         done |= token == eos_id
         if t + 1 == max_new_tokens or bool(done.all()):

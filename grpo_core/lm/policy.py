@@ -6,7 +6,7 @@ attention mask so that a left-padded row sees the same positions in training as 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from grpo_core.lm import decode as fast_decode
 from grpo_core.lm.decode import distinct_prompts, position_ids
 from grpo_core.lm.runtime import model_device
+from grpo_core.lm.tool import CalculatorForcing
 from grpo_core.seeds import row_seed
 
 
@@ -25,6 +26,7 @@ class Rollout:
     prompt_len: int  # P
     texts: list[str]  # decoded completions without special tokens
     truncated: torch.Tensor  # [B] bool: no EOS within max_new_tokens
+    tool_mask: torch.Tensor | None = None  # [B, T] 1 on the tokens the calculator wrote (lm/tool.py), not the policy's
 
     @property
     def completion_ids(self) -> torch.Tensor:
@@ -39,6 +41,7 @@ class Rollout:
             self.prompt_len,
             self.texts[start:stop],
             self.truncated[start:stop],
+            None if self.tool_mask is None else self.tool_mask[start:stop],
         )
 
     def select(self, index: torch.Tensor) -> "Rollout":
@@ -50,6 +53,7 @@ class Rollout:
             self.prompt_len,
             [self.texts[i] for i in index.tolist()],
             self.truncated[index],
+            None if self.tool_mask is None else self.tool_mask[index],
         )
 
     @staticmethod
@@ -70,7 +74,14 @@ class Rollout:
             p,
             [text for r in parts for text in r.texts],
             torch.cat([r.truncated for r in parts]),
+            None
+            if all(r.tool_mask is None for r in parts)
+            else torch.cat([F.pad(r.written(), (0, t - r.completion_mask.shape[1])) for r in parts]),
         )
+
+    def written(self) -> torch.Tensor:
+        """[B, T] 1 on the tokens the calculator wrote (zeros where it wrote none)."""
+        return torch.zeros_like(self.completion_mask) if self.tool_mask is None else self.tool_mask
 
     def distinct(self, *keys: torch.Tensor) -> "Distinct":
         """The rows that differ in their tokens or in any of ``keys`` ([B, ...] per row, e.g. their
@@ -195,8 +206,11 @@ def generate(
     temperatures: list[float] | None = None,
     seed: int = 0,
     row_ids: list[int] | None = None,
+    calculator: bool | None = None,
 ) -> Rollout:
-    """Sample one completion per prompt (greedy when ``temperatures`` is None).
+    """Sample one completion per prompt (greedy when ``temperatures`` is None). ``calculator``: the
+    results of a line's arithmetic written by the calculator (``lm/tool.py``), marked in ``tool_mask``;
+    None: as the model was trained (``config.calculator``, saved by SFT with ``model.calculator``).
 
     Row i's sample depends only on (``seed``, ``row_ids[i]``) (default: i), so a resumed run redraws
     the same rollouts and a process holding rows 8..15 of a batch draws what one process drawing all
@@ -214,8 +228,12 @@ def generate(
     model.eval()
     device = model_device(model)
     ids, mask = enc.input_ids.to(device), enc.attention_mask.to(device)
-    if fast_decode.supports(model):
-        sampler = processors[0] if processors else None
+    fast = fast_decode.supports(model)
+    calculator = getattr(model.config, "calculator", False) if calculator is None else calculator
+    tool = CalculatorForcing(tokenizer, len(prompts), start=0 if fast else prompt_len) if calculator else None
+    if tool is not None:
+        processors.append(tool)
+    if fast:
         graphs = device.type == "cuda" and fast_decode.CUDA_GRAPHS
         chosen = fast_decode.decode(
             model,
@@ -224,7 +242,7 @@ def generate(
             max_new_tokens=max_new_tokens,
             eos_id=tokenizer.eos_token_id,
             pad_id=tokenizer.pad_token_id,
-            choose=(lambda scores: sampler(None, scores)) if sampler else (lambda scores: scores),
+            choose=processors,
             static=graphs,
             graph=graphs,
         )
@@ -237,7 +255,10 @@ def generate(
     texts = tokenizer.batch_decode(
         completion * cmask.long() + tokenizer.pad_token_id * (1 - cmask.long()), skip_special_tokens=True
     )
-    return _after_prompts(enc, completion, cmask, texts, truncated)
+    rollout = _after_prompts(enc, completion, cmask, texts, truncated)
+    if tool is None:
+        return rollout
+    return replace(rollout, tool_mask=tool.written_mask(completion.shape[1]) * cmask)
 
 
 def _transformers_generate(

@@ -2,15 +2,14 @@
 and its updates for ``grpo.algorithm`` (GRPO, DeepSeekMath §4.1, and its §5 peers: PPO, RFT, online
 RFT; ``algorithms.ALGORITHMS``). The stage that runs it step after step is ``stages/grpo.py``.
 
-``rl_step`` runs four phases, each a section below, in the order they run, each returning what it
-made and its seconds (``time/*`` metrics: the first draw's sampling and scoring, the redraws, the
-estimator, the log-prob passes and the updates):
+``rl_step`` runs four phases, each a section below, in the order they run, each returning what it made and
+its seconds (``time/*`` metrics: the first draw's sampling and scoring, the redraws, the estimator, the
+log-prob passes and the updates):
 
-1. ``explore``: G completions of each question from pi_old (RFT: the frozen starting model), scored
-   by the answer checker and the reward models (``rewards/scorer.py``; process supervision scores
-   every step); with dynamic sampling (``grpo.redraws``) a slot whose group fails dynamic
-   sampling's test (``questions.passes_dynamic_sampling``) samples another question's group
-   instead, up to ``redraws`` times.
+1. ``explore``: G completions of each question from pi_old (RFT: the frozen starting model), scored by the answer
+   checker and the reward models (``rewards/scorer.py``; process supervision scores every step); with dynamic
+   sampling (``grpo.redraws``) a slot whose group fails dynamic sampling's test
+   (``questions.passes_dynamic_sampling``) samples another question's group instead, up to ``redraws`` times.
 2. ``estimate``: the algorithm's advantage estimator (``estimators.ESTIMATORS``: group z-scores or
    process credit for GRPO, 1[correct] for RFT and online RFT, GAE for PPO), over the pure math of
    ``advantages.py``.
@@ -30,7 +29,8 @@ Where this GRPO differs from the paper's (§4.1, §4.2), by default or by a sett
 - a completion without a finite reward (no verdict, a NaN score) gets no advantage;
 - options the paper has not, each off by default: dynamic sampling and the pass-rate curriculum
   (``questions.py``), PURE's min-form process credit, DAPO's clip-higher and token-mean and Dr.
-  GRPO's aggregations (``losses.py``), LoRA adapters.
+  GRPO's aggregations (``losses.py``), LoRA adapters, a calculator the model calls (``model.calculator``:
+  ``lm/tool.py``), whose tokens are not the policy's: ``update`` leaves them out of the loss, ratio, KL and entropy.
 """
 
 from __future__ import annotations
@@ -269,7 +269,7 @@ def update(learner: Learner, rollout: Rollout, advantages: Advantages, n_global:
             f"grpo.beta = {grpo.kl.loss} weighs a KL to the reference in the loss, but no reference model was given"
         )
     started = time.perf_counter()
-    rollout = dataclasses.replace(rollout, completion_mask=advantages.mask)  # the tokens that learn
+    rollout = dataclasses.replace(rollout, completion_mask=advantages.mask * (1 - rollout.written()))  # what learns
     rows = minibatch_rows(learner, n_global)
     parts, sizes = minibatches(learner, rollout, advantages, rows)
     # With a single update on the whole batch pi_old is the current policy: its log-probs are the

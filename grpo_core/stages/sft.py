@@ -112,11 +112,16 @@ def build(
     else:
         model, tokenizer = init_model(cfg.model, cfg.seed)
     place(model, cfg.launch, train=True)
+    if cfg.model.calculator:
+        model.config.calculator = True  # saved with the model: every sampler of it uses the calculator
     amp = functools.partial(autocast, cfg.launch, model_device(model))
-    train = encode_examples(read_split(data_dir, "sft"), tokenizer, sc.loss_on_prompt)
+    train = encode_examples(read_split(data_dir, "sft"), tokenizer, sc.loss_on_prompt, cfg.model.calculator)
     val_examples = read_split(data_dir, "val")
     val_ids, val_labels = pack(
-        encode_examples(val_examples, tokenizer, sc.loss_on_prompt), sc.context_length, tokenizer.pad_token_id, rng=None
+        encode_examples(val_examples, tokenizer, sc.loss_on_prompt, cfg.model.calculator),
+        sc.context_length,
+        tokenizer.pad_token_id,
+        rng=None,
     )
     model.train()
     trained = trainer.wrap(model)

@@ -8,7 +8,7 @@ from fractions import Fraction
 
 import pytest
 
-from grpo_core.calculator import evaluate, line_result, written
+from grpo_core.calculator import evaluate, line_result, tool_form, written
 
 
 @pytest.mark.parametrize(
@@ -120,3 +120,19 @@ def test_a_value_past_the_result_bound_is_refused_and_one_inside_is_computed():
     assert evaluate("2 ** 64") == 2**64
     assert evaluate("10 ** 64") is None  # 65 digits > the result bound
     assert evaluate("123456789 * 987654321") == 123456789 * 987654321
+
+
+@pytest.mark.parametrize(
+    "text, form, written",
+    [
+        ("3 + 4 = 7\n7 * 2 = 14\n#### 14", "3 + 4 = 7\n7 * 2 = 14\n#### 14", [" 7", " 14"]),
+        ("2 * 6 = 11\n#### 11", "2 * 6 = 12\n#### 11", [" 12"]),  # a wrong result replaced
+        ("7 + 2 =9", "7 + 2 = 9", [" 9"]),
+        ("7 / 3 = 2.33\n#### 2.33", "7 / 3 = 2.333333\n#### 2.33", [" 2.333333"]),
+        ("x = 5\nso 5 = 5", "x = 5\nso 5 = 5", []),  # nothing computed
+        ("a == b", "a == b", []),
+    ],
+)
+def test_tool_form_is_the_text_the_sampler_would_write(text, form, written):
+    out, spans = tool_form(text)
+    assert out == form and [out[a:b] for a, b in spans] == written

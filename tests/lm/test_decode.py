@@ -90,7 +90,7 @@ def test_decode_pads_after_eos_and_stops_when_every_row_has_ended(tiny_model_dir
     eos, pad, other = tok.eos_token_id, tok.pad_token_id, 7
     end_at, step = torch.tensor([1, 3, 4]), [0]
 
-    def choose(scores):  # one-hot scores: EOS at the row's step, a fixed token before it
+    def choose(ids, scores):  # one-hot scores: EOS at the row's step, a fixed token before it
         token = torch.where(end_at == step[0], eos, other)
         step[0] += 1
         return torch.nn.functional.one_hot(token, scores.shape[-1]).float()
@@ -235,7 +235,7 @@ def test_static_step_scores_the_plain_loop(tiny_model_dir, kind):
 
         sampler = GumbelSampler([1.0] * len(PROMPTS), list(range(len(PROMPTS))), 12) if sampled else None
 
-        def choose(scores):
+        def choose(ids, scores):
             seen[static].append(scores.clone())
             return sampler(None, scores) if sampled else scores
 

@@ -7,6 +7,7 @@ a deterministic function of the completion text: groups then have a spread and t
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from pathlib import Path
 
@@ -423,3 +424,40 @@ def test_oracle_prm_trains_and_every_run_logs_its_position_profile(tmp_path, tin
             assert all(v == 0 or v != v for v in out["position_bias"].values()), out["position_bias"]
     with pytest.raises(ValueError, match="prm_oracle"):
         tiny_cfg(tmp_path, grpo__prm_oracle=True)
+
+
+def test_the_calculators_tokens_stay_out_of_the_loss_ratio_and_kl(tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir):
+    """A rollout whose ``tool_mask`` marks tokens the calculator wrote: ``update``'s gradient and
+    metrics are the loss over the other tokens alone, and differ from the loss over every token."""
+    from grpo_core.lm.policy import generate
+    from grpo_core.losses import grpo_loss
+    from grpo_core.stages.rl_types import Advantages
+
+    cfg, policy, ref, tok, opt, questions = _grpo_setup(
+        tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir, grpo__group_size=4
+    )
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.05)
+    prompts = [q.question for q in questions[:2] for _ in range(4)]
+    rollout = generate(policy, tok, prompts, max_new_tokens=8, temperatures=[1.0] * 8, seed=3)
+    tool = torch.zeros_like(rollout.completion_mask)
+    tool[:, 2:4] = rollout.completion_mask[:, 2:4]  # as if the calculator wrote tokens 2 and 3 of every row
+    rollout = dataclasses.replace(rollout, tool_mask=tool)
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, -2.0, 0.3, -0.3])[:, None].expand(-1, tool.shape[1])
+    start = copy.deepcopy(policy)
+    policy.train()
+    learner = step_mod.Learner(Models(policy, ref), tok, opt, cfg.grpo, None, 0)
+    sums, *_ = step_mod.update(learner, rollout, Advantages(adv, rollout.completion_mask, {}), 2)
+    logp = token_logprobs(start, rollout)
+    with torch.no_grad():
+        ref_logp = token_logprobs(ref, rollout)
+    policy_tokens = rollout.completion_mask * (1 - tool)
+    loss, m = grpo_loss(logp, logp.detach(), ref_logp, adv, policy_tokens, beta=cfg.grpo.beta)
+    every, _ = grpo_loss(logp, logp.detach(), ref_logp, adv, rollout.completion_mask, beta=cfg.grpo.beta)
+    assert tool.sum() > 0 and abs(every.item() - loss.item()) > 1e-6  # the marked tokens would move the loss
+    loss.backward()
+    for got, want in zip(opt.grads, [p.grad for p in start.parameters()]):
+        torch.testing.assert_close(got, want, atol=1e-7, rtol=1e-5)
+    assert sums["loss"] == pytest.approx(loss.item(), rel=1e-6) and sums["kl"] == pytest.approx(m["kl"], rel=1e-5)

@@ -370,3 +370,30 @@ def test_documents_packing_reads_each_example_as_if_alone(tiny_model_dir):
         concatenated = float(lm_loss(model, ids, labels)[0])
     assert documents == pytest.approx(separate, rel=1e-5)
     assert abs(concatenated - separate) > 1e-3
+
+
+def test_with_the_calculator_sft_learns_the_lines_not_the_results():
+    """The solution in the calculator's form (a wrong result replaced by its), every result it writes
+    left out of the labels; the rest of the text learnt as before."""
+    tok = char_tokenizer()
+    ex = Example(question="What is 2 * 6?", gold="12", solution="2 * 6 = 11\n#### 12")
+    n_prompt = 1 + len(prompt_text(ex.question))  # BOS, then one token per character
+    ((ids, labels),) = encode_examples([ex], tok, loss_on_prompt=False, calculator=True)
+    assert tok.decode(ids[n_prompt:-1]) == "2 * 6 = 12\n#### 12"
+    learnt = "".join(tok.decode([t]) if t != IGNORE else "_" for t in labels[n_prompt:-1])
+    assert learnt == "2 * 6 =___\n#### 12"  # " 12" is the calculator's
+    assert labels[-1] == tok.eos_token_id
+    ((plain_ids, plain_labels),) = encode_examples([ex], tok, loss_on_prompt=False)
+    assert tok.decode(plain_ids[n_prompt:-1]) == ex.solution and IGNORE not in plain_labels[n_prompt:]
+
+
+def test_sft_with_the_calculator_saves_it_with_the_model_and_its_samplers_use_it(tmp_path, tiny_cfg, tiny_data_dir):
+    from grpo_core.lm.policy import generate
+
+    cfg = tiny_cfg(tmp_path, sft__max_steps=2, sft__eval_every=2, model__calculator=True)
+    run_sft(cfg, tiny_data_dir, tmp_path / "sft", NullLogger())
+    model, tok = load_model(tmp_path / "sft" / "model")
+    assert model.config.calculator is True
+    rollout = generate(model, tok, [prompt_text("What is 1 + 2?")], max_new_tokens=4)
+    assert rollout.tool_mask is not None  # the calculator on, by the model's own setting
+    assert generate(model, tok, [prompt_text("What is 1 + 2?")], max_new_tokens=4, calculator=False).tool_mask is None
