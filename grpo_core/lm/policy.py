@@ -231,8 +231,7 @@ def generate(
     fast = fast_decode.supports(model)
     calculator = getattr(model.config, "calculator", False) if calculator is None else calculator
     tool = CalculatorForcing(tokenizer, len(prompts), start=0 if fast else prompt_len) if calculator else None
-    if tool is not None:
-        processors.append(tool)
+    processors += [tool] if tool else []
     if fast:
         graphs = device.type == "cuda" and fast_decode.CUDA_GRAPHS
         chosen = fast_decode.decode(
@@ -256,9 +255,7 @@ def generate(
         completion * cmask.long() + tokenizer.pad_token_id * (1 - cmask.long()), skip_special_tokens=True
     )
     rollout = _after_prompts(enc, completion, cmask, texts, truncated)
-    if tool is None:
-        return rollout
-    return replace(rollout, tool_mask=tool.written_mask(completion.shape[1]) * cmask)
+    return replace(rollout, tool_mask=tool.written_mask(completion.shape[1]) * cmask) if tool else rollout
 
 
 def _transformers_generate(

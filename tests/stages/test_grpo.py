@@ -234,6 +234,18 @@ def _grpo_setup(tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir, **overrides):
     return cfg, policy, ref, tok, opt, questions
 
 
+def _eight_rows_and_a_moved_reference(policy, ref, tok, questions):
+    """Two questions' groups of 4 sampled from ``policy``, with ``ref`` moved off it (a KL to feel)."""
+    from grpo_core.lm.policy import generate
+
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.05)
+    prompts = [q.question for q in questions[:2] for _ in range(4)]
+    return generate(policy, tok, prompts, max_new_tokens=8, temperatures=[1.0] * 8, seed=3)
+
+
 @pytest.mark.parametrize("value", [0.0, 1.0])
 def test_zero_spread_groups_leave_params_unchanged_without_kl(
     tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir, monkeypatch, value
@@ -327,19 +339,13 @@ def test_repeated_rollouts_are_trained_once_with_the_same_gradient(
     the one of the loss over every row (computed here directly on the full batch), and the step's
     metrics count every row. The same in passes of a few distinct rows (``grpo.micro_batch_rows``,
     their gradients summed: one update), down to float rounding."""
-    from grpo_core.lm.policy import generate
     from grpo_core.losses import grpo_loss
     from grpo_core.stages.rl_types import Advantages
 
     cfg, policy, ref, tok, opt, questions = _grpo_setup(
         tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir, grpo__group_size=4, grpo__micro_batch_rows=micro
     )
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in ref.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.05)
-    prompts = [q.question for q in questions[:2] for _ in range(4)]
-    rollout = generate(policy, tok, prompts, max_new_tokens=8, temperatures=[1.0] * 8, seed=3)
+    rollout = _eight_rows_and_a_moved_reference(policy, ref, tok, questions)
     same = torch.tensor([0, 0, 0, 3, 4, 4, 6, 7])  # rows 1, 2 repeat row 0; row 5 repeats row 4
     rollout = rollout.select(same)
     adv = torch.tensor([1.0, 1.0, 1.0, -3.0, 0.5, 0.5, -0.5, 0.5])[:, None].expand(-1, rollout.completion_mask.shape[1])
@@ -429,19 +435,13 @@ def test_oracle_prm_trains_and_every_run_logs_its_position_profile(tmp_path, tin
 def test_the_calculators_tokens_stay_out_of_the_loss_ratio_and_kl(tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir):
     """A rollout whose ``tool_mask`` marks tokens the calculator wrote: ``update``'s gradient and
     metrics are the loss over the other tokens alone, and differ from the loss over every token."""
-    from grpo_core.lm.policy import generate
     from grpo_core.losses import grpo_loss
     from grpo_core.stages.rl_types import Advantages
 
     cfg, policy, ref, tok, opt, questions = _grpo_setup(
         tmp_path, tiny_cfg, tiny_data_dir, tiny_model_dir, grpo__group_size=4
     )
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in ref.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.05)
-    prompts = [q.question for q in questions[:2] for _ in range(4)]
-    rollout = generate(policy, tok, prompts, max_new_tokens=8, temperatures=[1.0] * 8, seed=3)
+    rollout = _eight_rows_and_a_moved_reference(policy, ref, tok, questions)
     tool = torch.zeros_like(rollout.completion_mask)
     tool[:, 2:4] = rollout.completion_mask[:, 2:4]  # as if the calculator wrote tokens 2 and 3 of every row
     rollout = dataclasses.replace(rollout, tool_mask=tool)
