@@ -190,13 +190,16 @@ def line_result(text: str) -> str | None:
 
 
 _WRITTEN_RESULT = re.compile(r" ?-?\d[\d,]*(?:\.\d+)?")
+_GSM8K_ANNOTATION = re.compile(r"<<[^<>\n]{0,200}>>")  # 48/2 = <<48/2=24>>24: the calculator's own note
 
 
 def tool_form(text: str) -> tuple[str, list[tuple[int, int]]]:
     """A worked solution as the calculator would have written it, and the character spans it wrote:
     after each ``expr =`` it computes (``line_result``), the number written there is replaced by
-    the calculator's (``7 + 2 =9`` -> ``7 + 2 = 9``; a wrong ``= 8`` -> ``= 9``). SFT on this text
+    the calculator's (``7 + 2 =9`` -> ``7 + 2 = 9``; a wrong ``= 8`` -> ``= 9``), and GSM8K's
+    calculator annotations are dropped (``48/2 = <<48/2=24>>24`` -> ``48/2 = 24``). SFT on this text
     learns the lines the model writes, not the results (the spans are left out of its loss)."""
+    text = _GSM8K_ANNOTATION.sub("", text)
     out, spans, i = "", [], 0
     while (k := text.find("=", i)) >= 0:
         out += text[i : k + 1]

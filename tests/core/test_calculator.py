@@ -131,6 +131,8 @@ def test_a_value_past_the_result_bound_is_refused_and_one_inside_is_computed():
         ("7 / 3 = 2.33\n#### 2.33", "7 / 3 = 2.333333\n#### 2.33", [" 2.333333"]),
         ("x = 5\nso 5 = 5", "x = 5\nso 5 = 5", []),  # nothing computed
         ("a == b", "a == b", []),
+        ("Natalia sold 48/2 = <<48/2=24>>24 clips.\n#### 24", "Natalia sold 48/2 = 24 clips.\n#### 24", [" 24"]),
+        ("0.2 x 50 = $<<0.2*50=10>>10", "0.2 x 50 = $10", []),  # GSM8K's note dropped; "x" is not read
     ],
 )
 def test_tool_form_is_the_text_the_sampler_would_write(text, form, written):
