@@ -31,6 +31,7 @@ class Run(BaseModel):
     extra: dict[str, float] = {}  # the same by stage: reward_data (sampling), replay, orm / prm
     peak_memory: dict[str, float]  # the largest of its stages' peaks
     curve: list[tuple[float, float]]  # (training seconds, validation accuracy) at every evaluation
+    curve_steps: list[int] = []  # the training step of each curve point, counted over all its stages
     rewards: list[dict] = []  # every GRPO step: elapsed_s, the checker's accuracy, the learned rewards' means
     kept_step: int = 0  # the step of its last GRPO stage whose model was published (keep-best; 0: that stage's start)
     quality_warnings: list[str] = []  # the retrained reward models' failed quality gates (iterative variants)
@@ -43,11 +44,12 @@ class Run(BaseModel):
         """From the outputs of its training stages, in order (the curves joined end to end), and the
         seconds of the stages between them by stage (outside the budget)."""
         extra = {k: round(v, 1) for k, v in (extra or {}).items()}
-        curve, rewards, offset = [], [], 0.0
+        curve, curve_steps, rewards, offset, steps = [], [], [], 0.0, 0
         for k, st in enumerate(stages, 1):
             curve += [(offset + p["elapsed_s"], p["val/accuracy"]) for p in st.curve]
+            curve_steps += [steps + p["step"] for p in st.curve]
             rewards += [{**r, "elapsed_s": offset + r["elapsed_s"], "round": k} for r in getattr(st, "rewards", [])]
-            offset += st.train_s
+            offset, steps = offset + st.train_s, steps + st.steps
         peaks = [st.peak_memory for st in stages]
         final = stages[-1]
         last = getattr(final, "last_model", None) and final.last_ref
@@ -55,10 +57,11 @@ class Run(BaseModel):
             seed=seed,
             model=final.ref,
             train_s=round(offset, 2),  # the stages keep two decimals: the joined curve ends within it
-            steps=sum(st.steps for st in stages),
+            steps=steps,
             extra_s=round(sum(extra.values()), 1),
             extra=extra,
             curve=curve,
+            curve_steps=curve_steps,
             rewards=rewards,
             kept_step=final.best_step,
             last=last,

@@ -216,11 +216,22 @@ def _at(curve: list, grid: list[float]) -> list[float]:
 
 
 def draw_accuracy_over_time(ax, study: dict) -> None:
-    """Validation accuracy against training time, mean over seeds with a ± std band (Figure 5's form)."""
+    """Validation accuracy against training time, mean over seeds with a ± std band (Figure 5's form).
+    On a budget of steps the axis is each run's training steps (its seconds depend on the machine's
+    load), where every run carries them (``curve_steps``)."""
     import numpy as np
 
+    runs_of = study["runs"].items()
+    by_steps = bool(study["budget"].get("steps")) and all(
+        len(r.get("curve_steps", [])) == len(r["curve"]) for _, runs in runs_of for r in runs
+    )
+
+    def points(r: dict) -> list[tuple[float, float]]:
+        xs = r["curve_steps"] if by_steps else [t for t, _ in r["curve"]]
+        return [(float(x), acc) for x, (_, acc) in zip(xs, r["curve"])]
+
     start = (0.0, study["sft_val_accuracy"])  # every variant starts from the SFT model
-    curves = {name: [sorted([start, *map(tuple, r["curve"])]) for r in runs] for name, runs in study["runs"].items()}
+    curves = {name: [sorted([start, *points(r)]) for r in runs] for name, runs in runs_of}
     end = max(c[-1][0] for cs in curves.values() for c in cs)
     grid = list(np.linspace(0, end, 80))
     for name, cs in curves.items():
@@ -228,7 +239,11 @@ def draw_accuracy_over_time(ax, study: dict) -> None:
         mean, std = np.nanmean(values, 0), np.nanstd(values, 0, ddof=1) if len(cs) > 1 else np.zeros(len(grid))
         (line,) = ax.plot(grid, mean, label=name, lw=1.4, ls="--" if name == "continued-sft" else "-")
         ax.fill_between(grid, mean - std, mean + std, color=line.get_color(), alpha=0.15, lw=0)
-    ax.set_xlabel("training seconds (evaluations, retraining between rounds not counted; an ended run holds its value)")
+    ax.set_xlabel(
+        "training steps (each variant's own: GRPO's, or SFT's for continued SFT)"
+        if by_steps
+        else "training seconds (evaluations, retraining between rounds not counted; an ended run holds its value)"
+    )
     ax.set_ylabel("validation accuracy (%)")
     ax.legend(fontsize=7, ncol=2, loc="lower right")
 

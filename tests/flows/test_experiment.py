@@ -147,6 +147,21 @@ def test_rows_compare_with_uniform_and_count_steps_with_a_gradient(tmp_path, tin
     assert "vs uniform (95% CI)" in table and "75% / 62%, 2.0" in table  # tiny recipe: 2 questions a step
 
 
+def test_a_run_of_two_rounds_joins_its_curves_in_seconds_and_in_steps():
+    """Run.of joins its stages' validation curves end to end: seconds after the earlier stages'
+    seconds, steps after their steps (the study's figure reads steps on a budget of steps)."""
+    from flows.experiment_setup import Run
+    from grpo_core.stages.outputs import GRPOOutput
+
+    curve = [{"step": 0, "elapsed_s": 0.0, "val/accuracy": 0.5}, {"step": 4, "elapsed_s": 3.0, "val/accuracy": 0.6}]
+    grpo = dict(
+        stage="grpo", model="m", digest="d", best_val_accuracy=0.6, train_s=3.5, steps=4, best_step=4, curve=curve
+    )
+    run = Run.of(0, [GRPOOutput(**grpo), GRPOOutput(**grpo)])
+    assert run.curve == [(0.0, 0.5), (3.0, 0.6), (3.5, 0.5), (6.5, 0.6)] and run.curve_steps == [0, 4, 4, 8]
+    assert (run.steps, run.train_s) == (8, 7.0)
+
+
 def test_a_row_reports_the_last_policy_beside_the_kept_one_and_names_a_kept_step_0(tmp_path, tiny_cfg):
     """Keep-best published step 0 (the SFT model itself) for seed 0 and the last step for seed 1: the
     row gives the last policies' accuracy with its interval, and the table says what step 0 was."""

@@ -161,6 +161,18 @@ def test_study_figures_from_a_manifest(tmp_path):
     assert set(drawn) == {"accuracy_over_time", "sampling", "memory", "reward_hacking"}
     assert [ax.get_title() for ax in drawn["reward_hacking"].axes] == ["orm"]
     figures.save(drawn, tmp_path)
+    # On a budget of steps the axis is the runs' steps, not their seconds (which the machine's load sets);
+    # a run without its steps (an older manifest) keeps the seconds axis.
+    (ax,) = drawn["accuracy_over_time"].axes
+    assert ax.get_xlabel().startswith("training seconds") and max(ax.lines[0].get_xdata()) == 10.0
+    study["budget"] = {"seconds": None, "steps": 40}
+    for runs in study["runs"].values():
+        runs[:] = [r | {"curve_steps": [0, 16, 40][: len(r["curve"])]} for r in runs]
+    (ax,) = figures.accuracy_over_time_figure(study).axes
+    assert ax.get_xlabel().startswith("training steps") and max(ax.lines[0].get_xdata()) == 40.0
+    del study["runs"]["orm"][0]["curve_steps"]
+    (ax,) = figures.accuracy_over_time_figure(study).axes
+    assert ax.get_xlabel().startswith("training seconds")
 
 
 @pytest.mark.parametrize(
