@@ -25,12 +25,18 @@ class CalculatorForcing:
         self.line_from = [0] * rows  # the completion token the row's current line starts in
         self.ended = [False] * rows
         self.written: list[list[int]] = [[] for _ in range(rows)]  # forced completion positions
+        self.ids: list[list[int]] = [[] for _ in range(rows)]  # each row's completion so far
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        completion = input_ids[:, self.start :]
-        t = completion.shape[1]  # the position of the token about to be chosen
-        if t > 0:
-            self._observe(completion[:, :t].tolist(), t)
+        t = input_ids.shape[1] - self.start  # the position of the token about to be chosen
+        if t > 0:  # one new token a row since the last call: read it alone, not the whole completion again
+            if self.ids and len(self.ids[0]) != t - 1:
+                raise RuntimeError(
+                    f"CalculatorForcing is called once per token: at token {t}, it saw {len(self.ids[0])}"
+                )
+            for ids, token in zip(self.ids, input_ids[:, -1].tolist()):
+                ids.append(token)
+            self._observe(t)
         forced = [(i, q.pop(0)) for i, q in enumerate(self.queues) if q and not self.ended[i]]
         if not forced:
             return scores
@@ -43,10 +49,10 @@ class CalculatorForcing:
             self.written[i].append(t)
         return scores
 
-    def _observe(self, completion: list[list[int]], t: int) -> None:
+    def _observe(self, t: int) -> None:
         """Each row's line after its token ``t - 1``: a result to force where it ends in ``expr =``."""
         eos = self.tokenizer.eos_token_id
-        for i, ids in enumerate(completion):
+        for i, ids in enumerate(self.ids):
             if self.ended[i] or self.queues[i]:
                 continue
             if ids[t - 1] == eos:
