@@ -19,6 +19,10 @@ disagreement between the two is visible. Each difference has a second interval,
         --controls continued-sft,online-rft
     python experiments/cpu_run.py --check docs/cpu-runs/2026-11-27-smollm2-mawps
     python experiments/cpu_run.py --check docs/cpu-runs/<prm seed 1> --against docs/cpu-runs/<checker seed 1>
+    python experiments/cpu_run.py runs/smollm2-cpu-calculator docs/cpu-runs/<date>-smollm2-calculator-seed-0 \
+        --arm calculator
+    python experiments/cpu_run.py --paired docs/cpu-runs/<calculator seed 0>:policy-calculator \
+        docs/cpu-runs/<seed 0>:policy --paired <calculator seed 1>:policy-calculator <seed 1>:policy
 
 ``--policy DIR --recipe FILE`` evaluates the run's SFT model and the model at DIR (a GRPO checkpoint of a
 run that was stopped before its end, say) with the recipe's evaluation settings, then records them.
@@ -31,7 +35,10 @@ round-1 reward models' held-out quality beside the SFT model's likelihood); ``--
 same seed's arms A and B, each as ``<benchmark>-A.jsonl.gz`` (continued SFT, online RFT: the policy is
 then compared with each). ``--check`` reads a
 committed folder alone and recomputes its accuracies and intervals from the files; with ``--against``
-another folder's policy, on the same questions, is the baseline instead of SFT.
+another folder's policy, on the same questions, is the baseline instead of SFT. ``--arm A`` names the
+run's models ``sft-A`` and ``policy-A`` (a recipe's arm: ``<benchmark>-policy-calculator.jsonl.gz``).
+``--paired FOLDER:MODEL FOLDER:MODEL``, once per seed, pairs two committed models question by question
+in each seed and over the seeds (each question's score averaged over them): models of two runs.
 """
 
 from __future__ import annotations
@@ -66,32 +73,37 @@ def read_rows(path: Path) -> list[dict]:
         return [json.loads(line) for line in f]
 
 
-def score(folder: Path, against: Path | None = None) -> dict:
+def model_names(arm: str = "") -> tuple[str, str]:
+    """The SFT model's and the policy's names in a folder's files: ``sft``/``policy``, or an arm's."""
+    return ("sft", "policy") if not arm else (f"sft-{arm}", f"policy-{arm}")
+
+
+def score(folder: Path, against: Path | None = None, arm: str = "") -> dict:
     """Accuracies and paired intervals recomputed from the committed completions alone: the policy
     minus SFT, and where the folder holds controls (``<benchmark>-<control>.jsonl.gz`` beside
     ``sft`` and ``policy``: continued SFT, online RFT) the policy minus each and each minus SFT.
-    ``against``: another folder whose policy stands where SFT stands (its ``sft`` keys then name that policy)."""
+    ``against``: another folder whose policy stands where SFT stands (its ``sft`` keys then name that
+    policy). ``arm``: the folder's models are ``sft-<arm>`` and ``policy-<arm>``."""
+    sft, policy = model_names(arm)
     out: dict[str, dict] = {}
-    for sft_file in sorted(folder.glob("*-sft.jsonl.gz")):
-        bench = sft_file.name.removesuffix("-sft.jsonl.gz")
-        if not (folder / f"{bench}-policy.jsonl.gz").is_file():  # a control's file (``mawps-continued-sft``)
+    for sft_file in sorted(folder.glob(f"*-{sft}.jsonl.gz")):
+        bench = sft_file.name.removesuffix(f"-{sft}.jsonl.gz")
+        if not (folder / f"{bench}-{policy}.jsonl.gz").is_file():  # a control's file (``mawps-continued-sft``)
             continue
         named = {f.name[len(bench) + 1 :].removesuffix(".jsonl.gz") for f in folder.glob(f"{bench}-*.jsonl.gz")}
-        models = ["sft", "policy"] + sorted(named - {"sft", "policy"})
+        models = [sft, policy] + sorted(named - {sft, policy})
         rows = {m: read_rows(folder / f"{bench}-{m}.jsonl.gz") for m in models}
         if against:
-            rows["sft"] = read_rows(against / f"{bench}-policy.jsonl.gz")
+            rows[sft] = read_rows(against / f"{bench}-policy.jsonl.gz")
         for m, rs in rows.items():
-            if [r["idx"] for r in rs] != [r["idx"] for r in rows["sft"]]:
-                raise ValueError(f"{folder}: {bench}'s {m} and sft hold different questions")
+            if [r["idx"] for r in rs] != [r["idx"] for r in rows[sft]]:
+                raise ValueError(f"{folder}: {bench}'s {m} and {sft} hold different questions")
         correct = {m: [bool(r["correct"]) for r in rs] for m, rs in rows.items()}
         # Near-duplicates among the evaluated questions (MAWPS repeats its problems) are not independent.
-        groups = clusters([r["question"] for r in rows["sft"]])
+        groups = clusters([r["question"] for r in rows[sft]])
         second = {m: [last_number_correct(r["completion"], r["gold"]) for r in rs] for m, rs in rows.items()}
-        pairs = [("policy", "sft")] + [
-            (a, b) for c in models if c not in ("sft", "policy") for a, b in (("policy", c), (c, "sft"))
-        ]
-        out[bench] = {"n": len(rows["sft"]), **{m: sum(c) / len(c) for m, c in correct.items()}}
+        pairs = [(policy, sft)] + [(a, b) for c in models if c not in (sft, policy) for a, b in ((policy, c), (c, sft))]
+        out[bench] = {"n": len(rows[sft]), **{m: sum(c) / len(c) for m, c in correct.items()}}
         for a, b in pairs:
             out[bench][f"{a}_minus_{b}"] = question_interval(correct[a], correct[b])
             out[bench][f"{a}_minus_{b}_by_cluster"] = question_interval(correct[a], correct[b], clusters=groups)
@@ -99,6 +111,52 @@ def score(folder: Path, against: Path | None = None) -> dict:
             **{m: sum(c) / len(c) for m, c in second.items()},
             **{f"{a}_minus_{b}": question_interval(second[a], second[b]) for a, b in pairs},
             "disagree": {m: sum(x != y for x, y in zip(correct[m], second[m])) for m in correct},
+        }
+    return out
+
+
+def paired(pairs: list[tuple[str, str]]) -> dict:
+    """Two committed models of two runs (``FOLDER:MODEL`` each, one pair per seed), question by
+    question on every benchmark both hold: each seed's paired interval (and the cluster-robust one),
+    and over the seeds the per-question scores averaged (the interval covers the questions, not the
+    seeds' spread: two seeds cannot estimate it)."""
+
+    def files(spec: str) -> dict[str, Path]:
+        folder, _, model = spec.rpartition(":")
+        if not folder or not model:
+            raise ValueError(f"--paired {spec!r}: FOLDER:MODEL expected (docs/cpu-runs/<name>:policy)")
+        found = {f.name.removesuffix(f"-{model}.jsonl.gz"): f for f in Path(folder).glob(f"*-{model}.jsonl.gz")}
+        # ``mawps-sft`` also ends in ``-sft`` of ``mawps-continued-sft``: keep benchmarks, not models' tails.
+        return {b: f for b, f in found.items() if "-" not in b}
+
+    sides = [(files(a), files(b)) for a, b in pairs]
+    benches = sorted(set.intersection(*(set(x) & set(y) for x, y in sides)))
+    if not benches:
+        raise ValueError(f"--paired: no benchmark is held by every model named ({pairs})")
+    out: dict[str, dict] = {}
+    for bench in benches:
+        seeds, a_all, b_all, questions = [], [], [], None
+        for (a, b), (a_files, b_files) in zip(pairs, sides):
+            a_rows, b_rows = read_rows(a_files[bench]), read_rows(b_files[bench])
+            questions = questions or a_rows
+            if not [r["idx"] for r in a_rows] == [r["idx"] for r in b_rows] == [r["idx"] for r in questions]:
+                raise ValueError(f"--paired {a} {b}: {bench} holds different questions")
+            ca, cb = [float(r["correct"]) for r in a_rows], [float(r["correct"]) for r in b_rows]
+            a_all.append(ca)
+            b_all.append(cb)
+            groups = clusters([r["question"] for r in questions])
+            seeds.append(
+                {"a": a, "b": b, "a_accuracy": sum(ca) / len(ca), "b_accuracy": sum(cb) / len(cb)}
+                | {"a_minus_b": question_interval(ca, cb)}
+                | {"a_minus_b_by_cluster": question_interval(ca, cb, clusters=groups)}
+            )
+        # Each question's score averaged over the seeds, then paired as one model against the other.
+        a_mean, b_mean = ([sum(col) / len(col) for col in zip(*runs)] for runs in (a_all, b_all))
+        out[bench] = {
+            "n": len(questions),
+            "seeds": seeds,
+            "a_minus_b": question_interval(a_mean, b_mean),
+            "a_minus_b_by_cluster": question_interval(a_mean, b_mean, clusters=groups),
         }
     return out
 
@@ -200,6 +258,7 @@ def record(
     experiment: tuple[Path, str, int] | None = None,
     grpo_steps: int | None = None,
     controls: tuple[str, ...] = (),
+    arm: str = "",
 ) -> dict:
     manifest = (
         evaluate_policy(run_dir, recipe, policy) if policy else json.loads((run_dir / "manifest.json").read_text())
@@ -217,7 +276,9 @@ def record(
     split = json.loads((Path(manifest["data_dir"]) / "split.json").read_text())
     main = next(name for name, parts in split.items() if "rl" in parts)
     folder.mkdir(parents=True, exist_ok=True)
+    renamed = dict(zip(("sft", "policy"), model_names(arm)))
     for model, result in results.items():
+        model = renamed.get(model, model)
         shutil.copyfile(result["completions"], folder / f"{main}-{model}.jsonl.gz")
         for name, held in result.get("held_out", {}).items():
             shutil.copyfile(held["completions"], folder / f"{name}-{model}.jsonl.gz")
@@ -230,7 +291,8 @@ def record(
         "grpo_seed": grpo_seed if experiment is None else experiment[2],
         "variant": experiment[1] if experiment else None,
         "reward_models": reward_models,
-        "scores": score(folder),
+        "arm": arm or None,
+        "scores": score(folder, arm=arm),
         "grpo": {
             "steps": grpo["steps"],
             "best_step": grpo["best_step"],
@@ -255,7 +317,7 @@ def record(
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("run_dir", type=Path, nargs="?")
-    ap.add_argument("folder", type=Path)
+    ap.add_argument("folder", type=Path, nargs="?")
     ap.add_argument("--grpo-seed", type=int, help="first train GRPO again from the run's SFT model with this seed")
     ap.add_argument("--grpo-steps", type=int, help="--grpo-seed: this many GRPO steps instead of the recipe's")
     ap.add_argument("--policy", type=Path, help="evaluate this model beside the run's SFT model (with --recipe)")
@@ -268,7 +330,27 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0, help="--experiment: its seed (0 = the recipe's)")
     ap.add_argument("--check", action="store_true", help="recompute the scores of a committed folder alone")
     ap.add_argument("--against", type=Path, help="--check: another committed folder whose policy is the baseline")
+    ap.add_argument("--arm", default="", help="the run's models are sft-ARM and policy-ARM (record, --check)")
+    ap.add_argument(
+        "--paired",
+        nargs=2,
+        action="append",
+        metavar="FOLDER:MODEL",
+        help="one seed's two committed models, the first minus the second (repeat for each seed)",
+    )
     args = ap.parse_args()
+    if args.paired:
+        if args.run_dir or args.folder or args.check:
+            ap.error("--paired reads committed folders alone: no run, folder or --check")
+        try:
+            print(json.dumps(paired([tuple(p) for p in args.paired]), indent=1))
+        except ValueError as e:
+            ap.error(str(e))
+        return
+    if args.folder is None:  # one positional: the folder (--check), else the run's
+        args.run_dir, args.folder = None, args.run_dir
+    if args.folder is None or (args.run_dir is None and not args.check):
+        ap.error("a run and a folder to record it in are needed (or --check FOLDER)")
     if args.policy and not args.recipe:
         ap.error("--policy needs --recipe")
     if bool(args.experiment) != bool(args.variant):
@@ -284,10 +366,18 @@ def main() -> None:
         ap.error("--against goes with --check")
     experiment = (args.experiment, args.variant, args.seed) if args.experiment else None
     result = (
-        score(args.folder, args.against)
+        score(args.folder, args.against, args.arm)
         if args.check
         else record(
-            args.run_dir, args.folder, args.grpo_seed, args.policy, args.recipe, experiment, args.grpo_steps, controls
+            args.run_dir,
+            args.folder,
+            args.grpo_seed,
+            args.policy,
+            args.recipe,
+            experiment,
+            args.grpo_steps,
+            controls,
+            args.arm,
         )
     )
     if not args.check:  # what a person reads after `make real`: the scores, GRPO's spread, each stage's seconds
@@ -295,6 +385,7 @@ def main() -> None:
             "groups_with_spread": result["grpo"]["groups_with_spread"],
             "best_step": result["grpo"]["best_step"],
             "reward_models": result["reward_models"],
+            "arm": result["arm"],
         }
     print(json.dumps(result, indent=1))
 

@@ -37,10 +37,11 @@ def seed_interval(a: list[float], b: list[float], confidence: float = 0.95) -> d
 
 
 def question_interval(
-    a: list[bool], b: list[bool], confidence: float = 0.95, clusters: list | None = None
+    a: list[float], b: list[float], confidence: float = 0.95, clusters: list | None = None
 ) -> dict[str, float]:
     """Accuracy of a minus accuracy of b on the same questions, with a t interval on the
-    per-question differences d_i = a_i - b_i in {-1, 0, 1} (normal for hundreds of questions).
+    per-question differences d_i = a_i - b_i in {-1, 0, 1} (normal for hundreds of questions; a
+    question's score may also be its verdicts' mean over seeds, d_i then in [-1, 1]).
     ``clusters``: each question's cluster (near-duplicates, whose verdicts are not independent); the
     standard error is then cluster-robust: sqrt(G / (G - 1) * sum over the G clusters of (the sum of
     their d_i - mean)^2) / N, t with G - 1 degrees of freedom. Every question its own cluster (the

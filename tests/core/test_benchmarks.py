@@ -299,6 +299,62 @@ def test_two_committed_policies_are_paired_question_by_question(tmp_path):
     assert done.returncode != 0 and "different questions" in done.stderr
 
 
+def _write_verdicts(folder: Path, name: str, correct: list[bool]) -> None:
+    folder.mkdir(exist_ok=True)
+    with gzip.open(folder / f"{name}.jsonl.gz", "wt") as f:
+        f.writelines(
+            json.dumps({"idx": i, "question": f"q {i}?", "completion": "", "answer": "", "gold": "3", "correct": ok})
+            + "\n"
+            for i, ok in enumerate(correct)
+        )
+
+
+def _cpu_run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "experiments/cpu_run.py", *args], capture_output=True, text=True)
+
+
+def test_an_arms_models_are_scored_under_their_own_names(tmp_path):
+    """--arm calculator: the folder's models are sft-calculator and policy-calculator."""
+    _write_verdicts(tmp_path, "mawps-sft-calculator", [False, False, True, True])
+    _write_verdicts(tmp_path, "mawps-policy-calculator", [True, False, True, True])
+    done = _cpu_run("--check", str(tmp_path), "--arm", "calculator")
+    assert done.returncode == 0, done.stderr
+    mawps = json.loads(done.stdout)["mawps"]
+    assert mawps["sft-calculator"] == 0.5 and mawps["policy-calculator"] == 0.75
+    assert mawps["policy-calculator_minus_sft-calculator"]["mean"] == pytest.approx(0.25)
+    assert json.loads(_cpu_run("--check", str(tmp_path)).stdout) == {}  # no plain sft/policy here
+
+
+def test_two_runs_models_are_paired_in_each_seed_and_over_the_seeds(tmp_path):
+    """--paired A:MODEL B:MODEL once per seed: each seed's paired difference, and the difference of
+    the per-question scores averaged over the seeds, with its interval over the questions."""
+    with_0, without_0, with_1, without_1 = (tmp_path / n for n in ("w0", "o0", "w1", "o1"))
+    _write_verdicts(with_0, "mawps-policy-calculator", [True, True, False, True])
+    _write_verdicts(without_0, "mawps-policy", [True, False, False, False])
+    _write_verdicts(without_0, "mawps-continued-sft", [True, True, True, True])  # not a benchmark "mawps-continued"
+    _write_verdicts(with_1, "mawps-policy-calculator", [True, False, True, False])
+    _write_verdicts(without_1, "mawps-policy", [True, False, False, False])
+    done = _cpu_run(
+        "--paired", f"{with_0}:policy-calculator", f"{without_0}:policy",
+        "--paired", f"{with_1}:policy-calculator", f"{without_1}:policy",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    mawps = json.loads(done.stdout)["mawps"]
+    assert [s["a_minus_b"]["mean"] for s in mawps["seeds"]] == [pytest.approx(0.5), pytest.approx(0.25)]
+    # Averaged over the seeds: d = (0, 0.5, 0.5, 0.5), mean 3/8, std sqrt(3/16 / 3) = 1/4, se 1/8, t(3 df).
+    over = mawps["a_minus_b"]
+    assert over["mean"] == pytest.approx(0.375) and over["n"] == 4
+    assert over["high"] - over["mean"] == pytest.approx(3.182446 / 8, rel=1e-5)
+    _write_verdicts(without_1, "mawps-policy", [True, False, False])  # another question set: refused
+    done = _cpu_run(
+        "--paired", f"{with_0}:policy-calculator", f"{without_0}:policy",
+        "--paired", f"{with_1}:policy-calculator", f"{without_1}:policy",
+    )  # fmt: skip
+    assert done.returncode != 0 and "different questions" in done.stderr
+    done = _cpu_run("--paired", str(with_0), f"{without_0}:policy")
+    assert done.returncode != 0 and "FOLDER:MODEL" in done.stderr
+
+
 def test_a_seed_of_an_experiment_is_recorded_with_its_own_reward_models(tmp_path):
     """cpu_run --experiment: the variant's seed against the run's SFT model, its GRPO's spread, and
     the held-out quality of that seed's own PRM beside the SFT model's likelihood."""
