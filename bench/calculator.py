@@ -3,10 +3,12 @@ and ``line_result`` on the line that ends with it and ``=``), against the answer
 ``is_correct`` on the same text measured in the same run (the ratio is what compares across
 machines). The catalogue is the tests' (tests/core/test_calculator.py). ``--model DIR``: also the
 sampler's seconds per batch with the calculator against without it, alternating, on the demo's
-arithmetic questions (``--rows`` completions of ``--tokens``), and how many results it wrote. Prints
-one JSON object.
+arithmetic questions or ``--questions``' (a JSONL file of ``question`` rows: a run's data/rl.jsonl)
+(``--rows`` completions of ``--tokens``), and how many results it wrote. Prints one JSON object.
 
     python bench/calculator.py --repeat 200 [--model runs/demo/sft/model --rows 64 --tokens 48]
+    python bench/calculator.py --repeat 20 --model runs/smollm2-cpu-calculator/sft/model \
+        --questions runs/smollm2-cpu-calculator/data/rl.jsonl --rows 128 --tokens 48
 """
 
 from __future__ import annotations
@@ -41,14 +43,21 @@ def call_ms(fn, text: str, repeat: int) -> tuple[float, float]:
     return statistics.median(times), max(times)
 
 
-def sampling(model_dir: str, rows: int, tokens: int, rounds: int) -> dict:
-    """Seconds per sampled batch with and without the calculator (alternating, medians)."""
+def sampling(model_dir: str, rows: int, tokens: int, rounds: int, questions: Path | None = None) -> dict:
+    """Seconds per sampled batch with and without the calculator (alternating, medians): the first
+    ``rows`` of ``questions`` (a JSONL file of ``question`` rows, repeated to fill the batch), or the
+    demo's arithmetic questions."""
     from grpo_core.lm.modeling import load_model  # deferred: torch and transformers, for --model alone
     from grpo_core.lm.policy import generate
 
     model, tok = load_model(model_dir)
-    rng = random.Random(0)
-    prompts = [prompt_text(draw_arithmetic(rng, ArithmeticTask())[0]) for _ in range(rows)]
+    if questions:
+        with questions.open(encoding="utf-8") as f:
+            texts = [json.loads(line)["question"] for line in f if line.strip()]
+        prompts = [prompt_text(texts[i % len(texts)]) for i in range(rows)]
+    else:
+        rng = random.Random(0)
+        prompts = [prompt_text(draw_arithmetic(rng, ArithmeticTask())[0]) for _ in range(rows)]
     times: dict[bool, list[float]] = {False: [], True: []}
     hot = [1.0] * rows
     written = 0
@@ -62,6 +71,7 @@ def sampling(model_dir: str, rows: int, tokens: int, rounds: int) -> dict:
     off_s, on_s = statistics.median(times[False]), statistics.median(times[True])
     return {
         "model": model_dir,
+        "questions": str(questions) if questions else "demo arithmetic",
         "rows": rows,
         "tokens": tokens,
         "rounds": rounds,
@@ -79,7 +89,10 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=64)
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--questions", type=Path, help="--model: prompts from this JSONL file's questions")
     args = ap.parse_args()
+    if args.questions and not args.model:
+        ap.error("--questions goes with --model")
     rows = []
     for expression in HOSTILE:
         line = "Answer:\n" + expression + " ="
@@ -110,7 +123,11 @@ def main() -> None:
                 "slowest_median_over_checker": round(worst / max(max(r["checker_median_ms"] for r in rows), 1e-9), 2),
                 "rows": rows,
             }
-            | ({"sampling": sampling(args.model, args.rows, args.tokens, args.rounds)} if args.model else {}),
+            | (
+                {"sampling": sampling(args.model, args.rows, args.tokens, args.rounds, args.questions)}
+                if args.model
+                else {}
+            ),
             indent=1,
         )
     )
