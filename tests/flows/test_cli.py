@@ -152,7 +152,7 @@ def test_run_with_bad_data_stops_before_anything_starts(tmp_path, capsys, monkey
     import flows.pipeline
 
     monkeypatch.setattr(flows.pipeline, "pipeline", lambda cfg: pytest.fail("the pipeline flow started"))
-    monkeypatch.setattr("flows.cli._tracking_ready", lambda cfg: pytest.fail("the tracking store was asked"))
+    monkeypatch.setattr("flows.cli.tracking_ready", lambda cfg: pytest.fail("the tracking store was asked"))
     path = tmp_path / "data.jsonl"
     if bad == "malformed":
         path.write_text('{"question": ', encoding="utf-8")
