@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "core"))
 
 from grpo_core.calculator import evaluate, line_result  # noqa: E402
-from grpo_core.data import draw_arithmetic, prompt_text  # noqa: E402
+from grpo_core.data import DataError, draw_arithmetic, load_jsonl, prompt_text  # noqa: E402
 from grpo_core.config import ArithmeticTask  # noqa: E402
 from grpo_core.verify import is_correct  # noqa: E402
 from test_calculator import HOSTILE  # noqa: E402
@@ -43,18 +43,15 @@ def call_ms(fn, text: str, repeat: int) -> tuple[float, float]:
     return statistics.median(times), max(times)
 
 
-def sampling(model_dir: str, rows: int, tokens: int, rounds: int, questions: Path | None = None) -> dict:
+def sampling(model_dir: str, rows: int, tokens: int, rounds: int, questions: list[str] | None = None) -> dict:
     """Seconds per sampled batch with and without the calculator (alternating, medians): the first
-    ``rows`` of ``questions`` (a JSONL file of ``question`` rows, repeated to fill the batch), or the
-    demo's arithmetic questions."""
+    ``rows`` of ``questions`` (repeated to fill the batch), or the demo's arithmetic questions."""
     from grpo_core.lm.modeling import load_model  # deferred: torch and transformers, for --model alone
     from grpo_core.lm.policy import generate
 
     model, tok = load_model(model_dir)
     if questions:
-        with questions.open(encoding="utf-8") as f:
-            texts = [json.loads(line)["question"] for line in f if line.strip()]
-        prompts = [prompt_text(texts[i % len(texts)]) for i in range(rows)]
+        prompts = [prompt_text(questions[i % len(questions)]) for i in range(rows)]
     else:
         rng = random.Random(0)
         prompts = [prompt_text(draw_arithmetic(rng, ArithmeticTask())[0]) for _ in range(rows)]
@@ -71,7 +68,6 @@ def sampling(model_dir: str, rows: int, tokens: int, rounds: int, questions: Pat
     off_s, on_s = statistics.median(times[False]), statistics.median(times[True])
     return {
         "model": model_dir,
-        "questions": str(questions) if questions else "demo arithmetic",
         "rows": rows,
         "tokens": tokens,
         "rounds": rounds,
@@ -93,6 +89,11 @@ def main() -> None:
     args = ap.parse_args()
     if args.questions and not args.model:
         ap.error("--questions goes with --model")
+    # Read (and refused where malformed or empty, naming the file and line) before the model loads.
+    try:
+        questions = [e.question for e in load_jsonl(str(args.questions))] if args.questions else None
+    except DataError as e:
+        ap.error(f"--questions: {e}")
     rows = []
     for expression in HOSTILE:
         line = "Answer:\n" + expression + " ="
@@ -124,7 +125,10 @@ def main() -> None:
                 "rows": rows,
             }
             | (
-                {"sampling": sampling(args.model, args.rows, args.tokens, args.rounds, args.questions)}
+                {
+                    "sampling": sampling(args.model, args.rows, args.tokens, args.rounds, questions)
+                    | {"questions": str(args.questions or "the demo's arithmetic")}
+                }
                 if args.model
                 else {}
             ),

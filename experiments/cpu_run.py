@@ -117,43 +117,49 @@ def score(folder: Path, against: Path | None = None, arm: str = "") -> dict:
 
 def paired(pairs: list[tuple[str, str]]) -> dict:
     """Two committed models of two runs (``FOLDER:MODEL`` each, one pair per seed), question by
-    question on every benchmark both hold: each seed's paired interval (and the cluster-robust one),
-    and over the seeds the per-question scores averaged (the interval covers the questions, not the
-    seeds' spread: two seeds cannot estimate it)."""
+    question on every benchmark of the folders' ``split.json`` that all of them hold: each seed's
+    paired interval (and the cluster-robust one), and over the seeds the per-question scores
+    averaged (the interval covers the questions, not the seeds' spread: two seeds cannot estimate
+    it)."""
 
     def files(spec: str) -> dict[str, Path]:
         folder, _, model = spec.rpartition(":")
         if not folder or not model:
             raise ValueError(f"--paired {spec!r}: FOLDER:MODEL expected (docs/cpu-runs/<name>:policy)")
-        found = {f.name.removesuffix(f"-{model}.jsonl.gz"): f for f in Path(folder).glob(f"*-{model}.jsonl.gz")}
-        # ``mawps-sft`` also ends in ``-sft`` of ``mawps-continued-sft``: keep benchmarks, not models' tails.
-        return {b: f for b, f in found.items() if "-" not in b}
+        if not (Path(folder) / "split.json").is_file():
+            raise ValueError(f"--paired {spec!r}: {folder} holds no split.json (not a committed run folder)")
+        benches = json.loads((Path(folder) / "split.json").read_text())
+        found = {b: Path(folder) / f"{b}-{model}.jsonl.gz" for b in benches}
+        found = {b: f for b, f in found.items() if f.is_file()}
+        if not found:
+            raise ValueError(f"--paired {spec!r}: no <benchmark>-{model}.jsonl.gz in {folder}")
+        return found
 
-    sides = [(files(a), files(b)) for a, b in pairs]
-    benches = sorted(set.intersection(*(set(x) & set(y) for x, y in sides)))
+    sides = [files(spec) for pair in pairs for spec in pair]
+    benches = sorted(set.intersection(*(set(side) for side in sides)))
     if not benches:
         raise ValueError(f"--paired: no benchmark is held by every model named ({pairs})")
-    out: dict[str, dict] = {}
+    out: dict[str, dict] = {"benchmarks_left_out": sorted(set.union(*(set(side) for side in sides)) - set(benches))}
     for bench in benches:
-        seeds, a_all, b_all, questions = [], [], [], None
-        for (a, b), (a_files, b_files) in zip(pairs, sides):
-            a_rows, b_rows = read_rows(a_files[bench]), read_rows(b_files[bench])
-            questions = questions or a_rows
-            if not [r["idx"] for r in a_rows] == [r["idx"] for r in b_rows] == [r["idx"] for r in questions]:
-                raise ValueError(f"--paired {a} {b}: {bench} holds different questions")
-            ca, cb = [float(r["correct"]) for r in a_rows], [float(r["correct"]) for r in b_rows]
-            a_all.append(ca)
-            b_all.append(cb)
-            groups = clusters([r["question"] for r in questions])
-            seeds.append(
-                {"a": a, "b": b, "a_accuracy": sum(ca) / len(ca), "b_accuracy": sum(cb) / len(cb)}
-                | {"a_minus_b": question_interval(ca, cb)}
-                | {"a_minus_b_by_cluster": question_interval(ca, cb, clusters=groups)}
-            )
+        rows = [read_rows(side[bench]) for side in sides]  # a, b of seed 0, then of seed 1, ...
+        ids = [r["idx"] for r in rows[0]]
+        for spec, rs in zip((spec for pair in pairs for spec in pair), rows):
+            if [r["idx"] for r in rs] != ids:
+                raise ValueError(f"--paired {spec}: {bench} holds other questions than {pairs[0][0]}'s")
+        groups = clusters([r["question"] for r in rows[0]])
+        correct = [[float(r["correct"]) for r in rs] for rs in rows]
+        a_runs, b_runs = correct[0::2], correct[1::2]
+        seeds = [
+            {"a": a, "b": b, "a_accuracy": sum(ca) / len(ca), "b_accuracy": sum(cb) / len(cb)}
+            | {"a_minus_b": question_interval(ca, cb)}
+            | {"a_minus_b_by_cluster": question_interval(ca, cb, clusters=groups)}
+            for (a, b), ca, cb in zip(pairs, a_runs, b_runs)
+        ]
         # Each question's score averaged over the seeds, then paired as one model against the other.
-        a_mean, b_mean = ([sum(col) / len(col) for col in zip(*runs)] for runs in (a_all, b_all))
+        a_mean, b_mean = ([sum(col) / len(col) for col in zip(*runs)] for runs in (a_runs, b_runs))
         out[bench] = {
-            "n": len(questions),
+            "n": len(ids),
+            "n_seeds": len(pairs),
             "seeds": seeds,
             "a_minus_b": question_interval(a_mean, b_mean),
             "a_minus_b_by_cluster": question_interval(a_mean, b_mean, clusters=groups),
@@ -340,8 +346,10 @@ def main() -> None:
     )
     args = ap.parse_args()
     if args.paired:
-        if args.run_dir or args.folder or args.check:
-            ap.error("--paired reads committed folders alone: no run, folder or --check")
+        given = {k: v for k, v in vars(args).items() if k != "paired" and v not in (None, False, "", 0)}
+        others = [k.upper() if k in ("run_dir", "folder") else f"--{k.replace('_', '-')}" for k in given]
+        if others:
+            ap.error(f"--paired reads committed folders alone: {', '.join(others)} do not go with it")
         try:
             print(json.dumps(paired([tuple(p) for p in args.paired]), indent=1))
         except ValueError as e:
@@ -364,6 +372,8 @@ def main() -> None:
         ap.error("--grpo-steps goes with --grpo-seed")
     if args.against and not args.check:
         ap.error("--against goes with --check")
+    if args.against and args.arm:
+        ap.error("--against pairs with another folder's policy; an arm's models against another run's: --paired")
     experiment = (args.experiment, args.variant, args.seed) if args.experiment else None
     result = (
         score(args.folder, args.against, args.arm)

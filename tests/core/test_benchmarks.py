@@ -299,14 +299,18 @@ def test_two_committed_policies_are_paired_question_by_question(tmp_path):
     assert done.returncode != 0 and "different questions" in done.stderr
 
 
-def _write_verdicts(folder: Path, name: str, correct: list[bool]) -> None:
+def _write_verdicts(folder: Path, name: str, correct: list[bool], questions: list[str] | None = None) -> None:
+    """A committed folder's file ``<name>.jsonl.gz`` and its split.json naming the benchmark."""
     folder.mkdir(exist_ok=True)
+    questions = questions or [f"q {i}?" for i in range(len(correct))]
     with gzip.open(folder / f"{name}.jsonl.gz", "wt") as f:
         f.writelines(
-            json.dumps({"idx": i, "question": f"q {i}?", "completion": "", "answer": "", "gold": "3", "correct": ok})
-            + "\n"
-            for i, ok in enumerate(correct)
+            json.dumps({"idx": i, "question": q, "completion": "", "answer": "", "gold": "3", "correct": ok}) + "\n"
+            for i, (q, ok) in enumerate(zip(questions, correct))
         )
+    split = json.loads((folder / "split.json").read_text()) if (folder / "split.json").is_file() else {}
+    bench = next(b for b in ("gsm-hard", "mawps") if name.startswith(b + "-"))
+    (folder / "split.json").write_text(json.dumps(split | {bench: {"test": list(range(len(correct)))}}))
 
 
 def _cpu_run(*args: str) -> subprocess.CompletedProcess:
@@ -329,30 +333,74 @@ def test_two_runs_models_are_paired_in_each_seed_and_over_the_seeds(tmp_path):
     """--paired A:MODEL B:MODEL once per seed: each seed's paired difference, and the difference of
     the per-question scores averaged over the seeds, with its interval over the questions."""
     with_0, without_0, with_1, without_1 = (tmp_path / n for n in ("w0", "o0", "w1", "o1"))
-    _write_verdicts(with_0, "mawps-policy-calculator", [True, True, False, True])
-    _write_verdicts(without_0, "mawps-policy", [True, False, False, False])
-    _write_verdicts(without_0, "mawps-continued-sft", [True, True, True, True])  # not a benchmark "mawps-continued"
-    _write_verdicts(with_1, "mawps-policy-calculator", [True, False, True, False])
-    _write_verdicts(without_1, "mawps-policy", [True, False, False, False])
-    done = _cpu_run(
-        "--paired", f"{with_0}:policy-calculator", f"{without_0}:policy",
-        "--paired", f"{with_1}:policy-calculator", f"{without_1}:policy",
-    )  # fmt: skip
+    _write_verdicts(with_0, "mawps-sft-calculator", [True, True, False, True])
+    _write_verdicts(without_0, "mawps-sft", [True, False, False, False])
+    # A control whose name ends in the model's (continued-sft, sft) is not the model.
+    _write_verdicts(without_0, "mawps-continued-sft", [True, True, True, True])
+    _write_verdicts(with_1, "mawps-sft-calculator", [True, False, True, False])
+    _write_verdicts(without_1, "mawps-sft", [True, False, False, False])
+    # A benchmark whose name holds a '-', in every folder.
+    for folder in (with_0, with_1):
+        _write_verdicts(folder, "gsm-hard-sft-calculator", [True, True])
+    for folder in (without_0, without_1):
+        _write_verdicts(folder, "gsm-hard-sft", [False, True])
+    seeds = ["--paired", f"{with_0}:sft-calculator", f"{without_0}:sft"]
+    seeds += ["--paired", f"{with_1}:sft-calculator", f"{without_1}:sft"]
+    done = _cpu_run(*seeds)
     assert done.returncode == 0, done.stderr
-    mawps = json.loads(done.stdout)["mawps"]
+    out = json.loads(done.stdout)
+    mawps = out["mawps"]
     assert [s["a_minus_b"]["mean"] for s in mawps["seeds"]] == [pytest.approx(0.5), pytest.approx(0.25)]
     # Averaged over the seeds: d = (0, 0.5, 0.5, 0.5), mean 3/8, std sqrt(3/16 / 3) = 1/4, se 1/8, t(3 df).
     over = mawps["a_minus_b"]
-    assert over["mean"] == pytest.approx(0.375) and over["n"] == 4
+    assert over["mean"] == pytest.approx(0.375) and over["n"] == 4 and mawps["n_seeds"] == 2
     assert over["high"] - over["mean"] == pytest.approx(3.182446 / 8, rel=1e-5)
-    _write_verdicts(without_1, "mawps-policy", [True, False, False])  # another question set: refused
-    done = _cpu_run(
-        "--paired", f"{with_0}:policy-calculator", f"{without_0}:policy",
-        "--paired", f"{with_1}:policy-calculator", f"{without_1}:policy",
-    )  # fmt: skip
-    assert done.returncode != 0 and "different questions" in done.stderr
-    done = _cpu_run("--paired", str(with_0), f"{without_0}:policy")
-    assert done.returncode != 0 and "FOLDER:MODEL" in done.stderr
+    assert out["gsm-hard"]["a_minus_b"]["mean"] == pytest.approx(0.5) and out["benchmarks_left_out"] == []
+
+
+def test_paired_seeds_cluster_near_duplicates_and_refuse_other_questions(tmp_path):
+    """Near-duplicate questions make one cluster in every seed's interval and over the seeds; a
+    seed whose two files agree with each other but hold other questions than seed 0's is refused."""
+    a0, b0, a1, b1 = (tmp_path / n for n in ("a0", "b0", "a1", "b1"))
+    questions = ["Tom has 1 apple and 2 pears. How many?", "Tom has 1 apple and 2 pears; how many?", "Ann has 3 hats?"]
+    _write_verdicts(a0, "mawps-policy", [True, True, False], questions)
+    _write_verdicts(b0, "mawps-policy", [True, False, False], questions)
+    _write_verdicts(a1, "mawps-policy", [False, True, False], questions)
+    _write_verdicts(b1, "mawps-policy", [True, False, True], questions)
+    done = _cpu_run("--paired", f"{a0}:policy", f"{b0}:policy", "--paired", f"{a1}:policy", f"{b1}:policy")
+    assert done.returncode == 0, done.stderr
+    mawps = json.loads(done.stdout)["mawps"]
+    assert mawps["a_minus_b_by_cluster"]["clusters"] == 2
+    assert [s["a_minus_b_by_cluster"]["clusters"] for s in mawps["seeds"]] == [2, 2]
+    # Over the seeds d = (-0.5, 1, -0.5), mean 0; clusters {0, 1}: +0.5, {2}: -0.5;
+    # se = sqrt(2 * (0.25 + 0.25)) / 3 = 1/3, t with 1 df.
+    assert mawps["a_minus_b_by_cluster"]["high"] == pytest.approx(12.706205 / 3, rel=1e-5)
+    other = tmp_path / "other-a1", tmp_path / "other-b1"
+    for folder in other:
+        _write_verdicts(folder, "mawps-policy", [True, False, True], ["Ann?", "Bob?", "Cid?"])
+    (other[0] / "mawps-policy.jsonl.gz").unlink()
+    _write_verdicts(other[0], "mawps-policy", [True, False, True, False])  # idx 0..3, not 0..2
+    _write_verdicts(other[1], "mawps-policy", [True, False, True, False])
+    done = _cpu_run("--paired", f"{a0}:policy", f"{b0}:policy", "--paired", f"{other[0]}:policy", f"{other[1]}:policy")
+    assert done.returncode != 0 and "other questions" in done.stderr
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--paired", "FOLDER", "x:policy"], "FOLDER:MODEL"),
+        (["--paired", "{a}:policy", "{a}:nothing"], "no <benchmark>-nothing.jsonl.gz"),
+        (["--paired", "{a}:policy", "{a}:policy", "--arm", "calculator"], "--arm do not go with it"),
+        (["--paired", "{a}:policy", "{a}:policy", "--check", "{a}"], "--check do not go with it"),
+        ([], "a run and a folder to record it in are needed"),
+        (["{a}"], "a run and a folder to record it in are needed"),
+        (["--check", "{a}", "--against", "{a}", "--arm", "calculator"], "--paired"),
+    ],
+)
+def test_cpu_run_refuses_what_does_not_go_together(tmp_path, args, says):
+    _write_verdicts(tmp_path, "mawps-policy", [True])
+    done = _cpu_run(*(a.format(a=tmp_path) for a in args))
+    assert done.returncode == 2 and says in done.stderr, done.stderr
 
 
 def test_a_seed_of_an_experiment_is_recorded_with_its_own_reward_models(tmp_path):
