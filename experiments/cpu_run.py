@@ -189,7 +189,13 @@ def experiment_seed(experiment: Path, variant: str, seed: int) -> tuple[dict, di
     """Seed ``seed`` of ``variant`` in a finished experiment: its GRPO (as ``record`` reads a run's),
     its evaluation, its recipe, and the held-out quality of the round-1 reward models of its chain."""
     manifest = json.loads((experiment / "manifest.json").read_text())
-    run = manifest["runs"][variant][seed]
+    recipe = manifest["recipes"][variant]
+    # Runs are listed in seed order from the experiment's first seed (``--first-seed``): find it by its own.
+    runs = {r["seed"]: r for r in manifest["runs"][variant]}
+    if recipe["seed"] + seed not in runs:
+        have = sorted(k - recipe["seed"] for k in runs)
+        raise ValueError(f"{experiment}: {variant} has no seed {seed} (it has {have})")
+    run = runs[recipe["seed"] + seed]
     grpo = {
         "steps": run["steps"],
         "best_step": run.get("kept_step"),
@@ -206,7 +212,6 @@ def experiment_seed(experiment: Path, variant: str, seed: int) -> tuple[dict, di
         if (chain / kind / "manifest.json").is_file():
             rm = json.loads((chain / kind / "manifest.json").read_text())
             quality[kind] = {"trained": rm["heldout"], "sft_likelihood": rm["baseline"]}
-    recipe = manifest["recipes"][variant]
     config = yaml.safe_dump(recipe | {"seed": recipe["seed"] + seed}, sort_keys=False)
     return grpo, evaluated, config, quality
 

@@ -461,10 +461,10 @@ def test_a_seed_of_an_experiment_is_recorded_with_its_own_reward_models(tmp_path
     (exp / "manifest.json").write_text(
         json.dumps(
             {
-                "runs": {
+                "runs": {  # an experiment from its seed 1 on (--first-seed 1): seed 1 listed first
                     "v": [
-                        {},
                         {
+                            "seed": 6,
                             "steps": 2,
                             "rewards": rewards,
                             "curve": [],
@@ -472,6 +472,7 @@ def test_a_seed_of_an_experiment_is_recorded_with_its_own_reward_models(tmp_path
                             "kept_step": 2,
                             "peak_memory": {"rss_mib": 600.0},
                         },
+                        {"seed": 7},
                     ]
                 },
                 "recipes": {"v": {"seed": 5, "grpo": {"lr": 1e-4}}},
@@ -505,6 +506,8 @@ def test_a_seed_of_an_experiment_is_recorded_with_its_own_reward_models(tmp_path
     # Its recipe as it trained: the variant's, with the seed of seed 1 (the recipe's + 1).
     assert yaml.safe_load((tmp_path / "out" / "config.yaml").read_text()) == {"seed": 6, "grpo": {"lr": 1e-4}}
     assert summary["grpo"]["best_step"] == 2 and summary["peak_rss_mib"] == {"grpo": 600.0}
+    with pytest.raises(ValueError, match=r"v has no seed 0 \(it has \[1, 2\]\)"):
+        record(run, tmp_path / "none", experiment=(exp, "v", 0))
 
 
 def test_another_seed_trains_the_steps_asked_for_in_a_folder_of_its_own(tmp_path, monkeypatch):
