@@ -25,8 +25,15 @@ from grpo_core.stages.inputs import StageInputs, write_inputs
 from grpo_core.tracking import UNSENT_ENV, redact, unsent_dir
 
 # The stages whose work is data-parallel training; the others run in the task's own process.
-LAUNCHABLE = ("sft", "grpo", "pretrain", "orm", "prm")
+LAUNCHABLE = ("sft", "grpo", "pretrain", "orm", "prm")  # data-parallel under torchrun / accelerate
+ALONE = ("eval",)  # launched as one process of its own (``launch.own_process``), never data-parallel
 MODULE = "grpo_core.stages"  # the one stage entry point: --config, --inputs, --out
+
+
+def runs_apart(launch: LaunchConfig, stage: str) -> bool:
+    """Whether ``stage`` runs as processes of its own: a training stage when the run is launched
+    (torchrun, accelerate, or ``own_process``), an evaluation with ``own_process``."""
+    return (launch.launched and stage in LAUNCHABLE) or (launch.own_process and stage in ALONE)
 
 
 def write_resolved(cfg: PipelineConfig, path: Path) -> Path:
@@ -40,9 +47,11 @@ def launch_command(launch: LaunchConfig, stage: str, args: list[str], rdzv_id: s
     """``torchrun ... -m grpo_core.stages ARGS`` (or ``accelerate launch``), with the interpreter
     of this process so that the processes see the same environment. ``rdzv_id``: the launch's id on
     several machines, so that only the agents of one launch of one stage meet."""
-    if stage not in LAUNCHABLE:
-        raise ValueError(f"stage {stage!r} cannot be launched as processes; launchable: {', '.join(LAUNCHABLE)}")
-    if not launch.distributed:  # launch.own_process: one plain process, no rendezvous
+    if stage not in LAUNCHABLE + ALONE:
+        raise ValueError(
+            f"stage {stage!r} cannot be launched as processes; launchable: {', '.join(LAUNCHABLE + ALONE)}"
+        )
+    if not launch.distributed or stage in ALONE:  # one plain process, no rendezvous
         return [sys.executable, "-m", MODULE, *args]
     if launch.launcher == "accelerate":
         cmd = [sys.executable, "-m", "accelerate.commands.launch"]
@@ -102,7 +111,7 @@ def run_launched(stage: str, cfg: PipelineConfig, out_dir: str, inputs: StageInp
         "--out",
         out_dir,
     ]
-    launch_id = uuid.uuid4().hex if cfg.launch.nnodes > 1 else None
+    launch_id = uuid.uuid4().hex if cfg.launch.nnodes > 1 and stage in LAUNCHABLE else None
     cmd = launch_command(cfg.launch, stage, args, launch_id)
     tracking = {"MLFLOW_TRACKING_URI": uri, "MLFLOW_RUN_ID": run_id, UNSENT_ENV: str(unsent_dir(cfg.run_dir.resolve()))}
     announced = announce(Path(out_dir), launch_id, stage, cfg.launch, args, tracking) if launch_id else None

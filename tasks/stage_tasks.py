@@ -28,7 +28,7 @@ from grpo_core.stages.identity import code_version
 from grpo_core.stages.inputs import StageInputs
 from grpo_core.stages.outputs import StageOutput
 from grpo_core.tracking import MlflowLogger, unsent_dir
-from tasks.launch import LAUNCHABLE, run_launched
+from tasks.launch import run_launched, runs_apart
 
 
 class StageLogger(MlflowLogger):
@@ -177,9 +177,10 @@ def _stage_params(cfg: PipelineConfig, inputs: StageInputs) -> dict[str, str]:
 
 
 def stage_task(stage: str):
-    """The Prefect task of ``stage``: its inputs run in this process, or (training stages with
-    ``launch.distributed`` or ``launch.own_process``) as processes of their own; the manifest records the output's
-    digest, the cache key and the stage's MLflow run."""
+    """The Prefect task of ``stage``: its inputs run in this process, or as processes of their own
+    (``launch.runs_apart``: training stages with ``launch.distributed`` or ``launch.own_process``, the
+    evaluation with ``own_process``); the manifest records the output's digest, the cache key and the
+    stage's MLflow run."""
 
     @task(name=stage, cache_key_fn=_cache_key(stage), persist_result=True)
     def run(cfg: PipelineConfig, out_dir: str, inputs: StageInputs, uri: str, parent_id: str) -> dict:
@@ -188,7 +189,7 @@ def stage_task(stage: str):
             # Done before, with no result in this Prefect home (a run folder copied from another project).
             return read_manifest(Path(out_dir) / "manifest.json")
         with child_run(uri, parent_id, stage, cfg, _stage_params(cfg, inputs), inputs.run_name(cfg)) as log:
-            if cfg.launch.launched and stage in LAUNCHABLE:  # its manifest carries its process's peak
+            if runs_apart(cfg.launch, stage):  # its manifest carries its process's peak
                 manifest = run_launched(stage, cfg, out_dir, inputs, uri, log.run_id)
             else:
                 with stage_peak_memory() as peak:

@@ -58,8 +58,8 @@ class LaunchConfig(Section):
     )
     own_process: bool = Field(
         False,
-        description="one process: still run each training stage in a process of its own "
-        "(its peak memory is its own; the study does)",
+        description="one process: still run each training stage and each evaluation in a process of its own "
+        "(its peak memory is its own, and freed when it ends; the study does)",
     )
 
     @property

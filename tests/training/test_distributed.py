@@ -31,7 +31,7 @@ def test_resolved_recipe_round_trips(tiny_cfg, tmp_path):
 
 
 def test_launch_commands():
-    from tasks.launch import launch_command
+    from tasks.launch import launch_command, runs_apart
 
     single_node = launch_command(LaunchConfig(nproc=2), "sft", ["--config", "r.yaml"])
     assert single_node[1:] == [
@@ -63,6 +63,10 @@ def test_launch_commands():
     one = launch_command(LaunchConfig(own_process=True), "grpo", ["--out", "o"])  # a process of its own, no torchrun
     assert one == [sys.executable, "-m", "grpo_core.stages", "--out", "o"] and LaunchConfig(own_process=True).launched
     assert not LaunchConfig().launched
+    # An evaluation is one process of its own, even where training stages are data-parallel.
+    assert launch_command(LaunchConfig(nproc=2), "eval", ["--out", "o"]) == one
+    assert runs_apart(LaunchConfig(own_process=True), "eval") and not runs_apart(LaunchConfig(nproc=2), "eval")
+    assert runs_apart(LaunchConfig(nproc=2), "sft") and not runs_apart(LaunchConfig(), "sft")
     with pytest.raises(ValueError, match="reward_data"):
         launch_command(LaunchConfig(nproc=2), "reward_data", [])
     with pytest.raises(ValueError, match="rdzv_endpoint"):
