@@ -135,15 +135,16 @@ def paired(pairs: list[tuple[str, str]]) -> dict:
             raise ValueError(f"--paired {spec!r}: no <benchmark>-{model}.jsonl.gz in {folder}")
         return found
 
-    sides = [files(spec) for pair in pairs for spec in pair]
+    specs = [spec for pair in pairs for spec in pair]  # a, b of seed 0, then of seed 1, ...
+    sides = [files(spec) for spec in specs]
     benches = sorted(set.intersection(*(set(side) for side in sides)))
     if not benches:
         raise ValueError(f"--paired: no benchmark is held by every model named ({pairs})")
     out: dict[str, dict] = {"benchmarks_left_out": sorted(set.union(*(set(side) for side in sides)) - set(benches))}
     for bench in benches:
-        rows = [read_rows(side[bench]) for side in sides]  # a, b of seed 0, then of seed 1, ...
+        rows = [read_rows(side[bench]) for side in sides]
         ids = [r["idx"] for r in rows[0]]
-        for spec, rs in zip((spec for pair in pairs for spec in pair), rows):
+        for spec, rs in zip(specs, rows):
             if [r["idx"] for r in rs] != ids:
                 raise ValueError(f"--paired {spec}: {bench} holds other questions than {pairs[0][0]}'s")
         groups = clusters([r["question"] for r in rows[0]])

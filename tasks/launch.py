@@ -24,9 +24,10 @@ from grpo_core.config import LaunchConfig, PipelineConfig
 from grpo_core.stages.inputs import StageInputs, write_inputs
 from grpo_core.tracking import UNSENT_ENV, redact, unsent_dir
 
-# The stages whose work is data-parallel training; the others run in the task's own process.
-LAUNCHABLE = ("sft", "grpo", "pretrain", "orm", "prm")  # data-parallel under torchrun / accelerate
-ALONE = ("eval",)  # launched as one process of its own (``launch.own_process``), never data-parallel
+# The stages that may run outside the task's own process (``runs_apart``): the training stages,
+# data-parallel under torchrun / accelerate, and the evaluation, one process of its own at most.
+LAUNCHABLE = ("sft", "grpo", "pretrain", "orm", "prm")
+ALONE = ("eval",)
 MODULE = "grpo_core.stages"  # the one stage entry point: --config, --inputs, --out
 
 
