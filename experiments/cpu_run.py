@@ -18,7 +18,6 @@ disagreement between the two is visible. Each difference has a second interval,
         --experiment runs/smollm2-cpu/compare/<budget> --variant rule-outcome --seed 10 \
         --controls continued-sft,online-rft
     python experiments/cpu_run.py --check docs/cpu-runs/2026-11-27-smollm2-mawps
-    python experiments/cpu_run.py --check docs/cpu-runs/<prm seed 1> --against docs/cpu-runs/<checker seed 1>
     python experiments/cpu_run.py runs/smollm2-cpu-calculator docs/cpu-runs/<date>-smollm2-calculator-seed-0 \
         --arm calculator
     python experiments/cpu_run.py --paired docs/cpu-runs/<calculator seed 0>:policy-calculator \
@@ -34,11 +33,11 @@ of a finished experiment on the run (``grpo-pipeline compare``: its GRPO, evalua
 round-1 reward models' held-out quality beside the SFT model's likelihood); ``--controls A,B`` also the
 same seed's arms A and B, each as ``<benchmark>-A.jsonl.gz`` (continued SFT, online RFT: the policy is
 then compared with each). ``--check`` reads a
-committed folder alone and recomputes its accuracies and intervals from the files; with ``--against``
-another folder's policy, on the same questions, is the baseline instead of SFT. ``--arm A`` names the
+committed folder alone and recomputes its accuracies and intervals from the files. ``--arm A`` names the
 run's models ``sft-A`` and ``policy-A`` (a recipe's arm: ``<benchmark>-policy-calculator.jsonl.gz``).
 ``--paired FOLDER:MODEL FOLDER:MODEL``, once per seed, pairs two committed models question by question
-in each seed and over the seeds (each question's score averaged over them): models of two runs.
+in each seed and over the seeds (each question's score averaged over them): models of two runs (one
+run's policy against another's: ``--paired <prm seed 1>:policy <checker seed 1>:policy``).
 """
 
 from __future__ import annotations
@@ -78,12 +77,11 @@ def model_names(arm: str = "") -> tuple[str, str]:
     return ("sft", "policy") if not arm else (f"sft-{arm}", f"policy-{arm}")
 
 
-def score(folder: Path, against: Path | None = None, arm: str = "") -> dict:
+def score(folder: Path, arm: str = "") -> dict:
     """Accuracies and paired intervals recomputed from the committed completions alone: the policy
     minus SFT, and where the folder holds controls (``<benchmark>-<control>.jsonl.gz`` beside
     ``sft`` and ``policy``: continued SFT, online RFT) the policy minus each and each minus SFT.
-    ``against``: another folder whose policy stands where SFT stands (its ``sft`` keys then name that
-    policy). ``arm``: the folder's models are ``sft-<arm>`` and ``policy-<arm>``."""
+    ``arm``: the folder's models are ``sft-<arm>`` and ``policy-<arm>``."""
     sft, policy = model_names(arm)
     out: dict[str, dict] = {}
     for sft_file in sorted(folder.glob(f"*-{sft}.jsonl.gz")):
@@ -93,8 +91,6 @@ def score(folder: Path, against: Path | None = None, arm: str = "") -> dict:
         named = {f.name[len(bench) + 1 :].removesuffix(".jsonl.gz") for f in folder.glob(f"{bench}-*.jsonl.gz")}
         models = [sft, policy] + sorted(named - {sft, policy})
         rows = {m: read_rows(folder / f"{bench}-{m}.jsonl.gz") for m in models}
-        if against:
-            rows[sft] = read_rows(against / f"{bench}-policy.jsonl.gz")
         for m, rs in rows.items():
             if [r["idx"] for r in rs] != [r["idx"] for r in rows[sft]]:
                 raise ValueError(f"{folder}: {bench}'s {m} and {sft} hold different questions")
@@ -341,7 +337,6 @@ def main() -> None:
     )
     ap.add_argument("--seed", type=int, default=0, help="--experiment: its seed (0 = the recipe's)")
     ap.add_argument("--check", action="store_true", help="recompute the scores of a committed folder alone")
-    ap.add_argument("--against", type=Path, help="--check: another committed folder whose policy is the baseline")
     ap.add_argument("--arm", default="", help="the run's models are sft-ARM and policy-ARM (record, --check)")
     ap.add_argument(
         "--paired",
@@ -376,13 +371,9 @@ def main() -> None:
         ap.error("--controls: sft and policy name the run's SFT model and the variant")
     if args.grpo_steps is not None and args.grpo_seed is None:
         ap.error("--grpo-steps goes with --grpo-seed")
-    if args.against and not args.check:
-        ap.error("--against goes with --check")
-    if args.against and args.arm:
-        ap.error("--against pairs with another folder's policy; an arm's models against another run's: --paired")
     experiment = (args.experiment, args.variant, args.seed) if args.experiment else None
     result = (
-        score(args.folder, args.against, args.arm)
+        score(args.folder, args.arm)
         if args.check
         else record(
             args.run_dir,

@@ -257,48 +257,6 @@ def test_a_committed_run_folder_is_scored_again_from_its_files_alone(tmp_path):
     assert mawps["policy_minus_continued-sft_by_cluster"]["clusters"] == 2
 
 
-def test_two_committed_policies_are_paired_question_by_question(tmp_path):
-    """--check --against: another folder's policy stands where SFT stood, on the same questions."""
-
-    def write(folder: Path, name: str, correct: list[bool]) -> None:
-        folder.mkdir(exist_ok=True)
-        with gzip.open(folder / f"{name}.jsonl.gz", "wt") as f:
-            f.writelines(
-                json.dumps(
-                    {
-                        "idx": i,
-                        "question": "q?",
-                        "completion": f"#### {3 if ok else 4}",
-                        "answer": "",
-                        "gold": "3",
-                        "correct": ok,
-                    }
-                )
-                + "\n"
-                for i, ok in enumerate(correct)
-            )
-
-    prm, checker = tmp_path / "prm", tmp_path / "checker"
-    write(prm, "mawps-sft", [False] * 4)
-    write(prm, "mawps-policy", [True, True, True, False])
-    write(checker, "mawps-policy", [True, False, False, False])
-    done = subprocess.run(
-        [sys.executable, "experiments/cpu_run.py", "--check", str(prm), "--against", str(checker)],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    mawps = json.loads(done.stdout)["mawps"]
-    assert mawps["sft"] == 0.25 and mawps["policy"] == 0.75 and mawps["policy_minus_sft"]["mean"] == pytest.approx(0.5)
-    write(checker, "mawps-policy", [True, False, False])  # another question set: refused
-    done = subprocess.run(
-        [sys.executable, "experiments/cpu_run.py", "--check", str(prm), "--against", str(checker)],
-        capture_output=True,
-        text=True,
-    )
-    assert done.returncode != 0 and "different questions" in done.stderr
-
-
 def _write_verdicts(folder: Path, name: str, correct: list[bool], questions: list[str] | None = None) -> None:
     """A committed folder's file ``<name>.jsonl.gz`` and its split.json naming the benchmark."""
     folder.mkdir(exist_ok=True)
@@ -394,7 +352,6 @@ def test_paired_seeds_cluster_near_duplicates_and_refuse_other_questions(tmp_pat
         (["--paired", "{a}:policy", "{a}:policy", "--check", "{a}"], "--check do not go with it"),
         ([], "a run and a folder to record it in are needed"),
         (["{a}"], "a run and a folder to record it in are needed"),
-        (["--check", "{a}", "--against", "{a}", "--arm", "calculator"], "--paired"),
     ],
 )
 def test_cpu_run_refuses_what_does_not_go_together(tmp_path, args, says):
