@@ -70,15 +70,21 @@ def within_question_auc(scores: list[float], labels: list[bool], questions: list
     solutions of ``roc_auc`` within the question, and how many such questions there are (NaN, 0 when
     none). Cues constant within a question (its length, its operands) score 0.5 here, however well
     they separate right from wrong across questions."""
-    by_question: dict[str, list[int]] = {}
+    aucs = list(question_aucs(scores, labels, questions).values())
+    return (sum(aucs) / len(aucs) if aucs else float("nan")), len(aucs)
+
+
+def question_aucs(scores: list[float], labels: list[bool], questions: list) -> dict:
+    """``roc_auc`` within each question that has both right and wrong solutions, by question (in
+    order of first appearance): the per-question values ``within_question_auc`` averages."""
+    by_question: dict = {}
     for i, q in enumerate(questions):
         by_question.setdefault(q, []).append(i)
-    aucs = [
-        roc_auc([scores[i] for i in rows], [labels[i] for i in rows])
-        for rows in by_question.values()
+    return {
+        q: roc_auc([scores[i] for i in rows], [labels[i] for i in rows])
+        for q, rows in by_question.items()
         if 0 < sum(bool(labels[i]) for i in rows) < len(rows)
-    ]
-    return (sum(aucs) / len(aucs) if aucs else float("nan")), len(aucs)
+    }
 
 
 def group_auc(scores: torch.Tensor, correct: torch.Tensor, g: int) -> tuple[float, int]:

@@ -8,7 +8,8 @@ from __future__ import annotations
 import torch
 
 from grpo_core.lm.policy import encode
-from grpo_core.rewards.heads import first_wrong_step, orm_logits, prm_step_logits, roc_auc, within_question_auc
+from grpo_core.rewards.heads import first_wrong_step, orm_logits, prm_step_logits, question_aucs, roc_auc
+from grpo_core.stats import question_interval
 from grpo_core.rewards.steps import rollout_step_ends
 
 
@@ -36,15 +37,28 @@ def step_batch(tokenizer, rows: list[dict], separator: str, label: str):
     return rollout, ends, labels, mask
 
 
+def within_question(scores: list[float], labels: list[bool], questions: list) -> dict[str, float]:
+    """What GRPO's group-normalised reward sees of a scorer: the AUC within each question with right
+    and wrong solutions, averaged over those questions (``within_question_auc``), with a 95% t
+    interval over them (``_low``, ``_high``: the questions are the sample; NaN with fewer than 2)."""
+    aucs = list(question_aucs(scores, labels, questions).values())
+    nan = dict.fromkeys(("mean", "low", "high"), float("nan"))
+    spread = question_interval(aucs, [0.0] * len(aucs)) if aucs else nan
+    return {
+        "within_question_auc": spread["mean"],
+        "within_question_auc_low": spread["low"],
+        "within_question_auc_high": spread["high"],
+        "mixed_questions": float(len(aucs)),
+    }
+
+
 def solution_metrics(scores: list[float], rows: list[dict]) -> dict[str, float]:
     """Held-out quality of solution scores against ``rows``' ``correct``: what GRPO's group-normalised
-    reward sees (the AUC within each question, averaged over questions with right and wrong
-    solutions) beside the AUC pooled across questions (where length and operands help)."""
+    reward sees (``within_question``) beside the AUC pooled across questions (where length and
+    operands help)."""
     labels = [bool(r["correct"]) for r in rows]
-    within, mixed = within_question_auc(scores, labels, [r["prompt"] for r in rows])
     return {
-        "within_question_auc": within,
-        "mixed_questions": float(mixed),
+        **within_question(scores, labels, [r["prompt"] for r in rows]),
         "auc": roc_auc(scores, labels),
         "n_solutions": float(len(rows)),
     }
@@ -62,10 +76,8 @@ def prm_step_metrics(probs: list[list[float]], rows: list[dict]) -> dict[str, fl
     scored = [
         (min(p), all(r["labels"]), r["prompt"]) for r, p in zip(rows, probs) if p
     ]  # a solution with no step: no verdict
-    within, mixed = within_question_auc(*map(list, zip(*scored))) if scored else (float("nan"), 0)
     out = {
-        "within_question_auc": within,
-        "mixed_questions": float(mixed),
+        **within_question(*map(list, zip(*scored)) if scored else ([], [], [])),
         "step_accuracy": sum((x >= 0.5) == y for x, y in flat) / max(1, len(flat)),
         "step_auc": roc_auc([x for x, _ in flat], [y for _, y in flat]),
         "first_wrong_step_detected": found / max(1, len(with_error)),

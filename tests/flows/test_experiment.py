@@ -44,21 +44,26 @@ def test_every_variant_trains_for_the_seconds_grpo_trained(tmp_path, tiny_cfg, p
         assert rounds[0].launch.own_process == PRESETS[preset].own_process
 
 
-def test_an_arm_differs_from_the_arms_it_is_compared_with_only_in_what_it_names(tmp_path, tiny_cfg):
+@pytest.mark.parametrize("overrides", [None, ["grpo.redraws=2"]])  # the second: a recipe with dynamic sampling
+def test_an_arm_differs_from_the_arms_it_is_compared_with_only_in_what_it_names(tmp_path, tiny_cfg, overrides):
     """Each ``against`` pair (the rows' paired gains): the arm's recipe differs from its control's
     only in ``grpo`` settings the arm names (e.g. a learned-reward arm keeps its control's dynamic
     sampling), PPO bringing its own section (``grpo.ppo``); rounds, retraining and replay are the
-    variants' own fields. The §5 and sparse comparisons are among the pairs, and a sparse arm differs
-    from its control in the reward alone."""
+    variants' own fields. The §5 and sparse comparisons are among the pairs, and a sparse arm, a
+    learned reward beside the checker and one learned reward alone against the other differ from
+    their controls in the reward alone."""
     from flows.experiment_setup import setup
     from grpo_core.recipe import flatten
 
-    s = setup(str(_finished_run(tmp_path, tiny_cfg)), "compare", None, None, 6, None)
+    s = setup(str(_finished_run(tmp_path, tiny_cfg)), "compare", None, None, 6, None, overrides=overrides)
     pairs = [(name, other) for name, v in VARIANTS.items() for other in v.against]
     section_5 = {("online-rft", "rft"), ("online-rft", "rule-outcome"), ("ppo", "rule-outcome")}
     section_5 |= {("prm-process", "orm-outcome"), ("prm-process-min-credit", "prm-process-paper")}
     section_5 |= {("prm-process-paper", "prm-process")}
     sparse = {("rule+orm", "dynamic"), ("rule+prm", "dynamic"), ("rule+oracle-prm", "dynamic")}
+    # Beside the checker, with its draw; a learned reward alone against another, with theirs.
+    sparse |= {("rule+orm-outcome", "rule-outcome"), ("rule+prm-process", "rule-outcome")}
+    sparse |= {("prm-process", "orm-outcome")}
     assert section_5 | sparse | {("prm-process-2-rounds", "prm-process"), ("retrained", "frozen")} <= set(pairs)
     for name, other in pairs:
         mine, theirs = flatten(s.config(name, 0)), flatten(s.config(other, 0))

@@ -10,6 +10,7 @@ import torch
 
 from grpo_core.rewards.heads import roc_auc, within_question_auc
 from grpo_core.rewards.likelihood import likelihood_scores, lowest_logprob, step_lowest_logprobs
+from grpo_core.stages.reward_metrics import within_question
 
 
 def test_within_question_auc_by_hand():
@@ -23,6 +24,24 @@ def test_within_question_auc_by_hand():
     # Pooled over questions the same scores rank otherwise: a cue shared within a question counts there.
     assert roc_auc(scores, labels) != pytest.approx(auc)
     assert math.isnan(within_question_auc([0.1, 0.2], [True, True], ["a", "a"])[0])
+
+
+def test_within_question_auc_has_an_interval_over_the_questions():
+    """The held-out ranking with its 95% t interval: the questions with right and wrong solutions
+    are the sample (the same rows as above: per-question AUCs 1, 0, 0.75)."""
+    scores = [0.9, 0.2, 0.5, 0.3, 0.6, 0.4, 0.4, 0.7, 0.7, 0.1]
+    labels = [True, False, False, True, False, True, True, True, False, False]
+    got = within_question(scores, labels, ["a", "a", "a", "b", "b", "c", "c", "d", "d", "d"])
+    mean = 1.75 / 3
+    std = math.sqrt(((1 - mean) ** 2 + (0 - mean) ** 2 + (0.75 - mean) ** 2) / 2)
+    half = 4.302653 * std / math.sqrt(3)  # t(0.975, 2 degrees of freedom)
+    assert got["mixed_questions"] == 3 and got["within_question_auc"] == pytest.approx(mean)
+    assert got["within_question_auc_low"] == pytest.approx(mean - half, abs=1e-5)
+    assert got["within_question_auc_high"] == pytest.approx(mean + half, abs=1e-5)
+    one = within_question([0.9, 0.2], [True, False], ["a", "a"])  # one question: no spread to read
+    assert one["within_question_auc"] == 1.0 and math.isnan(one["within_question_auc_low"])
+    none = within_question([0.1, 0.2], [True, True], ["a", "a"])
+    assert none["mixed_questions"] == 0 and math.isnan(none["within_question_auc"])
 
 
 def test_a_step_is_as_sure_as_the_least_likely_token_so_far():
