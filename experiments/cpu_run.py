@@ -184,7 +184,8 @@ def another_seed(run_dir: Path, manifest: dict, seed: int, steps: int | None = N
 
 def experiment_seed(experiment: Path, variant: str, seed: int) -> tuple[dict, dict, str, dict]:
     """Seed ``seed`` of ``variant`` in a finished experiment: its GRPO (as ``record`` reads a run's),
-    its evaluation, its recipe, and the held-out quality of the round-1 reward models of its chain."""
+    its evaluation, its recipe, and the round-1 reward models of its chain: their held-out quality
+    beside the SFT likelihood's, their gates and seconds, and the seconds of their data."""
     manifest = json.loads((experiment / "manifest.json").read_text())
     recipe = manifest["recipes"][variant]
     # Runs are listed in seed order from the experiment's first seed (``--first-seed``): find it by its own.
@@ -209,6 +210,9 @@ def experiment_seed(experiment: Path, variant: str, seed: int) -> tuple[dict, di
         if (chain / kind / "manifest.json").is_file():
             rm = json.loads((chain / kind / "manifest.json").read_text())
             quality[kind] = {"trained": rm["heldout"], "sft_likelihood": rm["baseline"]}
+            quality[kind] |= {"quality_gate": rm["quality_gate"], "wall_s": rm["wall_s"]}
+    if quality and (chain / "reward_data" / "manifest.json").is_file():  # sampling and labelling the seed's data
+        quality["reward_data_wall_s"] = json.loads((chain / "reward_data" / "manifest.json").read_text())["wall_s"]
     config = yaml.safe_dump(recipe | {"seed": recipe["seed"] + seed}, sort_keys=False)
     return grpo, evaluated, config, quality
 

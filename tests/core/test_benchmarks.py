@@ -446,9 +446,19 @@ def test_a_seed_of_an_experiment_is_recorded_with_its_own_reward_models(tmp_path
             }
         )
     )
+    gate = {"metric": "within_question_auc", "value": 0.7, "threshold": 0.6, "passed": True}
     (exp / "chains" / "seed-1" / "round-1" / "prm" / "manifest.json").write_text(
-        json.dumps({"heldout": {"within_question_auc": 0.7}, "baseline": {"within_question_auc": 0.6}})
+        json.dumps(
+            {
+                "heldout": {"within_question_auc": 0.7},
+                "baseline": {"within_question_auc": 0.6},
+                "quality_gate": gate,
+                "wall_s": 30.0,
+            }
+        )
     )
+    (exp / "chains" / "seed-1" / "round-1" / "reward_data").mkdir()
+    (exp / "chains" / "seed-1" / "round-1" / "reward_data" / "manifest.json").write_text(json.dumps({"wall_s": 20.0}))
     # The run itself: each stage's peak resident set as its manifest has it, and the whole command's.
     assert record(run, tmp_path / "run-out")["peak_rss_mib"] == {"run": 900.0, "sft": 700.0, "round-1/grpo": 800.0}
     summary = record(run, tmp_path / "out", experiment=(exp, "v", 1), controls=("c",))
@@ -458,7 +468,13 @@ def test_a_seed_of_an_experiment_is_recorded_with_its_own_reward_models(tmp_path
     assert (tmp_path / "out" / "mawps-c.jsonl.gz").is_file()
     assert summary["grpo"]["groups_with_spread"] == {"sampled": 0.5, "trained": pytest.approx(0.875)}
     assert summary["reward_models"] == {
-        "prm": {"trained": {"within_question_auc": 0.7}, "sft_likelihood": {"within_question_auc": 0.6}}
+        "prm": {
+            "trained": {"within_question_auc": 0.7},
+            "sft_likelihood": {"within_question_auc": 0.6},
+            "quality_gate": gate,
+            "wall_s": 30.0,
+        },
+        "reward_data_wall_s": 20.0,
     }
     # Its recipe as it trained: the variant's, with the seed of seed 1 (the recipe's + 1).
     assert yaml.safe_load((tmp_path / "out" / "config.yaml").read_text()) == {"seed": 6, "grpo": {"lr": 1e-4}}
