@@ -4,6 +4,7 @@ completions of up to 48 tokens with a rank-16 adapter), a few steps of each, eac
 its own (its peak is its own):
 
 - ``sft``: the recipe's SFT steps;
+- ``sft-checkpointing``: the same, each layer recomputed in backward (``launch.gradient_checkpointing``);
 - ``grpo``: the recipe's GRPO steps, every distinct completion of the update in one pass;
 - ``grpo-micro-K``: the same in passes of K rows (``grpo.micro_batch_rows``: the same update);
 - ``grpo-checkpointing``: one pass, each layer recomputed in backward (``launch.gradient_checkpointing``).
@@ -12,7 +13,8 @@ its own (its peak is its own):
 
 Needs `make smollm2` (the model) and the recipe's benchmark data (installed with the environment).
 Prints one JSON object: per mode the peak RSS (MiB) and the seconds per step, and each mode's peak
-over ``grpo``'s (the recipe as it was). Validation is cut to 16 questions (it holds little memory).
+and seconds over its stage's as the recipe has it (``sft``, ``grpo``), where that ran too. Validation
+is cut to 16 questions (it holds little memory).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ RECIPE, MODEL = ROOT / "configs" / "smollm2-cpu.yaml", ROOT / "models" / "smollm
 COMMON = ["data.benchmark.n_val=16", "eval.batch_size=16"]
 MODES = {
     "sft": ["sft.eval_every=1000", "sft.checkpoint_every=1000"],
+    "sft-checkpointing": ["sft.eval_every=1000", "sft.checkpoint_every=1000", "launch.gradient_checkpointing=true"],
     "grpo": ["grpo.eval_every=1000", "grpo.checkpoint_every=1000"],
     "grpo-micro-16": ["grpo.eval_every=1000", "grpo.checkpoint_every=1000", "grpo.micro_batch_rows=16"],
     "grpo-micro-32": ["grpo.eval_every=1000", "grpo.checkpoint_every=1000", "grpo.micro_batch_rows=32"],
@@ -86,11 +89,13 @@ def main() -> None:
         if done.returncode:
             sys.exit(f"{mode} failed:\n{done.stderr[-3000:]}")
         result[mode] = json.loads(done.stdout.strip().splitlines()[-1])
-    if "grpo" in result:
-        base = result["grpo"]["peak_rss_mib"]
-        for mode, r in result.items():
-            if mode.startswith("grpo"):
-                r["peak_over_grpo"] = round(r["peak_rss_mib"] / base, 3)
+    for stage in ("sft", "grpo"):  # each mode against its stage as the recipe has it
+        if stage in result:
+            base = result[stage]
+            for mode, r in result.items():
+                if mode.split("-")[0] == stage:
+                    r[f"peak_over_{stage}"] = round(r["peak_rss_mib"] / base["peak_rss_mib"], 3)
+                    r[f"time_over_{stage}"] = round(r["s_per_step"] / base["s_per_step"], 3)
     print(json.dumps(result, indent=1))
 
 
