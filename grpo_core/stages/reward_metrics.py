@@ -37,47 +37,76 @@ def step_batch(tokenizer, rows: list[dict], separator: str, label: str):
     return rollout, ends, labels, mask
 
 
-def within_question(scores: list[float], labels: list[bool], questions: list) -> dict[str, float]:
+Ranking = tuple[list[float], list[bool], list[str]]  # what is ranked within a question: scores, verdicts, questions
+
+
+def solution_ranking(scores: list[float], rows: list[dict]) -> Ranking:
+    """An ORM's reading: each solution's score against the checker's verdict."""
+    return scores, [bool(r["correct"]) for r in rows], [r["prompt"] for r in rows]
+
+
+def step_ranking(probs: list[list[float]], rows: list[dict]) -> Ranking:
+    """A PRM's reading as GRPO's outcome reward takes it: each solution's lowest step score against
+    its having no step labelled wrong (a solution with no step has no verdict and is left out)."""
+    scored = [(min(p), all(r["labels"]), r["prompt"]) for r, p in zip(rows, probs) if p]
+    return tuple(map(list, zip(*scored))) if scored else ([], [], [])
+
+
+def within_question(ranking: Ranking, baseline: dict[str, float] | None = None) -> dict[str, float]:
     """What GRPO's group-normalised reward sees of a scorer: the AUC within each question with right
     and wrong solutions, averaged over those questions (``within_question_auc``), with a 95% t
-    interval over them (``_low``, ``_high``: the questions are the sample; NaN with fewer than 2)."""
-    aucs = list(question_aucs(scores, labels, questions).values())
+    interval over them (``_low``, ``_high``: the questions are the sample; NaN with fewer than 2).
+    ``baseline``: another scorer's AUC by question on the same rows (``question_aucs``; the SFT
+    model's likelihood): the mean difference over the questions both rank, with its paired interval
+    (``within_question_auc_minus_baseline``, ``_low``, ``_high``)."""
     nan = dict.fromkeys(("mean", "low", "high"), float("nan"))
+    by_question = question_aucs(*ranking)
+    aucs = list(by_question.values())
     spread = question_interval(aucs, [0.0] * len(aucs)) if aucs else nan
-    return {
+    out = {
         "within_question_auc": spread["mean"],
         "within_question_auc_low": spread["low"],
         "within_question_auc_high": spread["high"],
         "mixed_questions": float(len(aucs)),
     }
+    if baseline is not None:
+        both = [q for q in by_question if q in baseline]
+        gain = question_interval([by_question[q] for q in both], [baseline[q] for q in both]) if both else nan
+        out |= {
+            f"within_question_auc_minus_baseline{end}": gain[k]
+            for end, k in (("", "mean"), ("_low", "low"), ("_high", "high"))
+        }
+    return out
 
 
-def solution_metrics(scores: list[float], rows: list[dict]) -> dict[str, float]:
+def solution_metrics(
+    scores: list[float], rows: list[dict], baseline: dict[str, float] | None = None
+) -> dict[str, float]:
     """Held-out quality of solution scores against ``rows``' ``correct``: what GRPO's group-normalised
-    reward sees (``within_question``) beside the AUC pooled across questions (where length and
-    operands help)."""
-    labels = [bool(r["correct"]) for r in rows]
+    reward sees (``within_question``, against ``baseline``) beside the AUC pooled across questions
+    (where length and operands help)."""
+    ranking = solution_ranking(scores, rows)
     return {
-        **within_question(scores, labels, [r["prompt"] for r in rows]),
-        "auc": roc_auc(scores, labels),
+        **within_question(ranking, baseline),
+        "auc": roc_auc(scores, ranking[1]),
         "n_solutions": float(len(rows)),
     }
 
 
-def prm_step_metrics(probs: list[list[float]], rows: list[dict]) -> dict[str, float]:
+def prm_step_metrics(
+    probs: list[list[float]], rows: list[dict], baseline: dict[str, float] | None = None
+) -> dict[str, float]:
     """Held-out quality of per-step probabilities against ``rows``' step labels: step accuracy and
     AUC (against the exact labels too where present), how often the first step scored < 0.5 is the
     first step labelled wrong, and within each question the AUC of the lowest step against a
-    solution having no wrong step (what GRPO sees of a PRM whose lowest step is the reward)."""
+    solution having no wrong step (what GRPO sees of a PRM whose lowest step is the reward:
+    ``step_ranking``; against ``baseline`` as ``within_question`` takes it)."""
     flat = [(x, y) for r, p in zip(rows, probs) for x, y in zip(p, r["labels"])]
     exact = [(x, y) for r, p in zip(rows, probs) if r["exact_labels"] for x, y in zip(p, r["exact_labels"])]
     with_error = [(r, p) for r, p in zip(rows, probs) if first_wrong_step(r["labels"]) is not None]
     found = sum(first_wrong_step([x >= 0.5 for x in p]) == first_wrong_step(r["labels"]) for r, p in with_error)
-    scored = [
-        (min(p), all(r["labels"]), r["prompt"]) for r, p in zip(rows, probs) if p
-    ]  # a solution with no step: no verdict
     out = {
-        **within_question(*map(list, zip(*scored)) if scored else ([], [], [])),
+        **within_question(step_ranking(probs, rows), baseline),
         "step_accuracy": sum((x >= 0.5) == y for x, y in flat) / max(1, len(flat)),
         "step_auc": roc_auc([x for x, _ in flat], [y for _, y in flat]),
         "first_wrong_step_detected": found / max(1, len(with_error)),
@@ -89,9 +118,11 @@ def prm_step_metrics(probs: list[list[float]], rows: list[dict]) -> dict[str, fl
 
 
 @torch.no_grad()
-def evaluate_orm(model, tokenizer, held_out: dict[str, list[dict]], separator: str, batch: int) -> dict[str, float]:
-    """``solution_metrics`` of the ORM's scores of the held-out ``solutions``, and its accuracy on
-    the held-out ``pairs`` (chosen above rejected)."""
+def evaluate_orm(
+    model, tokenizer, held_out: dict[str, list[dict]], separator: str, batch: int, baseline: dict | None = None
+) -> dict[str, float]:
+    """``solution_metrics`` of the ORM's scores of the held-out ``solutions`` (against ``baseline``),
+    and its accuracy on the held-out ``pairs`` (chosen above rejected)."""
     model.eval()
     pairs, solutions, wins, scores = held_out["pairs"], held_out["solutions"], 0, []
     for s in range(0, len(pairs), batch):
@@ -109,12 +140,14 @@ def evaluate_orm(model, tokenizer, held_out: dict[str, list[dict]], separator: s
             model, encode(tokenizer, [r["prompt"] for r in rows], [r["completion"] for r in rows])
         ).tolist()
     model.train()
-    return solution_metrics(scores, solutions) | ({"pairwise_accuracy": wins / len(pairs)} if pairs else {})
+    return solution_metrics(scores, solutions, baseline) | ({"pairwise_accuracy": wins / len(pairs)} if pairs else {})
 
 
 @torch.no_grad()
-def evaluate_prm(model, tokenizer, held_out: dict[str, list[dict]], separator: str, batch: int) -> dict[str, float]:
-    """``prm_step_metrics`` of the PRM's step probabilities on the held-out ``steps``."""
+def evaluate_prm(
+    model, tokenizer, held_out: dict[str, list[dict]], separator: str, batch: int, baseline: dict | None = None
+) -> dict[str, float]:
+    """``prm_step_metrics`` of the PRM's step probabilities on the held-out ``steps`` (against ``baseline``)."""
     model.eval()
     rows, probs = held_out["steps"], []
     for s in range(0, len(rows), batch):
@@ -123,4 +156,4 @@ def evaluate_prm(model, tokenizer, held_out: dict[str, list[dict]], separator: s
         p = torch.sigmoid(prm_step_logits(model, rollout, ends))
         probs += [p[i, : int(mask[i].sum())].tolist() for i in range(len(part))]
     model.train()
-    return prm_step_metrics(probs, rows)
+    return prm_step_metrics(probs, rows, baseline)

@@ -34,6 +34,7 @@ from grpo_core.rewards.heads import (
     orm_logits,
     is_verifier_head,
     pointwise_bce_loss,
+    question_aucs,
     prm_step_logits,
     reward_model_from,
     step_bce_loss,
@@ -48,8 +49,11 @@ from grpo_core.stages.identity import run_identity
 from grpo_core.stages.reward_metrics import (
     evaluate_orm,
     evaluate_prm,
+    Ranking,
     prm_step_metrics,
     solution_metrics,
+    solution_ranking,
+    step_ranking,
     solution_text,
     step_batch,
 )
@@ -83,8 +87,10 @@ def run_reward_model(
     run = build(cfg, kind, reward_data, init_dir, out_dir, logger, round_, replay)
     spec, rc, sep = KINDS[kind], getattr(cfg, kind), cfg.reward_data.step_separator
 
-    def evaluate(st: TrainState) -> dict:
-        held_out = spec.evaluate(run.model, run.tokenizer, run.held_out, sep, rc.batch_size)
+    def evaluate(st: TrainState) -> dict:  # once the baseline has been read: against it, question by question
+        held_out = spec.evaluate(
+            run.model, run.tokenizer, run.held_out, sep, rc.batch_size, st.extra.get("baseline_aucs")
+        )
         return {f"heldout/{k}": v for k, v in held_out.items()}
 
     if run.trainer.resume is None:
@@ -171,7 +177,8 @@ def starting_quality(
 ) -> None:
     """Before a fresh start's first step: the starting model (last round's, or the SFT model's fresh
     head) on the fresh held-out samples (its staleness, ``before_metrics``) and the ``baseline``
-    verifier on the same rows, kept in the state's extras and logged at step 0."""
+    verifier on the same rows (its metrics, and its AUC by question, which the trained model's are
+    paired with), kept in the state's extras and logged at step 0."""
     d, st, logger, spec, rc = run.d, run.trainer.state, run.logger, KINDS[kind], getattr(cfg, kind)
     if d.main:
         shutil.rmtree(out_dir / "best", ignore_errors=True)  # never publish another run's model
@@ -181,7 +188,7 @@ def starting_quality(
     logger.log_metrics({f"heldout_before/{k}": v for k, v in st.extra["before_metrics"].items()}, step=0)
     if baseline is not None and d.main:
         rows, sep = run.held_out[spec.held_out[0]], cfg.reward_data.step_separator
-        st.extra["baseline"] = evaluate_likelihood(baseline, kind, rows, sep, rc.batch_size)
+        st.extra["baseline"], st.extra["baseline_aucs"] = evaluate_likelihood(baseline, kind, rows, sep, rc.batch_size)
         logger.log_metrics({f"baseline/{k}": v for k, v in st.extra["baseline"].items()}, step=0)
 
 
@@ -293,6 +300,7 @@ class RewardModelKind:
     held_out: tuple[str, ...]
     evaluate: Callable[..., dict[str, float]]
     verifier_metrics: Callable[[list[float], list[list[float]], list[dict]], dict[str, float]]
+    ranking: Callable[[list[float], list[list[float]], list[dict]], Ranking]
     gate_metric: str = "within_question_auc"
 
 
@@ -304,6 +312,7 @@ KINDS = {
         held_out=("solutions", "pairs"),
         evaluate=evaluate_orm,
         verifier_metrics=lambda solution, steps, rows: solution_metrics(solution, rows),
+        ranking=lambda solution, steps, rows: solution_ranking(solution, rows),
     ),
     "prm": RewardModelKind(
         datasets=lambda cfg: ("steps",),
@@ -311,6 +320,7 @@ KINDS = {
         held_out=("steps",),
         evaluate=evaluate_prm,
         verifier_metrics=lambda solution, steps, rows: prm_step_metrics(steps, rows),
+        ranking=lambda solution, steps, rows: step_ranking(steps, rows),
     ),
 }
 EMPTY = {
@@ -323,10 +333,10 @@ EMPTY = {
 @torch.no_grad()
 def evaluate_likelihood(
     lm_dir: str | Path, kind: str, rows: list[dict], separator: str, batch: int
-) -> dict[str, float]:
+) -> tuple[dict[str, float], dict[str, float]]:
     """The zero-training verifier (``rewards.likelihood``: the causal LM ``lm_dir`` read through its own
     token probabilities) on the held-out rows of a ``kind`` reward model, by the same metrics: the
-    baseline every trained reward model must beat."""
+    baseline every trained reward model must beat; and its AUC by question (``question_aucs``)."""
     lm, tokenizer = load_model(lm_dir)
     lm.eval()
     solutions, steps = [], []
@@ -338,7 +348,8 @@ def evaluate_likelihood(
         )
         solutions += whole.tolist()
         steps += [step_p[i, : int(mask[i].sum())].tolist() for i in range(len(part))]
-    return KINDS[kind].verifier_metrics(solutions, steps, rows)
+    spec = KINDS[kind]
+    return spec.verifier_metrics(solutions, steps, rows), question_aucs(*spec.ranking(solutions, steps, rows))
 
 
 def combined_mix(mixes: list[dict]) -> dict:

@@ -31,17 +31,26 @@ def test_within_question_auc_has_an_interval_over_the_questions():
     are the sample (the same rows as above: per-question AUCs 1, 0, 0.75)."""
     scores = [0.9, 0.2, 0.5, 0.3, 0.6, 0.4, 0.4, 0.7, 0.7, 0.1]
     labels = [True, False, False, True, False, True, True, True, False, False]
-    got = within_question(scores, labels, ["a", "a", "a", "b", "b", "c", "c", "d", "d", "d"])
+    questions = ["a", "a", "a", "b", "b", "c", "c", "d", "d", "d"]
+    got = within_question((scores, labels, questions))
     mean = 1.75 / 3
     std = math.sqrt(((1 - mean) ** 2 + (0 - mean) ** 2 + (0.75 - mean) ** 2) / 2)
     half = 4.302653 * std / math.sqrt(3)  # t(0.975, 2 degrees of freedom)
     assert got["mixed_questions"] == 3 and got["within_question_auc"] == pytest.approx(mean)
     assert got["within_question_auc_low"] == pytest.approx(mean - half, abs=1e-5)
     assert got["within_question_auc_high"] == pytest.approx(mean + half, abs=1e-5)
-    one = within_question([0.9, 0.2], [True, False], ["a", "a"])  # one question: no spread to read
+    one = within_question(([0.9, 0.2], [True, False], ["a", "a"]))  # one question: no spread to read
     assert one["within_question_auc"] == 1.0 and math.isnan(one["within_question_auc_low"])
-    none = within_question([0.1, 0.2], [True, True], ["a", "a"])
+    none = within_question(([0.1, 0.2], [True, True], ["a", "a"]))
     assert none["mixed_questions"] == 0 and math.isnan(none["within_question_auc"])
+    # Against another scorer's AUCs by question: paired over the questions both rank (a, b, d; not z).
+    against = within_question((scores, labels, questions), baseline={"a": 0.5, "b": 0.5, "d": 1.0, "z": 0.3})
+    diffs = [0.5, -0.5, -0.25]
+    mean = sum(diffs) / 3
+    half = 4.302653 * math.sqrt(sum((d - mean) ** 2 for d in diffs) / 2) / math.sqrt(3)
+    assert against["within_question_auc_minus_baseline"] == pytest.approx(mean)
+    assert against["within_question_auc_minus_baseline_low"] == pytest.approx(mean - half, abs=1e-5)
+    assert against["within_question_auc_minus_baseline_high"] == pytest.approx(mean + half, abs=1e-5)
 
 
 def test_a_step_is_as_sure_as_the_least_likely_token_so_far():

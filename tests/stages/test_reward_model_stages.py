@@ -112,19 +112,25 @@ def test_every_reward_model_is_measured_against_the_zero_training_verifier(
     tmp_path, tiny_cfg, tiny_model_dir, reward_data, kind
 ):
     """``baseline``: the SFT model's own likelihood on the same held-out rows, by the same metrics; a
-    reward model that does not beat it fails its gate."""
+    reward model that does not beat it fails its gate. The trained model's ranking is also paired
+    with the baseline's question by question."""
     from grpo_core.stages.reward_model import evaluate_likelihood
 
     cfg = tiny_cfg(tmp_path, **{f"{kind}__batch_size": 2, f"{kind}__epochs": 1})
     manifest = run_reward_model(cfg, kind, reward_data, tiny_model_dir, tmp_path / kind, baseline=tiny_model_dir)
     baseline, gate = manifest["baseline"], manifest["quality_gate"]
-    assert set(baseline) == set(manifest["heldout"]) - {"pairwise_accuracy"}
+    paired = {f"within_question_auc_minus_baseline{end}" for end in ("", "_low", "_high")}
+    assert set(baseline) == set(manifest["heldout"]) - {"pairwise_accuracy"} - paired
     held_out = "solutions" if kind == "orm" else "steps"
     from datasets import load_from_disk
 
     rows = load_from_disk(reward_data[held_out].path)["test"].to_list()
-    assert baseline == pytest.approx(evaluate_likelihood(tiny_model_dir, kind, rows, "\n", 4), nan_ok=True)
+    expected, by_question = evaluate_likelihood(tiny_model_dir, kind, rows, "\n", 4)
+    assert baseline == pytest.approx(expected, nan_ok=True) and len(by_question) == baseline["mixed_questions"]
     value = manifest["heldout"]["within_question_auc"]
+    # The same rows, so the same questions ranked: the mean difference is the difference of the means.
+    gain = manifest["heldout"]["within_question_auc_minus_baseline"]
+    assert gain == pytest.approx(value - baseline["within_question_auc"], nan_ok=True)
     assert gate["baseline"] == pytest.approx(baseline["within_question_auc"], nan_ok=True)
     assert gate["beats_baseline"] == (value > gate["baseline"])
     assert gate["passed"] == (value >= 0.6 and gate["beats_baseline"])
