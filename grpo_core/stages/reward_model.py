@@ -175,21 +175,21 @@ def starting_quality(
     baseline: str | Path | None,
     out_dir: Path,
 ) -> None:
-    """Before a fresh start's first step: the starting model (last round's, or the SFT model's fresh
-    head) on the fresh held-out samples (its staleness, ``before_metrics``) and the ``baseline``
-    verifier on the same rows (its metrics, and its AUC by question, which the trained model's are
-    paired with), kept in the state's extras and logged at step 0."""
+    """Before a fresh start's first step: the ``baseline`` verifier on the fresh held-out samples (its
+    metrics, and its AUC by question, which every later evaluation is paired with), then the starting
+    model (last round's, or the SFT model's fresh head) on the same rows (its staleness,
+    ``before_metrics``), kept in the state's extras and logged at step 0."""
     d, st, logger, spec, rc = run.d, run.trainer.state, run.logger, KINDS[kind], getattr(cfg, kind)
     if d.main:
         shutil.rmtree(out_dir / "best", ignore_errors=True)  # never publish another run's model
-    with d.gathered(run.trained):
-        before = d.broadcast(evaluate(st) if d.main else None)
-    st.extra["before_metrics"] = {k.removeprefix("heldout/"): v for k, v in before.items()}
-    logger.log_metrics({f"heldout_before/{k}": v for k, v in st.extra["before_metrics"].items()}, step=0)
     if baseline is not None and d.main:
         rows, sep = run.held_out[spec.held_out[0]], cfg.reward_data.step_separator
         st.extra["baseline"], st.extra["baseline_aucs"] = evaluate_likelihood(baseline, kind, rows, sep, rc.batch_size)
         logger.log_metrics({f"baseline/{k}": v for k, v in st.extra["baseline"].items()}, step=0)
+    with d.gathered(run.trained):
+        before = d.broadcast(evaluate(st) if d.main else None)
+    st.extra["before_metrics"] = {k.removeprefix("heldout/"): v for k, v in before.items()}
+    logger.log_metrics({f"heldout_before/{k}": v for k, v in st.extra["before_metrics"].items()}, step=0)
 
 
 def training_step(run: Built, spec: RewardModelKind, cfg: PipelineConfig, batch_size: int):
