@@ -21,7 +21,7 @@ from grpo_core.stats import mean_std, seed_interval
 def reward_model_quality(chains: list[dict[str, StageOutput]], uses: tuple[str, ...]) -> str:
     """The held-out quality of the reward models a variant trains on, as a short string: mean over
     the seeds' own reward models where each seed has its own, beside the SFT model's likelihood on
-    the same rows (the zero-training baseline)."""
+    the same rows (the zero-training baseline) and the difference from it paired by question."""
 
     def mean(kind: str, part: str, metric: str) -> float:
         values = [getattr(first[kind], part).get(metric, float("nan")) for first in chains]
@@ -31,10 +31,12 @@ def reward_model_quality(chains: list[dict[str, StageOutput]], uses: tuple[str, 
     for kind, pooled, name in (("orm", "auc", "AUC"), ("prm", "step_auc", "step AUC")):
         if kind in uses:
             sft = mean(kind, "baseline", "within_question_auc")
+            gain = mean(kind, "heldout", "within_question_auc_minus_baseline")  # paired by question
             parts.append(
                 f"{kind.upper()} within-question AUC {mean(kind, 'heldout', 'within_question_auc'):.3f} "
                 f"(pooled {name} {mean(kind, 'heldout', pooled):.3f}"
                 + (f"; SFT likelihood {sft:.3f}" if sft == sft else "")
+                + (f", paired difference {gain:+.3f}" if gain == gain else "")
                 + (f"; mean of {len(chains)} seeds' own" if len(chains) > 1 else "")
                 + ")"
             )

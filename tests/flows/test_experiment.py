@@ -250,3 +250,25 @@ def test_stage_outputs_are_typed_and_name_a_missing_field():
     assert (out.ref.path, out.train_s, out.algorithm, out.model_extra) == ("m", 12.0, "grpo", {"n_custom": 3})
     with pytest.raises(ValidationError, match="train_s"):
         GRPOOutput.model_validate({k: v for k, v in manifest.items() if k != "train_s"})
+
+
+def test_the_reward_model_cell_is_the_mean_of_the_seeds_own_beside_the_sft_likelihood():
+    """Two seeds' own ORMs: their held-out within-question AUC, pooled AUC, the SFT likelihood's on
+    the same rows and the difference paired by question, each the mean over the seeds."""
+    from flows.experiment_table import reward_model_quality
+    from grpo_core.stages.outputs import RewardModelOutput
+
+    def orm(within: float, pooled: float, sft: float, paired: float) -> dict:
+        heldout = {"within_question_auc": within, "auc": pooled, "within_question_auc_minus_baseline": paired}
+        return {
+            "orm": RewardModelOutput(
+                stage="orm", model="m", digest="d", heldout=heldout, baseline={"within_question_auc": sft}
+            )
+        }
+
+    cell = reward_model_quality([orm(0.7, 0.8, 0.6, 0.1), orm(0.5, 0.6, 0.6, -0.1)], ("orm",))
+    assert cell == (
+        "ORM within-question AUC 0.600 (pooled AUC 0.700; SFT likelihood 0.600, paired difference +0.000; "
+        "mean of 2 seeds' own)"
+    )
+    assert reward_model_quality([orm(0.7, 0.8, 0.6, 0.1)], ()) == "-"  # a variant on the checker alone
