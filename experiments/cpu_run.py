@@ -36,8 +36,10 @@ then compared with each). ``--check`` reads a
 committed folder alone and recomputes its accuracies and intervals from the files. ``--arm A`` names the
 run's models ``sft-A`` and ``policy-A`` (a recipe's arm: ``<benchmark>-policy-calculator.jsonl.gz``).
 ``--paired FOLDER:MODEL FOLDER:MODEL``, once per seed, pairs two committed models question by question
-in each seed and over the seeds (each question's score averaged over them): models of two runs (one
-run's policy against another's: ``--paired <prm seed 1>:policy <checker seed 1>:policy``).
+in each seed and over the seeds (each question's score averaged over them; and the per-seed accuracy
+differences with a Student-t interval): models of two runs, or two models of one folder per seed (one
+run's policy against another's: ``--paired <prm seed 1>:policy <checker seed 1>:policy``; a plan's
+primary over seeds: ``--paired <seed 10>:policy <seed 10>:continued-sft --paired <seed 11>:...``).
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from grpo_core.benchmarks import clusters  # noqa: E402
-from grpo_core.stats import question_interval  # noqa: E402
+from grpo_core.stats import question_interval, seed_interval  # noqa: E402
 from grpo_core.verify import answers_match  # noqa: E402
 
 _LAST_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
@@ -114,9 +116,10 @@ def score(folder: Path, arm: str = "") -> dict:
 def paired(pairs: list[tuple[str, str]]) -> dict:
     """Two committed models of two runs (``FOLDER:MODEL`` each, one pair per seed), question by
     question on every benchmark of the folders' ``split.json`` that all of them hold: each seed's
-    paired interval (and the cluster-robust one), and over the seeds the per-question scores
-    averaged (the interval covers the questions, not the seeds' spread: two seeds cannot estimate
-    it)."""
+    paired interval (and the cluster-robust one); over the seeds the per-question scores averaged
+    (the interval covers the questions, not the seeds' spread); and the seeds as the sample, a
+    Student-t interval on the per-seed accuracy differences (what a plan's primary over 3 seeds
+    reads; two seeds say little about the spread, one nothing)."""
 
     def files(spec: str) -> dict[str, Path]:
         folder, _, model = spec.rpartition(":")
@@ -160,6 +163,8 @@ def paired(pairs: list[tuple[str, str]]) -> dict:
             "seeds": seeds,
             "a_minus_b": question_interval(a_mean, b_mean),
             "a_minus_b_by_cluster": question_interval(a_mean, b_mean, clusters=groups),
+            # The seeds as the sample: the accuracies' per-seed differences, Student-t (NaN for one seed).
+            "a_minus_b_over_seeds": seed_interval([x["a_accuracy"] for x in seeds], [x["b_accuracy"] for x in seeds]),
         }
     return out
 

@@ -313,6 +313,10 @@ def test_two_runs_models_are_paired_in_each_seed_and_over_the_seeds(tmp_path):
     over = mawps["a_minus_b"]
     assert over["mean"] == pytest.approx(0.375) and over["n"] == 4 and mawps["n_seeds"] == 2
     assert over["high"] - over["mean"] == pytest.approx(3.182446 / 8, rel=1e-5)
+    # The seeds as the sample: per-seed differences 0.5 and 0.25, mean 3/8, std sqrt(1/32), t(1 df) 12.706.
+    seeds_t = mawps["a_minus_b_over_seeds"]
+    assert seeds_t["mean"] == pytest.approx(0.375) and seeds_t["n"] == 2
+    assert seeds_t["high"] - seeds_t["mean"] == pytest.approx(12.706205 * (1 / 32) ** 0.5 / 2**0.5, rel=1e-5)
     assert out["gsm-hard"]["a_minus_b"]["mean"] == pytest.approx(0.5) and out["benchmarks_left_out"] == []
 
 
