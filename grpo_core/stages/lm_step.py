@@ -43,12 +43,15 @@ def lm_loss(
     import torch.nn.functional as F
 
     device = model_device(model)
-    ids, targets = ids.to(device), labels[:, 1:].to(device)
+    ids, labels = ids.to(device), labels.to(device)
+    # Position t predicts token t + 1; the last position predicts nothing (-100). The targets shift,
+    # not the [B, T, V] logits: no copy of them is made (each position's gradient is the same).
+    targets = torch.cat([labels[:, 1:], torch.full_like(labels[:, :1], -100)], dim=1)
     positions = None
     if eos_id is not None:  # and no example predicts the next one's first token
-        positions, targets = document_positions(ids, eos_id), targets.masked_fill(ids[:, :-1] == eos_id, -100)
+        positions, targets = document_positions(ids, eos_id), targets.masked_fill(ids == eos_id, -100)
     with amp():
-        logits = model(input_ids=ids, position_ids=positions, use_cache=False).logits[:, :-1].float()
+        logits = model(input_ids=ids, position_ids=positions, use_cache=False).logits.float()
         loss_sum = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100, reduction="sum")
     return loss_sum, max(float(d.sum(float((targets != -100).sum()))), 1.0)
 

@@ -33,9 +33,10 @@ from grpo_core.training.trainer import Plan, Started, TrainState, Trainer
 
 @torch.no_grad()
 def validation_loss(
-    model, val_ids: torch.Tensor, val_labels: torch.Tensor, batch: int = 32, eos_id: int | None = None
+    model, val_ids: torch.Tensor, val_labels: torch.Tensor, batch: int = 8, eos_id: int | None = None
 ) -> float:
-    """The mean loss per loss token of packed rows, read as training reads them (``lm_loss``)."""
+    """The mean loss per loss token of packed rows, read as training reads them (``lm_loss``), ``batch``
+    rows at a time (their [batch, T, vocabulary] logits are the pass's memory: training's batch)."""
     total, count = 0.0, 0.0
     for i in range(0, len(val_ids), batch):
         total += float(lm_loss(model, val_ids[i : i + batch], val_labels[i : i + batch], eos_id=eos_id)[0])
@@ -63,7 +64,10 @@ def run_sft(
     def evaluate(st: TrainState) -> dict:
         model.eval()
         acc = greedy_accuracy(model, tokenizer, run.val_examples, cfg.eval.max_new_tokens)
-        metrics = {"val/accuracy": acc, "val/loss": validation_loss(model, run.val_ids, run.val_labels, eos_id=eos_id)}
+        metrics = {
+            "val/accuracy": acc,
+            "val/loss": validation_loss(model, run.val_ids, run.val_labels, sc.batch_size, eos_id),
+        }
         model.train()
         return metrics
 

@@ -372,6 +372,37 @@ def test_documents_packing_reads_each_example_as_if_alone(tiny_model_dir):
     assert abs(concatenated - separate) > 1e-3
 
 
+def test_the_loss_shifts_its_targets_not_its_logits_and_every_gradient_is_the_same(tiny_model_dir):
+    """lm_loss reads the logits of every position (the last one's target -100) instead of a shifted
+    copy of them: the same loss, and bit for bit the same gradient of every weight as the loss read
+    from the shifted logits, so that SFT trains the same model with one [B, T, V] copy less."""
+    import torch.nn.functional as F
+
+    from grpo_core.stages.lm_step import document_positions, lm_loss
+
+    model, tok = load_model(tiny_model_dir)
+    examples = [
+        Example("What is 2 + 3?", "5", "2 + 3 = 5\n#### 5"),
+        Example("What is 9 - 4 - 1?", "4", "9 - 4 = 5\n5 - 1 = 4\n#### 4"),
+        Example("What is 6 * 7?", "42", "6 * 7 = 42\n#### 42"),
+    ]
+    ids, labels = pack(encode_examples(examples, tok, loss_on_prompt=False), 48, tok.pad_token_id, rng=None)
+    eos = tok.eos_token_id
+
+    def grads(loss) -> list[torch.Tensor]:
+        model.zero_grad(set_to_none=True)
+        loss.backward()
+        return [p.grad.clone() for p in model.parameters()]
+
+    targets = labels[:, 1:].masked_fill(ids[:, :-1] == eos, -100)  # the shifted form, by hand
+    logits = model(input_ids=ids, position_ids=document_positions(ids, eos), use_cache=False).logits[:, :-1]
+    shifted = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100, reduction="sum")
+    expected = grads(shifted)
+    loss, n_tokens = lm_loss(model, ids, labels, eos_id=eos)
+    assert n_tokens == float((targets != -100).sum()) and float(loss) == pytest.approx(float(shifted), rel=1e-6)
+    assert all(torch.equal(a, b) for a, b in zip(grads(loss), expected))
+
+
 def test_with_the_calculator_sft_learns_the_lines_not_the_results():
     """The solution in the calculator's form (a wrong result replaced by its), every result it writes
     left out of the labels; the rest of the text learnt as before."""
