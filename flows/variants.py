@@ -47,7 +47,7 @@ PRM = {"reward_weights": {"prm": 1.0}, "supervision": "process", "process_credit
 RULE_PRM = PRM | {"reward_weights": {"rule": 1.0, "prm": 1.0}}  # the checker plus the PRM's step credit
 # A learned reward alone never reads an answer, so every group is kept (the paper's draw): dynamic
 # sampling reads the checker's verdicts under process supervision, and the ORM's arm draws as the PRM's.
-ALONE = {"redraws": 0}
+LEARNED_ALONE = {"redraws": 0}
 DYNAMIC = {"curriculum": 0.0, "redraws": 3}  # the sparse arms' draw: uniform, dynamic sampling
 VARIANTS = {
     BASELINE: Variant(about="SFT continued on its worked solutions at the lr it ended with: the no-RL baseline"),
@@ -69,11 +69,12 @@ VARIANTS = {
     ),
     "rule-outcome": Variant(about="GRPO on the answer checker", grpo=RULE),
     "orm-outcome": Variant(
-        about="GRPO on the run's round-1 ORM", grpo={"reward_weights": {"orm": 1.0}, "supervision": "outcome"} | ALONE
+        about="GRPO on the run's round-1 ORM",
+        grpo={"reward_weights": {"orm": 1.0}, "supervision": "outcome"} | LEARNED_ALONE,
     ),
     ONE_ROUND: Variant(
         about="GRPO with process supervision by the run's round-1 PRM (the centred credit)",
-        grpo=PRM | ALONE,
+        grpo=PRM | LEARNED_ALONE,
         against=("orm-outcome",),
     ),
     # Separates the two things process supervision changes: the reward model (a PRM may rank better
@@ -81,23 +82,23 @@ VARIANTS = {
     "prm-outcome": Variant(
         about="GRPO on the run's round-1 PRM read as one reward per solution (its lowest step "
         "score): the PRM without process credit",
-        grpo={"reward_weights": {"prm": 1.0}, "supervision": "outcome"} | ALONE,
+        grpo={"reward_weights": {"prm": 1.0}, "supervision": "outcome"} | LEARNED_ALONE,
     ),
     # The paper's process advantage (every step of the group z-scored together, sum credit) and
     # PURE's min credit on it: each differs from the one it is compared with in the credit alone.
     "prm-process-paper": Variant(
         about="the same through the paper's process advantage (every step z-scored together, sum credit)",
-        grpo=PRM | ALONE | {"process_credit": "sum"},
+        grpo=PRM | LEARNED_ALONE | {"process_credit": "sum"},
         against=(ONE_ROUND,),
     ),
     "prm-process-min-credit": Variant(
         about="the paper's process advantage with PURE's min-form credit",
-        grpo=PRM | ALONE | {"process_credit": "min"},
+        grpo=PRM | LEARNED_ALONE | {"process_credit": "min"},
         against=("prm-process-paper",),
     ),
     TWO_ROUNDS: Variant(
         about="two iterations of prm-process, half the budget each, the PRM retrained between them",
-        grpo=PRM | ALONE,
+        grpo=PRM | LEARNED_ALONE,
         rounds=2,
         against=(ONE_ROUND,),
     ),

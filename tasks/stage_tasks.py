@@ -178,7 +178,7 @@ def _stage_params(cfg: PipelineConfig, inputs: StageInputs) -> dict[str, str]:
 
 def stage_task(stage: str):
     """The Prefect task of ``stage``: its inputs run in this process, or as processes of their own
-    (``launch.runs_apart``: training stages with ``launch.distributed`` or ``launch.own_process``, the
+    (``runs_apart``: training stages with ``launch.distributed`` or ``launch.own_process``, the
     evaluation with ``own_process``); the manifest records the output's digest, the cache key and the
     stage's MLflow run."""
 

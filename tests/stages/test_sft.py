@@ -399,7 +399,9 @@ def test_the_loss_shifts_its_targets_not_its_logits_and_every_gradient_is_the_sa
     shifted = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100, reduction="sum")
     expected = grads(shifted)
     loss, n_tokens = lm_loss(model, ids, labels, eos_id=eos)
-    assert n_tokens == float((targets != -100).sum()) and float(loss) == pytest.approx(float(shifted), rel=1e-6)
+    assert n_tokens == float((targets != -100).sum()) and float(loss.detach()) == pytest.approx(
+        float(shifted.detach()), rel=1e-6
+    )
     assert all(torch.equal(a, b) for a, b in zip(grads(loss), expected))
 
 
