@@ -133,7 +133,7 @@ def split_pack(
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=int, default=500, help="gpu_run.py's --seconds (the last call has 9 minutes)")
-    p.add_argument("--phases", default="b,c,d,a,e")
+    p.add_argument("--phases", help="gpu_run.py's --phases (default: its own order)")
     a = p.parse_args()
     wheels = download(PACK / "wheels")
     for old in PACK.glob("call-*"):
@@ -154,6 +154,7 @@ def main() -> None:
     )
     print("\nThe device calls, in order, each started at once after the one before (run, timeout_s as given):")
     window = last_window()
+    phases = f" --phases {a.phases}" if a.phases else ""
     for f in folders if window else folders[:-1]:
         rel = f.relative_to(ROOT)
         print(f'  run(carry=["{rel}"], timeout_s=120, command="bash experiments/gpu_call.sh stash {rel}")')
@@ -161,13 +162,13 @@ def main() -> None:
         rel = window.relative_to(ROOT)
         print(
             f'  run(carry=["{rel}"], timeout_s=600, command="bash experiments/gpu_call.sh run {rel} '
-            f'--carry /tmp/gpu-pack --seconds {a.seconds - 20} --phases {a.phases}")'
+            f'--carry /tmp/gpu-pack --seconds {a.seconds - 20}{phases}")'
         )
     else:
         rel = folders[-1].relative_to(ROOT)
         print(
             f'  run(carry=["{rel}"], timeout_s=600, command="bash experiments/gpu_call.sh run {rel} '
-            f'--seconds {a.seconds} --phases {a.phases}")'
+            f'--seconds {a.seconds}{phases}")'
         )
     print(
         "then give_back; phases.json, the adapters and run.log come back: keep sft-adapter.tar and policy-adapter.tar "

