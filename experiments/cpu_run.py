@@ -189,8 +189,8 @@ def another_seed(run_dir: Path, manifest: dict, seed: int, steps: int | None = N
 
 def experiment_seed(experiment: Path, variant: str, seed: int) -> tuple[dict, dict, str, dict]:
     """Seed ``seed`` of ``variant`` in a finished experiment: its GRPO (as ``record`` reads a run's),
-    its evaluation, its recipe, and the round-1 reward models of its chain: their held-out quality
-    beside the SFT likelihood's, their gates and seconds, and the seconds of their data."""
+    its evaluation, its recipe, and its reward models (``reward_models``): its chain's round 1, and
+    under ``round-<k>`` those an iterated variant retrained before round k."""
     manifest = json.loads((experiment / "manifest.json").read_text())
     recipe = manifest["recipes"][variant]
     # Runs are listed in seed order from the experiment's first seed (``--first-seed``): find it by its own.
@@ -210,16 +210,27 @@ def experiment_seed(experiment: Path, variant: str, seed: int) -> tuple[dict, di
     }
     evaluated = json.loads((experiment / "eval" / "manifest.json").read_text())["results"][f"{variant}/seed-{seed}"]
     chain = experiment / "chains" / f"seed-{seed}" / "round-1"
-    quality = {}
-    for kind in ("orm", "prm"):
-        if (chain / kind / "manifest.json").is_file():
-            rm = json.loads((chain / kind / "manifest.json").read_text())
-            quality[kind] = {"trained": rm["heldout"], "sft_likelihood": rm["baseline"]}
-            quality[kind] |= {"quality_gate": rm["quality_gate"], "wall_s": rm["wall_s"]}
-    if quality and (chain / "reward_data" / "manifest.json").is_file():  # sampling and labelling the seed's data
-        quality["reward_data_wall_s"] = json.loads((chain / "reward_data" / "manifest.json").read_text())["wall_s"]
+    quality = reward_models(chain)
+    # An iterated variant's reward models retrained between rounds (``round-2``, ...): the same record each.
+    for later in sorted((experiment / variant / f"seed-{seed}").glob("round-*")):
+        if found := reward_models(later):
+            quality[later.name] = found
     config = yaml.safe_dump(recipe | {"seed": recipe["seed"] + seed}, sort_keys=False)
     return grpo, evaluated, config, quality
+
+
+def reward_models(folder: Path) -> dict:
+    """The reward models a round's folder holds: their held-out quality beside the SFT likelihood's,
+    their gates and seconds, and the seconds of their data (sampling and labelling)."""
+    quality = {}
+    for kind in ("orm", "prm"):
+        if (folder / kind / "manifest.json").is_file():
+            rm = json.loads((folder / kind / "manifest.json").read_text())
+            quality[kind] = {"trained": rm["heldout"], "sft_likelihood": rm["baseline"]}
+            quality[kind] |= {"quality_gate": rm["quality_gate"], "wall_s": rm["wall_s"]}
+    if quality and (folder / "reward_data" / "manifest.json").is_file():
+        quality["reward_data_wall_s"] = json.loads((folder / "reward_data" / "manifest.json").read_text())["wall_s"]
+    return quality
 
 
 def evaluate_policy(run_dir: Path, recipe: Path, policy: Path) -> dict:

@@ -53,9 +53,10 @@ def gate_warnings(first: dict[str, StageOutput], uses: tuple[str, ...]) -> list[
 
 def staleness_columns(runs: list[Run], window: int = 20) -> dict:
     """Per learned reward model a variant trained on: its within-question AUC against the checker on
-    the policy's own rollouts, pooled over ``window`` GRPO steps at the start, the middle and the end
-    of the run (``_window``: none straddles a round boundary), mean over seeds, with the mixed groups
-    it was measured on (summed over seeds); and the checker's accuracy on those rollouts."""
+    the policy's own rollouts, pooled over up to ``window`` GRPO steps at the start, the middle and the
+    end of the run (``_window``: none straddles a round boundary or overlaps another), mean over
+    seeds, with the mixed groups it was measured on (summed over seeds); and the checker's accuracy
+    on those rollouts."""
     out = {}
     for kind in ("orm", "prm"):
         if not runs or not all(any(p.get(f"{kind}_mixed_groups") for p in r.rewards) for r in runs):
@@ -88,15 +89,23 @@ def position_columns(runs: list[Run]) -> dict:
 
 
 def _window(steps: list[dict], when: str, width: int) -> list[dict]:
-    """``width`` steps of one round: the run's first, its middle (one round: the middle steps; several:
-    the first steps of the last round, right after the last retraining) or its last."""
-    last_round = [p for p in steps if p.get("round", 1) == steps[-1].get("round", 1)] if steps else []
+    """Up to ``width`` steps of one round, never overlapping the run's other windows (one round: at
+    most a third of it; several: at most half the shortest): the run's first, its middle (one round:
+    the middle steps; several: the first steps of the last round, right after the last retraining)
+    or its last."""
+    rounds: dict[int, list[dict]] = {}
+    for p in steps:
+        rounds.setdefault(p.get("round", 1), []).append(p)
+    parts = list(rounds.values())
+    if not parts:
+        return []
+    width = min(width, max(1, min(map(len, parts)) // (3 if len(parts) == 1 else 2)))
     if when == "start":
-        return [p for p in steps if p.get("round", 1) == steps[0].get("round", 1)][:width]
+        return parts[0][:width]
     if when == "end":
-        return last_round[-width:]
-    if len(last_round) < len(steps):
-        return last_round[:width]
+        return parts[-1][-width:]
+    if len(parts) > 1:
+        return parts[-1][:width]
     middle = max(0, len(steps) // 2 - width // 2)
     return steps[middle : middle + width]
 

@@ -106,6 +106,14 @@ class RewardModelConfig(Training):
             "loudly (log, MLflow tag, Prefect artifact)"
         ),
     )
+    min_questions: int = Field(
+        0,
+        ge=0,
+        description=(
+            "quality gate: with fewer held-out questions than this that have right and wrong solutions, the verdict "
+            "is undecided (the gate fails, saying the held-out set is too small)"
+        ),
+    )
     epochs: int = BudgetField(1, ge=1, description="passes over the training data")
     max_steps: int | None = BudgetField(
         None, ge=1, description="stop after this many updates, or after the epochs, whichever comes first"

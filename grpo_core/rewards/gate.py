@@ -23,16 +23,24 @@ class Gated(NamedTuple):
     failures: list[str]
 
 
-def quality_gate(metric: str, heldout: dict[str, float], threshold: float, baseline: dict[str, float] | None) -> dict:
+def quality_gate(
+    metric: str, heldout: dict[str, float], threshold: float, baseline: dict[str, float] | None, min_questions: int = 0
+) -> dict:
     """A trained reward model's verdict: its held-out ``metric`` at least ``threshold`` and, where the
     zero-training verifier was measured on the same rows (``baseline``), above it. NaN (one class
-    only among the held-out rows) fails."""
+    only among the held-out rows) fails; so does a held-out set with fewer than ``min_questions``
+    questions with right and wrong solutions (``mixed_questions``), whose verdict is undecided."""
     value = heldout.get(metric, float("nan"))
     gate = {"metric": metric, "value": value, "threshold": threshold, "passed": bool(value >= threshold)}
     if baseline is not None:
         gate["baseline"] = baseline.get(metric, float("nan"))
         gate["beats_baseline"] = bool(value > gate["baseline"])
         gate["passed"] = gate["passed"] and gate["beats_baseline"]
+    if min_questions:
+        mixed = heldout.get("mixed_questions", 0.0)
+        gate |= {"mixed_questions": mixed, "min_questions": min_questions}
+        if not mixed >= min_questions:
+            gate |= {"passed": False, "undecided": True}
     return gate
 
 
@@ -40,6 +48,11 @@ def gate_failure(kind: str, gate: dict) -> str | None:
     """What is wrong with a reward model whose quality gate failed (None when it passed or had none)."""
     if not gate or gate["passed"]:
         return None
+    if gate.get("undecided"):
+        return (
+            f"{kind.upper()} undecided: held-out too small ({gate['mixed_questions']:.0f} questions with right and "
+            f"wrong solutions, fewer than {gate['min_questions']})"
+        )
     why = (
         [f"{gate['metric']} {gate['value']:.3f} < {gate['threshold']}"]
         if not gate["value"] >= gate["threshold"]

@@ -273,12 +273,23 @@ def solution_rows(samples: list[Sampled], distinct: bool = False) -> list[dict]:
 
 def heldout_split(pool: set[Example], fraction: float) -> tuple[list[Example], list[Example]]:
     """(held-out, training) questions of the RL pool for the reward models, the same in every round:
-    a fixed ``fraction`` of the distinct questions, chosen by a hash of their text. A later round's
-    held-out samples are then never questions that an earlier round's reward model trained on (or
+    whole clusters of near-duplicate questions (``benchmarks.clusters``, the data split's own) to a
+    side, chosen by a hash of their text, until the held-out side holds ``fraction`` of the distinct
+    questions. No held-out question then has a near-duplicate among the training ones, and a later
+    round's held-out samples are never questions that an earlier round's reward model trained on (or
     that the replay brings back), so before/after accuracies measure generalisation."""
-    ranked = sorted(pool, key=lambda e: hashlib.sha256(e.question.encode()).hexdigest())
-    n = max(1, round(len(ranked) * fraction))
-    return ranked[:n], ranked[n:]
+    from grpo_core.benchmarks import clusters
+
+    questions = sorted(pool, key=lambda e: hashlib.sha256(e.question.encode()).hexdigest())
+    members: dict[int, list[Example]] = {}
+    for e, c in zip(questions, clusters([e.question for e in questions])):
+        members.setdefault(c, []).append(e)  # a cluster's place: its first member's hash
+    n = max(1, round(len(questions) * fraction))
+    held: list[Example] = []
+    train: list[Example] = []
+    for group in members.values():
+        (held if len(held) < n else train).extend(group)
+    return held, train
 
 
 def rollout_samples(grpo_dir: str | Path, allowed: set[str], n: int | None, seed: int) -> list[Sampled]:

@@ -93,6 +93,31 @@ def solution_metrics(
     }
 
 
+def centred_step_auc(probs: list[list[float]], rows: list[dict]) -> dict[str, float]:
+    """What the centred process credit reads of a PRM (``advantages.centred_process_advantages``: a
+    step's score against the mean of the same step of the completions of its question and outcome
+    class): the AUC of step scores against step labels among the steps at one position of one
+    question's solutions with the same outcome (the last step's label: the checker's verdict under
+    Monte-Carlo labels), averaged over the groups whose labels are mixed, with a 95% t interval over
+    them (``step_auc_centred``, ``_low``, ``_high``; ``centred_groups``: how many)."""
+    groups: dict[tuple, tuple[list[float], list[bool]]] = {}
+    for r, p in zip(rows, probs):
+        for k, (x, y) in enumerate(zip(p, r["labels"])):
+            scores, labels = groups.setdefault((r["prompt"], bool(r["labels"][-1]), k), ([], []))
+            scores.append(x)
+            labels.append(bool(y))
+    aucs = [roc_auc(x, y) for x, y in groups.values() if any(y) and not all(y)]
+    spread = (
+        question_interval(aucs, [0.0] * len(aucs)) if aucs else dict.fromkeys(("mean", "low", "high"), float("nan"))
+    )
+    return {
+        "step_auc_centred": spread["mean"],
+        "step_auc_centred_low": spread["low"],
+        "step_auc_centred_high": spread["high"],
+        "centred_groups": float(len(aucs)),
+    }
+
+
 def prm_step_metrics(
     probs: list[list[float]], rows: list[dict], baseline: dict[str, float] | None = None
 ) -> dict[str, float]:
@@ -100,13 +125,15 @@ def prm_step_metrics(
     AUC (against the exact labels too where present), how often the first step scored < 0.5 is the
     first step labelled wrong, and within each question the AUC of the lowest step against a
     solution having no wrong step (what GRPO sees of a PRM whose lowest step is the reward:
-    ``step_ranking``; against ``baseline`` as ``within_question`` takes it)."""
+    ``step_ranking``; against ``baseline`` as ``within_question`` takes it), and what the centred
+    process credit sees of its steps (``centred_step_auc``)."""
     flat = [(x, y) for r, p in zip(rows, probs) for x, y in zip(p, r["labels"])]
     exact = [(x, y) for r, p in zip(rows, probs) if r["exact_labels"] for x, y in zip(p, r["exact_labels"])]
     with_error = [(r, p) for r, p in zip(rows, probs) if first_wrong_step(r["labels"]) is not None]
     found = sum(first_wrong_step([x >= 0.5 for x in p]) == first_wrong_step(r["labels"]) for r, p in with_error)
     out = {
         **within_question(step_ranking(probs, rows), baseline),
+        **centred_step_auc(probs, rows),
         "step_accuracy": sum((x >= 0.5) == y for x, y in flat) / max(1, len(flat)),
         "step_auc": roc_auc([x for x, _ in flat], [y for _, y in flat]),
         "first_wrong_step_detected": found / max(1, len(with_error)),

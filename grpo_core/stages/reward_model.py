@@ -102,7 +102,7 @@ def run_reward_model(
     if not run.d.main:
         return None
     best = {k.removeprefix("heldout/"): v for k, v in st.best_metrics.items()}
-    gate = quality_gate(spec.gate_metric, best, rc.min_auc, st.extra.get("baseline"))
+    gate = quality_gate(spec.gate_metric, best, rc.min_auc, st.extra.get("baseline"), rc.min_questions)
     run.logger.log_metrics({"quality_gate/passed": float(gate["passed"])})
     return write_manifest(out_dir, manifest(kind, cfg, run, st, best, gate, final_dir, init_dir, round_))
 

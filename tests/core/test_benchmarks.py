@@ -366,7 +366,8 @@ def test_cpu_run_refuses_what_does_not_go_together(tmp_path, args, says):
 
 def test_a_seed_of_an_experiment_is_recorded_with_its_own_reward_models(tmp_path):
     """cpu_run --experiment: the variant's seed against the run's SFT model, its GRPO's spread, and
-    the held-out quality of that seed's own PRM beside the SFT model's likelihood."""
+    the held-out quality of that seed's own PRM beside the SFT model's likelihood, and of the ORM
+    it retrained before round 2."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "experiments"))
     from cpu_run import record
 
@@ -463,6 +464,12 @@ def test_a_seed_of_an_experiment_is_recorded_with_its_own_reward_models(tmp_path
     )
     (exp / "chains" / "seed-1" / "round-1" / "reward_data").mkdir()
     (exp / "chains" / "seed-1" / "round-1" / "reward_data" / "manifest.json").write_text(json.dumps({"wall_s": 20.0}))
+    # An iterated variant's ORM retrained before round 2, in the seed's own folder.
+    retrained = {"heldout": {"within_question_auc": 0.65}, "baseline": {"within_question_auc": 0.6}}
+    (exp / "v" / "seed-1" / "round-2" / "orm").mkdir(parents=True)
+    (exp / "v" / "seed-1" / "round-2" / "orm" / "manifest.json").write_text(
+        json.dumps(retrained | {"quality_gate": gate, "wall_s": 40.0})
+    )
     # The run itself: each stage's peak resident set as its manifest has it, and the whole command's.
     assert record(run, tmp_path / "run-out")["peak_rss_mib"] == {"run": 900.0, "sft": 700.0, "round-1/grpo": 800.0}
     summary = record(run, tmp_path / "out", experiment=(exp, "v", 1), controls=("c",))
@@ -479,6 +486,14 @@ def test_a_seed_of_an_experiment_is_recorded_with_its_own_reward_models(tmp_path
             "wall_s": 30.0,
         },
         "reward_data_wall_s": 20.0,
+        "round-2": {
+            "orm": {
+                "trained": {"within_question_auc": 0.65},
+                "sft_likelihood": {"within_question_auc": 0.6},
+                "quality_gate": gate,
+                "wall_s": 40.0,
+            }
+        },
     }
     # Its recipe as it trained: the variant's, with the seed of seed 1 (the recipe's + 1).
     assert yaml.safe_load((tmp_path / "out" / "config.yaml").read_text()) == {"seed": 6, "grpo": {"lr": 1e-4}}

@@ -235,14 +235,16 @@ def test_rows_carry_paired_intervals_against_frozen_and_the_staleness(tmp_path, 
     table = format_table({"samples": 1, "rows": [row]})
     assert "vs frozen (95% CI)" in table and "vs retrained (95% CI)" in table
     assert "0.900 (120), 0.800 (120), 0.700 (120)" in table
-    # Two rounds of 30 steps: the middle window is round 2's first 20 steps, not steps 20-39 across
-    # the retraining.
+    # Two rounds of 30 steps: windows of 15 (half a round), the middle one round 2's first 15 steps
+    # (10 at 0.6, 5 at 0.7), not steps 20-39 across the retraining, and apart from the last 15.
     two = [run(i, [0.9] * 30 + [0.6] * 10 + [0.7] * 20) for i in range(3)]
     for r in two:
         for i, p in enumerate(r.rewards):
             p["round"] = 1 + (i >= 30)
     row = variant_row(s, "retrained-no-replay", two, {}, 0.4, accs, 1)
-    assert row["orm_within_auc_middle_mean"] == pytest.approx(0.65) and row["orm_within_auc_start_mean"] == 0.9
+    assert row["orm_within_auc_middle_mean"] == pytest.approx(2 / 3 * 0.6 + 1 / 3 * 0.7)
+    assert row["orm_within_auc_start_mean"] == 0.9 and row["orm_within_auc_end_mean"] == pytest.approx(0.7)
+    assert row["orm_mixed_groups_middle"] == 15 * 2 * 3
     assert "gain_over_frozen" not in variant_row(s, FROZEN, runs, {}, 0.4, accs, 1)
     # A policy that collapsed onto one solution per question leaves the last window without a mixed
     # group in every seed: no AUC there, and the table says so instead of failing.

@@ -392,3 +392,19 @@ def test_run_and_rounds_end_with_a_table_a_person_reads():
         "from the cache: data, round-1/grpo, sft",
         "details: runs/demo/manifest.json (--json prints the summary as JSON)",
     ]
+
+
+def test_a_gate_on_too_few_mixed_held_out_questions_is_undecided_and_says_so():
+    """min_questions: a good AUC on 12 mixed questions is no verdict (the gate fails as undecided, with
+    its own sentence); 30 of them decide it; 0 (the default) leaves the gate as it was."""
+    from grpo_core.rewards.gate import gate_failure, quality_gate
+
+    few = {"within_question_auc": 0.8, "mixed_questions": 12.0}
+    gate = quality_gate("within_question_auc", few, 0.6, {"within_question_auc": 0.7}, min_questions=30)
+    assert gate["passed"] is False and gate["undecided"] and gate["beats_baseline"]
+    assert gate_failure("prm", gate) == (
+        "PRM undecided: held-out too small (12 questions with right and wrong solutions, fewer than 30)"
+    )
+    enough = quality_gate("within_question_auc", few | {"mixed_questions": 30.0}, 0.6, None, min_questions=30)
+    assert enough["passed"] is True and "undecided" not in enough
+    assert quality_gate("within_question_auc", few, 0.6, None)["passed"] is True

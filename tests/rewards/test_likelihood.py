@@ -153,6 +153,25 @@ def test_prm_step_metrics_rank_a_prm_by_its_lowest_step_within_a_question():
     assert m["first_wrong_step_detected"] == 0.5 and m["n_steps"] == 6
 
 
+def test_the_centred_step_auc_ranks_steps_at_one_position_within_a_question_and_an_outcome():
+    """Question a's wrong solutions at step 0: the right step 0.9 above the wrong one's 0.4 -> 1; at
+    step 1 both wrong (no ranking); its right solution is a class of its own. Question b's wrong
+    ones at step 0: the right step 0.3 below the wrong one's 0.5 -> 0. Mean 0.5 over 2 groups."""
+    from grpo_core.stages.reward_metrics import centred_step_auc
+
+    rows = [
+        {"prompt": "a", "labels": [True, False]},
+        {"prompt": "a", "labels": [False, False]},
+        {"prompt": "a", "labels": [True, True]},
+        {"prompt": "b", "labels": [True, False]},
+        {"prompt": "b", "labels": [False, False]},
+    ]
+    m = centred_step_auc([[0.9, 0.2], [0.4, 0.3], [0.1, 0.1], [0.3, 0.1], [0.5, 0.6]], rows)
+    assert (m["step_auc_centred"], m["centred_groups"]) == (0.5, 2)
+    assert m["step_auc_centred_low"] < 0.5 < m["step_auc_centred_high"]
+    assert math.isnan(centred_step_auc([[0.9]], [{"prompt": "a", "labels": [True]}])["step_auc_centred"])
+
+
 def test_the_lm_reading_is_math_shepherds_plus_against_minus(tmp_path, tiny_model_dir):
     """head: lm. A step's logit is the LM's logit of "+" minus that of "-" as the token after the
     step's last token (computed here from the full output), the solution's after its last token;

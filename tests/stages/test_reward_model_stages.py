@@ -280,3 +280,25 @@ def test_reward_data_sampling_says_how_far_it_is(monkeypatch, capsys):
         "4 of 5 solutions sampled, ",
         "5 completions sampled (rol",
     ]
+
+
+def test_the_reward_models_held_out_questions_have_no_near_duplicate_among_their_training_ones():
+    """Whole clusters of near-duplicates go to one side (the data split's own clusters), the same
+    split from any order of the pool, the held-out side at its fraction of the distinct questions."""
+    from grpo_core.benchmarks import clusters
+    from grpo_core.data import Example
+    from grpo_core.stages.reward_data import heldout_split
+
+    pool = {
+        Example(f"Ann has {n} red apples and buys {n + 3} more. How many apples now?", str(2 * n + 3))
+        for n in range(40)
+    }
+    # Each question's near-duplicate: the same numbers and almost the same words.
+    pool |= {
+        Example(f"Ann has {n} red apples and buys {n + 3} more. How many apples does she have?", "x") for n in range(40)
+    }
+    held, train = heldout_split(pool, 0.25)
+    assert len(held) + len(train) == 80 and 20 <= len(held) <= 21
+    cluster_of = dict(zip(sorted(pool, key=str), clusters([e.question for e in sorted(pool, key=str)])))
+    assert {cluster_of[e] for e in held}.isdisjoint(cluster_of[e] for e in train)
+    assert heldout_split(set(reversed(sorted(pool, key=str))), 0.25) == (held, train)
