@@ -29,8 +29,9 @@ run that was stopped before its end, say) with the recipe's evaluation settings,
 questions and samples; ``<run>/seed-S/``) and evaluates that policy on the same questions; the SFT
 model's completions are the run's. ``--grpo-steps N`` with it trains N steps instead of the recipe's
 (``<run>/seed-S-steps-N/``). ``--experiment DIR --variant V --seed S`` records seed S of variant V
-of a finished experiment on the run (``grpo-pipeline compare``: its GRPO, evaluation, and that seed's own
-round-1 reward models' held-out quality beside the SFT model's likelihood); ``--controls A,B`` also the
+of a finished experiment on the run (``grpo-pipeline compare`` or ``iterate``: its GRPO, evaluation, and
+that seed's own reward models' held-out quality beside the SFT model's likelihood, round 1's and any
+retrained before a later round); ``--controls A,B`` also the
 same seed's arms A and B, each as ``<benchmark>-A.jsonl.gz`` (continued SFT, online RFT: the policy is
 then compared with each). ``--check`` reads a
 committed folder alone and recomputes its accuracies and intervals from the files. ``--arm A`` names the
@@ -212,7 +213,8 @@ def experiment_seed(experiment: Path, variant: str, seed: int) -> tuple[dict, di
     chain = experiment / "chains" / f"seed-{seed}" / "round-1"
     quality = reward_models(chain)
     # An iterated variant's reward models retrained between rounds (``round-2``, ...): the same record each.
-    for later in sorted((experiment / variant / f"seed-{seed}").glob("round-*")):
+    rounds = (experiment / variant / f"seed-{seed}").glob("round-*")
+    for later in sorted(rounds, key=lambda r: int(r.name.removeprefix("round-"))):
         if found := reward_models(later):
             quality[later.name] = found
     config = yaml.safe_dump(recipe | {"seed": recipe["seed"] + seed}, sort_keys=False)

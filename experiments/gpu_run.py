@@ -64,9 +64,9 @@ STAGE_OVERHEAD_S = 25
 # A phase with fewer seconds left is skipped: evaluation and the reward data have no time limit of
 # their own, so they start only where they can end inside the call.
 MIN_S = {"m": 120, "a": 30, "b": 30, "c": 30, "d": 60, "e": 240}
-# Phase m's seconds: SFT at most this share (its plateau rule stops it first), the evaluation this
-# share at the end, GRPO's seeds the rest, side by side.
-M_SHARES = {"sft": 0.25, "eval": 0.2}
+# Phase m's seconds: SFT at most this share of training (its plateau rule stops it first), GRPO's
+# validations and the evaluation at the end these shares, GRPO's seeds the rest of training, side by side.
+M_SHARES = {"sft": 0.25, "validation": 0.1, "eval": 0.2}
 
 # Recipe overrides of configs/smollm2-gsm8k.yaml for every phase, then per phase, at each size.
 # Phase m's settings are whole (not "all"'s: SFT needs its validations to stop at its plateau) on
@@ -453,11 +453,12 @@ def phase_d(run: Run, seconds: float) -> dict:
     """Greedy accuracy of every model so far on all 1,319 GSM8K test questions, then on SVAMP's
     1,000; each against SFT (SFT against the model as given), paired; every question's completion in
     ``completions.tar``."""
+    deadline = time.monotonic() + seconds  # preparing the data counts too
     cfg = run.config("d")
     models = {EVAL_NAMES[k]: run.models[k].path for k in EVAL_NAMES if k in run.models}
     against = {m: "sft" for m in models if m not in ("sft", "base")} | {"sft": "base"}
     sets = _test_sets(Path(_data(run).path), "gsm8k", cfg.eval.n_questions)
-    return _evaluate(run, "d", cfg, sets, models, against, run.work / "completions", time.monotonic() + seconds)
+    return _evaluate(run, "d", cfg, sets, models, against, run.work / "completions", deadline)
 
 
 def _test_sets(data: Path, name: str, limit: int | None) -> dict[str, list[dict]]:
@@ -477,12 +478,14 @@ def _evaluate(
     against: dict[str, str],
     folder: Path,
     deadline: float,
+    earlier: dict | None = None,
 ) -> dict:
     """Greedy accuracy of ``models`` (name: folder, in order) on each of ``sets`` (benchmark: questions);
     ``m`` minus ``against[m]`` paired by question where both ran; every completion as
     ``<benchmark>-<name>.jsonl.gz`` in ``folder``, tarred into ``--out`` as ``<folder>.tar``. A model's
     pass over a set starts only where the last pass fits in the seconds left, and ``phase``'s record is
-    rewritten after each, so a call cut short keeps what finished."""
+    rewritten after each (``earlier``: what the phase found before, kept there with this as its
+    ``eval``), so a call cut short keeps what finished."""
     from grpo_core.corpus.docs import write_jsonl
     from grpo_core.evaluation import evaluate
     from grpo_core.lm.modeling import load_model
@@ -519,7 +522,8 @@ def _evaluate(
                 if m in right and base in right:
                     out[benchmark][m][f"minus_{base}"] = question_interval(right[m], right[base])
             _tar(folder, run.out / f"{folder.name}.tar")
-            run.write(phase, {"phase": phase, "status": "running", "result": out})
+            result = out if earlier is None else earlier | {"eval": out}
+            run.write(phase, {"phase": phase, "status": "running", "result": result})
     return out
 
 
@@ -537,7 +541,8 @@ def phase_m(run: Run, seconds: float) -> dict:
     )
     out: dict = {"sft": _curve(sft.model_dump())}
     run.write("m", {"phase": "m", "status": "running", "result": out})
-    grpo_s = end - time.monotonic() - seconds * M_SHARES["eval"] - STAGE_OVERHEAD_S
+    # Validation is not counted in a stage's max_seconds: it has a share of its own.
+    grpo_s = end - time.monotonic() - seconds * (M_SHARES["eval"] + M_SHARES["validation"]) - STAGE_OVERHEAD_S
     if grpo_s < MIN_S["c"]:
         return out | {"grpo": f"not run: {grpo_s:.0f} s left after SFT"}
     seeds = run.sizes["m_seeds"]
@@ -549,14 +554,18 @@ def phase_m(run: Run, seconds: float) -> dict:
                 run.work / "mawps" / f"grpo-seed-{s}",
             )
             for s in seeds
-        }
+        },
+        timeout=end - time.monotonic(),
     )
     out["grpo"] = {name: _curve(p) for name, p in policies.items()}
+    out["failed"] = [name for name, p in policies.items() if "error" in p]
     run.write("m", {"phase": "m", "status": "running", "result": out})
-    models = {name: p["model"] for name, p in policies.items() if "model" in p} | {"sft": sft.model}
+    # SFT first: every policy is compared with it, and a model the deadline skips is a later one.
+    models = {"sft": sft.model} | {name: p["model"] for name, p in policies.items() if "model" in p}
     against = {name: "sft" for name in models if name != "sft"}
     sets = _test_sets(Path(data.path), "mawps", cfg.eval.n_questions)
-    return out | {"eval": _evaluate(run, "m", cfg, sets, models, against, run.work / "mawps-completions", end)}
+    folder = run.work / "mawps-completions"
+    return out | {"eval": _evaluate(run, "m", cfg, sets, models, against, folder, end, earlier=out)}
 
 
 def _curve(manifest: dict) -> dict:
@@ -565,43 +574,41 @@ def _curve(manifest: dict) -> dict:
     return {k: manifest[k] for k in keys if k in manifest}
 
 
-def _side_by_side(stages: dict[str, tuple]) -> dict[str, dict]:
-    """Run each ``name: (inputs, cfg, out_dir)`` as its own stage process (``python -m grpo_core.stages``),
-    all at once on the device; each one's manifest, or its error with its last lines."""
-    from grpo_core.stages.inputs import write_inputs
+def _side_by_side(stages: dict[str, tuple], timeout: float) -> dict[str, dict]:
+    """Run each ``name: (inputs, cfg, out_dir)`` as a stage process of its own (``python -m
+    grpo_core.stages``), all at once on the device, each killed with its children if it runs past
+    ``timeout`` seconds; each one's manifest, or its error with its last lines."""
+    import os
+    import signal
 
-    import yaml
+    from grpo_core.stages.inputs import MODULE, stage_args
 
     procs = {}
     for name, (inputs, cfg, out_dir) in stages.items():
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "resolved.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
-        args = [
-            "--config",
-            str(out_dir / "resolved.yaml"),
-            "--inputs",
-            str(write_inputs(inputs, out_dir / "inputs.json")),
-        ]
-        log = open(out_dir / "stage.log", "w")  # noqa: SIM115  (closed when the process ends)
-        procs[name] = (
-            subprocess.Popen(
-                [sys.executable, "-m", "grpo_core.stages", *args, "--out", str(out_dir)],
+        args = stage_args(cfg, inputs, str(out_dir))
+        with open(out_dir / "stage.log", "w") as log:  # the child keeps its own handle
+            procs[name] = subprocess.Popen(
+                [sys.executable, "-m", MODULE, *args],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=ROOT,
-            ),
-            log,
-            out_dir,
-        )
-    done = {}
-    for name, (proc, log, out_dir) in procs.items():
-        code = proc.wait()
-        log.close()
-        if code:
-            tail = (out_dir / "stage.log").read_text().splitlines()[-20:]
-            done[name] = {"error": f"exited {code}: " + "\n".join(tail)}
+                start_new_session=True,
+            )
+    deadline, done = time.monotonic() + timeout, {}
+    for name, proc in procs.items():
+        out_dir = stages[name][2]
+        try:
+            code = proc.wait(timeout=max(deadline - time.monotonic(), 1))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            code = f"killed after {timeout:.0f} s"
+        manifest = out_dir / "manifest.json"
+        if code == 0 and manifest.is_file():
+            done[name] = json.loads(manifest.read_text())
         else:
-            done[name] = json.loads((out_dir / "manifest.json").read_text())
+            tail = (out_dir / "stage.log").read_text(errors="replace").splitlines()[-20:]
+            done[name] = {"error": f"exited {code}: " + "\n".join(tail)}
     return done
 
 
@@ -666,7 +673,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True, type=Path, help="where each phase's JSON goes (only this comes back)")
     p.add_argument("--work", type=Path, help="models and data (default: OUT/../gpu-work)")
     p.add_argument("--sizes", choices=sorted(SIZES), default="gpu")
-    p.add_argument("--phases", default=",".join(PHASES), help="comma-separated, in order (e.g. b,e,d)")
+    p.add_argument(
+        "--phases",
+        help="comma-separated, in order (e.g. b,e,d); default: PHASES, without m where --carry continues GSM8K",
+    )
     p.add_argument("--seconds", type=float, default=500, help="no phase starts after this many seconds")
     p.add_argument("--budget", action="append", default=[], help="phase=seconds, replacing BUDGET_S's")
     p.add_argument("--base", action="store_true", help="phase d also evaluates the model as given (SFT's gain over it)")
@@ -683,6 +693,8 @@ def main(argv: list[str] | None = None) -> int:
         budget = BUDGET_S | {k: float(v) for k, v in (b.split("=") for b in a.budget)}
     except ValueError:
         p.error(f"--budget {a.budget}: each must be phase=seconds, e.g. c=330")
+    # A window that continues the last one's adapters is a GSM8K window: make real's recipe ran in the first.
+    a.phases = a.phases or ",".join(PHASES.replace("m", "") if a.carry else PHASES)
     if unknown := set(a.phases.split(",")) - set(PHASES) or set(budget) - set(PHASES):
         p.error(f"unknown phase(s) {sorted(unknown)}: choose from {', '.join(PHASES)}")
     run = Run(

@@ -97,9 +97,10 @@ def _window(steps: list[dict], when: str, width: int) -> list[dict]:
     for p in steps:
         rounds.setdefault(p.get("round", 1), []).append(p)
     parts = list(rounds.values())
-    if not parts:
-        return []
-    width = min(width, max(1, min(map(len, parts)) // (3 if len(parts) == 1 else 2)))
+    windows = 3 if len(parts) == 1 else 2  # how many windows the shortest round holds
+    if not parts or (when == "middle" and min(map(len, parts)) < windows):
+        return []  # too short for a middle apart from the others
+    width = min(width, max(1, min(map(len, parts)) // windows))
     if when == "start":
         return parts[0][:width]
     if when == "end":

@@ -160,9 +160,10 @@ def reward_model_table(rounds: list[dict]) -> list[str]:
             key, gate = KINDS[kind].gate_metric, rm.get("quality_gate") or {}
             verdict = (
                 (
-                    ("passed" if gate["passed"] else "**FAILED**")
+                    ("passed" if gate["passed"] else "**undecided**" if gate.get("undecided") else "**FAILED**")
                     + f" (>= {gate['threshold']}"
                     + (", above the verifier" if "baseline" in gate else "")
+                    + (f", on >= {gate['min_questions']} mixed questions" if "min_questions" in gate else "")
                     + ")"
                 )
                 if gate

@@ -16,32 +16,23 @@ import subprocess
 import sys
 from pathlib import Path
 
-import yaml
 from prefect import get_run_logger
 from prefect.exceptions import MissingContextError
 
 from grpo_core.config import LaunchConfig, PipelineConfig
-from grpo_core.stages.inputs import StageInputs, write_inputs
+from grpo_core.stages.inputs import MODULE, StageInputs, stage_args
 from grpo_core.tracking import UNSENT_ENV, redact, unsent_dir
 
 # The stages that may run outside the task's own process (``runs_apart``): the training stages,
 # data-parallel under torchrun / accelerate, and the evaluation, one process of its own at most.
 LAUNCHABLE = ("sft", "grpo", "pretrain", "orm", "prm")
 ALONE = ("eval",)
-MODULE = "grpo_core.stages"  # the one stage entry point: --config, --inputs, --out
 
 
 def runs_apart(launch: LaunchConfig, stage: str) -> bool:
     """Whether ``stage`` runs as processes of its own: a training stage when the run is launched
     (torchrun, accelerate, or ``own_process``), an evaluation with ``own_process``."""
     return (launch.launched and stage in LAUNCHABLE) or (launch.own_process and stage in ALONE)
-
-
-def write_resolved(cfg: PipelineConfig, path: Path) -> Path:
-    """The validated recipe as plain YAML: what every process loads, overrides included."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
-    return path
 
 
 def launch_command(launch: LaunchConfig, stage: str, args: list[str], rdzv_id: str | None = None) -> list[str]:
@@ -103,15 +94,7 @@ def run_launched(stage: str, cfg: PipelineConfig, out_dir: str, inputs: StageInp
         log = get_run_logger()
     except MissingContextError:  # called outside a flow (a script, a test)
         log = logging.getLogger("grpo_pipeline.launch")
-    resolved = write_resolved(cfg, Path(out_dir) / "resolved.yaml")
-    args = [
-        "--config",
-        str(resolved),
-        "--inputs",
-        str(write_inputs(inputs, Path(out_dir) / "inputs.json")),
-        "--out",
-        out_dir,
-    ]
+    args = stage_args(cfg, inputs, out_dir)
     launch_id = uuid.uuid4().hex if cfg.launch.nnodes > 1 and stage in LAUNCHABLE else None
     cmd = launch_command(cfg.launch, stage, args, launch_id)
     tracking = {"MLFLOW_TRACKING_URI": uri, "MLFLOW_RUN_ID": run_id, UNSENT_ENV: str(unsent_dir(cfg.run_dir.resolve()))}

@@ -48,11 +48,12 @@ def gate_failure(kind: str, gate: dict) -> str | None:
     """What is wrong with a reward model whose quality gate failed (None when it passed or had none)."""
     if not gate or gate["passed"]:
         return None
-    if gate.get("undecided"):
-        return (
-            f"{kind.upper()} undecided: held-out too small ({gate['mixed_questions']:.0f} questions with right and "
-            f"wrong solutions, fewer than {gate['min_questions']})"
-        )
+    undecided = (
+        f"{kind.upper()} undecided: held-out too small ({gate['mixed_questions']:.0f} questions with right and "
+        f"wrong solutions, fewer than {gate['min_questions']})"
+        if gate.get("undecided")
+        else ""
+    )
     why = (
         [f"{gate['metric']} {gate['value']:.3f} < {gate['threshold']}"]
         if not gate["value"] >= gate["threshold"]
@@ -62,10 +63,13 @@ def gate_failure(kind: str, gate: dict) -> str | None:
         why.append(
             f"no better than the zero-training verifier (the SFT model's own likelihood: {gate['baseline']:.3f})"
         )
-    return (
+    if not why:
+        return undecided
+    failed = (
         f"{kind.upper()} held-out {' and '.join(why)}: GRPO's group-normalised reward ranks one question's "
         f"solutions by it"
     )
+    return f"{undecided}; {failed}" if undecided else failed
 
 
 def gate_grpo(cfg: PipelineConfig, gates: dict[str, dict]) -> Gated:

@@ -267,10 +267,36 @@ INPUTS = {
 }
 
 
+MODULE = "grpo_core.stages"  # the one stage entry point: --config, --inputs, --out
+
+
 def write_inputs(inputs: StageInputs, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"stage": inputs.stage, **inputs.model_dump(mode="json")}, indent=1))
     return path
+
+
+def write_resolved(cfg: PipelineConfig, path: Path) -> Path:
+    """The validated recipe as plain YAML: what every process loads, overrides included."""
+    import yaml
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+    return path
+
+
+def stage_args(cfg: PipelineConfig, inputs: StageInputs, out_dir: str) -> list[str]:
+    """``MODULE``'s arguments for ``inputs`` under ``cfg`` into ``out_dir``, the recipe and the inputs
+    written beside its outputs (``resolved.yaml``, ``inputs.json``)."""
+    resolved = write_resolved(cfg, Path(out_dir) / "resolved.yaml")
+    return [
+        "--config",
+        str(resolved),
+        "--inputs",
+        str(write_inputs(inputs, Path(out_dir) / "inputs.json")),
+        "--out",
+        out_dir,
+    ]
 
 
 def read_inputs(path: Path) -> StageInputs:

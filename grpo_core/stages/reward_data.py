@@ -274,21 +274,25 @@ def solution_rows(samples: list[Sampled], distinct: bool = False) -> list[dict]:
 def heldout_split(pool: set[Example], fraction: float) -> tuple[list[Example], list[Example]]:
     """(held-out, training) questions of the RL pool for the reward models, the same in every round:
     whole clusters of near-duplicate questions (``benchmarks.clusters``, the data split's own) to a
-    side, chosen by a hash of their text, until the held-out side holds ``fraction`` of the distinct
-    questions. No held-out question then has a near-duplicate among the training ones, and a later
-    round's held-out samples are never questions that an earlier round's reward model trained on (or
-    that the replay brings back), so before/after accuracies measure generalisation."""
+    side, in the order of a hash of their text, each to the held-out side while it fits within
+    ``fraction`` of the distinct questions (the first always). No held-out question then has a
+    near-duplicate among the training ones, and a later round's held-out samples are never questions
+    that an earlier round's reward model trained on (or that the replay brings back), so before/after
+    accuracies measure generalisation."""
     from grpo_core.benchmarks import clusters
 
-    questions = sorted(pool, key=lambda e: hashlib.sha256(e.question.encode()).hexdigest())
+    def order(e: Example) -> tuple:  # the same order from any order of the pool (MAWPS repeats texts)
+        return hashlib.sha256(e.question.encode()).hexdigest(), e.gold, e.idx if e.idx is not None else -1
+
+    questions = sorted(pool, key=order)
     members: dict[int, list[Example]] = {}
     for e, c in zip(questions, clusters([e.question for e in questions])):
-        members.setdefault(c, []).append(e)  # a cluster's place: its first member's hash
+        members.setdefault(c, []).append(e)  # a cluster's place: its first member's
     n = max(1, round(len(questions) * fraction))
     held: list[Example] = []
     train: list[Example] = []
     for group in members.values():
-        (held if len(held) < n else train).extend(group)
+        (held if not held or len(held) + len(group) <= n else train).extend(group)
     return held, train
 
 

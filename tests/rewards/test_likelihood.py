@@ -156,19 +156,20 @@ def test_prm_step_metrics_rank_a_prm_by_its_lowest_step_within_a_question():
 def test_the_centred_step_auc_ranks_steps_at_one_position_within_a_question_and_an_outcome():
     """Question a's wrong solutions at step 0: the right step 0.9 above the wrong one's 0.4 -> 1; at
     step 1 both wrong (no ranking); its right solution is a class of its own. Question b's wrong
-    ones at step 0: the right step 0.3 below the wrong one's 0.5 -> 0. Mean 0.5 over 2 groups."""
+    ones at step 0: the right step 0.3 below the wrong one's 0.5 -> 0; at step 1 the right step 0.7
+    above the wrong 0.6 -> 1, so b's mean is 0.5. Over the 2 questions: 0.75."""
     from grpo_core.stages.reward_metrics import centred_step_auc
 
     rows = [
         {"prompt": "a", "labels": [True, False]},
         {"prompt": "a", "labels": [False, False]},
         {"prompt": "a", "labels": [True, True]},
-        {"prompt": "b", "labels": [True, False]},
-        {"prompt": "b", "labels": [False, False]},
+        {"prompt": "b", "labels": [True, False, False]},
+        {"prompt": "b", "labels": [False, True, False]},
     ]
-    m = centred_step_auc([[0.9, 0.2], [0.4, 0.3], [0.1, 0.1], [0.3, 0.1], [0.5, 0.6]], rows)
-    assert (m["step_auc_centred"], m["centred_groups"]) == (0.5, 2)
-    assert m["step_auc_centred_low"] < 0.5 < m["step_auc_centred_high"]
+    m = centred_step_auc([[0.9, 0.2], [0.4, 0.3], [0.1, 0.1], [0.3, 0.6, 0.1], [0.5, 0.7, 0.2]], rows)
+    assert (m["step_auc_centred"], m["centred_questions"]) == (0.75, 2)
+    assert m["step_auc_centred_low"] < 0.75 < m["step_auc_centred_high"]
     assert math.isnan(centred_step_auc([[0.9]], [{"prompt": "a", "labels": [True]}])["step_auc_centred"])
 
 

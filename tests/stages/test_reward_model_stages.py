@@ -284,21 +284,27 @@ def test_reward_data_sampling_says_how_far_it_is(monkeypatch, capsys):
 
 def test_the_reward_models_held_out_questions_have_no_near_duplicate_among_their_training_ones():
     """Whole clusters of near-duplicates go to one side (the data split's own clusters), the same
-    split from any order of the pool, the held-out side at its fraction of the distinct questions."""
+    split in the same order from any order of the pool (questions of one text with other answers
+    included), the held-out side within its fraction of the distinct questions; a cluster bigger than
+    what is left of it goes to training."""
     from grpo_core.benchmarks import clusters
     from grpo_core.data import Example
     from grpo_core.stages.reward_data import heldout_split
 
-    pool = {
-        Example(f"Ann has {n} red apples and buys {n + 3} more. How many apples now?", str(2 * n + 3))
-        for n in range(40)
+    ask = "Ann has {} red apples and buys {} more. How many apples {}?"
+    pool = {Example(ask.format(n, n + 3, "now"), str(2 * n + 3), idx=n) for n in range(40)}
+    pool |= {Example(ask.format(n, n + 3, "does she have"), "x", idx=100 + n) for n in range(40)}  # near-duplicates
+    pool |= {Example(ask.format(n, n + 3, "now"), "y", idx=200 + n) for n in range(5)}  # the same text again
+    pool |= {Example(f"Bob has {k} hats. How many hats?", "9", idx=300 + k) for k in range(3)}  # 3 clusters of 1
+    big = {
+        Example(f"Cid has 7 pens and 9 cups. {w} pens and cups?", "16", idx=400 + i)
+        for i, w in enumerate("ABCDEFGHIJKLMNOPQRSTUVWXYZ")
     }
-    # Each question's near-duplicate: the same numbers and almost the same words.
-    pool |= {
-        Example(f"Ann has {n} red apples and buys {n + 3} more. How many apples does she have?", "x") for n in range(40)
-    }
-    held, train = heldout_split(pool, 0.25)
-    assert len(held) + len(train) == 80 and 20 <= len(held) <= 21
+    pool |= big  # one cluster of 26, more than a fifth of the pool: never held out whole past the first
+    held, train = heldout_split(pool, 0.2)
+    assert sorted(held + train, key=str) == sorted(pool, key=str)
+    assert len(held) <= round(len(pool) * 0.2) or len(held) == len(big)
     cluster_of = dict(zip(sorted(pool, key=str), clusters([e.question for e in sorted(pool, key=str)])))
     assert {cluster_of[e] for e in held}.isdisjoint(cluster_of[e] for e in train)
-    assert heldout_split(set(reversed(sorted(pool, key=str))), 0.25) == (held, train)
+    for reordered in (sorted(pool, key=str, reverse=True), sorted(pool, key=lambda e: e.idx)):
+        assert heldout_split(set(reordered), 0.2) == (held, train)

@@ -24,7 +24,7 @@ REL_TOL = 1e-4
 
 
 def test_resolved_recipe_round_trips(tiny_cfg, tmp_path):
-    from tasks.launch import write_resolved
+    from grpo_core.stages.inputs import write_resolved
 
     cfg = tiny_cfg(tmp_path, sft__max_steps=7)
     assert load_config(write_resolved(cfg, tmp_path / "resolved.yaml")) == cfg
@@ -89,7 +89,8 @@ def _run(
     > 1: that many torchrun agents of ``nproc`` processes each, joined by a c10d rendezvous on
     127.0.0.1 as agents on several machines are (each runs the same command, as each machine would)."""
     from grpo_core.stages.inputs import write_inputs
-    from tasks.launch import launch_command, write_resolved
+    from grpo_core.stages.inputs import write_resolved
+    from tasks.launch import launch_command
 
     from mlflow.tracking import MlflowClient
 
@@ -463,7 +464,8 @@ def test_a_sharded_run_killed_resumes_on_two_processes_and_on_one(tiny_cfg, tiny
     from grpo_core.lm.modeling import load_model
     from grpo_core.stages.inputs import Ref, SFTInputs, write_inputs
     from grpo_core.training.checkpoint import latest_checkpoint
-    from tasks.launch import launch_command, write_resolved
+    from grpo_core.stages.inputs import write_resolved
+    from tasks.launch import launch_command
 
     # Batches of 2 rows: 8 steps stay within the first epoch (1 and 2 processes split an epoch's
     # short last batch differently, tests above).
