@@ -97,7 +97,7 @@ def test_phase_m_runs_make_reals_recipe_with_its_seeds_side_by_side(tiny_model_d
     for s, name in enumerate(("policy-seed-0", "policy-seed-1")):
         assert grpo[name]["steps"] == 2 and [c["step"] for c in grpo[name]["curve"]] == [0, 1, 2]
         assert f"\nseed: {s}\n" in (work / "mawps" / f"grpo-seed-{s}" / "resolved.yaml").read_text()
-    assert ev["models"] == ["policy-seed-0", "policy-seed-1", "sft"] and ev["skipped"] == []
+    assert ev["models"] == ["sft", "policy-seed-0", "policy-seed-1"] and ev["skipped"] == []
     split = json.loads((work / "mawps" / "data" / "split.json").read_text())
     with tarfile.open(out / "mawps-completions.tar") as tar:
         assert sorted(tar.getnames()) == sorted(f"{b}-{n}.jsonl.gz" for b in ("mawps", "svamp") for n in ev["models"])

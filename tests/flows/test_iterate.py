@@ -242,7 +242,7 @@ def test_rows_carry_paired_intervals_against_frozen_and_the_staleness(tmp_path, 
         for i, p in enumerate(r.rewards):
             p["round"] = 1 + (i >= 30)
     row = variant_row(s, "retrained-no-replay", two, {}, 0.4, accs, 1)
-    assert row["orm_within_auc_middle_mean"] == pytest.approx(2 / 3 * 0.6 + 1 / 3 * 0.7)
+    assert row["orm_within_auc_middle_mean"] == round(2 / 3 * 0.6 + 1 / 3 * 0.7, 4)  # the table rounds to 4
     assert row["orm_within_auc_start_mean"] == 0.9 and row["orm_within_auc_end_mean"] == pytest.approx(0.7)
     assert row["orm_mixed_groups_middle"] == 15 * 2 * 3
     assert "gain_over_frozen" not in variant_row(s, FROZEN, runs, {}, 0.4, accs, 1)
