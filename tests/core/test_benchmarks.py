@@ -19,6 +19,9 @@ from grpo_core.config import BenchmarkData, DataConfig, HeldOutSet
 from grpo_core.data import DataError, Example, held_out_examples, load_jsonl, write_jsonl
 from grpo_core.evaluation import write_completions
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from experiments import gpu_run  # noqa: E402
+
 JOAN = (
     "Joan found 70 seashells on the beach. She gave Sam some of her seashells. She has 27 seashells left. "
     "How many did she give to Sam ?"
@@ -148,23 +151,8 @@ def test_completions_are_written_one_line_per_question(tmp_path):
         ]
 
 
-PRESET_BUDGETS = [
-    "threads=1",
-    "sft.max_steps=2",
-    "sft.batch_size=2",
-    "sft.context_length=128",
-    "sft.eval_every=2",
-    "sft.log_every=1",
-    "grpo.max_steps=1",
-    "grpo.questions_per_step=2",
-    "grpo.group_size=2",
-    "grpo.max_new_tokens=16",
-    "grpo.eval_every=1",
-    "eval.max_new_tokens=16",
-    "eval.batch_size=8",
-    "eval.n_questions=6",
-    "data.benchmark.n_val=4",
-]
+# configs/smollm2-cpu.yaml at tiny sizes: the GPU run's rehearsal of make real's recipe (its one home), one GRPO step.
+PRESET_BUDGETS = [*gpu_run.SIZES["tiny"]["m"], "sft.log_every=1", "grpo.max_steps=1"]
 
 
 def test_the_real_model_preset_runs_its_stages_on_a_few_questions(tmp_path):
