@@ -86,6 +86,19 @@ def test_saved_activations_fall_with_grouped_attention_and_with_the_shared_promp
     assert 0 < out["checkpointed_over_checkpointed-plain"] < 1
 
 
+def test_grouped_attention_bench_times_both_attentions_on_the_same_rows():
+    """bench/grouped_attention.py at small sizes: each attention timed every round after its warm-up,
+    and the ratio of their medians."""
+    cmd = [sys.executable, str(BENCH.parent / "grouped_attention.py"), "--layers", "1", "--prompts", "2"]
+    cmd += ["--group", "2", "--prompt", "8", "--tokens", "4", "--rounds", "2", "--threads", "1"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["rows"] == 4 and all(len(out["seconds"][k]) == 2 for k in ("plain", "grouped"))
+    ratio = out["median_s"]["grouped"] / out["median_s"]["plain"]  # of the medians as printed (4 places)
+    assert out["grouped_over_plain"] == pytest.approx(ratio, rel=0.02)
+
+
 def test_sft_bench_prints_ours_against_the_limit():
     done = subprocess.run(
         [
