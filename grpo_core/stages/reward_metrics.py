@@ -52,6 +52,14 @@ def step_ranking(probs: list[list[float]], rows: list[dict]) -> Ranking:
     return tuple(map(list, zip(*scored))) if scored else ([], [], [])
 
 
+def over_questions(aucs: list[float]) -> dict[str, float]:
+    """The mean of per-question AUCs with its 95% t interval over the questions (``mean``, ``low``,
+    ``high``; NaN with none, the interval NaN with fewer than 2)."""
+    if not aucs:
+        return dict.fromkeys(("mean", "low", "high"), float("nan"))
+    return question_interval(aucs, [0.0] * len(aucs))
+
+
 def within_question(ranking: Ranking, baseline: dict[str, float] | None = None) -> dict[str, float]:
     """What GRPO's group-normalised reward sees of a scorer: the AUC within each question with right
     and wrong solutions, averaged over those questions (``within_question_auc``), with a 95% t
@@ -62,7 +70,7 @@ def within_question(ranking: Ranking, baseline: dict[str, float] | None = None) 
     nan = dict.fromkeys(("mean", "low", "high"), float("nan"))
     by_question = question_aucs(*ranking)
     aucs = list(by_question.values())
-    spread = question_interval(aucs, [0.0] * len(aucs)) if aucs else nan
+    spread = over_questions(aucs)
     out = {
         "within_question_auc": spread["mean"],
         "within_question_auc_low": spread["low"],
@@ -112,8 +120,7 @@ def centred_step_auc(probs: list[list[float]], rows: list[dict]) -> dict[str, fl
         if any(y) and not all(y):
             by_question.setdefault(question, []).append(roc_auc(x, y))
     aucs = [sum(a) / len(a) for a in by_question.values()]
-    nan = dict.fromkeys(("mean", "low", "high"), float("nan"))
-    spread = question_interval(aucs, [0.0] * len(aucs)) if aucs else nan
+    spread = over_questions(aucs)
     return {
         "step_auc_centred": spread["mean"],
         "step_auc_centred_low": spread["low"],
