@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 from typing import Annotated
 
-import yaml
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 from pydantic import Field
@@ -30,7 +29,15 @@ from grpo_core.lm.runtime import numerics, peak_memory
 from grpo_core.manifests import read_manifest, write_manifest
 from grpo_core.mlflow_runs import experiment_id, finishing, run_params, start_run, tracking_uri
 from grpo_core.recipe import ConfigError, load_config
-from grpo_core.stages.inputs import CorpusInputs, DataInputs, EvalInputs, PretrainInputs, Ref, SFTInputs
+from grpo_core.stages.inputs import (
+    CorpusInputs,
+    DataInputs,
+    EvalInputs,
+    PretrainInputs,
+    Ref,
+    SFTInputs,
+    write_resolved,
+)
 from grpo_core.stats import question_interval
 from grpo_core.tracking import MlflowLogger, check_tracking, redact, send_unsent, unsent_count, unsent_dir
 from tasks.run_lock import run_lock
@@ -198,7 +205,7 @@ def _pipeline(config: PipelineConfig, continues: str | None = None) -> dict:
         )
         manifest["figures"] = report_run(manifest, run_dir, exp_id, tracker)
         # The resolved recipe goes beside the manifest it produced (``baseline`` reads both).
-        (run_dir / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+        write_resolved(config, run_dir / "config.yaml")
         manifest = write_manifest(run_dir, manifest, run_dir)
     log.info(
         "pipeline %s finished: %s",
