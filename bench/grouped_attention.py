@@ -1,11 +1,12 @@
 """The seconds of the log-probability pass (forward and backward, as GRPO's update runs it) with
-``attention.grouped_sdpa`` against transformers' SDPA, which repeats each key/value head to every
-query head of its group: a Llama of SmolLM2-135M's width, heads and vocabulary with a few layers, a
-GRPO step's rows (8 prompts x 8 completions, the prompt shared), fp32 on this CPU. The two models
-hold the same weights and alternate, ``--rounds`` times after a warm-up each; grouped_sdpa was the
-suspect of the step's 6-14% slowdown since c0016ef (docs/results.md, "The whole step's peak").
+``attention.grouped_sdpa`` against transformers' SDPA (``--forward-only``: the no-grad forward of
+the reference pass), which repeats each key/value head to every query head of its group: a Llama of
+SmolLM2-135M's width, heads and vocabulary with a few layers, a GRPO step's rows (8 prompts x 8
+completions, the prompt shared), fp32 on this CPU. The two models hold the same weights and
+alternate, ``--rounds`` times after a warm-up each: what the grouped attention's memory saving costs
+in time (docs/results.md, "The whole step's peak").
 
-    .venv/bin/python bench/grouped_attention.py [--layers 3 --prompt 81 --tokens 32 --rounds 5] --json
+    .venv/bin/python bench/grouped_attention.py [--layers 3 --prompt 81 --tokens 32 --rounds 5] [--forward-only] --json
 
 Prints one JSON object: each attention's median seconds and their ratio (grouped over plain).
 """
@@ -38,15 +39,17 @@ def model(layers: int, grouped: bool):
     return m.train()
 
 
-def pass_seconds(m, ids: torch.Tensor, prompt: int) -> float:
-    """One forward and backward of the completion log-probabilities, as the update runs them."""
+def pass_seconds(m, ids: torch.Tensor, prompt: int, backward: bool = True) -> float:
+    """One forward and backward of the completion log-probabilities, as the update runs them;
+    ``backward`` False: the forward alone without autograd, as the reference pass runs it."""
     from grpo_core.lm import policy
 
     m.zero_grad(set_to_none=True)
     start = time.perf_counter()
-    out = policy.CompletionLogprobs(m)(ids, torch.ones_like(ids), prompt, with_entropy=False)
-    logprobs = out[0] if isinstance(out, tuple) else out
-    logprobs.sum().backward()
+    with torch.set_grad_enabled(backward):
+        logprobs, _ = policy.CompletionLogprobs(m)(ids, torch.ones_like(ids), prompt, with_entropy=False)
+    if backward:
+        logprobs.sum().backward()
     return time.perf_counter() - start
 
 
@@ -59,6 +62,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--forward-only", action="store_true", help="the no-grad forward (the reference pass)")
     ap.add_argument("--json", action="store_true", help="(the output is always one JSON object)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
@@ -73,14 +77,15 @@ def main() -> None:
     models = {"plain": model(a.layers, False), "grouped": model(a.layers, True)}
     times: dict[str, list[float]] = {name: [] for name in models}
     for name, m in models.items():  # warm-up
-        pass_seconds(m, ids, a.prompt)
+        pass_seconds(m, ids, a.prompt, not a.forward_only)
     for _ in range(a.rounds):
         for name, m in models.items():
-            times[name].append(pass_seconds(m, ids, a.prompt))
+            times[name].append(pass_seconds(m, ids, a.prompt, not a.forward_only))
     medians = {name: statistics.median(t) for name, t in times.items()}
     print(
         json.dumps(
             {
+                "pass": "forward" if a.forward_only else "forward and backward",
                 "layers": a.layers,
                 "rows": a.prompts * a.group,
                 "prompt_tokens": a.prompt,

@@ -10,10 +10,11 @@ is SmolLM2's short run on a CPU (docs/recipes.md).
 m  `make real`'s recipe (configs/smollm2-cpu.yaml, MAWPS) at GPU scale: SFT to its plateau, GRPO from it
    for the seconds left, one process per seed side by side on the device, then every model's greedy
    accuracy on the 850 held-out MAWPS and SVAMP's 1,000 against SFT, paired, every completion kept
-a  our GRPO step against TRL's ``GRPOTrainer`` on the same work, and PPO's memory beside it
-   (``bench/grpo_step.py --compare``: step time, tokens/s, MFU against the bf16 matmul rate measured
-   in the same run, peak memory); then sampling with bf16 weights against bf16 autocast and fp32, on
-   SmolLM2's shape, eager, static and as CUDA graphs (``bench/cuda_decode.py``)
+a  our GRPO step against TRL's ``GRPOTrainer``, like for like, at 32, 256 and 512 completion tokens
+   (``bench/like_for_like.py``: ours with and without the shared prompt and checkpointing, TRL with and
+   without; step time and each phase's, tokens/s, MFU against the bf16 matmul rate measured in the same
+   run, peak memory; each length's result kept as it ends); then sampling with bf16 weights against
+   bf16 autocast and fp32, on SmolLM2's shape, eager, static and as CUDA graphs (``bench/cuda_decode.py``)
 b  SFT on GSM8K's training solutions
 c  GRPO from the SFT model with the answer checker at the sparse-reward settings (dynamic sampling)
 d  evaluation of every model b, c and e made on all 1,319 GSM8K test and 1,000 SVAMP questions, each
@@ -113,17 +114,20 @@ SIZES = {
             "prm.epochs=1",
             "launch.gradient_checkpointing=true",
         ],
+        # At least 10 timed steps each; 256 and 512 tokens need a window of their own (docs/gpu.md).
         "step": [
             "--device",
             "cuda",
             "--precision",
             "bf16",
-            "--only",
-            "ours-checkpointing,trl,ours,trl-no-checkpointing",
+            "--lengths",
+            "32,256,512",
             "--rounds",
             "1",
             "--steps",
             "12",
+            "--warmup",
+            "2",
         ],
         "decode": ["--shapes", "smollm2-135m", "--rows", "64", "--new", "32", "--repeat", "2"],
     },
@@ -170,7 +174,7 @@ SIZES = {
             "grpo.group_size=4",
             "grpo.max_new_tokens=128",
         ],
-        "step": ["--device", "cpu", "--only", "ours", "--rounds", "1", "--steps", "3", "--warmup", "1"],
+        "step": ["--lengths", "32", "--only", "ours", "--rounds", "1", "--steps", "3", "--warmup", "1"],
         "decode": ["--device", "cpu", "--shapes", "demo", "--rows", "8", "--new", "8", "--repeat", "1"],
     },
     "tiny": {
@@ -228,7 +232,7 @@ SIZES = {
             "grpo.group_size=2",
             "grpo.max_new_tokens=8",
         ],
-        "step": ["--device", "cpu", "--only", "ours,ppo", "--rounds", "1", "--steps", "2", "--warmup", "1"],
+        "step": ["--lengths", "4", "--only", "ours,ppo", "--rounds", "1", "--steps", "2", "--warmup", "1"],
         "decode": ["--device", "cpu", "--shapes", "demo", "--rows", "4", "--new", "4", "--repeat", "1"],
     },
 }
@@ -323,8 +327,8 @@ def _stage(inputs, cfg, out_dir: Path):
 
 def _bench(cmd: list[str], seconds: float) -> dict:
     """A bench script's last JSON line, the script run in a session of its own and killed with its
-    workers at ``seconds``; a timeout keeps the workers that finished (``grpo_step.alternate`` prints
-    each as it ends)."""
+    workers at ``seconds``; a timeout keeps the workers and lengths that finished (``grpo_step.alternate``
+    and ``like_for_like`` print each as it ends)."""
     import os
     import signal
 
@@ -336,7 +340,7 @@ def _bench(cmd: list[str], seconds: float) -> dict:
     except subprocess.TimeoutExpired:
         os.killpg(bench.pid, signal.SIGKILL)
         stdout, stderr = bench.communicate()
-        done = [json.loads(line) for line in stderr.splitlines() if line.startswith('{"worker"')]
+        done = [json.loads(line) for line in stderr.splitlines() if line.startswith(('{"worker"', '{"length"'))]
         raise TimeoutError(
             f"{Path(cmd[1]).name} ran past {seconds:.0f} s; finished workers: {json.dumps(done)}"
         ) from None
@@ -346,13 +350,11 @@ def _bench(cmd: list[str], seconds: float) -> dict:
 
 
 def phase_a(run: Run, seconds: float) -> dict:
-    """The GRPO step against TRL's and PPO's, then sampling with bf16 weights against autocast (each
-    bench in its own processes, killed at its share of ``seconds``)."""
+    """The GRPO step against TRL's at each completion length, then sampling with bf16 weights against
+    autocast (each bench in its own processes, killed at its share of ``seconds``)."""
     step = [
         sys.executable,
-        str(ROOT / "bench" / "grpo_step.py"),
-        "--compare",
-        "--json",
+        str(ROOT / "bench" / "like_for_like.py"),
         "--model",
         str(run.model),
         "--prompts",

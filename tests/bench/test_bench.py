@@ -86,15 +86,18 @@ def test_saved_activations_fall_with_grouped_attention_and_with_the_shared_promp
     assert 0 < out["checkpointed_over_checkpointed-plain"] < 1
 
 
-def test_grouped_attention_bench_times_both_attentions_on_the_same_rows():
+@pytest.mark.parametrize("forward_only", [False, True])
+def test_grouped_attention_bench_times_both_attentions_on_the_same_rows(forward_only):
     """bench/grouped_attention.py at small sizes: each attention timed every round after its warm-up,
-    and the ratio of their medians."""
+    and the ratio of their medians; the update's pass or the reference's forward alone."""
     cmd = [sys.executable, str(BENCH.parent / "grouped_attention.py"), "--layers", "1", "--prompts", "2"]
     cmd += ["--group", "2", "--prompt", "8", "--tokens", "4", "--rounds", "2", "--threads", "1"]
+    cmd += ["--forward-only"] if forward_only else []
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out["rows"] == 4 and all(len(out["seconds"][k]) == 2 for k in ("plain", "grouped"))
+    assert out["pass"] == ("forward" if forward_only else "forward and backward")
     ratio = out["median_s"]["grouped"] / out["median_s"]["plain"]  # of the medians as printed (4 places)
     assert out["grouped_over_plain"] == pytest.approx(ratio, rel=0.02)
 
@@ -260,3 +263,81 @@ def test_numerics_bench_times_the_steps_with_the_setting_and_without():
     assert off["mkl_mode"] == ("OFF" if mkl else None) and set(off) == set(project)
     variants = set(out["same_bits_as_default"])  # another thread count, CPU capability, MKL path
     assert {"threads_2", "threads_2_mkl_strict", "mkl_compatible"} < variants and len(variants) == 4
+
+
+def _tiny_prompts(tmp_path) -> Path:
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"{i}+1=", "gold": str(i + 1)}) + "\n" for i in range(8)))
+    return prompts
+
+
+def test_like_for_like_sets_each_implementation_against_the_others_at_every_length(tmp_path, tiny_model_dir):
+    """bench/like_for_like.py: grpo_step --compare at each length on fresh weights; a row per length
+    and implementation with its phases, the work as asked (2 prompts x 2 completions)."""
+    args = ["--model", str(tiny_model_dir), "--prompts", str(_tiny_prompts(tmp_path)), "--threads", "1"]
+    args += ["--steps", "2", "--warmup", "1", "--rounds", "1", "--prompts-per-step", "2", "--group", "2"]
+    done = subprocess.run(
+        [sys.executable, str(BENCH.with_name("like_for_like.py")), "--lengths", "3,6", "--only", "ours,ours-unshared"]
+        + args,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert [(r["max_new_tokens"], r["implementation"]) for r in out["table"]] == [
+        (3, "ours"),
+        (3, "ours-unshared"),
+        (6, "ours"),
+        (6, "ours-unshared"),
+    ]
+    for row in out["table"]:
+        assert 0 < row["completion_tokens_per_step"] <= 2 * 2 * row["max_new_tokens"]  # the rows' tokens
+        assert row["time_over_trl"] is None and row["peak_rss_over_start_mib"] > 0
+        assert set(row["median_parts_s"]) == {"rollout_s", "reward_s", "advantage_s", "logprob_s", "update_s"}
+    six = out["by_length"]["6"]
+    assert six["fresh_weights"] and six["work"]["max_new_tokens"] == 6 and six["work"]["prompts"] == 2
+    assert "ours-unshared_over_ours" in six and "memory_ours-unshared_over_ours" in six
+
+
+def test_the_unshared_worker_computes_every_rows_prompt(tmp_path, tiny_model_dir, monkeypatch):
+    """``shared_prompt=False`` turns off the log-prob pass's shared prompt, not sampling's prefill,
+    and the step still runs (in this process: the module attributes it patches are restored)."""
+    import importlib.util
+
+    import torch
+
+    import grpo_core.lm.decode
+    import grpo_core.lm.policy
+    import grpo_core.stages.rl_step
+
+    for module, name in (
+        (grpo_core.lm.policy, "distinct_prompts"),
+        (grpo_core.stages.rl_step, "prompt_text"),
+        (grpo_core.stages.rl_step, "generate"),
+    ):
+        monkeypatch.setattr(module, name, getattr(module, name))
+    spec = importlib.util.spec_from_file_location("grpo_step_bench", BENCH)
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, bench)  # its dataclass looks its module up
+    spec.loader.exec_module(bench)
+    ids = torch.tensor([[1, 2, 3, 4], [1, 2, 3, 5]])  # one prompt of 3 tokens, two rows
+    mask = torch.ones_like(ids)
+    assert grpo_core.lm.policy.distinct_prompts(ids, mask, 3) is not None  # shared by default
+    out = bench.WORKERS["ours-unshared"](
+        str(tiny_model_dir), str(_tiny_prompts(tmp_path)), 1, torch.get_num_threads(), work=bench.Work(2, 2, 3)
+    )
+    assert len(out["step_s"]) == 1
+    assert grpo_core.lm.policy.distinct_prompts(ids, mask, 3) is None  # the log-prob pass: every row's prompt
+    assert grpo_core.lm.decode.distinct_prompts(ids, mask, 3) is not None  # sampling's prefill unchanged
+
+
+def test_trl_worker_times_each_phase(tmp_path, tiny_model_dir):
+    pytest.importorskip("trl", reason="TRL is the bench extra (make bench installs trl==1.16.0)")
+    args = ["--model", str(tiny_model_dir), "--prompts", str(_tiny_prompts(tmp_path)), "--threads", "1"]
+    out = _bench("--worker", "trl", *args, "--steps", "2", "--prompts-per-step", "2", "--group", "2", "--max-new", "4")
+    assert len(out["step_s"]) == len(out["parts"]) == 2
+    for step, part in zip(out["step_s"], out["parts"], strict=True):
+        assert set(part) == {"rollout_s", "reward_s", "logprob_s", "update_s", "other_s"}
+        assert part["rollout_s"] > 0 and part["logprob_s"] > 0 and part["update_s"] > 0
+        assert sum(part.values()) == pytest.approx(step)

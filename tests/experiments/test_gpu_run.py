@@ -43,7 +43,9 @@ def test_the_gpu_command_runs_every_phase_with_tiny_sizes(tiny_model_dir, tmp_pa
     )
     setup = _phase(out, "setup")
     assert setup["environment"]["torch"] and setup["phases"] == "m,b,c,d,a,e"
-    a = _phase(out, "a")["result"]["step"]["result"]
+    step = _phase(out, "a")["result"]["step"]["result"]
+    assert [(r["max_new_tokens"], r["implementation"]) for r in step["table"]] == [(4, "ours"), (4, "ppo")]
+    a = step["by_length"]["4"]
     assert {"ours", "ppo", "memory_ppo_over_grpo"} <= set(a) and a["ours"]["median_step_s"] > 0
     assert a["ours"]["completion_tokens_per_s"] > 0 and "mfu" in a["ours"]
     decode = _phase(out, "a")["result"]["decode"]["result"]["models"]
@@ -259,10 +261,11 @@ def test_a_phase_past_its_seconds_is_stopped_with_its_processes(tiny_model_dir, 
     )
     a = _phase(out, "a")
     assert a["status"] == "error" and "ran past 1 s" in a["error"] and a["wall_s"] < 30
+    benches = {"grpo_step.py", "like_for_like.py"}
     left = [
         p
         for p in psutil.process_iter(["cmdline"])
-        if p.pid not in before and "grpo_step.py" in " ".join(p.info["cmdline"] or [])
+        if p.pid not in before and benches & {Path(c).name for c in p.info["cmdline"] or []}
     ]
     assert not left  # the bench's workers ended with it
 
