@@ -38,7 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 
@@ -175,7 +175,10 @@ def run_ours(
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
         tokens.append(m["train/completion_len"] * work.prompts * work.group)
-        parts.append({k.removeprefix("time/"): m[k] for k in m if k.startswith("time/")})
+        part = {k.removeprefix("time/"): m[k] for k in m if k.startswith("time/")}
+        # What the four phases TRL's clock also names leave of the step (advantages, metrics): other_s.
+        part["other_s"] = times[-1] - sum(part[k] for k in ("rollout_s", "reward_s", "logprob_s", "update_s"))
+        parts.append(part)
     return {
         "step_s": times,
         "tokens": tokens,
@@ -400,8 +403,9 @@ def step_flops(
     every completion token; the reference forward and the update's forward/backward run over
     prompt + completion. ``completion_tokens``: a step's total. ``shared_prompts``: each distinct
     prompt counted once (the least work: causal attention makes a prompt's states independent of
-    its completions), else once per row (the work as posed). Attention's own FLOPs are left out
-    (under 5% at these lengths and widths)."""
+    its completions), else once per row (the work as posed). Attention's own FLOPs are left out:
+    they grow with the context (a few percent of SmolLM2-135M's matmuls at 32 new tokens, several
+    at 512, where the limit is that much low)."""
     from grpo_core.lm.modeling import load_model
 
     model, tok = load_model(model_dir)
@@ -420,11 +424,17 @@ def step_flops(
 def step_clock():
     """A ``TrainerCallback`` that times each optimizer step of a TRL trainer (``.times``) and, once
     ``time_phases(trainer)`` wrapped its methods, each step's phases (``.parts``) under our step's
-    names: sampling (``rollout_s``), the reward (``reward_s``), the no-grad reference pass
-    (``logprob_s``), the update's forward, backward and optimizer step (``update_s``: the step less
-    its input preparation) and the rest of the preparation (``other_s``: tokenising, advantages)."""
+    names: sampling with its tokenising (``rollout_s``), the reward (``reward_s``), the no-grad
+    reference pass (``logprob_s``), the update's forward, backward and optimizer step (``update_s``:
+    the step less its input preparation) and the rest of the preparation (``other_s``: padding, the
+    advantages, metrics). On a GPU every clock reading waits for the device, as ours does."""
     import torch
     from transformers import TrainerCallback
+
+    def now() -> float:
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+        return time.perf_counter()
 
     class Clock(TrainerCallback):
         def __init__(self) -> None:
@@ -433,10 +443,10 @@ def step_clock():
 
         def on_step_begin(self, args, state, control, **kw):
             self.parts.append(dict.fromkeys(("rollout_s", "reward_s", "logprob_s", "prepare_s"), 0.0))
-            self.t0 = time.perf_counter()
+            self.t0 = now()
 
         def on_step_end(self, args, state, control, **kw):
-            self.times.append(time.perf_counter() - self.t0)
+            self.times.append(now() - self.t0)
             part = self.parts[-1]
             prepare = part.pop("prepare_s")
             part["update_s"] = self.times[-1] - prepare
@@ -446,12 +456,12 @@ def step_clock():
             def timed(*a, **k):
                 if no_grad_only and torch.is_grad_enabled():
                     return method(*a, **k)
-                t0 = time.perf_counter()
+                t0 = now()
                 try:
                     return method(*a, **k)
                 finally:
                     if self.parts:
-                        self.parts[-1][name] += time.perf_counter() - t0
+                        self.parts[-1][name] += now() - t0
 
             return timed
 
@@ -572,7 +582,8 @@ def main() -> None:
     a = p.parse_args()
     work = Work(a.prompts_per_step, a.group, a.max_new)
     if a.worker:
-        print(json.dumps(WORKERS[a.worker](a.model, a.prompts, a.steps, a.threads, a.device, a.precision, work)))
+        out = WORKERS[a.worker](a.model, a.prompts, a.steps, a.threads, a.device, a.precision, work)
+        print(json.dumps(out | {"work": asdict(work)}))  # each run's line names its work
         return
     from grpo_core.env import setup_environment
 

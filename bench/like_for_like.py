@@ -1,10 +1,12 @@
 """Our GRPO step against TRL's, like for like, at several completion lengths: the same prompts,
-samples, lengths, precision and passes (sampling, one no-grad reference pass, one forward/backward),
-a model whose weights are freshly initialised so that every completion on every side runs to the
-length (``grpo_step.py --fresh``). Six implementations, each in its own process, alternating:
+number of samples, lengths, precision and passes (sampling, one no-grad reference pass, one
+forward/backward), on a model whose weights are freshly initialised so that every completion on
+every side runs to the length (``grpo_step.py --fresh``). Six implementations, each in its own
+process, alternating:
 
     ours                          every activation kept, each prompt computed once per group
-    ours-unshared                 every activation kept, every row's prompt computed (as TRL does)
+    ours-unshared                 every activation kept, every row's prompt computed in the log-prob
+                                  passes (as TRL does; sampling's prefill is shared on every ours)
     ours-checkpointing            each layer recomputed in backward, each prompt once
     ours-unshared-checkpointing   each layer recomputed, every row's prompt
     trl                           TRL 1.16 GRPOTrainer as configured by default (each layer recomputed)
@@ -58,18 +60,19 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--lengths", default="32,256,512", help="comma-separated completion lengths")
     p.add_argument("--only", default=",".join(NAMES), help="comma-separated grpo_step.py workers (default: the six)")
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     a, rest = p.parse_known_args()
+    if owned := {"--max-new", "--compare", "--fresh", "--json"} & {arg.split("=")[0] for arg in rest}:
+        raise SystemExit(f"{', '.join(sorted(owned))}: set by like_for_like.py itself (--lengths for --max-new)")
     by_length: dict[str, dict] = {}
     for length in a.lengths.split(","):
-        cmd = [sys.executable, str(STEP), "--compare", "--json", "--fresh", "--device", a.device, "--only", a.only]
-        cmd += ["--max-new", length, *rest]
+        cmd = [sys.executable, str(STEP), "--compare", "--json", "--fresh", "--only", a.only, "--max-new", length]
+        cmd += rest
         done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)  # its workers' lines pass on to stderr
         if done.returncode:
             raise SystemExit(f"grpo_step.py at {length} tokens exited {done.returncode} (its error above)")
         by_length[length] = json.loads(done.stdout.strip().splitlines()[-1])
         print(json.dumps({"length": length, **by_length[length]}), file=sys.stderr, flush=True)  # kept if stopped
-    memory = "peak_cuda_mib" if a.device == "cuda" else "peak_rss_over_start_mib"
+    memory = "peak_cuda_mib" if next(iter(by_length.values()))["device"] == "cuda" else "peak_rss_over_start_mib"
     print(json.dumps({"memory": memory, "table": table(by_length, a.only.split(","), memory), "by_length": by_length}))
 
 

@@ -10,11 +10,12 @@ is SmolLM2's short run on a CPU (docs/recipes.md).
 m  `make real`'s recipe (configs/smollm2-cpu.yaml, MAWPS) at GPU scale: SFT to its plateau, GRPO from it
    for the seconds left, one process per seed side by side on the device, then every model's greedy
    accuracy on the 850 held-out MAWPS and SVAMP's 1,000 against SFT, paired, every completion kept
-a  our GRPO step against TRL's ``GRPOTrainer``, like for like, at 32, 256 and 512 completion tokens
-   (``bench/like_for_like.py``: ours with and without the shared prompt and checkpointing, TRL with and
-   without; step time and each phase's, tokens/s, MFU against the bf16 matmul rate measured in the same
-   run, peak memory; each length's result kept as it ends); then sampling with bf16 weights against
-   bf16 autocast and fp32, on SmolLM2's shape, eager, static and as CUDA graphs (``bench/cuda_decode.py``)
+a  our GRPO step against TRL's ``GRPOTrainer``, like for like, at 32 completion tokens (``--lengths``:
+   256 and 512 in a window of their own; ``bench/like_for_like.py``: ours with and without the shared
+   prompt and checkpointing, TRL with and without; step time and each phase's, tokens/s, MFU against
+   the bf16 matmul rate measured in the same run, peak memory; what finished kept when cut); then
+   sampling with bf16 weights against bf16 autocast and fp32, on SmolLM2's shape, eager, static and as
+   CUDA graphs (``bench/cuda_decode.py``)
 b  SFT on GSM8K's training solutions
 c  GRPO from the SFT model with the answer checker at the sparse-reward settings (dynamic sampling)
 d  evaluation of every model b, c and e made on all 1,319 GSM8K test and 1,000 SVAMP questions, each
@@ -121,7 +122,7 @@ SIZES = {
             "--precision",
             "bf16",
             "--lengths",
-            "32,256,512",
+            "32",
             "--rounds",
             "1",
             "--steps",
@@ -325,10 +326,18 @@ def _stage(inputs, cfg, out_dir: Path):
     return inputs.output.model_validate(manifest)
 
 
+class BenchStopped(RuntimeError):
+    """A bench killed at its seconds or failed; ``finished``: the workers' and lengths' results it
+    printed before (``grpo_step.alternate`` and ``like_for_like`` print each as it ends)."""
+
+    def __init__(self, message: str, finished: list[dict]) -> None:
+        super().__init__(message)
+        self.finished = finished
+
+
 def _bench(cmd: list[str], seconds: float) -> dict:
     """A bench script's last JSON line, the script run in a session of its own and killed with its
-    workers at ``seconds``; a timeout keeps the workers and lengths that finished (``grpo_step.alternate``
-    and ``like_for_like`` print each as it ends)."""
+    workers at ``seconds`` (``BenchStopped``, with what finished)."""
     import os
     import signal
 
@@ -337,15 +346,14 @@ def _bench(cmd: list[str], seconds: float) -> dict:
     )
     try:
         stdout, stderr = bench.communicate(timeout=seconds)
+        error = f"{Path(cmd[1]).name} exited {bench.returncode}: {stderr[-2000:]}" if bench.returncode else None
     except subprocess.TimeoutExpired:
         os.killpg(bench.pid, signal.SIGKILL)
         stdout, stderr = bench.communicate()
-        done = [json.loads(line) for line in stderr.splitlines() if line.startswith(('{"worker"', '{"length"'))]
-        raise TimeoutError(
-            f"{Path(cmd[1]).name} ran past {seconds:.0f} s; finished workers: {json.dumps(done)}"
-        ) from None
-    if bench.returncode:
-        raise RuntimeError(f"{Path(cmd[1]).name} exited {bench.returncode}: {stderr[-2000:]}")
+        error = f"{Path(cmd[1]).name} ran past {seconds:.0f} s"
+    if error:
+        finished = [json.loads(line) for line in stderr.splitlines() if line.startswith(('{"worker"', '{"length"'))]
+        raise BenchStopped(error, finished)
     return {"command": " ".join(cmd[1:]), "result": json.loads(stdout.strip().splitlines()[-1])}
 
 
@@ -366,8 +374,8 @@ def phase_a(run: Run, seconds: float) -> dict:
     for name, cmd, share in (("step", step, 0.75), ("decode", decode, 0.25)):
         try:
             out[name] = _bench(cmd, seconds * share)
-        except (TimeoutError, RuntimeError) as e:
-            out[name] = {"error": str(e)[-3000:]}
+        except BenchStopped as e:
+            out[name] = {"error": str(e)[-3000:], "finished": e.finished}
     if all("error" in v for v in out.values()):
         raise RuntimeError(f"both benches failed: {out}")
     return out
@@ -689,6 +697,7 @@ def main(argv: list[str] | None = None) -> int:
         "(default: the sizes' LORA_RANK; 0: every weight)",
     )
     p.add_argument("--carry", type=Path, help="a folder with the last window's sft-adapter.tar / policy-adapter.tar")
+    p.add_argument("--lengths", help="phase a's completion lengths, e.g. 256,512 (default: the sizes'; on a GPU 32)")
     a = p.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     try:
@@ -708,6 +717,8 @@ def main(argv: list[str] | None = None) -> int:
         LORA_RANK[a.sizes] if a.lora is None else a.lora,
     )
     run.work.mkdir(parents=True, exist_ok=True)
+    if a.lengths:  # like_for_like.py reads the last --lengths
+        run.sizes = run.sizes | {"step": [*run.sizes["step"], "--lengths", a.lengths]}
     if a.carry is not None:
         try:
             carried(run, a.carry)
