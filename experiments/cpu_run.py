@@ -87,12 +87,9 @@ def score(folder: Path, arm: str = "") -> dict:
     ``arm``: the folder's models are ``sft-<arm>`` and ``policy-<arm>``."""
     sft, policy = model_names(arm)
     out: dict[str, dict] = {}
-    for sft_file in sorted(folder.glob(f"*-{sft}.jsonl.gz")):
-        bench = sft_file.name.removesuffix(f"-{sft}.jsonl.gz")
-        if not (folder / f"{bench}-{policy}.jsonl.gz").is_file():  # a control's file (``mawps-continued-sft``)
-            continue
+    for bench in benchmarks(folder, sft, policy):
         named = {f.name[len(bench) + 1 :].removesuffix(".jsonl.gz") for f in folder.glob(f"{bench}-*.jsonl.gz")}
-        models = [sft, policy] + sorted(named - {sft, policy})
+        models = [sft] + [policy] * (policy in named) + sorted(named - {sft, policy})
         rows = {m: read_rows(folder / f"{bench}-{m}.jsonl.gz") for m in models}
         for m, rs in rows.items():
             if [r["idx"] for r in rs] != [r["idx"] for r in rows[sft]]:
@@ -101,7 +98,9 @@ def score(folder: Path, arm: str = "") -> dict:
         # Near-duplicates among the evaluated questions (MAWPS repeats its problems) are not independent.
         groups = clusters([r["question"] for r in rows[sft]])
         second = {m: [last_number_correct(r["completion"], r["gold"]) for r in rs] for m, rs in rows.items()}
-        pairs = [(policy, sft)] + [(a, b) for c in models if c not in (sft, policy) for a, b in ((policy, c), (c, sft))]
+        controls = [c for c in models if c not in (sft, policy)]
+        pairs = [(policy, sft)] + [(a, b) for c in controls for a, b in ((policy, c), (c, sft))]
+        pairs = [(a, b) for a, b in pairs if a in models]  # a seed's controls recorded before its policy
         out[bench] = {"n": len(rows[sft]), **{m: sum(c) / len(c) for m, c in correct.items()}}
         for a, b in pairs:
             out[bench][f"{a}_minus_{b}"] = question_interval(correct[a], correct[b])
@@ -112,6 +111,17 @@ def score(folder: Path, arm: str = "") -> dict:
             "disagree": {m: sum(x != y for x, y in zip(correct[m], second[m])) for m in correct},
         }
     return out
+
+
+def benchmarks(folder: Path, sft: str, policy: str) -> list[str]:
+    """The benchmarks a folder scores: those of its ``split.json`` with the SFT model's file; without
+    a split, those with both the SFT model's and the policy's (``mawps-continued-sft`` is a control's)."""
+    if (folder / "split.json").is_file():
+        return [
+            b for b in json.loads((folder / "split.json").read_text()) if (folder / f"{b}-{sft}.jsonl.gz").is_file()
+        ]
+    found = (f.name.removesuffix(f"-{sft}.jsonl.gz") for f in sorted(folder.glob(f"*-{sft}.jsonl.gz")))
+    return [b for b in found if (folder / f"{b}-{policy}.jsonl.gz").is_file()]
 
 
 def paired(pairs: list[tuple[str, str]]) -> dict:
@@ -221,6 +231,26 @@ def experiment_seed(experiment: Path, variant: str, seed: int) -> tuple[dict, di
     return grpo, evaluated, config, quality
 
 
+def control_run(experiment: Path, control: str, seed: int) -> dict:
+    """Seed ``seed`` of a control arm in a finished experiment: its steps and training seconds, the
+    step it published (continued SFT: its best validation checkpoint; RL arms: their last) and its
+    recipe as it trained (``config``)."""
+    grpo, _, config, _ = experiment_seed(experiment, control, seed)
+    return {"steps": grpo["steps"], "published_step": grpo["best_step"], "train_s": grpo["train_s"], "config": config}
+
+
+def same_sft_model(folder: Path, incoming: dict[Path, Path]) -> None:
+    """Refuse to mix arms of two SFT models in one folder: where ``folder`` already holds the SFT
+    model's completions (an earlier session's arm of the same seed), the run's must be the same, line
+    for line (``incoming``: the folder's file -> the run's)."""
+    for committed, new in incoming.items():
+        if committed.is_file() and read_rows(committed) != read_rows(new):
+            raise ValueError(
+                f"{new}: the run's SFT model wrote other completions than {committed} holds: "
+                "not the SFT model this folder's arms started from (rebuild it bit for bit, or use a new folder)"
+            )
+
+
 def reward_models(folder: Path) -> dict:
     """The reward models a round's folder holds: their held-out quality beside the SFT likelihood's,
     their gates and seconds, and the seconds of their data (sampling and labelling)."""
@@ -298,22 +328,39 @@ def record(
     grpo, reward_models = manifest["rounds"][-1]["stages"]["grpo"], {}
     if grpo_seed is not None:
         grpo, results["policy"], config = another_seed(run_dir, manifest, grpo_seed, grpo_steps)
+    trained = {}  # the controls' own training: steps, seconds, the step each published
     if experiment is not None:
-        grpo, results["policy"], config, reward_models = experiment_seed(*experiment)
-        exp, _, seed = experiment
+        exp, variant, seed = experiment
+        if variant:
+            grpo, results["policy"], config, reward_models = experiment_seed(exp, variant, seed)
+        else:  # the seed's controls alone, into a folder that may already hold its variant
+            del results["policy"]
         evaluated = json.loads((exp / "eval" / "manifest.json").read_text())["results"]
         results |= {c: evaluated[f"{c}/seed-{seed}"] for c in controls}  # the same seed's other arms
+        trained = {c: control_run(exp, c, seed) for c in controls}
     split = json.loads((Path(manifest["data_dir"]) / "split.json").read_text())
     main = next(name for name, parts in split.items() if "rl" in parts)
     folder.mkdir(parents=True, exist_ok=True)
     renamed = dict(zip(("sft", "policy"), model_names(arm)))
+    copies = {}
     for model, result in results.items():
         model = renamed.get(model, model)
-        shutil.copyfile(result["completions"], folder / f"{main}-{model}.jsonl.gz")
+        copies[folder / f"{main}-{model}.jsonl.gz"] = Path(result["completions"])
         for name, held in result.get("held_out", {}).items():
-            shutil.copyfile(held["completions"], folder / f"{name}-{model}.jsonl.gz")
+            copies[folder / f"{name}-{model}.jsonl.gz"] = Path(held["completions"])
+    same_sft_model(folder, {to: src for to, src in copies.items() if to.name.endswith(f"-{renamed['sft']}.jsonl.gz")})
+    for to, src in copies.items():
+        shutil.copyfile(src, to)
     (folder / "split.json").write_text(json.dumps(split))
-    (folder / ("config.json" if grpo_seed is not None else "config.yaml")).write_text(config)
+    if experiment is None or experiment[1]:
+        (folder / ("config.json" if grpo_seed is not None else "config.yaml")).write_text(config)
+    for c in controls:
+        (folder / f"config-{c}.yaml").write_text(trained[c].pop("config"))
+    before = json.loads((folder / "summary.json").read_text()) if (folder / "summary.json").is_file() else {}
+    if experiment is not None and not experiment[1]:  # controls alone: what the folder said of its variant stays
+        summary = before | {"scores": score(folder, arm=arm), "controls": before.get("controls", {}) | trained}
+        (folder / "summary.json").write_text(json.dumps(summary, indent=1))
+        return summary
     drawn = [1 - r["frac_reward_zero_std"] for r in grpo["rewards"]]  # of every group sampled
     kept = [1 - r["frac_batch_zero_std"] for r in grpo["rewards"]]  # of the groups trained on, after redraws
     summary = {
@@ -339,6 +386,7 @@ def record(
         "peak_rss_mib": peak_rss(manifest)
         if grpo_seed is None and experiment is None
         else {"grpo": grpo.get("peak_memory", {}).get("rss_mib")},
+        "controls": before.get("controls", {}) | trained,
     }
     (folder / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
@@ -384,8 +432,10 @@ def main() -> None:
         ap.error("a run and a folder to record it in are needed (or --check FOLDER)")
     if args.policy and not args.recipe:
         ap.error("--policy needs --recipe")
-    if bool(args.experiment) != bool(args.variant):
-        ap.error("--experiment and --variant go together")
+    if args.variant and not args.experiment:
+        ap.error("--variant goes with --experiment")
+    if args.experiment and not (args.variant or args.controls):
+        ap.error("--experiment needs --variant, --controls or both")
     controls = tuple(c for c in args.controls.split(",") if c)
     if controls and not args.experiment:
         ap.error("--controls goes with --experiment")
@@ -410,11 +460,13 @@ def main() -> None:
         )
     )
     if not args.check:  # what a person reads after `make real`: the scores, GRPO's spread, each stage's seconds
-        result = {k: result[k] for k in ("scores", "grpo_train_s", "stages_s", "wall_s", "peak_rss_mib")} | {
-            "groups_with_spread": result["grpo"]["groups_with_spread"],
-            "best_step": result["grpo"]["best_step"],
-            "reward_models": result["reward_models"],
-            "arm": result["arm"],
+        grpo = result.get("grpo") or {}  # none yet where a seed's controls were recorded first
+        result = {k: result.get(k) for k in ("scores", "grpo_train_s", "stages_s", "wall_s", "peak_rss_mib")} | {
+            "groups_with_spread": grpo.get("groups_with_spread"),
+            "best_step": grpo.get("best_step"),
+            "reward_models": result.get("reward_models"),
+            "arm": result.get("arm"),
+            "controls": result.get("controls"),
         }
     print(json.dumps(result, indent=1))
 

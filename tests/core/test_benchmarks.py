@@ -344,6 +344,8 @@ def test_paired_seeds_cluster_near_duplicates_and_refuse_other_questions(tmp_pat
         (["--paired", "{a}:policy", "{a}:policy", "--check", "{a}"], "--check do not go with it"),
         ([], "a run and a folder to record it in are needed"),
         (["{a}"], "a run and a folder to record it in are needed"),
+        (["{a}", "{a}/out", "--experiment", "{a}"], "--experiment needs --variant, --controls or both"),
+        (["{a}", "{a}/out", "--variant", "v"], "--variant goes with --experiment"),
     ],
 )
 def test_cpu_run_refuses_what_does_not_go_together(tmp_path, args, says):
@@ -352,12 +354,9 @@ def test_cpu_run_refuses_what_does_not_go_together(tmp_path, args, says):
     assert done.returncode == 2 and says in done.stderr, done.stderr
 
 
-def test_a_seed_of_an_experiment_is_recorded_with_its_own_reward_models(tmp_path):
-    """cpu_run --experiment: the variant's seed against the run's SFT model, its GRPO's spread, and
-    the held-out quality of that seed's own PRM beside the SFT model's likelihood, and of the ORM
-    it retrained before round 2."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "experiments"))
-    from cpu_run import record
+def _experiment_on_a_run(tmp_path: Path) -> tuple[Path, Path]:
+    """A finished run (SFT model, policy) and an experiment on it from seed 1: variant ``v`` with its
+    reward models, and a control arm ``c`` of the same seed."""
 
     def completions(name: str, correct: list[bool]) -> str:
         path = tmp_path / f"{name}.jsonl.gz"
@@ -423,9 +422,10 @@ def test_a_seed_of_an_experiment_is_recorded_with_its_own_reward_models(tmp_path
                             "peak_memory": {"rss_mib": 600.0},
                         },
                         {"seed": 7},
-                    ]
+                    ],
+                    "c": [{"seed": 6, "steps": 9, "rewards": [], "curve": [], "train_s": 3.1, "kept_step": 4}],
                 },
-                "recipes": {"v": {"seed": 5, "grpo": {"lr": 1e-4}}},
+                "recipes": {"v": {"seed": 5, "grpo": {"lr": 1e-4}}, "c": {"seed": 5, "sft": {"lr": 1e-5}}},
             }
         )
     )
@@ -458,6 +458,23 @@ def test_a_seed_of_an_experiment_is_recorded_with_its_own_reward_models(tmp_path
     (exp / "v" / "seed-1" / "round-2" / "orm" / "manifest.json").write_text(
         json.dumps(retrained | {"quality_gate": gate, "wall_s": 40.0})
     )
+    return run, exp
+
+
+def _record():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "experiments"))
+    from cpu_run import record
+
+    return record
+
+
+def test_a_seed_of_an_experiment_is_recorded_with_its_own_reward_models(tmp_path):
+    """cpu_run --experiment: the variant's seed against the run's SFT model, its GRPO's spread, and
+    the held-out quality of that seed's own PRM beside the SFT model's likelihood, and of the ORM
+    it retrained before round 2."""
+    record = _record()
+    run, exp = _experiment_on_a_run(tmp_path)
+    gate = {"metric": "within_question_auc", "value": 0.7, "threshold": 0.6, "passed": True}
     # The run itself: each stage's peak resident set as its manifest has it, and the whole command's.
     assert record(run, tmp_path / "run-out")["peak_rss_mib"] == {"run": 900.0, "sft": 700.0, "round-1/grpo": 800.0}
     summary = record(run, tmp_path / "out", experiment=(exp, "v", 1), controls=("c",))
@@ -488,6 +505,45 @@ def test_a_seed_of_an_experiment_is_recorded_with_its_own_reward_models(tmp_path
     assert summary["grpo"]["best_step"] == 2 and summary["peak_rss_mib"] == {"grpo": 600.0}
     with pytest.raises(ValueError, match=r"v has no seed 0 \(it has \[1, 2\]\)"):
         record(run, tmp_path / "none", experiment=(exp, "v", 0))
+    # The control's own training and recipe beside it.
+    assert summary["controls"] == {"c": {"steps": 9, "published_step": 4, "train_s": 3.1}}
+    assert yaml.safe_load((tmp_path / "out" / "config-c.yaml").read_text()) == {"seed": 6, "sft": {"lr": 1e-5}}
+
+
+def test_a_seeds_arms_recorded_in_two_sessions_share_one_sft_model(tmp_path):
+    """cpu_run --experiment --controls without --variant: a seed's control recorded first, its variant
+    later into the same folder (a session's machine starts empty: each arm is recorded as it lands);
+    a run whose SFT model writes other completions than the folder holds is refused, and the folder
+    keeps what it had."""
+    record = _record()
+    run, exp = _experiment_on_a_run(tmp_path)
+    out = tmp_path / "seed-1"
+    first = record(run, out, experiment=(exp, None, 1), controls=("c",))
+    assert not (out / "mawps-policy.jsonl.gz").exists() and not (out / "config.yaml").exists()
+    mawps = first["scores"]["mawps"]
+    assert set(mawps) >= {"sft", "c", "c_minus_sft"} and "policy" not in mawps  # no policy yet, and none made up
+    assert mawps["c_minus_sft"]["mean"] == pytest.approx(1 / 3)  # T T F against T F F
+    second = record(run, out, experiment=(exp, "v", 1))  # no --controls: the folder's control stays
+    assert second["scores"]["mawps"]["policy_minus_c"]["mean"] == pytest.approx(1 / 3)
+    assert second["controls"] == first["controls"] == {"c": {"steps": 9, "published_step": 4, "train_s": 3.1}}
+    assert second["variant"] == "v" and (out / "config.yaml").is_file() and (out / "config-c.yaml").is_file()
+
+    manifest = json.loads((run / "manifest.json").read_text())
+    other = tmp_path / "other-sft.jsonl.gz"
+    with gzip.open(other, "wt") as f:
+        f.writelines(
+            json.dumps(
+                {"idx": i, "question": "q?", "completion": "#### 4", "answer": "4", "gold": "3", "correct": False}
+            )
+            + "\n"
+            for i in range(3)
+        )
+    manifest["eval"]["sft"]["completions"] = str(other)
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    kept = {f.name: f.read_bytes() for f in out.iterdir()}
+    with pytest.raises(ValueError, match="not the SFT model this folder's arms started from"):
+        record(run, out, experiment=(exp, None, 1), controls=("c",))
+    assert {f.name: f.read_bytes() for f in out.iterdir()} == kept
 
 
 def test_another_seed_trains_the_steps_asked_for_in_a_folder_of_its_own(tmp_path, monkeypatch):
