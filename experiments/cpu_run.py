@@ -23,6 +23,13 @@ disagreement between the two is visible. Each difference has a second interval,
     python experiments/cpu_run.py --paired docs/cpu-runs/<calculator seed 0>:policy-calculator \
         docs/cpu-runs/<seed 0>:policy --paired <calculator seed 1>:policy-calculator <seed 1>:policy
 
+A seed's arms can land in different sessions (a machine that starts empty each time): ``--experiment
+DIR --seed S --controls A`` without ``--variant`` records the control alone, and a later ``--variant V``
+into the same folder keeps it (and the reverse). An experiment's models are recorded against the SFT
+model the experiment evaluated beside them, and a run whose SFT model writes other completions than
+the folder holds is refused before anything is written; ``--same-sft-as FOLDER`` also checks them
+against another committed folder's (the SFT model a plan names).
+
 ``--policy DIR --recipe FILE`` evaluates the run's SFT model and the model at DIR (a GRPO checkpoint of a
 run that was stopped before its end, say) with the recipe's evaluation settings, then records them.
 ``--grpo-seed S`` first trains GRPO again from the run's SFT model with the recipe's seed set to S (other
@@ -231,24 +238,33 @@ def experiment_seed(experiment: Path, variant: str, seed: int) -> tuple[dict, di
     return grpo, evaluated, config, quality
 
 
-def control_run(experiment: Path, control: str, seed: int) -> dict:
-    """Seed ``seed`` of a control arm in a finished experiment: its steps and training seconds, the
-    step it published (continued SFT: its best validation checkpoint; RL arms: their last) and its
-    recipe as it trained (``config``)."""
+def control_run(experiment: Path, control: str, seed: int) -> tuple[dict, str]:
+    """Seed ``seed`` of a control arm in a finished experiment: its steps and training seconds and the
+    step it published (continued SFT: its best validation checkpoint; RL arms: their last), and its
+    recipe as it trained."""
     grpo, _, config, _ = experiment_seed(experiment, control, seed)
-    return {"steps": grpo["steps"], "published_step": grpo["best_step"], "train_s": grpo["train_s"], "config": config}
+    return {"steps": grpo["steps"], "published_step": grpo["best_step"], "train_s": grpo["train_s"]}, config
 
 
-def same_sft_model(folder: Path, incoming: dict[Path, Path]) -> None:
-    """Refuse to mix arms of two SFT models in one folder: where ``folder`` already holds the SFT
-    model's completions (an earlier session's arm of the same seed), the run's must be the same, line
-    for line (``incoming``: the folder's file -> the run's)."""
-    for committed, new in incoming.items():
-        if committed.is_file() and read_rows(committed) != read_rows(new):
-            raise ValueError(
-                f"{new}: the run's SFT model wrote other completions than {committed} holds: "
-                "not the SFT model this folder's arms started from (rebuild it bit for bit, or use a new folder)"
-            )
+def check_incoming(copies: list[tuple[str, Path, Path]], sft: str, same_as: list[Path]) -> None:
+    """Refuse, before a file is written, what would mix two SFT models or two question sets in a folder
+    (``copies``: model, the folder's file, the run's file). The run's SFT completions must be those the
+    folder already holds (an earlier session's arm of the same seed) and those of every ``same_as``
+    folder (the SFT model a plan names), line for line; every model's file must hold the SFT file's
+    questions of its benchmark."""
+    sft_files = {to.name: src for model, to, src in copies if model == sft}
+    for model, to, src in copies:
+        if model == sft:
+            for committed in [to] + [folder / to.name for folder in same_as]:
+                if committed.is_file() and read_rows(committed) != read_rows(src):
+                    raise ValueError(
+                        f"{src}: the run's SFT model wrote other completions than {committed} holds: not the SFT "
+                        "model those arms started from (rebuild it bit for bit, or record into a new folder)"
+                    )
+        else:
+            own = sft_files[to.name.removesuffix(f"-{model}.jsonl.gz") + f"-{sft}.jsonl.gz"]
+            if [r["idx"] for r in read_rows(src)] != [r["idx"] for r in read_rows(own)]:
+                raise ValueError(f"{src}: {model} was evaluated on other questions than the SFT model ({own})")
 
 
 def reward_models(folder: Path) -> dict:
@@ -315,61 +331,73 @@ def record(
     grpo_seed: int | None = None,
     policy: Path | None = None,
     recipe: Path | None = None,
-    experiment: tuple[Path, str, int] | None = None,
+    experiment: tuple[Path, str | None, int] | None = None,
     grpo_steps: int | None = None,
     controls: tuple[str, ...] = (),
     arm: str = "",
+    same_as: tuple[Path, ...] = (),
 ) -> dict:
+    """The run (or a seed of it, or of an experiment on it) into ``folder``. An experiment's models are
+    recorded against the SFT model it evaluated beside them; ``experiment``'s variant None records the
+    seed's ``controls`` alone, into a folder that may hold its variant already (or get it later): what
+    the folder's summary said of the other stays."""
     manifest = (
         evaluate_policy(run_dir, recipe, policy) if policy else json.loads((run_dir / "manifest.json").read_text())
     )
     config = recipe.read_text() if policy else (run_dir / "config.yaml").read_text()
     results = {"sft": manifest["eval"]["sft"], "policy": manifest["eval"]["policy"]}
-    grpo, reward_models = manifest["rounds"][-1]["stages"]["grpo"], {}
+    grpo, reward_models, trained, configs = manifest["rounds"][-1]["stages"]["grpo"], {}, {}, {}
     if grpo_seed is not None:
         grpo, results["policy"], config = another_seed(run_dir, manifest, grpo_seed, grpo_steps)
-    trained = {}  # the controls' own training: steps, seconds, the step each published
     if experiment is not None:
         exp, variant, seed = experiment
+        evaluated = json.loads((exp / "eval" / "manifest.json").read_text())["results"]
+        results = {"sft": evaluated["sft"]} | {c: evaluated[f"{c}/seed-{seed}"] for c in controls}
         if variant:
             grpo, results["policy"], config, reward_models = experiment_seed(exp, variant, seed)
-        else:  # the seed's controls alone, into a folder that may already hold its variant
-            del results["policy"]
-        evaluated = json.loads((exp / "eval" / "manifest.json").read_text())["results"]
-        results |= {c: evaluated[f"{c}/seed-{seed}"] for c in controls}  # the same seed's other arms
-        trained = {c: control_run(exp, c, seed) for c in controls}
+        for c in controls:
+            trained[c], configs[f"config-{c}.yaml"] = control_run(exp, c, seed)
+    if experiment is None or experiment[1]:
+        configs["config.json" if grpo_seed is not None else "config.yaml"] = config
     split = json.loads((Path(manifest["data_dir"]) / "split.json").read_text())
     main = next(name for name, parts in split.items() if "rl" in parts)
-    folder.mkdir(parents=True, exist_ok=True)
     renamed = dict(zip(("sft", "policy"), model_names(arm)))
-    copies = {}
+    copies = []
     for model, result in results.items():
         model = renamed.get(model, model)
-        copies[folder / f"{main}-{model}.jsonl.gz"] = Path(result["completions"])
+        copies.append((model, folder / f"{main}-{model}.jsonl.gz", Path(result["completions"])))
         for name, held in result.get("held_out", {}).items():
-            copies[folder / f"{name}-{model}.jsonl.gz"] = Path(held["completions"])
-    same_sft_model(folder, {to: src for to, src in copies.items() if to.name.endswith(f"-{renamed['sft']}.jsonl.gz")})
-    for to, src in copies.items():
-        shutil.copyfile(src, to)
+            copies.append((model, folder / f"{name}-{model}.jsonl.gz", Path(held["completions"])))
+    check_incoming(copies, renamed["sft"], list(same_as))
+    folder.mkdir(parents=True, exist_ok=True)
+    for model, to, src in copies:
+        if not (model == renamed["sft"] and to.is_file()):  # the same lines (checked): the committed file stays
+            shutil.copyfile(src, to)
     (folder / "split.json").write_text(json.dumps(split))
-    if experiment is None or experiment[1]:
-        (folder / ("config.json" if grpo_seed is not None else "config.yaml")).write_text(config)
-    for c in controls:
-        (folder / f"config-{c}.yaml").write_text(trained[c].pop("config"))
+    for name, text in configs.items():
+        (folder / name).write_text(text)
     before = json.loads((folder / "summary.json").read_text()) if (folder / "summary.json").is_file() else {}
-    if experiment is not None and not experiment[1]:  # controls alone: what the folder said of its variant stays
-        summary = before | {"scores": score(folder, arm=arm), "controls": before.get("controls", {}) | trained}
-        (folder / "summary.json").write_text(json.dumps(summary, indent=1))
-        return summary
-    drawn = [1 - r["frac_reward_zero_std"] for r in grpo["rewards"]]  # of every group sampled
-    kept = [1 - r["frac_batch_zero_std"] for r in grpo["rewards"]]  # of the groups trained on, after redraws
-    summary = {
+    summary = before | {
         "run": manifest["run_name"],
         "grpo_seed": grpo_seed if experiment is None else experiment[2],
-        "variant": experiment[1] if experiment else None,
-        "reward_models": reward_models,
         "arm": arm or None,
         "scores": score(folder, arm=arm),
+        "controls": before.get("controls", {}) | trained,
+    }
+    if experiment is None or experiment[1]:
+        summary |= policy_fields(manifest, grpo, reward_models, experiment, alone=grpo_seed is None and not experiment)
+    (folder / "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def policy_fields(manifest: dict, grpo: dict, reward_models: dict, experiment, alone: bool) -> dict:
+    """What a record says of its policy: its GRPO (steps, spread, curve, seconds), its reward models,
+    the run's stages' seconds and peak memory (``alone``: the run itself; else the seed's GRPO stage's)."""
+    drawn = [1 - r["frac_reward_zero_std"] for r in grpo["rewards"]]  # of every group sampled
+    kept = [1 - r["frac_batch_zero_std"] for r in grpo["rewards"]]  # of the groups trained on, after redraws
+    return {
+        "variant": experiment[1] if experiment else None,
+        "reward_models": reward_models,
         "grpo": {
             "steps": grpo["steps"],
             "best_step": grpo["best_step"],
@@ -382,14 +410,8 @@ def record(
         "grpo_train_s": grpo["train_s"],
         "stages_s": manifest["profile"]["stages_s"],
         "wall_s": manifest["profile"]["wall_s"],
-        # The run's stages; a seed trained again (another seed, an experiment's): its GRPO stage's.
-        "peak_rss_mib": peak_rss(manifest)
-        if grpo_seed is None and experiment is None
-        else {"grpo": grpo.get("peak_memory", {}).get("rss_mib")},
-        "controls": before.get("controls", {}) | trained,
+        "peak_rss_mib": peak_rss(manifest) if alone else {"grpo": grpo.get("peak_memory", {}).get("rss_mib")},
     }
-    (folder / "summary.json").write_text(json.dumps(summary, indent=1))
-    return summary
 
 
 def main() -> None:
@@ -406,6 +428,13 @@ def main() -> None:
         "--controls", default="", help="--experiment: comma-separated variants recorded beside it, each under its name"
     )
     ap.add_argument("--seed", type=int, default=0, help="--experiment: its seed (0 = the recipe's)")
+    ap.add_argument(
+        "--same-sft-as",
+        type=Path,
+        action="append",
+        default=[],
+        help="a committed folder whose SFT completions the run's must equal, line for line (repeatable)",
+    )
     ap.add_argument("--check", action="store_true", help="recompute the scores of a committed folder alone")
     ap.add_argument("--arm", default="", help="the run's models are sft-ARM and policy-ARM (record, --check)")
     ap.add_argument(
@@ -417,7 +446,7 @@ def main() -> None:
     )
     args = ap.parse_args()
     if args.paired:
-        given = {k: v for k, v in vars(args).items() if k != "paired" and v not in (None, False, "", 0)}
+        given = {k: v for k, v in vars(args).items() if k != "paired" and v not in (None, False, "", 0, [])}
         others = [k.upper() if k in ("run_dir", "folder") else f"--{k.replace('_', '-')}" for k in given]
         if others:
             ap.error(f"--paired reads committed folders alone: {', '.join(others)} do not go with it")
@@ -441,6 +470,8 @@ def main() -> None:
         ap.error("--controls goes with --experiment")
     if {"sft", "policy"} & set(controls):
         ap.error("--controls: sft and policy name the run's SFT model and the variant")
+    if args.same_sft_as and args.check:
+        ap.error("--same-sft-as goes with recording a run, not --check")
     if args.grpo_steps is not None and args.grpo_seed is None:
         ap.error("--grpo-steps goes with --grpo-seed")
     experiment = (args.experiment, args.variant, args.seed) if args.experiment else None
@@ -457,6 +488,7 @@ def main() -> None:
             args.grpo_steps,
             controls,
             args.arm,
+            tuple(args.same_sft_as),
         )
     )
     if not args.check:  # what a person reads after `make real`: the scores, GRPO's spread, each stage's seconds

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import shutil
 import subprocess
 import sys
 from collections import defaultdict
@@ -355,15 +356,23 @@ def test_cpu_run_refuses_what_does_not_go_together(tmp_path, args, says):
 
 
 def _experiment_on_a_run(tmp_path: Path) -> tuple[Path, Path]:
-    """A finished run (SFT model, policy) and an experiment on it from seed 1: variant ``v`` with its
-    reward models, and a control arm ``c`` of the same seed."""
+    """A finished run (SFT model, policy) and an experiment on it from seed 1 that evaluated the SFT
+    model again: variant ``v`` with its reward models, and a control arm ``continued-sft`` of the same
+    seed (a name ending in the SFT model's), each on MAWPS and on SVAMP held out."""
 
-    def completions(name: str, correct: list[bool]) -> str:
+    def completions(name: str, correct: list[bool], answer: str = "3") -> str:
         path = tmp_path / f"{name}.jsonl.gz"
         with gzip.open(path, "wt") as f:
             f.writelines(
                 json.dumps(
-                    {"idx": i, "question": "q?", "completion": "#### 3", "answer": "3", "gold": "3", "correct": ok}
+                    {
+                        "idx": i,
+                        "question": "q?",
+                        "completion": "#### " + answer,
+                        "answer": answer,
+                        "gold": "3",
+                        "correct": ok,
+                    }
                 )
                 + "\n"
                 for i, ok in enumerate(correct)
@@ -373,7 +382,8 @@ def _experiment_on_a_run(tmp_path: Path) -> tuple[Path, Path]:
     run, exp = tmp_path / "run", tmp_path / "run" / "compare" / "steps-2-eval6"
     for folder in (run / "data", exp / "eval", exp / "chains" / "seed-1" / "round-1" / "prm", exp / "v" / "seed-1"):
         folder.mkdir(parents=True)
-    (run / "data" / "split.json").write_text(json.dumps({"mawps": {"rl": [1], "validation": [2], "test": [0, 1, 2]}}))
+    split = {"mawps": {"rl": [1], "validation": [2], "test": [0, 1, 2]}, "svamp": {"test": [0, 1]}}
+    (run / "data" / "split.json").write_text(json.dumps(split))
     (run / "config.yaml").write_text("run_name: r\n")
     (run / "manifest.json").write_text(
         json.dumps(
@@ -423,18 +433,26 @@ def _experiment_on_a_run(tmp_path: Path) -> tuple[Path, Path]:
                         },
                         {"seed": 7},
                     ],
-                    "c": [{"seed": 6, "steps": 9, "rewards": [], "curve": [], "train_s": 3.1, "kept_step": 4}],
+                    "continued-sft": [
+                        {"seed": 6, "steps": 9, "rewards": [], "curve": [], "train_s": 3.1, "kept_step": 4}
+                    ],
                 },
-                "recipes": {"v": {"seed": 5, "grpo": {"lr": 1e-4}}, "c": {"seed": 5, "sft": {"lr": 1e-5}}},
+                "recipes": {"v": {"seed": 5, "grpo": {"lr": 1e-4}}, "continued-sft": {"seed": 5, "sft": {"lr": 1e-5}}},
             }
         )
     )
+
+    def evaluated(name: str, correct: list[bool], svamp: list[bool]) -> dict:
+        held = {"svamp": {"completions": completions(f"{name}-svamp", svamp)}}
+        return {"completions": completions(name, correct), "held_out": held}
+
     (exp / "eval" / "manifest.json").write_text(
         json.dumps(
             {
                 "results": {
-                    "v/seed-1": {"completions": completions("v-1", [True, True, True])},
-                    "c/seed-1": {"completions": completions("c-1", [True, True, False])},  # a control arm
+                    "sft": evaluated("sft", [True, False, False], [False, False]),
+                    "v/seed-1": evaluated("v-1", [True, True, True], [True, False]),
+                    "continued-sft/seed-1": evaluated("c-1", [True, True, False], [False, True]),  # a control
                 }
             }
         )
@@ -477,11 +495,13 @@ def test_a_seed_of_an_experiment_is_recorded_with_its_own_reward_models(tmp_path
     gate = {"metric": "within_question_auc", "value": 0.7, "threshold": 0.6, "passed": True}
     # The run itself: each stage's peak resident set as its manifest has it, and the whole command's.
     assert record(run, tmp_path / "run-out")["peak_rss_mib"] == {"run": 900.0, "sft": 700.0, "round-1/grpo": 800.0}
-    summary = record(run, tmp_path / "out", experiment=(exp, "v", 1), controls=("c",))
+    summary = record(run, tmp_path / "out", experiment=(exp, "v", 1), controls=("continued-sft",))
     assert summary["variant"] == "v" and summary["grpo_seed"] == 1
     assert summary["scores"]["mawps"]["policy_minus_sft"]["mean"] == pytest.approx(2 / 3)
-    assert summary["scores"]["mawps"]["policy_minus_c"]["mean"] == pytest.approx(1 / 3)  # the same seed's control
-    assert (tmp_path / "out" / "mawps-c.jsonl.gz").is_file()
+    assert summary["scores"]["mawps"]["policy_minus_continued-sft"]["mean"] == pytest.approx(
+        1 / 3
+    )  # the same seed's control
+    assert (tmp_path / "out" / "mawps-continued-sft.jsonl.gz").is_file()
     assert summary["grpo"]["groups_with_spread"] == {"sampled": 0.5, "trained": pytest.approx(0.875)}
     assert summary["reward_models"] == {
         "prm": {
@@ -506,44 +526,70 @@ def test_a_seed_of_an_experiment_is_recorded_with_its_own_reward_models(tmp_path
     with pytest.raises(ValueError, match=r"v has no seed 0 \(it has \[1, 2\]\)"):
         record(run, tmp_path / "none", experiment=(exp, "v", 0))
     # The control's own training and recipe beside it.
-    assert summary["controls"] == {"c": {"steps": 9, "published_step": 4, "train_s": 3.1}}
-    assert yaml.safe_load((tmp_path / "out" / "config-c.yaml").read_text()) == {"seed": 6, "sft": {"lr": 1e-5}}
+    assert summary["controls"] == {"continued-sft": {"steps": 9, "published_step": 4, "train_s": 3.1}}
+    assert yaml.safe_load((tmp_path / "out" / "config-continued-sft.yaml").read_text()) == {
+        "seed": 6,
+        "sft": {"lr": 1e-5},
+    }
 
 
 def test_a_seeds_arms_recorded_in_two_sessions_share_one_sft_model(tmp_path):
     """cpu_run --experiment --controls without --variant: a seed's control recorded first, its variant
-    later into the same folder (a session's machine starts empty: each arm is recorded as it lands);
-    a run whose SFT model writes other completions than the folder holds is refused, and the folder
-    keeps what it had."""
+    later into the same folder, and the reverse (a session's machine starts empty: each arm is recorded
+    as it lands), what the folder said of the other kept; an SFT model that writes other completions
+    (here only on SVAMP) than the folder or a --same-sft-as folder holds is refused before anything is
+    written."""
     record = _record()
     run, exp = _experiment_on_a_run(tmp_path)
+    trained = {"continued-sft": {"steps": 9, "published_step": 4, "train_s": 3.1}}
     out = tmp_path / "seed-1"
-    first = record(run, out, experiment=(exp, None, 1), controls=("c",))
+    first = record(run, out, experiment=(exp, None, 1), controls=("continued-sft",))
     assert not (out / "mawps-policy.jsonl.gz").exists() and not (out / "config.yaml").exists()
     mawps = first["scores"]["mawps"]
-    assert set(mawps) >= {"sft", "c", "c_minus_sft"} and "policy" not in mawps  # no policy yet, and none made up
-    assert mawps["c_minus_sft"]["mean"] == pytest.approx(1 / 3)  # T T F against T F F
-    second = record(run, out, experiment=(exp, "v", 1))  # no --controls: the folder's control stays
-    assert second["scores"]["mawps"]["policy_minus_c"]["mean"] == pytest.approx(1 / 3)
-    assert second["controls"] == first["controls"] == {"c": {"steps": 9, "published_step": 4, "train_s": 3.1}}
-    assert second["variant"] == "v" and (out / "config.yaml").is_file() and (out / "config-c.yaml").is_file()
+    assert "policy" not in mawps and "variant" not in first  # no policy yet, and none made up
+    assert mawps["continued-sft_minus_sft"]["mean"] == pytest.approx(1 / 3)  # T T F against T F F
+    assert first["scores"]["svamp"]["continued-sft_minus_sft"]["mean"] == pytest.approx(1 / 2)
+    assert first["run"] == "r" and first["grpo_seed"] == 1 and first["controls"] == trained
+    sft_bytes = (out / "mawps-sft.jsonl.gz").read_bytes()
+    # The variant later, with the control recorded again (a name ending in -sft is not the SFT model).
+    second = record(run, out, experiment=(exp, "v", 1), controls=("continued-sft",))
+    assert second["scores"]["mawps"]["policy_minus_continued-sft"]["mean"] == pytest.approx(1 / 3)
+    assert second["controls"] == trained and second["variant"] == "v" and (out / "config.yaml").is_file()
+    assert (out / "mawps-sft.jsonl.gz").read_bytes() == sft_bytes  # checked the same, not written again
 
-    manifest = json.loads((run / "manifest.json").read_text())
-    other = tmp_path / "other-sft.jsonl.gz"
-    with gzip.open(other, "wt") as f:
-        f.writelines(
-            json.dumps(
-                {"idx": i, "question": "q?", "completion": "#### 4", "answer": "4", "gold": "3", "correct": False}
-            )
-            + "\n"
-            for i in range(3)
-        )
-    manifest["eval"]["sft"]["completions"] = str(other)
-    (run / "manifest.json").write_text(json.dumps(manifest))
-    kept = {f.name: f.read_bytes() for f in out.iterdir()}
-    with pytest.raises(ValueError, match="not the SFT model this folder's arms started from"):
-        record(run, out, experiment=(exp, None, 1), controls=("c",))
-    assert {f.name: f.read_bytes() for f in out.iterdir()} == kept
+    # The reverse: the variant first, then its control alone; the variant's record stays.
+    back = tmp_path / "seed-1-reverse"
+    alone = record(run, back, experiment=(exp, "v", 1))
+    both = record(run, back, experiment=(exp, None, 1), controls=("continued-sft",))
+    kept = ("variant", "grpo", "reward_models", "grpo_train_s", "peak_rss_mib")
+    assert {k: both[k] for k in kept} == {k: alone[k] for k in kept} and both["controls"] == trained
+    assert json.dumps(both["scores"]) == json.dumps(second["scores"])  # as text: NaN intervals on 2 questions
+    assert (back / "config.yaml").read_text() == (out / "config.yaml").read_text()
+
+    # A control trained again (other completions, the same SFT model) replaces the folder's.
+    results = json.loads((exp / "eval" / "manifest.json").read_text())
+    redo = results["results"]["continued-sft/seed-1"]
+    shutil.copyfile(results["results"]["v/seed-1"]["completions"], redo["completions"])
+    again = record(run, out, experiment=(exp, None, 1), controls=("continued-sft",))
+    assert again["scores"]["mawps"]["continued-sft"] == 1.0
+
+    # Another SFT model (its SVAMP completions differ) is refused, and neither folder changes.
+    before = {folder: {f.name: f.read_bytes() for f in folder.iterdir()} for folder in (out, back)}
+    results = json.loads((exp / "eval" / "manifest.json").read_text())
+    changed = tmp_path / "other-sft-svamp.jsonl.gz"
+    shutil.copyfile(results["results"]["sft"]["held_out"]["svamp"]["completions"], changed)
+    rows = [json.loads(line) for line in gzip.open(changed, "rt")]
+    rows[1]["completion"] = "#### 4"
+    with gzip.open(changed, "wt") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    results["results"]["sft"]["held_out"]["svamp"]["completions"] = str(changed)
+    (exp / "eval" / "manifest.json").write_text(json.dumps(results))
+    with pytest.raises(ValueError, match="not the SFT model those arms started from"):
+        record(run, out, experiment=(exp, None, 1), controls=("continued-sft",))
+    with pytest.raises(ValueError, match="seed-1-reverse/svamp-sft.jsonl.gz"):  # into a new folder: --same-sft-as
+        record(run, tmp_path / "seed-2", experiment=(exp, "v", 1), same_as=(back,))
+    assert not (tmp_path / "seed-2").exists()
+    assert {folder: {f.name: f.read_bytes() for f in folder.iterdir()} for folder in (out, back)} == before
 
 
 def test_another_seed_trains_the_steps_asked_for_in_a_folder_of_its_own(tmp_path, monkeypatch):
