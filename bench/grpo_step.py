@@ -140,11 +140,11 @@ def run_ours(
     launch = LaunchConfig(device=device, precision=precision, gradient_checkpointing=gradient_checkpointing)
     if lora_rank:  # the reference is the policy with its adapter off: one copy of the weights
         policy, tok = load_trainable(model_dir, LoraSettings(rank=lora_rank, alpha=2 * lora_rank), seed=0)
-        ref = place(policy, launch, train=True)
+        ref = place(policy, launch, train="grpo")
     else:
         policy, tok = load_model(model_dir)
         ref, _ = load_model(model_dir)
-        place(policy, launch, train=True)
+        place(policy, launch, train="grpo")
         place(ref, launch).eval().requires_grad_(False)
     policy.train()  # as the stage trains it (activation checkpointing acts in training mode only)
     opt = torch.optim.AdamW(

@@ -9,6 +9,9 @@ from pydantic import Field, model_validator
 from grpo_core.config.base import Section
 
 
+TrainedStage = Literal["pretrain", "sft", "reward_model", "grpo"]
+
+
 class LaunchConfig(Section):
     """How the training stages (pretrain, SFT, GRPO) run: inside the Prefect task's process
     (``nproc`` 1 on one machine), or as ``nproc`` data-parallel processes per machine started by
@@ -46,8 +49,12 @@ class LaunchConfig(Section):
     precision: Literal["fp32", "bf16"] = Field(
         "fp32", description="bf16: autocast forward passes to bfloat16 (weights and optimizer stay fp32)"
     )
-    gradient_checkpointing: bool = Field(
-        False, description="recompute each layer in backward, prompts still shared (less memory, more time)"
+    gradient_checkpointing: bool | list[TrainedStage] = Field(
+        False,
+        description=(
+            "recompute each layer in backward, prompts still shared (less memory, more time, the same gradients): "
+            "true in every trained stage, or the stages named ([sft])"
+        ),
     )
     cuda_graphs: bool = Field(
         True,
@@ -65,6 +72,11 @@ class LaunchConfig(Section):
     @property
     def distributed(self) -> bool:
         return self.nproc > 1 or self.nnodes > 1
+
+    def checkpointed(self, stage: TrainedStage) -> bool:
+        """Whether ``stage`` recomputes each layer in backward (``gradient_checkpointing``)."""
+        g = self.gradient_checkpointing
+        return g is True or (isinstance(g, list) and stage in g)
 
     @property
     def launched(self) -> bool:

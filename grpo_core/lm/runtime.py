@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from grpo_core.config import LaunchConfig
+from grpo_core.config.launch import TrainedStage
 from grpo_core.env import numerics_settings
 from grpo_core.lm import decode
 from grpo_core.lm.attention import use_grouped_sdpa
@@ -27,15 +28,16 @@ def device_for(launch: LaunchConfig) -> torch.device:
     return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
 
 
-def place(model, launch: LaunchConfig, train: bool = False):
-    """``model`` on the stage's device; with gradient checkpointing when it is trained and asked for;
+def place(model, launch: LaunchConfig, train: TrainedStage | None = None):
+    """``model`` on the stage's device; with gradient checkpointing where it is trained (``train``: the
+    stage) and ``launch.gradient_checkpointing`` names that stage;
     grouped-query attention over a mask without repeated keys and values (``attention``: the same
     numbers, less memory). Also where the process takes ``launch.cuda_graphs`` (how ``generate``
     decodes on a GPU)."""
     decode.CUDA_GRAPHS = launch.cuda_graphs
     model.to(device_for(launch))
     use_grouped_sdpa(model)
-    if train and launch.gradient_checkpointing:
+    if train and launch.checkpointed(train):
         model.activation_checkpointing_enable()  # transformers 5: the new name of gradient checkpointing
         model.config.use_cache = False  # the cache is useless with checkpointing, and transformers warns
     return model

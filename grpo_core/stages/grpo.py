@@ -131,7 +131,7 @@ def build(
         cfg, "grpo", out_dir, identity(cfg, init_dir, round_, reward_models, pass_rates, adapter), d, logger
     )
     policy, tokenizer = load_trainable(init_dir, grpo.lora, trainer.resume or adapter, seed)
-    place(policy, cfg.launch, train=True)
+    place(policy, cfg.launch, train="grpo")
     amp = functools.partial(autocast, cfg.launch, device)
     ref, companions = algorithm_models(cfg, init_dir, policy, seed, d.world)
     rates = read_pass_rates(Path(pass_rates) / "pass_rates.jsonl") if grpo.curriculum else None
@@ -239,7 +239,7 @@ def algorithm_models(
             raise ValueError(
                 f"grpo.algorithm={grpo.algorithm} runs in one process (its value model has no data-parallel wrapper)"
             )
-        value = place(value_model_from(policy, seed), cfg.launch, train=True)
+        value = place(value_model_from(policy, seed), cfg.launch, train="grpo")
         companions["value"] = (value, (grpo.ppo.value_lr or grpo.lr) / grpo.lr)
     return ref, companions
 

@@ -63,7 +63,7 @@ def run_pretrain(cfg: PipelineConfig, corpus_dir: Path, out_dir: Path, logger: M
         model, tokenizer = load_model(trainer.resume or cfg.model.path)
     else:
         model, tokenizer = init_model(cfg.model, cfg.seed)
-    place(model, cfg.launch, train=True)
+    place(model, cfg.launch, train="pretrain")
     amp = functools.partial(autocast, cfg.launch, model_device(model))
     pages = encode_pages(corpus_texts(corpus_dir), tokenizer)
     model.train()

@@ -145,7 +145,7 @@ def build(
         **({"replay": replay.digest, "replay_fraction": cfg.rounds.replay_fraction} if replay is not None else {}),
     )  # round 1 has no history to replay
     trainer = Trainer(cfg, kind, out_dir, identity, d, logger)
-    model = place(resume_or_init(trainer.resume, init_dir, kind, cfg, round_), cfg.launch, train=True)
+    model = place(resume_or_init(trainer.resume, init_dir, kind, cfg, round_), cfg.launch, train="reward_model")
     model.config.step_separator = sep  # saved with the model: `grpo-pipeline score` splits steps as we do
     amp = functools.partial(autocast, cfg.launch, model_device(model))
     tokenizer = load_tokenizer(trainer.resume or init_dir)

@@ -115,7 +115,7 @@ def build(
         )
     else:
         model, tokenizer = init_model(cfg.model, cfg.seed)
-    place(model, cfg.launch, train=True)
+    place(model, cfg.launch, train="sft")
     if cfg.model.calculator:
         model.config.calculator = True  # saved with the model: every sampler of it uses the calculator
     amp = functools.partial(autocast, cfg.launch, model_device(model))

@@ -359,3 +359,20 @@ def test_trl_worker_times_each_phase(tmp_path, tiny_model_dir):
         assert min(part["rollout_s"], part["reward_s"], part["logprob_s"], part["update_s"]) > 0
         assert part["other_s"] >= 0  # the timed phases lie inside the preparation, counted once
     assert out["work"] == {"prompts": 2, "group": 2, "max_new": 4}
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps_rollup").exists(), reason="reads Linux's /proc/PID/smaps_rollup")
+def test_tree_memory_sums_a_commands_processes_and_passes_its_exit_status():
+    """bench/tree_memory.py: a command whose child holds 200 MiB beside its own 100 MiB peaks at their
+    sum (both processes counted), and the command's exit status is its own."""
+    hold = "import time; x = bytearray({} * 2**20); x[::4096] = b'1' * len(x[::4096]); time.sleep(3)"
+    script = f"import subprocess, sys; c = subprocess.Popen([sys.executable, '-c', {hold.format(200)!r}]); "
+    script += hold.format(100) + "; c.wait(); sys.exit(3)"
+    tool = Path(__file__).resolve().parents[2] / "bench" / "tree_memory.py"
+    done = subprocess.run(
+        [sys.executable, str(tool), "--", sys.executable, "-c", script], capture_output=True, text=True
+    )
+    assert done.returncode == 3, done.stderr[-2000:]
+    out = json.loads(done.stdout)
+    assert out["returncode"] == 3 and 300 <= out["peak_sum_of_pss"]["mib"] <= out["peak_sum_of_rss"]["mib"] < 400
+    assert len(out["peak_sum_of_pss"]["processes"]) == 2

@@ -41,7 +41,7 @@ def _sft_losses(tiny_cfg, tiny_data_dir, tmp_path, name: str, *launch: str) -> l
 
 def test_bf16_autocast_and_gradient_checkpointing_train_on_cpu(tiny_cfg, tiny_data_dir, tmp_path):
     fp32 = _sft_losses(tiny_cfg, tiny_data_dir, tmp_path, "fp32")
-    ckpt = _sft_losses(tiny_cfg, tiny_data_dir, tmp_path, "ckpt", "launch.gradient_checkpointing=true")
+    ckpt = _sft_losses(tiny_cfg, tiny_data_dir, tmp_path, "ckpt", "launch.gradient_checkpointing=[sft]")
     bf16 = _sft_losses(tiny_cfg, tiny_data_dir, tmp_path, "bf16", "launch.precision=bf16")
     assert len(fp32) == len(ckpt) == len(bf16) == 3
     # Recomputing activations changes no arithmetic.
@@ -111,6 +111,27 @@ def test_place_takes_the_cuda_graphs_switch(tiny_model_dir):
     assert fast_decode.CUDA_GRAPHS is False
     place(model, LaunchConfig(device="cpu"))
     assert fast_decode.CUDA_GRAPHS is True
+
+
+@pytest.mark.parametrize("setting, checkpointed", [(False, set()), (True, {"sft", "grpo"}), (["sft"], {"sft"})])
+def test_gradient_checkpointing_is_set_per_trained_stage(tiny_model_dir, setting, checkpointed):
+    """``launch.gradient_checkpointing``: every trained stage, the stages named, or none; a model
+    placed to be evaluated never."""
+    from grpo_core.lm.modeling import load_model
+    from grpo_core.lm.runtime import place
+
+    launch = LaunchConfig(device="cpu", gradient_checkpointing=setting)
+    for stage in ("sft", "grpo", None):
+        model, _ = load_model(tiny_model_dir)
+        place(model, launch, train=stage)
+        assert model.is_gradient_checkpointing == (stage in checkpointed), stage
+
+
+def test_an_unknown_stage_to_checkpoint_is_refused_naming_the_field():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="gradient_checkpointing"):
+        LaunchConfig(gradient_checkpointing=["policy"])
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="VmHWM is Linux's /proc; elsewhere ru_maxrss")
