@@ -252,18 +252,18 @@ def check_incoming(copies: list[tuple[str, Path, Path]], sft: str, same_as: list
     folder already holds (an earlier session's arm of the same seed) and those of every ``same_as``
     folder (the SFT model a plan names), line for line; every model's file must hold the SFT file's
     questions of its benchmark."""
-    sft_files = {to.name: src for model, to, src in copies if model == sft}
+    sft_rows = {to.name: (src, read_rows(src)) for model, to, src in copies if model == sft}  # read once
     for model, to, src in copies:
         if model == sft:
             for committed in [to] + [folder / to.name for folder in same_as]:
-                if committed.is_file() and read_rows(committed) != read_rows(src):
+                if committed.is_file() and read_rows(committed) != sft_rows[to.name][1]:
                     raise ValueError(
                         f"{src}: the run's SFT model wrote other completions than {committed} holds: not the SFT "
                         "model those arms started from (rebuild it bit for bit, or record into a new folder)"
                     )
         else:
-            own = sft_files[to.name.removesuffix(f"-{model}.jsonl.gz") + f"-{sft}.jsonl.gz"]
-            if [r["idx"] for r in read_rows(src)] != [r["idx"] for r in read_rows(own)]:
+            own, rows = sft_rows[to.name.removesuffix(f"-{model}.jsonl.gz") + f"-{sft}.jsonl.gz"]
+            if [r["idx"] for r in read_rows(src)] != [r["idx"] for r in rows]:
                 raise ValueError(f"{src}: {model} was evaluated on other questions than the SFT model ({own})")
 
 
@@ -357,7 +357,8 @@ def record(
             grpo, results["policy"], config, reward_models = experiment_seed(exp, variant, seed)
         for c in controls:
             trained[c], configs[f"config-{c}.yaml"] = control_run(exp, c, seed)
-    if experiment is None or experiment[1]:
+    with_policy = experiment is None or bool(experiment[1])  # not a seed's controls alone
+    if with_policy:
         configs["config.json" if grpo_seed is not None else "config.yaml"] = config
     split = json.loads((Path(manifest["data_dir"]) / "split.json").read_text())
     main = next(name for name, parts in split.items() if "rl" in parts)
@@ -384,7 +385,7 @@ def record(
         "scores": score(folder, arm=arm),
         "controls": before.get("controls", {}) | trained,
     }
-    if experiment is None or experiment[1]:
+    if with_policy:
         summary |= policy_fields(manifest, grpo, reward_models, experiment, alone=grpo_seed is None and not experiment)
     (folder / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
