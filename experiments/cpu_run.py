@@ -28,7 +28,10 @@ DIR --seed S --controls A`` without ``--variant`` records the control alone, and
 into the same folder keeps it (and the reverse). An experiment's models are recorded against the SFT
 model the experiment evaluated beside them, and a run whose SFT model writes other completions than
 the folder holds is refused before anything is written; ``--same-sft-as FOLDER`` also checks them
-against another committed folder's (the SFT model a plan names).
+against another committed folder's (the SFT model a plan names). The seed's round-1 reward models
+(its chain's, shared by its learned arms) go into ``seed_reward_models`` with the first arm that finds
+them; a later arm on reward models trained again is recorded only if their held-out quality is the
+recorded one exactly, and is refused otherwise, also before anything is written.
 
 ``--policy DIR --recipe FILE`` evaluates the run's SFT model and the model at DIR (a GRPO checkpoint of a
 run that was stopped before its end, say) with the recipe's evaluation settings, then records them.
@@ -242,8 +245,24 @@ def control_run(experiment: Path, control: str, seed: int) -> tuple[dict, str]:
     """Seed ``seed`` of a control arm in a finished experiment: its steps and training seconds and the
     step it published (continued SFT: its best validation checkpoint; RL arms: their last), and its
     recipe as it trained."""
-    grpo, _, config, _ = experiment_seed(experiment, control, seed)
-    return {"steps": grpo["steps"], "published_step": grpo["best_step"], "train_s": grpo["train_s"]}, config
+    grpo, _, config, quality = experiment_seed(experiment, control, seed)
+    run = {"steps": grpo["steps"], "published_step": grpo["best_step"], "train_s": grpo["train_s"]}
+    retrained = {k: v for k, v in quality.items() if k.startswith("round-")}  # an iterated arm's own
+    return run | ({"reward_models": retrained} if retrained else {}), config
+
+
+def check_reward_models(recorded: dict, incoming: dict, chain: Path) -> None:
+    """Refuse, before a file is written, a seed's round-1 reward models (``chain``'s) trained again with
+    other held-out quality than the folder recorded for that seed (``recorded``: an earlier arm's, maybe
+    an earlier session's): arms on two sets of reward models are not one seed's."""
+    for kind in recorded.keys() & incoming.keys():
+        for field in ("trained", "sft_likelihood"):
+            if recorded[kind][field] != incoming[kind][field]:
+                raise ValueError(
+                    f"{chain / kind}: the seed's {kind} held-out {field} is {incoming[kind][field]}, the folder "
+                    f"recorded {recorded[kind][field]}: reward models trained again, not those its arms used "
+                    "(record into a new folder and report the two apart)"
+                )
 
 
 def check_incoming(copies: list[tuple[str, Path, Path]], sft: str, same_as: list[Path]) -> None:
@@ -346,7 +365,9 @@ def record(
     )
     config = recipe.read_text() if policy else (run_dir / "config.yaml").read_text()
     results = {"sft": manifest["eval"]["sft"], "policy": manifest["eval"]["policy"]}
-    grpo, reward_models, trained, configs = manifest["rounds"][-1]["stages"]["grpo"], {}, {}, {}
+    grpo, quality, trained, configs = manifest["rounds"][-1]["stages"]["grpo"], {}, {}, {}
+    before = json.loads((folder / "summary.json").read_text()) if (folder / "summary.json").is_file() else {}
+    seed_models = before.get("seed_reward_models", {})  # the seed's round-1 reward models, as first recorded
     if grpo_seed is not None:
         grpo, results["policy"], config = another_seed(run_dir, manifest, grpo_seed, grpo_steps)
     if experiment is not None:
@@ -354,9 +375,13 @@ def record(
         evaluated = json.loads((exp / "eval" / "manifest.json").read_text())["results"]
         results = {"sft": evaluated["sft"]} | {c: evaluated[f"{c}/seed-{seed}"] for c in controls}
         if variant:
-            grpo, results["policy"], config, reward_models = experiment_seed(exp, variant, seed)
+            grpo, results["policy"], config, quality = experiment_seed(exp, variant, seed)
         for c in controls:
             trained[c], configs[f"config-{c}.yaml"] = control_run(exp, c, seed)
+        chain = exp / "chains" / f"seed-{seed}" / "round-1"
+        incoming = {k: v for k, v in reward_models(chain).items() if k in ("orm", "prm")}
+        check_reward_models(seed_models, incoming, chain)
+        seed_models = incoming | seed_models  # the first record's stay (their seconds), new kinds join
     with_policy = experiment is None or bool(experiment[1])  # not a seed's controls alone
     if with_policy:
         configs["config.json" if grpo_seed is not None else "config.yaml"] = config
@@ -377,7 +402,6 @@ def record(
     (folder / "split.json").write_text(json.dumps(split))
     for name, text in configs.items():
         (folder / name).write_text(text)
-    before = json.loads((folder / "summary.json").read_text()) if (folder / "summary.json").is_file() else {}
     summary = before | {
         "run": manifest["run_name"],
         "grpo_seed": grpo_seed if experiment is None else experiment[2],
@@ -385,8 +409,10 @@ def record(
         "scores": score(folder, arm=arm),
         "controls": before.get("controls", {}) | trained,
     }
+    if seed_models:
+        summary["seed_reward_models"] = seed_models
     if with_policy:
-        summary |= policy_fields(manifest, grpo, reward_models, experiment, alone=grpo_seed is None and not experiment)
+        summary |= policy_fields(manifest, grpo, quality, experiment, alone=grpo_seed is None and not experiment)
     (folder / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
 

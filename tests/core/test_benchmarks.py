@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -590,6 +591,33 @@ def test_a_seeds_arms_recorded_in_two_sessions_share_one_sft_model(tmp_path):
         record(run, tmp_path / "seed-2", experiment=(exp, "v", 1), same_as=(back,))
     assert not (tmp_path / "seed-2").exists()
     assert {folder: {f.name: f.read_bytes() for f in folder.iterdir()} for folder in (out, back)} == before
+
+
+def test_a_seeds_reward_models_trained_again_otherwise_are_refused(tmp_path):
+    """cpu_run --experiment: a seed's round-1 reward models are recorded with the first of its arms that
+    finds them; a later arm on reward models trained again (a session whose machine kept nothing) is
+    recorded beside it only if their held-out quality is the same, else refused before anything is
+    written. An iterated arm recorded as a control keeps those it retrained between rounds."""
+    record = _record()
+    run, exp = _experiment_on_a_run(tmp_path)
+    out = tmp_path / "seed-1"
+    first = record(run, out, experiment=(exp, None, 1), controls=("continued-sft",))
+    prm = first["seed_reward_models"]["prm"]
+    assert prm["trained"] == {"within_question_auc": 0.7} and prm["wall_s"] == 30.0
+    path = exp / "chains" / "seed-1" / "round-1" / "prm" / "manifest.json"
+    rm = json.loads(path.read_text())
+    path.write_text(json.dumps(rm | {"wall_s": 31.0}))  # trained again: the same quality, other seconds
+    second = record(run, out, experiment=(exp, "v", 1))
+    assert second["seed_reward_models"] == first["seed_reward_models"]  # the first record's seconds stay
+    files = {f.name: f.read_bytes() for f in out.iterdir()}
+    path.write_text(json.dumps(rm | {"heldout": {"within_question_auc": 0.71}}))
+    says = "prm held-out trained is {'within_question_auc': 0.71}, the folder recorded {'within_question_auc': 0.7}"
+    with pytest.raises(ValueError, match=re.escape(says)):
+        record(run, out, experiment=(exp, "v", 1))
+    assert {f.name: f.read_bytes() for f in out.iterdir()} == files
+    retrained = record(run, tmp_path / "loop", experiment=(exp, None, 1), controls=("v",))["controls"]["v"]
+    assert retrained["reward_models"]["round-2"]["orm"]["trained"] == {"within_question_auc": 0.65}
+    assert "round-2" not in first["seed_reward_models"] and "reward_models" not in first["controls"]["continued-sft"]
 
 
 def test_another_seed_trains_the_steps_asked_for_in_a_folder_of_its_own(tmp_path, monkeypatch):
