@@ -29,9 +29,10 @@ into the same folder keeps it (and the reverse). An experiment's models are reco
 model the experiment evaluated beside them, and a run whose SFT model writes other completions than
 the folder holds is refused before anything is written; ``--same-sft-as FOLDER`` also checks them
 against another committed folder's (the SFT model a plan names). The seed's round-1 reward models
-(its chain's, shared by its learned arms) go into ``seed_reward_models`` with the first arm that finds
-them; a later arm on reward models trained again is recorded only if their held-out quality is the
-recorded one exactly, and is refused otherwise, also before anything is written.
+(its chain's, shared by its learned arms) are named in ``seed_reward_models`` by their held-out quality
+with the first arm recorded that trained on them; a later arm on them, trained again in a session
+whose machine kept nothing, is recorded only if that quality is the same exactly, and is refused
+otherwise, also before anything is written. (The arm's own ``reward_models`` is its session's record.)
 
 ``--policy DIR --recipe FILE`` evaluates the run's SFT model and the model at DIR (a GRPO checkpoint of a
 run that was stopped before its end, say) with the recipe's evaluation settings, then records them.
@@ -213,13 +214,7 @@ def experiment_seed(experiment: Path, variant: str, seed: int) -> tuple[dict, di
     its evaluation, its recipe, and its reward models (``reward_models``): its chain's round 1, and
     under ``round-<k>`` those an iterated variant retrained before round k."""
     manifest = json.loads((experiment / "manifest.json").read_text())
-    recipe = manifest["recipes"][variant]
-    # Runs are listed in seed order from the experiment's first seed (``--first-seed``): find it by its own.
-    runs = {r["seed"]: r for r in manifest["runs"][variant]}
-    if recipe["seed"] + seed not in runs:
-        have = sorted(k - recipe["seed"] for k in runs)
-        raise ValueError(f"{experiment}: {variant} has no seed {seed} (it has {have})")
-    run = runs[recipe["seed"] + seed]
+    recipe, run = manifest["recipes"][variant], seed_run(experiment, manifest, variant, seed)
     grpo = {
         "steps": run["steps"],
         "best_step": run.get("kept_step"),
@@ -230,8 +225,7 @@ def experiment_seed(experiment: Path, variant: str, seed: int) -> tuple[dict, di
         "peak_memory": run.get("peak_memory", {}),  # the largest of its stages'
     }
     evaluated = json.loads((experiment / "eval" / "manifest.json").read_text())["results"][f"{variant}/seed-{seed}"]
-    chain = experiment / "chains" / f"seed-{seed}" / "round-1"
-    quality = reward_models(chain)
+    quality = reward_models(chain_of(experiment, seed))
     # An iterated variant's reward models retrained between rounds (``round-2``, ...): the same record each.
     rounds = (experiment / variant / f"seed-{seed}").glob("round-*")
     for later in sorted(rounds, key=lambda r: int(r.name.removeprefix("round-"))):
@@ -239,6 +233,20 @@ def experiment_seed(experiment: Path, variant: str, seed: int) -> tuple[dict, di
             quality[later.name] = found
     config = yaml.safe_dump(recipe | {"seed": recipe["seed"] + seed}, sort_keys=False)
     return grpo, evaluated, config, quality
+
+
+def seed_run(experiment: Path, manifest: dict, variant: str, seed: int) -> dict:
+    """Seed ``seed``'s run of ``variant`` in the experiment's ``manifest`` (its ``runs`` entry)."""
+    # Runs are listed in seed order from the experiment's first seed (``--first-seed``): find it by its own.
+    first, runs = manifest["recipes"][variant]["seed"], {r["seed"]: r for r in manifest["runs"][variant]}
+    if first + seed not in runs:
+        raise ValueError(f"{experiment}: {variant} has no seed {seed} (it has {sorted(k - first for k in runs)})")
+    return runs[first + seed]
+
+
+def chain_of(experiment: Path, seed: int) -> Path:
+    """Where the experiment trained seed ``seed``'s own round-1 reward models (``flows.experiment.chain_dir``)."""
+    return experiment / "chains" / f"seed-{seed}" / "round-1"
 
 
 def control_run(experiment: Path, control: str, seed: int) -> tuple[dict, str]:
@@ -251,18 +259,31 @@ def control_run(experiment: Path, control: str, seed: int) -> tuple[dict, str]:
     return run | ({"reward_models": retrained} if retrained else {}), config
 
 
+def fingerprint(quality: dict, kinds) -> dict:
+    """What names a seed's round-1 reward models (``reward_models``' record of them): each of ``kinds``'
+    held-out quality, trained and the SFT likelihood's (equal only for the same models on the same data)."""
+    return {k: {f: quality[k][f] for f in ("trained", "sft_likelihood")} for k in kinds if k in quality}
+
+
+def arms_reward_models(experiment: Path, arms: list[str], seed: int) -> dict:
+    """The ``fingerprint`` of seed ``seed``'s round-1 reward models that ``arms`` trained on (those their
+    runs name in ``reward_model_updates``; an arm on the checker alone or continued SFT names none)."""
+    manifest = json.loads((experiment / "manifest.json").read_text())
+    used = {k for a in arms for k in seed_run(experiment, manifest, a, seed).get("reward_model_updates", {})}
+    return fingerprint(reward_models(chain_of(experiment, seed)), sorted(used))
+
+
 def check_reward_models(recorded: dict, incoming: dict, chain: Path) -> None:
     """Refuse, before a file is written, a seed's round-1 reward models (``chain``'s) trained again with
     other held-out quality than the folder recorded for that seed (``recorded``: an earlier arm's, maybe
-    an earlier session's): arms on two sets of reward models are not one seed's."""
+    an earlier session's; both ``fingerprint``s): arms on two sets of reward models are not one seed's."""
     for kind in recorded.keys() & incoming.keys():
-        for field in ("trained", "sft_likelihood"):
-            if recorded[kind][field] != incoming[kind][field]:
-                raise ValueError(
-                    f"{chain / kind}: the seed's {kind} held-out {field} is {incoming[kind][field]}, the folder "
-                    f"recorded {recorded[kind][field]}: reward models trained again, not those its arms used "
-                    "(record into a new folder and report the two apart)"
-                )
+        if recorded[kind] != incoming[kind]:
+            raise ValueError(
+                f"{chain / kind}: the seed's {kind} has held-out quality {incoming[kind]}, the folder recorded "
+                f"{recorded[kind]}: reward models trained again, not those its arms used (record into a new "
+                "folder and report the two apart)"
+            )
 
 
 def check_incoming(copies: list[tuple[str, Path, Path]], sft: str, same_as: list[Path]) -> None:
@@ -367,7 +388,8 @@ def record(
     results = {"sft": manifest["eval"]["sft"], "policy": manifest["eval"]["policy"]}
     grpo, quality, trained, configs = manifest["rounds"][-1]["stages"]["grpo"], {}, {}, {}
     before = json.loads((folder / "summary.json").read_text()) if (folder / "summary.json").is_file() else {}
-    seed_models = before.get("seed_reward_models", {})  # the seed's round-1 reward models, as first recorded
+    # The seed's round-1 reward models as first recorded (a folder from before the field: its variant's).
+    seed_models = before.get("seed_reward_models") or fingerprint(before.get("reward_models", {}), ("orm", "prm"))
     if grpo_seed is not None:
         grpo, results["policy"], config = another_seed(run_dir, manifest, grpo_seed, grpo_steps)
     if experiment is not None:
@@ -378,10 +400,9 @@ def record(
             grpo, results["policy"], config, quality = experiment_seed(exp, variant, seed)
         for c in controls:
             trained[c], configs[f"config-{c}.yaml"] = control_run(exp, c, seed)
-        chain = exp / "chains" / f"seed-{seed}" / "round-1"
-        incoming = {k: v for k, v in reward_models(chain).items() if k in ("orm", "prm")}
-        check_reward_models(seed_models, incoming, chain)
-        seed_models = incoming | seed_models  # the first record's stay (their seconds), new kinds join
+        incoming = arms_reward_models(exp, [variant] * bool(variant) + list(controls), seed)
+        check_reward_models(seed_models, incoming, chain_of(exp, seed))
+        seed_models |= incoming
     with_policy = experiment is None or bool(experiment[1])  # not a seed's controls alone
     if with_policy:
         configs["config.json" if grpo_seed is not None else "config.yaml"] = config

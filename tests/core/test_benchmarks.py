@@ -431,6 +431,7 @@ def _experiment_on_a_run(tmp_path: Path) -> tuple[Path, Path]:
                             "train_s": 3.0,
                             "kept_step": 2,
                             "peak_memory": {"rss_mib": 600.0},
+                            "reward_model_updates": {"prm": 5},  # trained on its seed's PRM
                         },
                         {"seed": 7},
                     ],
@@ -594,30 +595,43 @@ def test_a_seeds_arms_recorded_in_two_sessions_share_one_sft_model(tmp_path):
 
 
 def test_a_seeds_reward_models_trained_again_otherwise_are_refused(tmp_path):
-    """cpu_run --experiment: a seed's round-1 reward models are recorded with the first of its arms that
-    finds them; a later arm on reward models trained again (a session whose machine kept nothing) is
-    recorded beside it only if their held-out quality is the same, else refused before anything is
-    written. An iterated arm recorded as a control keeps those it retrained between rounds."""
+    """cpu_run --experiment: a seed's round-1 reward models are named by their held-out quality with the
+    first of its arms recorded that trained on them; a later arm on them trained again (a session whose
+    machine kept nothing) is recorded only if that quality is the same, and refused otherwise before
+    anything is written. An iterated arm recorded as a control keeps those it retrained between rounds."""
     record = _record()
     run, exp = _experiment_on_a_run(tmp_path)
     out = tmp_path / "seed-1"
     first = record(run, out, experiment=(exp, None, 1), controls=("continued-sft",))
-    prm = first["seed_reward_models"]["prm"]
-    assert prm["trained"] == {"within_question_auc": 0.7} and prm["wall_s"] == 30.0
+    assert "seed_reward_models" not in first  # continued SFT trains on no reward model
+    as_control = record(run, out, experiment=(exp, None, 1), controls=("v",))
+    named = {"prm": {"trained": {"within_question_auc": 0.7}, "sft_likelihood": {"within_question_auc": 0.6}}}
+    assert as_control["seed_reward_models"] == named
+    assert as_control["controls"]["v"]["reward_models"]["round-2"]["orm"]["trained"] == {"within_question_auc": 0.65}
+    assert "reward_models" not in as_control["controls"]["continued-sft"]
+
+    # The variant's first record into the folder, on its PRM trained again otherwise: refused, nothing written.
     path = exp / "chains" / "seed-1" / "round-1" / "prm" / "manifest.json"
     rm = json.loads(path.read_text())
-    path.write_text(json.dumps(rm | {"wall_s": 31.0}))  # trained again: the same quality, other seconds
-    second = record(run, out, experiment=(exp, "v", 1))
-    assert second["seed_reward_models"] == first["seed_reward_models"]  # the first record's seconds stay
     files = {f.name: f.read_bytes() for f in out.iterdir()}
+    for changed in ({"heldout": {"within_question_auc": 0.71}}, {"baseline": {"within_question_auc": 0.61}}):
+        path.write_text(json.dumps(rm | changed))
+        with pytest.raises(ValueError, match=re.escape(f"{path.parent}: the seed's prm has held-out quality")):
+            record(run, out, experiment=(exp, "v", 1))
+        assert {f.name: f.read_bytes() for f in out.iterdir()} == files
+    # Trained again the same (other seconds): recorded, the folder's naming unchanged.
+    path.write_text(json.dumps(rm | {"wall_s": 31.0}))
+    second = record(run, out, experiment=(exp, "v", 1))
+    assert second["seed_reward_models"] == named and (out / "mawps-policy.jsonl.gz").is_file()
+
+    # A folder recorded before the field: its variant's own record of them names them.
+    old = tmp_path / "old"
+    summary = record(run, old, experiment=(exp, "v", 1))
+    del summary["seed_reward_models"]
+    (old / "summary.json").write_text(json.dumps(summary))
     path.write_text(json.dumps(rm | {"heldout": {"within_question_auc": 0.71}}))
-    says = "prm held-out trained is {'within_question_auc': 0.71}, the folder recorded {'within_question_auc': 0.7}"
-    with pytest.raises(ValueError, match=re.escape(says)):
-        record(run, out, experiment=(exp, "v", 1))
-    assert {f.name: f.read_bytes() for f in out.iterdir()} == files
-    retrained = record(run, tmp_path / "loop", experiment=(exp, None, 1), controls=("v",))["controls"]["v"]
-    assert retrained["reward_models"]["round-2"]["orm"]["trained"] == {"within_question_auc": 0.65}
-    assert "round-2" not in first["seed_reward_models"] and "reward_models" not in first["controls"]["continued-sft"]
+    with pytest.raises(ValueError, match="reward models trained again"):
+        record(run, old, experiment=(exp, None, 1), controls=("v",))
 
 
 def test_another_seed_trains_the_steps_asked_for_in_a_folder_of_its_own(tmp_path, monkeypatch):
