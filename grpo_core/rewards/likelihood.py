@@ -134,6 +134,10 @@ class VerifierHead(torch.nn.Module):
     def activation_checkpointing_enable(self) -> None:
         self.lm.activation_checkpointing_enable()
 
+    def set_attn_implementation(self, name: str) -> None:
+        """The language model's attention (``runtime.place`` sets grouped-query attention here)."""
+        self.lm.set_attn_implementation(name)
+
     def forward(
         self,
         input_ids: torch.Tensor,

@@ -227,3 +227,33 @@ def test_the_lm_reading_needs_two_single_tokens(tiny_model_dir, tiny_cfg, tmp_pa
         load_reward_model(tiny_model_dir, "prm", "lm", ("good", "-"))
     with pytest.raises((ConfigError, ValueError), match="lm_tokens=.*applies to head=lm only"):
         tiny_cfg(tmp_path, prm__lm_tokens=["y", "n"])
+
+
+def test_a_verifier_head_on_grouped_query_attention_is_placed_with_the_same_scores(tmp_path, tiny_model_dir):
+    """``runtime.place`` points a reward model's attention at ``grouped_sdpa`` through the head (a
+    model with fewer key/value heads than query heads, as SmolLM2: the tiny model has as many);
+    the same solution scores, and the saved folder loads with its own attention."""
+    from transformers import AutoConfig, LlamaConfig, LlamaForCausalLM
+
+    from grpo_core.config.launch import LaunchConfig
+    from grpo_core.lm.attention import NAME
+    from grpo_core.lm.modeling import load_model
+    from grpo_core.lm.policy import encode
+    from grpo_core.lm.runtime import place
+    from grpo_core.rewards.heads import orm_logits
+    from grpo_core.rewards.likelihood import VerifierHead
+
+    _, tok = load_model(tiny_model_dir)
+    torch.manual_seed(0)
+    shape = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
+    shape |= dict(num_key_value_heads=2)  # grouped: 2 query heads a key/value head
+    lm = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), pad_token_id=tok.pad_token_id, **shape))
+    head = VerifierHead(lm.float(), "orm").eval()
+    rollout = encode(tok, ["What is 2 + 3?\n", "What is 12 - 7 + 1?\n"], ["2 + 3 = 5\n#### 5", "12 - 7 = 5\n#### 6"])
+    with torch.no_grad():
+        before = orm_logits(head, rollout)
+        assert place(head, LaunchConfig(device="cpu"), train="reward_model") is head
+        assert lm.config._attn_implementation == NAME
+        torch.testing.assert_close(orm_logits(head, rollout), before, atol=1e-6, rtol=0)
+    head.save_pretrained(tmp_path)
+    assert AutoConfig.from_pretrained(tmp_path)._attn_implementation != NAME
