@@ -15,6 +15,7 @@ import math
 import random
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -65,12 +66,7 @@ def run_reward_data(
     seed = round_seed(cfg.seed, round_)
     split_of = draw_questions(rc, heldout_pool, train_pool, seed)
     questions = split_of["test"] + split_of["train"]
-    complete = said_every(
-        policy_completer(policy, tokenizer, rc, seed),
-        f"reward_data, round {round_}",
-        len(questions) * rc.samples_per_question,
-        rc.batch_size,
-    )
+    complete = said_every(policy_completer(policy, tokenizer, rc, seed), f"reward_data, round {round_}", rc.batch_size)
     earlier = (
         rollout_samples(rollouts, {e.question for e in train_pool}, rc.rollouts, seed)
         if rollouts is not None and rc.rollouts != 0
@@ -142,7 +138,7 @@ def label_split(
     out: Labelled,
     split: str,
     examples: list[Example],
-    complete: Completer,
+    complete: Callable[[str], Completer],
     rc: RewardDataConfig,
     seed: int,
     round_: int,
@@ -150,15 +146,18 @@ def label_split(
     earlier: list[Sampled],
 ) -> None:
     """One split's questions sampled and labelled into ``out``: their pass rates, the rows of every
-    dataset (the training split's extras too: ``training_extras``) and the split's metrics."""
-    samples = sample_solutions(complete, examples, rc.samples_per_question)
+    dataset (the training split's extras too: ``training_extras``) and the split's metrics.
+    ``complete``: the stage's sampler by what it completes (``said_every``)."""
+    name = {"test": "held-out", "train": "training"}[split]
+    samples = sample_solutions(complete(f"{name} solutions"), examples, rc.samples_per_question)
     out.rates += [
         {"question": s.example.question, "gold": s.example.gold, "right": sum(s.correct), "samples": len(s.correct)}
         for s in samples
     ]
     share = 1.0 if rc.step_questions is None else min(1.0, rc.step_questions / n_questions)
     metrics = out.metrics
-    steps = step_labels(samples[: max(1, round(len(samples) * share))], complete, rc, split, metrics)
+    rollouts = complete(f"{name} Monte-Carlo rollouts")
+    steps = step_labels(samples[: max(1, round(len(samples) * share))], rollouts, rc, split, metrics)
     pairs = outcome_pairs(samples, rc.max_pairs_per_question, seed)
     # Held-out rows keep every sample: the AUC is over what the policy actually samples.
     solutions = solution_rows(samples, distinct=rc.distinct_solutions and split == "train")
@@ -338,32 +337,31 @@ def training_extras(
     return out
 
 
-def said_every(complete, what: str, total: int, batch: int):
-    """``complete`` (prompts -> completions) that prints how many completions it has sampled of the
-    ``total`` the stage samples first (Monte-Carlo rollouts, whose count depends on the solutions'
-    steps, come after them), how fast and the time left: after its first batch (the stage speaks
-    within seconds) and then every ``PROGRESS_EVERY_S``. It hands ``complete`` one ``batch`` of
-    prompts at a time (``policy_completer``'s own batches: the same calls, so the same seeds), so a
-    long call (a whole split's samples) speaks between its batches too."""
-    done, start, said = [0], time.perf_counter(), [-math.inf]
+def said_every(complete: Completer, what: str, batch: int) -> Callable[[str], Completer]:
+    """``complete`` (prompts -> completions) by name: ``said_every(...)(kind)`` is ``complete`` that
+    prints, for each call, how many of its prompts it has completed (``kind``: e.g. "held-out
+    solutions", "training Monte-Carlo rollouts"), how fast and the time that call has left: after
+    its first batch (the stage speaks within seconds) and then every ``PROGRESS_EVERY_S``. It hands
+    ``complete`` one ``batch`` of prompts at a time (``policy_completer``'s own batches: the same
+    calls, so the same seeds), so a long call (a whole split's samples) speaks between its batches."""
 
-    def counted(prompts: list[str]) -> list[str]:
-        out: list[str] = []
-        for first in range(0, len(prompts), batch):
-            out += complete(prompts[first : first + batch])
-            done[0] += len(prompts[first : first + batch])
-            if time.perf_counter() - said[0] >= PROGRESS_EVERY_S:
-                said[0] = time.perf_counter()
-                rate = done[0] / (said[0] - start)
-                where = (
-                    f"{done[0]:,} of {total:,} solutions sampled, {rate:.1f}/s, {time_left((total - done[0]) / rate)}"
-                    if done[0] < total
-                    else f"{done[0]:,} completions sampled (rollouts included), {rate:.1f}/s"
-                )
-                print(f"[{what}] {where}", file=sys.stderr, flush=True)
-        return out
+    def named(kind: str) -> Completer:
+        def counted(prompts: list[str]) -> list[str]:
+            out: list[str] = []
+            start, said = time.perf_counter(), [-math.inf]
+            for first in range(0, len(prompts), batch):
+                out += complete(prompts[first : first + batch])
+                if time.perf_counter() - said[0] >= PROGRESS_EVERY_S:
+                    said[0] = time.perf_counter()
+                    rate = len(out) / (said[0] - start)
+                    left = f", {time_left((len(prompts) - len(out)) / rate)}" if len(out) < len(prompts) else ""
+                    where = f"{len(out):,} of {len(prompts):,} {kind}, {rate:.1f}/s{left}"
+                    print(f"[{what}] {where}", file=sys.stderr, flush=True)
+            return out
 
-    return counted
+        return counted
+
+    return named
 
 
 def run_replay(

@@ -258,28 +258,27 @@ def test_a_verifier_head_trains_the_models_own_weights(tmp_path, tiny_cfg, tiny_
 
 
 def test_reward_data_sampling_says_how_far_it_is(monkeypatch, capsys):
-    """A line after the first batch, then every PROGRESS_EVERY_S: solutions sampled of the total,
-    then (Monte-Carlo rollouts) completions past it."""
+    """Each call (a split's solutions, its Monte-Carlo rollouts) speaks by its name and its own size:
+    a line after the first batch, then every PROGRESS_EVERY_S, with the time that call has left."""
     import grpo_core.stages.reward_data as rd
 
-    complete = rd.said_every(lambda prompts: [p + "!" for p in prompts], "reward_data, round 2", 3, batch=2)
-    assert complete(["a", "b"]) == ["a!", "b!"] and complete(["c"]) == ["c!"]
+    named = rd.said_every(lambda prompts: [p + "!" for p in prompts], "reward_data, round 2", batch=2)
+    solutions = named("held-out solutions")
+    assert solutions(["a", "b", "c"]) == ["a!", "b!", "c!"]
     first = capsys.readouterr().err.splitlines()  # the first batch speaks; the next, within 30 s, does not
-    assert len(first) == 1 and first[0].startswith("[reward_data, round 2] 2 of 3 solutions sampled, ")
+    assert len(first) == 1 and first[0].startswith("[reward_data, round 2] 2 of 3 held-out solutions, ")
     assert first[0].endswith(" s left")
-    monkeypatch.setattr(rd, "PROGRESS_EVERY_S", 0.0)  # a line at every call
-    complete(["d"])
-    assert capsys.readouterr().err.startswith("[reward_data, round 2] 4 completions sampled (rollouts included), ")
+    monkeypatch.setattr(rd, "PROGRESS_EVERY_S", 0.0)  # a line at every batch
+    assert named("held-out Monte-Carlo rollouts")(["d"]) == ["d!"]
+    done = capsys.readouterr().err.splitlines()  # a call's last line: all of its own, no time left
+    assert len(done) == 1 and done[0].startswith("[reward_data, round 2] 1 of 1 held-out Monte-Carlo rollouts, ")
+    assert done[0].endswith("/s")
     # One call of a whole split's prompts speaks between its batches, and passes them on batch by batch.
     calls = []
-    long = rd.said_every(lambda prompts: calls.append(len(prompts)) or prompts, "reward_data, round 1", 5, batch=2)
-    assert long(list("abcde")) == list("abcde") and calls == [2, 2, 1]
+    long = rd.said_every(lambda prompts: calls.append(len(prompts)) or prompts, "reward_data, round 1", batch=2)
+    assert long("training solutions")(list("abcde")) == list("abcde") and calls == [2, 2, 1]
     lines = [line.removeprefix("[reward_data, round 1] ") for line in capsys.readouterr().err.splitlines()]
-    assert [line[:26] for line in lines] == [
-        "2 of 5 solutions sampled, ",
-        "4 of 5 solutions sampled, ",
-        "5 completions sampled (rol",
-    ]
+    assert [line.split(",")[0] for line in lines] == [f"{n} of 5 training solutions" for n in (2, 4, 5)]
 
 
 def test_the_reward_models_held_out_questions_have_no_near_duplicate_among_their_training_ones():
