@@ -67,9 +67,9 @@ TAIL_LINES = 40
 
 
 def stream(cmd: list[str], env: dict, log, label: str) -> tuple[int, list[str]]:
-    """Run ``cmd`` with its output sent to ``log`` line by line; returns its exit status and last
-    lines. It runs in a session of its own: a cancelled or failing caller takes the whole torchrun
-    tree down with it."""
+    """Run ``cmd`` with its output sent to ``log`` line by line, each marked ``[label]`` (once: a
+    stage's own progress line is marked already); returns its exit status and last lines. It runs in
+    a session of its own: a cancelled or failing caller takes the whole torchrun tree down with it."""
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
     with subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
@@ -77,7 +77,7 @@ def stream(cmd: list[str], env: dict, log, label: str) -> tuple[int, list[str]]:
         try:
             for line in proc.stdout:
                 tail.append(line.rstrip())
-                log.info("[%s] %s", label, tail[-1])
+                log.info("%s", tail[-1] if tail[-1].startswith(f"[{label}]") else f"[{label}] {tail[-1]}")
         except BaseException:
             os.killpg(proc.pid, signal.SIGTERM)
             raise

@@ -491,3 +491,19 @@ def test_a_sharded_run_killed_resumes_on_two_processes_and_on_one(tiny_cfg, tiny
         assert len(resumed.get("train/loss", [])) == 8 - done, (done, resumed)  # it went on from its last checkpoint
         a, b = (load_model(p / "model")[0].state_dict() for p in (tmp_path / "straight", out))
         assert all(torch.allclose(a[k], b[k], rtol=1e-4, atol=1e-6) for k in a), resumed_on
+
+
+def test_a_launched_stage_s_lines_are_marked_with_its_name_once():
+    """What a stage's processes print reaches the flow's log marked ``[stage]``; its own progress
+    line (``[orm] step 11/92, ...``) is not marked twice."""
+    import sys
+    from types import SimpleNamespace
+
+    from tasks.launch import stream
+
+    lines = []
+    log = SimpleNamespace(info=lambda fmt, *args: lines.append(fmt % args))
+    code = "print('[orm] step 11/92, epoch 1/1'); print('loading weights')"
+    rc, tail = stream([sys.executable, "-c", code], {}, log, "orm")
+    assert rc == 0 and tail == ["[orm] step 11/92, epoch 1/1", "loading weights"]
+    assert lines == ["[orm] step 11/92, epoch 1/1", "[orm] loading weights"]
