@@ -66,7 +66,7 @@ def run_reward_data(
     seed = round_seed(cfg.seed, round_)
     split_of = draw_questions(rc, heldout_pool, train_pool, seed)
     questions = split_of["test"] + split_of["train"]
-    complete = said_every(policy_completer(policy, tokenizer, rc, seed), f"reward_data, round {round_}", rc.batch_size)
+    sampler = said_every(policy_completer(policy, tokenizer, rc, seed), f"reward_data, round {round_}", rc.batch_size)
     earlier = (
         rollout_samples(rollouts, {e.question for e in train_pool}, rc.rollouts, seed)
         if rollouts is not None and rc.rollouts != 0
@@ -74,7 +74,7 @@ def run_reward_data(
     )
     labelled = Labelled()
     for split, examples in split_of.items():
-        label_split(labelled, split, examples, complete, rc, seed, round_, len(questions), earlier)
+        label_split(labelled, split, examples, sampler, rc, seed, round_, len(questions), earlier)
     manifest: dict = {
         "stage": "reward_data",
         "round": round_,
@@ -138,7 +138,7 @@ def label_split(
     out: Labelled,
     split: str,
     examples: list[Example],
-    complete: Callable[[str], Completer],
+    sampler: Callable[[str], Completer],
     rc: RewardDataConfig,
     seed: int,
     round_: int,
@@ -147,16 +147,16 @@ def label_split(
 ) -> None:
     """One split's questions sampled and labelled into ``out``: their pass rates, the rows of every
     dataset (the training split's extras too: ``training_extras``) and the split's metrics.
-    ``complete``: the stage's sampler by what it completes (``said_every``)."""
-    name = {"test": "held-out", "train": "training"}[split]
-    samples = sample_solutions(complete(f"{name} solutions"), examples, rc.samples_per_question)
+    ``sampler``: the stage's completer by what it completes (``said_every``)."""
+    shown = {"test": "held-out", "train": "training"}[split]
+    samples = sample_solutions(sampler(f"{shown} solutions"), examples, rc.samples_per_question)
     out.rates += [
         {"question": s.example.question, "gold": s.example.gold, "right": sum(s.correct), "samples": len(s.correct)}
         for s in samples
     ]
     share = 1.0 if rc.step_questions is None else min(1.0, rc.step_questions / n_questions)
     metrics = out.metrics
-    rollouts = complete(f"{name} Monte-Carlo rollouts")
+    rollouts = sampler(f"{shown} Monte-Carlo rollouts")
     steps = step_labels(samples[: max(1, round(len(samples) * share))], rollouts, rc, split, metrics)
     pairs = outcome_pairs(samples, rc.max_pairs_per_question, seed)
     # Held-out rows keep every sample: the AUC is over what the policy actually samples.
@@ -338,14 +338,14 @@ def training_extras(
 
 
 def said_every(complete: Completer, what: str, batch: int) -> Callable[[str], Completer]:
-    """``complete`` (prompts -> completions) by name: ``said_every(...)(kind)`` is ``complete`` that
-    prints, for each call, how many of its prompts it has completed (``kind``: e.g. "held-out
+    """``complete`` (prompts -> completions) by name: ``said_every(...)(label)`` is ``complete`` that
+    prints, for each call, how many of its prompts it has completed (``label``: e.g. "held-out
     solutions", "training Monte-Carlo rollouts"), how fast and the time that call has left: after
     its first batch (the stage speaks within seconds) and then every ``PROGRESS_EVERY_S``. It hands
     ``complete`` one ``batch`` of prompts at a time (``policy_completer``'s own batches: the same
     calls, so the same seeds), so a long call (a whole split's samples) speaks between its batches."""
 
-    def named(kind: str) -> Completer:
+    def named(label: str) -> Completer:
         def counted(prompts: list[str]) -> list[str]:
             out: list[str] = []
             start, said = time.perf_counter(), [-math.inf]
@@ -355,7 +355,7 @@ def said_every(complete: Completer, what: str, batch: int) -> Callable[[str], Co
                     said[0] = time.perf_counter()
                     rate = len(out) / (said[0] - start)
                     left = f", {time_left((len(prompts) - len(out)) / rate)}" if len(out) < len(prompts) else ""
-                    where = f"{len(out):,} of {len(prompts):,} {kind}, {rate:.1f}/s{left}"
+                    where = f"{len(out):,} of {len(prompts):,} {label}, {rate:.1f}/s{left}"
                     print(f"[{what}] {where}", file=sys.stderr, flush=True)
             return out
 

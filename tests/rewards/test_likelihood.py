@@ -232,15 +232,15 @@ def test_the_lm_reading_needs_two_single_tokens(tiny_model_dir, tiny_cfg, tmp_pa
 def test_a_verifier_head_on_grouped_query_attention_is_placed_with_the_same_scores(tmp_path, tiny_model_dir):
     """``runtime.place`` points a reward model's attention at ``grouped_sdpa`` through the head (a
     model with fewer key/value heads than query heads, as SmolLM2: the tiny model has as many);
-    the same solution scores, and the saved folder loads with its own attention."""
-    from transformers import AutoConfig, LlamaConfig, LlamaForCausalLM
+    the same solution scores, and the saved folder loads back with the same scores."""
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     from grpo_core.config.launch import LaunchConfig
     from grpo_core.lm.attention import NAME
     from grpo_core.lm.modeling import load_model
     from grpo_core.lm.policy import encode
     from grpo_core.lm.runtime import place
-    from grpo_core.rewards.heads import orm_logits
+    from grpo_core.rewards.heads import load_reward_model, orm_logits
     from grpo_core.rewards.likelihood import VerifierHead
 
     _, tok = load_model(tiny_model_dir)
@@ -256,4 +256,8 @@ def test_a_verifier_head_on_grouped_query_attention_is_placed_with_the_same_scor
         assert lm.config._attn_implementation == NAME
         torch.testing.assert_close(orm_logits(head, rollout), before, atol=1e-6, rtol=0)
     head.save_pretrained(tmp_path)
-    assert AutoConfig.from_pretrained(tmp_path)._attn_implementation != NAME
+    tok.save_pretrained(tmp_path)
+    again = load_reward_model(tmp_path, "orm")  # transformers' own attention: the same scores
+    assert again.config._attn_implementation != NAME
+    with torch.no_grad():
+        torch.testing.assert_close(orm_logits(again.eval(), rollout), before, atol=1e-6, rtol=0)
