@@ -27,10 +27,10 @@ from pathlib import Path
 
 import grpo_core  # noqa: F401  (first: the numerics settings)
 from grpo_core.data import Example, prompt_text
-from grpo_core.digests import digest_dir
 from grpo_core.manifests import Ref
 from grpo_core.config import PipelineConfig
 from grpo_core.recipe import load_config
+from grpo_core.stages.outputs import arrow_digest
 from grpo_core.stages.reward_data import DATASETS, heldout_split
 from grpo_core.stages.reward_model import run_reward_model
 
@@ -58,7 +58,7 @@ def carve(reward_data: Path, out: Path, fraction: float) -> dict[str, Ref]:
             test=Dataset.from_list([r for r in rows if r["prompt"] in validation]),
         )
         split.save_to_disk(str(out / name))
-        refs[name] = Ref(path=str(out / name), digest=digest_dir(out / name))
+        refs[name] = Ref(path=str(out / name), digest=arrow_digest(out / name))
     return refs
 
 

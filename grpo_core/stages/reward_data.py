@@ -348,12 +348,12 @@ def said_every(complete: Completer, what: str, batch: int) -> Callable[[str], Co
     def named(label: str) -> Completer:
         def counted(prompts: list[str]) -> list[str]:
             out: list[str] = []
-            start, said = time.perf_counter(), [-math.inf]
+            start, said = time.perf_counter(), -math.inf
             for first in range(0, len(prompts), batch):
                 out += complete(prompts[first : first + batch])
-                if time.perf_counter() - said[0] >= PROGRESS_EVERY_S:
-                    said[0] = time.perf_counter()
-                    rate = len(out) / (said[0] - start)
+                if time.perf_counter() - said >= PROGRESS_EVERY_S:
+                    said = time.perf_counter()
+                    rate = len(out) / (said - start)
                     left = f", {time_left((len(prompts) - len(out)) / rate)}" if len(out) < len(prompts) else ""
                     where = f"{len(out):,} of {len(prompts):,} {label}, {rate:.1f}/s{left}"
                     print(f"[{what}] {where}", file=sys.stderr, flush=True)
