@@ -73,6 +73,21 @@ def test_launch_commands():
         LaunchConfig(nnodes=2)
 
 
+def test_a_data_parallel_rank_exits_at_once_with_what_it_printed():
+    """``exit_rank``: a rank of several (WORLD_SIZE > 1) ends without the interpreter's finalization,
+    where gloo threads that PyTorch keeps alive abort it now and then; what it printed, unflushed,
+    still arrives. A single process returns and finalizes as usual."""
+    code = (
+        "import atexit, sys; from grpo_core.training import distributed; "
+        "atexit.register(lambda: print('finalized')); sys.stdout.write('manifest'); "
+        "distributed.exit_rank(); print(' returned')"
+    )
+    for world, printed in (("2", "manifest"), ("1", "manifest returned\nfinalized\n")):
+        env = {**os.environ, "WORLD_SIZE": world}
+        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+        assert (done.returncode, done.stdout) == (0, printed), done.stderr[-2000:]
+
+
 def _free_port() -> int:
     import socket
 
