@@ -33,8 +33,8 @@ def main(argv: list[str] | None = None) -> None:
     distributed.finish()
     if manifest is not None:  # rank 0: its peak memory is the stage's (the process ran nothing else)
         print(write_manifest(Path(a.out), {**manifest, "peak_memory": peak_memory(), "numerics": process_numerics}))
-    distributed.exit_rank()
 
 
 if __name__ == "__main__":
     main()
+    distributed.exit_rank()  # here, not in main: a caller of main in its own process keeps it

@@ -212,11 +212,15 @@ def _by_name(model, opt, state: dict) -> dict:
 COLLECTIVE_TIMEOUT = datetime.timedelta(hours=2)
 
 
+def _world() -> int:
+    """How many processes the launcher started (torchrun and ``accelerate launch`` say so in WORLD_SIZE)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
 def init(launch: LaunchConfig | None = None) -> Dist:
     """Join the process group that the launcher described in the environment (NCCL when the stage
     computes on CUDA, ``runtime.device_for``; gloo otherwise), or return the single-process ``Dist``."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world == 1:
+    if _world() == 1:
         return Dist()
     if not dist.is_initialized():
         cuda = device_for(launch or LaunchConfig()).type == "cuda"
@@ -241,7 +245,7 @@ def exit_rank() -> None:
     collectives keep gloo's process group, and its threads, alive after ``destroy_process_group``
     (PyTorch holds the reference, not us), and those threads running into finalization abort a
     finished rank now and then (``terminate called without an active exception``, exit -6)."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    if _world() > 1:
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()

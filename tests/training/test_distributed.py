@@ -80,12 +80,18 @@ def test_a_data_parallel_rank_exits_at_once_with_what_it_printed():
     code = (
         "import atexit, sys; from grpo_core.training import distributed; "
         "atexit.register(lambda: print('finalized')); sys.stdout.write('manifest'); "
-        "distributed.exit_rank(); print(' returned')"
+        "sys.stderr.write('warned'); distributed.exit_rank(); print(' returned')"
     )
+    buffered = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # unflushed text stays unflushed
     for world, printed in (("2", "manifest"), ("1", "manifest returned\nfinalized\n")):
-        env = {**os.environ, "WORLD_SIZE": world}
-        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-        assert (done.returncode, done.stdout) == (0, printed), done.stderr[-2000:]
+        done = subprocess.run(
+            [sys.executable, "-c", code],
+            env={**buffered, "WORLD_SIZE": world},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert (done.returncode, done.stdout, done.stderr) == (0, printed, "warned"), done.stderr[-2000:]
 
 
 def _free_port() -> int:
