@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import hashlib
 import json
 import re
 import shutil
@@ -68,6 +69,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from flows.experiment_table import run_staleness  # noqa: E402
 from grpo_core.benchmarks import clusters  # noqa: E402
 from grpo_core.stats import question_interval, seed_interval  # noqa: E402
 from grpo_core.verify import answers_match  # noqa: E402
@@ -255,8 +257,32 @@ def control_run(experiment: Path, control: str, seed: int) -> tuple[dict, str]:
     recipe as it trained."""
     grpo, _, config, quality = experiment_seed(experiment, control, seed)
     run = {"steps": grpo["steps"], "published_step": grpo["best_step"], "train_s": grpo["train_s"]}
+    run["staleness"] = run_staleness(grpo["rewards"])
+    if digest := first_round(grpo["rewards"]):
+        run["round_1"] = digest
     retrained = {k: v for k, v in quality.items() if k.startswith("round-")}  # an iterated arm's own
     return run | ({"reward_models": retrained} if retrained else {}), config
+
+
+def first_round(rewards: list[dict]) -> str | None:
+    """A digest of round 1's GRPO steps (every metric recorded of each, the clock aside) of a run in
+    rounds; None for a run of one round. The loop's arms of one seed share round 1 (``frozen`` and
+    ``retrained`` differ from round 2 on): ``check_first_rounds`` refuses a folder where they differ."""
+    rows = [{k: v for k, v in r.items() if k != "elapsed_s"} for r in rewards if r.get("round", 1) == 1]
+    if len(rows) == len(rewards):
+        return None
+    return hashlib.sha256(json.dumps(rows, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def check_first_rounds(digests: dict[str, str | None], folder: Path) -> None:
+    """Refuse, before a file is written, one seed's arms in rounds (``digests``: arm -> ``first_round``)
+    whose round 1 differs: a round 1 trained again (a machine that kept nothing, other code) is not the
+    round both arms were to share."""
+    if len(set((found := {arm: d for arm, d in digests.items() if d}).values())) > 1:
+        raise ValueError(
+            f"{folder}: the arms' round 1 differs ({found}): not the shared round 1 they were to differ "
+            "after (record into a new folder and report them apart)"
+        )
 
 
 def fingerprint(quality: dict, kinds) -> dict:
@@ -315,6 +341,8 @@ def reward_models(folder: Path) -> dict:
         if (folder / kind / "manifest.json").is_file():
             rm = json.loads((folder / kind / "manifest.json").read_text())
             quality[kind] = {"trained": rm["heldout"], "sft_likelihood": rm["baseline"]}
+            if rm.get("heldout_before"):  # the starting model on the same rows (a retrained one: last round's)
+                quality[kind]["before"] = rm["heldout_before"]
             quality[kind] |= {"quality_gate": rm["quality_gate"], "wall_s": rm["wall_s"]}
     if quality and (folder / "reward_data" / "manifest.json").is_file():
         quality["reward_data_wall_s"] = json.loads((folder / "reward_data" / "manifest.json").read_text())["wall_s"]
@@ -404,8 +432,12 @@ def record(
         check_reward_models(seed_models, incoming, chain_of(exp, seed))
         seed_models |= incoming
     with_policy = experiment is None or bool(experiment[1])  # not a seed's controls alone
+    rounds_1 = {before.get("variant") or "policy": before.get("grpo", {}).get("round_1")}
+    rounds_1 |= {c: run.get("round_1") for c, run in (before.get("controls", {}) | trained).items()}
     if with_policy:
         configs["config.json" if grpo_seed is not None else "config.yaml"] = config
+        rounds_1[experiment[1] if experiment else "policy"] = first_round(grpo["rewards"])
+    check_first_rounds(rounds_1, folder)
     split = json.loads((Path(manifest["data_dir"]) / "split.json").read_text())
     main = next(name for name, parts in split.items() if "rl" in parts)
     renamed = dict(zip(("sft", "policy"), model_names(arm)))
@@ -454,6 +486,8 @@ def policy_fields(manifest: dict, grpo: dict, reward_models: dict, experiment, a
             if drawn
             else None,
             "curve": grpo["curve"],
+            "staleness": run_staleness(grpo["rewards"]),
+            "round_1": first_round(grpo["rewards"]),
         },
         "grpo_train_s": grpo["train_s"],
         "stages_s": manifest["profile"]["stages_s"],

@@ -51,27 +51,41 @@ def gate_warnings(first: dict[str, StageOutput], uses: tuple[str, ...]) -> list[
     return [sentence for kind in uses if (sentence := gate_failure(kind, first[kind].quality_gate))]
 
 
-def staleness_columns(runs: list[Run], window: int = 20) -> dict:
-    """Per learned reward model a variant trained on: its within-question AUC against the checker on
-    the policy's own rollouts, pooled over up to ``window`` GRPO steps at the start, the middle and the
-    end of the run (``_window``: none straddles a round boundary or overlaps another), mean over
-    seeds, with the mixed groups it was measured on (summed over seeds); and the checker's accuracy
-    on those rollouts."""
-    out = {}
+def run_staleness(rewards: list[dict], window: int = 20) -> dict:
+    """One run's reward models' staleness (its ``rewards`` rows, one a GRPO step): per learned reward
+    model the run trained on, its within-question AUC against the checker on the policy's own
+    rollouts, pooled over up to ``window`` steps at the start, the middle and the end of the run
+    (``_window``: none straddles a round boundary or overlaps another), with the mixed groups it was
+    measured on; and the checker's accuracy on those rollouts. Keys ``<metric>_<when>``."""
+    out: dict = {}
     for kind in ("orm", "prm"):
-        if not runs or not all(any(p.get(f"{kind}_mixed_groups") for p in r.rewards) for r in runs):
+        if not any(p.get(f"{kind}_mixed_groups") for p in rewards):
             continue
         for when in ("start", "middle", "end"):
-            steps = [_window(r.rewards, when, window) for r in runs]
-            parts = [staleness(w) for w in steps]
+            steps = _window(rewards, when, window)
+            part = staleness(steps)
             for metric, key in (
                 (f"{kind}_within_auc", f"staleness/{kind}_within_auc"),
                 ("checker_accuracy", "staleness/checker_accuracy"),
             ):
-                values = [p[key] for p in parts if key in p]
-                if values:
+                if key in part:
+                    out[f"{metric}_{when}"] = part[key]
+            out[f"{kind}_mixed_groups_{when}"] = int(sum(p.get(f"{kind}_mixed_groups", 0) for p in steps))
+    return out
+
+
+def staleness_columns(runs: list[Run], window: int = 20) -> dict:
+    """``run_staleness`` over a variant's seeds: each AUC and accuracy the mean over the seeds that
+    measured it, the mixed groups summed; a reward model only where every seed trained on it."""
+    per_run = [run_staleness(r.rewards, window) for r in runs]
+    kinds = [k for k in ("orm", "prm") if per_run and all(f"{k}_mixed_groups_start" in p for p in per_run)]
+    out = {}
+    for kind in kinds:
+        for when in ("start", "middle", "end"):
+            for metric in (f"{kind}_within_auc", "checker_accuracy"):
+                if values := [p[f"{metric}_{when}"] for p in per_run if f"{metric}_{when}" in p]:
                     out[f"{metric}_{when}_mean"] = round(mean_std(values)[0], 4)
-            out[f"{kind}_mixed_groups_{when}"] = int(sum(p.get(f"{kind}_mixed_groups", 0) for w in steps for p in w))
+            out[f"{kind}_mixed_groups_{when}"] = sum(p[f"{kind}_mixed_groups_{when}"] for p in per_run)
     return out
 
 

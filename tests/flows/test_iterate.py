@@ -187,6 +187,28 @@ def test_the_equal_labels_arm_is_refused_without_the_arm_it_is_matched_to(tmp_pa
         setup(str(_finished_run(tmp_path, tiny_cfg)), "iterate", [FROZEN, EQUAL_LABELS], None, None, None)
 
 
+def test_one_runs_staleness_reads_the_loops_windows_of_22_and_23_steps():
+    """``run_staleness``, what a committed seed records: the real-model loop's 45 steps as 22 + 23
+    make windows of 11 (half the shorter round): steps 1-11, round 2's first 11 (23-33) and its last
+    11 (35-45), each its own AUC and mixed groups, the checker's accuracy beside it."""
+    from flows.experiment_table import run_staleness
+
+    auc = [0.9] * 11 + [0.5] * 11 + [0.6] * 11 + [0.0] + [0.7] * 11  # steps 1-11, 12-22 | 23-33, 34, 35-45
+    rewards = [
+        {"step": i + 1, "round": 1 + (i >= 22), "accuracy": 0.25 + (i >= 22) * 0.5, "orm_mean": 0.5}
+        | {"orm_within_auc": a, "orm_mixed_groups": 3.0 if i < 44 else 1.0}
+        for i, a in enumerate(auc)
+    ]
+    got = run_staleness(rewards)
+    assert got["orm_within_auc_start"] == pytest.approx(0.9) and got["orm_within_auc_middle"] == pytest.approx(0.6)
+    # The last 11 steps: ten with 3 mixed groups and one with 1, all at 0.7; step 34 (AUC 0) in no window.
+    assert got["orm_within_auc_end"] == pytest.approx(0.7) and got["orm_mixed_groups_end"] == 31
+    assert (got["orm_mixed_groups_start"], got["orm_mixed_groups_middle"]) == (33, 33)
+    assert (got["checker_accuracy_start"], got["checker_accuracy_end"]) == (0.25, 0.75)
+    assert "prm_within_auc_start" not in got  # no PRM trained on: nothing said of one
+    assert run_staleness([{k: v for k, v in r.items() if not k.startswith("orm_")} for r in rewards]) == {}
+
+
 def test_rows_carry_paired_intervals_against_frozen_and_the_staleness(tmp_path, tiny_cfg):
     from flows.experiment_setup import Run, setup
     from flows.experiment_table import format_table, variant_row
