@@ -12,6 +12,7 @@ writes the line itself. Each call is linear in its (capped) input.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from fractions import Fraction
 
 MAX_CHARS = 120  # the longest expression read: a line's arithmetic is short
@@ -54,9 +55,10 @@ def _bounded(x: Fraction) -> Fraction:
 
 
 class _Parser:
-    """expr := term (('+' | '-') term)*; term := power (('*' | '/') power)*;
-    power := unary ('**' unary)?  (no chains: ``2**3**2`` is refused); unary := ('-' | '+') unary | atom;
-    atom := number | '(' expr ')'."""
+    """expr := term (('+' | '-') term)*; term := unary (('*' | '/') unary)*;
+    unary := ('-' | '+') unary | power; power := atom ('**' signed)?  (no chains: ``2**3**2`` is
+    refused; a sign binds looser than a power, as written on paper: ``-2**2`` is -4);
+    signed := ('-' | '+') signed | atom; atom := number | '(' expr ')'."""
 
     def __init__(self, tokens: list[str]) -> None:
         self.tokens, self.i, self.depth = tokens, 0, 0
@@ -79,20 +81,20 @@ class _Parser:
         return value
 
     def term(self) -> Fraction:
-        value = self.power()
+        value = self.unary()
         while self.peek() in ("*", "/"):
-            op, right = self.take(), self.power()
+            op, right = self.take(), self.unary()
             if op == "/" and right == 0:
                 raise _Refused("division by zero")
             value = _bounded(value * right if op == "*" else value / right)
         return value
 
     def power(self) -> Fraction:
-        base = self.unary()
+        base = self.atom()
         if self.peek() != "**":
             return base
         self.take()
-        exponent = self.unary()
+        exponent = self.signed(self.atom)
         if self.peek() == "**":
             raise _Refused("chained powers")
         if exponent.denominator != 1 or abs(exponent) > MAX_EXPONENT:
@@ -105,13 +107,17 @@ class _Parser:
         return base ** int(exponent)
 
     def unary(self) -> Fraction:
+        return self.signed(self.power)
+
+    def signed(self, then: Callable[[], Fraction]) -> Fraction:
+        """Leading signs, then ``then`` (a power, or an exponent's atom)."""
         if self.peek() in ("-", "+"):
             self.nest()
             sign = -1 if self.take() == "-" else 1
-            value = sign * self.unary()
+            value = sign * self.signed(then)
             self.depth -= 1
             return value
-        return self.atom()
+        return then()
 
     def atom(self) -> Fraction:
         tok = self.take()
@@ -181,6 +187,8 @@ def line_result(text: str) -> str | None:
     if start > 0 and (before[start - 1].isalnum() or before[start - 1] == "_"):
         return None  # the arithmetic begins inside a word or a number we do not read (x2, 1e5)
     candidate = before[start:].strip()
+    if candidate[:1] in ("+", "-") and before[:start].strip():
+        return None  # an operator after words: its left operand is not arithmetic (``apples - 5 * 2 =``)
     if not re.search(r"\d", candidate) or not re.search(r"\d\s*(?:[-+*/^×÷]|\*\*)\s*[-+(.\d]", candidate):
         return None
     value = evaluate(candidate)
@@ -190,6 +198,7 @@ def line_result(text: str) -> str | None:
 
 
 _WRITTEN_RESULT = re.compile(r" ?-?\d[\d,]*(?:\.\d+)?")
+_CHAINED = re.compile(r"\s*(?:[-+*/^×÷(]|\*\*)")  # after a written number: an expression goes on
 _GSM8K_ANNOTATION = re.compile(r"<<[^<>\n]{0,200}>>")  # 48/2 = <<48/2=24>>24: the calculator's own note
 
 
@@ -208,6 +217,8 @@ def tool_form(text: str) -> tuple[str, list[tuple[int, int]]]:
         if result is None:
             continue
         old = _WRITTEN_RESULT.match(text, i)
+        if old and _CHAINED.match(text, old.end()) and evaluate(old.group()) != evaluate(result):
+            continue  # ``7 + 2 = 3 * 3 = 9``: the number begins the next expression; no result to replace
         i = old.end() if old else i
         spans.append((len(out), len(out) + len(result)))
         out += result

@@ -48,12 +48,33 @@ class PipelineConfig(Section):
             raise ValueError(
                 "grpo.prm_oracle checks steps against the arithmetic task's chain: data.source must be arithmetic"
             )
+        if self.model.calculator:
+            self._calculator_supported()
         if self.launch.strategy == "fsdp" and (self.sft.lora or self.grpo.lora):
             raise ValueError(
                 "lora with launch.strategy=fsdp is not built (sharding the frozen base beside the adapter): "
                 "use strategy ddp, which holds the base once per process"
             )
         return self
+
+    def _calculator_supported(self) -> None:
+        """``model.calculator`` where its tokens cannot be told from the model's is refused, not run."""
+        if self.sft.lora is not None:
+            raise ValueError(
+                "model.calculator with sft.lora is not built: an adapter is saved without the model's config, "
+                "so the models after SFT would sample without the calculator"
+            )
+        if self.grpo.algorithm == "ppo":
+            raise ValueError(
+                "model.calculator with grpo.algorithm=ppo is not built: its value model, GAE and per-token KL "
+                "would read the calculator's tokens as the policy's"
+            )
+        if trained := [kind for kind in ("orm", "prm") if getattr(self, kind).train]:
+            raise ValueError(
+                f"model.calculator with {' and '.join(f'{k}.train' for k in trained)} is not built: the reward "
+                "models' likelihood reading and their gate's baseline (the SFT model's token probabilities) "
+                "would count the calculator's tokens as the model's"
+            )
 
     @property
     def run_dir(self) -> Path:

@@ -30,6 +30,11 @@ from grpo_core.calculator import evaluate, line_result, tool_form, written
         (".25 * 8", 2),
         ("6 × 7", 42),
         ("84 ÷ 2", 42),
+        ("-2 ** 2", -4),  # a sign binds looser than a power, as on paper
+        ("-2 ^ 2", -4),
+        ("(-2) ** 2", 4),
+        ("2 * 3 ** 2", 18),
+        ("3 * -2", -6),
     ],
 )
 def test_evaluate_is_exact(expression, value):
@@ -70,6 +75,11 @@ def test_written_like_a_calculator(value, text):
         ("7 + 2 =\n", None),  # a new line has begun
         ("1e5 + 1 =", None),  # begins inside a number the calculator does not read
         ("x2 + 3 =", None),  # inside a word
+        ("x - 3 + 2 =", None),  # an operator after a word: its left operand is not arithmetic
+        ("apples - 5 * 2 =", None),
+        ("Total: -3 + 5 =", None),
+        ("-3 + 5 =", " 2"),  # a sign at the line's start is the number's own
+        ("He had 12 - 5 =", " 7"),
     ],
 )
 def test_line_result_writes_after_an_expression_and_equals(so_far, writes):
@@ -133,6 +143,9 @@ def test_a_value_past_the_result_bound_is_refused_and_one_inside_is_computed():
         ("a == b", "a == b", []),
         ("Natalia sold 48/2 = <<48/2=24>>24 clips.\n#### 24", "Natalia sold 48/2 = 24 clips.\n#### 24", [" 24"]),
         ("0.2 x 50 = $<<0.2*50=10>>10", "0.2 x 50 = $10", []),  # GSM8K's note dropped; "x" is not read
+        # A chain: a number after "=" that begins the next expression is replaced only where it is the result.
+        ("7 + 2 = 3 * 3 = 9", "7 + 2 = 3 * 3 = 9", [" 9"]),
+        ("7 + 2 = 9 + 1 = 10", "7 + 2 = 9 + 1 = 10", [" 9", " 10"]),
     ],
 )
 def test_tool_form_is_the_text_the_sampler_would_write(text, form, written):

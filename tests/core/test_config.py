@@ -160,6 +160,20 @@ def test_extends_cycle_is_an_error(tmp_path):
         load_config(a)
 
 
+@pytest.mark.parametrize(
+    "setting, says",
+    [
+        ("sft.lora={rank: 8}", "sft.lora"),
+        ("grpo.algorithm=ppo", "grpo.algorithm=ppo"),
+        ("orm.train=true", "orm.train"),
+    ],
+)
+def test_the_calculator_is_refused_where_its_tokens_would_pass_for_the_models(setting, says):
+    load_config(None, ["model.calculator=true"])
+    with pytest.raises(ConfigError, match=f"model.calculator with {says}"):
+        load_config(None, ["model.calculator=true", setting])
+
+
 def test_process_supervision_needs_a_trained_prm():
     with pytest.raises(ConfigError, match="supervision=process needs a PRM"):
         load_config(None, ["grpo.supervision=process"])
