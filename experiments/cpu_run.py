@@ -69,7 +69,6 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from flows.experiment_table import run_staleness  # noqa: E402
 from grpo_core.benchmarks import clusters  # noqa: E402
 from grpo_core.stats import question_interval, seed_interval  # noqa: E402
 from grpo_core.verify import answers_match  # noqa: E402
@@ -255,6 +254,8 @@ def control_run(experiment: Path, control: str, seed: int) -> tuple[dict, str]:
     """Seed ``seed`` of a control arm in a finished experiment: its steps and training seconds and the
     step it published (continued SFT: its best validation checkpoint; RL arms: their last), and its
     recipe as it trained."""
+    from flows.experiment_table import run_staleness
+
     grpo, _, config, quality = experiment_seed(experiment, control, seed)
     run = {"steps": grpo["steps"], "published_step": grpo["best_step"], "train_s": grpo["train_s"]}
     run["staleness"] = run_staleness(grpo["rewards"])
@@ -432,11 +433,12 @@ def record(
         check_reward_models(seed_models, incoming, chain_of(exp, seed))
         seed_models |= incoming
     with_policy = experiment is None or bool(experiment[1])  # not a seed's controls alone
-    rounds_1 = {before.get("variant") or "policy": before.get("grpo", {}).get("round_1")}
+    # Each arm's round 1: the folder's policy (its variant) under its own key, apart from the controls.
+    rounds_1 = {f"policy ({before.get('variant')})": before.get("grpo", {}).get("round_1")}
     rounds_1 |= {c: run.get("round_1") for c, run in (before.get("controls", {}) | trained).items()}
     if with_policy:
         configs["config.json" if grpo_seed is not None else "config.yaml"] = config
-        rounds_1[experiment[1] if experiment else "policy"] = first_round(grpo["rewards"])
+        rounds_1[f"policy ({experiment[1] if experiment else None})"] = first_round(grpo["rewards"])
     check_first_rounds(rounds_1, folder)
     split = json.loads((Path(manifest["data_dir"]) / "split.json").read_text())
     main = next(name for name, parts in split.items() if "rl" in parts)
@@ -473,6 +475,8 @@ def record(
 def policy_fields(manifest: dict, grpo: dict, reward_models: dict, experiment, alone: bool) -> dict:
     """What a record says of its policy: its GRPO (steps, spread, curve, seconds), its reward models,
     the run's stages' seconds and peak memory (``alone``: the run itself; else the seed's GRPO stage's)."""
+    from flows.experiment_table import run_staleness
+
     drawn = [1 - r["frac_reward_zero_std"] for r in grpo["rewards"]]  # of every group sampled
     kept = [1 - r["frac_batch_zero_std"] for r in grpo["rewards"]]  # of the groups trained on, after redraws
     return {

@@ -27,6 +27,7 @@ _TOKEN = re.compile(r"\s*(\*\*|\d+(?:\.\d+)?|\.\d+|[-+*/()])")
 # The characters an expression may hold: a line's arithmetic is its longest suffix of these.
 _EXPRESSION_CHARS = re.compile(r"[0-9.,+\-*/()×÷^ \t]*$")
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
+_AFTER_A_WORD = re.compile(r"[^\W\d_]\s*$")  # text that ends with a letter (and spaces)
 
 
 class _Refused(Exception):
@@ -187,8 +188,8 @@ def line_result(text: str) -> str | None:
     if start > 0 and (before[start - 1].isalnum() or before[start - 1] == "_"):
         return None  # the arithmetic begins inside a word or a number we do not read (x2, 1e5)
     candidate = before[start:].strip()
-    if candidate[:1] in ("+", "-") and before[:start].strip():
-        return None  # an operator after words: its left operand is not arithmetic (``apples - 5 * 2 =``)
+    if candidate[:1] in ("+", "-") and _AFTER_A_WORD.search(before[:start]):
+        return None  # an operator after a word: its left operand is not arithmetic (``apples - 5 * 2 =``)
     if not re.search(r"\d", candidate) or not re.search(r"\d\s*(?:[-+*/^×÷]|\*\*)\s*[-+(.\d]", candidate):
         return None
     value = evaluate(candidate)
@@ -198,7 +199,6 @@ def line_result(text: str) -> str | None:
 
 
 _WRITTEN_RESULT = re.compile(r" ?-?\d[\d,]*(?:\.\d+)?")
-_CHAINED = re.compile(r"\s*(?:[-+*/^×÷(]|\*\*)")  # after a written number: an expression goes on
 _GSM8K_ANNOTATION = re.compile(r"<<[^<>\n]{0,200}>>")  # 48/2 = <<48/2=24>>24: the calculator's own note
 
 
@@ -217,8 +217,6 @@ def tool_form(text: str) -> tuple[str, list[tuple[int, int]]]:
         if result is None:
             continue
         old = _WRITTEN_RESULT.match(text, i)
-        if old and _CHAINED.match(text, old.end()) and evaluate(old.group()) != evaluate(result):
-            continue  # ``7 + 2 = 3 * 3 = 9``: the number begins the next expression; no result to replace
         i = old.end() if old else i
         spans.append((len(out), len(out) + len(result)))
         out += result

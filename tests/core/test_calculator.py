@@ -77,7 +77,8 @@ def test_written_like_a_calculator(value, text):
         ("x2 + 3 =", None),  # inside a word
         ("x - 3 + 2 =", None),  # an operator after a word: its left operand is not arithmetic
         ("apples - 5 * 2 =", None),
-        ("Total: -3 + 5 =", None),
+        ("Total: -3 + 5 =", " 2"),  # a sign after a colon or "=" is the number's own
+        ("6 - 8 = -2 * 3 =", " -6"),
         ("-3 + 5 =", " 2"),  # a sign at the line's start is the number's own
         ("He had 12 - 5 =", " 7"),
     ],
@@ -143,9 +144,9 @@ def test_a_value_past_the_result_bound_is_refused_and_one_inside_is_computed():
         ("a == b", "a == b", []),
         ("Natalia sold 48/2 = <<48/2=24>>24 clips.\n#### 24", "Natalia sold 48/2 = 24 clips.\n#### 24", [" 24"]),
         ("0.2 x 50 = $<<0.2*50=10>>10", "0.2 x 50 = $10", []),  # GSM8K's note dropped; "x" is not read
-        # A chain: a number after "=" that begins the next expression is replaced only where it is the result.
-        ("7 + 2 = 3 * 3 = 9", "7 + 2 = 3 * 3 = 9", [" 9"]),
+        # A chain is written as the sampler would force it: the result after each "expr =".
         ("7 + 2 = 9 + 1 = 10", "7 + 2 = 9 + 1 = 10", [" 9", " 10"]),
+        ("7 + 2 = 3 * 3 = 9", "7 + 2 = 9 * 3 = 27", [" 9", " 27"]),
     ],
 )
 def test_tool_form_is_the_text_the_sampler_would_write(text, form, written):
