@@ -258,7 +258,8 @@ def control_run(experiment: Path, control: str, seed: int) -> tuple[dict, str]:
 
     grpo, _, config, quality = experiment_seed(experiment, control, seed)
     run = {"steps": grpo["steps"], "published_step": grpo["best_step"], "train_s": grpo["train_s"]}
-    run["staleness"] = run_staleness(grpo["rewards"])
+    if staleness := run_staleness(grpo["rewards"]):  # an arm on a learned reward
+        run["staleness"] = staleness
     if digest := first_round(grpo["rewards"]):
         run["round_1"] = digest
     retrained = {k: v for k, v in quality.items() if k.startswith("round-")}  # an iterated arm's own
